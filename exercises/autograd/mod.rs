@@ -1,0 +1,5 @@
+//! Autograd machinery candle does not ship: recomputation for activation checkpointing.
+
+mod recompute;
+
+pub use recompute::Recompute;

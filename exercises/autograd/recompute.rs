@@ -1,0 +1,86 @@
+//! Activation checkpointing for candle, which has none built in.
+//!
+//! Forward: a checkpointed module runs on a detached input, so no graph (and
+//! none of its intermediate activations) is kept; only its input is stored, and
+//! its output becomes a fresh leaf variable. Backward: after `loss.backward()`
+//! has produced the gradient of each such leaf, each module is run again, in
+//! reverse order, with graph, and back-propagated with the surrogate
+//! `(y · grad_y).sum()` — candle's `backward` takes no upstream gradient, and the
+//! gradient of that sum is exactly the vector-Jacobian product we need.
+
+use candle_core::backprop::GradStore;
+use candle_core::{Module, Result, Tensor, Var};
+
+/// The modules run under activation checkpointing during one forward pass.
+#[derive(Default)]
+pub struct Recompute {
+    records: Vec<Record>,
+}
+
+struct Record {
+    module: Box<dyn Module + Send + Sync>,
+    /// The input as the caller passed it, still attached to the graph before it.
+    input: Tensor,
+    /// The output handed downstream: a leaf, so backward stops (and reports) here.
+    output: Var,
+}
+
+impl std::fmt::Debug for Recompute {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Recompute({} checkpointed modules)", self.records.len())
+    }
+}
+
+impl Recompute {
+    /// Runs `module` on `x` without keeping its activations; it is recomputed in backward.
+    pub fn checkpoint<M: Module + Clone + Send + Sync + 'static>(&mut self, module: &M, x: &Tensor) -> Result<Tensor> {
+        let y = module.forward(&x.detach())?;
+        let output = Var::from_tensor(&y.detach())?;
+        let handed_on = output.as_tensor().clone();
+        self.records.push(Record { module: Box::new(module.clone()), input: x.clone(), output });
+        Ok(handed_on)
+    }
+
+    /// How many modules were checkpointed.
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// Completes `grads` (from `loss.backward()`) with the gradients that flow
+    /// through the checkpointed modules, last module first.
+    pub fn backward(&self, grads: &mut GradStore) -> Result<()> {
+        for (i, record) in self.records.iter().enumerate().rev() {
+            let Some(grad_y) = grads.remove(record.output.as_tensor()) else {
+                continue; // the output did not reach the loss
+            };
+            let x = Var::from_tensor(&record.input.detach())?;
+            let y = record.module.forward(x.as_tensor())?;
+            let mut local = (y * grad_y)?.sum_all()?.backward()?;
+            let grad_x = local.remove(x.as_tensor());
+            grads.extend(local)?;
+            let Some(grad_x) = grad_x else { continue };
+            let fed_by_previous = i > 0 && self.records[i - 1].output.id() == record.input.id();
+            if fed_by_previous {
+                accumulate(grads, &record.input, grad_x)?;
+            } else if record.input.track_op() {
+                // The input came from ordinary graph (e.g. the embedding): push the
+                // gradient through it the same way.
+                grads.extend((&record.input * grad_x)?.sum_all()?.backward()?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn accumulate(grads: &mut GradStore, tensor: &Tensor, grad: Tensor) -> Result<()> {
+    let total = match grads.remove(tensor) {
+        Some(existing) => (existing + grad)?,
+        None => grad,
+    };
+    grads.insert(tensor, total);
+    Ok(())
+}

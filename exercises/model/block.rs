@@ -1,0 +1,54 @@
+//! One pre-norm transformer block.
+
+use candle_core::{Module, Result, Tensor};
+
+use super::{CausalSelfAttention, GptConfig, Mlp, ParamStore, RmsNorm, RotaryCache};
+
+/// `h = x + attn(norm₁(x))`, then `out = h + mlp(norm₂(h))`; (B, T, C) in and out.
+#[derive(Debug, Clone)]
+pub struct Block {
+    input_layernorm: RmsNorm,
+    self_attn: CausalSelfAttention,
+    post_attention_layernorm: RmsNorm,
+    mlp: Mlp,
+}
+
+impl Block {
+    /// Block `layer` of a model, reading its weights from `params`.
+    pub fn new(
+        config: &GptConfig,
+        params: &ParamStore,
+        layer: usize,
+        rotary: &RotaryCache,
+    ) -> Result<Self> {
+        let p = format!("model.layers.{layer}");
+        let linear = |name: &str| params.linear(&format!("{p}.{name}"), config.bias);
+        let norm = |name: &str| -> Result<RmsNorm> {
+            Ok(RmsNorm::new(params.tensor(&format!("{p}.{name}.weight"))?, config.norm_eps))
+        };
+        let self_attn = CausalSelfAttention::new(
+            [
+                linear("self_attn.q_proj")?,
+                linear("self_attn.k_proj")?,
+                linear("self_attn.v_proj")?,
+                linear("self_attn.o_proj")?,
+            ],
+            config.num_heads,
+            rotary.clone(),
+        );
+        let mlp = Mlp::new(linear("mlp.gate_proj")?, linear("mlp.up_proj")?, linear("mlp.down_proj")?);
+        Ok(Self {
+            input_layernorm: norm("input_layernorm")?,
+            self_attn,
+            post_attention_layernorm: norm("post_attention_layernorm")?,
+            mlp,
+        })
+    }
+}
+
+impl Module for Block {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let h = (x + self.self_attn.forward(&self.input_layernorm.forward(x)?)?)?;
+        &h + self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?
+    }
+}

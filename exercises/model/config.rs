@@ -1,0 +1,61 @@
+//! The model's shape, as one plain struct.
+
+use candle_core::{bail, Result};
+use serde::{Deserialize, Serialize};
+
+/// The shape of a Llama-style GPT.
+///
+/// `hidden_size` is C, `num_heads` is H, `hidden_size / num_heads` is the head
+/// dimension D, `intermediate_size` is the width of the SwiGLU MLP.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GptConfig {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub intermediate_size: usize,
+    /// Longest sequence the rotary cache covers.
+    pub max_seq_len: usize,
+    /// Base of the rotary frequencies.
+    pub rope_theta: f64,
+    /// The epsilon inside RMSNorm's square root.
+    pub norm_eps: f64,
+    /// Whether the linear layers inside the blocks carry a bias.
+    pub bias: bool,
+}
+
+impl GptConfig {
+    /// The head dimension D = C / H.
+    pub fn head_dim(&self) -> usize {
+        self.hidden_size / self.num_heads
+    }
+
+    /// Checks that the shape is one the model can be built with.
+    pub fn validate(&self) -> Result<()> {
+        let positive = [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("num_layers", self.num_layers),
+            ("num_heads", self.num_heads),
+            ("intermediate_size", self.intermediate_size),
+            ("max_seq_len", self.max_seq_len),
+        ];
+        if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
+            bail!("model config: {name} must be positive");
+        }
+        if self.hidden_size % self.num_heads != 0 {
+            bail!(
+                "model config: hidden_size {} is not divisible by num_heads {}; pick sizes where C = H * D",
+                self.hidden_size,
+                self.num_heads
+            );
+        }
+        if self.head_dim() % 2 != 0 {
+            bail!(
+                "model config: the head dimension {} must be even for rotary embeddings",
+                self.head_dim()
+            );
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,76 @@
+//! The whole model: embeddings, blocks, final norm and head. Its forward pass is exercise 7.
+
+use candle_core::backprop::GradStore;
+use candle_core::{bail, Result, Tensor};
+use candle_nn::{Embedding, Linear};
+
+use super::{Block, GptConfig, ParamStore, RmsNorm, RotaryCache};
+use crate::autograd::Recompute;
+
+/// A Llama-style GPT: `embed_tokens` → `blocks` → `norm` → `lm_head`.
+///
+/// The forward pass is exercise 7 (`exercises/phase1_model/ex07_gpt_forward.rs`).
+#[derive(Debug, Clone)]
+pub struct Gpt {
+    config: GptConfig,
+    pub embed_tokens: Embedding,
+    pub blocks: Vec<Block>,
+    pub norm: RmsNorm,
+    pub lm_head: Linear,
+    /// Recompute each block during backward instead of keeping its activations.
+    pub activation_checkpointing: bool,
+}
+
+impl Gpt {
+    /// Builds the model around `params`, which must match `config`.
+    pub fn new(config: &GptConfig, params: &ParamStore) -> Result<Self> {
+        config.validate()?;
+        params.check_matches(config)?;
+        let device = params.get("model.embed_tokens.weight")?.device().clone();
+        let rotary = RotaryCache::new(config.head_dim(), config.max_seq_len, config.rope_theta, &device)?;
+        let blocks = (0..config.num_layers)
+            .map(|layer| Block::new(config, params, layer, &rotary))
+            .collect::<Result<_>>()?;
+        Ok(Self {
+            config: config.clone(),
+            embed_tokens: Embedding::new(params.tensor("model.embed_tokens.weight")?, config.hidden_size),
+            blocks,
+            norm: RmsNorm::new(params.tensor("model.norm.weight")?, config.norm_eps),
+            lm_head: params.linear("lm_head", false)?,
+            activation_checkpointing: false,
+        })
+    }
+
+    /// Turns activation checkpointing of every block on or off.
+    pub fn with_activation_checkpointing(mut self, on: bool) -> Self {
+        self.activation_checkpointing = on;
+        self
+    }
+
+    pub fn config(&self) -> &GptConfig {
+        &self.config
+    }
+}
+
+/// What [`Gpt::forward`] returns.
+#[derive(Debug)]
+pub struct ForwardPass {
+    /// (B, T, V) scores for the token after each position.
+    pub logits: Tensor,
+    /// The mean next-token cross-entropy, an f32 scalar; `None` without labels.
+    pub loss: Option<Tensor>,
+    /// The blocks run under activation checkpointing, to replay in [`ForwardPass::backward`].
+    pub recompute: Recompute,
+}
+
+impl ForwardPass {
+    /// Gradients of the loss for every parameter, recomputing checkpointed blocks.
+    pub fn backward(&self) -> Result<GradStore> {
+        let Some(loss) = &self.loss else {
+            bail!("backward needs a loss: call forward with labels");
+        };
+        let mut grads = loss.backward()?;
+        self.recompute.backward(&mut grads)?;
+        Ok(grads)
+    }
+}

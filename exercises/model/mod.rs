@@ -1,0 +1,24 @@
+//! The Llama-style GPT the exercises complete: configuration, parameters and modules.
+//!
+//! Parameter names follow Hugging Face's Llama (`model.layers.0.self_attn.q_proj.weight`,
+//! ...) so a checkpoint reads the same on either side.
+
+mod attention;
+mod block;
+mod config;
+mod gpt;
+mod init;
+mod mlp;
+mod norm;
+mod params;
+mod rope;
+
+pub use attention::CausalSelfAttention;
+pub use block::Block;
+pub use config::GptConfig;
+pub use gpt::{ForwardPass, Gpt};
+pub use init::{init_params, InitRng};
+pub use mlp::Mlp;
+pub use norm::RmsNorm;
+pub use params::{param_specs, ParamKind, ParamSpec, ParamStore};
+pub use rope::RotaryCache;

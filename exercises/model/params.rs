@@ -1,0 +1,150 @@
+//! The model's parameters: what they are called, what shape they have, and where they live.
+
+use std::collections::BTreeMap;
+
+use candle_core::{bail, DType, Result, Shape, Tensor, Var};
+use candle_nn::Linear;
+
+use super::GptConfig;
+
+/// What kind of module a parameter belongs to: the Rust counterpart of
+/// PyTorch's `isinstance(module, nn.Linear)` checks in an init function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParamKind {
+    /// A token embedding table, (V, C).
+    Embedding,
+    /// The weight of a linear layer, (out_features, in_features).
+    LinearWeight,
+    /// The bias of a linear layer, (out_features).
+    LinearBias,
+    /// The scale of an RMSNorm, (C).
+    NormWeight,
+}
+
+/// One parameter of the model: its Hugging Face Llama name, shape and kind.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParamSpec {
+    pub name: String,
+    pub shape: Shape,
+    pub kind: ParamKind,
+}
+
+impl ParamSpec {
+    fn new(name: impl Into<String>, shape: impl Into<Shape>, kind: ParamKind) -> Self {
+        Self { name: name.into(), shape: shape.into(), kind }
+    }
+}
+
+/// Every parameter of the model described by `config`, in module order.
+pub fn param_specs(config: &GptConfig) -> Vec<ParamSpec> {
+    let (v, c, i) = (config.vocab_size, config.hidden_size, config.intermediate_size);
+    let mut specs = vec![ParamSpec::new("model.embed_tokens.weight", (v, c), ParamKind::Embedding)];
+    for layer in 0..config.num_layers {
+        let p = format!("model.layers.{layer}");
+        specs.push(ParamSpec::new(format!("{p}.input_layernorm.weight"), c, ParamKind::NormWeight));
+        for proj in ["q_proj", "k_proj", "v_proj", "o_proj"] {
+            linear_specs(&mut specs, &format!("{p}.self_attn.{proj}"), c, c, config.bias);
+        }
+        specs.push(ParamSpec::new(
+            format!("{p}.post_attention_layernorm.weight"),
+            c,
+            ParamKind::NormWeight,
+        ));
+        linear_specs(&mut specs, &format!("{p}.mlp.gate_proj"), c, i, config.bias);
+        linear_specs(&mut specs, &format!("{p}.mlp.up_proj"), c, i, config.bias);
+        linear_specs(&mut specs, &format!("{p}.mlp.down_proj"), i, c, config.bias);
+    }
+    specs.push(ParamSpec::new("model.norm.weight", c, ParamKind::NormWeight));
+    specs.push(ParamSpec::new("lm_head.weight", (v, c), ParamKind::LinearWeight));
+    specs
+}
+
+fn linear_specs(specs: &mut Vec<ParamSpec>, prefix: &str, fan_in: usize, fan_out: usize, bias: bool) {
+    specs.push(ParamSpec::new(format!("{prefix}.weight"), (fan_out, fan_in), ParamKind::LinearWeight));
+    if bias {
+        specs.push(ParamSpec::new(format!("{prefix}.bias"), fan_out, ParamKind::LinearBias));
+    }
+}
+
+/// The trainable parameters, by name.
+///
+/// A `BTreeMap`, not candle's `VarMap` (a `HashMap`): iteration is in name
+/// order, so flattening, bucketing and sharding are the same on every rank.
+#[derive(Debug, Clone, Default)]
+pub struct ParamStore {
+    vars: BTreeMap<String, Var>,
+}
+
+impl ParamStore {
+    /// Wraps named tensors as trainable variables (their data is copied).
+    pub fn from_tensors<I, S>(tensors: I) -> Result<Self>
+    where
+        I: IntoIterator<Item = (S, Tensor)>,
+        S: Into<String>,
+    {
+        let vars = tensors
+            .into_iter()
+            .map(|(name, t)| Ok((name.into(), Var::from_tensor(&t)?)))
+            .collect::<Result<_>>()?;
+        Ok(Self { vars })
+    }
+
+    /// The variable called `name`, or an error naming it.
+    pub fn get(&self, name: &str) -> Result<&Var> {
+        match self.vars.get(name) {
+            Some(var) => Ok(var),
+            None => bail!("parameter `{name}` is missing: the parameters do not fit this model config"),
+        }
+    }
+
+    /// The tensor of parameter `name`; gradients computed through it are the variable's.
+    pub fn tensor(&self, name: &str) -> Result<Tensor> {
+        Ok(self.get(name)?.as_tensor().clone())
+    }
+
+    /// The linear layer `{prefix}.weight` (and `{prefix}.bias` when `bias`).
+    pub fn linear(&self, prefix: &str, bias: bool) -> Result<Linear> {
+        let weight = self.tensor(&format!("{prefix}.weight"))?;
+        let bias = if bias { Some(self.tensor(&format!("{prefix}.bias"))?) } else { None };
+        Ok(Linear::new(weight, bias))
+    }
+
+    /// Checks that the store holds exactly the parameters of `config`, with their shapes.
+    pub fn check_matches(&self, config: &GptConfig) -> Result<()> {
+        let specs = param_specs(config);
+        for spec in &specs {
+            let var = self.get(&spec.name)?;
+            if var.shape() != &spec.shape {
+                bail!(
+                    "parameter `{}` has shape {:?} but the model config needs {:?}",
+                    spec.name,
+                    var.shape(),
+                    spec.shape
+                );
+            }
+        }
+        if let Some(extra) = self.vars.keys().find(|name| !specs.iter().any(|s| &s.name == *name)) {
+            bail!("parameter `{extra}` is not part of a model with this config");
+        }
+        Ok(())
+    }
+
+    /// Name and variable of every parameter, in name order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Var)> {
+        self.vars.iter().map(|(name, var)| (name.as_str(), var))
+    }
+
+    /// The total number of scalars.
+    pub fn num_params(&self) -> usize {
+        self.vars.values().map(|v| v.elem_count()).sum()
+    }
+
+    /// A copy with every parameter cast to `dtype`.
+    pub fn to_dtype(&self, dtype: DType) -> Result<Self> {
+        let tensors = self
+            .iter()
+            .map(|(name, var)| Ok((name.to_string(), var.to_dtype(dtype)?)))
+            .collect::<Result<Vec<_>>>()?;
+        Self::from_tensors(tensors)
+    }
+}

@@ -1,0 +1,40 @@
+//! # Exercise 1: RMSNorm
+//!
+//! Deep networks stay trainable when every layer sees inputs of a predictable
+//! scale. RMSNorm rescales each C-dimensional vector so that its root mean
+//! square is one, then multiplies by a learned per-channel `weight`:
+//!
+//! ```text
+//! rms(x) = sqrt(mean(x², over the last dim) + eps)
+//! y      = x / rms(x) * weight            = x * rsqrt(mean(x²) + eps) * weight
+//! ```
+//!
+//! Unlike LayerNorm it does not subtract the mean: it is cheaper and works as well.
+//!
+//! Shapes: `x` is (..., C) — usually (B, T, C) — and `weight` is (C). The output
+//! has the shape and dtype of `x`.
+//!
+//! Read first: Zhang & Sennrich 2019, "Root Mean Square Layer Normalization".
+//! Guide: `guide/src/phase1/01-rms-norm.md`. Test: `cargo test exercise_01`.
+
+use candle_core::{Result, Tensor};
+
+use crate::model::RmsNorm;
+
+impl RmsNorm {
+    /// Normalises `x` (…, C) by its root mean square over the last dimension
+    /// and scales it by `self.weight` (C); `self.eps` goes *inside* the square root.
+    ///
+    /// - Compute in f32 and cast the result back to `x.dtype()`: in candle a
+    ///   reduction accumulates in the tensor's own dtype, and a bf16 sum of
+    ///   thousands of squares stalls (2^20 ones sum to 256 in bf16).
+    /// - candle never broadcasts implicitly: use `broadcast_div` / `broadcast_mul`
+    ///   to combine (…, C) with (…, 1) or (C).
+    /// - Do not call `candle_nn::ops::rms_norm`: it has no backward pass, so the
+    ///   gradients of everything before it would silently be zero.
+    ///
+    /// Useful: `to_dtype`, `sqr`, `mean_keepdim(D::Minus1)`, `sqrt`, `+ f64`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        todo!("Exercise 1: RMSNorm; run `cargo xtask hint 1`")
+    }
+}

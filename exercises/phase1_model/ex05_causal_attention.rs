@@ -1,0 +1,36 @@
+//! # Exercise 5: causal scaled dot-product attention
+//!
+//! Each position builds its output as a weighted average of the values of the
+//! positions it may see. The weights come from how well its query matches each key:
+//!
+//! ```text
+//! scores  = q · kᵀ / sqrt(D)                 (B, H, T, T): row i = query i, column j = key j
+//! scores += mask, mask[i][j] = -inf if j > i  (a token may not see the future)
+//! weights = softmax(scores) over the last dim (each row sums to one)
+//! out     = weights · v                       (B, H, T, D)
+//! ```
+//!
+//! Dividing by sqrt(D) keeps the scores' variance near one whatever the head
+//! size, so softmax does not saturate. The causal mask is what makes a language
+//! model: position i predicts token i+1, so it must not see token i+1.
+//! Position 0 sees only itself; the diagonal is always allowed.
+//!
+//! Shapes: `q`, `k`, `v` are (B, H, T, D); the output is (B, H, T, D).
+//!
+//! Read first: Vaswani et al. 2017, "Attention Is All You Need", section 3.2.1.
+//! Guide: `guide/src/phase1/05-causal-attention.md`. Test: `cargo test exercise_05`.
+
+use candle_core::{Result, Tensor};
+
+/// Causal attention of `q`, `k`, `v` (B, H, T, D); returns (B, H, T, D).
+///
+/// - `k.t()` transposes the last two dims; `matmul` batches over (B, H).
+/// - A (T, T) mask broadcasts over (B, H) with `broadcast_add`; or build a
+///   boolean (T, T) with `Tensor::tril2(t, DType::U8, device)` and choose with
+///   `where_cond` between the scores and a tensor of `f32::NEG_INFINITY`.
+/// - Use `candle_nn::ops::softmax(&scores, D::Minus1)`. Not `softmax_last_dim`:
+///   that fused kernel has no backward pass, so q, k and v would get no gradient.
+/// - The mask must have the scores' dtype (`to_dtype(q.dtype())`).
+pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+    todo!("Exercise 5: Causal scaled dot-product attention; run `cargo xtask hint 5`")
+}

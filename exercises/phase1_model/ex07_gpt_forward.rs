@@ -1,0 +1,55 @@
+//! # Exercise 7: the GPT forward pass, next-token loss and activation checkpointing
+//!
+//! Everything comes together:
+//!
+//! ```text
+//! idx (B, T) token ids
+//!   → embed_tokens          (B, T, C)
+//!   → block 0 … block L-1   (B, T, C)   each: x + attn(norm(x)), then + mlp(norm(·))
+//!   → norm                  (B, T, C)   the final RMSNorm
+//!   → lm_head               (B, T, V)   logits: a score for every possible next token
+//! ```
+//!
+//! **The loss predicts the next token.** The logits at position t score token
+//! t+1, so with `labels` aligned to `idx` (usually `labels = idx`) the loss pairs
+//! `logits[:, t]` with `labels[:, t + 1]`:
+//!
+//! ```text
+//! loss = cross_entropy(logits[:, :-1] as (B·(T-1), V), labels[:, 1:] as (B·(T-1)))
+//! ```
+//!
+//! the mean over all B·(T-1) predictions, computed in f32.
+//!
+//! **Activation checkpointing.** Backward needs every block's intermediate
+//! activations; for big models they dominate memory. With
+//! `self.activation_checkpointing` on, run each block through
+//! `recompute.checkpoint(block, &x)` instead of `block.forward(&x)`: it keeps
+//! only the block's input, and [`ForwardPass::backward`](crate::ForwardPass::backward)
+//! runs the block again to back-propagate through it. One extra forward per block
+//! buys memory that no longer grows with the block's internals. The gradients
+//! must be identical either way.
+//!
+//! Read first: Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost".
+//! Guide: `guide/src/phase1/07-gpt-forward.md`. Test: `cargo test exercise_07`.
+
+use candle_core::{Result, Tensor};
+
+use crate::model::{ForwardPass, Gpt};
+
+impl Gpt {
+    /// Runs the model on `idx` (B, T) and, when `labels` (B, T) are given,
+    /// computes the next-token loss.
+    ///
+    /// Fields: `self.embed_tokens` (`candle_nn::Embedding`), `self.blocks`
+    /// (`Vec<Block>`), `self.norm` (`RmsNorm`), `self.lm_head` (`candle_nn::Linear`),
+    /// `self.activation_checkpointing`. Create the tape with
+    /// `let mut recompute = Recompute::default();` (`crate::Recompute`) and return
+    /// it in the [`ForwardPass`] with the logits (B, T, V) and the loss.
+    ///
+    /// For the loss: `narrow(1, 0, t - 1)` on the logits, `narrow(1, 1, t - 1)` on
+    /// the labels, `reshape` to (B·(T-1), V) and (B·(T-1)), `to_dtype(DType::F32)`
+    /// on the logits, then `candle_nn::loss::cross_entropy`.
+    pub fn forward(&self, idx: &Tensor, labels: Option<&Tensor>) -> Result<ForwardPass> {
+        todo!("Exercise 7: GPT forward, next-token loss and activation checkpointing; run `cargo xtask hint 7`")
+    }
+}

@@ -1,0 +1,14 @@
+//! Reference solution of exercise 1: RMSNorm.
+
+use candle_core::{DType, Result, Tensor, D};
+
+use crate::model::RmsNorm;
+
+impl RmsNorm {
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let x32 = x.to_dtype(DType::F32)?;
+        let rms = (x32.sqr()?.mean_keepdim(D::Minus1)? + self.eps)?.sqrt()?; // (..., 1)
+        let normed = x32.broadcast_div(&rms)?;
+        normed.broadcast_mul(&self.weight.to_dtype(DType::F32)?)?.to_dtype(x.dtype())
+    }
+}
