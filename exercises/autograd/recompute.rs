@@ -59,10 +59,12 @@ impl Recompute {
             };
             let x = Var::from_tensor(&record.input.detach())?;
             let y = record.module.forward(x.as_tensor())?;
-            let mut local = (y * grad_y)?.sum_all()?.backward()?;
+            let mut local = (y * grad_y.detach())?.sum_all()?.backward()?;
             let grad_x = local.remove(x.as_tensor());
             grads.extend(local)?;
-            let Some(grad_x) = grad_x else { continue };
+            // A variable's gradient can still hold graph (e.g. `grad · wᵀ` keeps w):
+            // detach it, or pushing it further back would count w's gradient twice.
+            let Some(grad_x) = grad_x.map(|g| g.detach()) else { continue };
             let fed_by_previous = i > 0 && self.records[i - 1].output.id() == record.input.id();
             if fed_by_previous {
                 accumulate(grads, &record.input, grad_x)?;

@@ -1,0 +1,96 @@
+//! Exercise 5: causal scaled dot-product attention. Reference: tests/fixtures/generate.py, `exercise_05`.
+
+use candle_core::{DType, Tensor};
+use workbook::causal_attention;
+
+use crate::support::{expect_close, expect_close_or_explain, fixture, grad, ok, surrogate, var, F32};
+
+fn attend(q: &Tensor, k: &Tensor, v: &Tensor) -> Tensor {
+    ok(causal_attention(q, k, v), "causal_attention(q, k, v)")
+}
+
+#[test]
+fn matches_pytorch() {
+    let f = fixture(5);
+    let out = attend(&f.get("q"), &f.get("k"), &f.get("v"));
+    expect_close(
+        &out,
+        &f.get("out"),
+        F32,
+        "causal_attention(q, k, v) for (2, 2, 6, 8)",
+        &[
+            ("no causal mask: every position sees the future", f.get("mistake_no_mask")),
+            ("mask off by one: position i also sees position i + 1", f.get("mistake_next_visible")),
+            ("mask flipped: position i sees only itself and the future", f.get("mistake_anti_causal")),
+            ("scores divided by D instead of sqrt(D)", f.get("mistake_scale_by_d")),
+            ("scores not scaled by 1/sqrt(D)", f.get("mistake_no_scale")),
+            ("softmax over the query dimension; it must run over the keys (the last dimension)", f.get("mistake_softmax_wrong_dim")),
+        ],
+    );
+}
+
+/// Position 0 may attend only to itself, so its output is exactly its value.
+#[test]
+fn first_position_attends_only_to_itself() {
+    let f = fixture(5);
+    let out = attend(&f.get("q"), &f.get("k"), &f.get("v")).narrow(2, 0, 1).unwrap();
+    let want = f.get("v").narrow(2, 0, 1).unwrap();
+    expect_close_or_explain(
+        &out,
+        &want,
+        F32,
+        "output at position 0",
+        "position 0 must see exactly itself. A NaN means the diagonal is masked (use j > i, not j >= i); another value means it sees later positions.",
+    );
+}
+
+/// Changing the keys and values of the last positions must not change the
+/// outputs of earlier ones: information may only flow forward in time.
+#[test]
+fn future_positions_do_not_leak_into_the_past() {
+    let f = fixture(5);
+    let (q, k, v) = (f.get("q"), f.get("k"), f.get("v"));
+    let keep = 3;
+    let scramble = |t: &Tensor| {
+        let past = t.narrow(2, 0, keep).unwrap();
+        let future = (t.narrow(2, keep, 3).unwrap() * -3.0).unwrap();
+        Tensor::cat(&[&past, &future], 2).unwrap()
+    };
+    let before = attend(&q, &k, &v).narrow(2, 0, keep).unwrap();
+    let after = attend(&q, &scramble(&k), &scramble(&v)).narrow(2, 0, keep).unwrap();
+    expect_close_or_explain(
+        &after,
+        &before,
+        F32,
+        "outputs at positions 0..3 after changing keys and values at positions 3..6",
+        "the mask lets a position see later ones; key j must be hidden from query i whenever j > i.",
+    );
+}
+
+#[test]
+fn gradients_match_pytorch() {
+    let f = fixture(5);
+    let (q, k, v) = (var(&f.get("q")), var(&f.get("k")), var(&f.get("v")));
+    let out = attend(&q, &k, &v);
+    let grads = ok(surrogate(&out, &f.get("grad_out")).backward(), "backward through causal_attention");
+    let fused = "candle_nn::ops::softmax_last_dim has no backward pass: use candle_nn::ops::softmax(&scores, D::Minus1).";
+    expect_close(&grad(&grads, &q, "q", fused), &f.get("grad_q"), F32, "gradient of q", &[]);
+    expect_close(&grad(&grads, &k, "k", fused), &f.get("grad_k"), F32, "gradient of k", &[]);
+    expect_close(&grad(&grads, &v, "v", fused), &f.get("grad_v"), F32, "gradient of v", &[]);
+}
+
+/// bf16 attention runs end to end and stays close to the f32 reference.
+#[test]
+fn runs_in_bf16() {
+    let f = fixture(5);
+    let bf16 = |key: &str| f.get(key).to_dtype(DType::BF16).unwrap();
+    let out = attend(&bf16("q"), &bf16("k"), &bf16("v"));
+    assert_eq!(out.dtype(), DType::BF16, "bf16 inputs must give a bf16 output (build the mask in q's dtype)");
+    expect_close_or_explain(
+        &out,
+        &f.get("out"),
+        crate::support::BF16,
+        "bf16 causal_attention",
+        "the f32 path may be right while the bf16 one is not: build the mask and scale in the inputs' dtype.",
+    );
+}

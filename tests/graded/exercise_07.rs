@@ -1,0 +1,147 @@
+//! Exercise 7: GPT forward, next-token loss and activation checkpointing.
+//! Reference: tests/fixtures/generate.py, `exercise_07` (a 2-layer model with random weights).
+
+use approx::assert_relative_eq;
+use candle_core::DType;
+use workbook::{param_specs, ForwardPass, Gpt, GptConfig, ParamStore};
+
+use crate::support::{expect_close, expect_dtype, fixture, ok, Fixture, Tol, F32};
+
+/// Two layers accumulate float32 rounding differently from PyTorch; gradients more so.
+const LOGITS: Tol = Tol { atol: 1e-4, rtol: 1e-4 };
+const GRADS: Tol = Tol { atol: 1e-5, rtol: 1e-3 };
+
+fn config(f: &Fixture) -> GptConfig {
+    let c: Vec<usize> = f.get("config").to_vec1::<f32>().unwrap().iter().map(|&x| x as usize).collect();
+    GptConfig {
+        vocab_size: c[0],
+        hidden_size: c[1],
+        num_layers: c[2],
+        num_heads: c[3],
+        intermediate_size: c[4],
+        max_seq_len: c[5],
+        rope_theta: 10_000.0,
+        norm_eps: 1e-5,
+        bias: false,
+    }
+}
+
+fn params(f: &Fixture) -> ParamStore {
+    let names = param_specs(&config(f)).into_iter().map(|s| s.name);
+    ParamStore::from_tensors(names.map(|name| {
+        let t = f.get(&name);
+        (name, t)
+    }))
+    .unwrap()
+}
+
+fn model(f: &Fixture, params: &ParamStore, checkpointing: bool) -> Gpt {
+    Gpt::new(&config(f), params).unwrap().with_activation_checkpointing(checkpointing)
+}
+
+fn run(f: &Fixture, gpt: &Gpt) -> ForwardPass {
+    ok(gpt.forward(&f.get("idx"), Some(&f.get("labels"))), "Gpt::forward(idx, Some(labels))")
+}
+
+fn loss_of(pass: &ForwardPass) -> f64 {
+    let loss = pass.loss.as_ref().expect("forward with labels must return Some(loss)");
+    assert_eq!(loss.elem_count(), 1, "the loss must be a single number (the mean), got shape {:?}", loss.dims());
+    loss.to_dtype(DType::F64).unwrap().flatten_all().unwrap().to_vec1::<f64>().unwrap()[0]
+}
+
+#[test]
+fn logits_match_pytorch() {
+    let f = fixture(7);
+    let gpt = model(&f, &params(&f), false);
+    let pass = ok(gpt.forward(&f.get("idx"), None), "Gpt::forward(idx, None)");
+    expect_close(
+        &pass.logits,
+        &f.get("logits"),
+        LOGITS,
+        "logits (B=2, T=12, V=64)",
+        &[("the final norm (self.norm) skipped before lm_head", f.get("mistake_logits_no_final_norm"))],
+    );
+    assert!(pass.loss.is_none(), "without labels there is nothing to compare against: loss must be None");
+}
+
+#[test]
+fn loss_predicts_the_next_token() {
+    let f = fixture(7);
+    let pass = run(&f, &model(&f, &params(&f), false));
+    let loss = loss_of(&pass);
+    let want = f.scalar("loss");
+    let known = [
+        ("loss not shifted: position t is scored against its own token instead of token t + 1", "mistake_loss_unshifted"),
+        ("loss shifted the wrong way: logits[:, 1:] against labels[:, :-1]", "mistake_loss_shift_reversed"),
+        ("the final norm (self.norm) skipped before lm_head", "mistake_loss_no_final_norm"),
+    ];
+    if (loss - want).abs() > 1e-4 {
+        let cause = known
+            .iter()
+            .find(|(_, key)| (loss - f.scalar(key)).abs() < 1e-4)
+            .map_or("compare logits[:, :-1] with labels[:, 1:], as a mean over B·(T-1) positions", |(cause, _)| cause);
+        panic!("loss {loss:.6}, expected {want:.6} (PyTorch). Likely cause: {cause}.");
+    }
+}
+
+#[test]
+fn gradients_match_pytorch() {
+    let f = fixture(7);
+    let p = params(&f);
+    let pass = run(&f, &model(&f, &p, false));
+    let grads = ok(pass.backward(), "ForwardPass::backward");
+    for (name, var) in p.iter() {
+        let Some(g) = grads.get(var) else {
+            panic!("no gradient reached {name}: is every module on the path from idx to the loss?");
+        };
+        expect_close(g, &f.get(&format!("grad.{name}")), GRADS, &format!("gradient of {name}"), &[]);
+    }
+}
+
+/// Recomputing blocks in backward must give the gradients of the plain pass.
+#[test]
+fn checkpointed_gradients_equal_plain_gradients() {
+    let f = fixture(7);
+    let p = params(&f);
+    let plain = run(&f, &model(&f, &p, false));
+    let checkpointed = run(&f, &model(&f, &p, true));
+    assert_eq!(
+        checkpointed.recompute.len(),
+        config(&f).num_layers,
+        "activation checkpointing is on but {} of {} blocks went through recompute.checkpoint: the flag self.activation_checkpointing is ignored",
+        checkpointed.recompute.len(),
+        config(&f).num_layers
+    );
+    assert!(plain.recompute.is_empty(), "checkpointing is off, yet blocks were checkpointed");
+    assert_relative_eq!(loss_of(&checkpointed), loss_of(&plain), max_relative = 1e-6);
+    let (plain_grads, ckpt_grads) = (ok(plain.backward(), "backward"), ok(checkpointed.backward(), "checkpointed backward"));
+    for (name, var) in p.iter() {
+        let want = plain_grads.get(var).unwrap_or_else(|| panic!("no plain gradient for {name}"));
+        let Some(got) = ckpt_grads.get(var) else {
+            panic!("no gradient reached {name} with activation checkpointing on");
+        };
+        expect_close(got, want, F32, &format!("checkpointed gradient of {name}"), &[]);
+    }
+}
+
+/// A bf16 model still reports an f32 loss: a bf16 mean over many positions loses digits.
+#[test]
+fn loss_is_f32_for_a_bf16_model() {
+    let f = fixture(7);
+    let p = params(&f).to_dtype(DType::BF16).unwrap();
+    let pass = run(&f, &model(&f, &p, false));
+    let loss = pass.loss.as_ref().expect("forward with labels must return Some(loss)");
+    expect_dtype(loss, DType::F32, "loss of a bf16 model", "Cast the logits to f32 before cross_entropy.");
+    assert_relative_eq!(loss_of(&pass), f.scalar("loss"), max_relative = 0.02);
+}
+
+#[test]
+fn logits_have_shape_batch_time_vocab() {
+    let f = fixture(7);
+    let gpt = model(&f, &params(&f), false);
+    let idx = f.get("idx").narrow(1, 0, 5).unwrap(); // (2, 5)
+    let pass = ok(gpt.forward(&idx, Some(&idx)), "Gpt::forward on (2, 5)");
+    assert_eq!(pass.logits.dims(), &[2, 5, 64], "logits must be (B, T, V)");
+    let want = f.get("logits").narrow(1, 0, 5).unwrap();
+    expect_close(&pass.logits, &want, LOGITS, "logits of the first 5 positions (causal: they ignore later tokens)", &[]);
+}

@@ -1,0 +1,180 @@
+//! Shared helpers: loading fixtures and comparing tensors with messages that
+//! say what is probably wrong.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Device, Tensor};
+
+/// An absolute and a relative tolerance: `|got - want| <= atol + rtol * |want|`.
+#[derive(Clone, Copy, Debug)]
+pub struct Tol {
+    pub atol: f32,
+    pub rtol: f32,
+}
+
+/// Float32 arithmetic done in a different order than PyTorch's.
+pub const F32: Tol = Tol { atol: 1e-5, rtol: 1e-4 };
+/// A bf16 result: 8 bits of mantissa, so about 0.4% per rounding.
+pub const BF16: Tol = Tol { atol: 2e-2, rtol: 2e-2 };
+
+/// The tensors of `tests/fixtures/exercise_NN.safetensors`.
+pub struct Fixture {
+    name: String,
+    tensors: HashMap<String, Tensor>,
+}
+
+pub fn fixture(exercise: u32) -> Fixture {
+    let name = format!("exercise_{exercise:02}.safetensors");
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(&name);
+    let tensors = candle_core::safetensors::load(&path, &Device::Cpu).unwrap_or_else(|e| {
+        panic!(
+            "cannot read the fixture {}: {e}\nIt ships with the workbook; restore it with `git checkout tests/fixtures`.",
+            path.display()
+        )
+    });
+    Fixture { name, tensors }
+}
+
+impl Fixture {
+    pub fn get(&self, key: &str) -> Tensor {
+        match self.tensors.get(key) {
+            Some(t) => t.clone(),
+            None => panic!("fixture {} has no tensor `{key}`", self.name),
+        }
+    }
+
+    /// A one-element tensor as a number.
+    pub fn scalar(&self, key: &str) -> f64 {
+        scalar(&self.get(key))
+    }
+}
+
+pub fn scalar(t: &Tensor) -> f64 {
+    let values = values(t);
+    assert_eq!(values.len(), 1, "expected a single number, got a tensor of shape {:?}", t.dims());
+    values[0] as f64
+}
+
+/// Unwraps the result of the learner's code, turning an error into a readable failure.
+pub fn ok<T>(result: candle_core::Result<T>, call: &str) -> T {
+    result.unwrap_or_else(|e| panic!("{call} returned an error:\n  {e}"))
+}
+
+fn values(t: &Tensor) -> Vec<f32> {
+    t.to_dtype(DType::F32)
+        .and_then(|t| t.flatten_all())
+        .and_then(|t| t.to_vec1::<f32>())
+        .expect("tensor to f32 values")
+}
+
+/// Where `got` and `want` differ most, if anywhere beyond `tol`.
+struct Worst {
+    index: usize,
+    got: f32,
+    want: f32,
+}
+
+fn worst_mismatch(got: &[f32], want: &[f32], tol: Tol) -> Option<Worst> {
+    let mut worst: Option<(f32, usize)> = None;
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let excess = (g - w).abs() - (tol.atol + tol.rtol * w.abs());
+        if excess > 0.0 || g.is_nan() != w.is_nan() {
+            let excess = if excess.is_nan() { f32::INFINITY } else { excess };
+            if worst.map_or(true, |(e, _)| excess > e) {
+                worst = Some((excess, i));
+            }
+        }
+    }
+    worst.map(|(_, index)| Worst { index, got: got[index], want: want[index] })
+}
+
+fn multi_index(mut flat: usize, dims: &[usize]) -> Vec<usize> {
+    let mut index = vec![0; dims.len()];
+    for (slot, &d) in index.iter_mut().zip(dims).rev() {
+        *slot = flat % d;
+        flat /= d;
+    }
+    index
+}
+
+fn all_close(got: &Tensor, want: &Tensor, tol: Tol) -> bool {
+    got.dims() == want.dims() && worst_mismatch(&values(got), &values(want), tol).is_none()
+}
+
+/// What is wrong with `got` as an estimate of `want`, if anything.
+fn mismatch(got: &Tensor, want: &Tensor, tol: Tol, what: &str) -> Option<String> {
+    if got.dims() != want.dims() {
+        return Some(format!("{what}: wrong shape {:?}, expected {:?}", got.dims(), want.dims()));
+    }
+    let (g, w) = (values(got), values(want));
+    if let Some(i) = g.iter().position(|v| v.is_nan()) {
+        return Some(format!(
+            "{what}: NaN at {:?}. A NaN usually comes from 0/0 or from a softmax row in which every entry is -inf.",
+            multi_index(i, got.dims())
+        ));
+    }
+    let worst = worst_mismatch(&g, &w, tol)?;
+    Some(format!(
+        "{what}: does not match the PyTorch reference.\n  at {:?}: got {}, expected {} (tolerance {} + {}·|expected|)",
+        multi_index(worst.index, got.dims()),
+        worst.got,
+        worst.want,
+        tol.atol,
+        tol.rtol
+    ))
+}
+
+/// Asserts that `got` equals the reference `want` within `tol`.
+///
+/// `what` names the value ("rotate_half(x)"). `mistakes` pairs a description
+/// of a typical mistake with the output that mistake produces (from the
+/// fixture); a mismatch that equals one of them is reported as that mistake.
+pub fn expect_close(got: &Tensor, want: &Tensor, tol: Tol, what: &str, mistakes: &[(&str, Tensor)]) {
+    let Some(mut message) = mismatch(got, want, tol, what) else { return };
+    match mistakes.iter().find(|(_, output)| all_close(got, output, tol)) {
+        Some((mistake, _)) => {
+            message.push_str(&format!("\n  Your output is exactly what this mistake produces: {mistake}."))
+        }
+        None if !mistakes.is_empty() => {
+            message.push_str("\n  It matches none of the typical mistakes this test knows:");
+            for (mistake, _) in mistakes {
+                message.push_str(&format!("\n    - {mistake}"));
+            }
+        }
+        None => {}
+    }
+    panic!("{message}");
+}
+
+/// Asserts that `got` equals `want` within `tol`; on failure, names the likely cause.
+pub fn expect_close_or_explain(got: &Tensor, want: &Tensor, tol: Tol, what: &str, likely_cause: &str) {
+    if let Some(message) = mismatch(got, want, tol, what) {
+        panic!("{message}\n  Likely cause: {likely_cause}");
+    }
+}
+
+/// Asserts that `got` has dtype `want`, explaining why it matters.
+pub fn expect_dtype(got: &Tensor, want: DType, what: &str, why: &str) {
+    assert!(got.dtype() == want, "{what}: dtype {:?}, expected {want:?}. {why}", got.dtype());
+}
+
+/// The gradient of `tensor` in `grads`, or a failure explaining that it vanished.
+pub fn grad(grads: &GradStore, tensor: &Tensor, name: &str, if_missing: &str) -> Tensor {
+    match grads.get(tensor) {
+        Some(g) => g.clone(),
+        None => panic!("no gradient reached {name}: the backward pass does not go through it. {if_missing}"),
+    }
+}
+
+/// The scalar whose gradient is the vector-Jacobian product with `grad_out`:
+/// what PyTorch's `out.backward(grad_out)` computes.
+pub fn surrogate(out: &Tensor, grad_out: &Tensor) -> Tensor {
+    out.mul(grad_out).and_then(|t| t.sum_all()).expect("surrogate loss")
+}
+
+/// A fixture tensor as a trainable variable, so that gradients can be taken with respect to it.
+pub fn var(t: &Tensor) -> candle_core::Var {
+    candle_core::Var::from_tensor(t).expect("variable from fixture tensor")
+}
