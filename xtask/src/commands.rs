@@ -1,0 +1,378 @@
+//! The learner's subcommands: next, list, check, check-phase, hint, reset.
+//! Each reads the metadata, grades through `grading`, records through
+//! `progress` and prints through `render`.
+
+use std::io::{IsTerminal, Write};
+
+use anyhow::{bail, Context, Result};
+
+use crate::grading::{Outcome, TestResult, TestRun, TEST_BINARY};
+use crate::metadata::Exercise;
+use crate::progress::{Progress, State, PROGRESS_FILE};
+use crate::render::{self, bold, dim, green, red};
+use crate::stub;
+use crate::workspace::Workspace;
+
+/// Shows the first exercise whose graded tests do not all pass, and returns
+/// its number; `None` when every exercise passes.
+pub fn next(ws: &Workspace) -> Result<Option<u32>> {
+    // A shipped stub never passes, so the next exercise is at the latest the
+    // first one still untouched: only the exercises up to it need grading.
+    let mut candidates = Vec::new();
+    for exercise in &ws.workbook.exercises {
+        candidates.push(exercise);
+        if !ws.started(exercise)? {
+            break;
+        }
+    }
+    let (states, run) = grade(ws, &candidates)?;
+    let Some((exercise, state)) = candidates
+        .iter()
+        .zip(states)
+        .find(|(_, state)| *state != State::Done)
+    else {
+        all_done(ws);
+        return Ok(None);
+    };
+    println!();
+    if let Some(finished) = phase_just_finished(ws, exercise) {
+        println!("{}", green(&format!("Phase {finished} is complete.")));
+        println!("`cargo xtask check-phase {finished}` grades it as a whole.\n");
+    }
+    render::exercise_card(&ws.workbook, exercise, &ws.position(exercise));
+    if state == State::Failing {
+        let (passed, total) = count(run.under(&exercise.test_filter()));
+        println!();
+        println!(
+            "{}",
+            red(&format!("Started: {passed}/{total} checks pass so far."))
+        );
+        println!(
+            "`cargo xtask check {}` shows which fail and why.",
+            exercise.number
+        );
+    }
+    Ok(Some(exercise.number))
+}
+
+/// All exercises, by phase, with their state and the progress per phase.
+pub fn list(ws: &Workspace, quick: bool) -> Result<bool> {
+    let exercises: Vec<&Exercise> = ws.workbook.exercises.iter().collect();
+    let states: Vec<State> = if quick {
+        let progress = record(ws, [])?;
+        exercises
+            .iter()
+            .map(|e| progress.get(e.number).unwrap_or(State::Unchecked))
+            .collect()
+    } else {
+        grade(ws, &exercises)?.0
+    };
+    let title_width = exercises
+        .iter()
+        .map(|e| e.title.chars().count())
+        .max()
+        .unwrap_or(0);
+    let done = |state: &&State| **state == State::Done;
+    for phase in &ws.workbook.phases {
+        let in_phase: Vec<(&Exercise, State)> = exercises
+            .iter()
+            .zip(&states)
+            .filter(|(e, _)| e.phase == phase.number)
+            .map(|(e, s)| (*e, *s))
+            .collect();
+        if in_phase.is_empty() {
+            continue;
+        }
+        let phase_done = in_phase.iter().map(|(_, s)| s).filter(done).count();
+        println!();
+        println!(
+            "{}  {}",
+            bold(&format!("Phase {}: {}", phase.number, phase.title)),
+            render::tally(phase_done, in_phase.len())
+        );
+        println!("  {}", dim(&render::wrap(&phase.summary, 2)));
+        for (exercise, state) in in_phase {
+            render::list_row(exercise, state, title_width);
+        }
+    }
+    let all_done = states.iter().filter(done).count();
+    println!();
+    println!(
+        "{} {}",
+        bold("Overall:"),
+        render::tally(all_done, states.len())
+    );
+    if quick {
+        println!(
+            "{}",
+            dim(&format!(
+                "(last known states from {PROGRESS_FILE}; drop --quick to run the tests)"
+            ))
+        );
+    }
+    Ok(true)
+}
+
+/// Grades one exercise: every test's verdict, failure messages, a summary.
+pub fn check(ws: &Workspace, number: u32) -> Result<bool> {
+    let exercise = ws.workbook.exercise(number)?;
+    let started = ws.started(exercise)?;
+    println!(
+        "{}",
+        bold(&format!("Checking exercise {number}: {}", exercise.title))
+    );
+    let prefix = exercise.test_filter();
+    let run = ws.runner().run(std::slice::from_ref(&prefix))?;
+    if run.under(&prefix).next().is_none() {
+        if !run.finished {
+            bail!("the tests of exercise {number} crashed before any of them reported");
+        }
+        bail!(
+            "no graded tests found for exercise {number}: expected a module `{}` ({}) in the `{TEST_BINARY}` test binary",
+            exercise.test_module(),
+            exercise.test_file().display()
+        );
+    }
+    println!();
+    render::verdicts(run.under(&prefix), &prefix);
+    let (passed, total) = count(run.under(&prefix));
+    let state = state_of(started, &run, exercise);
+    record(ws, [(number, state)])?;
+    println!();
+    let summary = format!("exercise {number}: {passed}/{total} checks passed");
+    if state == State::Done {
+        println!("{}", green(&bold(&summary)));
+        println!("Well done! `cargo xtask next` shows what comes next.");
+    } else {
+        println!("{}", red(&bold(&summary)));
+        if !started {
+            println!(
+                "It is still the shipped stub: write `{}` in {}.",
+                exercise.function,
+                ws.position(exercise)
+            );
+        }
+        println!(
+            "Stuck? `cargo xtask hint {number}` gives a hint and the mistakes these checks catch."
+        );
+    }
+    Ok(state == State::Done)
+}
+
+/// Grades every exercise of one phase: a line per exercise and a total.
+pub fn check_phase(ws: &Workspace, number: u32) -> Result<bool> {
+    let phase = ws.workbook.phase(number)?;
+    let exercises: Vec<&Exercise> = ws.workbook.exercises_in(number).collect();
+    if exercises.is_empty() {
+        bail!("phase {number} ({}) has no exercises yet", phase.title);
+    }
+    println!(
+        "{}",
+        bold(&format!("Checking phase {number}: {}", phase.title))
+    );
+    let (states, run) = grade(ws, &exercises)?;
+    println!();
+    let title_width = exercises
+        .iter()
+        .map(|e| e.title.chars().count())
+        .max()
+        .unwrap_or(0);
+    for (exercise, state) in exercises.iter().zip(&states) {
+        let (passed, total) = count(run.under(&exercise.test_filter()));
+        let verdict = match state {
+            State::Done => green(&format!("{passed}/{total} checks passed")),
+            State::NotStarted => dim("not started"),
+            _ => red(&format!("{passed}/{total} checks passed")),
+        };
+        println!(
+            "  {:>2}  {:<title_width$}  {verdict}",
+            exercise.number, exercise.title
+        );
+    }
+    // Checks of the phase as a whole, beyond its exercises' own tests (such as
+    // the multi-rank training runs of phases 2 and 3), belong here: run them,
+    // print a line each, and count them into `passing` and `total` below.
+    let passing = states.iter().filter(|s| **s == State::Done).count();
+    let total = exercises.len();
+    println!();
+    let summary = format!("phase {number}: {passing}/{total} exercises pass");
+    if passing == total {
+        println!("{}", green(&bold(&summary)));
+    } else {
+        println!("{}", red(&bold(&summary)));
+        println!("`cargo xtask check N` shows the failing checks of exercise N.");
+    }
+    Ok(passing == total)
+}
+
+/// Prints the hint and the mistakes the tests catch.
+pub fn hint(ws: &Workspace, number: u32) -> Result<bool> {
+    let exercise = ws.workbook.exercise(number)?;
+    println!(
+        "{}",
+        bold(&format!("Hint for exercise {number}: {}", exercise.title))
+    );
+    println!();
+    println!("{}", render::indented(exercise.hint.trim(), 2));
+    println!();
+    println!("{}", bold("Common mistakes the tests catch:"));
+    for mistake in &exercise.mistakes {
+        println!("  - {mistake}");
+    }
+    println!();
+    println!("More in the guide: {}", exercise.chapter_file().display());
+    Ok(true)
+}
+
+/// Puts the shipped `todo!` stub back into the exercise function, after
+/// asking (unless `yes`).
+pub fn reset(ws: &Workspace, number: u32, yes: bool) -> Result<bool> {
+    let exercise = ws.workbook.exercise(number)?;
+    let source = ws.read(&exercise.file)?;
+    let shipped =
+        stub::reset(&source, exercise.fn_name(), &exercise.stub_line()).with_context(|| {
+            format!(
+                "cannot reset `{}` in {}",
+                exercise.function,
+                exercise.file.display()
+            )
+        })?;
+    if shipped == source {
+        println!("Exercise {number} is already the shipped stub; nothing to reset.");
+        return Ok(true);
+    }
+    println!(
+        "This replaces the body of `{}` in {} with the shipped `todo!` stub.",
+        exercise.function,
+        ws.position(exercise)
+    );
+    println!("Your code inside that function will be lost; the rest of the file stays as it is.");
+    if !yes && !confirm(&format!("Reset exercise {number}? [y/N] "))? {
+        println!("Nothing changed.");
+        return Ok(true);
+    }
+    let path = ws.root.join(&exercise.file);
+    std::fs::write(&path, shipped).with_context(|| format!("cannot write {}", path.display()))?;
+    record(ws, [])?;
+    println!("Exercise {number} is back to its shipped stub.");
+    Ok(true)
+}
+
+fn confirm(question: &str) -> Result<bool> {
+    print!("{question}");
+    std::io::stdout().flush()?;
+    let mut answer = String::new();
+    std::io::stdin()
+        .read_line(&mut answer)
+        .context("cannot read the answer from stdin")?;
+    if !std::io::stdin().is_terminal() {
+        println!(); // a piped answer is not echoed, so end the prompt's line here
+    }
+    Ok(matches!(
+        answer.trim().to_ascii_lowercase().as_str(),
+        "y" | "yes"
+    ))
+}
+
+fn all_done(ws: &Workspace) {
+    let count = ws.workbook.exercises.len();
+    println!();
+    println!(
+        "{}",
+        green(&bold(&format!("All {count} exercises pass. Well done!")))
+    );
+    println!("Next, grade each phase as a whole (this also runs the phase-level checks):");
+    for phase in &ws.workbook.phases {
+        if ws.workbook.exercises_in(phase.number).next().is_some() {
+            println!(
+                "  cargo xtask check-phase {}   ({})",
+                phase.number, phase.title
+            );
+        }
+    }
+    println!("and `cargo xtask list` for the overview.");
+}
+
+/// The phase that ends just before `exercise`, when `exercise` opens a new one.
+fn phase_just_finished(ws: &Workspace, exercise: &Exercise) -> Option<u32> {
+    let previous = ws.workbook.exercise(exercise.number.checked_sub(1)?).ok()?;
+    (previous.phase != exercise.phase).then_some(previous.phase)
+}
+
+/// States of `exercises`: a stub is not started; the others are graded in one
+/// test run, which is also returned. The states are recorded.
+fn grade(ws: &Workspace, exercises: &[&Exercise]) -> Result<(Vec<State>, TestRun)> {
+    let started: Vec<bool> = exercises
+        .iter()
+        .map(|e| ws.started(e))
+        .collect::<Result<_>>()?;
+    let filters: Vec<String> = exercises
+        .iter()
+        .zip(&started)
+        .filter(|(_, s)| **s)
+        .map(|(e, _)| e.test_filter())
+        .collect();
+    let run = if filters.is_empty() {
+        TestRun::default()
+    } else {
+        ws.runner().run(&filters)?
+    };
+    let states: Vec<State> = exercises
+        .iter()
+        .zip(&started)
+        .map(|(e, s)| state_of(*s, &run, e))
+        .collect();
+    record(
+        ws,
+        exercises
+            .iter()
+            .map(|e| e.number)
+            .zip(states.iter().copied()),
+    )?;
+    Ok((states, run))
+}
+
+/// Done when the run finished and every graded test of the exercise passed.
+fn state_of(started: bool, run: &TestRun, exercise: &Exercise) -> State {
+    let (passed, total) = count(run.under(&exercise.test_filter()));
+    if !started {
+        State::NotStarted
+    } else if run.finished && total > 0 && passed == total {
+        State::Done
+    } else {
+        State::Failing
+    }
+}
+
+/// (passed, run) among the tests given; ignored tests are not counted.
+fn count<'a>(results: impl Iterator<Item = &'a TestResult>) -> (usize, usize) {
+    results.fold((0, 0), |(passed, total), result| match result.outcome {
+        Outcome::Passed => (passed + 1, total + 1),
+        Outcome::Failed => (passed, total + 1),
+        Outcome::Ignored => (passed, total),
+    })
+}
+
+/// Updates the progress file with freshly graded states; every other
+/// exercise keeps its last known state unless its body is the stub again.
+/// Grading the solutions says nothing about the learner, so it is not recorded.
+fn record(ws: &Workspace, graded: impl IntoIterator<Item = (u32, State)>) -> Result<Progress> {
+    let mut progress = Progress::load(&ws.root);
+    if ws.solutions {
+        return Ok(progress);
+    }
+    for (number, state) in graded {
+        progress.set(number, state);
+    }
+    for exercise in &ws.workbook.exercises {
+        let state = match (ws.started(exercise)?, progress.get(exercise.number)) {
+            (false, _) => State::NotStarted,
+            (true, None | Some(State::NotStarted)) => State::Unchecked,
+            (true, Some(known)) => known,
+        };
+        progress.set(exercise.number, state);
+    }
+    progress.retain(|number| ws.workbook.exercise(number).is_ok());
+    progress.save(&ws.root)?;
+    Ok(progress)
+}

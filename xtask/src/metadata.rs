@@ -1,0 +1,243 @@
+//! The exercise list, loaded from `exercises/info.toml`.
+//!
+//! Every fact about an exercise (where it lives, what it teaches, its hint) is
+//! data in that one file; this module only reads it and derives the paths that
+//! follow from it by convention (solution file, test module, guide chapter).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+
+/// Where the metadata lives, relative to the repository root.
+pub const INFO_FILE: &str = "exercises/info.toml";
+
+/// The whole exercise set: phases and exercises, both in file order.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Workbook {
+    #[serde(rename = "phase")]
+    pub phases: Vec<Phase>,
+    #[serde(rename = "exercise")]
+    pub exercises: Vec<Exercise>,
+}
+
+/// A group of exercises that build one part of the trainer.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Phase {
+    pub number: u32,
+    pub title: String,
+    pub summary: String,
+}
+
+/// One exercise: one function the learner writes, graded by one test module.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Exercise {
+    pub number: u32,
+    pub title: String,
+    pub phase: u32,
+    /// The file the learner edits, relative to the repository root.
+    pub file: PathBuf,
+    /// `name` for a free function, `Type::method` for a method.
+    pub function: String,
+    pub concept: String,
+    pub difficulty: String,
+    pub read: String,
+    pub insight: String,
+    pub depends: Vec<u32>,
+    pub hint: String,
+    /// The guide chapter, relative to `guide/src`.
+    pub chapter: PathBuf,
+    pub mistakes: Vec<String>,
+}
+
+impl Workbook {
+    /// Reads and parses `exercises/info.toml` under `root`.
+    pub fn load(root: &Path) -> Result<Self> {
+        let path = root.join(INFO_FILE);
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        Self::parse(&text).with_context(|| format!("{INFO_FILE} is not valid"))
+    }
+
+    /// Parses the text of an `info.toml`.
+    pub fn parse(text: &str) -> Result<Self> {
+        let workbook: Self = toml::from_str(text)?;
+        if workbook.exercises.is_empty() {
+            bail!("it declares no [[exercise]]");
+        }
+        Ok(workbook)
+    }
+
+    /// The exercise numbered `number`, or an error that says which numbers exist.
+    pub fn exercise(&self, number: u32) -> Result<&Exercise> {
+        match self.exercises.iter().find(|e| e.number == number) {
+            Some(exercise) => Ok(exercise),
+            None => bail!(
+                "no exercise {number}: the exercises are numbered {}",
+                self.numbers_in_words()
+            ),
+        }
+    }
+
+    /// The phase numbered `number`, or an error that says which phases exist.
+    pub fn phase(&self, number: u32) -> Result<&Phase> {
+        match self.phases.iter().find(|p| p.number == number) {
+            Some(phase) => Ok(phase),
+            None => {
+                let numbers: Vec<String> =
+                    self.phases.iter().map(|p| p.number.to_string()).collect();
+                bail!("no phase {number}: the phases are {}", numbers.join(", "))
+            }
+        }
+    }
+
+    /// The exercises of one phase, in order.
+    pub fn exercises_in(&self, phase: u32) -> impl Iterator<Item = &Exercise> {
+        self.exercises.iter().filter(move |e| e.phase == phase)
+    }
+
+    fn numbers_in_words(&self) -> String {
+        let lowest = self.exercises.iter().map(|e| e.number).min().unwrap_or(0);
+        let highest = self.exercises.iter().map(|e| e.number).max().unwrap_or(0);
+        format!("{lowest} to {highest}")
+    }
+}
+
+impl Exercise {
+    /// The test module that grades this exercise, e.g. `exercise_05`.
+    pub fn test_module(&self) -> String {
+        format!("exercise_{:02}", self.number)
+    }
+
+    /// The file holding the graded tests, relative to the repository root.
+    pub fn test_file(&self) -> PathBuf {
+        PathBuf::from(format!("tests/graded/{}.rs", self.test_module()))
+    }
+
+    /// The reference body: the same path with `exercises/` replaced by `solutions/`.
+    pub fn solution_file(&self) -> Result<PathBuf> {
+        let rest = self.file.strip_prefix("exercises").with_context(|| {
+            format!(
+                "exercise {}: `file` must lie under exercises/, not {}",
+                self.number,
+                self.file.display()
+            )
+        })?;
+        Ok(Path::new("solutions").join(rest))
+    }
+
+    /// The guide chapter, relative to the repository root.
+    pub fn chapter_file(&self) -> PathBuf {
+        Path::new("guide/src").join(&self.chapter)
+    }
+
+    /// The bare function name (`forward` for `RmsNorm::forward`).
+    pub fn fn_name(&self) -> &str {
+        self.function.rsplit("::").next().unwrap_or(&self.function)
+    }
+
+    /// The line the learner's shipped stub holds, e.g.
+    /// `todo!("Exercise 2: rotate_half; run `cargo xtask hint 2`")`.
+    pub fn stub_line(&self) -> String {
+        // The title sits inside a format string: quote it as a Rust literal and
+        // double the braces so `todo!` prints it verbatim.
+        let message = format!(
+            "Exercise {}: {}; run `cargo xtask hint {}`",
+            self.number, self.title, self.number
+        );
+        let mut literal = String::with_capacity(message.len() + 2);
+        for c in message.chars() {
+            match c {
+                '\\' => literal.push_str("\\\\"),
+                '"' => literal.push_str("\\\""),
+                '{' => literal.push_str("{{"),
+                '}' => literal.push_str("}}"),
+                c => literal.push(c),
+            }
+        }
+        format!("todo!(\"{literal}\")")
+    }
+
+    /// The test filter that selects this exercise's graded tests.
+    pub fn test_filter(&self) -> String {
+        format!("{}::", self.test_module())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn real() -> Workbook {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        Workbook::load(root).expect("the real info.toml parses")
+    }
+
+    #[test]
+    fn real_info_toml_parses_with_contiguous_numbers() {
+        let workbook = real();
+        for (index, exercise) in workbook.exercises.iter().enumerate() {
+            assert_eq!(exercise.number as usize, index + 1);
+            assert!(workbook.phase(exercise.phase).is_ok());
+        }
+        assert_eq!(workbook.phases[0].number, 1);
+    }
+
+    #[test]
+    fn derived_paths_follow_the_conventions() {
+        let workbook = real();
+        let rotate = workbook.exercise(2).unwrap();
+        assert_eq!(rotate.test_module(), "exercise_02");
+        assert_eq!(rotate.test_filter(), "exercise_02::");
+        assert_eq!(rotate.test_file(), Path::new("tests/graded/exercise_02.rs"));
+        assert_eq!(
+            rotate.solution_file().unwrap(),
+            Path::new("solutions/phase1_model/ex02_rotate_half.rs")
+        );
+        assert_eq!(
+            rotate.chapter_file(),
+            Path::new("guide/src/phase1/02-rotate-half.md")
+        );
+        assert_eq!(
+            rotate.stub_line(),
+            "todo!(\"Exercise 2: rotate_half; run `cargo xtask hint 2`\")"
+        );
+        assert_eq!(workbook.exercise(1).unwrap().fn_name(), "forward");
+    }
+
+    #[test]
+    fn unknown_numbers_say_which_exist() {
+        let workbook = real();
+        let last = workbook.exercises.len();
+        let error = workbook.exercise(99).unwrap_err().to_string();
+        assert_eq!(
+            error,
+            format!("no exercise 99: the exercises are numbered 1 to {last}")
+        );
+        assert!(workbook
+            .phase(9)
+            .unwrap_err()
+            .to_string()
+            .starts_with("no phase 9: the phases are 1"));
+    }
+
+    #[test]
+    fn stub_line_escapes_quotes_and_braces() {
+        let mut exercise = real().exercises.remove(0);
+        exercise.title = r#"say "{hi}""#.into();
+        assert_eq!(
+            exercise.stub_line(),
+            r#"todo!("Exercise 1: say \"{{hi}}\"; run `cargo xtask hint 1`")"#
+        );
+    }
+
+    #[test]
+    fn typos_in_field_names_are_rejected() {
+        let text =
+            "[[phase]]\nnumber = 1\ntitle = \"t\"\nsummary = \"s\"\n[[exercise]]\nnumbr = 1\n";
+        assert!(Workbook::parse(text).is_err());
+    }
+}

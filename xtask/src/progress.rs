@@ -1,0 +1,133 @@
+//! The learner's last known progress, kept in a small plain-text file.
+//!
+//! `.workbook-progress` at the repository root holds one line per exercise,
+//! e.g. `05 done`. `check`, `next`, `list` and `reset` rewrite it; `list
+//! --quick` reads it instead of running the tests. It is only a record:
+//! deleting it loses nothing that the tests cannot tell again.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+/// The file's name, relative to the repository root.
+pub const PROGRESS_FILE: &str = ".workbook-progress";
+
+const HEADER: &str =
+    "# Last known state of each exercise, written by `cargo xtask` (check, next, list, reset).\n\
+                      # States: done, failing, not-started, unchecked. Safe to delete.\n";
+
+/// Where an exercise stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// Every graded test passes.
+    Done,
+    /// The body was edited but some graded test fails.
+    Failing,
+    /// The body is still the shipped `todo!` stub.
+    NotStarted,
+    /// The body was edited since the tests last ran.
+    Unchecked,
+}
+
+impl State {
+    /// The word used in the progress file and in `list`.
+    pub fn word(self) -> &'static str {
+        match self {
+            State::Done => "done",
+            State::Failing => "failing",
+            State::NotStarted => "not-started",
+            State::Unchecked => "unchecked",
+        }
+    }
+
+    fn from_word(word: &str) -> Option<Self> {
+        [
+            State::Done,
+            State::Failing,
+            State::NotStarted,
+            State::Unchecked,
+        ]
+        .into_iter()
+        .find(|state| state.word() == word)
+    }
+}
+
+/// Exercise number to state.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Progress(BTreeMap<u32, State>);
+
+impl Progress {
+    /// Reads the progress file; a missing or garbled file is an empty record.
+    pub fn load(root: &Path) -> Self {
+        std::fs::read_to_string(root.join(PROGRESS_FILE))
+            .map_or_else(|_| Self::default(), |text| Self::parse(&text))
+    }
+
+    /// Writes the progress file.
+    pub fn save(&self, root: &Path) -> Result<()> {
+        let path = root.join(PROGRESS_FILE);
+        std::fs::write(&path, self.render())
+            .with_context(|| format!("cannot write {}", path.display()))
+    }
+
+    pub fn get(&self, number: u32) -> Option<State> {
+        self.0.get(&number).copied()
+    }
+
+    pub fn set(&mut self, number: u32, state: State) {
+        self.0.insert(number, state);
+    }
+
+    /// Drops exercises that no longer exist.
+    pub fn retain(&mut self, mut keep: impl FnMut(u32) -> bool) {
+        self.0.retain(|number, _| keep(*number));
+    }
+
+    fn parse(text: &str) -> Self {
+        let entries = text
+            .lines()
+            .filter(|line| !line.starts_with('#'))
+            .filter_map(|line| {
+                let (number, word) = line.trim().split_once(' ')?;
+                Some((number.parse().ok()?, State::from_word(word.trim())?))
+            });
+        Self(entries.collect())
+    }
+
+    fn render(&self) -> String {
+        let mut text = HEADER.to_string();
+        for (number, state) in &self.0 {
+            text.push_str(&format!("{number:02} {}\n", state.word()));
+        }
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_through_its_text_form() {
+        let mut progress = Progress::default();
+        progress.set(5, State::Failing);
+        progress.set(1, State::Done);
+        progress.set(12, State::NotStarted);
+        let text = progress.render();
+        assert!(
+            text.ends_with("01 done\n05 failing\n12 not-started\n"),
+            "{text}"
+        );
+        assert_eq!(Progress::parse(&text), progress);
+    }
+
+    #[test]
+    fn ignores_lines_it_cannot_read() {
+        let progress =
+            Progress::parse("# comment\n03 done\nnonsense\n04 finished\n 06  unchecked \n");
+        assert_eq!(progress.get(3), Some(State::Done));
+        assert_eq!(progress.get(4), None);
+        assert_eq!(progress.get(6), Some(State::Unchecked));
+    }
+}

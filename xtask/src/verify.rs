@@ -1,0 +1,344 @@
+//! `verify`: the exercise set's own invariants, for CI and for whoever adds
+//! an exercise. Every exercise is declared once in info.toml; this checks
+//! that the stub, the solution, the tests and the guide all agree with it,
+//! that every solution passes and every shipped stub fails.
+//!
+//! Each check counts once; the last line reads `N passed, N failed`.
+
+use std::collections::BTreeSet;
+use std::io::ErrorKind;
+use std::path::Path;
+use std::process::Command;
+
+use crate::grading::{graded_exercise, Outcome, Runner, TEST_BINARY};
+use crate::metadata::Exercise;
+use crate::render::{bold, green, indented, red};
+use crate::stub;
+use crate::workspace::Workspace;
+
+const SUMMARY: &str = "guide/src/SUMMARY.md";
+const MIN_MISTAKES: usize = 3;
+
+pub fn verify(ws: &Workspace) -> anyhow::Result<bool> {
+    let mut tally = Tally::default();
+    metadata(ws, &mut tally);
+    solutions_pass(ws, &mut tally);
+    stubs_fail(ws, &mut tally);
+    guide_builds(ws, &mut tally);
+    println!();
+    let summary = format!("{} passed, {} failed", tally.passed, tally.failed);
+    println!(
+        "{}",
+        if tally.failed == 0 {
+            green(&summary)
+        } else {
+            red(&summary)
+        }
+    );
+    Ok(tally.failed == 0)
+}
+
+/// Counts checks, printing each problem as it is found.
+#[derive(Default)]
+struct Tally {
+    passed: usize,
+    failed: usize,
+    /// Counts when the current section began.
+    section_start: (usize, usize),
+}
+
+impl Tally {
+    fn section(&mut self, title: &str) {
+        self.end_section();
+        println!("\n{}", bold(title));
+        self.section_start = (self.passed, self.failed);
+    }
+
+    fn end_section(&self) {
+        let (passed, failed) = (
+            self.passed - self.section_start.0,
+            self.failed - self.section_start.1,
+        );
+        if passed + failed > 0 {
+            let line = format!("  {passed}/{} checks pass", passed + failed);
+            println!(
+                "{}",
+                if failed == 0 {
+                    green(&line)
+                } else {
+                    red(&line)
+                }
+            );
+        }
+    }
+
+    fn check(&mut self, ok: bool, problem: impl FnOnce() -> String) {
+        if ok {
+            self.passed += 1;
+        } else {
+            self.failed += 1;
+            println!("  {} {}", red("✗"), problem());
+        }
+    }
+}
+
+/// Part 1: info.toml against the files it names.
+fn metadata(ws: &Workspace, tally: &mut Tally) {
+    tally.section("Metadata (exercises/info.toml) agrees with the files");
+    let workbook = &ws.workbook;
+    for (index, phase) in workbook.phases.iter().enumerate() {
+        tally.check(phase.number as usize == index + 1, || {
+            format!(
+                "phase {} is [[phase]] entry {}: number the phases 1, 2, 3, ... in order",
+                phase.number,
+                index + 1
+            )
+        });
+    }
+    let summary = ws.read(Path::new(SUMMARY));
+    tally.check(summary.is_ok(), || format!("{SUMMARY} does not exist"));
+    let summary = summary.unwrap_or_default();
+    for (index, exercise) in workbook.exercises.iter().enumerate() {
+        exercise_entry(ws, index, exercise, &summary, tally);
+    }
+}
+
+/// One `[[exercise]]` entry (the `index`-th) against the files it names.
+fn exercise_entry(
+    ws: &Workspace,
+    index: usize,
+    exercise: &Exercise,
+    summary: &str,
+    tally: &mut Tally,
+) {
+    let workbook = &ws.workbook;
+    let n = exercise.number;
+    tally.check(n as usize == index + 1, || {
+        format!(
+            "exercise {n} is [[exercise]] entry {}: number the exercises 1, 2, 3, ... in order",
+            index + 1
+        )
+    });
+    tally.check(workbook.phase(exercise.phase).is_ok(), || {
+        format!(
+            "exercise {n}: phase {} is not declared as a [[phase]]",
+            exercise.phase
+        )
+    });
+    let previous_phase = index
+        .checked_sub(1)
+        .map_or(0, |i| workbook.exercises[i].phase);
+    tally.check(exercise.phase >= previous_phase, || {
+        format!(
+            "exercise {n}: phase {} comes after phase {previous_phase}: keep the phases in order",
+            exercise.phase
+        )
+    });
+    shipped_stub(ws, exercise, tally);
+    solution(ws, exercise, tally);
+    exists(
+        ws,
+        &exercise.test_file(),
+        &format!("exercise {n}: its test module"),
+        tally,
+    );
+    let chapter = exercise.chapter_file();
+    exists(
+        ws,
+        &chapter,
+        &format!("exercise {n}: its guide chapter"),
+        tally,
+    );
+    let link = exercise.chapter.to_string_lossy().replace('\\', "/");
+    tally.check(
+        summary.contains(&format!("]({link})")) || summary.contains(&format!("](./{link})")),
+        || format!("exercise {n}: {SUMMARY} does not link its chapter `{link}`"),
+    );
+    tally.check(!exercise.hint.trim().is_empty(), || {
+        format!("exercise {n}: the hint is empty")
+    });
+    tally.check(exercise.mistakes.len() >= MIN_MISTAKES, || {
+        format!(
+            "exercise {n}: {} mistakes listed, at least {MIN_MISTAKES} wanted (each caught by a test)",
+            exercise.mistakes.len()
+        )
+    });
+    let later: Vec<u32> = exercise
+        .depends
+        .iter()
+        .copied()
+        .filter(|&d| d == 0 || d >= n)
+        .collect();
+    tally.check(later.is_empty(), || {
+        format!("exercise {n}: depends on {later:?}, which do not come before it")
+    });
+}
+
+/// The learner's file holds the function with exactly the canonical `todo!`
+/// body, i.e. `reset` leaves it byte for byte as shipped.
+fn shipped_stub(ws: &Workspace, exercise: &Exercise, tally: &mut Tally) {
+    let n = exercise.number;
+    let file = exercise.file.display();
+    let reset = ws
+        .read(&exercise.file)
+        .map_err(|error| format!("{error:#}"))
+        .and_then(|source| {
+            let reset = stub::reset(&source, exercise.fn_name(), &exercise.stub_line());
+            reset
+                .map(|reset| reset == source)
+                .map_err(|error| format!("{file}: {error}"))
+        });
+    tally.check(reset.is_ok(), || {
+        format!("exercise {n}: {}", reset.as_ref().unwrap_err())
+    });
+    if let Ok(unchanged) = reset {
+        tally.check(unchanged, || {
+            format!(
+                "exercise {n}: the body of `{}` in {} is not the shipped stub; it must be exactly\n      {}\n    (`cargo xtask reset {n} --yes` writes it)",
+                exercise.function,
+                ws.position(exercise),
+                exercise.stub_line()
+            )
+        });
+    }
+}
+
+/// The solution file holds the same function, written out.
+fn solution(ws: &Workspace, exercise: &Exercise, tally: &mut Tally) {
+    let n = exercise.number;
+    let body = exercise
+        .solution_file()
+        .map_err(|error| format!("{error:#}"))
+        .and_then(|path| {
+            let source = ws.read(&path).map_err(|error| format!("{error:#}"))?;
+            let location = stub::locate(&source, exercise.fn_name())
+                .map_err(|error| format!("{}: {error}", path.display()))?;
+            Ok((path, source[location.body].to_string()))
+        });
+    match body {
+        Err(problem) => tally.check(false, || format!("exercise {n}: solution: {problem}")),
+        Ok((path, body)) => tally.check(!body.contains("todo!"), || {
+            format!(
+                "exercise {n}: `{}` in {} still contains `todo!`",
+                exercise.function,
+                path.display()
+            )
+        }),
+    }
+}
+
+fn exists(ws: &Workspace, path: &Path, what: &str, tally: &mut Tally) {
+    tally.check(ws.root.join(path).is_file(), || {
+        format!("{what} {} does not exist", path.display())
+    });
+}
+
+/// Part 2: every test passes on the reference solutions, and every exercise has
+/// graded tests (and no test module grades an exercise that does not exist).
+fn solutions_pass(ws: &Workspace, tally: &mut Tally) {
+    let runner = Runner {
+        root: ws.root.clone(),
+        solutions: true,
+    };
+    tally.section(&format!(
+        "Reference solutions pass ({})",
+        runner.command_line()
+    ));
+    let run = match runner.run(&[]) {
+        Ok(run) => run,
+        Err(error) => return tally.check(false, || format!("{error:#}")),
+    };
+    tally.check(run.finished, || {
+        "the test run stopped before it finished (a test crashed the process)".into()
+    });
+    for result in &run.results {
+        tally.check(result.outcome == Outcome::Passed, || match result.outcome {
+            Outcome::Ignored => format!("{} is #[ignore]d, so it is never graded", result.name),
+            _ => format!(
+                "{} fails on the reference solution:\n{}",
+                result.name,
+                indented(result.message.as_deref().unwrap_or("(no message)"), 6)
+            ),
+        });
+    }
+    for exercise in &ws.workbook.exercises {
+        tally.check(run.under(&exercise.test_filter()).next().is_some(), || {
+            format!(
+                "exercise {} has no graded test: add a module `{}` ({}) to the `{TEST_BINARY}` test binary",
+                exercise.number,
+                exercise.test_module(),
+                exercise.test_file().display()
+            )
+        });
+    }
+    let tested: BTreeSet<u32> = run
+        .results
+        .iter()
+        .filter_map(|r| graded_exercise(&r.name))
+        .collect();
+    for number in tested {
+        tally.check(ws.workbook.exercise(number).is_ok(), || {
+            format!("exercise_{number:02} grades exercise {number}, which exercises/info.toml does not declare")
+        });
+    }
+}
+
+/// Part 3: on the shipped stubs, every graded test fails and every other test passes.
+fn stubs_fail(ws: &Workspace, tally: &mut Tally) {
+    let runner = Runner {
+        root: ws.root.clone(),
+        solutions: false,
+    };
+    tally.section(&format!(
+        "Shipped stubs fail every graded test ({})",
+        runner.command_line()
+    ));
+    let run = match runner.run(&[]) {
+        Ok(run) => run,
+        Err(error) => return tally.check(false, || format!("{error:#}")),
+    };
+    tally.check(run.finished, || {
+        "the test run stopped before it finished (a test crashed the process)".into()
+    });
+    for result in &run.results {
+        let graded = graded_exercise(&result.name).is_some();
+        let wanted = if graded {
+            Outcome::Failed
+        } else {
+            Outcome::Passed
+        };
+        tally.check(result.outcome == wanted, || {
+            match (graded, result.outcome) {
+                (_, Outcome::Ignored) => format!("{} is #[ignore]d, so it never runs", result.name),
+                (true, _) => format!(
+                    "{} passes on the shipped stub: it has no teeth",
+                    result.name
+                ),
+                (false, _) => format!(
+                    "{} is not graded, yet fails on the shipped stubs:\n{}",
+                    result.name,
+                    indented(result.message.as_deref().unwrap_or("(no message)"), 6)
+                ),
+            }
+        });
+    }
+}
+
+/// Part 4: the guide builds, when mdbook is installed.
+fn guide_builds(ws: &Workspace, tally: &mut Tally) {
+    tally.section("Guide builds (mdbook build guide)");
+    match Command::new("mdbook")
+        .args(["build", "guide"])
+        .current_dir(&ws.root)
+        .status()
+    {
+        Err(error) if error.kind() == ErrorKind::NotFound => {
+            println!("  skipped: mdbook is not on PATH (`cargo install mdbook` adds this check)");
+        }
+        Err(error) => tally.check(false, || format!("cannot run mdbook: {error}")),
+        Ok(status) => tally.check(status.success(), || {
+            "`mdbook build guide` failed (its errors are above)".into()
+        }),
+    }
+    tally.end_section();
+}

@@ -1,0 +1,74 @@
+//! `watch`: re-grade the current exercise whenever a file under exercises/
+//! changes, and move on to the next one when it passes.
+
+use std::sync::mpsc::{self, Receiver};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use notify::{Event, EventKind, RecursiveMode, Watcher};
+
+use crate::commands;
+use crate::render::{self, dim, red};
+use crate::workspace::Workspace;
+
+/// Editors save in several steps (write, rename, chmod); wait for this much
+/// quiet before grading.
+const DEBOUNCE: Duration = Duration::from_millis(300);
+
+pub fn watch(ws: &Workspace) -> Result<bool> {
+    let (events, changes) = mpsc::channel();
+    let mut watcher = notify::recommended_watcher(events).context("cannot start watching files")?;
+    let exercises = ws.root.join("exercises");
+    watcher
+        .watch(&exercises, RecursiveMode::Recursive)
+        .with_context(|| format!("cannot watch {}", exercises.display()))?;
+
+    // The exercise being graded; `None` until `next` has picked one.
+    let mut current = None;
+    loop {
+        match current {
+            None => match commands::next(ws) {
+                Ok(Some(number)) => current = Some(number),
+                Ok(None) => return Ok(true),
+                Err(error) => eprintln!("{} {error:#}", red("error:")),
+            },
+            Some(number) => match commands::check(ws, number) {
+                Ok(true) => {
+                    current = None;
+                    println!("\n{}\n", dim(&"-".repeat(40)));
+                    continue; // straight on to the next exercise's card
+                }
+                Ok(false) => {}
+                Err(error) => eprintln!("{} {error:#}", red("error:")),
+            },
+        }
+        println!();
+        println!(
+            "{}",
+            dim("Watching exercises/ for changes; save a file to grade again, Ctrl-C to stop.")
+        );
+        wait_for_change(&changes)?;
+        render::clear_screen();
+    }
+}
+
+/// Blocks until a Rust or TOML file is created, changed or removed, then
+/// until the burst of events it came with has passed.
+fn wait_for_change(changes: &Receiver<notify::Result<Event>>) -> Result<()> {
+    while !is_edit(&changes.recv().context("the file watcher stopped")?) {}
+    while changes.recv_timeout(DEBOUNCE).is_ok() {}
+    Ok(())
+}
+
+/// Reads (which the build itself causes) do not count; edits of source files do.
+fn is_edit(event: &notify::Result<Event>) -> bool {
+    let Ok(event) = event else { return false };
+    let source = |path: &std::path::PathBuf| {
+        path.extension()
+            .is_some_and(|ext| ext == "rs" || ext == "toml")
+    };
+    matches!(
+        event.kind,
+        EventKind::Create(_) | EventKind::Modify(_) | EventKind::Remove(_)
+    ) && event.paths.iter().any(source)
+}

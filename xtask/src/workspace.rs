@@ -1,0 +1,88 @@
+//! The repository the tool works on: its root, its exercise list, and whether
+//! we grade the learner's code or the reference solutions.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+
+use crate::grading::Runner;
+use crate::metadata::{Exercise, Workbook, INFO_FILE};
+use crate::stub;
+
+pub struct Workspace {
+    pub root: PathBuf,
+    pub workbook: Workbook,
+    /// `--solutions`: grade `solutions/` instead of `exercises/`.
+    pub solutions: bool,
+}
+
+impl Workspace {
+    /// Finds the repository root (the parent of `xtask/`) and loads the metadata.
+    pub fn open(solutions: bool) -> Result<Self> {
+        let root = find_root()?;
+        let workbook = Workbook::load(&root)?;
+        Ok(Self {
+            root,
+            workbook,
+            solutions,
+        })
+    }
+
+    /// Reads a file given relative to the root.
+    pub fn read(&self, path: &Path) -> Result<String> {
+        std::fs::read_to_string(self.root.join(path))
+            .with_context(|| format!("cannot read {}", path.display()))
+    }
+
+    /// Runs the graded tests on the code this workspace grades.
+    pub fn runner(&self) -> Runner {
+        Runner {
+            root: self.root.clone(),
+            solutions: self.solutions,
+        }
+    }
+
+    /// Whether there is something to grade: always with `--solutions`,
+    /// otherwise once the learner has changed the shipped stub. A function the
+    /// tool cannot find counts as started, so the tests report what is wrong.
+    pub fn started(&self, exercise: &Exercise) -> Result<bool> {
+        if self.solutions {
+            return Ok(true);
+        }
+        let source = self.read(&exercise.file)?;
+        Ok(!stub::is_stub(&source, exercise.fn_name(), &exercise.stub_line()).unwrap_or(false))
+    }
+
+    /// `exercises/phase1_model/ex05_causal_attention.rs:42`, pointing at the
+    /// exercise function in the file the learner edits.
+    pub fn position(&self, exercise: &Exercise) -> String {
+        let file = exercise.file.display();
+        let line = self
+            .read(&exercise.file)
+            .ok()
+            .and_then(|source| stub::locate(&source, exercise.fn_name()).ok());
+        match line {
+            Some(location) => format!("{file}:{}", location.line),
+            None => file.to_string(),
+        }
+    }
+}
+
+/// `cargo run` tells the tool where its manifest is; the compile-time path
+/// is the fallback when the binary is started directly.
+fn find_root() -> Result<PathBuf> {
+    let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    let root = manifest_dir
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    if !root.join(INFO_FILE).is_file() {
+        bail!(
+            "cannot find {INFO_FILE} in {}: run the tool as `cargo xtask ...` from inside the workbook",
+            root.display()
+        );
+    }
+    Ok(root)
+}
