@@ -147,8 +147,8 @@ pub fn check(ws: &Workspace, number: u32) -> Result<bool> {
         println!("{}", red(&bold(&summary)));
         if !started {
             println!(
-                "It is still the shipped stub: write `{}` in {}.",
-                exercise.function,
+                "It is still the shipped stub: write {} in {}.",
+                render::code_list(&exercise.functions),
                 ws.position(exercise)
             );
         }
@@ -224,29 +224,23 @@ pub fn hint(ws: &Workspace, number: u32) -> Result<bool> {
     Ok(true)
 }
 
-/// Puts the shipped `todo!` stub back into the exercise function, after
-/// asking (unless `yes`).
+/// Puts the shipped `todo!` stub back into every function of the exercise,
+/// after asking (unless `yes`).
 pub fn reset(ws: &Workspace, number: u32, yes: bool) -> Result<bool> {
     let exercise = ws.workbook.exercise(number)?;
+    let functions = render::code_list(&exercise.functions);
     let source = ws.read(&exercise.file)?;
-    let shipped =
-        stub::reset(&source, exercise.fn_name(), &exercise.stub_line()).with_context(|| {
-            format!(
-                "cannot reset `{}` in {}",
-                exercise.function,
-                exercise.file.display()
-            )
-        })?;
+    let shipped = stub::reset(&source, &exercise.fn_names(), &exercise.stub_line())
+        .with_context(|| format!("cannot reset {functions} in {}", exercise.file.display()))?;
     if shipped == source {
         println!("Exercise {number} is already the shipped stub; nothing to reset.");
         return Ok(true);
     }
     println!(
-        "This replaces the body of `{}` in {} with the shipped `todo!` stub.",
-        exercise.function,
+        "This replaces your code in {functions} ({}) with the shipped `todo!` stub.",
         ws.position(exercise)
     );
-    println!("Your code inside that function will be lost; the rest of the file stays as it is.");
+    println!("Your code there will be lost; the rest of the file stays as it is.");
     if !yes && !confirm(&format!("Reset exercise {number}? [y/N] "))? {
         println!("Nothing changed.");
         return Ok(true);

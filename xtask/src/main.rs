@@ -61,7 +61,7 @@ enum Task {
         /// The exercise number, e.g. 5.
         exercise: u32,
     },
-    /// Put an exercise's shipped `todo!` stub back (your code in that function is lost).
+    /// Put an exercise's shipped `todo!` stub back (your code in its functions is lost).
     Reset {
         /// The exercise number, e.g. 5.
         exercise: u32,

@@ -31,7 +31,8 @@ pub struct Phase {
     pub summary: String,
 }
 
-/// One exercise: one function the learner writes, graded by one test module.
+/// One exercise: the functions the learner writes in one file, graded by one
+/// test module.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Exercise {
@@ -40,8 +41,10 @@ pub struct Exercise {
     pub phase: u32,
     /// The file the learner edits, relative to the repository root.
     pub file: PathBuf,
-    /// `name` for a free function, `Type::method` for a method.
-    pub function: String,
+    /// The functions to write, all in `file`, each shipped with the same `todo!`
+    /// body: `name` for a free function, `Type::method` for a method. The
+    /// first is the one `file:line` points at; the list is never empty.
+    pub functions: Vec<String>,
     pub concept: String,
     pub difficulty: String,
     pub read: String,
@@ -67,6 +70,12 @@ impl Workbook {
         let workbook: Self = toml::from_str(text)?;
         if workbook.exercises.is_empty() {
             bail!("it declares no [[exercise]]");
+        }
+        if let Some(exercise) = workbook.exercises.iter().find(|e| e.functions.is_empty()) {
+            bail!(
+                "exercise {}: `functions` is empty: name at least one function to write",
+                exercise.number
+            );
         }
         Ok(workbook)
     }
@@ -134,9 +143,13 @@ impl Exercise {
         Path::new("guide/src").join(&self.chapter)
     }
 
-    /// The bare function name (`forward` for `RmsNorm::forward`).
-    pub fn fn_name(&self) -> &str {
-        self.function.rsplit("::").next().unwrap_or(&self.function)
+    /// The bare function names (`forward` for `RmsNorm::forward`), in the
+    /// order of `functions`.
+    pub fn fn_names(&self) -> Vec<&str> {
+        self.functions
+            .iter()
+            .map(|function| function.rsplit("::").next().unwrap_or(function))
+            .collect()
     }
 
     /// The line the learner's shipped stub holds, e.g.
@@ -205,7 +218,7 @@ mod tests {
             rotate.stub_line(),
             "todo!(\"Exercise 2: rotate_half; run `cargo xtask hint 2`\")"
         );
-        assert_eq!(workbook.exercise(1).unwrap().fn_name(), "forward");
+        assert_eq!(workbook.exercise(1).unwrap().fn_names(), ["forward"]);
     }
 
     #[test]
@@ -231,6 +244,60 @@ mod tests {
         assert_eq!(
             exercise.stub_line(),
             r#"todo!("Exercise 1: say \"{{hi}}\"; run `cargo xtask hint 1`")"#
+        );
+    }
+
+    /// A one-phase, one-exercise info.toml whose exercise writes `functions`.
+    fn minimal(functions: &str) -> String {
+        format!(
+            r#"[[phase]]
+number = 1
+title = "t"
+summary = "s"
+
+[[exercise]]
+number = 1
+title = "Checkpoints"
+phase = 1
+file = "exercises/ex01.rs"
+functions = {functions}
+concept = "c"
+difficulty = "d"
+read = "r"
+insight = "i"
+depends = []
+hint = "h"
+chapter = "phase1/01.md"
+mistakes = []
+"#
+        )
+    }
+
+    #[test]
+    fn an_exercise_may_write_several_functions() {
+        let workbook = Workbook::parse(&minimal(
+            r#"["Trainer::save_checkpoint", "load_checkpoint"]"#,
+        ))
+        .unwrap();
+        let exercise = workbook.exercise(1).unwrap();
+        assert_eq!(
+            exercise.functions,
+            ["Trainer::save_checkpoint", "load_checkpoint"]
+        );
+        assert_eq!(exercise.fn_names(), ["save_checkpoint", "load_checkpoint"]);
+    }
+
+    #[test]
+    fn an_exercise_without_functions_is_rejected() {
+        let error = Workbook::parse(&minimal("[]")).unwrap_err().to_string();
+        assert_eq!(
+            error,
+            "exercise 1: `functions` is empty: name at least one function to write"
+        );
+        let singular = minimal(r#""f""#).replace("functions", "function");
+        assert!(
+            Workbook::parse(&singular).is_err(),
+            "the old `function` field is gone"
         );
     }
 

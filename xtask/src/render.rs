@@ -92,6 +92,16 @@ pub fn indented(text: &str, by: usize) -> String {
         .join("\n")
 }
 
+/// Names as code, in words: `` `a` ``, `` `a` and `b` ``, `` `a`, `b` and `c` ``.
+pub fn code_list(names: &[String]) -> String {
+    let quoted: Vec<String> = names.iter().map(|name| format!("`{name}`")).collect();
+    match quoted.split_last() {
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+        None => String::new(),
+    }
+}
+
 /// The card `next` shows: what to write, where, and how to test it.
 pub fn exercise_card(workbook: &Workbook, exercise: &Exercise, position: &str) {
     let total = workbook.exercises.len();
@@ -108,7 +118,7 @@ pub fn exercise_card(workbook: &Workbook, exercise: &Exercise, position: &str) {
     );
     println!("{}", dim(&format!("Phase {}: {phase}", exercise.phase)));
     println!();
-    field("write", &format!("`{}`", exercise.function));
+    field("write", &code_list(&exercise.functions));
     field("in", position);
     field("concept", &exercise.concept);
     field("difficulty", &exercise.difficulty);
@@ -208,5 +218,13 @@ mod tests {
             .all(|line| line.starts_with(&" ".repeat(14)) && line.len() <= LINE_WIDTH));
         assert!(lines[0].len() <= LINE_WIDTH - 14);
         assert_eq!(wrap("short  text", 14), "short text");
+    }
+
+    #[test]
+    fn code_lists_read_as_words() {
+        let names = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        assert_eq!(code_list(&names(&["Mlp::forward"])), "`Mlp::forward`");
+        assert_eq!(code_list(&names(&["save", "load"])), "`save` and `load`");
+        assert_eq!(code_list(&names(&["a", "b", "c"])), "`a`, `b` and `c`");
     }
 }

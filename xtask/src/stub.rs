@@ -1,7 +1,8 @@
-//! Finding an exercise function in its source file and putting back its stub.
+//! Finding an exercise's functions in its source file and putting back their
+//! stubs.
 //!
 //! The shipped stub is not stored anywhere: it is regenerated from the metadata
-//! (the canonical `todo!` line) and written between the function's braces.
+//! (the canonical `todo!` line) and written between each function's braces.
 //! The braces are matched on a copy of the source in which comments and
 //! string/char literals are blanked out, so a `"{"` or a `// }` in the
 //! learner's code cannot confuse the match.
@@ -63,19 +64,28 @@ pub fn stub_body(indent: &str, stub_line: &str) -> String {
     format!("\n{indent}    {stub_line}\n{indent}")
 }
 
+/// `source` with the body of every function in `names` replaced by the
+/// shipped stub.
+pub fn reset(source: &str, names: &[&str], stub_line: &str) -> Result<String> {
+    names.iter().try_fold(source.to_string(), |reset, name| {
+        reset_one(&reset, name, stub_line)
+    })
+}
+
+/// Whether every function in `names` is still exactly the shipped stub, byte
+/// for byte.
+pub fn is_stub(source: &str, names: &[&str], stub_line: &str) -> Result<bool> {
+    Ok(reset(source, names, stub_line)? == source)
+}
+
 /// `source` with the body of `fn name` replaced by the shipped stub.
-pub fn reset(source: &str, name: &str, stub_line: &str) -> Result<String> {
+fn reset_one(source: &str, name: &str, stub_line: &str) -> Result<String> {
     let location = locate(source, name)?;
     let mut reset = String::with_capacity(source.len());
     reset.push_str(&source[..location.body.start]);
     reset.push_str(&stub_body(&location.indent, stub_line));
     reset.push_str(&source[location.body.end..]);
     Ok(reset)
-}
-
-/// Whether `fn name` is still exactly the shipped stub, byte for byte.
-pub fn is_stub(source: &str, name: &str, stub_line: &str) -> Result<bool> {
-    Ok(reset(source, name, stub_line)? == source)
 }
 
 /// A copy of `source` with comments and string/char literals replaced by
@@ -308,16 +318,16 @@ fn after() {}
 
     #[test]
     fn reset_replaces_only_the_body() {
-        let reset = reset(FREE, "demo", STUB).unwrap();
+        let reset = reset(FREE, &["demo"], STUB).unwrap();
         let expected_fn = format!(
             "pub fn demo(x: &[f32; 2], f: impl Fn(u8) -> u8) -> Result<String> {{\n    {STUB}\n}}\n\nfn after() {{}}\n"
         );
         assert!(reset.ends_with(&expected_fn), "{reset}");
         assert!(reset.starts_with("//! A module whose docs mention `fn demo() {` on purpose."));
-        assert!(is_stub(&reset, "demo", STUB).unwrap());
-        assert!(!is_stub(FREE, "demo", STUB).unwrap());
+        assert!(is_stub(&reset, &["demo"], STUB).unwrap());
+        assert!(!is_stub(FREE, &["demo"], STUB).unwrap());
         assert_eq!(
-            super::reset(&reset, "demo", STUB).unwrap(),
+            super::reset(&reset, &["demo"], STUB).unwrap(),
             reset,
             "reset is idempotent"
         );
@@ -326,7 +336,7 @@ fn after() {}
     #[test]
     fn methods_keep_their_indentation() {
         let source = "impl RmsNorm {\n    pub fn new() -> Self { Self }\n\n    pub fn forward(\n        &self,\n        x: &Tensor,\n    ) -> Result<Tensor> {\n        x.sqr()\n    }\n}\n";
-        let reset = reset(source, "forward", STUB).unwrap();
+        let reset = reset(source, &["forward"], STUB).unwrap();
         assert_eq!(
             reset,
             format!("impl RmsNorm {{\n    pub fn new() -> Self {{ Self }}\n\n    pub fn forward(\n        &self,\n        x: &Tensor,\n    ) -> Result<Tensor> {{\n        {STUB}\n    }}\n}}\n")
@@ -337,9 +347,29 @@ fn after() {}
     #[test]
     fn an_edited_stub_with_surrounding_whitespace_is_not_the_stub() {
         let shipped = format!("fn demo() {{\n    {STUB}\n}}\n");
-        assert!(is_stub(&shipped, "demo", STUB).unwrap());
+        assert!(is_stub(&shipped, &["demo"], STUB).unwrap());
         let edited = format!("fn demo() {{\n    {STUB}\n\n}}\n");
-        assert!(!is_stub(&edited, "demo", STUB).unwrap());
+        assert!(!is_stub(&edited, &["demo"], STUB).unwrap());
+    }
+
+    #[test]
+    fn several_functions_are_reset_together_and_are_the_stub_only_together() {
+        let source = "impl Trainer {\n    fn save(&self) { self.write() }\n    fn helper() {}\n    fn load() -> Self {\n        Self::read()\n    }\n}\n";
+        let names = ["save", "load"];
+        let shipped = reset(source, &names, STUB).unwrap();
+        assert_eq!(
+            shipped,
+            format!("impl Trainer {{\n    fn save(&self) {{\n        {STUB}\n    }}\n    fn helper() {{}}\n    fn load() -> Self {{\n        {STUB}\n    }}\n}}\n")
+        );
+        assert!(is_stub(&shipped, &names, STUB).unwrap());
+        assert!(!is_stub(source, &names, STUB).unwrap());
+        let half_done = reset(source, &["load"], STUB).unwrap();
+        assert!(!is_stub(&half_done, &names, STUB).unwrap());
+        assert!(is_stub(&half_done, &["load"], STUB).unwrap());
+        assert!(reset(source, &["save", "missing"], STUB)
+            .unwrap_err()
+            .to_string()
+            .contains("no `fn missing`"));
     }
 
     #[test]

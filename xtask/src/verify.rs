@@ -174,56 +174,53 @@ fn exercise_entry(
     });
 }
 
-/// The learner's file holds the function with exactly the canonical `todo!`
-/// body, i.e. `reset` leaves it byte for byte as shipped.
+/// The learner's file holds each of the exercise's functions with exactly the
+/// canonical `todo!` body, i.e. `reset` leaves it byte for byte as shipped.
 fn shipped_stub(ws: &Workspace, exercise: &Exercise, tally: &mut Tally) {
     let n = exercise.number;
+    let source = match ws.read(&exercise.file) {
+        Ok(source) => source,
+        Err(error) => return tally.check(false, || format!("exercise {n}: {error:#}")),
+    };
     let file = exercise.file.display();
-    let reset = ws
-        .read(&exercise.file)
-        .map_err(|error| format!("{error:#}"))
-        .and_then(|source| {
-            let reset = stub::reset(&source, exercise.fn_name(), &exercise.stub_line());
-            reset
-                .map(|reset| reset == source)
-                .map_err(|error| format!("{file}: {error}"))
-        });
-    tally.check(reset.is_ok(), || {
-        format!("exercise {n}: {}", reset.as_ref().unwrap_err())
-    });
-    if let Ok(unchanged) = reset {
-        tally.check(unchanged, || {
+    let stub_line = exercise.stub_line();
+    for (function, name) in exercise.functions.iter().zip(exercise.fn_names()) {
+        let location = match stub::locate(&source, name) {
+            Ok(location) => location,
+            Err(error) => {
+                tally.check(false, || format!("exercise {n}: {file}: {error}"));
+                continue;
+            }
+        };
+        let shipped =
+            source[location.body.clone()] == stub::stub_body(&location.indent, &stub_line);
+        tally.check(shipped, || {
             format!(
-                "exercise {n}: the body of `{}` in {} is not the shipped stub; it must be exactly\n      {}\n    (`cargo xtask reset {n} --yes` writes it)",
-                exercise.function,
-                ws.position(exercise),
-                exercise.stub_line()
+                "exercise {n}: the body of `{function}` in {file}:{} is not the shipped stub; it must be exactly\n      {stub_line}\n    (`cargo xtask reset {n} --yes` writes it)",
+                location.line
             )
         });
     }
 }
 
-/// The solution file holds the same function, written out.
+/// The solution file holds the same functions, written out.
 fn solution(ws: &Workspace, exercise: &Exercise, tally: &mut Tally) {
     let n = exercise.number;
-    let body = exercise
+    let found = exercise
         .solution_file()
-        .map_err(|error| format!("{error:#}"))
-        .and_then(|path| {
-            let source = ws.read(&path).map_err(|error| format!("{error:#}"))?;
-            let location = stub::locate(&source, exercise.fn_name())
-                .map_err(|error| format!("{}: {error}", path.display()))?;
-            Ok((path, source[location.body].to_string()))
-        });
-    match body {
-        Err(problem) => tally.check(false, || format!("exercise {n}: solution: {problem}")),
-        Ok((path, body)) => tally.check(!body.contains("todo!"), || {
-            format!(
-                "exercise {n}: `{}` in {} still contains `todo!`",
-                exercise.function,
-                path.display()
-            )
-        }),
+        .and_then(|path| Ok((ws.read(&path)?, path)));
+    let (source, path) = match found {
+        Ok(found) => found,
+        Err(error) => return tally.check(false, || format!("exercise {n}: solution: {error:#}")),
+    };
+    let path = path.display();
+    for (function, name) in exercise.functions.iter().zip(exercise.fn_names()) {
+        match stub::locate(&source, name) {
+            Err(error) => tally.check(false, || format!("exercise {n}: solution: {path}: {error}")),
+            Ok(location) => tally.check(!source[location.body].contains("todo!"), || {
+                format!("exercise {n}: `{function}` in {path} still contains `todo!`")
+            }),
+        }
     }
 }
 

@@ -43,24 +43,26 @@ impl Workspace {
     }
 
     /// Whether there is something to grade: always with `--solutions`,
-    /// otherwise once the learner has changed the shipped stub. A function the
-    /// tool cannot find counts as started, so the tests report what is wrong.
+    /// otherwise once the learner has changed the shipped stub of any of the
+    /// exercise's functions. A function the tool cannot find counts as
+    /// started, so the tests report what is wrong.
     pub fn started(&self, exercise: &Exercise) -> Result<bool> {
         if self.solutions {
             return Ok(true);
         }
         let source = self.read(&exercise.file)?;
-        Ok(!stub::is_stub(&source, exercise.fn_name(), &exercise.stub_line()).unwrap_or(false))
+        let shipped = stub::is_stub(&source, &exercise.fn_names(), &exercise.stub_line());
+        Ok(!shipped.unwrap_or(false))
     }
 
     /// `exercises/phase1_model/ex05_causal_attention.rs:42`, pointing at the
-    /// exercise function in the file the learner edits.
+    /// exercise's first function in the file the learner edits.
     pub fn position(&self, exercise: &Exercise) -> String {
         let file = exercise.file.display();
-        let line = self
-            .read(&exercise.file)
-            .ok()
-            .and_then(|source| stub::locate(&source, exercise.fn_name()).ok());
+        let line = self.read(&exercise.file).ok().and_then(|source| {
+            let first = *exercise.fn_names().first()?;
+            stub::locate(&source, first).ok()
+        });
         match line {
             Some(location) => format!("{file}:{}", location.line),
             None => file.to_string(),
