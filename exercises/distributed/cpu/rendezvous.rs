@@ -1,0 +1,273 @@
+//! Where the CPU ranks meet: one slot per rank, a generation counter, and the
+//! failure that aborts the group.
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use candle_core::{Error, Result, Tensor};
+
+use crate::distributed::collective::{combine, Call, Outcome};
+
+/// State shared by all the ranks of one group.
+pub(super) struct Rendezvous {
+    world_size: usize,
+    /// The longest a rank waits in a collective for the others.
+    timeout: Duration,
+    state: Mutex<State>,
+    /// Signalled on every change a waiting rank must see: a completed
+    /// collective, an abort, a rank that finished.
+    changed: Condvar,
+}
+
+struct State {
+    /// The generation counter: the sequence number of the collective being
+    /// assembled, shown as `#n` in errors.
+    generation: u64,
+    /// Each rank's contribution to it, once that rank has arrived.
+    arrived: Vec<Option<Arrival>>,
+    /// The last completed collective, kept until every waiting rank took it.
+    completed: Option<Completed>,
+    /// The first failure; once set, every collective returns it.
+    aborted: Option<String>,
+    /// Ranks whose closure has returned successfully.
+    finished: Vec<bool>,
+}
+
+struct Arrival {
+    call: Call,
+    /// On the CPU; `None` for a barrier.
+    input: Option<Tensor>,
+}
+
+struct Completed {
+    generation: u64,
+    outcome: Arc<Outcome>,
+    /// Ranks still to pick the outcome up.
+    unread: usize,
+}
+
+impl Rendezvous {
+    pub(super) fn new(world_size: usize, timeout: Duration) -> Self {
+        let state = State {
+            generation: 0,
+            arrived: (0..world_size).map(|_| None).collect(),
+            completed: None,
+            aborted: None,
+            finished: vec![false; world_size],
+        };
+        Self {
+            world_size,
+            timeout,
+            state: Mutex::new(state),
+            changed: Condvar::new(),
+        }
+    }
+
+    pub(super) fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    /// Rank `rank` takes part in collective number `generation`: waits until
+    /// every rank has arrived, and returns what the collective produced.
+    pub(super) fn meet(
+        &self,
+        rank: usize,
+        generation: u64,
+        call: Call,
+        input: Option<Tensor>,
+    ) -> Result<Arc<Outcome>> {
+        let mut state = self.lock();
+        if let Some(reason) = &state.aborted {
+            return Err(Error::Msg(reason.clone()));
+        }
+        if state.generation != generation {
+            let reason = format!(
+                "rank {rank} issued collective #{generation} while the group is at #{} (a bug in the CPU backend)",
+                state.generation
+            );
+            return Err(self.fail(&mut state, reason));
+        }
+        let arrival = Arrival { call, input };
+        if let Some(conflict) = state.conflict(rank, &arrival) {
+            return Err(self.fail(&mut state, conflict));
+        }
+        state.arrived[rank] = Some(arrival);
+        if state.arrived.iter().all(Option::is_some) {
+            return self.complete(&mut state, call);
+        }
+        self.wait(state, rank, generation, call)
+    }
+
+    /// Waits, with the lock released, until collective `generation` is
+    /// complete, the group is aborted, or it is clear that it never will be.
+    fn wait(
+        &self,
+        mut state: MutexGuard<'_, State>,
+        rank: usize,
+        generation: u64,
+        call: Call,
+    ) -> Result<Arc<Outcome>> {
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            if let Some(outcome) = state.take_outcome(generation) {
+                return Ok(outcome);
+            }
+            if let Some(reason) = &state.aborted {
+                return Err(Error::Msg(reason.clone()));
+            }
+            let missing = state.missing();
+            if let Some(&gone) = missing.iter().find(|&&r| state.finished[r]) {
+                let reason = format!(
+                    "rank {gone} finished without calling {} #{generation}, which rank {rank} is waiting in: every rank must issue the same collectives in the same order",
+                    call.kind()
+                );
+                return Err(self.fail(&mut state, reason));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let reason = format!(
+                    "{} #{generation} timed out after {:?} on rank {rank}: {} did not arrive (stuck, or skipped this collective: every rank must issue the same collectives in the same order)",
+                    call.kind(),
+                    self.timeout,
+                    list_ranks(&missing)
+                );
+                return Err(self.fail(&mut state, reason));
+            }
+            state = self
+                .changed
+                .wait_timeout(state, deadline - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    /// Marks the group as failed, unless it already is: the first reason is
+    /// the root cause, and the one every rank reports from then on.
+    pub(super) fn abort(&self, reason: String) {
+        let mut state = self.lock();
+        self.fail(&mut state, reason);
+    }
+
+    /// Rank `rank`'s closure has returned: nobody should wait for it any more.
+    pub(super) fn finish(&self, rank: usize) {
+        self.lock().finished[rank] = true;
+        self.changed.notify_all();
+    }
+
+    /// Why the group was aborted, if it was.
+    pub(super) fn failure(&self) -> Option<String> {
+        self.lock().aborted.clone()
+    }
+
+    /// The last rank to arrive runs the collective for everyone.
+    fn complete(&self, state: &mut State, call: Call) -> Result<Arc<Outcome>> {
+        let generation = state.generation;
+        let inputs: Vec<Tensor> = state
+            .arrived
+            .iter_mut()
+            .filter_map(|slot| slot.take().and_then(|a| a.input))
+            .collect();
+        let outcome = match combine(call, &inputs) {
+            Ok(outcome) => Arc::new(outcome),
+            Err(e) => return Err(self.fail(state, format!("{call} #{generation} failed: {e}"))),
+        };
+        state.generation += 1;
+        if self.world_size > 1 {
+            let unread = self.world_size - 1;
+            state.completed = Some(Completed {
+                generation,
+                outcome: Arc::clone(&outcome),
+                unread,
+            });
+        }
+        self.changed.notify_all();
+        Ok(outcome)
+    }
+
+    fn fail(&self, state: &mut State, reason: String) -> Error {
+        let reason = state.aborted.get_or_insert(reason).clone();
+        self.changed.notify_all();
+        Error::Msg(reason)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A rank that panics while holding the lock (a bug) poisons it; its
+        // launcher then aborts the group, so carry on and let every rank see that.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl State {
+    /// Why `arrival` cannot join the collective the ranks already in it make.
+    fn conflict(&self, rank: usize, arrival: &Arrival) -> Option<String> {
+        let (other, theirs) = self
+            .arrived
+            .iter()
+            .enumerate()
+            .find_map(|(r, slot)| Some((r, slot.as_ref()?)))?;
+        // Name the lower rank first, whoever arrived first.
+        let ((lo, a), (hi, b)) = if other < rank {
+            ((other, theirs), (rank, arrival))
+        } else {
+            ((rank, arrival), (other, theirs))
+        };
+        let generation = self.generation;
+        if a.call.kind() != b.call.kind() {
+            return Some(format!(
+                "collective #{generation}: rank {lo} called {} while rank {hi} called {}: every rank must issue the same collectives in the same order",
+                a.call.kind(),
+                b.call.kind()
+            ));
+        }
+        let kind = a.call.kind();
+        if a.call != b.call {
+            return Some(format!(
+                "{kind} #{generation}: rank {lo} called {} while rank {hi} called {}: every rank must pass the same arguments",
+                a.call, b.call
+            ));
+        }
+        let (Some(x), Some(y)) = (&a.input, &b.input) else {
+            return None;
+        };
+        if x.dims() != y.dims() || x.dtype() != y.dtype() {
+            return Some(format!(
+                "{kind} #{generation}: rank {lo} passed a {:?} {} tensor while rank {hi} passed a {:?} {} one: every rank must pass a tensor of the same shape and dtype",
+                x.dims(),
+                x.dtype().as_str(),
+                y.dims(),
+                y.dtype().as_str()
+            ));
+        }
+        None
+    }
+
+    /// The ranks that have not yet arrived at the current collective.
+    fn missing(&self) -> Vec<usize> {
+        (0..self.arrived.len())
+            .filter(|&r| self.arrived[r].is_none())
+            .collect()
+    }
+
+    /// The outcome of collective `generation`, once it is complete.
+    fn take_outcome(&mut self, generation: u64) -> Option<Arc<Outcome>> {
+        let done = self
+            .completed
+            .as_mut()
+            .filter(|c| c.generation == generation)?;
+        let outcome = Arc::clone(&done.outcome);
+        done.unread -= 1;
+        if done.unread == 0 {
+            self.completed = None; // free the buffers as soon as all have them
+        }
+        Some(outcome)
+    }
+}
+
+/// "rank 3" or "ranks 1, 3".
+fn list_ranks(ranks: &[usize]) -> String {
+    let names: Vec<String> = ranks.iter().map(usize::to_string).collect();
+    match names.len() {
+        1 => format!("rank {}", names[0]),
+        _ => format!("ranks {}", names.join(", ")),
+    }
+}

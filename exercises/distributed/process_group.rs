@@ -1,0 +1,94 @@
+//! The one interface between a trainer and its ranks.
+
+use candle_core::{Result, Tensor};
+
+use super::{CommStats, ReduceOp};
+
+/// A group of ranks that exchange tensors through collectives.
+///
+/// Each rank holds its own `ProcessGroup` handle and calls the same
+/// collectives in the same order as every other rank; a call returns once all
+/// ranks have made it. Each method is one NCCL call, so a GPU backend maps onto
+/// it one to one.
+///
+/// Results follow the same rules on every backend: the input's dtype, a fresh
+/// untracked tensor on the input's device, and reductions computed in f32 in
+/// rank order, so every rank gets bit-identical numbers.
+///
+/// The pictures below show 3 ranks; each row is one rank's tensor.
+pub trait ProcessGroup: Send {
+    /// This rank's number, in `0..world_size()`.
+    fn rank(&self) -> usize;
+
+    /// How many ranks the group has.
+    fn world_size(&self) -> usize;
+
+    /// Combines every rank's tensor and gives each rank the result
+    /// (NCCL: `ncclAllReduce`). Every rank passes the same shape and dtype.
+    ///
+    /// ```text
+    ///            before         after (Sum)        after (Avg)
+    ///   rank 0   [1, 2]         [111, 222]         [37, 74]
+    ///   rank 1   [10, 20]   ->  [111, 222]         [37, 74]
+    ///   rank 2   [100, 200]     [111, 222]         [37, 74]
+    /// ```
+    ///
+    /// DDP calls it on the gradients after backward, with `Avg`, so that every
+    /// replica takes the same optimizer step.
+    fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor>;
+
+    /// Gives every rank a copy of the `root` rank's tensor (NCCL:
+    /// `ncclBroadcast`). Every rank passes a tensor of the same shape and
+    /// dtype; only the root's values matter.
+    ///
+    /// ```text
+    ///            before          after (root = 1)
+    ///   rank 0   [0, 0]          [7, 8]
+    ///   rank 1   [7, 8]     ->   [7, 8]
+    ///   rank 2   [0, 0]          [7, 8]
+    /// ```
+    ///
+    /// Used once at start-up so that every replica begins from rank 0's weights.
+    fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor>;
+
+    /// Concatenates every rank's tensor along dim 0, in rank order, and gives
+    /// each rank the whole (NCCL: `ncclAllGather`). Every rank passes the same
+    /// shape and dtype; the result's dim 0 is `world_size` times the input's
+    /// (a scalar counts as shape `[1]`).
+    ///
+    /// ```text
+    ///            before       after
+    ///   rank 0   [a0, a1]     [a0, a1, b0, b1, c0, c1]
+    ///   rank 1   [b0, b1] ->  [a0, a1, b0, b1, c0, c1]
+    ///   rank 2   [c0, c1]     [a0, a1, b0, b1, c0, c1]
+    /// ```
+    ///
+    /// FSDP calls it to rebuild a full parameter from its shards just before
+    /// the parameter is used.
+    fn all_gather(&self, t: &Tensor) -> Result<Tensor>;
+
+    /// Reduces every rank's tensor, then gives rank `r` only the `r`-th of
+    /// `world_size` equal chunks along dim 0 (NCCL: `ncclReduceScatter`).
+    /// Dim 0 must be divisible by the world size: pad the tensor if it is not.
+    ///
+    /// ```text
+    ///            before                   after (Sum)
+    ///   rank 0   [1, 2, 3, 4, 5, 6]       [111, 222]
+    ///   rank 1   [10, 20, 30, ...]   ->   [333, 444]
+    ///   rank 2   [100, 200, 300, ...]     [555, 666]
+    /// ```
+    ///
+    /// It is an all-reduce in which each rank keeps only its own part, for the
+    /// same traffic: FSDP calls it on the gradients, so that each rank ends up
+    /// with exactly the gradient of the parameter shard it updates.
+    fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor>;
+
+    /// Returns once every rank has called it; moves no data. Useful to line
+    /// the ranks up, e.g. before timing a step or after rank 0 writes a file.
+    fn barrier(&self) -> Result<()>;
+
+    /// What this rank has sent through the group so far: the calls and
+    /// payload bytes of each collective. Take a snapshot before a step and
+    /// compare with [`CommStats::since`].
+    fn stats(&self) -> CommStats;
+}
