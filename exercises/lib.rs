@@ -9,8 +9,12 @@
 //! bodies in `solutions/`, and the crate is a working reference implementation.
 
 pub mod autograd;
+pub mod data;
+pub mod distributed;
 pub mod model;
 pub mod phase1_model;
+pub mod phase2_training;
+pub mod train;
 
 pub use autograd::Recompute;
 pub use model::{

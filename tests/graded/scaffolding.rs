@@ -97,3 +97,96 @@ fn recompute_gives_the_gradients_of_plain_backprop() {
         expect_close(grads.get(var).unwrap(), plain.get(var).unwrap(), F32, name, &[]);
     }
 }
+
+/// The optimizer itself, with groups built by hand, against `torch.optim.AdamW`.
+#[test]
+fn adamw_matches_pytorch() {
+    use workbook::train::{AdamW, AdamWConfig, Gradients, ParamGroup};
+    let f = fixture(8);
+    let hyper = f.get("hyper").to_vec1::<f64>().unwrap();
+    let names = ["model.embed_tokens.weight", "model.layers.0.input_layernorm.weight", "model.layers.0.self_attn.q_proj.weight",
+        "model.layers.0.self_attn.q_proj.bias", "model.norm.weight", "lm_head.weight"];
+    let params = ParamStore::from_tensors(names.map(|n| (n, f.get(&format!("param.{n}"))))).unwrap();
+    let (decay, no_decay): (Vec<&str>, Vec<&str>) = names.iter().partition(|n| params.get(n).unwrap().rank() >= 2);
+    let groups = vec![
+        ParamGroup { names: decay.iter().map(|n| n.to_string()).collect(), weight_decay: hyper[3] },
+        ParamGroup { names: no_decay.iter().map(|n| n.to_string()).collect(), weight_decay: 0.0 },
+    ];
+    let mut opt = AdamW::new(groups, AdamWConfig { beta1: hyper[0], beta2: hyper[1], eps: hyper[2] }).unwrap();
+    for (k, lr) in f.get("lr").to_vec1::<f64>().unwrap().into_iter().enumerate() {
+        let mut grads = Gradients::default();
+        for n in names {
+            grads.insert(n, f.get(&format!("grad{k}.{n}")));
+        }
+        opt.step(&params, &grads, lr).unwrap();
+    }
+    for n in names {
+        expect_close(params.get(n).unwrap(), &f.get(&format!("after.{n}")), F32, &format!("AdamW: {n}"), &[]);
+    }
+}
+
+mod checkpoints {
+    use std::collections::HashMap;
+
+    use candle_core::{Device, Tensor};
+    use workbook::train::{AdamWConfig, Checkpoint, CosineSchedule, LrSchedule, OptimizerConfig, TrainConfig, TrainerState};
+
+    use super::tiny;
+    use crate::support::scratch_dir;
+
+    fn checkpoint() -> Checkpoint {
+        let train = TrainConfig {
+            grad_accum_steps: 1,
+            max_grad_norm: 1.0,
+            schedule: LrSchedule::Cosine(CosineSchedule { max_lr: 1e-3, min_lr: 1e-4, warmup_steps: 1, max_steps: 10 }),
+            optimizer: OptimizerConfig { weight_decay: 0.1, adamw: AdamWConfig::default() },
+            activation_checkpointing: false,
+        };
+        let t = Tensor::new(&[1f32, 2., 3.], &Device::Cpu).unwrap();
+        Checkpoint {
+            params: HashMap::from([("w".to_string(), t.clone())]),
+            optimizer: HashMap::from([("exp_avg.w".to_string(), t)]),
+            state: TrainerState::new(3, 3, tiny(), train, None),
+        }
+    }
+
+    #[test]
+    fn rewriting_a_checkpoint_leaves_no_partial_directories() {
+        let root = scratch_dir("ckpt-rewrite");
+        let dir = root.join("step_000003");
+        checkpoint().write(&dir).unwrap();
+        checkpoint().write(&dir).unwrap();
+        let entries: Vec<_> = std::fs::read_dir(&root).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(entries, vec![std::ffi::OsString::from("step_000003")], "only the finished checkpoint remains");
+        assert_eq!(Checkpoint::read(&dir).unwrap().state.step, 3);
+    }
+
+    #[test]
+    fn a_corrupt_tensor_file_is_named_in_the_error() {
+        let dir = scratch_dir("ckpt-corrupt").join("step_000003");
+        checkpoint().write(&dir).unwrap();
+        std::fs::write(dir.join("model.safetensors"), b"not a safetensors file").unwrap();
+        let err = Checkpoint::read(&dir).unwrap_err().to_string();
+        assert!(err.contains("model.safetensors is corrupt"), "{err}");
+    }
+
+    #[test]
+    fn a_directory_without_state_is_not_a_checkpoint() {
+        let dir = scratch_dir("ckpt-empty");
+        let err = Checkpoint::read(&dir).unwrap_err().to_string();
+        assert!(err.contains("is not a checkpoint"), "{err}");
+    }
+}
+
+/// An inf in any gradient skips the whole update instead of poisoning Adam's moments.
+#[test]
+fn adamw_skips_a_step_with_a_non_finite_gradient() {
+    use workbook::train::{AdamW, AdamWConfig, Gradients, ParamGroup};
+    let params = ParamStore::from_tensors([("w", Tensor::new(&[1f32, 2.], &Device::Cpu).unwrap())]).unwrap();
+    let mut opt = AdamW::new(vec![ParamGroup { names: vec!["w".into()], weight_decay: 0.0 }], AdamWConfig::default()).unwrap();
+    let mut grads = Gradients::default();
+    grads.insert("w", Tensor::new(&[f32::INFINITY, 1.], &Device::Cpu).unwrap());
+    opt.step(&params, &grads, 0.1).unwrap();
+    assert_eq!((opt.steps(), opt.skipped_steps()), (0, 1));
+    assert_eq!(params.get("w").unwrap().to_vec1::<f32>().unwrap(), vec![1., 2.], "the parameters must be untouched");
+}

@@ -178,3 +178,38 @@ pub fn surrogate(out: &Tensor, grad_out: &Tensor) -> Tensor {
 pub fn var(t: &Tensor) -> candle_core::Var {
     candle_core::Var::from_tensor(t).expect("variable from fixture tensor")
 }
+
+/// Asserts that the update `after - before` of a parameter matches the
+/// reference update `want_after - before` to within `rel` relative L2 error.
+///
+/// After optimizer steps an element-wise tolerance is the wrong tool: Adam
+/// divides by sqrt(v), so an element whose gradient nearly cancels turns the
+/// last bits of float rounding into a visible share of its step. The L2 error
+/// of the whole update stays tiny unless the step itself is wrong.
+pub fn expect_update_close(before: &Tensor, after: &Tensor, want_after: &Tensor, rel: f64, what: &str) {
+    let norm = |t: &Tensor| t.sqr().and_then(|t| t.sum_all()).and_then(|t| t.to_dtype(DType::F64)).and_then(|t| t.to_scalar::<f64>()).expect("norm").sqrt();
+    let ours = (after - before).expect("update");
+    let reference = (want_after - before).expect("reference update");
+    let error = norm(&(&ours - &reference).expect("difference")) / norm(&reference).max(1e-30);
+    assert!(
+        error <= rel,
+        "{what}: the update differs from the reference by {:.3}% (relative L2; allowed {:.3}%); its size is {:.3e}, the reference's {:.3e}",
+        100.0 * error,
+        100.0 * rel,
+        norm(&ours),
+        norm(&reference)
+    );
+}
+
+/// A fresh, empty directory for one test's files.
+pub fn scratch_dir(test: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("workbook-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch directory");
+    dir
+}
+
+/// Whether two tensors are equal bit for bit.
+pub fn bit_equal(a: &Tensor, b: &Tensor) -> bool {
+    a.dims() == b.dims() && a.dtype() == b.dtype() && values(a).iter().zip(values(b)).all(|(x, y)| x.to_bits() == y.to_bits())
+}

@@ -1,0 +1,31 @@
+//! # Exercise 9: warmup and cosine decay
+//!
+//! At the first steps Adam's moment estimates are noise and the weights are
+//! random: a full learning rate then can throw training into a region it never
+//! recovers from. So the rate **warms up** linearly, then **decays** along half
+//! a cosine — fast in the middle, gentle at both ends — to a floor `min_lr`:
+//!
+//! ```text
+//! step < warmup:             lr = max_lr · (step + 1) / warmup
+//! warmup ≤ step ≤ max_steps: p  = (step − warmup) / (max_steps − warmup)      ∈ [0, 1]
+//!                            lr = min_lr + ½ (1 + cos(π · p)) · (max_lr − min_lr)
+//! step > max_steps:          lr = min_lr
+//! ```
+//!
+//! Steps count from 0, so step 0 already trains at `max_lr / warmup` and step
+//! `warmup − 1` reaches `max_lr`. The decay starts from the end of warmup, not
+//! from step 0, and ends exactly at `min_lr`; past `max_steps` it stays there
+//! (the cosine would climb back up).
+//!
+//! Read first: Loshchilov & Hutter 2017, "SGDR: Stochastic Gradient Descent with Warm Restarts".
+//! Guide: `guide/src/phase2/09-lr-schedule.md`. Test: `cargo test exercise_09`.
+
+use crate::train::CosineSchedule;
+
+/// The learning rate at optimizer step `step` (from 0) under `schedule`.
+///
+/// Fields: `schedule.max_lr`, `schedule.min_lr`, `schedule.warmup_steps`,
+/// `schedule.max_steps`. `std::f64::consts::PI` and `f64::cos` do the cosine.
+pub fn get_lr(step: usize, schedule: &CosineSchedule) -> f64 {
+    todo!("Exercise 9: Warmup and cosine learning-rate schedule; run `cargo xtask hint 9`")
+}

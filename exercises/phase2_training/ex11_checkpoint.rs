@@ -1,0 +1,60 @@
+//! # Exercise 11: saving and resuming training
+//!
+//! Long runs stop: preemption, a crash, a node swapped out. A checkpoint must
+//! hold everything that decides what the next step does, or the resumed run
+//! silently differs from an uninterrupted one:
+//!
+//! ```text
+//! parameters              self.params (by name)
+//! optimizer state         self.optimizer.state_tensors() and self.optimizer.steps()
+//!                         (Adam's moments: without them the first resumed steps are wild)
+//! step                    self.step (the schedule's position follows from it)
+//! configs                 the model's and the trainer's, to refuse a mismatched resume
+//! data position           where the sampler stands, so no batch is seen twice or skipped
+//! ```
+//!
+//! Under data parallelism every rank holds the same state, so **only rank 0
+//! writes**; the others wait at a barrier so nobody reads a half-written
+//! checkpoint. In PyTorch the DDP wrapper also renames every parameter
+//! (`module.` prefix) and must be unwrapped before saving; here DDP lives
+//! beside the model, so `self.params` already carries the plain names a
+//! single-process run loads. Loading runs on every rank.
+//!
+//! The test: train 2N steps; separately train N, save, load into a fresh
+//! trainer, train N more. The two must agree bit for bit.
+//!
+//! Guide: `guide/src/phase2/11-checkpoint.md`. Test: `cargo test exercise_11`.
+
+use std::path::Path;
+
+use candle_core::Result;
+
+use crate::train::{DataPosition, Trainer};
+
+impl Trainer {
+    /// Writes the training state to `dir` (rank 0 only), with `data`, the data
+    /// the run reads and its position in it, then waits for every rank.
+    ///
+    /// Build a `Checkpoint { params, optimizer, state }` (`crate::train::Checkpoint`):
+    /// `params` maps each name in `self.params.iter()` to its tensor
+    /// (`var.as_tensor().clone()`), `optimizer` is the moments as a `HashMap`,
+    /// and `state` is `TrainerState::new(step, optimizer_steps, model config,
+    /// self.config, data)` (`self.model.config().clone()`). `checkpoint.write(dir)`
+    /// writes atomically. `self.ddp.rank()` and `self.ddp.process_group().barrier()`
+    /// handle the ranks.
+    pub fn save_checkpoint(&self, dir: &Path, data: Option<DataPosition>) -> Result<()> {
+        todo!("Exercise 11: Checkpoint save and load; run `cargo xtask hint 11`")
+    }
+
+    /// Restores the state written by [`Trainer::save_checkpoint`] from `dir`
+    /// and returns the data position it holds.
+    ///
+    /// `Checkpoint::read(dir)?`, then `checkpoint.ensure_fits(self.model.config())?`
+    /// to refuse a checkpoint of another model. Copy each parameter in with
+    /// `self.params.get(name)?.set(&tensor)?` (the model shares those tensors),
+    /// restore the optimizer with `self.optimizer.load_state(steps, &tensors, &self.params)`,
+    /// and set `self.step`.
+    pub fn load_checkpoint(&mut self, dir: &Path) -> Result<Option<DataPosition>> {
+        todo!("Exercise 11: Checkpoint save and load; run `cargo xtask hint 11`")
+    }
+}

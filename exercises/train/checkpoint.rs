@@ -1,0 +1,142 @@
+//! Checkpoints on disk: the format, and writing it so that a crash never costs
+//! the last good one. What goes into a checkpoint is exercise 11.
+//!
+//! A checkpoint is a directory:
+//!
+//! ```text
+//! step_000100/
+//!   model.safetensors       parameters by their Hugging Face names
+//!   optimizer.safetensors   AdamW's moments: exp_avg.<name>, exp_avg_sq.<name>
+//!   trainer_state.json      step, configs, data position
+//! ```
+//!
+//! It is written into a temporary sibling directory and renamed into place
+//! only when complete; a rename within one filesystem is atomic, so a reader
+//! sees either the old checkpoint or the new one, never half of one.
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use candle_core::{bail, Device, Result, Tensor};
+use serde::{Deserialize, Serialize};
+
+use super::TrainConfig;
+use crate::data::{DataConfig, SamplerState};
+use crate::model::GptConfig;
+
+const MODEL_FILE: &str = "model.safetensors";
+const OPTIMIZER_FILE: &str = "optimizer.safetensors";
+const STATE_FILE: &str = "trainer_state.json";
+const FORMAT_VERSION: u32 = 1;
+
+/// Everything besides tensors that a resumed run needs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainerState {
+    pub format_version: u32,
+    /// Optimizer steps taken when the checkpoint was written.
+    pub step: usize,
+    /// AdamW's own step count (t in its bias corrections).
+    pub optimizer_steps: u64,
+    pub model: GptConfig,
+    pub train: TrainConfig,
+    /// Which data, and where its stream stood, so a resumed run reads on from there.
+    pub data: Option<DataPosition>,
+}
+
+/// The data a run reads and how far it has read: the dataset, tokenizer and
+/// seed (which fixes every epoch's shuffle) and the sampler's position.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DataPosition {
+    pub config: DataConfig,
+    pub sampler: SamplerState,
+}
+
+/// A checkpoint in memory.
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    pub params: HashMap<String, Tensor>,
+    pub optimizer: HashMap<String, Tensor>,
+    pub state: TrainerState,
+}
+
+impl TrainerState {
+    pub fn new(step: usize, optimizer_steps: u64, model: GptConfig, train: TrainConfig, data: Option<DataPosition>) -> Self {
+        Self { format_version: FORMAT_VERSION, step, optimizer_steps, model, train, data }
+    }
+}
+
+impl Checkpoint {
+    /// Writes the checkpoint to `dir`, replacing what is there only once the new one is complete.
+    pub fn write(&self, dir: &Path) -> Result<()> {
+        let parent = match dir.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        fs::create_dir_all(&parent).map_err(|e| io_error("create", &parent, e))?;
+        let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let staging = parent.join(format!(".{name}.partial-{}", std::process::id()));
+        if staging.exists() {
+            fs::remove_dir_all(&staging).map_err(|e| io_error("remove", &staging, e))?;
+        }
+        fs::create_dir(&staging).map_err(|e| io_error("create", &staging, e))?;
+        candle_core::safetensors::save(&self.params, staging.join(MODEL_FILE))?;
+        candle_core::safetensors::save(&self.optimizer, staging.join(OPTIMIZER_FILE))?;
+        let json = serde_json::to_string_pretty(&self.state).map_err(candle_core::Error::wrap)?;
+        fs::write(staging.join(STATE_FILE), json).map_err(|e| io_error("write", &staging, e))?;
+        replace_dir(&staging, dir)
+    }
+
+    /// Reads the checkpoint in `dir`, with errors that say what is wrong with it.
+    pub fn read(dir: &Path) -> Result<Self> {
+        if !dir.join(STATE_FILE).exists() {
+            bail!(
+                "{} is not a checkpoint (no {STATE_FILE}): point --resume at a step_NNNNNN directory written by train",
+                dir.display()
+            );
+        }
+        let text = fs::read_to_string(dir.join(STATE_FILE)).map_err(|e| io_error("read", dir, e))?;
+        let state: TrainerState = match serde_json::from_str(&text) {
+            Ok(state) => state,
+            Err(e) => bail!("{} is corrupt: {e}; resume from an earlier checkpoint", dir.join(STATE_FILE).display()),
+        };
+        if state.format_version != FORMAT_VERSION {
+            bail!("{} has format version {}, this workbook reads version {FORMAT_VERSION}", dir.display(), state.format_version);
+        }
+        let load = |file: &str| match candle_core::safetensors::load(dir.join(file), &Device::Cpu) {
+            Ok(tensors) => Ok(tensors),
+            Err(e) => bail!("{} is corrupt or missing ({e}); resume from an earlier checkpoint", dir.join(file).display()),
+        };
+        Ok(Self { params: load(MODEL_FILE)?, optimizer: load(OPTIMIZER_FILE)?, state })
+    }
+
+    /// Fails unless the checkpoint was written for a model of shape `config`.
+    pub fn ensure_fits(&self, config: &GptConfig) -> Result<()> {
+        if &self.state.model != config {
+            bail!(
+                "the checkpoint was written for a different model:\n  checkpoint: {:?}\n  this run:   {config:?}\nuse the model size the checkpoint was trained with",
+                self.state.model
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Moves the complete `staging` directory to `dir`; an existing `dir` is kept
+/// aside until the new one is in place.
+fn replace_dir(staging: &Path, dir: &Path) -> Result<()> {
+    let old = staging.with_extension("old");
+    let had_old = dir.exists();
+    if had_old {
+        fs::rename(dir, &old).map_err(|e| io_error("move aside", dir, e))?;
+    }
+    fs::rename(staging, dir).map_err(|e| io_error("move into place", dir, e))?;
+    if had_old {
+        fs::remove_dir_all(&old).map_err(|e| io_error("remove", &old, e))?;
+    }
+    Ok(())
+}
+
+fn io_error(action: &str, path: &Path, e: std::io::Error) -> candle_core::Error {
+    candle_core::Error::Msg(format!("cannot {action} {}: {e}", path.display()))
+}

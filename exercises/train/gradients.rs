@@ -1,0 +1,107 @@
+//! Gradients by parameter name: the buffer micro-batches accumulate into.
+//!
+//! candle's `GradStore` is keyed by tensor id and lives for one backward pass.
+//! Accumulation, all-reduce, clipping and the optimizer want a stable, ordered
+//! view instead: name → f32 gradient, in the `ParamStore`'s name order.
+
+use std::collections::BTreeMap;
+
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Result, Tensor};
+
+use crate::model::ParamStore;
+
+#[derive(Debug, Clone, Default)]
+pub struct Gradients {
+    by_name: BTreeMap<String, Tensor>,
+}
+
+impl Gradients {
+    /// The gradients of `params` in `store`, as f32. A parameter that did not
+    /// reach the loss gets a zero gradient.
+    pub fn from_store(params: &ParamStore, store: &GradStore) -> Result<Self> {
+        let mut by_name = BTreeMap::new();
+        for (name, var) in params.iter() {
+            let grad = match store.get(var) {
+                Some(g) => g.to_dtype(DType::F32)?,
+                None => var.zeros_like()?.to_dtype(DType::F32)?,
+            };
+            by_name.insert(name.to_string(), grad.detach());
+        }
+        Ok(Self { by_name })
+    }
+
+    /// Adds `other` to these gradients (an empty buffer simply takes `other`).
+    pub fn accumulate(&mut self, other: &Gradients) -> Result<()> {
+        for (name, grad) in &other.by_name {
+            let sum = match self.by_name.get(name) {
+                Some(mine) => (mine + grad)?,
+                None => grad.clone(),
+            };
+            self.by_name.insert(name.clone(), sum);
+        }
+        Ok(())
+    }
+
+    /// Empties the buffer, like PyTorch's `optimizer.zero_grad()`.
+    pub fn clear(&mut self) {
+        self.by_name.clear();
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_name.is_empty()
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Tensor> {
+        self.by_name.get(name)
+    }
+
+    /// Replaces the gradient of `name`.
+    pub fn insert(&mut self, name: &str, grad: Tensor) {
+        self.by_name.insert(name.to_string(), grad);
+    }
+
+    /// Name and gradient, in name order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Tensor)> {
+        self.by_name.iter().map(|(n, g)| (n.as_str(), g))
+    }
+
+    /// Multiplies every gradient by `factor`.
+    pub fn scale(&mut self, factor: f64) -> Result<()> {
+        for grad in self.by_name.values_mut() {
+            *grad = (&*grad * factor)?;
+        }
+        Ok(())
+    }
+
+    /// Whether no gradient holds an inf or a NaN.
+    pub fn all_finite(&self) -> Result<bool> {
+        for grad in self.by_name.values() {
+            if !grad.sum_all()?.to_dtype(DType::F32)?.to_scalar::<f32>()?.is_finite() {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// The L2 norm of all gradients taken together, computed in f32.
+    pub fn global_norm(&self) -> Result<f64> {
+        let mut sum_sq = 0f64;
+        for grad in self.by_name.values() {
+            sum_sq += grad.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
+        }
+        Ok(sum_sq.sqrt())
+    }
+
+    /// Scales the gradients so that their global norm is at most `max_norm`,
+    /// and returns the norm before clipping (what PyTorch's `clip_grad_norm_` returns).
+    pub fn clip_global_norm(&mut self, max_norm: f64) -> Result<f64> {
+        let norm = self.global_norm()?;
+        // PyTorch's formula: the 1e-6 keeps a zero norm from dividing by zero.
+        let factor = max_norm / (norm + 1e-6);
+        if factor < 1.0 {
+            self.scale(factor)?;
+        }
+        Ok(norm)
+    }
+}

@@ -1,0 +1,18 @@
+//! Training machinery around exercises 8–11: gradients, the optimizer, the
+//! schedule, data parallelism and the trainer's state.
+
+mod adamw;
+mod checkpoint;
+mod ddp;
+mod gradients;
+mod optimizer;
+mod schedule;
+mod trainer;
+
+pub use adamw::{AdamW, AdamWConfig, ParamGroup};
+pub use checkpoint::{Checkpoint, DataPosition, TrainerState};
+pub use ddp::{Ddp, DEFAULT_BUCKET_BYTES};
+pub use gradients::Gradients;
+pub use optimizer::OptimizerConfig;
+pub use schedule::{CosineSchedule, LrSchedule, WsdSchedule};
+pub use trainer::{StepStats, TrainConfig, Trainer};

@@ -1,0 +1,70 @@
+//! The trainer's state: model, parameters, optimizer, schedule, gradient buffer and
+//! data-parallel context. One optimizer step is exercise 10.
+
+use candle_core::{bail, Result};
+use serde::{Deserialize, Serialize};
+
+use super::{AdamW, Ddp, Gradients, LrSchedule, OptimizerConfig};
+use crate::model::{Gpt, GptConfig, ParamStore};
+use crate::phase2_training::build_optimizer;
+
+/// How the trainer steps.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct TrainConfig {
+    /// Micro-batches whose gradients are summed into one optimizer step.
+    pub grad_accum_steps: usize,
+    /// The global gradient norm is clipped to this before each step.
+    pub max_grad_norm: f64,
+    pub schedule: LrSchedule,
+    pub optimizer: OptimizerConfig,
+    /// Recompute each block in backward instead of storing its activations.
+    pub activation_checkpointing: bool,
+}
+
+/// What one optimizer step reports.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct StepStats {
+    /// The mean loss over this rank's micro-batches.
+    pub loss: f64,
+    /// The global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// The learning rate the step used.
+    pub lr: f64,
+    /// Tokens this rank processed in the step.
+    pub tokens: usize,
+}
+
+pub struct Trainer {
+    pub model: Gpt,
+    pub params: ParamStore,
+    pub optimizer: AdamW,
+    pub schedule: LrSchedule,
+    /// Where micro-batch gradients accumulate until the optimizer step.
+    pub grads: Gradients,
+    pub ddp: Ddp,
+    /// Optimizer steps taken so far.
+    pub step: usize,
+    pub config: TrainConfig,
+}
+
+impl Trainer {
+    /// A trainer for `params`; under DDP, rank 0's parameters are first copied to every rank.
+    pub fn new(model_config: &GptConfig, params: ParamStore, config: TrainConfig, ddp: Ddp) -> Result<Self> {
+        if config.grad_accum_steps == 0 {
+            bail!("grad_accum_steps must be at least 1");
+        }
+        ddp.broadcast_parameters(&params)?;
+        let model = Gpt::new(model_config, &params)?.with_activation_checkpointing(config.activation_checkpointing);
+        let optimizer = build_optimizer(&params, &config.optimizer)?;
+        Ok(Self {
+            model,
+            params,
+            optimizer,
+            schedule: config.schedule,
+            grads: Gradients::default(),
+            ddp,
+            step: 0,
+            config,
+        })
+    }
+}

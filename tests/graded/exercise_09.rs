@@ -1,0 +1,65 @@
+//! Exercise 9: warmup + cosine schedule. Reference: tests/fixtures/generate.py, `exercise_09`.
+
+use rstest::rstest;
+use workbook::phase2_training::get_lr;
+use workbook::train::CosineSchedule;
+
+use crate::support::fixture;
+
+fn schedule() -> CosineSchedule {
+    let s = fixture(9).get("schedule").to_vec1::<f64>().unwrap();
+    CosineSchedule { max_lr: s[0], min_lr: s[1], warmup_steps: s[2] as usize, max_steps: s[3] as usize }
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-12 + 1e-9 * b.abs()
+}
+
+#[test]
+fn matches_the_reference_at_every_checked_step() {
+    let f = fixture(9);
+    let steps = f.get("steps").to_vec1::<i64>().unwrap();
+    let expected = f.get("lr").to_vec1::<f64>().unwrap();
+    let lrs: Vec<f64> = steps.iter().map(|&s| get_lr(s as usize, &schedule())).collect();
+    let mistakes = [
+        ("warmup starts from 0: use (step + 1) / warmup, so that step 0 already trains", "mistake_warmup_from_zero"),
+        ("the cosine decays to 0 instead of min_lr", "mistake_decay_to_zero"),
+        ("the cosine progress ignores the warmup: p = (step - warmup) / (max_steps - warmup)", "mistake_cosine_not_offset"),
+        ("past max_steps the cosine climbs back up: clamp to min_lr", "mistake_no_clamp"),
+    ];
+    for (i, (&step, (&got, &want))) in steps.iter().zip(lrs.iter().zip(&expected)).enumerate() {
+        if close(got, want) {
+            continue;
+        }
+        let cause = mistakes
+            .iter()
+            .find(|(_, key)| close(got, f.get(key).to_vec1::<f64>().unwrap()[i]))
+            .map_or("check this step against the formula in the exercise's doc comment", |(cause, _)| cause);
+        panic!("get_lr({step}) = {got:e}, expected {want:e}. Likely cause: {cause}.");
+    }
+}
+
+#[rstest]
+#[case::first_step_is_not_zero(0, 6e-5)]
+#[case::warmup_ends_at_max_lr(9, 6e-4)]
+#[case::decay_starts_at_max_lr(10, 6e-4)]
+#[case::ends_at_min_lr(100, 6e-5)]
+#[case::stays_at_min_lr(1000, 6e-5)]
+fn boundaries(#[case] step: usize, #[case] want: f64) {
+    let got = get_lr(step, &schedule());
+    assert!(close(got, want), "get_lr({step}) = {got:e}, expected {want:e}");
+}
+
+#[test]
+fn rises_during_warmup_and_never_rises_after() {
+    let s = schedule();
+    let lrs: Vec<f64> = (0..=150).map(|step| get_lr(step, &s)).collect();
+    for step in 1..=150 {
+        let (before, now) = (lrs[step - 1], lrs[step]);
+        if step < s.warmup_steps {
+            assert!(now > before, "the rate must rise during warmup: step {} {before:e} → step {step} {now:e}", step - 1);
+        } else {
+            assert!(now <= before + 1e-15, "the rate must not rise after warmup: step {} {before:e} → step {step} {now:e}", step - 1);
+        }
+    }
+}

@@ -1,0 +1,208 @@
+//! Exercise 10: the train step. Reference: tests/fixtures/generate.py, `exercise_10`
+//! (two PyTorch optimizer steps of two micro-batches each). The data-parallel
+//! checks run two CPU ranks as threads.
+
+use candle_core::{DType, Tensor};
+use workbook::distributed::{spawn, Collective, ProcessGroup};
+use workbook::train::{AdamWConfig, CosineSchedule, Ddp, LrSchedule, OptimizerConfig, StepStats, TrainConfig, Trainer};
+use workbook::{param_specs, GptConfig, ParamStore};
+
+use crate::support::{expect_update_close, fixture, ok, Fixture};
+
+/// Relative L2 error allowed on a parameter's update over two steps (see `expect_update_close`).
+const UPDATE: f64 = 1e-3;
+
+pub fn model_config(f: &Fixture) -> GptConfig {
+    let c: Vec<usize> = f.get("config").to_vec1::<f32>().unwrap().iter().map(|&x| x as usize).collect();
+    GptConfig {
+        vocab_size: c[0],
+        hidden_size: c[1],
+        num_layers: c[2],
+        num_heads: c[3],
+        intermediate_size: c[4],
+        max_seq_len: c[5],
+        rope_theta: 10_000.0,
+        norm_eps: 1e-5,
+        bias: false,
+    }
+}
+
+pub fn train_config(f: &Fixture) -> TrainConfig {
+    let h = f.get("hyper").to_vec1::<f64>().unwrap();
+    TrainConfig {
+        grad_accum_steps: h[0] as usize,
+        max_grad_norm: h[1],
+        schedule: LrSchedule::Cosine(CosineSchedule { max_lr: h[2], min_lr: h[3], warmup_steps: h[4] as usize, max_steps: h[5] as usize }),
+        optimizer: OptimizerConfig { weight_decay: h[6], adamw: AdamWConfig { beta1: h[7], beta2: h[8], eps: h[9] } },
+        activation_checkpointing: false,
+    }
+}
+
+pub fn trainer(f: &Fixture, ddp: Ddp) -> Trainer {
+    let names = param_specs(&model_config(f)).into_iter().map(|s| s.name);
+    let params = ParamStore::from_tensors(names.map(|n| {
+        let t = f.get(&format!("param.{n}"));
+        (n, t)
+    }))
+    .unwrap();
+    ok(Trainer::new(&model_config(f), params, train_config(f), ddp), "Trainer::new (it calls build_optimizer, exercise 8)")
+}
+
+/// Micro-batch `j` of step `s`, as (B, T) u32 token ids.
+pub fn micro_batch(f: &Fixture, s: usize, j: usize) -> Tensor {
+    f.get("tokens").get(s).unwrap().get(j).unwrap().to_dtype(DType::U32).unwrap()
+}
+
+fn step(trainer: &mut Trainer, batches: &[Tensor]) -> StepStats {
+    ok(trainer.train_step(batches), "Trainer::train_step")
+}
+
+fn close(a: f64, b: f64, rel: f64) -> bool {
+    (a - b).abs() <= rel * b.abs().max(1e-12)
+}
+
+#[test]
+fn two_steps_match_pytorch() {
+    let f = fixture(10);
+    let mut t = trainer(&f, Ddp::single());
+    let k = train_config(&f).grad_accum_steps;
+    let (losses, norms, lrs) =
+        (f.get("loss").to_vec1::<f64>().unwrap(), f.get("grad_norm").to_vec1::<f64>().unwrap(), f.get("lr").to_vec1::<f64>().unwrap());
+    for s in 0..2 {
+        let batches: Vec<Tensor> = (0..k).map(|j| micro_batch(&f, s, j)).collect();
+        let stats = step(&mut t, &batches);
+        if !close(stats.lr, lrs[s], 1e-9) {
+            let cause = if s + 1 < lrs.len() && close(stats.lr, lrs[s + 1], 1e-9) {
+                "the rate of the next step: step counts optimizer steps from 0, read it before incrementing"
+            } else {
+                "use self.schedule.lr(self.step)"
+            };
+            panic!("step {s}: learning rate {:e}, expected {:e}. Likely cause: {cause}.", stats.lr, lrs[s]);
+        }
+        if !close(stats.loss, losses[s], 1e-4) {
+            let cause = if close(stats.loss, losses[s] * k as f64, 1e-4) {
+                "the losses are summed: report their mean over the micro-batches"
+            } else {
+                "report the mean of the micro-batches' losses"
+            };
+            panic!("step {s}: loss {:.6}, expected {:.6}. Likely cause: {cause}.", stats.loss, losses[s]);
+        }
+        if !close(stats.grad_norm, norms[s], 1e-4) {
+            let known = [
+                ("mistake_grad_norm_not_divided", "each micro-batch's gradient is not divided by the number of micro-batches (k batches give k times the gradient)"),
+                ("mistake_grad_norm_not_cleared", "the gradient buffer is not cleared after the optimizer step, so this step adds to the last one's"),
+            ];
+            let cause = known
+                .iter()
+                .find(|(key, _)| close(stats.grad_norm, f.get(key).to_vec1::<f64>().unwrap()[s], 1e-4))
+                .map_or("return the global norm of the accumulated, averaged gradient, measured before clipping", |(_, cause)| cause);
+            panic!("step {s}: gradient norm {:.6}, expected {:.6}. Likely cause: {cause}.", stats.grad_norm, norms[s]);
+        }
+        assert_eq!(stats.tokens, batches.iter().map(|b| b.elem_count()).sum::<usize>(), "tokens: count every token of every micro-batch");
+    }
+    assert_eq!(t.step, 2, "two calls to train_step are two optimizer steps: increment self.step once per call");
+    for (name, var) in t.params.iter() {
+        let before = f.get(&format!("param.{name}"));
+        expect_update_close(&before, var, &f.get(&format!("after.{name}")), UPDATE, &format!("`{name}` after two steps"));
+    }
+}
+
+#[test]
+fn gradient_buffer_is_empty_after_the_step() {
+    let f = fixture(10);
+    let mut t = trainer(&f, Ddp::single());
+    step(&mut t, &[micro_batch(&f, 0, 0), micro_batch(&f, 0, 1)]);
+    assert!(t.grads.is_empty(), "self.grads still holds gradients after the step: clear it, or the next step adds to them");
+}
+
+/// k micro-batches of B rows give the same step as one batch of k·B rows.
+#[test]
+fn accumulating_micro_batches_equals_one_large_batch() {
+    let f = fixture(10);
+    let mut accumulated = trainer(&f, Ddp::single());
+    let mut large = trainer(&f, Ddp::single());
+    for s in 0..2 {
+        let (a, b) = (micro_batch(&f, s, 0), micro_batch(&f, s, 1));
+        let small = step(&mut accumulated, &[a.clone(), b.clone()]);
+        let big = step(&mut large, &[Tensor::cat(&[&a, &b], 0).unwrap()]);
+        assert!(
+            close(small.grad_norm, big.grad_norm, 1e-4),
+            "step {s}: 2 micro-batches give gradient norm {:.6}, one batch of both gives {:.6}: divide each micro-batch's gradient by the number of micro-batches",
+            small.grad_norm,
+            big.grad_norm
+        );
+        assert!(close(small.loss, big.loss, 1e-4), "step {s}: loss {:.6} vs {:.6}: report the mean over micro-batches", small.loss, big.loss);
+    }
+    for (name, var) in accumulated.params.iter() {
+        let before = f.get(&format!("param.{name}"));
+        expect_update_close(&before, var, large.params.get(name).unwrap(), UPDATE, &format!("`{name}`: accumulated vs one large batch"));
+    }
+}
+
+/// Rank r trains on row r of every micro-batch; together they must take the
+/// step one process takes on the whole batch. Clipping is active, so clipping
+/// before averaging would show.
+#[test]
+fn two_ranks_equal_one_process_on_the_union_of_their_data() {
+    let f = fixture(10);
+    let mut single = trainer(&f, Ddp::single());
+    let mut want = vec![];
+    for s in 0..2 {
+        want.push(step(&mut single, &[micro_batch(&f, s, 0), micro_batch(&f, s, 1)]));
+    }
+    let per_rank = ok(
+        spawn(2, |pg| {
+            let rank = pg.rank();
+            let mut t = trainer(&f, Ddp::new(Box::new(pg)));
+            let mut stats = vec![];
+            for s in 0..2 {
+                let mine: Vec<Tensor> = (0..2).map(|j| micro_batch(&f, s, j).narrow(0, rank, 1).unwrap()).collect();
+                stats.push(t.train_step(&mine)?);
+            }
+            Ok((stats, t.params))
+        }),
+        "two ranks training",
+    );
+    for (rank, (stats, params)) in per_rank.iter().enumerate() {
+        for s in 0..2 {
+            assert!(
+                close(stats[s].grad_norm, want[s].grad_norm, 1e-4),
+                "rank {rank}, step {s}: gradient norm {:.6}, one process on both ranks' data gives {:.6}: average the gradients across ranks (self.ddp.sync_gradients) before clipping",
+                stats[s].grad_norm,
+                want[s].grad_norm
+            );
+        }
+        for (name, var) in params.iter() {
+            let what = format!("rank {rank}: `{name}` against one process on the union of the data");
+            expect_update_close(&f.get(&format!("param.{name}")), var, single.params.get(name).unwrap(), UPDATE, &what);
+        }
+    }
+}
+
+/// Gradients are averaged once per optimizer step, after the last micro-batch, not once per micro-batch.
+#[test]
+fn one_gradient_synchronisation_per_optimizer_step() {
+    let f = fixture(10);
+    let counts = ok(
+        spawn(2, |pg| {
+            let rank = pg.rank();
+            let mut t = trainer(&f, Ddp::new(Box::new(pg)));
+            let before = t.ddp.process_group().stats();
+            for s in 0..2 {
+                let mine: Vec<Tensor> = (0..2).map(|j| micro_batch(&f, s, j).narrow(0, rank, 1).unwrap()).collect();
+                t.train_step(&mine)?;
+            }
+            let all_reduces = t.ddp.process_group().stats().since(&before).calls(Collective::AllReduce);
+            Ok((t.ddp.syncs(), all_reduces))
+        }),
+        "two ranks training",
+    );
+    for (rank, (syncs, all_reduces)) in counts.into_iter().enumerate() {
+        assert_eq!(
+            syncs, 2,
+            "rank {rank}: {syncs} gradient synchronisations in 2 optimizer steps of 2 micro-batches: synchronise once per step, after the last micro-batch"
+        );
+        // The tiny model's gradients fit one 25 MB bucket.
+        assert_eq!(all_reduces, 2, "rank {rank}: {all_reduces} all-reduces in 2 steps; expected one bucket per step");
+    }
+}

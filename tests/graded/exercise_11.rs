@@ -1,0 +1,123 @@
+//! Exercise 11: checkpoint save and load. The reference here is the
+//! uninterrupted run itself: resuming must reproduce it bit for bit.
+
+use candle_core::{DType, Device, Tensor};
+use workbook::data::{DataConfig, DatasetKind, SamplerState, Tokenizer};
+use workbook::distributed::{spawn, ProcessGroup};
+use workbook::train::{DataPosition, Ddp, Trainer};
+use workbook::{param_specs, GptConfig, ParamStore};
+
+use crate::exercise_10::{micro_batch, model_config, train_config, trainer};
+use crate::support::{bit_equal, fixture, ok, scratch_dir, Fixture};
+
+fn train(t: &mut Trainer, f: &Fixture, step: usize) {
+    ok(t.train_step(&[micro_batch(f, step, 0), micro_batch(f, step, 1)]), "Trainer::train_step");
+}
+
+fn assert_same_params(got: &Trainer, want: &Trainer, what: &str) {
+    for (name, var) in want.params.iter() {
+        let mine = got.params.get(name).unwrap();
+        assert!(bit_equal(mine, var), "{what}: `{name}` differs from the uninterrupted run");
+    }
+}
+
+#[test]
+fn round_trip_restores_every_piece_of_state() {
+    let f = fixture(10);
+    let dir = scratch_dir("ex11-round-trip").join("step_000001");
+    let mut trained = trainer(&f, Ddp::single());
+    train(&mut trained, &f, 0);
+    let position = DataPosition {
+        config: DataConfig { kind: DatasetKind::Dummy, path: None, tokenizer: Tokenizer::Bytes, seq_len: 8, seed: 3 },
+        sampler: SamplerState { epoch: 2, cursor: 7 },
+    };
+    ok(trained.save_checkpoint(&dir, Some(position.clone())), "save_checkpoint");
+
+    let mut fresh = trainer(&f, Ddp::single());
+    let restored = ok(fresh.load_checkpoint(&dir), "load_checkpoint");
+    assert_same_params(&fresh, &trained, "after loading");
+    assert_eq!(fresh.step, 1, "self.step must be restored: the schedule continues from it");
+    assert_eq!(fresh.optimizer.steps(), trained.optimizer.steps(), "AdamW's step count (its bias correction) must be restored");
+    let (mine, theirs) = (fresh.optimizer.state_tensors(), trained.optimizer.state_tensors());
+    assert_eq!(mine.len(), theirs.len(), "the optimizer's moments must be saved and restored");
+    for (key, t) in &theirs {
+        assert!(bit_equal(&mine[key], t), "optimizer state `{key}` differs after loading");
+    }
+    assert_eq!(restored, Some(position), "load_checkpoint must return the data position it saved");
+}
+
+/// Train 2 steps; or train 1, save, load into a fresh trainer, train 1 more. Same bits.
+#[test]
+fn resuming_reproduces_the_uninterrupted_run_bit_for_bit() {
+    let f = fixture(10);
+    let dir = scratch_dir("ex11-resume").join("step_000001");
+    let mut uninterrupted = trainer(&f, Ddp::single());
+    train(&mut uninterrupted, &f, 0);
+    train(&mut uninterrupted, &f, 1);
+
+    let mut first_half = trainer(&f, Ddp::single());
+    train(&mut first_half, &f, 0);
+    ok(first_half.save_checkpoint(&dir, None), "save_checkpoint");
+    drop(first_half);
+    let mut resumed = trainer(&f, Ddp::single());
+    ok(resumed.load_checkpoint(&dir), "load_checkpoint");
+    train(&mut resumed, &f, 1);
+    assert_same_params(&resumed, &uninterrupted, "after resuming and training one more step (are the optimizer's moments and the step restored?)");
+}
+
+#[test]
+fn only_rank_zero_writes() {
+    let f = fixture(10);
+    let root = scratch_dir("ex11-rank-zero");
+    ok(
+        spawn(2, |pg| {
+            let rank = pg.rank();
+            let t = trainer(&f, Ddp::new(Box::new(pg)));
+            t.save_checkpoint(&root.join(format!("rank{rank}")), None)
+        }),
+        "two ranks saving",
+    );
+    assert!(root.join("rank0").exists(), "rank 0 wrote no checkpoint");
+    assert!(!root.join("rank1").exists(), "rank 1 wrote a checkpoint: every rank holds the same state, so only rank 0 writes");
+}
+
+/// What DDP trained loads in a single process: the names carry no trace of the wrapper.
+#[test]
+fn a_checkpoint_written_under_ddp_loads_in_one_process() {
+    let f = fixture(10);
+    let dir = scratch_dir("ex11-ddp-to-single").join("step_000001");
+    let trained = ok(
+        spawn(2, |pg| {
+            let rank = pg.rank();
+            let mut t = trainer(&f, Ddp::new(Box::new(pg)));
+            let mine: Vec<Tensor> = (0..2).map(|j| micro_batch(&f, 0, j).narrow(0, rank, 1).unwrap()).collect();
+            t.train_step(&mine)?;
+            t.save_checkpoint(&dir, None)?;
+            Ok(t.params)
+        }),
+        "two ranks training and saving",
+    );
+    let mut single = trainer(&f, Ddp::single());
+    ok(single.load_checkpoint(&dir), "load_checkpoint in one process");
+    for (name, var) in trained[0].iter() {
+        assert!(bit_equal(single.params.get(name).unwrap(), var), "`{name}` differs from what rank 0 trained");
+    }
+}
+
+#[test]
+fn refuses_a_checkpoint_of_another_model() {
+    let f = fixture(10);
+    let dir = scratch_dir("ex11-mismatch").join("step_000000");
+    ok(trainer(&f, Ddp::single()).save_checkpoint(&dir, None), "save_checkpoint");
+    let wider = GptConfig { hidden_size: 32, intermediate_size: 48, ..model_config(&f) };
+    let params = ParamStore::from_tensors(
+        param_specs(&wider).into_iter().map(|s| (s.name, Tensor::ones(s.shape, DType::F32, &Device::Cpu).unwrap())),
+    )
+    .unwrap();
+    let mut other = ok(Trainer::new(&wider, params, train_config(&f), Ddp::single()), "Trainer::new");
+    let err = match other.load_checkpoint(&dir) {
+        Ok(_) => panic!("a checkpoint of a 16-wide model loaded into a 32-wide one: check it with checkpoint.ensure_fits"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("different model"), "the error should say the checkpoint belongs to a different model, got: {err}");
+}
