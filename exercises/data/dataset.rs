@@ -20,7 +20,7 @@ use super::token_file::{Progress, TokenFile};
 use super::tokenizer::Tokenizer;
 
 /// What to tell a learner whose data file is not there yet.
-const DOWNLOAD_HINT: &str = "download it with the commands in README.md § Data, or use --dataset dummy";
+const DOWNLOAD_HINT: &str = "download it with the commands in datasets/README.md, or use --dataset dummy";
 
 /// Which data to train on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -349,7 +349,7 @@ fn missing_data_file_names_the_path_and_the_download_commands() {
     let err = Dataset::from_text(path, Tokenizer::Gpt2, 64, None).unwrap_err().to_string();
     assert!(err.contains("`datasets/no-such-file.txt` not found"), "{err}");
     assert!(
-        err.contains("download it with the commands in README.md § Data, or use --dataset dummy"),
+        err.contains("download it with the commands in datasets/README.md, or use --dataset dummy"),
         "{err}"
     );
 }
@@ -359,7 +359,7 @@ fn empty_data_file_names_the_path_and_the_download_commands() {
     let dir = Scratch::new("empty");
     let path = dir.write("empty.txt", "");
     let err = Dataset::from_text(&path, Tokenizer::Gpt2, 64, None).unwrap_err().to_string();
-    assert!(err.contains("empty.txt` is empty") && err.contains("README.md § Data"), "{err}");
+    assert!(err.contains("empty.txt` is empty") && err.contains("datasets/README.md"), "{err}");
 }
 
 #[test]

@@ -1,0 +1,142 @@
+//! `train`: train a GPT on text, on one process or on N CPU ranks under DDP.
+//!
+//! `cargo run --release -p trainer --bin train -- --model-size tiny --max-steps 300`
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use trainer::config::RunConfig;
+use trainer::run::{peak_memory_mib, train, workbook_root, RunOptions};
+use workbook::data::{DataConfig, DatasetKind, SAMPLE_PATH};
+
+/// Train a GPT. Defaults come from configs/<model-size>.toml; flags override them.
+#[derive(Parser)]
+#[command(name = "train")]
+struct Args {
+    /// tiny, small, medium, or the path of a config file.
+    #[arg(long, default_value = "tiny")]
+    model_size: String,
+    /// dummy (random tokens), tinystories or openwebtext.
+    #[arg(long, default_value = "tinystories")]
+    dataset: String,
+    /// The text file. Default: datasets/TinyStoriesV2-GPT4-train.txt (the bundled sample until that is
+    /// downloaded) or datasets/owt_train.txt.
+    #[arg(long)]
+    data_path: Option<PathBuf>,
+    /// bytes or gpt2 (default: the config's).
+    #[arg(long)]
+    tokenizer: Option<String>,
+    #[arg(long)]
+    max_steps: Option<usize>,
+    /// Sequences per micro-batch, over all ranks together.
+    #[arg(long)]
+    batch_size: Option<usize>,
+    #[arg(long)]
+    seq_len: Option<usize>,
+    /// Micro-batches per optimizer step.
+    #[arg(long)]
+    grad_accum: Option<usize>,
+    /// Peak learning rate.
+    #[arg(long)]
+    lr: Option<f64>,
+    #[arg(long)]
+    warmup_steps: Option<usize>,
+    /// Data-parallel ranks, each a thread of this process.
+    #[arg(long, default_value_t = 1)]
+    nproc: usize,
+    /// Continue from the newest checkpoint in --checkpoint-dir, or from the one given.
+    #[arg(long, num_args = 0..=1)]
+    resume: Option<Option<PathBuf>>,
+    /// Where checkpoints, metrics.jsonl and loss.svg go.
+    #[arg(long, default_value = "checkpoints")]
+    checkpoint_dir: PathBuf,
+    #[arg(long, default_value_t = 100)]
+    checkpoint_every: usize,
+    /// How many of the newest checkpoints to keep.
+    #[arg(long, default_value_t = 3)]
+    keep_checkpoints: usize,
+    #[arg(long, default_value_t = 1337)]
+    seed: u64,
+    /// Recompute each block in backward instead of keeping its activations.
+    #[arg(long)]
+    activation_checkpointing: bool,
+    /// Without a terminal, print a line every this many steps.
+    #[arg(long, default_value_t = 10)]
+    log_every: usize,
+}
+
+fn main() -> ExitCode {
+    trainer::main_with(|| run(Args::parse()))
+}
+
+fn run(args: Args) -> anyhow::Result<()> {
+    let root = workbook_root();
+    let mut config = RunConfig::load(&root, &args.model_size)?;
+    if let Some(t) = &args.tokenizer {
+        config.tokenizer = t.parse().map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
+    override_with(&mut config.max_steps, args.max_steps);
+    override_with(&mut config.batch_size, args.batch_size);
+    override_with(&mut config.seq_len, args.seq_len);
+    override_with(&mut config.grad_accum_steps, args.grad_accum);
+    override_with(&mut config.optimizer.lr, args.lr);
+    override_with(&mut config.optimizer.warmup_steps, args.warmup_steps);
+    if args.warmup_steps.is_none() && config.optimizer.warmup_steps >= config.max_steps {
+        config.optimizer.warmup_steps = (config.max_steps / 10).max(1).min(config.max_steps - 1);
+        println!("note: warmup shortened to {} steps to fit --max-steps {}", config.optimizer.warmup_steps, config.max_steps);
+    }
+    if args.lr.is_some() {
+        config.optimizer.min_lr = config.optimizer.lr / 10.0;
+    }
+    let kind: DatasetKind = args.dataset.parse().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let data_path = args.data_path.or_else(|| {
+        let downloaded = kind.default_path().map(|p| root.join(p));
+        match (kind, downloaded) {
+            // Until the real TinyStories is downloaded, train on the bundled sample.
+            (DatasetKind::TinyStories, Some(path)) if !path.exists() => Some(root.join(SAMPLE_PATH)),
+            (_, downloaded) => downloaded,
+        }
+    });
+    let data = DataConfig { kind, path: data_path, tokenizer: config.tokenizer, seq_len: config.seq_len, seed: args.seed };
+    let resume = args.resume.map(|p| p.unwrap_or_else(|| args.checkpoint_dir.clone()));
+    let options = RunOptions {
+        config,
+        data,
+        nproc: args.nproc,
+        seed: args.seed,
+        out_dir: args.checkpoint_dir,
+        checkpoint_every: args.checkpoint_every.max(1),
+        keep_checkpoints: args.keep_checkpoints.max(1),
+        resume,
+        activation_checkpointing: args.activation_checkpointing,
+        log_every: args.log_every.max(1),
+    };
+    let summary = train(&options)?;
+    if let (Some(first), Some(last)) = (summary.first, summary.last) {
+        println!(
+            "trained {} steps in {:.0} s: loss {:.3} at step {} -> {:.3} at step {}; {:.0} tokens/s",
+            last.step - first.step + 1,
+            summary.seconds,
+            first.loss,
+            first.step,
+            last.loss,
+            last.step,
+            last.tokens_per_s
+        );
+    }
+    if summary.skipped_updates > 0 {
+        println!("{} update(s) skipped for non-finite gradients", summary.skipped_updates);
+    }
+    if let Some(mib) = peak_memory_mib() {
+        println!("peak memory: {mib:.0} MiB");
+    }
+    println!("checkpoints, metrics.jsonl and loss.svg are in {}", options.out_dir.display());
+    Ok(())
+}
+
+fn override_with<T>(slot: &mut T, value: Option<T>) {
+    if let Some(v) = value {
+        *slot = v;
+    }
+}

@@ -1,0 +1,126 @@
+//! Run configurations: `configs/<size>.toml`, then command-line overrides.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+use workbook::data::Tokenizer;
+use workbook::train::{AdamWConfig, CosineSchedule, LrSchedule, OptimizerConfig, TrainConfig};
+use workbook::GptConfig;
+
+/// The model sizes shipped in `configs/`.
+pub const SIZES: [&str; 3] = ["tiny", "small", "medium"];
+
+/// One `configs/*.toml` file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunConfig {
+    pub tokenizer: Tokenizer,
+    pub seq_len: usize,
+    /// Sequences per micro-batch, across all ranks together.
+    pub batch_size: usize,
+    pub grad_accum_steps: usize,
+    pub max_steps: usize,
+    pub model: ModelShape,
+    pub optimizer: OptimizerSettings,
+}
+
+/// The model's shape; the vocabulary comes from the tokenizer.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelShape {
+    pub hidden_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub intermediate_size: usize,
+    pub max_seq_len: usize,
+    pub rope_theta: f64,
+    pub norm_eps: f64,
+    pub bias: bool,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OptimizerSettings {
+    pub lr: f64,
+    pub min_lr: f64,
+    pub warmup_steps: usize,
+    pub weight_decay: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub max_grad_norm: f64,
+}
+
+impl RunConfig {
+    /// Reads `configs/<size>.toml` under `root`, or `size` itself when it is a path to a file.
+    pub fn load(root: &Path, size: &str) -> Result<Self> {
+        let path = if Path::new(size).is_file() { PathBuf::from(size) } else { root.join("configs").join(format!("{size}.toml")) };
+        if !path.is_file() {
+            bail!("unknown model size `{size}`: choose {} or give the path of a config file", SIZES.join(", "));
+        }
+        let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+        toml::from_str(&text).with_context(|| format!("{} is not a valid run config", path.display()))
+    }
+
+    pub fn model_config(&self) -> GptConfig {
+        let m = &self.model;
+        GptConfig {
+            vocab_size: self.tokenizer.vocab_size(),
+            hidden_size: m.hidden_size,
+            num_layers: m.num_layers,
+            num_heads: m.num_heads,
+            intermediate_size: m.intermediate_size,
+            max_seq_len: m.max_seq_len,
+            rope_theta: m.rope_theta,
+            norm_eps: m.norm_eps,
+            bias: m.bias,
+        }
+    }
+
+    pub fn train_config(&self, activation_checkpointing: bool) -> TrainConfig {
+        let o = &self.optimizer;
+        TrainConfig {
+            grad_accum_steps: self.grad_accum_steps,
+            max_grad_norm: o.max_grad_norm,
+            schedule: LrSchedule::Cosine(CosineSchedule {
+                max_lr: o.lr,
+                min_lr: o.min_lr,
+                warmup_steps: o.warmup_steps,
+                max_steps: self.max_steps,
+            }),
+            optimizer: OptimizerConfig {
+                weight_decay: o.weight_decay,
+                adamw: AdamWConfig { beta1: o.beta1, beta2: o.beta2, eps: o.eps },
+            },
+            activation_checkpointing,
+        }
+    }
+
+    /// Checks what no single field can: that the pieces fit together on `world_size` ranks.
+    pub fn validate(&self, world_size: usize) -> Result<()> {
+        if world_size == 0 {
+            bail!("--nproc must be at least 1");
+        }
+        if self.batch_size == 0 || self.batch_size % world_size != 0 {
+            bail!(
+                "batch size {} does not divide across {world_size} ranks: use a multiple of {world_size} (it is the global batch, split evenly)",
+                self.batch_size
+            );
+        }
+        if self.seq_len < 2 || self.seq_len > self.model.max_seq_len {
+            bail!("seq_len {} must be between 2 and the model's max_seq_len {}", self.seq_len, self.model.max_seq_len);
+        }
+        if self.grad_accum_steps == 0 || self.max_steps == 0 {
+            bail!("grad_accum_steps and max_steps must be at least 1");
+        }
+        if self.optimizer.warmup_steps >= self.max_steps {
+            bail!(
+                "warmup_steps {} must be smaller than max_steps {}: lower --warmup-steps or raise --max-steps",
+                self.optimizer.warmup_steps,
+                self.max_steps
+            );
+        }
+        self.model_config().validate().map_err(|e| anyhow::anyhow!("{e}"))
+    }
+}

@@ -1,0 +1,233 @@
+//! One training run: open the data, start the ranks, step, log, checkpoint.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{anyhow, bail, Context, Result};
+use candle_core::{Device, Tensor};
+use indicatif::{ProgressBar, ProgressStyle};
+use workbook::data::{DataConfig, Dataset, DistributedSampler};
+use workbook::distributed::{spawn, ProcessGroup, ReduceOp};
+use workbook::train::{DataPosition, Ddp, StepStats, Trainer};
+use workbook::init_params;
+
+use crate::checkpoints;
+use crate::config::RunConfig;
+use crate::metrics::{loss_curve_svg, read_log, MetricsLog, StepRecord};
+
+/// Everything a run needs besides its config file.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub config: RunConfig,
+    pub data: DataConfig,
+    pub nproc: usize,
+    pub seed: u64,
+    /// Where checkpoints, `metrics.jsonl` and `loss.svg` go.
+    pub out_dir: PathBuf,
+    pub checkpoint_every: usize,
+    pub keep_checkpoints: usize,
+    /// A checkpoint (or a directory of them, newest taken) to continue from.
+    pub resume: Option<PathBuf>,
+    pub activation_checkpointing: bool,
+    /// Print a line every this many steps when no progress bar is shown.
+    pub log_every: usize,
+}
+
+/// What a finished run reports.
+#[derive(Debug, Clone)]
+pub struct Summary {
+    pub first: Option<StepRecord>,
+    pub last: Option<StepRecord>,
+    pub steps: usize,
+    pub skipped_updates: u64,
+    pub seconds: f64,
+    pub num_params: usize,
+}
+
+/// Trains as `options` says, on one process or `nproc` CPU ranks.
+pub fn train(options: &RunOptions) -> Result<Summary> {
+    options.config.validate(options.nproc)?;
+    std::fs::create_dir_all(&options.out_dir).with_context(|| format!("cannot create {}", options.out_dir.display()))?;
+    let dataset = open_dataset(&options.data)?;
+    if options.nproc == 1 {
+        return run_rank(options, &dataset, Ddp::single());
+    }
+    let mut summaries = spawn(options.nproc, |pg| {
+        run_rank(options, &dataset, Ddp::new(Box::new(pg))).map_err(|e| candle_core::Error::Msg(format!("{e:#}")))
+    })
+    .map_err(|e| anyhow!("{e}"))?;
+    Ok(summaries.swap_remove(0))
+}
+
+fn open_dataset(config: &DataConfig) -> Result<Dataset> {
+    let bar = ProgressBar::new(0).with_style(
+        ProgressStyle::with_template("tokenising {bar:30} {bytes}/{total_bytes} ({eta})").expect("valid template"),
+    );
+    let mut report = |p: workbook::data::Progress| {
+        bar.set_length(p.bytes_total);
+        bar.set_position(p.bytes_done);
+    };
+    let dataset = Dataset::open(config, Some(&mut report)).map_err(|e| anyhow!("{e}"))?;
+    bar.finish_and_clear();
+    Ok(dataset)
+}
+
+/// The loop one rank runs; rank 0 also logs and writes checkpoints.
+fn run_rank(options: &RunOptions, dataset: &Dataset, ddp: Ddp) -> Result<Summary> {
+    let (rank, world) = (ddp.rank(), ddp.world_size());
+    let config = &options.config;
+    let model_config = config.model_config();
+    let params = init_params(&model_config, options.seed, &Device::Cpu).map_err(|e| anyhow!("initialising the model: {e}"))?;
+    let num_params = params.num_params();
+    let train_config = config.train_config(options.activation_checkpointing);
+    let mut trainer = Trainer::new(&model_config, params, train_config, ddp).map_err(|e| anyhow!("{e}"))?;
+    let mut sampler = DistributedSampler::new(dataset.num_windows(), world, rank, options.seed).map_err(|e| anyhow!("{e}"))?;
+    if let Some(resume) = &options.resume {
+        let dir = checkpoints::resolve(resume)?;
+        let position = trainer.load_checkpoint(&dir).map_err(|e| anyhow!("resuming from {}: {e}", dir.display()))?;
+        if let Some(position) = position {
+            if position.config != options.data {
+                bail!("{} was trained on {:?}; resume it with the same data options", dir.display(), position.config);
+            }
+            sampler.restore(position.sampler).map_err(|e| anyhow!("{e}"))?;
+        }
+        if rank == 0 {
+            println!("resumed from {} at step {}", dir.display(), trainer.step);
+        }
+    }
+    let is_logger = rank == 0;
+    if is_logger {
+        print_plan(options, dataset, num_params);
+    }
+    let mut log = if is_logger { Some(MetricsLog::append_to(&options.out_dir.join("metrics.jsonl"))?) } else { None };
+    let bar = progress_bar(is_logger, trainer.step, config.max_steps);
+    let per_rank_batch = config.batch_size / world;
+    let tokens_per_step = config.batch_size * config.grad_accum_steps * config.seq_len;
+    let start = Instant::now();
+    let (mut first, mut last, mut loss_ema) = (None, None, None::<f64>);
+    while trainer.step < config.max_steps {
+        let step_start = Instant::now();
+        let batches = (0..config.grad_accum_steps)
+            .map(|_| dataset.batch(&sampler.next_batch(per_rank_batch), &Device::Cpu))
+            .collect::<candle_core::Result<Vec<Tensor>>>()
+            .map_err(|e| anyhow!("{e}"))?;
+        let skipped_before = trainer.optimizer.skipped_steps();
+        let stats = trainer.train_step(&batches).map_err(|e| anyhow!("step {}: {e}", trainer.step))?;
+        let loss = mean_over_ranks(trainer.ddp.process_group(), stats.loss)?;
+        let record = StepRecord {
+            step: trainer.step,
+            loss,
+            lr: stats.lr,
+            grad_norm: stats.grad_norm,
+            tokens_per_s: tokens_per_step as f64 / step_start.elapsed().as_secs_f64(),
+            elapsed_s: start.elapsed().as_secs_f64(),
+        };
+        if is_logger {
+            report_anomalies(&bar, &record, &stats, trainer.optimizer.skipped_steps() > skipped_before, &mut loss_ema);
+            if let Some(log) = log.as_mut() {
+                log.record(&record)?;
+            }
+            bar.set_position(trainer.step as u64);
+            bar.set_message(format!("loss {:.4}  lr {:.2e}  {:.0} tok/s", record.loss, record.lr, record.tokens_per_s));
+            if bar.is_hidden() && (trainer.step % options.log_every == 0 || trainer.step == config.max_steps) {
+                println!("step {:>6}  loss {:.4}  lr {:.2e}  grad norm {:.3}  {:.0} tok/s", record.step, record.loss, record.lr, record.grad_norm, record.tokens_per_s);
+            }
+        }
+        first.get_or_insert(record);
+        last = Some(record);
+        let at_end = trainer.step == config.max_steps;
+        if at_end || trainer.step % options.checkpoint_every == 0 {
+            save(&trainer, options, &sampler)?;
+        }
+    }
+    bar.finish_and_clear();
+    if is_logger {
+        let records = read_log(&options.out_dir.join("metrics.jsonl"))?;
+        std::fs::write(options.out_dir.join("loss.svg"), loss_curve_svg(&records))?;
+    }
+    Ok(Summary {
+        first,
+        last,
+        steps: trainer.step,
+        skipped_updates: trainer.optimizer.skipped_steps(),
+        seconds: start.elapsed().as_secs_f64(),
+        num_params,
+    })
+}
+
+fn save(trainer: &Trainer, options: &RunOptions, sampler: &DistributedSampler) -> Result<()> {
+    let dir = checkpoints::step_dir(&options.out_dir, trainer.step);
+    let position = DataPosition { config: options.data.clone(), sampler: sampler.state() };
+    trainer.save_checkpoint(&dir, Some(position)).map_err(|e| anyhow!("saving {}: {e}", dir.display()))?;
+    if trainer.ddp.rank() == 0 {
+        checkpoints::prune(&options.out_dir, options.keep_checkpoints)?;
+    }
+    Ok(())
+}
+
+/// The loss averaged over ranks, for the log (each rank only sees its own batches).
+fn mean_over_ranks(pg: &dyn ProcessGroup, loss: f64) -> Result<f64> {
+    let t = Tensor::new(&[loss as f32], &Device::Cpu)?;
+    Ok(pg.all_reduce(&t, ReduceOp::Avg)?.to_vec1::<f32>()?[0] as f64)
+}
+
+/// Says so when a step was skipped for a non-finite gradient or its loss jumped.
+fn report_anomalies(bar: &ProgressBar, record: &StepRecord, stats: &StepStats, skipped: bool, ema: &mut Option<f64>) {
+    if skipped || !record.loss.is_finite() {
+        bar.println(format!(
+            "step {}: loss {} / gradient norm {}: not finite, the update was skipped",
+            record.step, record.loss, stats.grad_norm
+        ));
+        return;
+    }
+    if let Some(avg) = *ema {
+        if record.loss > 1.5 * avg && record.loss - avg > 0.5 {
+            bar.println(format!("step {}: loss spike: {:.3} against a recent average of {avg:.3}", record.step, record.loss));
+        }
+    }
+    *ema = Some(ema.map_or(record.loss, |avg| 0.9 * avg + 0.1 * record.loss));
+}
+
+fn progress_bar(visible: bool, position: usize, len: usize) -> ProgressBar {
+    if !visible {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(len as u64).with_position(position as u64);
+    bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}  eta {eta}").expect("valid template"));
+    bar
+}
+
+fn print_plan(options: &RunOptions, dataset: &Dataset, num_params: usize) {
+    let c = &options.config;
+    let memory = num_params * (4 + 4 + 8); // f32 parameters, gradients, two moments
+    println!(
+        "model: {:.2}M parameters ({} layers, width {}), {:.1} MiB for parameters + gradients + AdamW state per rank",
+        num_params as f64 / 1e6,
+        c.model.num_layers,
+        c.model.hidden_size,
+        memory as f64 / (1 << 20) as f64
+    );
+    println!("data: {dataset:?}");
+    println!(
+        "batch: {} sequences x {} tokens x {} micro-batches = {} tokens per step, on {} rank(s)",
+        c.batch_size,
+        c.seq_len,
+        c.grad_accum_steps,
+        c.batch_size * c.seq_len * c.grad_accum_steps,
+        options.nproc
+    );
+    println!("output: {}", options.out_dir.display());
+}
+
+/// The peak resident memory of this process in MiB, where the OS reports it.
+pub fn peak_memory_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
+/// The workbook's root: where `configs/` and `datasets/` are.
+pub fn workbook_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("trainer/ sits in the workbook").to_path_buf()
+}

@@ -1,0 +1,69 @@
+//! The finished workbook really trains: loss falls on the bundled stories,
+//! a resumed run continues where the first stopped, and the checkpoint generates text.
+//! Needs finished exercises: run with `cargo test -p trainer --features solutions`.
+
+use std::path::PathBuf;
+
+use trainer::checkpoints;
+use trainer::config::RunConfig;
+use trainer::run::{train, workbook_root, RunOptions};
+use workbook::data::{DataConfig, DatasetKind, SAMPLE_PATH};
+
+fn options(out_dir: PathBuf, max_steps: usize, nproc: usize) -> RunOptions {
+    let mut config = RunConfig::load(&workbook_root(), "tiny").unwrap();
+    config.max_steps = max_steps;
+    config.seq_len = 64;
+    config.batch_size = 8;
+    config.optimizer.warmup_steps = 2;
+    let data = DataConfig {
+        kind: DatasetKind::TinyStories,
+        path: Some(workbook_root().join(SAMPLE_PATH)),
+        tokenizer: config.tokenizer,
+        seq_len: config.seq_len,
+        seed: 7,
+    };
+    RunOptions {
+        config,
+        data,
+        nproc,
+        seed: 7,
+        out_dir,
+        checkpoint_every: 10,
+        keep_checkpoints: 2,
+        resume: None,
+        activation_checkpointing: false,
+        log_every: 10,
+    }
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("trainer-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+#[test]
+fn loss_falls_on_the_bundled_stories_and_resume_continues() {
+    let dir = scratch("loss-falls");
+    let first = train(&options(dir.clone(), 20, 1)).unwrap();
+    let (start, end) = (first.first.unwrap().loss, first.last.unwrap().loss);
+    assert!(end < start - 1.0, "20 steps should cut the loss by more than 1 nat: {start:.3} -> {end:.3}");
+    assert_eq!(checkpoints::steps(&dir).unwrap(), vec![10, 20], "a checkpoint every 10 steps, the newest 2 kept");
+    assert!(dir.join("loss.svg").is_file() && dir.join("metrics.jsonl").is_file());
+
+    let mut more = options(dir.clone(), 25, 1);
+    more.resume = Some(dir.clone());
+    let resumed = train(&more).unwrap();
+    assert_eq!(resumed.first.unwrap().step, 21, "the resumed run continues at step 21");
+    assert_eq!(resumed.steps, 25);
+}
+
+#[test]
+fn two_ranks_train_and_a_bad_batch_is_refused() {
+    let summary = train(&options(scratch("two-ranks"), 3, 2)).unwrap();
+    assert_eq!(summary.steps, 3);
+    let mut odd = options(scratch("odd-batch"), 3, 3);
+    odd.config.batch_size = 8;
+    let err = train(&odd).unwrap_err().to_string();
+    assert!(err.contains("does not divide across 3 ranks"), "{err}");
+}
