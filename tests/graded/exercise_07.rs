@@ -12,18 +12,7 @@ const LOGITS: Tol = Tol { atol: 1e-4, rtol: 1e-4 };
 const GRADS: Tol = Tol { atol: 1e-5, rtol: 1e-3 };
 
 fn config(f: &Fixture) -> GptConfig {
-    let c: Vec<usize> = f.get("config").to_vec1::<f32>().unwrap().iter().map(|&x| x as usize).collect();
-    GptConfig {
-        vocab_size: c[0],
-        hidden_size: c[1],
-        num_layers: c[2],
-        num_heads: c[3],
-        intermediate_size: c[4],
-        max_seq_len: c[5],
-        rope_theta: 10_000.0,
-        norm_eps: 1e-5,
-        bias: false,
-    }
+    f.model_config()
 }
 
 fn params(f: &Fixture) -> ParamStore {

@@ -45,6 +45,23 @@ impl Fixture {
         }
     }
 
+    /// The model of a fixture whose `config` tensor holds [V, C, L, H, I, T, ...]
+    /// (RoPE base 10000, RMSNorm eps 1e-5, no biases, as in generate.py).
+    pub fn model_config(&self) -> workbook::GptConfig {
+        let c: Vec<usize> = self.get("config").to_vec1::<f32>().unwrap().iter().map(|&x| x as usize).collect();
+        workbook::GptConfig {
+            vocab_size: c[0],
+            hidden_size: c[1],
+            num_layers: c[2],
+            num_heads: c[3],
+            intermediate_size: c[4],
+            max_seq_len: c[5],
+            rope_theta: 10_000.0,
+            norm_eps: 1e-5,
+            bias: false,
+        }
+    }
+
     /// A one-element tensor as a number.
     pub fn scalar(&self, key: &str) -> f64 {
         scalar(&self.get(key))
