@@ -4,6 +4,7 @@
 //! `watch`; CI and authors use `verify`. Everything is driven by the one
 //! metadata file, `exercises/info.toml`.
 
+mod bench;
 mod commands;
 mod grading;
 mod metadata;
@@ -73,6 +74,15 @@ enum Task {
     Watch,
     /// Check the exercise set itself: metadata, solutions pass, stubs fail, guide builds (for CI).
     Verify,
+    /// Measure the reference trainer's tokens/s beside PyTorch's and write benchmarks/results.md.
+    Bench {
+        /// A config in configs/: tiny, small or medium.
+        #[arg(long, default_value = "tiny")]
+        model_size: String,
+        /// Timed optimizer steps per setup.
+        #[arg(long, default_value_t = 20)]
+        steps: usize,
+    },
 }
 
 fn main() -> ExitCode {
@@ -99,5 +109,6 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
         Task::Reset { exercise, yes } => commands::reset(&ws, exercise, yes),
         Task::Watch => watch::watch(&ws),
         Task::Verify => verify::verify(&ws),
+        Task::Bench { model_size, steps } => bench::bench(&ws, &model_size, steps),
     }
 }

@@ -10,7 +10,7 @@ use std::io::ErrorKind;
 use std::path::Path;
 use std::process::Command;
 
-use crate::grading::{graded_exercise, Outcome, Runner, TEST_BINARY};
+use crate::grading::{graded_exercise, Outcome, Runner, TestRun, TEST_BINARY};
 use crate::metadata::Exercise;
 use crate::render::{bold, green, indented, red};
 use crate::stub;
@@ -230,24 +230,33 @@ fn exists(ws: &Workspace, path: &Path, what: &str, tally: &mut Tally) {
     });
 }
 
-/// Part 2: every test passes on the reference solutions, and every exercise has
-/// graded tests (and no test module grades an exercise that does not exist).
-fn solutions_pass(ws: &Workspace, tally: &mut Tally) {
+/// Opens a section titled `title`, runs the whole graded binary on the
+/// solutions or the stubs, and checks that the run finished.
+fn run_section(ws: &Workspace, solutions: bool, title: &str, tally: &mut Tally) -> Option<TestRun> {
     let runner = Runner {
         root: ws.root.clone(),
-        solutions: true,
+        solutions,
     };
-    tally.section(&format!(
-        "Reference solutions pass ({})",
-        runner.command_line()
-    ));
+    tally.section(&format!("{title} ({})", runner.command_line()));
     let run = match runner.run(&[]) {
         Ok(run) => run,
-        Err(error) => return tally.check(false, || format!("{error:#}")),
+        Err(error) => {
+            tally.check(false, || format!("{error:#}"));
+            return None;
+        }
     };
     tally.check(run.finished, || {
         "the test run stopped before it finished (a test crashed the process)".into()
     });
+    Some(run)
+}
+
+/// Part 2: every test passes on the reference solutions, and every exercise has
+/// graded tests (and no test module grades an exercise that does not exist).
+fn solutions_pass(ws: &Workspace, tally: &mut Tally) {
+    let Some(run) = run_section(ws, true, "Reference solutions pass", tally) else {
+        return;
+    };
     for result in &run.results {
         tally.check(result.outcome == Outcome::Passed, || match result.outcome {
             Outcome::Ignored => format!("{} is #[ignore]d, so it is never graded", result.name),
@@ -282,21 +291,9 @@ fn solutions_pass(ws: &Workspace, tally: &mut Tally) {
 
 /// Part 3: on the shipped stubs, every graded test fails and every other test passes.
 fn stubs_fail(ws: &Workspace, tally: &mut Tally) {
-    let runner = Runner {
-        root: ws.root.clone(),
-        solutions: false,
+    let Some(run) = run_section(ws, false, "Shipped stubs fail every graded test", tally) else {
+        return;
     };
-    tally.section(&format!(
-        "Shipped stubs fail every graded test ({})",
-        runner.command_line()
-    ));
-    let run = match runner.run(&[]) {
-        Ok(run) => run,
-        Err(error) => return tally.check(false, || format!("{error:#}")),
-    };
-    tally.check(run.finished, || {
-        "the test run stopped before it finished (a test crashed the process)".into()
-    });
     for result in &run.results {
         let graded = graded_exercise(&result.name).is_some();
         let wanted = if graded {

@@ -1,0 +1,112 @@
+//! `bench`: the reference trainer's throughput beside PyTorch's, measured in one run.
+//!
+//! Speed claims belong to a benchmark, not to timed unit tests: this runs the
+//! `bench` program of `trainer/` (single process and DDP on 2 CPU ranks, on
+//! the tiny config) and `benchmarks/pytorch_baseline.py` (the same model,
+//! optimizer, batch and thread count in PyTorch) back to back, prints the
+//! ratio and writes `benchmarks/results.md`.
+
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+
+use crate::render;
+use crate::workspace::Workspace;
+
+const RESULTS: &str = "benchmarks/results.md";
+const BASELINE: &str = "benchmarks/pytorch_baseline.py";
+
+#[derive(Debug, Deserialize)]
+struct Measurement {
+    setup: String,
+    tokens_per_s: f64,
+}
+
+/// The baseline script's output line (its other fields are ignored).
+#[derive(Debug, Deserialize)]
+struct Baseline {
+    tokens_per_s: f64,
+}
+
+pub fn bench(ws: &Workspace, model_size: &str, steps: usize) -> Result<bool> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!("{}", render::bold(&format!("Training throughput, {model_size} config, {threads} threads, {steps} timed steps")));
+    let mut rows = workbook_throughput(&ws.root, model_size, steps)?;
+    let baseline = pytorch_throughput(&ws.root, model_size, steps, threads)?;
+    if let Some(tokens_per_s) = baseline {
+        rows.push(Measurement { setup: format!("PyTorch {threads} threads, single process"), tokens_per_s });
+    }
+    let table = table(&rows, baseline);
+    println!("{table}");
+    let report = format!(
+        "# Benchmark results\n\n\
+         Written by `cargo xtask bench` (model size `{model_size}`, {steps} timed optimizer steps after 5 warm-up\n\
+         steps, random tokens, {threads} CPU threads; {cpu}). Both sides train the same Llama-style model\n\
+         with AdamW parameter groups, clipping and the same batch; tokens/s counts every rank's tokens.\n\
+         The ratio is against PyTorch on the same machine in the same run; README.md beside this\n\
+         file says where the time goes.\n\n{table}\n",
+        cpu = cpu_model()
+    );
+    std::fs::write(ws.root.join(RESULTS), report).with_context(|| format!("cannot write {RESULTS}"))?;
+    println!("written to {RESULTS}");
+    Ok(true)
+}
+
+fn workbook_throughput(root: &Path, model_size: &str, steps: usize) -> Result<Vec<Measurement>> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let output = Command::new(cargo)
+        .current_dir(root)
+        .args(["run", "--quiet", "--package", "trainer", "--features", "solutions", "--bin", "bench", "--"])
+        .args(["--model-size", model_size, "--steps", &steps.to_string()])
+        .output()
+        .context("cannot run cargo")?;
+    if !output.status.success() {
+        bail!("the trainer's bench failed:\n{}", String::from_utf8_lossy(&output.stderr));
+    }
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter(|line| line.starts_with('{'))
+        .map(|line| serde_json::from_str(line).with_context(|| format!("unexpected bench output: {line}")))
+        .collect()
+}
+
+/// PyTorch's tokens/s, or `None` (with a note) when no Python with torch is at hand.
+fn pytorch_throughput(root: &Path, model_size: &str, steps: usize, threads: usize) -> Result<Option<f64>> {
+    let python = std::env::var("WORKBOOK_PYTHON").unwrap_or_else(|_| "python3".into());
+    let has_torch = Command::new(&python).args(["-c", "import torch"]).output().is_ok_and(|o| o.status.success());
+    if !has_torch {
+        println!("  PyTorch baseline skipped: `{python}` cannot import torch (set WORKBOOK_PYTHON to an interpreter that can)");
+        return Ok(None);
+    }
+    let config = root.join("configs").join(format!("{model_size}.toml"));
+    let output = Command::new(&python)
+        .current_dir(root)
+        .arg(BASELINE)
+        .args(["--config", &config.to_string_lossy(), "--threads", &threads.to_string(), "--steps", &steps.to_string()])
+        .output()
+        .context("cannot run the PyTorch baseline")?;
+    if !output.status.success() {
+        bail!("the PyTorch baseline failed:\n{}", String::from_utf8_lossy(&output.stderr));
+    }
+    let line = String::from_utf8_lossy(&output.stdout).lines().last().unwrap_or_default().to_string();
+    let parsed: Baseline = serde_json::from_str(&line).with_context(|| format!("unexpected baseline output: {line}"))?;
+    Ok(Some(parsed.tokens_per_s))
+}
+
+fn table(rows: &[Measurement], baseline: Option<f64>) -> String {
+    let mut out = String::from("| setup | tokens/s | vs PyTorch |\n|---|---:|---:|\n");
+    for row in rows {
+        let ratio = baseline.map_or("n/a".to_string(), |b| format!("{:.2}x", row.tokens_per_s / b));
+        out.push_str(&format!("| {} | {:.0} | {ratio} |\n", row.setup, row.tokens_per_s));
+    }
+    out
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| info.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .unwrap_or_else(|| "CPU model unknown".into())
+}
