@@ -21,22 +21,8 @@ pub struct RunConfig {
     pub batch_size: usize,
     pub grad_accum_steps: usize,
     pub max_steps: usize,
-    pub model: ModelShape,
+    pub model: GptConfig,
     pub optimizer: OptimizerSettings,
-}
-
-/// The model's shape; the vocabulary comes from the tokenizer.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ModelShape {
-    pub hidden_size: usize,
-    pub num_layers: usize,
-    pub num_heads: usize,
-    pub intermediate_size: usize,
-    pub max_seq_len: usize,
-    pub rope_theta: f64,
-    pub norm_eps: f64,
-    pub bias: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -63,19 +49,10 @@ impl RunConfig {
         toml::from_str(&text).with_context(|| format!("{} is not a valid run config", path.display()))
     }
 
-    pub fn model_config(&self) -> GptConfig {
-        let m = &self.model;
-        GptConfig {
-            vocab_size: self.tokenizer.vocab_size(),
-            hidden_size: m.hidden_size,
-            num_layers: m.num_layers,
-            num_heads: m.num_heads,
-            intermediate_size: m.intermediate_size,
-            max_seq_len: m.max_seq_len,
-            rope_theta: m.rope_theta,
-            norm_eps: m.norm_eps,
-            bias: m.bias,
-        }
+    /// Switches to `tokenizer`, resizing the model's vocabulary to match it.
+    pub fn set_tokenizer(&mut self, tokenizer: Tokenizer) {
+        self.tokenizer = tokenizer;
+        self.model.vocab_size = tokenizer.vocab_size();
     }
 
     pub fn train_config(&self, activation_checkpointing: bool) -> TrainConfig {
@@ -121,6 +98,14 @@ impl RunConfig {
                 self.max_steps
             );
         }
-        self.model_config().validate().map_err(|e| anyhow::anyhow!("{e}"))
+        if self.model.vocab_size != self.tokenizer.vocab_size() {
+            bail!(
+                "the model's vocab_size {} does not match the {} tokenizer's {}: fix vocab_size in the config file",
+                self.model.vocab_size,
+                self.tokenizer,
+                self.tokenizer.vocab_size()
+            );
+        }
+        self.model.validate().map_err(|e| anyhow::anyhow!("{e}"))
     }
 }

@@ -76,7 +76,7 @@ fn open_dataset(config: &DataConfig) -> Result<Dataset> {
 fn run_rank(options: &RunOptions, dataset: &Dataset, ddp: Ddp) -> Result<Summary> {
     let (rank, world) = (ddp.rank(), ddp.world_size());
     let config = &options.config;
-    let model_config = config.model_config();
+    let model_config = config.model.clone();
     let params = init_params(&model_config, options.seed, &Device::Cpu).map_err(|e| anyhow!("initialising the model: {e}"))?;
     let num_params = params.num_params();
     let train_config = config.train_config(options.activation_checkpointing);

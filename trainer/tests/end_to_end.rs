@@ -67,3 +67,25 @@ fn two_ranks_train_and_a_bad_batch_is_refused() {
     let err = train(&odd).unwrap_err().to_string();
     assert!(err.contains("does not divide across 3 ranks"), "{err}");
 }
+
+/// `train` for 6 steps equals `train` for 3, then a new `train` process resuming for 3 more: bit for bit.
+#[test]
+fn resuming_in_a_new_process_reproduces_an_uninterrupted_run() {
+    let run = |dir: &PathBuf, steps: usize, resume: bool| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_train"));
+        command.args(["--model-size", "tiny", "--dataset", "dummy", "--seq-len", "32", "--batch-size", "4"]);
+        command.args(["--warmup-steps", "2", "--max-steps", &steps.to_string(), "--checkpoint-every", "3"]);
+        command.arg("--checkpoint-dir").arg(dir);
+        if resume {
+            command.arg("--resume");
+        }
+        let output = command.output().unwrap();
+        assert!(output.status.success(), "train failed: {}", String::from_utf8_lossy(&output.stderr));
+    };
+    let (whole, split) = (scratch("whole"), scratch("split"));
+    run(&whole, 6, false);
+    run(&split, 3, false);
+    run(&split, 6, true);
+    let read = |dir: &PathBuf| std::fs::read(checkpoints::step_dir(dir, 6).join("model.safetensors")).unwrap();
+    assert!(read(&whole) == read(&split), "the resumed run's parameters differ from the uninterrupted run's");
+}

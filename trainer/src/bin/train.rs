@@ -74,7 +74,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     let root = workbook_root();
     let mut config = RunConfig::load(&root, &args.model_size)?;
     if let Some(t) = &args.tokenizer {
-        config.tokenizer = t.parse().map_err(|e| anyhow::anyhow!("{e}"))?;
+        config.set_tokenizer(t.parse().map_err(|e| anyhow::anyhow!("{e}"))?);
     }
     override_with(&mut config.max_steps, args.max_steps);
     override_with(&mut config.batch_size, args.batch_size);
