@@ -6,6 +6,7 @@
 
 mod bench;
 mod commands;
+mod estimate;
 mod grading;
 mod metadata;
 mod progress;
@@ -74,6 +75,8 @@ enum Task {
     Watch,
     /// Check the exercise set itself: metadata, solutions pass, stubs fail, guide builds (for CI).
     Verify,
+    /// Estimate training memory per GPU by component, for a model, precision, strategy and GPU count.
+    Estimate(EstimateArgs),
     /// Measure the reference trainer's tokens/s beside PyTorch's and write benchmarks/results.md.
     Bench {
         /// A config in configs/: tiny, small or medium.
@@ -83,6 +86,60 @@ enum Task {
         #[arg(long, default_value_t = 20)]
         steps: usize,
     },
+}
+
+/// `cargo xtask estimate`'s options; the model is given by its size or its shape.
+#[derive(clap::Args)]
+struct EstimateArgs {
+    /// Parameters, e.g. 7e9 (default: counted from --layers, --hidden and --vocab).
+    #[arg(long)]
+    params: Option<f64>,
+    #[arg(long, default_value_t = 32)]
+    layers: usize,
+    #[arg(long, default_value_t = 4096)]
+    hidden: usize,
+    #[arg(long, default_value_t = 32)]
+    heads: usize,
+    #[arg(long, default_value_t = 32000)]
+    vocab: usize,
+    #[arg(long, default_value_t = 2048)]
+    seq_len: usize,
+    /// Sequences per GPU per micro-batch.
+    #[arg(long, default_value_t = 1)]
+    micro_batch: usize,
+    #[arg(long, value_enum, default_value = "bf16")]
+    precision: estimate::Precision,
+    #[arg(long, value_enum, default_value = "adamw")]
+    optimizer: estimate::Optimizer,
+    /// ddp, zero1, zero2 or zero3 (FSDP's no_shard, shard_grad_op, full_shard also work).
+    #[arg(long, value_enum, default_value = "ddp")]
+    strategy: estimate::Strategy,
+    #[arg(long, default_value_t = 1)]
+    gpus: usize,
+    #[arg(long)]
+    activation_checkpointing: bool,
+    /// The GPU's memory in GB: say whether the run fits (exit 1 if not).
+    #[arg(long)]
+    gpu_memory: Option<f64>,
+}
+
+impl EstimateArgs {
+    fn setup(&self) -> estimate::Setup {
+        estimate::Setup {
+            params: self.params.unwrap_or_else(|| estimate::count_params(self.layers, self.hidden, self.vocab)),
+            layers: self.layers,
+            hidden: self.hidden,
+            heads: self.heads,
+            vocab: self.vocab,
+            seq_len: self.seq_len,
+            micro_batch: self.micro_batch,
+            precision: self.precision,
+            optimizer: self.optimizer,
+            strategy: self.strategy,
+            gpus: self.gpus,
+            activation_checkpointing: self.activation_checkpointing,
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -109,6 +166,7 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
         Task::Reset { exercise, yes } => commands::reset(&ws, exercise, yes),
         Task::Watch => watch::watch(&ws),
         Task::Verify => verify::verify(&ws),
+        Task::Estimate(args) => estimate::report(&args.setup(), args.gpu_memory),
         Task::Bench { model_size, steps } => bench::bench(&ws, &model_size, steps),
     }
 }
