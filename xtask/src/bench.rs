@@ -54,22 +54,25 @@ pub fn bench(ws: &Workspace, model_size: &str, steps: usize) -> Result<bool> {
     Ok(true)
 }
 
+/// One process per rank count: the kernel thread pool is sized once per process.
 fn workbook_throughput(root: &Path, model_size: &str, steps: usize) -> Result<Vec<Measurement>> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let output = Command::new(cargo)
-        .current_dir(root)
-        .args(["run", "--quiet", "--package", "trainer", "--features", "solutions", "--bin", "bench", "--"])
-        .args(["--model-size", model_size, "--steps", &steps.to_string()])
-        .output()
-        .context("cannot run cargo")?;
-    if !output.status.success() {
-        bail!("the trainer's bench failed:\n{}", String::from_utf8_lossy(&output.stderr));
+    let mut rows = vec![];
+    for nproc in ["1", "2"] {
+        let output = Command::new(&cargo)
+            .current_dir(root)
+            .args(["run", "--quiet", "--package", "trainer", "--features", "solutions", "--bin", "bench", "--"])
+            .args(["--model-size", model_size, "--steps", &steps.to_string(), "--nproc", nproc])
+            .output()
+            .context("cannot run cargo")?;
+        if !output.status.success() {
+            bail!("the trainer's bench failed:\n{}", String::from_utf8_lossy(&output.stderr));
+        }
+        for line in String::from_utf8_lossy(&output.stdout).lines().filter(|line| line.starts_with('{')) {
+            rows.push(serde_json::from_str(line).with_context(|| format!("unexpected bench output: {line}"))?);
+        }
     }
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter(|line| line.starts_with('{'))
-        .map(|line| serde_json::from_str(line).with_context(|| format!("unexpected bench output: {line}")))
-        .collect()
+    Ok(rows)
 }
 
 /// PyTorch's tokens/s, or `None` (with a note) when no Python with torch is at hand.

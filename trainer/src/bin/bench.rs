@@ -22,7 +22,8 @@ struct Args {
     steps: usize,
     #[arg(long, default_value_t = 5)]
     warmup: usize,
-    /// The rank counts to measure, comma-separated.
+    /// The rank counts to measure, comma-separated. The kernel thread pool is sized
+    /// once per process, so measure one count per process (`cargo xtask bench` does).
     #[arg(long, value_delimiter = ',', default_value = "1,2")]
     nproc: Vec<usize>,
 }
@@ -36,7 +37,9 @@ fn run(args: Args) -> Result<()> {
     let mut config = RunConfig::load(&root, &args.model_size)?;
     config.max_steps = args.warmup + args.steps;
     config.optimizer.warmup_steps = 1;
+    let user_set_threads = std::env::var_os("RAYON_NUM_THREADS").is_some();
     for nproc in args.nproc {
+        trainer::set_kernel_threads(nproc, user_set_threads);
         let out_dir = std::env::temp_dir().join(format!("workbook-bench-{}-{nproc}", std::process::id()));
         let _ = std::fs::remove_dir_all(&out_dir);
         let data = DataConfig { kind: DatasetKind::Dummy, path: None, tokenizer: config.tokenizer, seq_len: config.seq_len, seed: 0 };

@@ -112,6 +112,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         activation_checkpointing: args.activation_checkpointing,
         log_every: args.log_every.max(1),
     };
+    trainer::set_kernel_threads(options.nproc, std::env::var_os("RAYON_NUM_THREADS").is_some());
     let summary = train(&options)?;
     if let (Some(first), Some(last)) = (summary.first, summary.last) {
         println!(
