@@ -86,25 +86,40 @@ fn passes_the_configured_betas_and_eps_on() {
     assert_eq!(opt.config(), config.adamw, "build AdamW with config.adamw, not with defaults");
 }
 
-fn run_three_steps(f: &Fixture) -> ParamStore {
-    let names: Vec<String> = ["model.embed_tokens.weight", "model.layers.0.input_layernorm.weight",
-        "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.q_proj.bias", "model.norm.weight", "lm_head.weight"]
-        .map(String::from)
-        .to_vec();
-    let params = ParamStore::from_tensors(names.iter().map(|n| (n.clone(), f.get(&format!("param.{n}"))))).unwrap();
+/// The fixture's six parameters (named like the model's) and its optimizer settings.
+pub fn adamw_fixture(f: &Fixture) -> (ParamStore, OptimizerConfig) {
+    let names = [
+        "model.embed_tokens.weight",
+        "model.layers.0.input_layernorm.weight",
+        "model.layers.0.self_attn.q_proj.weight",
+        "model.layers.0.self_attn.q_proj.bias",
+        "model.norm.weight",
+        "lm_head.weight",
+    ];
+    let params = ParamStore::from_tensors(names.map(|n| (n, f.get(&format!("param.{n}"))))).unwrap();
     let hyper = f.get("hyper").to_vec1::<f64>().unwrap();
     let config = OptimizerConfig {
         weight_decay: hyper[3],
         adamw: AdamWConfig { beta1: hyper[0], beta2: hyper[1], eps: hyper[2] },
     };
-    let mut opt = optimizer(&params, &config);
+    (params, config)
+}
+
+/// The fixture's three steps: its gradients at its learning rates.
+pub fn step_three_times(f: &Fixture, params: &ParamStore, opt: &mut AdamW) {
     for (k, lr) in f.get("lr").to_vec1::<f64>().unwrap().into_iter().enumerate() {
         let mut grads = Gradients::default();
-        for n in &names {
-            grads.insert(n, f.get(&format!("grad{k}.{n}")));
+        for (name, _) in params.iter() {
+            grads.insert(name, f.get(&format!("grad{k}.{name}")));
         }
-        ok(opt.step(&params, &grads, lr), "AdamW::step");
+        ok(opt.step(params, &grads, lr), "AdamW::step");
     }
+}
+
+fn run_three_steps(f: &Fixture) -> ParamStore {
+    let (params, config) = adamw_fixture(f);
+    let mut opt = optimizer(&params, &config);
+    step_three_times(f, &params, &mut opt);
     params
 }
 

@@ -101,27 +101,21 @@ fn recompute_gives_the_gradients_of_plain_backprop() {
 /// The optimizer itself, with groups built by hand, against `torch.optim.AdamW`.
 #[test]
 fn adamw_matches_pytorch() {
-    use workbook::train::{AdamW, AdamWConfig, Gradients, ParamGroup};
+    use workbook::train::{AdamW, ParamGroup};
+
+    use crate::exercise_08::{adamw_fixture, step_three_times};
     let f = fixture(8);
-    let hyper = f.get("hyper").to_vec1::<f64>().unwrap();
-    let names = ["model.embed_tokens.weight", "model.layers.0.input_layernorm.weight", "model.layers.0.self_attn.q_proj.weight",
-        "model.layers.0.self_attn.q_proj.bias", "model.norm.weight", "lm_head.weight"];
-    let params = ParamStore::from_tensors(names.map(|n| (n, f.get(&format!("param.{n}"))))).unwrap();
-    let (decay, no_decay): (Vec<&str>, Vec<&str>) = names.iter().partition(|n| params.get(n).unwrap().rank() >= 2);
+    let (params, config) = adamw_fixture(&f);
+    let (decay, no_decay): (Vec<_>, Vec<_>) = params.iter().map(|(n, v)| (n.to_string(), v.rank())).partition(|(_, rank)| *rank >= 2);
+    let names = |group: Vec<(String, usize)>| group.into_iter().map(|(n, _)| n).collect();
     let groups = vec![
-        ParamGroup { names: decay.iter().map(|n| n.to_string()).collect(), weight_decay: hyper[3] },
-        ParamGroup { names: no_decay.iter().map(|n| n.to_string()).collect(), weight_decay: 0.0 },
+        ParamGroup { names: names(decay), weight_decay: config.weight_decay },
+        ParamGroup { names: names(no_decay), weight_decay: 0.0 },
     ];
-    let mut opt = AdamW::new(groups, AdamWConfig { beta1: hyper[0], beta2: hyper[1], eps: hyper[2] }).unwrap();
-    for (k, lr) in f.get("lr").to_vec1::<f64>().unwrap().into_iter().enumerate() {
-        let mut grads = Gradients::default();
-        for n in names {
-            grads.insert(n, f.get(&format!("grad{k}.{n}")));
-        }
-        opt.step(&params, &grads, lr).unwrap();
-    }
-    for n in names {
-        expect_close(params.get(n).unwrap(), &f.get(&format!("after.{n}")), F32, &format!("AdamW: {n}"), &[]);
+    let mut opt = AdamW::new(groups, config.adamw).unwrap();
+    step_three_times(&f, &params, &mut opt);
+    for (name, var) in params.iter() {
+        expect_close(var, &f.get(&format!("after.{name}")), F32, &format!("AdamW: {name}"), &[]);
     }
 }
 
