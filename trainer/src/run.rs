@@ -75,6 +75,7 @@ fn open_dataset(config: &DataConfig) -> Result<Dataset> {
 /// The loop one rank runs; rank 0 also logs and writes checkpoints.
 fn run_rank(options: &RunOptions, dataset: &Dataset, ddp: Ddp) -> Result<Summary> {
     let (rank, world) = (ddp.rank(), ddp.world_size());
+    let is_logger = rank == 0;
     let config = &options.config;
     let model_config = config.model.clone();
     let params = init_params(&model_config, options.seed, &Device::Cpu).map_err(|e| anyhow!("initialising the model: {e}"))?;
@@ -91,11 +92,10 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, ddp: Ddp) -> Result<Summary
             }
             sampler.restore(position.sampler).map_err(|e| anyhow!("{e}"))?;
         }
-        if rank == 0 {
+        if is_logger {
             println!("resumed from {} at step {}", dir.display(), trainer.step);
         }
     }
-    let is_logger = rank == 0;
     if is_logger {
         print_plan(options, dataset, num_params);
     }
