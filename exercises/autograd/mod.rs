@@ -2,4 +2,4 @@
 
 mod recompute;
 
-pub use recompute::Recompute;
+pub use recompute::{accumulate, vjp, Recompute};

@@ -59,7 +59,7 @@ impl Recompute {
             };
             let x = Var::from_tensor(&record.input.detach())?;
             let y = record.module.forward(x.as_tensor())?;
-            let mut local = (y * grad_y.detach())?.sum_all()?.backward()?;
+            let mut local = vjp(&y, &grad_y)?;
             let grad_x = local.remove(x.as_tensor());
             grads.extend(local)?;
             // A variable's gradient can still hold graph (e.g. `grad · wᵀ` keeps w):
@@ -71,14 +71,23 @@ impl Recompute {
             } else if record.input.track_op() {
                 // The input came from ordinary graph (e.g. the embedding): push the
                 // gradient through it the same way.
-                grads.extend((&record.input * grad_x)?.sum_all()?.backward()?)?;
+                grads.extend(vjp(&record.input, &grad_x)?)?;
             }
         }
         Ok(())
     }
 }
 
-fn accumulate(grads: &mut GradStore, tensor: &Tensor, grad: Tensor) -> Result<()> {
+/// Back-propagates `grad_y`, the gradient of the loss with respect to `y`,
+/// through the graph that produced `y`. candle's `backward` takes no upstream
+/// gradient; the gradient of the surrogate `(y · grad_y).sum()` is exactly the
+/// vector-Jacobian product wanted.
+pub fn vjp(y: &Tensor, grad_y: &Tensor) -> Result<GradStore> {
+    (y * grad_y.detach())?.sum_all()?.backward()
+}
+
+/// Adds `grad` to the gradient `grads` holds for `tensor`.
+pub fn accumulate(grads: &mut GradStore, tensor: &Tensor, grad: Tensor) -> Result<()> {
     let total = match grads.remove(tensor) {
         Some(existing) => (existing + grad)?,
         None => grad,

@@ -2,7 +2,7 @@
 
 use candle_core::{Module, Result, Tensor};
 
-use super::{CausalSelfAttention, GptConfig, Mlp, ParamStore, RmsNorm, RotaryCache};
+use super::{CausalSelfAttention, GptConfig, Mlp, RmsNorm, RotaryCache, Weights};
 
 /// `h = x + attn(norm₁(x))`, then `out = h + mlp(norm₂(h))`; (B, T, C) in and out.
 #[derive(Debug, Clone)]
@@ -17,7 +17,7 @@ impl Block {
     /// Block `layer` of a model, reading its weights from `params`.
     pub fn new(
         config: &GptConfig,
-        params: &ParamStore,
+        params: &dyn Weights,
         layer: usize,
         rotary: &RotaryCache,
     ) -> Result<Self> {

@@ -4,7 +4,7 @@ use candle_core::backprop::GradStore;
 use candle_core::{bail, Result, Tensor};
 use candle_nn::{Embedding, Linear};
 
-use super::{Block, GptConfig, ParamStore, RmsNorm, RotaryCache};
+use super::{Block, GptConfig, ParamStore, RmsNorm, RotaryCache, Weights};
 use crate::autograd::Recompute;
 
 /// A Llama-style GPT: `embed_tokens` → `blocks` → `norm` → `lm_head`.
@@ -31,14 +31,8 @@ impl Gpt {
         let blocks = (0..config.num_layers)
             .map(|layer| Block::new(config, params, layer, &rotary))
             .collect::<Result<_>>()?;
-        Ok(Self {
-            config: config.clone(),
-            embed_tokens: Embedding::new(params.tensor("model.embed_tokens.weight")?, config.hidden_size),
-            blocks,
-            norm: RmsNorm::new(params.tensor("model.norm.weight")?, config.norm_eps),
-            lm_head: params.linear("lm_head", false)?,
-            activation_checkpointing: false,
-        })
+        let Outer { embed_tokens, norm, lm_head } = Outer::new(config, params)?;
+        Ok(Self { config: config.clone(), embed_tokens, blocks, norm, lm_head, activation_checkpointing: false })
     }
 
     /// Turns activation checkpointing of every block on or off.
@@ -49,6 +43,25 @@ impl Gpt {
 
     pub fn config(&self) -> &GptConfig {
         &self.config
+    }
+}
+
+/// The modules around the blocks: the embedding before them, the final norm
+/// and the head after. FSDP keeps them together in its root unit.
+#[derive(Debug, Clone)]
+pub struct Outer {
+    pub embed_tokens: Embedding,
+    pub norm: RmsNorm,
+    pub lm_head: Linear,
+}
+
+impl Outer {
+    pub fn new(config: &GptConfig, weights: &dyn Weights) -> Result<Self> {
+        Ok(Self {
+            embed_tokens: Embedding::new(weights.tensor("model.embed_tokens.weight")?, config.hidden_size),
+            norm: RmsNorm::new(weights.tensor("model.norm.weight")?, config.norm_eps),
+            lm_head: weights.linear("lm_head", false)?,
+        })
     }
 }
 

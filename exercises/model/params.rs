@@ -66,6 +66,27 @@ fn linear_specs(specs: &mut Vec<ParamSpec>, prefix: &str, fan_in: usize, fan_out
     }
 }
 
+/// Where modules find their weights by name: the parameter store, or views
+/// into an FSDP unit's flat parameter. Gradients computed through the tensors
+/// it returns land on whatever variable backs them.
+pub trait Weights {
+    /// The tensor of parameter `name`.
+    fn tensor(&self, name: &str) -> Result<Tensor>;
+
+    /// The linear layer `{prefix}.weight` (and `{prefix}.bias` when `bias`).
+    fn linear(&self, prefix: &str, bias: bool) -> Result<Linear> {
+        let weight = self.tensor(&format!("{prefix}.weight"))?;
+        let bias = if bias { Some(self.tensor(&format!("{prefix}.bias"))?) } else { None };
+        Ok(Linear::new(weight, bias))
+    }
+}
+
+impl Weights for ParamStore {
+    fn tensor(&self, name: &str) -> Result<Tensor> {
+        Ok(self.get(name)?.as_tensor().clone())
+    }
+}
+
 /// The trainable parameters, by name.
 ///
 /// A `BTreeMap`, not candle's `VarMap` (a `HashMap`): iteration is in name
@@ -95,18 +116,6 @@ impl ParamStore {
             Some(var) => Ok(var),
             None => bail!("parameter `{name}` is missing: the parameters do not fit this model config"),
         }
-    }
-
-    /// The tensor of parameter `name`; gradients computed through it are the variable's.
-    pub fn tensor(&self, name: &str) -> Result<Tensor> {
-        Ok(self.get(name)?.as_tensor().clone())
-    }
-
-    /// The linear layer `{prefix}.weight` (and `{prefix}.bias` when `bias`).
-    pub fn linear(&self, prefix: &str, bias: bool) -> Result<Linear> {
-        let weight = self.tensor(&format!("{prefix}.weight"))?;
-        let bias = if bias { Some(self.tensor(&format!("{prefix}.bias"))?) } else { None };
-        Ok(Linear::new(weight, bias))
     }
 
     /// Checks that the store holds exactly the parameters of `config`, with their shapes.

@@ -28,6 +28,11 @@ impl RotaryCache {
         Ok(Self { cos: angles.cos()?, sin: angles.sin()? })
     }
 
+    /// The tables stored in `dtype` (FSDP's buffer dtype).
+    pub fn to_dtype(&self, dtype: DType) -> Result<Self> {
+        Ok(Self { cos: self.cos.to_dtype(dtype)?, sin: self.sin.to_dtype(dtype)? })
+    }
+
     /// The (T, D) cosine and sine tables of the first `seq_len` positions, in `dtype`.
     pub fn get(&self, seq_len: usize, dtype: DType) -> Result<(Tensor, Tensor)> {
         let max = self.cos.dim(0)?;

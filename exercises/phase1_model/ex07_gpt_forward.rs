@@ -46,10 +46,18 @@ impl Gpt {
     /// `let mut recompute = Recompute::default();` (`crate::Recompute`) and return
     /// it in the [`ForwardPass`] with the logits (B, T, V) and the loss.
     ///
-    /// For the loss: `narrow(1, 0, t - 1)` on the logits, `narrow(1, 1, t - 1)` on
-    /// the labels, `reshape` to (B·(T-1), V) and (B·(T-1)), `to_dtype(DType::F32)`
-    /// on the logits, then `candle_nn::loss::cross_entropy`.
+    /// The loss is [`next_token_loss`] below.
     pub fn forward(&self, idx: &Tensor, labels: Option<&Tensor>) -> Result<ForwardPass> {
         todo!("Exercise 7: GPT forward, next-token loss and activation checkpointing; run `cargo xtask hint 7`")
     }
+}
+
+/// The mean next-token cross-entropy of `logits` (B, T, V) against `labels`
+/// (B, T), an f32 scalar. The FSDP runtime of Phase 3 calls it too.
+///
+/// `narrow(1, 0, t - 1)` on the logits, `narrow(1, 1, t - 1)` on the labels,
+/// `reshape` to (B·(T-1), V) and (B·(T-1)), `to_dtype(DType::F32)` on the
+/// logits, then `candle_nn::loss::cross_entropy`.
+pub fn next_token_loss(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
+    todo!("Exercise 7: GPT forward, next-token loss and activation checkpointing; run `cargo xtask hint 7`")
 }

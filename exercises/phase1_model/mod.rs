@@ -32,3 +32,4 @@ pub use ex02_rotate_half::rotate_half;
 pub use ex03_rotary_embedding::apply_rotary_pos_emb;
 pub use ex05_causal_attention::causal_attention;
 pub use ex06_weight_init::init_parameter;
+pub use ex07_gpt_forward::next_token_loss;

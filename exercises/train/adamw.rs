@@ -43,10 +43,34 @@ pub struct ParamGroup {
     pub weight_decay: f64,
 }
 
+impl AdamWConfig {
+    /// The AdamW update at step `t` (counted from 1) of parameters already
+    /// decayed, `decayed = p · (1 − lr · wd)`, whatever their layout: whole
+    /// tensors here, flat shards under FSDP. Returns the new parameters.
+    pub(crate) fn update(&self, t: u64, lr: f64, decayed: &Tensor, grad: &Tensor, moments: Moments) -> Result<(Tensor, Moments)> {
+        let Self { beta1, beta2, eps } = *self;
+        let t = t as i32;
+        let (correction1, correction2) = (1.0 - beta1.powi(t), 1.0 - beta2.powi(t));
+        let exp_avg = ((moments.exp_avg * beta1)? + (grad * (1.0 - beta1))?)?;
+        let exp_avg_sq = ((moments.exp_avg_sq * beta2)? + (grad.sqr()? * (1.0 - beta2))?)?;
+        let denom = ((&exp_avg_sq / correction2)?.sqrt()? + eps)?;
+        let update = ((&exp_avg / correction1)? / denom)?;
+        let new_p = (decayed - (update * lr)?)?;
+        Ok((new_p, Moments { exp_avg, exp_avg_sq }))
+    }
+}
+
+/// AdamW's running averages for some parameters: f32, shaped like them.
 #[derive(Debug, Clone)]
-struct Moments {
-    exp_avg: Tensor,
-    exp_avg_sq: Tensor,
+pub(crate) struct Moments {
+    pub exp_avg: Tensor,
+    pub exp_avg_sq: Tensor,
+}
+
+impl Moments {
+    pub fn zeros_like(p: &Tensor) -> Result<Self> {
+        Ok(Self { exp_avg: p.zeros_like()?, exp_avg_sq: p.zeros_like()? })
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -101,9 +125,6 @@ impl AdamW {
             return Ok(());
         }
         self.steps += 1;
-        let t = self.steps as i32;
-        let AdamWConfig { beta1, beta2, eps } = self.config;
-        let (correction1, correction2) = (1.0 - beta1.powi(t), 1.0 - beta2.powi(t));
         for group in &self.groups {
             for name in &group.names {
                 let var = params.get(name)?;
@@ -113,16 +134,12 @@ impl AdamW {
                 let p = var.as_tensor().to_dtype(DType::F32)?;
                 let moments = match self.moments.remove(name) {
                     Some(m) => m,
-                    None => Moments { exp_avg: p.zeros_like()?, exp_avg_sq: p.zeros_like()? },
+                    None => Moments::zeros_like(&p)?,
                 };
-                let exp_avg = ((moments.exp_avg * beta1)? + (grad * (1.0 - beta1))?)?;
-                let exp_avg_sq = ((moments.exp_avg_sq * beta2)? + (grad.sqr()? * (1.0 - beta2))?)?;
                 let decayed = (&p * (1.0 - lr * group.weight_decay))?;
-                let denom = ((&exp_avg_sq / correction2)?.sqrt()? + eps)?;
-                let update = ((&exp_avg / correction1)? / denom)?;
-                let new_p = (decayed - (update * lr)?)?;
+                let (new_p, moments) = self.config.update(self.steps, lr, &decayed, grad, moments)?;
                 var.set(&new_p.to_dtype(var.dtype())?)?;
-                self.moments.insert(name.clone(), Moments { exp_avg, exp_avg_sq });
+                self.moments.insert(name.clone(), moments);
             }
         }
         Ok(())

@@ -10,6 +10,7 @@ mod schedule;
 mod trainer;
 
 pub use adamw::{AdamW, AdamWConfig, ParamGroup};
+pub(crate) use adamw::Moments;
 pub use checkpoint::{Checkpoint, DataPosition, TrainerState};
 pub use ddp::{Ddp, DEFAULT_BUCKET_BYTES};
 pub use gradients::Gradients;

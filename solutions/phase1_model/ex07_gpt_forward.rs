@@ -24,7 +24,7 @@ impl Gpt {
 }
 
 /// Mean cross-entropy of the logits at positions 0..T-1 against the labels at 1..T.
-fn next_token_loss(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
+pub fn next_token_loss(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
     let (b, t, v) = logits.dims3()?;
     let predictions = logits.narrow(1, 0, t - 1)?.reshape((b * (t - 1), v))?; // (B·(T-1), V)
     let targets = labels.narrow(1, 1, t - 1)?.reshape(b * (t - 1))?; // (B·(T-1))
