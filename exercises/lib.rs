@@ -11,9 +11,11 @@
 pub mod autograd;
 pub mod data;
 pub mod distributed;
+pub mod fsdp;
 pub mod model;
 pub mod phase1_model;
 pub mod phase2_training;
+pub mod phase3_fsdp;
 pub mod train;
 
 pub use autograd::Recompute;

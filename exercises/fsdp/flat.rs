@@ -1,0 +1,145 @@
+//! Flat parameters: a unit's tensors laid end to end in one 1-D buffer, padded
+//! so that it splits into equal shards, one per rank.
+//!
+//! ```text
+//!   [ w_q (C·C) | w_k (C·C) | ... | norm (C) | pad ]   padded length P' = N · S
+//!   [ rank 0's shard S | rank 1's shard S | ... ]
+//! ```
+//!
+//! A shard boundary can fall inside a tensor: a rank may own the second half
+//! of one weight and the first half of the next. Nothing cares, because every
+//! per-element operation (AdamW, gradient averaging) works on the flat buffer.
+
+use std::collections::HashMap;
+use std::ops::Range;
+
+use candle_core::{bail, DType, Device, Result, Shape, Tensor};
+
+use crate::model::{param_specs, GptConfig, Weights};
+
+/// Where each parameter of a unit sits in its flat buffer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FlatLayout {
+    entries: Vec<FlatEntry>,
+    numel: usize,
+    padded: usize,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct FlatEntry {
+    name: String,
+    shape: Shape,
+    offset: usize,
+}
+
+impl FlatLayout {
+    /// The layout of `names` (parameters of `config`, in this order), padded to
+    /// a multiple of `world_size`.
+    pub fn new(config: &GptConfig, names: &[String], world_size: usize) -> Result<Self> {
+        let specs = param_specs(config);
+        let mut entries = Vec::with_capacity(names.len());
+        let mut numel = 0;
+        for name in names {
+            let Some(spec) = specs.iter().find(|s| &s.name == name) else {
+                bail!("`{name}` is not a parameter of this model");
+            };
+            entries.push(FlatEntry { name: name.clone(), shape: spec.shape.clone(), offset: numel });
+            numel += spec.shape.elem_count();
+        }
+        let padded = numel.div_ceil(world_size) * world_size;
+        Ok(Self { entries, numel, padded })
+    }
+
+    /// Elements of real parameters.
+    pub fn numel(&self) -> usize {
+        self.numel
+    }
+
+    /// Elements including the padding: a multiple of the world size.
+    pub fn padded_len(&self) -> usize {
+        self.padded
+    }
+
+    /// The elements rank `rank` of `world_size` owns.
+    pub fn shard_range(&self, rank: usize, world_size: usize) -> Range<usize> {
+        let len = self.padded / world_size;
+        rank * len..(rank + 1) * len
+    }
+
+    /// The parameter names, in layout order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.entries.iter().map(|e| e.name.as_str())
+    }
+
+    /// One padded f32 buffer from full tensors by name (e.g. a checkpoint's).
+    pub fn flatten(&self, tensors: &HashMap<String, Tensor>, device: &Device) -> Result<Tensor> {
+        let mut parts = Vec::with_capacity(self.entries.len() + 1);
+        for entry in &self.entries {
+            let Some(t) = tensors.get(&entry.name) else {
+                bail!("no tensor `{}` to flatten", entry.name);
+            };
+            if t.shape() != &entry.shape {
+                bail!("`{}` has shape {:?}; the model needs {:?}", entry.name, t.shape(), entry.shape);
+            }
+            parts.push(t.to_dtype(DType::F32)?.to_device(device)?.flatten_all()?);
+        }
+        parts.push(Tensor::zeros(self.padded - self.numel, DType::F32, device)?);
+        Tensor::cat(&parts, 0)
+    }
+
+    /// The named tensors of a whole padded buffer, padding dropped: views, no copy.
+    pub fn unflatten(&self, flat: &Tensor) -> Result<Vec<(String, Tensor)>> {
+        self.check_len(flat)?;
+        self.entries.iter().map(|e| Ok((e.name.clone(), self.view(flat, e)?))).collect()
+    }
+
+    /// 0/1 masks over `range` of the buffer, one per distinct value of
+    /// `value_of(name)`, for per-parameter settings (weight decay) on a shard.
+    pub fn masks_by(&self, range: Range<usize>, device: &Device, value_of: impl Fn(&str) -> f64) -> Result<Vec<(f64, Tensor)>> {
+        let mut masks: Vec<(f64, Vec<f32>)> = vec![];
+        for entry in &self.entries {
+            let (start, end) = (entry.offset.max(range.start), (entry.offset + entry.shape.elem_count()).min(range.end));
+            if start >= end {
+                continue;
+            }
+            let value = value_of(&entry.name);
+            let index = match masks.iter().position(|(v, _)| *v == value) {
+                Some(i) => i,
+                None => {
+                    masks.push((value, vec![0.0; range.len()]));
+                    masks.len() - 1
+                }
+            };
+            masks[index].1[start - range.start..end - range.start].fill(1.0);
+        }
+        masks.into_iter().map(|(v, m)| Ok((v, Tensor::from_vec(m, range.len(), device)?))).collect()
+    }
+
+    fn view(&self, flat: &Tensor, entry: &FlatEntry) -> Result<Tensor> {
+        flat.narrow(0, entry.offset, entry.shape.elem_count())?.reshape(entry.shape.clone())
+    }
+
+    fn check_len(&self, flat: &Tensor) -> Result<()> {
+        if flat.dims() != [self.padded] {
+            bail!("a flat buffer of shape {:?} does not fit this unit's layout ({} elements)", flat.dims(), self.padded);
+        }
+        Ok(())
+    }
+}
+
+/// A unit's parameters as views into its gathered flat buffer: modules built
+/// from it send their gradients to the buffer, which arrive as one flat gradient.
+pub struct FlatView<'a> {
+    pub flat: &'a Tensor,
+    pub layout: &'a FlatLayout,
+}
+
+impl Weights for FlatView<'_> {
+    fn tensor(&self, name: &str) -> Result<Tensor> {
+        let Some(entry) = self.layout.entries.iter().find(|e| e.name == name) else {
+            bail!("parameter `{name}` is not in this FSDP unit");
+        };
+        self.layout.check_len(self.flat)?;
+        self.layout.view(self.flat, entry)
+    }
+}

@@ -1,0 +1,75 @@
+//! The ledger: what one rank held and sent during one optimizer step.
+
+use std::fmt;
+
+use crate::distributed::{Collective, CommStats};
+
+/// Bytes one rank held during a step, by what they were for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryLedger {
+    /// Parameters kept between steps in the compute dtype (unsharded replicas).
+    pub params: u64,
+    /// f32 master weights kept for the optimizer (beside low-precision replicas, or as the shards).
+    pub master_params: u64,
+    /// The gradient buffer at its largest.
+    pub grads: u64,
+    /// AdamW's two moments.
+    pub optimizer_state: u64,
+    /// Gathered parameters of units alive at once, at most.
+    pub gathered_peak: u64,
+    /// Block inputs saved for backward, at most. Autograd graphs kept inside
+    /// blocks (no activation checkpointing) hold more that this does not count.
+    pub saved_inputs_peak: u64,
+}
+
+impl MemoryLedger {
+    /// Parameters, master weights, gradients and optimizer state: what the
+    /// ZeRO paper calls model states, the part sharding divides.
+    pub fn model_states(&self) -> u64 {
+        self.params + self.master_params + self.grads + self.optimizer_state
+    }
+}
+
+/// What one rank held and sent during its last optimizer step.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StepLedger {
+    pub memory: MemoryLedger,
+    /// The collectives of the step: calls and payload bytes of each.
+    pub comm: CommStats,
+}
+
+impl StepLedger {
+    /// Bytes each rank sends and receives in a ring implementation, with the
+    /// (N-1)/N factor left out as in the ZeRO paper: an all-reduce moves its
+    /// buffer twice (reduce-scatter then all-gather), the others once.
+    pub fn ring_volume(&self) -> u64 {
+        Collective::ALL
+            .into_iter()
+            .map(|kind| match kind {
+                Collective::AllReduce => 2 * self.comm.bytes(kind),
+                Collective::AllGather | Collective::ReduceScatter | Collective::Broadcast => self.comm.bytes(kind),
+                Collective::Barrier => 0,
+            })
+            .sum()
+    }
+}
+
+impl fmt::Display for StepLedger {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let m = &self.memory;
+        let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+        writeln!(f, "memory per rank (MiB):")?;
+        writeln!(f, "  params (compute dtype) {:>10.2}", mib(m.params))?;
+        writeln!(f, "  master params (f32)    {:>10.2}", mib(m.master_params))?;
+        writeln!(f, "  gradients              {:>10.2}", mib(m.grads))?;
+        writeln!(f, "  optimizer state        {:>10.2}", mib(m.optimizer_state))?;
+        writeln!(f, "  = model states         {:>10.2}", mib(m.model_states()))?;
+        writeln!(f, "  gathered units, peak   {:>10.2}", mib(m.gathered_peak))?;
+        writeln!(f, "  saved block inputs     {:>10.2}", mib(m.saved_inputs_peak))?;
+        writeln!(f, "communication per step:")?;
+        for line in self.comm.to_string().lines() {
+            writeln!(f, "  {line}")?;
+        }
+        write!(f, "  ring volume {:.2} MiB", mib(self.ring_volume()))
+    }
+}

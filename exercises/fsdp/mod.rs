@@ -1,0 +1,33 @@
+//! Fully sharded data parallelism (FSDP, ZeRO): each rank keeps only a shard
+//! of the model's parameters, gradients and optimizer state, and the ranks
+//! exchange what a unit needs just before it is used.
+//!
+//! | strategy      | ZeRO | parameters | gradients | optimizer state |
+//! |---------------|------|------------|-----------|-----------------|
+//! | NO_SHARD      | 0    | whole      | whole     | whole           |
+//! | SHARD_GRAD_OP | 2    | whole      | sharded   | sharded         |
+//! | FULL_SHARD    | 3    | sharded    | sharded   | sharded         |
+//!
+//! The pieces: [`ShardingPlan`] (exercise 12 maps a strategy to one),
+//! [`MixedPrecisionPolicy`] (exercise 13), [`FsdpUnit`]s (exercise 14 picks
+//! them), [`FlatLayout`] (a unit's parameters as one padded buffer),
+//! [`ShardedUnit`] (a rank's part of a unit), [`FsdpTrainer`] (runs the units
+//! and their collectives; its checkpoints are exercise 15) and
+//! [`StepLedger`] (what a rank held and sent in a step). Every collective goes
+//! through the [`ProcessGroup`](crate::distributed::ProcessGroup).
+
+mod flat;
+mod ledger;
+mod precision;
+mod shard;
+mod strategy;
+mod trainer;
+mod units;
+
+pub use flat::{FlatLayout, FlatView};
+pub use ledger::{MemoryLedger, StepLedger};
+pub use precision::{LossScaler, MixedPrecisionPolicy, Precision};
+pub use shard::{LocalState, ShardedUnit};
+pub use strategy::{ShardingPlan, ShardingStrategy};
+pub use trainer::{FsdpConfig, FsdpTrainer};
+pub use units::{block_unit_name, check_units, FsdpUnit, ROOT_UNIT};

@@ -1,0 +1,41 @@
+//! # Exercise 13: the mixed-precision policy
+//!
+//! Computing in 16 bits halves the memory of parameters, gradients and
+//! activations and, on GPUs, multiplies matmul throughput. Two 16-bit formats:
+//!
+//! ```text
+//!          sign  exponent  mantissa   range            precision
+//! fp32      1       8        23       ~1e-38 .. 3e38    ~7 digits
+//! bf16      1       8         7       ~1e-38 .. 3e38    ~2-3 digits   same range as fp32
+//! fp16      1       5        10       ~6e-8 .. 65504    ~3 digits     narrow range
+//! ```
+//!
+//! bf16 keeps fp32's exponent range, so gradients neither overflow nor
+//! underflow: no loss scaling. fp16's range is narrow: small gradients
+//! underflow to zero, so the loss is multiplied by a large scale before
+//! backward (and the gradients divided by it after), and a step whose scaled
+//! gradients overflow to inf is skipped while the scale is halved.
+//!
+//! A policy says which dtype each part uses (PyTorch FSDP's `MixedPrecision`):
+//! - `param_dtype`: parameters are gathered and computed in it;
+//! - `reduce_dtype`: gradients are reduced across ranks and accumulated in it;
+//! - `buffer_dtype`: buffers (here the rotary cos/sin tables) are kept in it.
+//!
+//! This workbook's policy computes, reduces and keeps buffers in the chosen
+//! precision (so gradients travel at 2 bytes, as in the ZeRO paper's
+//! accounting); master weights, optimizer state, loss and norms stay f32
+//! whatever the policy — the runtime sees to that.
+//!
+//! Read first: Micikevicius et al. 2018, "Mixed Precision Training"; PyTorch's
+//! `torch.distributed.fsdp.MixedPrecision` and `torch.amp.GradScaler` docs.
+//! Guide: `guide/src/phase3/13-mixed-precision.md`. Test: `cargo test exercise_13`.
+
+use crate::fsdp::{MixedPrecisionPolicy, Precision};
+
+/// The policy of `precision`: `Fp32` → f32 everywhere, `Bf16` → bf16,
+/// `Fp16` → f16, with `loss_scaling` on exactly when the format needs it.
+///
+/// Dtypes are `candle_core::DType::{F32, BF16, F16}`.
+pub fn mixed_precision_policy(precision: Precision) -> MixedPrecisionPolicy {
+    todo!("Exercise 13: Mixed-precision policy; run `cargo xtask hint 13`")
+}
