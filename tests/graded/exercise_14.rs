@@ -1,0 +1,76 @@
+//! Exercise 14: the wrap policy. The expected units are PyTorch's
+//! `transformer_auto_wrap_policy` on this model: one unit per block, the rest
+//! in the root. The collective counts run the FSDP trainer on two CPU ranks.
+
+use rstest::rstest;
+use workbook::distributed::Collective;
+use workbook::fsdp::{check_units, Precision, ShardingStrategy};
+use workbook::phase3_fsdp::wrap_policy;
+use workbook::GptConfig;
+
+use crate::fsdp_runs::{fsdp_run, model_config, train_config};
+
+/// Twelve layers: enough for `model.layers.1` to be a prefix of `model.layers.10`.
+fn twelve_layers() -> GptConfig {
+    GptConfig { num_layers: 12, ..model_config() }
+}
+
+#[test]
+fn root_first_then_one_unit_per_block() {
+    let config = twelve_layers();
+    let units = wrap_policy(&config);
+    let names: Vec<&str> = units.iter().map(|u| u.name.as_str()).collect();
+    if units.len() == 1 {
+        panic!("one unit for the whole model: every parameter would be whole at once and nothing freed during compute. Make one unit per block");
+    }
+    if let Some(root) = units.first() {
+        for outer in ["model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"] {
+            if !root.params.iter().any(|p| p == outer) {
+                let home = units.iter().find(|u| u.params.iter().any(|p| p == outer)).map(|u| u.name.as_str());
+                panic!("`{outer}` is not in the root unit (it is in {home:?}): the embedding, final norm and head stay in the root");
+            }
+        }
+    }
+    if let Err(e) = check_units(&config, &units) {
+        let cause = if units.get(2).is_some_and(|u| u.params.iter().any(|p| p.starts_with("model.layers.10."))) {
+            "a block prefix matched without its trailing dot: `model.layers.1` is a prefix of `model.layers.10`"
+        } else {
+            "the root first, then one unit per block in layer order, each with exactly that block's parameters"
+        };
+        panic!("the units {names:?} are not what FSDP runs: {e}\nLikely cause: {cause}.");
+    }
+    let specs = workbook::param_specs(&config);
+    for unit in &units {
+        let order: Vec<usize> = unit.params.iter().map(|p| specs.iter().position(|s| &s.name == p).unwrap()).collect();
+        assert!(order.windows(2).all(|w| w[0] < w[1]), "unit `{}` lists its parameters out of module order (param_specs order)", unit.name);
+    }
+}
+
+/// Under FULL_SHARD, per micro-batch: each block unit all-gathered before its
+/// forward and again before its backward, the root once (it stays gathered
+/// until its backward is done); every unit reduce-scattered once. Per step:
+/// one all-reduce of the squared gradient norm. SHARD_GRAD_OP gathers nothing
+/// for compute, reduce-scatters as FULL_SHARD, and all-gathers each unit once
+/// after the optimizer step. NO_SHARD all-reduces each unit once per step.
+#[rstest]
+fn collectives_per_step_follow_from_the_units(
+    #[values(ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard)] strategy: ShardingStrategy,
+) {
+    let config = train_config(1.0);
+    let (micro_batches, blocks) = (config.grad_accum_steps as u64, model_config().num_layers as u64);
+    let units = blocks + 1;
+    let (all_gather, reduce_scatter, all_reduce) = match strategy {
+        ShardingStrategy::FullShard => (micro_batches * (1 + 2 * blocks), micro_batches * units, 1),
+        ShardingStrategy::ShardGradOp => (units, micro_batches * units, 1),
+        _ => (0, 0, units),
+    };
+    let (_, trainers) = fsdp_run(2, strategy, Precision::Fp32, config, 1);
+    let comm = &trainers[0].ledger().comm;
+    let got = (comm.calls(Collective::AllGather), comm.calls(Collective::ReduceScatter), comm.calls(Collective::AllReduce));
+    assert_eq!(
+        got,
+        (all_gather, reduce_scatter, all_reduce),
+        "{strategy}, {units} units, {micro_batches} micro-batches: (all-gathers, reduce-scatters, all-reduces) per step. \
+         Likely cause: the wrap policy does not make one unit per block plus the root"
+    );
+}

@@ -1,0 +1,158 @@
+//! Shared by the Phase 3 tests: a small model, its data, and the same
+//! training run done by one process (the reference) and by FSDP ranks.
+//!
+//! The reference is Phase 2's single-process `Trainer`, itself checked against
+//! PyTorch (exercise 10's fixture): FSDP must reach the parameters it reaches.
+
+use std::collections::HashMap;
+
+use candle_core::{DType, Device, Tensor};
+use workbook::distributed::{spawn, ProcessGroup};
+use workbook::fsdp::{FsdpConfig, FsdpTrainer, Precision, ShardingStrategy};
+use workbook::train::{AdamWConfig, CosineSchedule, Ddp, LrSchedule, OptimizerConfig, StepStats, TrainConfig, Trainer};
+use workbook::{init_params, GptConfig, InitRng};
+
+use crate::support::ok;
+
+/// Rows of each micro-batch: divides across 1, 2 and 4 ranks.
+pub const GLOBAL_BATCH: usize = 4;
+pub const SEQ_LEN: usize = 16;
+
+pub fn model_config() -> GptConfig {
+    GptConfig {
+        vocab_size: 64,
+        hidden_size: 32,
+        num_layers: 2,
+        num_heads: 4,
+        intermediate_size: 64,
+        max_seq_len: SEQ_LEN,
+        rope_theta: 10_000.0,
+        norm_eps: 1e-5,
+        bias: false,
+    }
+}
+
+/// Two micro-batches per step, clipping that bites, weight decay on.
+pub fn train_config(max_grad_norm: f64) -> TrainConfig {
+    TrainConfig {
+        grad_accum_steps: 2,
+        max_grad_norm,
+        schedule: LrSchedule::Cosine(CosineSchedule { max_lr: 1e-2, min_lr: 1e-3, warmup_steps: 1, max_steps: 10 }),
+        optimizer: OptimizerConfig { weight_decay: 0.1, adamw: AdamWConfig::default() },
+        activation_checkpointing: false,
+    }
+}
+
+/// The global micro-batches of step `step`: (GLOBAL_BATCH, SEQ_LEN) token ids.
+pub fn global_batches(step: usize) -> Vec<Tensor> {
+    let mut rng = InitRng::from_seed(1000 + step as u64);
+    (0..2)
+        .map(|_| {
+            let noise = rng.normal(&(GLOBAL_BATCH, SEQ_LEN).into(), 1.0, &Device::Cpu).unwrap();
+            // Token ids from normal noise: deterministic and spread over the vocabulary.
+            let ids = ((noise.abs().unwrap() * 20.0).unwrap().floor().unwrap()).clamp(0.0, 63.0).unwrap();
+            ids.to_dtype(DType::U32).unwrap()
+        })
+        .collect()
+}
+
+/// Rank `rank`'s rows of a global micro-batch.
+pub fn rows_of(batch: &Tensor, rank: usize, world_size: usize) -> Tensor {
+    let rows = GLOBAL_BATCH / world_size;
+    batch.narrow(0, rank * rows, rows).unwrap()
+}
+
+/// Parameters after `steps` steps of one process on the global batches, and its stats.
+pub fn single_process(steps: usize, max_grad_norm: f64) -> (HashMap<String, Tensor>, Vec<StepStats>) {
+    let params = init_params(&model_config(), 7, &Device::Cpu).unwrap();
+    let mut trainer = ok(Trainer::new(&model_config(), params, train_config(max_grad_norm), Ddp::single()), "Trainer::new");
+    let stats = (0..steps).map(|s| ok(trainer.train_step(&global_batches(s)), "Trainer::train_step")).collect();
+    let named = trainer.params.iter().map(|(n, v)| (n.to_string(), v.as_tensor().clone())).collect();
+    (named, stats)
+}
+
+/// A fresh FSDP trainer on `pg`, from the same initial parameters as [`single_process`].
+pub fn fsdp_trainer(pg: Box<dyn ProcessGroup>, fsdp: FsdpConfig, config: TrainConfig) -> FsdpTrainer {
+    let params = init_params(&model_config(), 7, &Device::Cpu).unwrap();
+    ok(FsdpTrainer::new(&model_config(), params, config, fsdp, pg), "FsdpTrainer::new")
+}
+
+/// One step of `trainer` on its rows of step `step`'s global batches.
+pub fn fsdp_step(trainer: &mut FsdpTrainer, step: usize) -> StepStats {
+    let (rank, world) = (trainer.process_group().rank(), trainer.process_group().world_size());
+    let mine: Vec<Tensor> = global_batches(step).iter().map(|b| rows_of(b, rank, world)).collect();
+    ok(trainer.train_step(&mine), "FsdpTrainer::train_step")
+}
+
+/// The whole parameters a trainer holds, put together from every rank's shard
+/// (read directly from the units, so this does not depend on exercise 15).
+pub fn gather_params(trainer: &FsdpTrainer) -> HashMap<String, Tensor> {
+    let pg = trainer.process_group();
+    let mut out = HashMap::new();
+    for unit in &trainer.units {
+        let local = unit.local_state().unwrap().params;
+        let whole = if unit.is_sharded() { pg.all_gather(&local).unwrap() } else { local };
+        out.extend(unit.layout.unflatten(&whole).unwrap());
+    }
+    out
+}
+
+/// Rank 0's gathered parameters after `steps` FSDP steps on `world_size` CPU ranks,
+/// with every rank's ledger of its last step.
+pub fn fsdp_run(
+    world_size: usize,
+    strategy: ShardingStrategy,
+    precision: Precision,
+    config: TrainConfig,
+    steps: usize,
+) -> (HashMap<String, Tensor>, Vec<FsdpTrainer>) {
+    let fsdp = FsdpConfig { sharding: strategy, precision };
+    let mut results = ok(
+        spawn(world_size, |pg| {
+            let mut trainer = fsdp_trainer(Box::new(pg), fsdp, config);
+            for s in 0..steps {
+                fsdp_step(&mut trainer, s);
+            }
+            let params = gather_params(&trainer);
+            Ok((params, trainer))
+        }),
+        "the FSDP ranks",
+    );
+    let params = results[0].0.clone();
+    (params, results.drain(..).map(|(_, t)| t).collect())
+}
+
+/// The largest relative L2 difference of any parameter between two runs.
+pub fn max_relative_difference(got: &HashMap<String, Tensor>, want: &HashMap<String, Tensor>) -> (f64, String) {
+    let mut worst = (0.0, String::new());
+    for (name, w) in want {
+        let g = got.get(name).unwrap_or_else(|| panic!("no parameter `{name}`"));
+        let diff = (g.to_dtype(DType::F32).unwrap() - w.to_dtype(DType::F32).unwrap()).unwrap();
+        let rel = l2(&diff) / l2(w).max(1e-12);
+        if rel > worst.0 {
+            worst = (rel, name.clone());
+        }
+    }
+    worst
+}
+
+fn l2(t: &Tensor) -> f64 {
+    t.to_dtype(DType::F64).unwrap().sqr().unwrap().sum_all().unwrap().to_scalar::<f64>().unwrap().sqrt()
+}
+
+/// Rank 0's parameters after `steps` steps of Phase 2's DDP trainer on `world_size` CPU ranks.
+pub fn ddp_run(world_size: usize, config: TrainConfig, steps: usize) -> HashMap<String, Tensor> {
+    let mut results = ok(
+        spawn(world_size, |pg| {
+            let params = init_params(&model_config(), 7, &Device::Cpu).unwrap();
+            let mut trainer = Trainer::new(&model_config(), params, config, Ddp::new(Box::new(pg)))?;
+            for s in 0..steps {
+                let mine: Vec<Tensor> = global_batches(s).iter().map(|b| rows_of(b, trainer.ddp.rank(), world_size)).collect();
+                trainer.train_step(&mine)?;
+            }
+            Ok(trainer.params.iter().map(|(n, v)| (n.to_string(), v.as_tensor().clone())).collect::<HashMap<_, _>>())
+        }),
+        "the DDP ranks",
+    );
+    results.swap_remove(0)
+}
