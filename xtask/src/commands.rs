@@ -6,7 +6,7 @@ use std::io::{IsTerminal, Write};
 
 use anyhow::{bail, Context, Result};
 
-use crate::grading::{Outcome, TestResult, TestRun, TEST_BINARY};
+use crate::grading::{phase_filter, Outcome, TestResult, TestRun, TEST_BINARY};
 use crate::metadata::Exercise;
 use crate::progress::{Progress, State, PROGRESS_FILE};
 use crate::render::{self, bold, dim, green, red};
@@ -189,13 +189,14 @@ pub fn check_phase(ws: &Workspace, number: u32) -> Result<bool> {
             exercise.number, exercise.title
         );
     }
-    // Checks of the phase as a whole, beyond its exercises' own tests (such as
-    // the multi-rank training runs of phases 2 and 3), belong here: run them,
-    // print a line each, and count them into `passing` and `total` below.
-    let passing = states.iter().filter(|s| **s == State::Done).count();
-    let total = exercises.len();
+    let mut passing = states.iter().filter(|s| **s == State::Done).count();
+    let mut total = exercises.len();
+    if let Some(whole_phase_passes) = check_whole_phase(ws, number, passing == total)? {
+        total += 1;
+        passing += usize::from(whole_phase_passes);
+    }
     println!();
-    let summary = format!("phase {number}: {passing}/{total} exercises pass");
+    let summary = format!("phase {number}: {passing}/{total} checks pass");
     if passing == total {
         println!("{}", green(&bold(&summary)));
     } else {
@@ -203,6 +204,37 @@ pub fn check_phase(ws: &Workspace, number: u32) -> Result<bool> {
         println!("`cargo xtask check N` shows the failing checks of exercise N.");
     }
     Ok(passing == total)
+}
+
+/// Runs the checks of phase `number` as a whole (`tests/graded/phase_N.rs`,
+/// e.g. training on several CPU ranks), once its exercises pass. `None` when
+/// the phase has none.
+fn check_whole_phase(ws: &Workspace, number: u32, exercises_pass: bool) -> Result<Option<bool>> {
+    let filter = phase_filter(number);
+    let run = ws.runner().run(std::slice::from_ref(&filter))?;
+    let (passed, total) = count(run.under(&filter));
+    if total == 0 {
+        return Ok(None);
+    }
+    let label = "multi-rank checks on CPU ranks";
+    let verdict = match (exercises_pass, passed == total) {
+        (false, _) => dim("waiting for the exercises above"),
+        (true, true) => green(&format!("{passed}/{total} checks passed")),
+        (true, false) => red(&format!("{passed}/{total} checks passed (`cargo test {filter}` shows why)")),
+    };
+    println!("      {label}  {verdict}");
+    if cuda_devices_present() {
+        println!("      {}", dim("CUDA devices found: the GPU path (NCCL) is not built yet; these checks ran on CPU ranks"));
+    }
+    Ok(Some(exercises_pass && passed == total))
+}
+
+/// Whether `nvidia-smi` lists a GPU.
+fn cuda_devices_present() -> bool {
+    std::process::Command::new("nvidia-smi")
+        .arg("-L")
+        .output()
+        .is_ok_and(|out| out.status.success() && String::from_utf8_lossy(&out.stdout).contains("GPU"))
 }
 
 /// Prints the hint and the mistakes the tests catch.

@@ -203,6 +203,17 @@ pub fn graded_exercise(test_name: &str) -> Option<u32> {
     digits.parse().ok()
 }
 
+/// `Some(3)` for a check of a phase as a whole, such as `phase_3::ranks_match_ddp`.
+pub fn phase_check(test_name: &str) -> Option<u32> {
+    let (module, _) = test_name.split_once("::")?;
+    module.strip_prefix("phase_")?.parse().ok()
+}
+
+/// The filter selecting the whole-phase checks of phase `number`.
+pub fn phase_filter(number: u32) -> String {
+    format!("phase_{number}::")
+}
+
 /// Reads libtest's plain (`--format pretty`, not a terminal) report.
 pub fn parse(stdout: &str) -> TestRun {
     let mut run = TestRun::default();

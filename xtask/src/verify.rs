@@ -10,7 +10,7 @@ use std::io::ErrorKind;
 use std::path::Path;
 use std::process::Command;
 
-use crate::grading::{graded_exercise, Outcome, Runner, TestRun, TEST_BINARY};
+use crate::grading::{graded_exercise, phase_check, Outcome, Runner, TestRun, TEST_BINARY};
 use crate::metadata::Exercise;
 use crate::render::{bold, green, indented, red};
 use crate::stub;
@@ -295,7 +295,7 @@ fn stubs_fail(ws: &Workspace, tally: &mut Tally) {
         return;
     };
     for result in &run.results {
-        let graded = graded_exercise(&result.name).is_some();
+        let graded = graded_exercise(&result.name).is_some() || phase_check(&result.name).is_some();
         let wanted = if graded {
             Outcome::Failed
         } else {
