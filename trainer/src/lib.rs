@@ -9,6 +9,7 @@ pub mod config;
 pub mod generate;
 pub mod metrics;
 pub mod run;
+pub mod strategy;
 
 /// The `main` of each program: runs `run`, and turns an error into one line
 /// on stderr and a failing exit code instead of a panic.

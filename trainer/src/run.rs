@@ -7,13 +7,15 @@ use anyhow::{anyhow, bail, Context, Result};
 use candle_core::{Device, Tensor};
 use indicatif::{ProgressBar, ProgressStyle};
 use workbook::data::{DataConfig, Dataset, DistributedSampler};
-use workbook::distributed::{spawn, ProcessGroup, ReduceOp};
-use workbook::train::{DataPosition, Ddp, StepStats, Trainer};
+use workbook::distributed::{spawn, ProcessGroup, ReduceOp, SingleProcess};
+use workbook::fsdp::FsdpTrainer;
 use workbook::init_params;
+use workbook::train::{DataPosition, Ddp, StepStats, Trainer};
 
 use crate::checkpoints;
 use crate::config::RunConfig;
 use crate::metrics::{loss_curve_svg, read_log, MetricsLog, StepRecord};
+use crate::strategy::{Strategy, Train};
 
 /// Everything a run needs besides its config file.
 #[derive(Debug, Clone)]
@@ -29,6 +31,8 @@ pub struct RunOptions {
     /// A checkpoint (or a directory of them, newest taken) to continue from.
     pub resume: Option<PathBuf>,
     pub activation_checkpointing: bool,
+    /// DDP, or FSDP with its sharding and precision.
+    pub strategy: Strategy,
     /// Print a line every this many steps when no progress bar is shown.
     pub log_every: usize,
 }
@@ -50,10 +54,10 @@ pub fn train(options: &RunOptions) -> Result<Summary> {
     std::fs::create_dir_all(&options.out_dir).with_context(|| format!("cannot create {}", options.out_dir.display()))?;
     let dataset = open_dataset(&options.data)?;
     if options.nproc == 1 {
-        return run_rank(options, &dataset, Ddp::single());
+        return run_rank(options, &dataset, Box::new(SingleProcess::new()));
     }
     let mut summaries = spawn(options.nproc, |pg| {
-        run_rank(options, &dataset, Ddp::new(Box::new(pg))).map_err(|e| candle_core::Error::Msg(format!("{e:#}")))
+        run_rank(options, &dataset, Box::new(pg)).map_err(|e| candle_core::Error::Msg(format!("{e:#}")))
     })
     .map_err(|e| anyhow!("{e}"))?;
     Ok(summaries.swap_remove(0))
@@ -72,16 +76,29 @@ fn open_dataset(config: &DataConfig) -> Result<Dataset> {
     Ok(dataset)
 }
 
-/// The loop one rank runs; rank 0 also logs and writes checkpoints.
-fn run_rank(options: &RunOptions, dataset: &Dataset, ddp: Ddp) -> Result<Summary> {
-    let (rank, world) = (ddp.rank(), ddp.world_size());
-    let is_logger = rank == 0;
-    let config = &options.config;
-    let model_config = config.model.clone();
+/// One rank's run: its trainer, by strategy, driven by [`drive`].
+fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>) -> Result<Summary> {
+    let model_config = options.config.model.clone();
     let params = init_params(&model_config, options.seed, &Device::Cpu).map_err(|e| anyhow!("initialising the model: {e}"))?;
     let num_params = params.num_params();
-    let train_config = config.train_config(options.activation_checkpointing);
-    let mut trainer = Trainer::new(&model_config, params, train_config, ddp).map_err(|e| anyhow!("{e}"))?;
+    let train_config = options.config.train_config(options.activation_checkpointing);
+    match options.strategy {
+        Strategy::Ddp => {
+            let trainer = Trainer::new(&model_config, params, train_config, Ddp::new(pg)).map_err(|e| anyhow!("{e}"))?;
+            drive(options, dataset, trainer, num_params)
+        }
+        Strategy::Fsdp(fsdp) => {
+            let trainer = FsdpTrainer::new(&model_config, params, train_config, fsdp, pg).map_err(|e| anyhow!("{e}"))?;
+            drive(options, dataset, trainer, num_params)
+        }
+    }
+}
+
+/// The loop one rank runs; rank 0 also logs and writes checkpoints.
+fn drive(options: &RunOptions, dataset: &Dataset, mut trainer: impl Train, num_params: usize) -> Result<Summary> {
+    let (rank, world) = (trainer.process_group().rank(), trainer.process_group().world_size());
+    let is_logger = rank == 0;
+    let config = &options.config;
     let mut sampler = DistributedSampler::new(dataset.num_windows(), world, rank, options.seed).map_err(|e| anyhow!("{e}"))?;
     if let Some(resume) = &options.resume {
         let dir = checkpoints::resolve(resume)?;
@@ -93,29 +110,29 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, ddp: Ddp) -> Result<Summary
             sampler.restore(position.sampler).map_err(|e| anyhow!("{e}"))?;
         }
         if is_logger {
-            println!("resumed from {} at step {}", dir.display(), trainer.step);
+            println!("resumed from {} at step {}", dir.display(), trainer.step());
         }
     }
     if is_logger {
         print_plan(options, dataset, num_params);
     }
     let mut log = if is_logger { Some(MetricsLog::append_to(&options.out_dir.join("metrics.jsonl"))?) } else { None };
-    let bar = progress_bar(is_logger, trainer.step, config.max_steps);
+    let bar = progress_bar(is_logger, trainer.step(), config.max_steps);
     let per_rank_batch = config.batch_size / world;
     let tokens_per_step = config.batch_size * config.grad_accum_steps * config.seq_len;
     let start = Instant::now();
     let (mut first, mut last, mut loss_ema) = (None, None, None::<f64>);
-    while trainer.step < config.max_steps {
+    while trainer.step() < config.max_steps {
         let step_start = Instant::now();
         let batches = (0..config.grad_accum_steps)
             .map(|_| dataset.batch(&sampler.next_batch(per_rank_batch), &Device::Cpu))
             .collect::<candle_core::Result<Vec<Tensor>>>()
             .map_err(|e| anyhow!("{e}"))?;
-        let skipped_before = trainer.optimizer.skipped_steps();
-        let stats = trainer.train_step(&batches).map_err(|e| anyhow!("step {}: {e}", trainer.step))?;
-        let loss = mean_over_ranks(trainer.ddp.process_group(), stats.loss)?;
+        let skipped_before = trainer.skipped_updates();
+        let stats = trainer.train_step(&batches).map_err(|e| anyhow!("step {}: {e}", trainer.step()))?;
+        let loss = mean_over_ranks(trainer.process_group(), stats.loss)?;
         let record = StepRecord {
-            step: trainer.step,
+            step: trainer.step(),
             loss,
             lr: stats.lr,
             grad_norm: stats.grad_norm,
@@ -123,20 +140,20 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, ddp: Ddp) -> Result<Summary
             elapsed_s: start.elapsed().as_secs_f64(),
         };
         if is_logger {
-            report_anomalies(&bar, &record, &stats, trainer.optimizer.skipped_steps() > skipped_before, &mut loss_ema);
+            report_anomalies(&bar, &record, &stats, trainer.skipped_updates() > skipped_before, &mut loss_ema);
             if let Some(log) = log.as_mut() {
                 log.record(&record)?;
             }
-            bar.set_position(trainer.step as u64);
+            bar.set_position(trainer.step() as u64);
             bar.set_message(format!("loss {:.4}  lr {:.2e}  {:.0} tok/s", record.loss, record.lr, record.tokens_per_s));
-            if bar.is_hidden() && (trainer.step % options.log_every == 0 || trainer.step == config.max_steps) {
+            if bar.is_hidden() && (trainer.step() % options.log_every == 0 || trainer.step() == config.max_steps) {
                 println!("step {:>6}  loss {:.4}  lr {:.2e}  grad norm {:.3}  {:.0} tok/s", record.step, record.loss, record.lr, record.grad_norm, record.tokens_per_s);
             }
         }
         first.get_or_insert(record);
         last = Some(record);
-        let at_end = trainer.step == config.max_steps;
-        if at_end || trainer.step % options.checkpoint_every == 0 {
+        let at_end = trainer.step() == config.max_steps;
+        if at_end || trainer.step() % options.checkpoint_every == 0 {
             save(&trainer, options, &sampler)?;
         }
     }
@@ -144,22 +161,25 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, ddp: Ddp) -> Result<Summary
     if is_logger {
         let records = read_log(&options.out_dir.join("metrics.jsonl"))?;
         std::fs::write(options.out_dir.join("loss.svg"), loss_curve_svg(&records))?;
+        if let Some(report) = trainer.report() {
+            println!("{report}");
+        }
     }
     Ok(Summary {
         first,
         last,
-        steps: trainer.step,
-        skipped_updates: trainer.optimizer.skipped_steps(),
+        steps: trainer.step(),
+        skipped_updates: trainer.skipped_updates(),
         seconds: start.elapsed().as_secs_f64(),
         num_params,
     })
 }
 
-fn save(trainer: &Trainer, options: &RunOptions, sampler: &DistributedSampler) -> Result<()> {
-    let dir = checkpoints::step_dir(&options.out_dir, trainer.step);
+fn save(trainer: &impl Train, options: &RunOptions, sampler: &DistributedSampler) -> Result<()> {
+    let dir = checkpoints::step_dir(&options.out_dir, trainer.step());
     let position = DataPosition { config: options.data.clone(), sampler: sampler.state() };
     trainer.save_checkpoint(&dir, Some(position)).map_err(|e| anyhow!("saving {}: {e}", dir.display()))?;
-    if trainer.ddp.rank() == 0 {
+    if trainer.process_group().rank() == 0 {
         checkpoints::prune(&options.out_dir, options.keep_checkpoints)?;
     }
     Ok(())

@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use trainer::checkpoints;
 use trainer::config::RunConfig;
 use trainer::run::{train, workbook_root, RunOptions};
+use trainer::strategy::Strategy;
+use workbook::fsdp::{FsdpConfig, Precision, ShardingStrategy};
 use workbook::data::{DataConfig, DatasetKind, SAMPLE_PATH};
 
 fn options(out_dir: PathBuf, max_steps: usize, nproc: usize) -> RunOptions {
@@ -32,6 +34,7 @@ fn options(out_dir: PathBuf, max_steps: usize, nproc: usize) -> RunOptions {
         keep_checkpoints: 2,
         resume: None,
         activation_checkpointing: false,
+        strategy: Strategy::Ddp,
         log_every: 10,
     }
 }
@@ -88,4 +91,21 @@ fn resuming_in_a_new_process_reproduces_an_uninterrupted_run() {
     run(&split, 6, true);
     let read = |dir: &PathBuf| std::fs::read(checkpoints::step_dir(dir, 6).join("model.safetensors")).unwrap();
     assert!(read(&whole) == read(&split), "the resumed run's parameters differ from the uninterrupted run's");
+}
+
+#[test]
+fn fsdp_trains_on_two_ranks_in_bf16_and_its_checkpoint_resumes_under_ddp() {
+    let dir = scratch("fsdp");
+    let mut fsdp = options(dir.clone(), 20, 2);
+    fsdp.strategy = Strategy::Fsdp(FsdpConfig { sharding: ShardingStrategy::FullShard, precision: Precision::Bf16 });
+    fsdp.activation_checkpointing = true;
+    let run = train(&fsdp).unwrap();
+    let (start, end) = (run.first.unwrap().loss, run.last.unwrap().loss);
+    assert!(end < start - 1.0, "20 FSDP steps should cut the loss by more than 1 nat: {start:.3} -> {end:.3}");
+
+    // A sharded run's checkpoint holds whole tensors: one DDP process continues it.
+    let mut more = options(dir.clone(), 22, 1);
+    more.resume = Some(dir.clone());
+    let resumed = train(&more).unwrap();
+    assert_eq!(resumed.first.unwrap().step, 21);
 }

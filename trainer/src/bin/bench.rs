@@ -10,6 +10,7 @@ use clap::Parser;
 use trainer::config::RunConfig;
 use trainer::metrics::read_log;
 use trainer::run::{train, workbook_root, RunOptions};
+use trainer::strategy::Strategy;
 use workbook::data::{DataConfig, DatasetKind};
 
 #[derive(Parser)]
@@ -53,6 +54,7 @@ fn run(args: Args) -> Result<()> {
             keep_checkpoints: 1,
             resume: None,
             activation_checkpointing: false,
+            strategy: Strategy::Ddp,
             log_every: usize::MAX,
         };
         train(&options)?;

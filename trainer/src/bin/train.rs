@@ -8,6 +8,8 @@ use std::process::ExitCode;
 use clap::Parser;
 use trainer::config::RunConfig;
 use trainer::run::{peak_memory_mib, train, workbook_root, RunOptions};
+use trainer::strategy::Strategy;
+use workbook::fsdp::FsdpConfig;
 use workbook::data::{DataConfig, DatasetKind, SAMPLE_PATH};
 
 /// Train a GPT. Defaults come from configs/<model-size>.toml; flags override them.
@@ -61,6 +63,15 @@ struct Args {
     /// Recompute each block in backward instead of keeping its activations.
     #[arg(long)]
     activation_checkpointing: bool,
+    /// `ddp` (whole replicas) or `fsdp` (sharded; see --sharding and --precision).
+    #[arg(long, default_value = "ddp")]
+    strategy: String,
+    /// With --strategy fsdp: full_shard, shard_grad_op, no_shard or hybrid_shard.
+    #[arg(long, default_value = "full_shard")]
+    sharding: String,
+    /// With --strategy fsdp: fp32, bf16 or fp16.
+    #[arg(long, default_value = "fp32")]
+    precision: String,
     /// Without a terminal, print a line every this many steps.
     #[arg(long, default_value_t = 10)]
     log_every: usize,
@@ -110,6 +121,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         keep_checkpoints: args.keep_checkpoints.max(1),
         resume,
         activation_checkpointing: args.activation_checkpointing,
+        strategy: strategy(&args.strategy, &args.sharding, &args.precision)?,
         log_every: args.log_every.max(1),
     };
     trainer::set_kernel_threads(options.nproc, std::env::var_os("RAYON_NUM_THREADS").is_some());
@@ -134,6 +146,17 @@ fn run(args: Args) -> anyhow::Result<()> {
     }
     println!("checkpoints, metrics.jsonl and loss.svg are in {}", options.out_dir.display());
     Ok(())
+}
+
+fn strategy(name: &str, sharding: &str, precision: &str) -> anyhow::Result<Strategy> {
+    match name {
+        "ddp" => Ok(Strategy::Ddp),
+        "fsdp" => Ok(Strategy::Fsdp(FsdpConfig {
+            sharding: sharding.parse().map_err(anyhow::Error::msg)?,
+            precision: precision.parse().map_err(anyhow::Error::msg)?,
+        })),
+        other => anyhow::bail!("unknown --strategy `{other}`: use ddp or fsdp"),
+    }
 }
 
 fn override_with<T>(slot: &mut T, value: Option<T>) {
