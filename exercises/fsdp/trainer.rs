@@ -79,7 +79,8 @@ struct BlockRecord {
 }
 
 impl FsdpTrainer {
-    /// Shards `params` (rank 0's are broadcast first, so every rank starts equal).
+    /// Shards `params` as `fsdp.sharding` says (rank 0's parameters are
+    /// broadcast first, so every rank starts equal).
     pub fn new(
         model_config: &GptConfig,
         params: ParamStore,
@@ -87,12 +88,24 @@ impl FsdpTrainer {
         fsdp: FsdpConfig,
         pg: Box<dyn ProcessGroup>,
     ) -> Result<Self> {
+        Self::with_plan(model_config, params, config, fsdp, sharding_plan(fsdp.sharding), pg)
+    }
+
+    /// Shards `params` by `plan`, which may be any ZeRO stage, including
+    /// stage 1 (optimizer state only), which has no FSDP strategy of its own.
+    pub fn with_plan(
+        model_config: &GptConfig,
+        params: ParamStore,
+        config: TrainConfig,
+        fsdp: FsdpConfig,
+        plan: ShardingPlan,
+        pg: Box<dyn ProcessGroup>,
+    ) -> Result<Self> {
         if config.grad_accum_steps == 0 {
             bail!("grad_accum_steps must be at least 1");
         }
         model_config.validate()?;
         params.check_matches(model_config)?;
-        let plan = sharding_plan(fsdp.sharding);
         plan.validate()?;
         let policy = mixed_precision_policy(fsdp.precision);
         let units = wrap_policy(model_config);

@@ -15,7 +15,8 @@ use serde::Deserialize;
 use crate::render;
 use crate::workspace::Workspace;
 
-const RESULTS: &str = "benchmarks/results.md";
+pub const RESULTS: &str = "benchmarks/results.md";
+const THROUGHPUT_HEADING: &str = "## Training throughput";
 const BASELINE: &str = "benchmarks/pytorch_baseline.py";
 
 #[derive(Debug, Deserialize)]
@@ -41,15 +42,14 @@ pub fn bench(ws: &Workspace, model_size: &str, steps: usize) -> Result<bool> {
     let table = table(&rows, baseline);
     println!("{table}");
     let report = format!(
-        "# Benchmark results\n\n\
-         Written by `cargo xtask bench` (model size `{model_size}`, {steps} timed optimizer steps after 5 warm-up\n\
+        "Written by `cargo xtask bench` (model size `{model_size}`, {steps} timed optimizer steps after 5 warm-up\n\
          steps, random tokens, {threads} CPU threads; {cpu}). Both sides train the same Llama-style model\n\
          with AdamW parameter groups, clipping and the same batch; tokens/s counts every rank's tokens.\n\
          The ratio is against PyTorch on the same machine in the same run; README.md beside this\n\
          file says where the time goes.\n\n{table}\n",
         cpu = cpu_model()
     );
-    std::fs::write(ws.root.join(RESULTS), report).with_context(|| format!("cannot write {RESULTS}"))?;
+    replace_section(&ws.root.join(RESULTS), THROUGHPUT_HEADING, &report)?;
     println!("written to {RESULTS}");
     Ok(true)
 }
@@ -107,9 +107,45 @@ fn table(rows: &[Measurement], baseline: Option<f64>) -> String {
     out
 }
 
-fn cpu_model() -> String {
+pub fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|info| info.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
         .unwrap_or_else(|| "CPU model unknown".into())
+}
+
+/// Writes `body` under `heading` in the results file, replacing what that
+/// heading held and keeping the other sections.
+pub fn replace_section(path: &Path, heading: &str, body: &str) -> Result<()> {
+    let old = std::fs::read_to_string(path).unwrap_or_default();
+    let mut sections: Vec<(String, String)> = vec![];
+    for chunk in old.split("\n## ").skip(1) {
+        let (title, text) = chunk.split_once('\n').unwrap_or((chunk, ""));
+        sections.push((format!("## {title}"), text.trim().to_string()));
+    }
+    match sections.iter_mut().find(|(title, _)| title == heading) {
+        Some(section) => section.1 = body.trim().to_string(),
+        None => sections.push((heading.to_string(), body.trim().to_string())),
+    }
+    let mut out = String::from("# Benchmark results\n");
+    for (title, text) in sections {
+        out.push_str(&format!("\n{title}\n\n{text}\n"));
+    }
+    std::fs::write(path, out).with_context(|| format!("cannot write {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::replace_section;
+
+    #[test]
+    fn a_section_is_replaced_and_the_others_kept() {
+        let path = std::env::temp_dir().join(format!("results-{}.md", std::process::id()));
+        std::fs::write(&path, "# Benchmark results\n\n## A\n\nold a\n\n## B\n\nb stays\n").unwrap();
+        replace_section(&path, "## A", "new a").unwrap();
+        replace_section(&path, "## C", "c").unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(text, "# Benchmark results\n\n## A\n\nnew a\n\n## B\n\nb stays\n\n## C\n\nc\n");
+    }
 }

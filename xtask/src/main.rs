@@ -5,6 +5,7 @@
 //! metadata file, `exercises/info.toml`.
 
 mod bench;
+mod bench_fsdp;
 mod commands;
 mod estimate;
 mod grading;
@@ -77,8 +78,12 @@ enum Task {
     Verify,
     /// Estimate training memory per GPU by component, for a model, precision, strategy and GPU count.
     Estimate(EstimateArgs),
-    /// Measure the reference trainer's tokens/s beside PyTorch's and write benchmarks/results.md.
+    /// Measure the reference trainer's tokens/s beside PyTorch's (or, with `fsdp`, each ZeRO
+    /// stage's memory and traffic per rank beside the formulas) and write benchmarks/results.md.
     Bench {
+        /// `throughput` (the default) or `fsdp`.
+        #[arg(value_enum, default_value = "throughput")]
+        what: BenchKind,
         /// A config in configs/: tiny, small or medium.
         #[arg(long, default_value = "tiny")]
         model_size: String,
@@ -86,6 +91,13 @@ enum Task {
         #[arg(long, default_value_t = 20)]
         steps: usize,
     },
+}
+
+/// What `cargo xtask bench` measures.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum BenchKind {
+    Throughput,
+    Fsdp,
 }
 
 /// `cargo xtask estimate`'s options; the model is given by its size or its shape.
@@ -167,6 +179,7 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
         Task::Watch => watch::watch(&ws),
         Task::Verify => verify::verify(&ws),
         Task::Estimate(args) => estimate::report(&args.setup(), args.gpu_memory),
-        Task::Bench { model_size, steps } => bench::bench(&ws, &model_size, steps),
+        Task::Bench { what: BenchKind::Throughput, model_size, steps } => bench::bench(&ws, &model_size, steps),
+        Task::Bench { what: BenchKind::Fsdp, .. } => bench_fsdp::bench_fsdp(&ws),
     }
 }

@@ -1,0 +1,102 @@
+//! `ledger`: what one FSDP rank holds and sends per step, for one setup.
+//!
+//! Trains a few steps of a config on `--nproc` CPU ranks under one ZeRO stage
+//! and prints rank 0's ledger of the last step as one JSON line. `cargo xtask
+//! bench fsdp` runs it for every stage and world size and sets each figure
+//! beside the ZeRO paper's formula. Memory and traffic do not depend on the
+//! batch, so each rank trains on one short sequence per step.
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{anyhow, Result};
+use candle_core::{DType, Device};
+use clap::Parser;
+use trainer::config::RunConfig;
+use trainer::run::workbook_root;
+use workbook::distributed::{spawn, Collective};
+use workbook::fsdp::{FsdpConfig, FsdpTrainer, Precision, ShardingPlan, ShardingStrategy};
+use workbook::{init_params, InitRng};
+
+#[derive(Parser)]
+#[command(name = "ledger")]
+struct Args {
+    #[arg(long, default_value = "tiny")]
+    model_size: String,
+    #[arg(long, default_value_t = 2)]
+    nproc: usize,
+    /// ZeRO stage: 0 (NO_SHARD), 1, 2 (SHARD_GRAD_OP) or 3 (FULL_SHARD).
+    #[arg(long, default_value_t = 3)]
+    stage: u8,
+    #[arg(long, default_value = "fp32")]
+    precision: String,
+    #[arg(long, default_value_t = 2)]
+    steps: usize,
+    /// Tokens per sequence (each rank trains on one sequence per step).
+    #[arg(long, default_value_t = 64)]
+    seq_len: usize,
+}
+
+fn main() -> ExitCode {
+    trainer::main_with(|| run(Args::parse()))
+}
+
+fn run(args: Args) -> Result<()> {
+    let config = RunConfig::load(&workbook_root(), &args.model_size)?;
+    let precision: Precision = args.precision.parse().map_err(anyhow::Error::msg)?;
+    let plan = ShardingPlan::zero(args.stage.min(3));
+    let strategy = match args.stage {
+        0 => ShardingStrategy::NoShard,
+        3 => ShardingStrategy::FullShard,
+        _ => ShardingStrategy::ShardGradOp,
+    };
+    let fsdp = FsdpConfig { sharding: strategy, precision };
+    let model = config.model.clone();
+    let seq_len = args.seq_len.min(model.max_seq_len);
+    trainer::set_kernel_threads(args.nproc, std::env::var_os("RAYON_NUM_THREADS").is_some());
+    let mut ranks = spawn(args.nproc, |pg| {
+        let params = init_params(&model, 0, &Device::Cpu)?;
+        let num_params = params.num_params();
+        let mut trainer = FsdpTrainer::with_plan(&model, params, config.train_config(false), fsdp, plan, Box::new(pg))?;
+        let mut rng = InitRng::from_seed(trainer.process_group().rank() as u64);
+        let mut seconds = 0.0;
+        for step in 0..args.steps {
+            let noise = rng.normal(&(1, seq_len).into(), 1.0, &Device::Cpu)?;
+            let tokens = (noise.abs()? * (model.vocab_size as f64 / 4.0))?.floor()?.clamp(0.0, (model.vocab_size - 1) as f64)?;
+            let start = Instant::now();
+            trainer.train_step(&[tokens.to_dtype(DType::U32)?])?;
+            if step > 0 {
+                seconds += start.elapsed().as_secs_f64();
+            }
+        }
+        let padded: usize = trainer.units.iter().map(|u| u.layout.padded_len()).sum();
+        Ok((trainer.ledger().clone(), num_params, padded, seconds))
+    })
+    .map_err(|e| anyhow!("{e}"))?;
+    let (ledger, params, padded, seconds) = ranks.swap_remove(0);
+    let m = ledger.memory;
+    let timed = args.steps.saturating_sub(1).max(1);
+    println!(
+        "{}",
+        serde_json::json!({
+            "model_size": args.model_size,
+            "stage": plan.zero_stage(),
+            "precision": precision.name(),
+            "nproc": args.nproc,
+            "params": params,
+            "padded_params": padded,
+            "param_bytes": m.params,
+            "master_bytes": m.master_params,
+            "grad_bytes": m.grads,
+            "optimizer_bytes": m.optimizer_state,
+            "model_state_bytes": m.model_states(),
+            "gathered_peak_bytes": m.gathered_peak,
+            "ring_volume_bytes": ledger.ring_volume(),
+            "all_gathers": ledger.comm.calls(Collective::AllGather),
+            "reduce_scatters": ledger.comm.calls(Collective::ReduceScatter),
+            "all_reduces": ledger.comm.calls(Collective::AllReduce),
+            "tokens_per_s": (args.nproc * seq_len * timed) as f64 / seconds.max(1e-9),
+        })
+    );
+    Ok(())
+}
