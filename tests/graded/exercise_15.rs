@@ -6,6 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use candle_core::Tensor;
+use rstest::rstest;
 use workbook::distributed::{spawn, spawn_with_timeout};
 use workbook::fsdp::{FsdpConfig, FsdpTrainer, Precision, ShardingStrategy};
 use workbook::train::{Checkpoint, Ddp, Trainer};
@@ -60,12 +61,17 @@ fn a_one_rank_checkpoint_equals_the_single_process_one() {
     }
 }
 
-#[test]
-fn two_ranks_save_the_gathered_whole() {
-    let dir = scratch_dir("ex15-two-ranks");
+/// Every strategy: sharded units are gathered, whole ones saved as they are
+/// (gathering a unit every rank already holds whole would repeat it N times).
+#[rstest]
+fn two_ranks_save_the_gathered_whole(
+    #[values(ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard)] sharding: ShardingStrategy,
+) {
+    let dir = scratch_dir(&format!("ex15-two-ranks-{sharding}"));
+    let fsdp = FsdpConfig { sharding, precision: Precision::Fp32 };
     let gathered = ok(
         spawn_with_timeout(2, Duration::from_secs(20), |pg| {
-            let trainer = trained(pg, FULL, 2);
+            let trainer = trained(pg, fsdp, 2);
             let whole = gather_params(&trainer);
             trainer.save_checkpoint(&dir, None)?;
             Ok(whole)
@@ -75,7 +81,13 @@ fn two_ranks_save_the_gathered_whole() {
     let checkpoint = read(&dir);
     for (name, want) in &gathered[0] {
         let Some(got) = checkpoint.params.get(name) else { panic!("the checkpoint has no `{name}`") };
-        assert_eq!(got.dims(), want.dims(), "`{name}` saved with shape {:?}, expected {:?}: gather the shards before unflattening", got.dims(), want.dims());
+        assert_eq!(
+            got.dims(),
+            want.dims(),
+            "{sharding}: `{name}` saved with shape {:?}, expected {:?}: gather sharded units (is_sharded) before unflattening, and only those",
+            got.dims(),
+            want.dims()
+        );
         assert!(bit_equal(got, want), "`{name}` is not the gathered whole of the ranks' shards");
     }
 }
