@@ -17,9 +17,11 @@ pub struct MemoryLedger {
     pub optimizer_state: u64,
     /// Gathered parameters of units alive at once, at most.
     pub gathered_peak: u64,
-    /// Block inputs saved for backward, at most. Autograd graphs kept inside
-    /// blocks (no activation checkpointing) hold more that this does not count.
-    pub saved_inputs_peak: u64,
+    /// What the forward pass leaves allocated for backward (autograd's saved
+    /// tensors, or only block inputs where blocks are recomputed), at most.
+    /// Measured by [`CountingAllocator`](crate::memory::CountingAllocator);
+    /// `None` when the running binary does not install it.
+    pub activations_peak: Option<u64>,
 }
 
 impl MemoryLedger {
@@ -65,7 +67,10 @@ impl fmt::Display for StepLedger {
         writeln!(f, "  optimizer state        {:>10.2}", mib(m.optimizer_state))?;
         writeln!(f, "  = model states         {:>10.2}", mib(m.model_states()))?;
         writeln!(f, "  gathered units, peak   {:>10.2}", mib(m.gathered_peak))?;
-        writeln!(f, "  saved block inputs     {:>10.2}", mib(m.saved_inputs_peak))?;
+        match m.activations_peak {
+            Some(bytes) => writeln!(f, "  activations, peak      {:>10.2}", mib(bytes))?,
+            None => writeln!(f, "  activations, peak      not measured (no CountingAllocator installed)")?,
+        }
         writeln!(f, "communication per step:")?;
         for line in self.comm.to_string().lines() {
             writeln!(f, "  {line}")?;

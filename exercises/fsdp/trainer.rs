@@ -34,6 +34,7 @@ use super::{
     ShardingStrategy, StepLedger,
 };
 use crate::autograd::{accumulate, vjp};
+use crate::memory::held_after;
 use crate::distributed::{ProcessGroup, ReduceOp};
 use crate::model::{Block, GptConfig, Outer, ParamStore, RotaryCache};
 use crate::phase1_model::next_token_loss;
@@ -254,31 +255,46 @@ impl FsdpTrainer {
         gathered.add(root, &root_flat, memory);
         let outer = Outer::new(&self.model_config, &FlatView { flat: root_flat.as_tensor(), layout: &root.layout })?;
 
-        let embedded = outer.embed_tokens.forward(batch)?; // (B, T, C), graph to the root's buffer
+        // Activations: what each piece of the forward leaves allocated for
+        // backward, measured around work that runs no collective.
+        let (embedded, mut activations) = held_after(|| outer.embed_tokens.forward(batch));
+        let embedded = embedded?; // (B, T, C), graph to the root's buffer
         let mut x = embedded.detach();
         let mut records = Vec::with_capacity(self.model_config.num_layers);
-        let mut saved = 0;
         for layer in 0..self.model_config.num_layers {
             let unit = &self.units[layer + 1];
             let flat = unit.materialize(pg, &self.policy)?;
             gathered.add(unit, &flat, memory);
-            let input = Var::from_tensor(&x)?;
-            let y = self.block(layer, &flat)?.forward(input.as_tensor())?;
+            let block = self.block(layer, &flat)?;
+            let (ran, held) = held_after(|| -> Result<_> {
+                let input = Var::from_tensor(&x)?;
+                let y = block.forward(input.as_tensor())?;
+                Ok((input, y))
+            });
+            let (input, y) = ran?;
             x = y.detach();
-            saved += bytes(input.as_tensor());
             let kept = match self.recomputes_blocks() {
                 true => {
+                    activations = activations.map(|a| a + bytes(input.as_tensor())); // only the input stays
                     gathered.remove(unit, &flat);
                     None
                 }
-                false => Some((y, flat)),
+                false => {
+                    activations = activations.zip(held).map(|(a, h)| a + h);
+                    Some((y, flat))
+                }
             };
             records.push(BlockRecord { input, kept });
         }
-        memory.saved_inputs_peak = memory.saved_inputs_peak.max(saved);
-        let last = Var::from_tensor(&x)?;
-        let logits = outer.lm_head.forward(&outer.norm.forward(last.as_tensor())?)?;
-        let loss = next_token_loss(&logits, batch)?;
+        let (head, held) = held_after(|| -> Result<_> {
+            let last = Var::from_tensor(&x)?;
+            let logits = outer.lm_head.forward(&outer.norm.forward(last.as_tensor())?)?;
+            let loss = next_token_loss(&logits, batch)?;
+            Ok((last, loss))
+        });
+        let (last, loss) = head?;
+        activations = activations.zip(held).map(|(a, h)| a + h);
+        memory.activations_peak = memory.activations_peak.max(activations);
         let loss_value = loss.to_scalar::<f32>()? as f64;
 
         let loss_scale = self.scaler.map_or(1.0, |s| s.scale);

@@ -27,6 +27,7 @@ struct Ledger {
     padded_params: u64,
     model_state_bytes: u64,
     gathered_peak_bytes: u64,
+    activation_bytes: Option<u64>,
     ring_volume_bytes: u64,
     all_gathers: u64,
     reduce_scatters: u64,
@@ -43,7 +44,7 @@ pub fn bench_fsdp(ws: &Workspace) -> Result<bool> {
             for world_size in WORLD_SIZES {
                 let row = match measure(&ws.root, model_size, precision, stage, world_size, available)? {
                     Some(ledger) => format_row(model_size, precision, stage, world_size, &ledger)?,
-                    None => format!("| {model_size} | {} | {} | {world_size} | skipped: needs more memory than this machine has ||||||\n", name(precision), Strategy::ALL[stage as usize]),
+                    None => format!("| {model_size} | {} | {} | {world_size} | skipped: needs more memory than this machine has |||||||\n", name(precision), Strategy::ALL[stage as usize]),
                 };
                 print!("{row}");
                 rows.push(row);
@@ -64,9 +65,12 @@ pub fn bench_fsdp(ws: &Workspace) -> Result<bool> {
          - stage 3 moves a little under 3Ψ: the root unit (embedding, final norm, head)\n  \
            stays gathered from its forward through its backward, as PyTorch's root does,\n  \
            so it is gathered once, not twice.\n\
-         - at N = 1 nothing moves over a network, but the collectives still run (and count).\n\n\
-         | config | precision | strategy | N | model states MiB | formula MiB | gathered peak MiB | traffic (Ψ) | theory (Ψ) | collectives AG/RS/AR | tokens/s |\n\
-         |---|---|---|---:|---:|---:|---:|---:|---:|---|---:|\n{}",
+         - at N = 1 nothing moves over a network, but the collectives still run (and count).\n\
+         Activations are what the forward leaves for backward, measured with a counting\n\
+         allocator: stage 3 recomputes its blocks (candle's graph would keep gathered\n\
+         weights alive), so it keeps only their inputs plus the root's.\n\n\
+         | config | precision | strategy | N | model states MiB | formula MiB | gathered peak MiB | activations MiB | traffic (Ψ) | theory (Ψ) | collectives AG/RS/AR | tokens/s |\n\
+         |---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|\n{}",
         rows.concat(),
         cpu = cpu_model()
     );
@@ -126,12 +130,13 @@ fn format_row(model_size: &str, precision: Precision, stage: u8, world_size: usi
     let traffic = l.ring_volume_bytes as f64 / (l.padded_params as f64 * element);
     let theory = if stage == 3 { 3 } else { 2 };
     Ok(format!(
-        "| {model_size} | {} | {} | {world_size} | {:.2} | {:.2} | {:.2} | {traffic:.2} | {theory} | {}/{}/{} | {:.0} |\n",
+        "| {model_size} | {} | {} | {world_size} | {:.2} | {:.2} | {:.2} | {} | {traffic:.2} | {theory} | {}/{}/{} | {:.0} |\n",
         name(precision),
         Strategy::ALL[stage as usize],
         mib(l.model_state_bytes as f64),
         mib(formula),
         mib(l.gathered_peak_bytes as f64),
+        l.activation_bytes.map_or("n/a".to_string(), |b| format!("{:.2}", mib(b as f64))),
         l.all_gathers,
         l.reduce_scatters,
         l.all_reduces,

@@ -37,6 +37,10 @@ struct Args {
     seq_len: usize,
 }
 
+/// Counts each rank's heap bytes, so the FSDP ledger can measure activations.
+#[global_allocator]
+static ALLOCATOR: workbook::memory::CountingAllocator = workbook::memory::CountingAllocator;
+
 fn main() -> ExitCode {
     trainer::main_with(|| run(Args::parse()))
 }
@@ -91,6 +95,7 @@ fn run(args: Args) -> Result<()> {
             "optimizer_bytes": m.optimizer_state,
             "model_state_bytes": m.model_states(),
             "gathered_peak_bytes": m.gathered_peak,
+            "activation_bytes": m.activations_peak,
             "ring_volume_bytes": ledger.ring_volume(),
             "all_gathers": ledger.comm.calls(Collective::AllGather),
             "reduce_scatters": ledger.comm.calls(Collective::ReduceScatter),

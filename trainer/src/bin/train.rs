@@ -77,6 +77,10 @@ struct Args {
     log_every: usize,
 }
 
+/// Counts each rank's heap bytes, so the FSDP ledger can measure activations.
+#[global_allocator]
+static ALLOCATOR: workbook::memory::CountingAllocator = workbook::memory::CountingAllocator;
+
 fn main() -> ExitCode {
     trainer::main_with(|| run(Args::parse()))
 }
