@@ -15,7 +15,7 @@ mod exercise_08;
 mod exercise_09;
 mod exercise_10;
 mod exercise_11;
-mod exercise_12;
+pub mod exercise_12;
 mod exercise_13;
 mod exercise_14;
 mod exercise_15;

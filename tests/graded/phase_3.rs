@@ -1,6 +1,8 @@
-//! Phase 3's multi-rank checks: every strategy, on 1, 2 and 4 CPU ranks,
-//! reaches the parameters that one process and Phase 2's DDP reach on the
-//! same global batches, in f32.
+//! Phase 3's whole-phase checks, run on CPU ranks once exercises 12-15 pass:
+//! the measured memory follows each strategy's plan (exercise 12), bf16 and
+//! fp16 train as their policies promise (exercise 13), and every strategy, on
+//! 1, 2 and 4 ranks, reaches the parameters that one process and Phase 2's
+//! DDP reach on the same global batches, in f32:
 //!
 //! - World size 1: bit-exact with one process (the same operations on the same numbers).
 //! - NO_SHARD without clipping: bit-exact with DDP on as many ranks (same
@@ -15,10 +17,13 @@
 //!   rounding, not sharding's.
 
 use rstest::rstest;
-use workbook::fsdp::{Precision, ShardingStrategy};
+use workbook::distributed::spawn;
+use workbook::fsdp::{FsdpConfig, LossScaler, Precision, ShardingStrategy};
 use workbook::train::TrainConfig;
 
-use crate::fsdp_runs::{ddp_run, fsdp_run, max_relative_difference, single_process, train_config};
+use crate::exercise_12::expected;
+use crate::fsdp_runs::{ddp_run, fsdp_run, fsdp_step, fsdp_trainer, gather_params, max_relative_difference, single_process, train_config};
+use crate::support::ok;
 
 const STEPS: usize = 3;
 /// Clipping that bites on this model (its gradient norm is above 1).
@@ -54,4 +59,108 @@ fn ranks_match_ddp_and_one_process(
     let (got, _) = fsdp_run(world_size, strategy, Precision::Fp32, train_config(CLIP), STEPS);
     let (single, _) = single_process(STEPS, CLIP);
     check(max_relative_difference(&got, &single), 1e-5, &format!("{strategy} on {world_size} ranks vs one process"));
+}
+
+/// Per-rank model states in fp32 on N ranks, from the ZeRO paper's
+/// accounting with K = 8 (AdamW's two f32 moments; f32 parameters are their
+/// own master weights): parameters 4Ψ, gradients 4Ψ, optimizer state 8Ψ,
+/// each divided by N when sharded. Ψ counts the padded flat buffers.
+fn expected_model_states(strategy: ShardingStrategy, psi: u64, n: u64) -> u64 {
+    let plan = expected(strategy);
+    let part = |bytes: u64, sharded: bool| if sharded { bytes / n } else { bytes };
+    part(4 * psi, plan.params) + part(4 * psi, plan.grads) + part(8 * psi, plan.optimizer_state)
+}
+
+#[rstest]
+fn measured_memory_per_rank_follows_the_plan(
+    #[values(ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard)] strategy: ShardingStrategy,
+) {
+    let world_size = 2;
+    let (_, trainers) = fsdp_run(world_size, strategy, Precision::Fp32, train_config(1.0), 1);
+    let psi: u64 = trainers[0].units.iter().map(|u| u.layout.padded_len() as u64).sum();
+    let want = expected_model_states(strategy, psi, world_size as u64);
+    for (rank, trainer) in trainers.iter().enumerate() {
+        let memory = trainer.ledger().memory;
+        assert_eq!(
+            memory.model_states(),
+            want,
+            "{strategy}, rank {rank} of {world_size}: the ledger measured {} bytes of model states, the ZeRO formula gives {want} \
+             (Ψ = {psi} elements).\nLedger:\n{}\nLikely cause: sharding_plan (exercise 12) shards the wrong things.",
+            memory.model_states(),
+            trainer.ledger()
+        );
+    }
+}
+
+/// Per-step losses of a short FULL_SHARD run on two ranks.
+fn losses(precision: Precision, steps: usize) -> Vec<f64> {
+    let fsdp = FsdpConfig { sharding: ShardingStrategy::FullShard, precision };
+    let mut per_rank = ok(
+        spawn(2, |pg| {
+            let mut trainer = fsdp_trainer(Box::new(pg), fsdp, train_config(1.0));
+            Ok((0..steps).map(|s| fsdp_step(&mut trainer, s).loss).collect::<Vec<_>>())
+        }),
+        "two FSDP ranks",
+    );
+    per_rank.swap_remove(0)
+}
+
+/// bf16 rounds every activation to 8 bits of mantissa (~0.4%); over a short
+/// run the loss stays within 1% of the f32 run's.
+#[test]
+fn a_bf16_run_tracks_the_fp32_run() {
+    let steps = 6;
+    let (fp32, bf16) = (losses(Precision::Fp32, steps), losses(Precision::Bf16, steps));
+    for (s, (a, b)) in fp32.iter().zip(&bf16).enumerate() {
+        let rel = (a - b).abs() / a.abs();
+        assert!(
+            rel <= 1e-2,
+            "step {s}: bf16 loss {b:.5} vs fp32 {a:.5} ({:.2}% apart, allowed 1%). Likely cause: the policy does not compute in bf16, \
+             or something is accumulated in bf16 that should be f32",
+            rel * 100.0
+        );
+    }
+    assert!(bf16[steps - 1] < bf16[0], "the bf16 run did not learn: loss {:.4} → {:.4}", bf16[0], bf16[steps - 1]);
+}
+
+/// A loss scale of 2^40 makes fp16 gradients overflow: the step must be
+/// skipped and the scale halved until the gradients fit, and the
+/// parameters must never see an inf or NaN.
+#[test]
+fn fp16_skips_overflowing_steps_instead_of_producing_nan() {
+    let fsdp = FsdpConfig { sharding: ShardingStrategy::FullShard, precision: Precision::Fp16 };
+    let results = ok(
+        spawn(2, |pg| {
+            let mut trainer = fsdp_trainer(Box::new(pg), fsdp, train_config(1.0));
+            let Some(scaler) = trainer.scaler.as_mut() else {
+                return Ok(None);
+            };
+            *scaler = LossScaler::new(2f64.powi(40), 2000);
+            let start = gather_params(&trainer);
+            fsdp_step(&mut trainer, 0);
+            let after_overflow = gather_params(&trainer);
+            let skipped_first = trainer.skipped_steps;
+            for s in 1..40 {
+                fsdp_step(&mut trainer, s);
+            }
+            let end = gather_params(&trainer);
+            Ok(Some((start, after_overflow, skipped_first, trainer.skipped_steps, trainer.optimizer_steps, trainer.scaler.unwrap().scale, end)))
+        }),
+        "two fp16 FSDP ranks",
+    );
+    let Some((start, after_overflow, skipped_first, skipped, applied, scale, end)) = results.into_iter().next().flatten() else {
+        panic!("the fp16 trainer has no loss scaler. Likely cause: the fp16 policy (exercise 13) has loss_scaling = false");
+    };
+    assert_eq!(skipped_first, 1, "the first step overflowed (loss scale 2^40) but was not skipped");
+    for (name, t) in &start {
+        let same = (t - after_overflow.get(name).unwrap()).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        assert_eq!(same, 0.0, "`{name}` changed in a step whose gradients overflowed: that step must be skipped");
+    }
+    assert!(applied > 0, "no step was applied in 40: the scale ({scale:e}) never came down to where fp16 gradients fit");
+    assert!(scale < 2f64.powi(40), "the loss scale did not shrink after overflows");
+    assert!(skipped > 1, "expected several overflowing steps while the scale came down from 2^40, saw {skipped}");
+    for (name, t) in &end {
+        let sum = t.sum_all().unwrap().to_scalar::<f32>().unwrap();
+        assert!(sum.is_finite(), "`{name}` holds inf or NaN after fp16 training: overflowing steps reached the parameters");
+    }
 }
