@@ -40,7 +40,7 @@ use crate::model::{Block, GptConfig, Outer, ParamStore, RotaryCache};
 use crate::phase1_model::next_token_loss;
 use crate::phase2_training::build_optimizer;
 use crate::phase3_fsdp::{mixed_precision_policy, sharding_plan, wrap_policy};
-use crate::train::{AdamWConfig, DataPosition, LrSchedule, StepStats, TrainConfig, TrainerState};
+use crate::train::{broadcast_parameters, clip_factor, sum_of_squares, DataPosition, StepStats, TrainConfig, TrainerState};
 
 /// How a run shards and which precision it computes in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -56,7 +56,6 @@ pub struct FsdpTrainer {
     pub policy: MixedPrecisionPolicy,
     pub config: TrainConfig,
     pub fsdp: FsdpConfig,
-    pub schedule: LrSchedule,
     /// Optimizer steps taken so far (skipped ones included).
     pub step: usize,
     /// AdamW updates applied (t in its bias corrections).
@@ -66,7 +65,6 @@ pub struct FsdpTrainer {
     /// Dynamic loss scaling, when the policy asks for it.
     pub scaler: Option<LossScaler>,
     model_config: GptConfig,
-    adamw: AdamWConfig,
     rotary: RotaryCache,
     pg: Box<dyn ProcessGroup>,
     ledger: StepLedger,
@@ -111,9 +109,7 @@ impl FsdpTrainer {
         let policy = mixed_precision_policy(fsdp.precision);
         let units = wrap_policy(model_config);
         check_units(model_config, &units)?;
-        for (_, var) in params.iter() {
-            var.set(&pg.broadcast(var.as_tensor(), 0)?)?;
-        }
+        broadcast_parameters(pg.as_ref(), &params)?;
         let optimizer = build_optimizer(&params, &config.optimizer)?;
         let decay: HashMap<&str, f64> = optimizer
             .groups()
@@ -140,13 +136,11 @@ impl FsdpTrainer {
             policy,
             config,
             fsdp,
-            schedule: config.schedule,
             step: 0,
             optimizer_steps: 0,
             skipped_steps: 0,
             scaler: policy.loss_scaling.then(LossScaler::default),
             model_config: model_config.clone(),
-            adamw: config.optimizer.adamw,
             rotary,
             pg,
             ledger: StepLedger::default(),
@@ -220,18 +214,16 @@ impl FsdpTrainer {
         if let Some(scaler) = &mut self.scaler {
             scaler.update(overflowed);
         }
-        let lr = self.schedule.lr(self.step);
+        let lr = self.config.schedule.lr(self.step);
         if overflowed {
             self.skipped_steps += 1;
         } else {
-            // PyTorch's clip_grad_norm_ formula, as in `Gradients::clip_global_norm`.
-            let factor = self.config.max_grad_norm / (grad_norm + 1e-6);
-            if factor < 1.0 {
+            if let Some(factor) = clip_factor(grad_norm, self.config.max_grad_norm) {
                 grads = grads.iter().map(|g| g * factor).collect::<Result<_>>()?;
             }
             self.optimizer_steps += 1;
             for (unit, grad) in self.units.iter_mut().zip(&grads) {
-                unit.step(grad, lr, self.optimizer_steps, &self.adamw, self.pg.as_ref(), &self.policy)?;
+                unit.step(grad, lr, self.optimizer_steps, &self.config.optimizer.adamw, self.pg.as_ref(), &self.policy)?;
             }
         }
         self.step += 1;
@@ -350,10 +342,7 @@ impl FsdpTrainer {
 
     /// The L2 norm of the whole model's gradient, from every rank's local part.
     fn global_norm(&self, grads: &[Tensor]) -> Result<f64> {
-        let mut sum_sq = 0f64;
-        for grad in grads {
-            sum_sq += grad.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
-        }
+        let mut sum_sq = sum_of_squares(grads)?;
         if self.plan.optimizer_state && self.pg.world_size() > 1 {
             // Each rank holds a different part of the gradient: add up the parts.
             let total = Tensor::new(&[sum_sq as f32], self.units[0].device())?;

@@ -56,10 +56,7 @@ impl Ddp {
 
     /// Copies rank 0's parameters to every rank, so all replicas start equal.
     pub fn broadcast_parameters(&self, params: &ParamStore) -> Result<()> {
-        for (_, var) in params.iter() {
-            var.set(&self.pg.broadcast(var.as_tensor(), 0)?)?;
-        }
-        Ok(())
+        broadcast_parameters(self.pg.as_ref(), params)
     }
 
     /// Averages `grads` across ranks, in buckets. Call once per optimizer step,
@@ -103,4 +100,12 @@ impl Ddp {
         }
         buckets
     }
+}
+
+/// Copies rank 0's parameters to every rank of `pg` (DDP and FSDP both start so).
+pub fn broadcast_parameters(pg: &dyn ProcessGroup, params: &ParamStore) -> Result<()> {
+    for (_, var) in params.iter() {
+        var.set(&pg.broadcast(var.as_tensor(), 0)?)?;
+    }
+    Ok(())
 }

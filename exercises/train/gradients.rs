@@ -86,22 +86,34 @@ impl Gradients {
 
     /// The L2 norm of all gradients taken together, computed in f32.
     pub fn global_norm(&self) -> Result<f64> {
-        let mut sum_sq = 0f64;
-        for grad in self.by_name.values() {
-            sum_sq += grad.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
-        }
-        Ok(sum_sq.sqrt())
+        Ok(sum_of_squares(self.by_name.values())?.sqrt())
     }
 
     /// Scales the gradients so that their global norm is at most `max_norm`,
     /// and returns the norm before clipping (what PyTorch's `clip_grad_norm_` returns).
     pub fn clip_global_norm(&mut self, max_norm: f64) -> Result<f64> {
         let norm = self.global_norm()?;
-        // PyTorch's formula: the 1e-6 keeps a zero norm from dividing by zero.
-        let factor = max_norm / (norm + 1e-6);
-        if factor < 1.0 {
+        if let Some(factor) = clip_factor(norm, max_norm) {
             self.scale(factor)?;
         }
         Ok(norm)
     }
+}
+
+/// The sum of the squares of every element of `grads` (f32 tensors), each
+/// tensor reduced in f32 and the tensors added in f64.
+pub fn sum_of_squares<'a>(grads: impl IntoIterator<Item = &'a Tensor>) -> Result<f64> {
+    let mut sum_sq = 0f64;
+    for grad in grads {
+        sum_sq += grad.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
+    }
+    Ok(sum_sq)
+}
+
+/// What gradients of global norm `norm` are multiplied by to clip them to
+/// `max_norm`, or `None` when they are within it. PyTorch's formula: the
+/// 1e-6 keeps a zero norm from dividing by zero.
+pub fn clip_factor(norm: f64, max_norm: f64) -> Option<f64> {
+    let factor = max_norm / (norm + 1e-6);
+    (factor < 1.0).then_some(factor)
 }
