@@ -62,13 +62,20 @@ pub fn rows_of(batch: &Tensor, rank: usize, world_size: usize) -> Tensor {
     batch.narrow(0, rank * rows, rows).unwrap()
 }
 
-/// Parameters after `steps` steps of one process on the global batches, and its stats.
-pub fn single_process(steps: usize, max_grad_norm: f64) -> (HashMap<String, Tensor>, Vec<StepStats>) {
+/// One process's trainer after `steps` steps on the global batches.
+pub fn single_process_trainer(steps: usize, max_grad_norm: f64) -> Trainer {
     let params = init_params(&model_config(), 7, &Device::Cpu).unwrap();
     let mut trainer = ok(Trainer::new(&model_config(), params, train_config(max_grad_norm), Ddp::single()), "Trainer::new");
-    let stats = (0..steps).map(|s| ok(trainer.train_step(&global_batches(s)), "Trainer::train_step")).collect();
-    let named = trainer.params.iter().map(|(n, v)| (n.to_string(), v.as_tensor().clone())).collect();
-    (named, stats)
+    for s in 0..steps {
+        ok(trainer.train_step(&global_batches(s)), "Trainer::train_step");
+    }
+    trainer
+}
+
+/// Parameters after `steps` steps of one process on the global batches.
+pub fn single_process(steps: usize, max_grad_norm: f64) -> HashMap<String, Tensor> {
+    let trainer = single_process_trainer(steps, max_grad_norm);
+    trainer.params.iter().map(|(n, v)| (n.to_string(), v.as_tensor().clone())).collect()
 }
 
 /// A fresh FSDP trainer on `pg`, from the same initial parameters as [`single_process`].

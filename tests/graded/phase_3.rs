@@ -40,7 +40,7 @@ fn one_rank_is_bit_exact_with_one_process(
     #[values(ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard)] strategy: ShardingStrategy,
     #[values(false, true)] activation_checkpointing: bool,
 ) {
-    let (want, _) = single_process(STEPS, CLIP);
+    let want = single_process(STEPS, CLIP);
     let config = TrainConfig { activation_checkpointing, ..train_config(CLIP) };
     let (got, _) = fsdp_run(1, strategy, Precision::Fp32, config, STEPS);
     check(max_relative_difference(&got, &want), 0.0, &format!("{strategy} on one rank vs one process"));
@@ -57,7 +57,7 @@ fn ranks_match_ddp_and_one_process(
     check(max_relative_difference(&got, &ddp), bound, &format!("{strategy} vs DDP on {world_size} ranks"));
 
     let (got, _) = fsdp_run(world_size, strategy, Precision::Fp32, train_config(CLIP), STEPS);
-    let (single, _) = single_process(STEPS, CLIP);
+    let single = single_process(STEPS, CLIP);
     check(max_relative_difference(&got, &single), 1e-5, &format!("{strategy} on {world_size} ranks vs one process"));
 }
 

@@ -12,7 +12,7 @@ use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
 use crate::bench::{cpu_model, replace_section, RESULTS};
-use crate::estimate::{estimate, Optimizer, Precision, Setup, Strategy};
+use crate::estimate::{count_params, estimate, Optimizer, Precision, Setup, Strategy};
 use crate::render;
 use crate::workspace::Workspace;
 
@@ -82,7 +82,7 @@ pub fn bench_fsdp(ws: &Workspace) -> Result<bool> {
 fn measure(root: &Path, model_size: &str, precision: Precision, stage: u8, world_size: usize, available: Option<u64>) -> Result<Option<Ledger>> {
     if let Some(available) = available {
         // Each rank holds its model states and as much again in transients.
-        let psi = if model_size == "small" { 162e6 } else { 1e6 };
+        let psi = config_params(root, model_size)?;
         let need = 2.5 * world_size as f64 * states(psi, precision, stage, world_size)?;
         if need > available as f64 {
             return Ok(None);
@@ -102,6 +102,24 @@ fn measure(root: &Path, model_size: &str, precision: Precision, stage: u8, world
     let stdout = String::from_utf8_lossy(&output.stdout);
     let Some(line) = stdout.lines().find(|l| l.starts_with('{')) else { bail!("ledger printed no result:\n{stdout}") };
     Ok(Some(serde_json::from_str(line).with_context(|| format!("unexpected ledger output: {line}"))?))
+}
+
+/// The parameter count of `configs/<model_size>.toml`'s model.
+fn config_params(root: &Path, model_size: &str) -> Result<f64> {
+    #[derive(Deserialize)]
+    struct Config {
+        model: Model,
+    }
+    #[derive(Deserialize)]
+    struct Model {
+        num_layers: usize,
+        hidden_size: usize,
+        vocab_size: usize,
+    }
+    let path = root.join("configs").join(format!("{model_size}.toml"));
+    let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    let Config { model } = toml::from_str(&text).with_context(|| format!("{} is not a model config", path.display()))?;
+    Ok(count_params(model.num_layers, model.hidden_size, model.vocab_size))
 }
 
 /// The ZeRO formula's model-state bytes per rank for `psi` parameters.
