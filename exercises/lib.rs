@@ -12,6 +12,7 @@ pub mod autograd;
 pub mod data;
 pub mod distributed;
 pub mod fsdp;
+pub mod kernels;
 pub mod memory;
 pub mod model;
 pub mod phase1_model;

@@ -26,8 +26,9 @@ impl Mlp {
     ///
     /// `self.gate_proj`, `self.up_proj` and `self.down_proj` are `candle_nn::Linear`
     /// layers: call `.forward(x)` on each (bring `candle_core::Module` into scope).
-    /// `candle_nn::ops::silu` (or `Tensor::silu`) is SiLU. The gate is the
-    /// projection that goes through SiLU; the other is gated.
+    /// `crate::kernels::silu` is SiLU as one fused pass (`candle_nn::ops::silu` and
+    /// `Tensor::silu` compute the same, slower). The gate is the projection that
+    /// goes through SiLU; the other is gated.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         todo!("Exercise 4: SwiGLU MLP; run `cargo xtask hint 4`")
     }

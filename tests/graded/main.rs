@@ -22,5 +22,6 @@ mod exercise_15;
 mod data;
 mod distributed;
 mod scaffolding;
+mod kernels;
 mod fsdp_runs;
 mod phase_3;

@@ -1,0 +1,23 @@
+//! Fused CPU kernels, each with its own backward pass, for the ops that candle
+//! composes from many passes.
+//!
+//! candle builds `softmax`, `silu` and `cross_entropy` out of elementwise ops
+//! and reductions: each one a pass over memory, an allocation, and in backward
+//! a few more ops per node. On a CPU that dominates a small model's step (the
+//! attention softmax alone took more than half of attention's time). Each kernel
+//! here is one pass forward and one pass backward over rows of the last
+//! dimension, computed in f32 whatever the tensor's dtype, spread over the
+//! kernel threads. They compute the same functions as their candle
+//! counterparts (the tests compare them), so an exercise may use either; on a
+//! device other than the CPU they fall back to candle's composed ops.
+
+mod cross_entropy;
+mod exp;
+mod rows;
+mod silu;
+mod softmax;
+
+pub use cross_entropy::cross_entropy;
+pub use exp::exp;
+pub use silu::silu;
+pub use softmax::softmax;

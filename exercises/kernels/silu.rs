@@ -1,0 +1,88 @@
+//! SiLU, `x · sigmoid(x)`, forward and backward each in one pass.
+
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, Device, Layout, Result, Shape, Tensor};
+
+use super::exp::exp;
+use super::rows::{as_f32, for_each_row, from_f32, RowKernel};
+
+/// Elements per unit of work: SiLU has no rows, any split will do.
+const CHUNK: usize = 1 << 14;
+
+/// `x · sigmoid(x)` elementwise, with a backward pass: the fused counterpart
+/// of `candle_nn::ops::silu`.
+pub fn silu(x: &Tensor) -> Result<Tensor> {
+    if !matches!(x.device(), Device::Cpu) {
+        return candle_nn::ops::silu(x);
+    }
+    x.contiguous()?.apply_op1(Silu)
+}
+
+#[inline(always)]
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + exp(-x))
+}
+
+struct Silu;
+
+impl CustomOp1 for Silu {
+    fn name(&self) -> &'static str {
+        "workbook-silu"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        let x = as_f32(storage, layout, self.name())?;
+        let mut y = vec![0f32; x.len()];
+        for_each_row(&mut y, CHUNK, &Chunks { x: &x });
+        Ok((from_f32(y, storage.dtype())?, layout.shape().clone()))
+    }
+
+    fn bwd(&self, x: &Tensor, _y: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(x.apply_op2_no_bwd(&dy.contiguous()?, &SiluBackward)?))
+    }
+}
+
+struct Chunks<'a> {
+    x: &'a [f32],
+}
+
+impl RowKernel for Chunks<'_> {
+    #[inline(always)]
+    fn row(&self, i: usize, out: &mut [f32]) {
+        for (o, &x) in out.iter_mut().zip(&self.x[i * CHUNK..]) {
+            *o = x * sigmoid(x);
+        }
+    }
+}
+
+struct SiluBackward;
+
+impl CustomOp2 for SiluBackward {
+    fn name(&self) -> &'static str {
+        "workbook-silu-backward"
+    }
+
+    fn cpu_fwd(&self, xs: &CpuStorage, xl: &Layout, dys: &CpuStorage, dyl: &Layout) -> Result<(CpuStorage, Shape)> {
+        let x = as_f32(xs, xl, self.name())?;
+        let dy = as_f32(dys, dyl, self.name())?;
+        let mut dx = vec![0f32; x.len()];
+        for_each_row(&mut dx, CHUNK, &BackwardChunks { x: &x, dy: &dy });
+        Ok((from_f32(dx, xs.dtype())?, xl.shape().clone()))
+    }
+}
+
+/// dx = dy · s · (1 + x · (1 − s)), with s = sigmoid(x).
+struct BackwardChunks<'a> {
+    x: &'a [f32],
+    dy: &'a [f32],
+}
+
+impl RowKernel for BackwardChunks<'_> {
+    #[inline(always)]
+    fn row(&self, i: usize, out: &mut [f32]) {
+        for ((o, &x), &dy) in out.iter_mut().zip(&self.x[i * CHUNK..]).zip(&self.dy[i * CHUNK..]) {
+            let s = sigmoid(x);
+            *o = dy * s * (1.0 + x * (1.0 - s));
+        }
+    }
+}

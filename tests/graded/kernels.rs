@@ -1,0 +1,117 @@
+//! Ungraded checks of the fused kernels (`workbook::kernels`): each computes
+//! what its composed candle counterpart computes, forward and backward, in
+//! f32 and bf16, on the calling thread and split over the kernel threads.
+
+use candle_core::{DType, Device, Tensor, D};
+use workbook::{kernels, InitRng};
+
+use crate::support::{expect_close, grad, surrogate, var, BF16, F32};
+
+/// Gaussian values of `shape` with standard deviation `std`, the same on every
+/// run: these checks compare two implementations, not against a fixture.
+fn randn(shape: &[usize], std: f64) -> Tensor {
+    InitRng::from_seed(shape.iter().product::<usize>() as u64).normal(&shape.into(), std, &Device::Cpu).unwrap()
+}
+
+fn ulps(a: f32, b: f32) -> i64 {
+    (a.to_bits() as i64 - b.to_bits() as i64).abs()
+}
+
+#[test]
+fn exp_is_within_two_ulps_of_f64_exp() {
+    let mut worst = (0, 0f32);
+    let mut x = -87.3f32;
+    while x < 88.7 {
+        let error = ulps(kernels::exp(x), (x as f64).exp() as f32);
+        if error > worst.0 {
+            worst = (error, x);
+        }
+        x += 0.001_37;
+    }
+    assert!(worst.0 <= 2, "exp({}) is {} ulps from f64's", worst.1, worst.0);
+}
+
+#[test]
+fn exp_edges() {
+    assert_eq!(kernels::exp(0.0), 1.0);
+    assert_eq!(kernels::exp(f32::NEG_INFINITY), 0.0, "exp(-inf) must be exactly 0: masked scores get zero weight");
+    assert_eq!(kernels::exp(-100.0), 0.0);
+    assert_eq!(kernels::exp(f32::INFINITY), f32::INFINITY);
+    assert_eq!(kernels::exp(100.0), f32::INFINITY);
+    assert!(kernels::exp(f32::NAN).is_nan());
+}
+
+/// Scores (B, H, T, T) with the future masked to -inf, as attention makes them;
+/// `t` = 128 puts 2^20 elements past the single-thread threshold.
+fn masked_scores(t: usize) -> Tensor {
+    let future = Tensor::tril2(t, DType::U8, &Device::Cpu).unwrap();
+    let blocked = Tensor::full(f32::NEG_INFINITY, (t, t), &Device::Cpu).unwrap();
+    let mask = future.where_cond(&Tensor::zeros((t, t), DType::F32, &Device::Cpu).unwrap(), &blocked).unwrap();
+    randn(&[4, 2, t, t], 3.0).broadcast_add(&mask).unwrap()
+}
+
+#[test]
+fn softmax_matches_candle_forward_and_backward() {
+    for t in [7, 128] {
+        let x = var(&masked_scores(t));
+        let dy = randn(x.dims(), 1.0);
+        let ours = kernels::softmax(&x).unwrap();
+        let theirs = candle_nn::ops::softmax(&x, D::Minus1).unwrap();
+        expect_close(&ours, &theirs, F32, &format!("kernels::softmax of ({t}, {t}) masked scores"), &[]);
+        let above_diagonal = ours.narrow(2, 0, 1).unwrap().narrow(3, 1, t - 1).unwrap();
+        assert_eq!(above_diagonal.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap(), 0.0, "masked weights must be exactly 0");
+        let g_ours = surrogate(&ours, &dy).backward().unwrap();
+        let g_theirs = surrogate(&theirs, &dy).backward().unwrap();
+        let if_missing = "the kernel lost its backward pass";
+        expect_close(&grad(&g_ours, &x, "x", if_missing), &grad(&g_theirs, &x, "x", ""), F32, "gradient of kernels::softmax", &[]);
+    }
+}
+
+#[test]
+fn softmax_keeps_bf16_and_computes_in_f32() {
+    let x = masked_scores(16);
+    let ours = kernels::softmax(&x.to_dtype(DType::BF16).unwrap()).unwrap();
+    assert_eq!(ours.dtype(), DType::BF16);
+    let reference = candle_nn::ops::softmax(&x.to_dtype(DType::BF16).unwrap().to_dtype(DType::F32).unwrap(), D::Minus1).unwrap();
+    expect_close(&ours.to_dtype(DType::F32).unwrap(), &reference, BF16, "bf16 kernels::softmax", &[]);
+}
+
+#[test]
+fn silu_matches_candle_forward_and_backward() {
+    for n in [5, 1 << 16] {
+        let x = var(&randn(&[2, n], 4.0));
+        let dy = randn(x.dims(), 1.0);
+        let ours = kernels::silu(&x).unwrap();
+        let theirs = candle_nn::ops::silu(&x).unwrap();
+        expect_close(&ours, &theirs, F32, "kernels::silu", &[]);
+        let g_ours = surrogate(&ours, &dy).backward().unwrap();
+        let g_theirs = surrogate(&theirs, &dy).backward().unwrap();
+        expect_close(&grad(&g_ours, &x, "x", "no backward"), &grad(&g_theirs, &x, "x", ""), F32, "gradient of kernels::silu", &[]);
+    }
+    let bf16 = kernels::silu(&randn(&[3, 4], 1.0).to_dtype(DType::BF16).unwrap()).unwrap();
+    assert_eq!(bf16.dtype(), DType::BF16);
+}
+
+#[test]
+fn cross_entropy_matches_candle_forward_and_backward() {
+    for (n, v) in [(3, 5), (300, 257)] {
+        let logits = var(&randn(&[n, v], 2.0));
+        let targets = Tensor::from_vec((0..n as u32).map(|i| (i * 7919) % v as u32).collect(), n, &Device::Cpu).unwrap();
+        let ours = kernels::cross_entropy(&logits, &targets).unwrap();
+        let theirs = candle_nn::loss::cross_entropy(&logits, &targets).unwrap();
+        expect_close(&ours, &theirs, F32, "kernels::cross_entropy", &[]);
+        let (g_ours, g_theirs) = ((&ours * 3.0).unwrap().backward().unwrap(), (&theirs * 3.0).unwrap().backward().unwrap());
+        expect_close(&grad(&g_ours, &logits, "logits", "no backward"), &grad(&g_theirs, &logits, "logits", ""), F32, "gradient of kernels::cross_entropy", &[]);
+    }
+}
+
+#[test]
+fn cross_entropy_rejects_bad_targets() {
+    let logits = randn(&[2, 4], 1.0);
+    let out_of_range = Tensor::new(&[1u32, 4], &Device::Cpu).unwrap();
+    let err = kernels::cross_entropy(&logits, &out_of_range).unwrap_err().to_string();
+    assert!(err.contains("target 4 is not a class index below 4"), "{err}");
+    let wrong_shape = Tensor::new(&[1u32, 2, 3], &Device::Cpu).unwrap();
+    let err = kernels::cross_entropy(&logits, &wrong_shape).unwrap_err().to_string();
+    assert!(err.contains("targets have shape [3], expected (2)"), "{err}");
+}
