@@ -13,11 +13,13 @@
 
 mod cross_entropy;
 mod exp;
+mod linear;
 mod rows;
 mod silu;
 mod softmax;
 
 pub use cross_entropy::cross_entropy;
 pub use exp::exp;
+pub use linear::linear;
 pub use silu::silu;
 pub use softmax::softmax;

@@ -2,9 +2,7 @@
 //! exercises 3 (RoPE) and 5 (causal attention).
 
 use candle_core::{Module, Result, Tensor};
-use candle_nn::Linear;
-
-use super::RotaryCache;
+use super::{Linear, RotaryCache};
 use crate::phase1_model::{apply_rotary_pos_emb, causal_attention};
 
 #[derive(Debug, Clone)]

@@ -2,9 +2,9 @@
 
 use candle_core::backprop::GradStore;
 use candle_core::{bail, Result, Tensor};
-use candle_nn::{Embedding, Linear};
+use candle_nn::Embedding;
 
-use super::{Block, GptConfig, ParamStore, RmsNorm, RotaryCache, Weights};
+use super::{Block, GptConfig, Linear, ParamStore, RmsNorm, RotaryCache, Weights};
 use crate::autograd::Recompute;
 
 /// A Llama-style GPT: `embed_tokens` → `blocks` → `norm` → `lm_head`.

@@ -1,6 +1,6 @@
 //! The SwiGLU MLP's layers; its forward pass is exercise 4.
 
-use candle_nn::Linear;
+use super::Linear;
 
 /// The gated MLP of a Llama block: three projections, C → I, C → I and I → C.
 ///

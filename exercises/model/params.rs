@@ -3,9 +3,7 @@
 use std::collections::BTreeMap;
 
 use candle_core::{bail, DType, Result, Shape, Tensor, Var};
-use candle_nn::Linear;
-
-use super::GptConfig;
+use super::{GptConfig, Linear};
 
 /// What kind of module a parameter belongs to: the Rust counterpart of
 /// PyTorch's `isinstance(module, nn.Linear)` checks in an init function.

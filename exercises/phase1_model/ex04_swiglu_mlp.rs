@@ -24,8 +24,9 @@ use crate::model::Mlp;
 impl Mlp {
     /// `down_proj(silu(gate_proj(x)) * up_proj(x))` for `x` (B, T, C).
     ///
-    /// `self.gate_proj`, `self.up_proj` and `self.down_proj` are `candle_nn::Linear`
-    /// layers: call `.forward(x)` on each (bring `candle_core::Module` into scope).
+    /// `self.gate_proj`, `self.up_proj` and `self.down_proj` are linear layers
+    /// (`crate::model::Linear`, like `candle_nn::Linear`): call `.forward(x)` on
+    /// each (bring `candle_core::Module` into scope).
     /// `crate::kernels::silu` is SiLU as one fused pass (`candle_nn::ops::silu` and
     /// `Tensor::silu` compute the same, slower). The gate is the projection that
     /// goes through SiLU; the other is gated.

@@ -41,7 +41,7 @@ impl Gpt {
     /// computes the next-token loss.
     ///
     /// Fields: `self.embed_tokens` (`candle_nn::Embedding`), `self.blocks`
-    /// (`Vec<Block>`), `self.norm` (`RmsNorm`), `self.lm_head` (`candle_nn::Linear`),
+    /// (`Vec<Block>`), `self.norm` (`RmsNorm`), `self.lm_head` (a `Linear`),
     /// `self.activation_checkpointing`. Create the tape with
     /// `let mut recompute = Recompute::default();` (`crate::Recompute`) and return
     /// it in the [`ForwardPass`] with the logits (B, T, V) and the loss.

@@ -1,7 +1,7 @@
 //! Exercise 4: the SwiGLU MLP. Reference: tests/fixtures/generate.py, `exercise_04`.
 
 use candle_core::Tensor;
-use candle_nn::Linear;
+use workbook::model::Linear;
 use workbook::Mlp;
 
 use crate::support::{expect_close, fixture, grad, ok, surrogate, var, F32};

@@ -115,3 +115,33 @@ fn cross_entropy_rejects_bad_targets() {
     let err = kernels::cross_entropy(&logits, &wrong_shape).unwrap_err().to_string();
     assert!(err.contains("targets have shape [3], expected (2)"), "{err}");
 }
+
+#[test]
+fn linear_matches_candle_forward_and_backward() {
+    for dims in [vec![5, 6], vec![3, 40, 64]] {
+        let in_features = *dims.last().unwrap();
+        let x = var(&randn(&dims, 1.0));
+        let w = var(&randn(&[24, in_features], 0.2));
+        let ours = kernels::linear(&x, &w).unwrap();
+        let theirs = candle_core::Module::forward(&candle_nn::Linear::new(w.as_tensor().clone(), None), &x).unwrap();
+        expect_close(&ours, &theirs, F32, "kernels::linear", &[]);
+        let dy = randn(ours.dims(), 1.0);
+        let g_ours = surrogate(&ours, &dy).backward().unwrap();
+        let g_theirs = surrogate(&theirs, &dy).backward().unwrap();
+        for (name, t) in [("x", &x), ("w", &w)] {
+            let what = format!("gradient of kernels::linear with respect to {name}");
+            expect_close(&grad(&g_ours, t, name, "no backward"), &grad(&g_theirs, t, name, ""), F32, &what, &[]);
+        }
+    }
+}
+
+#[test]
+fn linear_in_bf16_and_with_mismatched_features() {
+    let x = randn(&[2, 3, 8], 1.0);
+    let w = randn(&[4, 8], 0.3);
+    let bf16 = kernels::linear(&x.to_dtype(DType::BF16).unwrap(), &w.to_dtype(DType::BF16).unwrap()).unwrap();
+    assert_eq!(bf16.dtype(), DType::BF16);
+    expect_close(&bf16.to_dtype(DType::F32).unwrap(), &kernels::linear(&x, &w).unwrap(), BF16, "bf16 kernels::linear", &[]);
+    let err = kernels::linear(&x, &randn(&[4, 7], 0.3)).unwrap_err().to_string();
+    assert!(err.contains("does not end in the weight's 7 input features"), "{err}");
+}
