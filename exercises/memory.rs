@@ -56,6 +56,24 @@ unsafe impl GlobalAlloc for CountingAllocator {
     }
 }
 
+/// Keeps freed heap memory in the process for the next allocation instead of
+/// handing it back to the operating system.
+///
+/// A training step allocates and frees the same tensors every step, megabytes
+/// each. glibc's malloc serves such blocks with fresh `mmap`s and unmaps them
+/// on free, so each step page-faults its activations and gradients in again:
+/// on the tiny config that was a third of a single-process step. Raising the
+/// mmap threshold to its maximum (32 MiB) and the trim threshold to 1 GiB lets
+/// freed blocks be reused. Other platforms' allocators are left as they are.
+pub fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes malloc's parameters; called before threads allocate.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
+    }
+}
+
 /// Bytes this thread has allocated and not freed, when the counting allocator is installed.
 pub fn thread_live_bytes() -> Option<isize> {
     INSTALLED.load(Ordering::Relaxed).then(|| LIVE.with(Cell::get))

@@ -15,6 +15,7 @@ pub mod strategy;
 /// on stderr and a failing exit code instead of a panic.
 pub fn main_with(run: impl FnOnce() -> anyhow::Result<()>) -> std::process::ExitCode {
     quiet_error_backtraces();
+    workbook::memory::keep_freed_memory();
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

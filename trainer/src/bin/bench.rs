@@ -29,6 +29,10 @@ struct Args {
     nproc: Vec<usize>,
 }
 
+/// The allocator `train` runs with, so that the bench measures what it runs.
+#[global_allocator]
+static ALLOCATOR: workbook::memory::CountingAllocator = workbook::memory::CountingAllocator;
+
 fn main() -> ExitCode {
     trainer::main_with(|| run(Args::parse()))
 }
