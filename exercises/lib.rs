@@ -12,13 +12,15 @@ pub mod autograd;
 pub mod data;
 pub mod distributed;
 pub mod fsdp;
-pub mod kernels;
 pub mod memory;
 pub mod model;
 pub mod phase1_model;
 pub mod phase2_training;
 pub mod phase3_fsdp;
 pub mod train;
+
+/// Fused CPU kernels with their own backward pass (the `workbook-kernels` crate in `kernels/`).
+pub use workbook_kernels as kernels;
 
 pub use autograd::Recompute;
 pub use model::{
