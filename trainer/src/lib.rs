@@ -41,6 +41,11 @@ pub fn set_kernel_threads(nproc: usize, user_set: bool) {
     std::env::set_var("RAYON_NUM_THREADS", (cores / nproc.max(1)).max(1).to_string());
 }
 
+/// The kernel threads each rank runs with (what [`set_kernel_threads`] chose).
+pub fn kernel_threads() -> usize {
+    std::env::var("RAYON_NUM_THREADS").ok().and_then(|n| n.parse().ok()).unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
 /// Keeps candle from folding a backtrace into every error message when
 /// `RUST_BACKTRACE` is set: a user error should read as one line. Panics still
 /// print their backtrace; set `RUST_LIB_BACKTRACE=1` to get them in errors too.

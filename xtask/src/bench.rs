@@ -1,10 +1,11 @@
 //! `bench`: the reference trainer's throughput beside PyTorch's, measured in one run.
 //!
 //! Speed claims belong to a benchmark, not to timed unit tests: this runs the
-//! `bench` program of `trainer/` (single process and DDP on 2 CPU ranks, on
-//! the tiny config) and `benchmarks/pytorch_baseline.py` (the same model,
-//! optimizer, batch and thread count in PyTorch) back to back, prints the
-//! ratio and writes `benchmarks/results.md`.
+//! `bench` program of `trainer/` (one process on 1 and 2 kernel threads, and
+//! DDP on 2 single-threaded CPU ranks, on the tiny config) and
+//! `benchmarks/pytorch_baseline.py` (the same model, optimizer and batch in
+//! PyTorch, on 1 and 2 threads) back to back, prints each setup's ratio to
+//! PyTorch on as many threads and writes `benchmarks/results.md`.
 
 use std::path::Path;
 use std::process::Command;
@@ -22,6 +23,7 @@ const BASELINE: &str = "benchmarks/pytorch_baseline.py";
 #[derive(Debug, Deserialize)]
 struct Measurement {
     setup: String,
+    threads: usize,
     tokens_per_s: f64,
 }
 
@@ -31,22 +33,31 @@ struct Baseline {
     tokens_per_s: f64,
 }
 
+/// The workbook's setups: (ranks, kernel threads per rank). Every setup is
+/// compared with PyTorch running on as many threads in all.
+const SETUPS: [(usize, usize); 3] = [(1, 1), (1, 2), (2, 1)];
+const THREAD_COUNTS: [usize; 2] = [1, 2];
+
 pub fn bench(ws: &Workspace, model_size: &str, steps: usize) -> Result<bool> {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    println!("{}", render::bold(&format!("Training throughput, {model_size} config, {threads} threads, {steps} timed steps")));
-    let mut rows = workbook_throughput(&ws.root, model_size, steps)?;
-    let baseline = pytorch_throughput(&ws.root, model_size, steps, threads)?;
-    if let Some(tokens_per_s) = baseline {
-        rows.push(Measurement { setup: format!("PyTorch {threads} threads, single process"), tokens_per_s });
+    println!("{}", render::bold(&format!("Training throughput, {model_size} config, {steps} timed steps")));
+    let mut rows = vec![];
+    for (nproc, threads) in SETUPS {
+        rows.extend(workbook_throughput(&ws.root, model_size, steps, nproc, threads)?);
     }
-    let table = table(&rows, baseline);
+    let mut baselines = vec![];
+    for threads in THREAD_COUNTS {
+        let Some(tokens_per_s) = pytorch_throughput(&ws.root, model_size, steps, threads)? else { break };
+        baselines.push((threads, tokens_per_s));
+        rows.push(Measurement { setup: "PyTorch, single process".into(), threads, tokens_per_s });
+    }
+    let table = table(&rows, &baselines);
     println!("{table}");
     let report = format!(
         "Written by `cargo xtask bench` (model size `{model_size}`, {steps} timed optimizer steps after 5 warm-up\n\
-         steps, random tokens, {threads} CPU threads; {cpu}). Both sides train the same Llama-style model\n\
-         with AdamW parameter groups, clipping and the same batch; tokens/s counts every rank's tokens.\n\
-         The ratio is against PyTorch on the same machine in the same run; README.md beside this\n\
-         file says where the time goes.\n\n{table}\n",
+         steps, random tokens; {cpu}). Both sides train the same Llama-style model with AdamW\n\
+         parameter groups, clipping and the same batch; tokens/s counts every rank's tokens, and\n\
+         threads every rank's kernel threads. Each row is compared with PyTorch on as many threads,\n\
+         on the same machine in the same run; README.md beside this file says where the time goes.\n\n{table}\n",
         cpu = cpu_model()
     );
     replace_section(&ws.root.join(RESULTS), THROUGHPUT_HEADING, &report)?;
@@ -54,28 +65,27 @@ pub fn bench(ws: &Workspace, model_size: &str, steps: usize) -> Result<bool> {
     Ok(true)
 }
 
-/// One process per rank count: the kernel thread pool is sized once per process.
-fn workbook_throughput(root: &Path, model_size: &str, steps: usize) -> Result<Vec<Measurement>> {
+/// One process per setup: the kernel thread pool is sized once per process.
+fn workbook_throughput(root: &Path, model_size: &str, steps: usize, nproc: usize, threads: usize) -> Result<Vec<Measurement>> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut rows = vec![];
-    for nproc in ["1", "2"] {
-        let output = Command::new(&cargo)
-            .current_dir(root)
-            .args(["run", "--quiet", "--package", "trainer", "--features", "solutions", "--bin", "bench", "--"])
-            .args(["--model-size", model_size, "--steps", &steps.to_string(), "--nproc", nproc])
-            .output()
-            .context("cannot run cargo")?;
-        if !output.status.success() {
-            bail!("the trainer's bench failed:\n{}", String::from_utf8_lossy(&output.stderr));
-        }
-        for line in String::from_utf8_lossy(&output.stdout).lines().filter(|line| line.starts_with('{')) {
-            rows.push(serde_json::from_str(line).with_context(|| format!("unexpected bench output: {line}"))?);
-        }
+    let output = Command::new(&cargo)
+        .current_dir(root)
+        .env("RAYON_NUM_THREADS", threads.to_string())
+        .args(["run", "--quiet", "--package", "trainer", "--features", "solutions", "--bin", "bench", "--"])
+        .args(["--model-size", model_size, "--steps", &steps.to_string(), "--nproc", &nproc.to_string()])
+        .output()
+        .context("cannot run cargo")?;
+    if !output.status.success() {
+        bail!("the trainer's bench failed:\n{}", String::from_utf8_lossy(&output.stderr));
     }
-    Ok(rows)
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter(|line| line.starts_with('{'))
+        .map(|line| serde_json::from_str(line).with_context(|| format!("unexpected bench output: {line}")))
+        .collect()
 }
 
-/// PyTorch's tokens/s, or `None` (with a note) when no Python with torch is at hand.
+/// PyTorch's tokens/s on `threads` threads, or `None` (with a note) when no Python with torch is at hand.
 fn pytorch_throughput(root: &Path, model_size: &str, steps: usize, threads: usize) -> Result<Option<f64>> {
     let python = std::env::var("WORKBOOK_PYTHON").unwrap_or_else(|_| "python3".into());
     let has_torch = Command::new(&python).args(["-c", "import torch"]).output().is_ok_and(|o| o.status.success());
@@ -98,11 +108,13 @@ fn pytorch_throughput(root: &Path, model_size: &str, steps: usize, threads: usiz
     Ok(Some(parsed.tokens_per_s))
 }
 
-fn table(rows: &[Measurement], baseline: Option<f64>) -> String {
-    let mut out = String::from("| setup | tokens/s | vs PyTorch |\n|---|---:|---:|\n");
+/// Each row beside PyTorch on the same number of threads.
+fn table(rows: &[Measurement], baselines: &[(usize, f64)]) -> String {
+    let mut out = String::from("| setup | threads | tokens/s | vs PyTorch, same threads |\n|---|---:|---:|---:|\n");
     for row in rows {
-        let ratio = baseline.map_or("n/a".to_string(), |b| format!("{:.2}x", row.tokens_per_s / b));
-        out.push_str(&format!("| {} | {:.0} | {ratio} |\n", row.setup, row.tokens_per_s));
+        let baseline = baselines.iter().find(|(threads, _)| *threads == row.threads);
+        let ratio = baseline.map_or("n/a".to_string(), |(_, b)| format!("{:.2}x", row.tokens_per_s / b));
+        out.push_str(&format!("| {} | {} | {:.0} | {ratio} |\n", row.setup, row.threads, row.tokens_per_s));
     }
     out
 }

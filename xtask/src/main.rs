@@ -88,7 +88,7 @@ enum Task {
         #[arg(long, default_value = "tiny")]
         model_size: String,
         /// Timed optimizer steps per setup.
-        #[arg(long, default_value_t = 20)]
+        #[arg(long, default_value_t = 40)]
         steps: usize,
     },
 }

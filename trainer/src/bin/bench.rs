@@ -1,6 +1,7 @@
 //! `bench`: training throughput of the workbook on a config, single process and DDP.
 //!
-//! Prints one JSON line per setup: `{"setup": "...", "nproc": N, "tokens_per_s": ...}`.
+//! Prints one JSON line per setup: `{"setup": "...", "nproc": N, "threads": T, "tokens_per_s": ...}`,
+//! where T counts the kernel threads of all ranks together.
 //! `cargo xtask bench` runs it beside the PyTorch baseline and writes the comparison.
 
 use std::process::ExitCode;
@@ -70,7 +71,8 @@ fn run(args: Args) -> Result<()> {
         let tokens = (end.step - start.step) * config.batch_size * config.grad_accum_steps * config.seq_len;
         let tokens_per_s = tokens as f64 / (end.elapsed_s - start.elapsed_s);
         let setup = if nproc == 1 { "workbook, single process".to_string() } else { format!("workbook, DDP on {nproc} CPU ranks") };
-        println!("{}", serde_json::json!({ "setup": setup, "nproc": nproc, "tokens_per_s": tokens_per_s }));
+        let threads = nproc * trainer::kernel_threads();
+        println!("{}", serde_json::json!({ "setup": setup, "nproc": nproc, "threads": threads, "tokens_per_s": tokens_per_s }));
     }
     Ok(())
 }
