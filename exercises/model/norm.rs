@@ -16,9 +16,7 @@ impl RmsNorm {
     pub fn new(weight: Tensor, eps: f64) -> Self {
         Self { weight, eps }
     }
-}
 
-impl RmsNorm {
     /// Exercise 1's forward pass on `x` (..., C) viewed as rows (N, C): the
     /// same values, a cheaper backward. The weight is broadcast over the leading
     /// dimensions, so its gradient is a sum over them, and candle sums over one

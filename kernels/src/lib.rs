@@ -14,8 +14,8 @@
 //!
 //! The workbook re-exports this crate as `workbook::kernels`. It is a crate of
 //! its own so that it is compiled with optimisations even in the quick test
-//! builds (the workspace `Cargo.toml` says so): unoptimised, these loops would
-//! run ten times slower.
+//! builds (the workspace `Cargo.toml` says so): unoptimised, these loops run
+//! several times slower.
 
 mod cross_entropy;
 mod exp;

@@ -58,8 +58,9 @@ pub fn for_each_row(out: &mut [f32], width: usize, kernel: &impl RowKernel) {
 /// Runs the kernel on one row compiled for AVX-512 or AVX2 when the CPU has
 /// them (the check is cached), else for the baseline target. The kernels are
 /// plain Rust loops; what makes them fast is 16- or 8-wide vector instructions,
-/// which the default x86-64 target (SSE2) leaves out. The arithmetic is the same either way (no fused
-/// multiply-adds, reductions in a fixed order), so are the results.
+/// which the default x86-64 target (SSE2) leaves out. The arithmetic is the
+/// same either way (no fused multiply-adds, reductions in a fixed order), and
+/// so are the results.
 #[inline(always)]
 fn vectorized(kernel: &impl RowKernel, i: usize, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]

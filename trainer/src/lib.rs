@@ -37,13 +37,16 @@ pub fn set_kernel_threads(nproc: usize, user_set: bool) {
     if user_set {
         return;
     }
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    std::env::set_var("RAYON_NUM_THREADS", (cores / nproc.max(1)).max(1).to_string());
+    std::env::set_var("RAYON_NUM_THREADS", (cores() / nproc.max(1)).max(1).to_string());
 }
 
 /// The kernel threads each rank runs with (what [`set_kernel_threads`] chose).
 pub fn kernel_threads() -> usize {
-    std::env::var("RAYON_NUM_THREADS").ok().and_then(|n| n.parse().ok()).unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    std::env::var("RAYON_NUM_THREADS").ok().and_then(|n| n.parse().ok()).unwrap_or_else(cores)
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// Keeps candle from folding a backtrace into every error message when
