@@ -10,7 +10,8 @@
 //! kernel threads. They compute the same functions as their candle
 //! counterparts (the tests compare them), so an exercise may use either; on a
 //! device other than the CPU they fall back to candle's composed ops.
-//! `linear` makes a linear layer one node of the graph instead of three.
+//! `linear` makes a linear layer one node of the graph instead of three, and
+//! `split_heads` / `merge_heads` do the same for attention's head reshapes.
 //!
 //! The workbook re-exports this crate as `workbook::kernels`. It is a crate of
 //! its own so that it is compiled with optimisations even in the quick test
@@ -19,6 +20,7 @@
 
 mod cross_entropy;
 mod exp;
+mod heads;
 mod linear;
 mod rows;
 mod silu;
@@ -26,6 +28,7 @@ mod softmax;
 
 pub use cross_entropy::cross_entropy;
 pub use exp::exp;
+pub use heads::{merge_heads, split_heads};
 pub use linear::linear;
 pub use silu::silu;
 pub use softmax::softmax;

@@ -145,3 +145,34 @@ fn linear_in_bf16_and_with_mismatched_features() {
     let err = kernels::linear(&x, &randn(&[4, 7], 0.3)).unwrap_err().to_string();
     assert!(err.contains("does not end in the weight's 7 input features"), "{err}");
 }
+
+#[test]
+fn split_and_merge_heads_match_candle_forward_and_backward() {
+    let (b, t, heads, d) = (2, 5, 3, 4);
+    let x = var(&randn(&[b, t, heads * d], 1.0));
+    let ours = kernels::split_heads(&x, heads).unwrap();
+    let theirs = x.reshape((b, t, heads, d)).unwrap().transpose(1, 2).unwrap().contiguous().unwrap();
+    assert_eq!(ours.dims(), &[b, heads, t, d]);
+    let values = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    assert_eq!(values(&ours), values(&theirs), "split_heads must equal reshape + transpose(1, 2)");
+    let merged = kernels::merge_heads(&ours).unwrap();
+    assert_eq!(merged.dims(), x.dims());
+    assert_eq!(values(&merged), values(&x), "merge_heads must undo split_heads");
+
+    let dy = randn(&[b, heads, t, d], 1.0);
+    let weights = randn(&[b, heads, t, d], 1.0);
+    // Through both ops and a product, so that each backward pass gets a gradient that is not all ones.
+    let through = |split: &Tensor| kernels::merge_heads(&(split * &weights).unwrap()).unwrap();
+    let g_ours = surrogate(&through(&ours), &kernels::merge_heads(&dy).unwrap()).backward().unwrap();
+    let reference = (theirs * &weights).unwrap().transpose(1, 2).unwrap().reshape((b, t, heads * d)).unwrap();
+    let g_theirs = surrogate(&reference, &kernels::merge_heads(&dy).unwrap()).backward().unwrap();
+    expect_close(&grad(&g_ours, &x, "x", "no backward"), &grad(&g_theirs, &x, "x", ""), F32, "gradient through split_heads and merge_heads", &[]);
+}
+
+#[test]
+fn split_heads_keeps_bf16_and_rejects_indivisible_channels() {
+    let x = randn(&[1, 2, 8], 1.0).to_dtype(DType::BF16).unwrap();
+    assert_eq!(kernels::split_heads(&x, 2).unwrap().dtype(), DType::BF16);
+    let err = kernels::split_heads(&x, 3).unwrap_err().to_string();
+    assert!(err.contains("8 channels do not split into 3 heads"), "{err}");
+}

@@ -1,0 +1,94 @@
+//! Splitting the channels into attention heads and merging them back, each one
+//! node of the graph.
+
+use candle_core::backend::BackendStorage;
+use candle_core::{bail, CpuStorage, CustomOp1, Device, Layout, Result, Shape, Tensor};
+
+/// (B, T, C) → (B, H, T, D) with D = C / H, contiguous: each head's channels
+/// become a sequence of their own.
+///
+/// candle's `reshape` + `transpose` + `contiguous` gives the same tensor in
+/// three nodes, each of which adds a zero-filled buffer and a pass over the
+/// gradient in backward. Here it is one copy forward and one backward.
+pub fn split_heads(x: &Tensor, heads: usize) -> Result<Tensor> {
+    let (b, t, c) = x.dims3()?;
+    if heads == 0 || c % heads != 0 {
+        bail!("split_heads: {c} channels do not split into {heads} heads");
+    }
+    let d = c / heads;
+    if !matches!(x.device(), Device::Cpu) {
+        return x.reshape((b, t, heads, d))?.transpose(1, 2)?.contiguous();
+    }
+    let swap = SwapMiddle { batch: b, rows: t, cols: heads, width: d, out: Shape::from((b, heads, t, d)) };
+    x.contiguous()?.apply_op1(swap)
+}
+
+/// (B, H, T, D) → (B, T, H·D): the inverse of [`split_heads`].
+pub fn merge_heads(y: &Tensor) -> Result<Tensor> {
+    let (b, h, t, d) = y.dims4()?;
+    if !matches!(y.device(), Device::Cpu) {
+        return y.transpose(1, 2)?.reshape((b, t, h * d));
+    }
+    let swap = SwapMiddle { batch: b, rows: h, cols: t, width: d, out: Shape::from((b, t, h * d)) };
+    y.contiguous()?.apply_op1(swap)
+}
+
+/// Reads the input as (batch, rows, cols, width) and writes it as
+/// (batch, cols, rows, width) into a tensor of shape `out`.
+struct SwapMiddle {
+    batch: usize,
+    rows: usize,
+    cols: usize,
+    width: usize,
+    out: Shape,
+}
+
+impl SwapMiddle {
+    fn swapped<T: Copy>(&self, src: &[T]) -> Vec<T> {
+        let (rows, cols, width) = (self.rows, self.cols, self.width);
+        let mut dst = Vec::with_capacity(src.len());
+        for matrix in src.chunks_exact(rows * cols * width) {
+            for col in 0..cols {
+                for row in 0..rows {
+                    let at = (row * cols + col) * width;
+                    dst.extend_from_slice(&matrix[at..at + width]);
+                }
+            }
+        }
+        dst
+    }
+}
+
+impl CustomOp1 for SwapMiddle {
+    fn name(&self) -> &'static str {
+        "workbook-swap-heads"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        let Some((start, end)) = layout.contiguous_offsets() else {
+            bail!("{}: the input must be contiguous", self.name());
+        };
+        if end - start != self.batch * self.rows * self.cols * self.width {
+            bail!("{}: {} elements do not fill the shape {:?}", self.name(), end - start, self.out);
+        }
+        let swapped = match storage {
+            CpuStorage::F32(v) => CpuStorage::F32(self.swapped(&v[start..end])),
+            CpuStorage::BF16(v) => CpuStorage::BF16(self.swapped(&v[start..end])),
+            CpuStorage::F16(v) => CpuStorage::F16(self.swapped(&v[start..end])),
+            CpuStorage::F64(v) => CpuStorage::F64(self.swapped(&v[start..end])),
+            other => bail!("{}: expected a float tensor, got {:?}", self.name(), other.dtype()),
+        };
+        Ok((swapped, self.out.clone()))
+    }
+
+    fn bwd(&self, x: &Tensor, _y: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
+        let back = SwapMiddle {
+            batch: self.batch,
+            rows: self.cols,
+            cols: self.rows,
+            width: self.width,
+            out: x.shape().clone(),
+        };
+        Ok(Some(dy.contiguous()?.apply_op1_no_bwd(&back)?))
+    }
+}
