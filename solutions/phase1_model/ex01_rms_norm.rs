@@ -7,8 +7,8 @@ use crate::model::RmsNorm;
 impl RmsNorm {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let x32 = x.to_dtype(DType::F32)?;
-        let rms = (x32.sqr()?.mean_keepdim(D::Minus1)? + self.eps)?.sqrt()?; // (..., 1)
-        let normed = x32.broadcast_div(&rms)?;
+        let inv_rms = (x32.sqr()?.mean_keepdim(D::Minus1)? + self.eps)?.sqrt()?.recip()?; // (..., 1)
+        let normed = x32.broadcast_mul(&inv_rms)?;
         normed.broadcast_mul(&self.weight.to_dtype(DType::F32)?)?.to_dtype(x.dtype())
     }
 }
