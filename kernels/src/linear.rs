@@ -40,18 +40,22 @@ impl CustomOp2 for Linear {
         let w = as_f32(ws, wl, self.name())?;
         let (n, k) = wl.shape().dims2()?;
         let m = x.len() / k;
-        let mut y = vec![0f32; m * n];
+        // Not zero-filled: with read_dst false, gemm writes every element of y
+        // without reading it.
+        let mut y = Vec::<f32>::with_capacity(m * n);
         let threads = rayon::current_num_threads();
         let parallelism = if threads > 1 { Parallelism::Rayon(threads) } else { Parallelism::None };
-        // SAFETY: the pointers cover m×k, n×k and m×n f32s with the strides given.
+        // SAFETY: the pointers cover m×k, n×k and m×n f32s with the strides given;
+        // y's capacity is m×n, and gemm has initialised all of it when set_len runs.
         unsafe {
             gemm::gemm(
                 m, n, k,
-                y.as_mut_ptr(), 1, n as isize, false, // y: m×n, row-major
+                y.spare_capacity_mut().as_mut_ptr().cast::<f32>(), 1, n as isize, false, // y: m×n, row-major
                 x.as_ptr(), 1, k as isize,             // x: m×k, row-major
                 w.as_ptr(), k as isize, 1,             // wᵀ: k×n, the transpose of row-major w
                 0.0, 1.0, false, false, false, parallelism,
             );
+            y.set_len(m * n);
         }
         let mut dims = xl.dims().to_vec();
         *dims.last_mut().expect("x has at least one dimension") = n;
