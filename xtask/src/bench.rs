@@ -4,8 +4,8 @@
 //! `bench` program of `trainer/` (one process on 1 and 2 kernel threads, and
 //! DDP on 2 single-threaded CPU ranks, on the tiny config) and
 //! `benchmarks/pytorch_baseline.py` (the same model, optimizer and batch in
-//! PyTorch, on 1 and 2 threads) back to back, prints each setup's ratio to
-//! PyTorch on as many threads and writes `benchmarks/results.md`.
+//! PyTorch, on 1 and 2 threads) in interleaved rounds, prints each setup's
+//! ratio to PyTorch on as many threads and writes `benchmarks/results.md`.
 
 use std::path::Path;
 use std::process::Command;
@@ -37,27 +37,48 @@ struct Baseline {
 /// compared with PyTorch running on as many threads in all.
 const SETUPS: [(usize, usize); 3] = [(1, 1), (1, 2), (2, 1)];
 const THREAD_COUNTS: [usize; 2] = [1, 2];
+const PYTORCH: &str = "PyTorch, single process";
 
-pub fn bench(ws: &Workspace, model_size: &str, steps: usize) -> Result<bool> {
-    println!("{}", render::bold(&format!("Training throughput, {model_size} config, {steps} timed steps")));
-    let mut rows = vec![];
-    for (nproc, threads) in SETUPS {
-        rows.extend(workbook_throughput(&ws.root, model_size, steps, nproc, threads)?);
+/// One setup's tokens/s, one value per round.
+struct Samples {
+    setup: String,
+    threads: usize,
+    tokens_per_s: Vec<f64>,
+}
+
+pub fn bench(ws: &Workspace, model_size: &str, steps: usize, rounds: usize) -> Result<bool> {
+    if rounds == 0 {
+        bail!("--rounds must be at least 1");
     }
-    let mut baselines = vec![];
-    for threads in THREAD_COUNTS {
-        let Some(tokens_per_s) = pytorch_throughput(&ws.root, model_size, steps, threads)? else { break };
-        baselines.push((threads, tokens_per_s));
-        rows.push(Measurement { setup: "PyTorch, single process".into(), threads, tokens_per_s });
+    println!("{}", render::bold(&format!("Training throughput, {model_size} config, {steps} timed steps, {rounds} rounds")));
+    let python = python_with_torch();
+    let mut samples: Vec<Samples> = vec![];
+    let mut record = |m: Measurement| match samples.iter_mut().find(|s| s.setup == m.setup && s.threads == m.threads) {
+        Some(s) => s.tokens_per_s.push(m.tokens_per_s),
+        None => samples.push(Samples { setup: m.setup, threads: m.threads, tokens_per_s: vec![m.tokens_per_s] }),
+    };
+    // Rounds interleave the two sides, so that a machine that slows down for
+    // a while slows both, and each ratio is taken within one round.
+    for round in 1..=rounds {
+        println!("  round {round} of {rounds}");
+        for (nproc, threads) in SETUPS {
+            workbook_throughput(&ws.root, model_size, steps, nproc, threads)?.into_iter().for_each(&mut record);
+        }
+        for threads in THREAD_COUNTS {
+            let Some(python) = &python else { break };
+            let tokens_per_s = pytorch_throughput(&ws.root, python, model_size, steps, threads)?;
+            record(Measurement { setup: PYTORCH.into(), threads, tokens_per_s });
+        }
     }
-    let table = table(&rows, &baselines);
+    let table = table(&samples);
     println!("{table}");
     let report = format!(
         "Written by `cargo xtask bench` (model size `{model_size}`, {steps} timed optimizer steps after 5 warm-up\n\
-         steps, random tokens; {cpu}). Both sides train the same Llama-style model with AdamW\n\
-         parameter groups, clipping and the same batch; tokens/s counts every rank's tokens, and\n\
-         threads every rank's kernel threads. Each row is compared with PyTorch on as many threads,\n\
-         on the same machine in the same run; README.md beside this file says where the time goes.\n\n{table}\n",
+         steps, random tokens, {rounds} interleaved rounds; {cpu}). Both sides train the same Llama-style\n\
+         model with AdamW parameter groups, clipping and the same batch; tokens/s counts every rank's\n\
+         tokens, and threads every rank's kernel threads. Each row is compared with PyTorch on as many\n\
+         threads in the same round; the table gives the median over rounds and the range of the\n\
+         ratios. README.md beside this file says where the time goes.\n\n{table}\n",
         cpu = cpu_model()
     );
     replace_section(&ws.root.join(RESULTS), THROUGHPUT_HEADING, &report)?;
@@ -85,16 +106,21 @@ fn workbook_throughput(root: &Path, model_size: &str, steps: usize, nproc: usize
         .collect()
 }
 
-/// PyTorch's tokens/s on `threads` threads, or `None` (with a note) when no Python with torch is at hand.
-fn pytorch_throughput(root: &Path, model_size: &str, steps: usize, threads: usize) -> Result<Option<f64>> {
+/// `python3`, or the interpreter named by WORKBOOK_PYTHON, when it can import
+/// torch; `None` (with a note) otherwise.
+fn python_with_torch() -> Option<String> {
     let python = std::env::var("WORKBOOK_PYTHON").unwrap_or_else(|_| "python3".into());
     let has_torch = Command::new(&python).args(["-c", "import torch"]).output().is_ok_and(|o| o.status.success());
     if !has_torch {
         println!("  PyTorch baseline skipped: `{python}` cannot import torch (set WORKBOOK_PYTHON to an interpreter that can)");
-        return Ok(None);
     }
+    has_torch.then_some(python)
+}
+
+/// PyTorch's tokens/s on `threads` threads.
+fn pytorch_throughput(root: &Path, python: &str, model_size: &str, steps: usize, threads: usize) -> Result<f64> {
     let config = root.join("configs").join(format!("{model_size}.toml"));
-    let output = Command::new(&python)
+    let output = Command::new(python)
         .current_dir(root)
         .arg(BASELINE)
         .args(["--config", &config.to_string_lossy(), "--threads", &threads.to_string(), "--steps", &steps.to_string()])
@@ -105,16 +131,31 @@ fn pytorch_throughput(root: &Path, model_size: &str, steps: usize, threads: usiz
     }
     let line = String::from_utf8_lossy(&output.stdout).lines().last().unwrap_or_default().to_string();
     let parsed: Baseline = serde_json::from_str(&line).with_context(|| format!("unexpected baseline output: {line}"))?;
-    Ok(Some(parsed.tokens_per_s))
+    Ok(parsed.tokens_per_s)
 }
 
-/// Each row beside PyTorch on the same number of threads.
-fn table(rows: &[Measurement], baselines: &[(usize, f64)]) -> String {
-    let mut out = String::from("| setup | threads | tokens/s | vs PyTorch, same threads |\n|---|---:|---:|---:|\n");
-    for row in rows {
-        let baseline = baselines.iter().find(|(threads, _)| *threads == row.threads);
-        let ratio = baseline.map_or("n/a".to_string(), |(_, b)| format!("{:.2}x", row.tokens_per_s / b));
-        out.push_str(&format!("| {} | {} | {:.0} | {ratio} |\n", row.setup, row.threads, row.tokens_per_s));
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let mid = sorted.len() / 2;
+    if sorted.len() % 2 == 1 { sorted[mid] } else { (sorted[mid - 1] + sorted[mid]) / 2.0 }
+}
+
+/// Each setup's median beside PyTorch on the same number of threads: the
+/// median of the per-round ratios, and their range.
+fn table(samples: &[Samples]) -> String {
+    let mut out = String::from("| setup | threads | tokens/s | vs PyTorch, same threads | range over rounds |\n|---|---:|---:|---:|---:|\n");
+    for row in samples {
+        let baseline = samples.iter().find(|s| s.setup == PYTORCH && s.threads == row.threads);
+        let (ratio, range) = match baseline {
+            Some(b) if row.setup != PYTORCH => {
+                let ratios: Vec<f64> = row.tokens_per_s.iter().zip(&b.tokens_per_s).map(|(w, p)| w / p).collect();
+                let (low, high) = ratios.iter().fold((f64::MAX, f64::MIN), |(lo, hi), &r| (lo.min(r), hi.max(r)));
+                (format!("{:.2}x", median(&ratios)), format!("{low:.2}x to {high:.2}x"))
+            }
+            _ => (String::new(), String::new()),
+        };
+        out.push_str(&format!("| {} | {} | {:.0} | {ratio} | {range} |\n", row.setup, row.threads, median(&row.tokens_per_s)));
     }
     out
 }
@@ -148,7 +189,18 @@ pub fn replace_section(path: &Path, heading: &str, body: &str) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::replace_section;
+    use super::{replace_section, table, Samples, PYTORCH};
+
+    #[test]
+    fn ratios_are_taken_within_a_round() {
+        let samples = [
+            Samples { setup: "workbook".into(), threads: 1, tokens_per_s: vec![90.0, 200.0, 110.0] },
+            Samples { setup: PYTORCH.into(), threads: 1, tokens_per_s: vec![100.0, 200.0, 100.0] },
+        ];
+        let text = table(&samples);
+        assert!(text.contains("| workbook | 1 | 110 | 1.00x | 0.90x to 1.10x |"), "{text}");
+        assert!(text.contains(&format!("| {PYTORCH} | 1 | 100 |  |  |")), "{text}");
+    }
 
     #[test]
     fn a_section_is_replaced_and_the_others_kept() {

@@ -90,6 +90,9 @@ enum Task {
         /// Timed optimizer steps per setup.
         #[arg(long, default_value_t = 40)]
         steps: usize,
+        /// Rounds of every setup, interleaved; the table reports medians.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
     },
 }
 
@@ -179,7 +182,7 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
         Task::Watch => watch::watch(&ws),
         Task::Verify => verify::verify(&ws),
         Task::Estimate(args) => estimate::report(&args.setup(), args.gpu_memory),
-        Task::Bench { what: BenchKind::Throughput, model_size, steps } => bench::bench(&ws, &model_size, steps),
+        Task::Bench { what: BenchKind::Throughput, model_size, steps, rounds } => bench::bench(&ws, &model_size, steps, rounds),
         Task::Bench { what: BenchKind::Fsdp, .. } => bench_fsdp::bench_fsdp(&ws),
     }
 }
