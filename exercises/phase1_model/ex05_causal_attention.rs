@@ -33,6 +33,12 @@ use candle_core::{Result, Tensor};
 ///   computes the same from five primitives, a few times slower. Not candle's
 ///   `softmax_last_dim`: it has no backward pass, so q, k and v would get no gradient.
 /// - The mask must have the scores' dtype (`to_dtype(q.dtype())`).
+/// - Once it passes, the fast route: scaling, masking and softmax are three
+///   passes over the (B, H, T, T) scores, forward and again backward, bound by
+///   memory. `crate::kernels::scaled_masked_softmax(&scores, &allowed, scale)`
+///   does all three in one, given the unscaled scores, the (T, T) u8 mask of
+///   allowed positions and the scale: which positions and which scale are
+///   still yours to get right.
 pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
     todo!("Exercise 5: Causal scaled dot-product attention; run `cargo xtask hint 5`")
 }

@@ -10,6 +10,8 @@
 //! kernel threads. They compute the same functions as their candle
 //! counterparts (the tests compare them), so an exercise may use either; on a
 //! device other than the CPU they fall back to candle's composed ops.
+//! `scaled_masked_softmax` also folds attention's scaling and causal mask into
+//! the softmax's pass.
 //! `linear` makes a linear layer one node of the graph instead of three, and
 //! `split_heads` / `merge_heads` do the same for attention's head reshapes.
 //!
@@ -31,4 +33,4 @@ pub use exp::exp;
 pub use heads::{merge_heads, split_heads};
 pub use linear::linear;
 pub use silu::silu;
-pub use softmax::softmax;
+pub use softmax::{scaled_masked_softmax, softmax};

@@ -1,7 +1,8 @@
-//! Softmax over the last dimension, forward and backward each in one pass.
+//! Softmax over the last dimension, forward and backward each in one pass;
+//! optionally scaled and masked in the same pass, as attention needs.
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, Device, Layout, Result, Shape, Tensor, D};
+use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, DType, Device, Layout, Result, Shape, Tensor, D};
 
 use super::exp::exp;
 use super::rows::{as_f32, dot, for_each_row, from_f32, max, sum, RowKernel};
@@ -14,14 +15,60 @@ pub fn softmax(x: &Tensor) -> Result<Tensor> {
     if !matches!(x.device(), Device::Cpu) {
         return candle_nn::ops::softmax(x, D::Minus1);
     }
-    x.contiguous()?.apply_op1(Softmax)
+    x.contiguous()?.apply_op1(Softmax { scale: 1.0 })
+}
+
+/// `softmax(scale · scores)` over the last dimension, where only the positions
+/// that `allowed` marks may receive weight: the others get exactly 0.
+///
+/// `scores` is (..., Tq, Tk) and `allowed` a (Tq, Tk) u8 tensor, 1 where query
+/// i may see key j, broadcast over the leading dimensions. It computes what
+/// scaling, adding a mask of 0 and -inf and a softmax compute, in one pass
+/// over the (..., Tq, Tk) tensor forward and one backward, instead of three
+/// and three; the mask gets no gradient. A row with nothing allowed gives NaN,
+/// as the composed ops do. Megatron-LM fuses the same three steps of attention
+/// for the same reason: they are bound by memory, not arithmetic.
+pub fn scaled_masked_softmax(scores: &Tensor, allowed: &Tensor, scale: f64) -> Result<Tensor> {
+    let dims = scores.dims();
+    let (rows, cols) = allowed.dims2()?;
+    if dims.len() < 2 || dims[dims.len() - 2..] != [rows, cols] {
+        bail!("scaled_masked_softmax: a ({rows}, {cols}) mask does not fit scores of shape {dims:?}: it must be (Tq, Tk), the scores' last two dims");
+    }
+    if allowed.dtype() != DType::U8 {
+        bail!(
+            "scaled_masked_softmax: the mask must be u8, 1 where a key may be seen (e.g. Tensor::tril2(t, DType::U8, device)), not {:?}",
+            allowed.dtype()
+        );
+    }
+    if !matches!(scores.device(), Device::Cpu) {
+        let blocked = Tensor::full(f32::NEG_INFINITY, dims, scores.device())?.to_dtype(scores.dtype())?;
+        let masked = allowed.broadcast_as(dims)?.where_cond(&(scores * scale)?, &blocked)?;
+        return candle_nn::ops::softmax(&masked, D::Minus1);
+    }
+    scores.contiguous()?.apply_op2(&allowed.contiguous()?, MaskedSoftmax { scale: scale as f32 })
 }
 
 fn last_dim(layout: &Layout) -> usize {
     layout.dims().last().copied().unwrap_or(1).max(1)
 }
 
-struct Softmax;
+/// Softmax of `scale · x` and, when `mask` is given, with the masked positions
+/// set to -inf first.
+fn forward(x: &CpuStorage, layout: &Layout, scale: f32, mask: Option<&[u8]>) -> Result<(CpuStorage, Shape)> {
+    let values = as_f32(x, layout, "workbook-softmax")?;
+    let width = last_dim(layout);
+    let mut y = vec![0f32; values.len()];
+    for_each_row(&mut y, width, &Rows { x: &values, width, scale, mask });
+    Ok((from_f32(y, x.dtype())?, layout.shape().clone()))
+}
+
+fn backward(y: &Tensor, dy: &Tensor, scale: f32) -> Result<Tensor> {
+    y.apply_op2_no_bwd(&dy.contiguous()?, &SoftmaxBackward { scale })
+}
+
+struct Softmax {
+    scale: f32,
+}
 
 impl CustomOp1 for Softmax {
     fn name(&self) -> &'static str {
@@ -29,38 +76,69 @@ impl CustomOp1 for Softmax {
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
-        let x = as_f32(storage, layout, self.name())?;
-        let width = last_dim(layout);
-        let mut y = vec![0f32; x.len()];
-        for_each_row(&mut y, width, &Rows { x: &x, width });
-        Ok((from_f32(y, storage.dtype())?, layout.shape().clone()))
+        forward(storage, layout, self.scale, None)
     }
 
     fn bwd(&self, _x: &Tensor, y: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
-        Ok(Some(y.apply_op2_no_bwd(&dy.contiguous()?, &SoftmaxBackward)?))
+        Ok(Some(backward(y, dy, self.scale)?))
     }
 }
 
-/// y = exp(x − max) / Σ exp(x − max), row by row.
+struct MaskedSoftmax {
+    scale: f32,
+}
+
+impl CustomOp2 for MaskedSoftmax {
+    fn name(&self) -> &'static str {
+        "workbook-scaled-masked-softmax"
+    }
+
+    fn cpu_fwd(&self, xs: &CpuStorage, xl: &Layout, ms: &CpuStorage, ml: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (CpuStorage::U8(mask), Some((start, end))) = (ms, ml.contiguous_offsets()) else {
+            bail!("{}: the mask must be a contiguous u8 tensor", self.name());
+        };
+        forward(xs, xl, self.scale, Some(&mask[start..end]))
+    }
+
+    fn bwd(&self, _x: &Tensor, _mask: &Tensor, y: &Tensor, dy: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        Ok((Some(backward(y, dy, self.scale)?), None))
+    }
+}
+
+/// y = exp(v − max v) / Σ exp(v − max v) with v = scale · x, or -inf where the
+/// mask is 0, row by row. Row i of the scores is query i mod Tq, which picks
+/// the mask's row.
 struct Rows<'a> {
     x: &'a [f32],
     width: usize,
+    scale: f32,
+    mask: Option<&'a [u8]>,
 }
 
 impl RowKernel for Rows<'_> {
     #[inline(always)]
     fn row(&self, i: usize, out: &mut [f32]) {
         let row = &self.x[i * self.width..(i + 1) * self.width];
-        let max = max(row);
-        for (o, &v) in out.iter_mut().zip(row) {
-            *o = exp(v - max);
+        match self.mask {
+            Some(mask) => {
+                let queries = mask.len() / self.width;
+                let allowed = &mask[(i % queries) * self.width..][..self.width];
+                for ((o, &v), &keep) in out.iter_mut().zip(row).zip(allowed) {
+                    *o = if keep != 0 { self.scale * v } else { f32::NEG_INFINITY };
+                }
+            }
+            None => out.iter_mut().zip(row).for_each(|(o, &v)| *o = self.scale * v),
         }
+        let max = max(out);
+        out.iter_mut().for_each(|o| *o = exp(*o - max));
         let inv = 1.0 / sum(out);
         out.iter_mut().for_each(|o| *o *= inv);
     }
 }
 
-struct SoftmaxBackward;
+struct SoftmaxBackward {
+    scale: f32,
+}
 
 impl CustomOp2 for SoftmaxBackward {
     fn name(&self) -> &'static str {
@@ -72,16 +150,18 @@ impl CustomOp2 for SoftmaxBackward {
         let dy = as_f32(dys, dyl, self.name())?;
         let width = last_dim(yl);
         let mut dx = vec![0f32; y.len()];
-        for_each_row(&mut dx, width, &BackwardRows { y: &y, dy: &dy, width });
+        for_each_row(&mut dx, width, &BackwardRows { y: &y, dy: &dy, width, scale: self.scale });
         Ok((from_f32(dx, ys.dtype())?, yl.shape().clone()))
     }
 }
 
-/// dx = y ⊙ (dy − Σ dy ⊙ y), row by row.
+/// dx = scale · y ⊙ (dy − Σ dy ⊙ y), row by row; masked positions have y = 0
+/// and so get no gradient.
 struct BackwardRows<'a> {
     y: &'a [f32],
     dy: &'a [f32],
     width: usize,
+    scale: f32,
 }
 
 impl RowKernel for BackwardRows<'_> {
@@ -91,7 +171,7 @@ impl RowKernel for BackwardRows<'_> {
         let (y, dy) = (&self.y[range.clone()], &self.dy[range]);
         let dot = dot(y, dy);
         for ((o, &y), &dy) in out.iter_mut().zip(y).zip(dy) {
-            *o = y * (dy - dot);
+            *o = self.scale * (y * (dy - dot));
         }
     }
 }

@@ -176,3 +176,45 @@ fn split_heads_keeps_bf16_and_rejects_indivisible_channels() {
     let err = kernels::split_heads(&x, 3).unwrap_err().to_string();
     assert!(err.contains("8 channels do not split into 3 heads"), "{err}");
 }
+
+/// Scores (B, H, T, T) scaled, masked with a mask of 0 and -inf and softmaxed,
+/// the way exercise 5 composes them.
+fn composed_masked_softmax(scores: &Tensor, allowed: &Tensor, scale: f64) -> Tensor {
+    let t = allowed.dim(0).unwrap();
+    let blocked = Tensor::full(f32::NEG_INFINITY, (t, t), &Device::Cpu).unwrap();
+    let mask = allowed.where_cond(&Tensor::zeros((t, t), DType::F32, &Device::Cpu).unwrap(), &blocked).unwrap();
+    candle_nn::ops::softmax(&(scores * scale).unwrap().broadcast_add(&mask).unwrap(), D::Minus1).unwrap()
+}
+
+#[test]
+fn scaled_masked_softmax_matches_the_composed_ops_forward_and_backward() {
+    for t in [7, 128] {
+        let allowed = Tensor::tril2(t, DType::U8, &Device::Cpu).unwrap();
+        let x = var(&randn(&[4, 2, t, t], 3.0));
+        let dy = randn(x.dims(), 1.0);
+        let ours = kernels::scaled_masked_softmax(&x, &allowed, 0.25).unwrap();
+        let theirs = composed_masked_softmax(&x, &allowed, 0.25);
+        expect_close(&ours, &theirs, F32, &format!("kernels::scaled_masked_softmax of ({t}, {t}) scores"), &[]);
+        let above_diagonal = ours.narrow(2, 0, 1).unwrap().narrow(3, 1, t - 1).unwrap();
+        assert_eq!(above_diagonal.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap(), 0.0, "masked weights must be exactly 0");
+        let g_ours = surrogate(&ours, &dy).backward().unwrap();
+        let g_theirs = surrogate(&theirs, &dy).backward().unwrap();
+        let what = "gradient of kernels::scaled_masked_softmax";
+        expect_close(&grad(&g_ours, &x, "x", "the kernel lost its backward pass"), &grad(&g_theirs, &x, "x", ""), F32, what, &[]);
+    }
+}
+
+#[test]
+fn scaled_masked_softmax_checks_its_mask() {
+    let x = randn(&[2, 3, 4, 4], 1.0);
+    let bf16 = kernels::scaled_masked_softmax(&x.to_dtype(DType::BF16).unwrap(), &Tensor::tril2(4, DType::U8, &Device::Cpu).unwrap(), 0.5).unwrap();
+    assert_eq!(bf16.dtype(), DType::BF16);
+    let nothing_allowed = Tensor::zeros((4, 4), DType::U8, &Device::Cpu).unwrap();
+    let nan = kernels::scaled_masked_softmax(&x, &nothing_allowed, 1.0).unwrap();
+    assert!(nan.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().all(|v| v.is_nan()), "a row with nothing allowed gives NaN, as the composed ops do");
+    let wrong_shape = kernels::scaled_masked_softmax(&x, &Tensor::tril2(3, DType::U8, &Device::Cpu).unwrap(), 1.0).unwrap_err().to_string();
+    assert!(wrong_shape.contains("a (3, 3) mask does not fit scores of shape [2, 3, 4, 4]"), "{wrong_shape}");
+    let additive = Tensor::zeros((4, 4), DType::F32, &Device::Cpu).unwrap();
+    let wrong_dtype = kernels::scaled_masked_softmax(&x, &additive, 1.0).unwrap_err().to_string();
+    assert!(wrong_dtype.contains("the mask must be u8"), "{wrong_dtype}");
+}
