@@ -20,6 +20,7 @@
 //! builds (the workspace `Cargo.toml` says so): unoptimised, these loops run
 //! several times slower.
 
+mod broadcast_rows;
 mod cross_entropy;
 mod exp;
 mod heads;
@@ -28,6 +29,7 @@ mod rows;
 mod silu;
 mod softmax;
 
+pub use broadcast_rows::broadcast_rows;
 pub use cross_entropy::cross_entropy;
 pub use exp::exp;
 pub use heads::{merge_heads, split_heads};

@@ -218,3 +218,19 @@ fn scaled_masked_softmax_checks_its_mask() {
     let wrong_dtype = kernels::scaled_masked_softmax(&x, &additive, 1.0).unwrap_err().to_string();
     assert!(wrong_dtype.contains("the mask must be u8"), "{wrong_dtype}");
 }
+
+#[test]
+fn broadcast_rows_matches_candle_broadcast_forward_and_backward() {
+    let x = randn(&[300, 24], 1.0);
+    let v = var(&randn(&[24], 1.0));
+    let ours = x.mul(&kernels::broadcast_rows(&v, 300).unwrap()).unwrap();
+    let theirs = x.broadcast_mul(&v).unwrap();
+    let values = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    assert_eq!(values(&ours), values(&theirs), "broadcast_rows must repeat the vector exactly");
+    let dy = randn(&[300, 24], 1.0);
+    let g_ours = surrogate(&ours, &dy).backward().unwrap();
+    let g_theirs = surrogate(&theirs, &dy).backward().unwrap();
+    expect_close(&grad(&g_ours, &v, "v", "no backward"), &grad(&g_theirs, &v, "v", ""), F32, "gradient of kernels::broadcast_rows", &[]);
+    let bf16 = kernels::broadcast_rows(&v.to_dtype(DType::BF16).unwrap(), 3).unwrap();
+    assert_eq!((bf16.dims(), bf16.dtype()), (&[3, 24][..], DType::BF16));
+}
