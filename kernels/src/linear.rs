@@ -2,6 +2,7 @@
 
 use candle_core::{bail, CpuStorage, CustomOp2, DType, Device, Layout, Result, Shape, Tensor};
 use gemm::Parallelism;
+use rayon::prelude::*;
 
 use super::rows::as_f32;
 
@@ -28,6 +29,83 @@ pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     x.reshape((rows, in_features))?.matmul(&w.t()?)?.reshape(out_dims)
 }
 
+/// A row-major or transposed view of an f32 matrix: element (i, j) is at
+/// `i * row_stride + j * col_stride`.
+#[derive(Clone, Copy)]
+struct View<'a> {
+    values: &'a [f32],
+    row_stride: usize,
+    col_stride: usize,
+}
+
+impl<'a> View<'a> {
+    fn rows(values: &'a [f32], width: usize) -> Self {
+        Self { values, row_stride: width, col_stride: 1 }
+    }
+
+    /// The transpose of a row-major matrix of `width` columns.
+    fn transposed(values: &'a [f32], width: usize) -> Self {
+        Self { values, row_stride: 1, col_stride: width }
+    }
+}
+
+/// a (m×k) · b (k×n), row-major, on the kernel threads when `parallel`.
+fn product(m: usize, n: usize, k: usize, a: View, b: View, parallel: bool) -> Vec<f32> {
+    let threads = rayon::current_num_threads();
+    let parallelism = if parallel && threads > 1 { Parallelism::Rayon(threads) } else { Parallelism::None };
+    // Not zero-filled: with read_dst false, gemm writes every element of the
+    // output without reading it.
+    let mut out = Vec::<f32>::with_capacity(m * n);
+    // SAFETY: the views' callers size them to m×k and k×n with these strides;
+    // out's capacity is m×n, and gemm has initialised all of it when set_len runs.
+    unsafe {
+        gemm::gemm(
+            m, n, k,
+            out.spare_capacity_mut().as_mut_ptr().cast::<f32>(), 1, n as isize, false,
+            a.values.as_ptr(), a.col_stride as isize, a.row_stride as isize,
+            b.values.as_ptr(), b.col_stride as isize, b.row_stride as isize,
+            0.0, 1.0, false, false, false, parallelism,
+        );
+        out.set_len(m * n);
+    }
+    out
+}
+
+/// Rows of x per block of the weight gradient's sum.
+const ROW_BLOCK: usize = 512;
+
+/// dw = dyᵀ · x (n×k) for dy (m×n) and x (m×k). A long sum into a small
+/// matrix splits poorly inside one product, so the rows go in fixed blocks,
+/// one product each, spread over the kernel threads and added in block
+/// order: the same result on any number of threads.
+fn weight_gradient(dy: &[f32], x: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
+    let block = |start: usize| {
+        let rows = ROW_BLOCK.min(m - start);
+        let dy_t = View::transposed(&dy[start * n..(start + rows) * n], n);
+        product(n, k, rows, dy_t, View::rows(&x[start * k..(start + rows) * k], k), false)
+    };
+    let starts: Vec<usize> = (0..m).step_by(ROW_BLOCK).collect();
+    let partials: Vec<Vec<f32>> = if rayon::current_num_threads() > 1 {
+        starts.par_iter().map(|&s| block(s)).collect()
+    } else {
+        starts.iter().map(|&s| block(s)).collect()
+    };
+    let mut partials = partials.into_iter();
+    let mut total = partials.next().unwrap_or_else(|| vec![0.0; n * k]);
+    for partial in partials {
+        total.iter_mut().zip(&partial).for_each(|(t, p)| *t += p);
+    }
+    total
+}
+
+fn both_f32<'a>(
+    name: &str,
+    (a, al): (&'a CpuStorage, &Layout),
+    (b, bl): (&'a CpuStorage, &Layout),
+) -> Result<(std::borrow::Cow<'a, [f32]>, std::borrow::Cow<'a, [f32]>)> {
+    Ok((as_f32(a, al, name)?, as_f32(b, bl, name)?))
+}
+
 struct Linear;
 
 impl CustomOp2 for Linear {
@@ -36,39 +114,54 @@ impl CustomOp2 for Linear {
     }
 
     fn cpu_fwd(&self, xs: &CpuStorage, xl: &Layout, ws: &CpuStorage, wl: &Layout) -> Result<(CpuStorage, Shape)> {
-        let x = as_f32(xs, xl, self.name())?;
-        let w = as_f32(ws, wl, self.name())?;
+        let (x, w) = both_f32(self.name(), (xs, xl), (ws, wl))?;
         let (n, k) = wl.shape().dims2()?;
         let m = x.len() / k;
-        // Not zero-filled: with read_dst false, gemm writes every element of y
-        // without reading it.
-        let mut y = Vec::<f32>::with_capacity(m * n);
-        let threads = rayon::current_num_threads();
-        let parallelism = if threads > 1 { Parallelism::Rayon(threads) } else { Parallelism::None };
-        // SAFETY: the pointers cover m×k, n×k and m×n f32s with the strides given;
-        // y's capacity is m×n, and gemm has initialised all of it when set_len runs.
-        unsafe {
-            gemm::gemm(
-                m, n, k,
-                y.spare_capacity_mut().as_mut_ptr().cast::<f32>(), 1, n as isize, false, // y: m×n, row-major
-                x.as_ptr(), 1, k as isize,             // x: m×k, row-major
-                w.as_ptr(), k as isize, 1,             // wᵀ: k×n, the transpose of row-major w
-                0.0, 1.0, false, false, false, parallelism,
-            );
-            y.set_len(m * n);
-        }
+        let y = product(m, n, k, View::rows(&x, k), View::transposed(&w, k), true);
         let mut dims = xl.dims().to_vec();
         *dims.last_mut().expect("x has at least one dimension") = n;
         Ok((CpuStorage::F32(y), Shape::from(dims)))
     }
 
     fn bwd(&self, x: &Tensor, w: &Tensor, _y: &Tensor, dy: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let (n, k) = w.dims2()?;
-        let m = x.elem_count() / k;
-        let dy = dy.reshape((m, n))?;
-        let x2 = x.detach().reshape((m, k))?;
-        let dx = dy.matmul(&w.detach())?.reshape(x.dims())?;
-        let dw = dy.t()?.matmul(&x2)?;
+        let dy = dy.contiguous()?;
+        let dx = dy.apply_op2_no_bwd(w, &InputGradient { x_shape: x.shape().clone() })?;
+        let dw = dy.apply_op2_no_bwd(x, &WeightGradient)?;
         Ok((Some(dx), Some(dw)))
+    }
+}
+
+/// dx = dy · w, in the shape of x.
+struct InputGradient {
+    x_shape: Shape,
+}
+
+impl CustomOp2 for InputGradient {
+    fn name(&self) -> &'static str {
+        "workbook-linear-input-gradient"
+    }
+
+    fn cpu_fwd(&self, dys: &CpuStorage, dyl: &Layout, ws: &CpuStorage, wl: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (dy, w) = both_f32(self.name(), (dys, dyl), (ws, wl))?;
+        let (n, k) = wl.shape().dims2()?;
+        let dx = product(dy.len() / n, k, n, View::rows(&dy, n), View::rows(&w, k), true);
+        Ok((CpuStorage::F32(dx), self.x_shape.clone()))
+    }
+}
+
+/// dw = dyᵀ · x, the weight's (O, C) gradient.
+struct WeightGradient;
+
+impl CustomOp2 for WeightGradient {
+    fn name(&self) -> &'static str {
+        "workbook-linear-weight-gradient"
+    }
+
+    fn cpu_fwd(&self, dys: &CpuStorage, dyl: &Layout, xs: &CpuStorage, xl: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (dy, x) = both_f32(self.name(), (dys, dyl), (xs, xl))?;
+        let n = dyl.dims().last().copied().unwrap_or(1);
+        let k = xl.dims().last().copied().unwrap_or(1);
+        let m = x.len() / k;
+        Ok((CpuStorage::F32(weight_gradient(&dy, &x, m, n, k)), Shape::from((n, k))))
     }
 }
