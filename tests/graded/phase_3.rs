@@ -4,7 +4,12 @@
 //! 1, 2 and 4 ranks, reaches the parameters that one process and Phase 2's
 //! DDP reach on the same global batches, in f32:
 //!
-//! - World size 1: bit-exact with one process (the same operations on the same numbers).
+//! - World size 1: bit-exact with one process (the same operations on the same
+//!   numbers). With clipping, within 1e-6: the gradient norm is summed over
+//!   each unit's flat buffer rather than parameter by parameter, the same
+//!   squares added in another order, and a clip factor one rounding apart
+//!   moves the weights by about 3e-8 on some (correct) ways of writing
+//!   exercise 5.
 //! - NO_SHARD without clipping: bit-exact with DDP on as many ranks (same
 //!   per-rank gradients, same rank-order average).
 //! - Sharded gradients: within 1e-6 of DDP. They are reduce-scattered after
@@ -40,10 +45,13 @@ fn one_rank_is_bit_exact_with_one_process(
     #[values(ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard)] strategy: ShardingStrategy,
     #[values(false, true)] activation_checkpointing: bool,
 ) {
-    let want = single_process(STEPS, CLIP);
-    let config = TrainConfig { activation_checkpointing, ..train_config(CLIP) };
-    let (got, _) = fsdp_run(1, strategy, Precision::Fp32, config, STEPS);
-    check(max_relative_difference(&got, &want), 0.0, &format!("{strategy} on one rank vs one process"));
+    for (clip, bound) in [(NO_CLIP, 0.0), (CLIP, 1e-6)] {
+        let want = single_process(STEPS, clip);
+        let config = TrainConfig { activation_checkpointing, ..train_config(clip) };
+        let (got, _) = fsdp_run(1, strategy, Precision::Fp32, config, STEPS);
+        let clipped = if clip == CLIP { ", clipped" } else { "" };
+        check(max_relative_difference(&got, &want), bound, &format!("{strategy} on one rank vs one process{clipped}"));
+    }
 }
 
 #[rstest]
