@@ -2,9 +2,9 @@
 //! one vectorised pass.
 
 use candle_core::backend::BackendStorage;
-use candle_core::{bail, CpuStorage, CustomOp1, Device, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, Device, Layout, Result, Shape, Tensor};
 
-use super::rows::{as_f32, from_f32};
+use super::rows::{as_f32, from_f32, rearrange, Rearrange};
 
 /// `v` (C) repeated into (rows, C), with a backward pass.
 ///
@@ -25,24 +25,20 @@ struct BroadcastRows {
     rows: usize,
 }
 
+impl Rearrange for BroadcastRows {
+    fn apply<T: Copy>(&self, src: &[T]) -> Vec<T> {
+        src.repeat(self.rows)
+    }
+}
+
 impl CustomOp1 for BroadcastRows {
     fn name(&self) -> &'static str {
         "workbook-broadcast-rows"
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
-        let Some((start, end)) = layout.contiguous_offsets() else {
-            bail!("{}: the input must be contiguous", self.name());
-        };
-        let width = end - start;
-        let repeated = match storage {
-            CpuStorage::F32(v) => CpuStorage::F32(v[start..end].repeat(self.rows)),
-            CpuStorage::BF16(v) => CpuStorage::BF16(v[start..end].repeat(self.rows)),
-            CpuStorage::F16(v) => CpuStorage::F16(v[start..end].repeat(self.rows)),
-            CpuStorage::F64(v) => CpuStorage::F64(v[start..end].repeat(self.rows)),
-            other => bail!("{}: expected a float tensor, got {:?}", self.name(), other.dtype()),
-        };
-        Ok((repeated, Shape::from((self.rows, width))))
+        let width = layout.shape().elem_count();
+        Ok((rearrange(storage, layout, self, self.name())?, Shape::from((self.rows, width))))
     }
 
     fn bwd(&self, _v: &Tensor, _y: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {

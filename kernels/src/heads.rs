@@ -1,8 +1,9 @@
 //! Splitting the channels into attention heads and merging them back, each one
 //! node of the graph.
 
-use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, CustomOp1, Device, Layout, Result, Shape, Tensor};
+
+use super::rows::{rearrange, Rearrange};
 
 /// (B, T, C) → (B, H, T, D) with D = C / H, contiguous: each head's channels
 /// become a sequence of their own.
@@ -43,8 +44,8 @@ struct SwapMiddle {
     out: Shape,
 }
 
-impl SwapMiddle {
-    fn swapped<T: Copy>(&self, src: &[T]) -> Vec<T> {
+impl Rearrange for SwapMiddle {
+    fn apply<T: Copy>(&self, src: &[T]) -> Vec<T> {
         let (rows, cols, width) = (self.rows, self.cols, self.width);
         let mut dst = Vec::with_capacity(src.len());
         for matrix in src.chunks_exact(rows * cols * width) {
@@ -65,20 +66,11 @@ impl CustomOp1 for SwapMiddle {
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
-        let Some((start, end)) = layout.contiguous_offsets() else {
-            bail!("{}: the input must be contiguous", self.name());
-        };
-        if end - start != self.batch * self.rows * self.cols * self.width {
-            bail!("{}: {} elements do not fill the shape {:?}", self.name(), end - start, self.out);
+        let elements = layout.shape().elem_count();
+        if elements != self.out.elem_count() {
+            bail!("{}: {elements} elements do not fill the shape {:?}", self.name(), self.out);
         }
-        let swapped = match storage {
-            CpuStorage::F32(v) => CpuStorage::F32(self.swapped(&v[start..end])),
-            CpuStorage::BF16(v) => CpuStorage::BF16(self.swapped(&v[start..end])),
-            CpuStorage::F16(v) => CpuStorage::F16(self.swapped(&v[start..end])),
-            CpuStorage::F64(v) => CpuStorage::F64(self.swapped(&v[start..end])),
-            other => bail!("{}: expected a float tensor, got {:?}", self.name(), other.dtype()),
-        };
-        Ok((swapped, self.out.clone()))
+        Ok((rearrange(storage, layout, self, self.name())?, self.out.clone()))
     }
 
     fn bwd(&self, x: &Tensor, _y: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {

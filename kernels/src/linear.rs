@@ -98,14 +98,6 @@ fn weight_gradient(dy: &[f32], x: &[f32], m: usize, n: usize, k: usize) -> Vec<f
     total
 }
 
-fn both_f32<'a>(
-    name: &str,
-    (a, al): (&'a CpuStorage, &Layout),
-    (b, bl): (&'a CpuStorage, &Layout),
-) -> Result<(std::borrow::Cow<'a, [f32]>, std::borrow::Cow<'a, [f32]>)> {
-    Ok((as_f32(a, al, name)?, as_f32(b, bl, name)?))
-}
-
 struct Linear;
 
 impl CustomOp2 for Linear {
@@ -114,7 +106,7 @@ impl CustomOp2 for Linear {
     }
 
     fn cpu_fwd(&self, xs: &CpuStorage, xl: &Layout, ws: &CpuStorage, wl: &Layout) -> Result<(CpuStorage, Shape)> {
-        let (x, w) = both_f32(self.name(), (xs, xl), (ws, wl))?;
+        let (x, w) = (as_f32(xs, xl, self.name())?, as_f32(ws, wl, self.name())?);
         let (n, k) = wl.shape().dims2()?;
         let m = x.len() / k;
         let y = product(m, n, k, View::rows(&x, k), View::transposed(&w, k), true);
@@ -142,7 +134,7 @@ impl CustomOp2 for InputGradient {
     }
 
     fn cpu_fwd(&self, dys: &CpuStorage, dyl: &Layout, ws: &CpuStorage, wl: &Layout) -> Result<(CpuStorage, Shape)> {
-        let (dy, w) = both_f32(self.name(), (dys, dyl), (ws, wl))?;
+        let (dy, w) = (as_f32(dys, dyl, self.name())?, as_f32(ws, wl, self.name())?);
         let (n, k) = wl.shape().dims2()?;
         let dx = product(dy.len() / n, k, n, View::rows(&dy, n), View::rows(&w, k), true);
         Ok((CpuStorage::F32(dx), self.x_shape.clone()))
@@ -158,7 +150,7 @@ impl CustomOp2 for WeightGradient {
     }
 
     fn cpu_fwd(&self, dys: &CpuStorage, dyl: &Layout, xs: &CpuStorage, xl: &Layout) -> Result<(CpuStorage, Shape)> {
-        let (dy, x) = both_f32(self.name(), (dys, dyl), (xs, xl))?;
+        let (dy, x) = (as_f32(dys, dyl, self.name())?, as_f32(xs, xl, self.name())?);
         let n = dyl.dims().last().copied().unwrap_or(1);
         let k = xl.dims().last().copied().unwrap_or(1);
         let m = x.len() / k;

@@ -37,6 +37,25 @@ pub fn from_f32(values: Vec<f32>, dtype: DType) -> Result<CpuStorage> {
     })
 }
 
+/// An op that only moves elements, so it runs on any float dtype as it is.
+pub trait Rearrange {
+    fn apply<T: Copy>(&self, src: &[T]) -> Vec<T>;
+}
+
+/// `op` applied to the elements of a contiguous float tensor, in its dtype.
+pub fn rearrange(storage: &CpuStorage, layout: &Layout, op: &impl Rearrange, name: &str) -> Result<CpuStorage> {
+    let Some((start, end)) = layout.contiguous_offsets() else {
+        bail!("{name}: the input must be contiguous");
+    };
+    Ok(match storage {
+        CpuStorage::F32(v) => CpuStorage::F32(op.apply(&v[start..end])),
+        CpuStorage::BF16(v) => CpuStorage::BF16(op.apply(&v[start..end])),
+        CpuStorage::F16(v) => CpuStorage::F16(op.apply(&v[start..end])),
+        CpuStorage::F64(v) => CpuStorage::F64(op.apply(&v[start..end])),
+        other => bail!("{name}: expected a float tensor, got {:?}", other.dtype()),
+    })
+}
+
 /// A kernel's work on one row of its output; `row` should be `#[inline(always)]`
 /// so that it is compiled into [`for_each_row`]'s vectorised copy.
 pub trait RowKernel: Sync {
