@@ -30,9 +30,12 @@ pub fn softmax(x: &Tensor) -> Result<Tensor> {
 /// for the same reason: they are bound by memory, not arithmetic.
 pub fn scaled_masked_softmax(scores: &Tensor, allowed: &Tensor, scale: f64) -> Result<Tensor> {
     let dims = scores.dims();
-    let (rows, cols) = allowed.dims2()?;
-    if dims.len() < 2 || dims[dims.len() - 2..] != [rows, cols] {
-        bail!("scaled_masked_softmax: a ({rows}, {cols}) mask does not fit scores of shape {dims:?}: it must be (Tq, Tk), the scores' last two dims");
+    let fits = dims.len() >= 2 && allowed.dims() == &dims[dims.len() - 2..];
+    if !fits {
+        bail!(
+            "scaled_masked_softmax: a mask of shape {:?} does not fit scores of shape {dims:?}: it must be (Tq, Tk), the scores' last two dims, and broadcasts over the rest",
+            allowed.dims()
+        );
     }
     if allowed.dtype() != DType::U8 {
         bail!(

@@ -214,7 +214,10 @@ fn scaled_masked_softmax_checks_its_mask() {
     let nan = kernels::scaled_masked_softmax(&x, &nothing_allowed, 1.0).unwrap();
     assert!(nan.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().all(|v| v.is_nan()), "a row with nothing allowed gives NaN, as the composed ops do");
     let wrong_shape = kernels::scaled_masked_softmax(&x, &Tensor::tril2(3, DType::U8, &Device::Cpu).unwrap(), 1.0).unwrap_err().to_string();
-    assert!(wrong_shape.contains("a (3, 3) mask does not fit scores of shape [2, 3, 4, 4]"), "{wrong_shape}");
+    assert!(wrong_shape.contains("a mask of shape [3, 3] does not fit scores of shape [2, 3, 4, 4]"), "{wrong_shape}");
+    let full_size = Tensor::ones((2, 3, 4, 4), DType::U8, &Device::Cpu).unwrap();
+    let wrong_rank = kernels::scaled_masked_softmax(&x, &full_size, 1.0).unwrap_err().to_string();
+    assert!(wrong_rank.contains("it must be (Tq, Tk)"), "{wrong_rank}");
     let additive = Tensor::zeros((4, 4), DType::F32, &Device::Cpu).unwrap();
     let wrong_dtype = kernels::scaled_masked_softmax(&x, &additive, 1.0).unwrap_err().to_string();
     assert!(wrong_dtype.contains("the mask must be u8"), "{wrong_dtype}");
