@@ -30,6 +30,9 @@ impl RmsNorm {
     ///   thousands of squares stalls (2^20 ones sum to 256 in bf16).
     /// - candle never broadcasts implicitly: use `broadcast_div` / `broadcast_mul`
     ///   to combine (…, C) with (…, 1) or (C).
+    /// - Inside the model, `weight` arrives repeated over the rows, (N, C), for
+    ///   a faster backward (see `RmsNorm::forward_rows`): `broadcast_mul`
+    ///   takes it as it is, so do not reshape the weight.
     /// - Do not call `candle_nn::ops::rms_norm`: it has no backward pass, so the
     ///   gradients of everything before it would silently be zero.
     ///

@@ -95,3 +95,20 @@ fn bf16_input_is_normalised_in_f32_and_returned_as_bf16() {
         "mean(x²) reduced in bf16, where a long sum stalls; convert x to f32 first and cast the result back.",
     );
 }
+
+/// Inside the model, blocks call `RmsNorm::forward_rows`, which runs this
+/// forward on the rows (N, C) with the weight repeated over them, (N, C):
+/// candle's gradient of a broadcast (C) weight is a slow sum, and a repeated
+/// one sums fast (`kernels::broadcast_rows`). `broadcast_mul` takes both shapes.
+#[test]
+fn works_on_the_models_rows_with_the_weight_repeated() {
+    let f = fixture(1);
+    let (x, weight) = (var(&f.get("x")), var(&f.get("weight")));
+    let cause = "the model hands forward the weight as (N, C), one copy per row (see RmsNorm::forward_rows); \
+                 combine it with broadcast_mul and do not reshape it to (C)";
+    let out = ok(norm(weight.as_tensor()).forward_rows(&x), &format!("RmsNorm::forward_rows(x) ({cause})"));
+    expect_close_or_explain(&out, &f.get("out"), F32, "RmsNorm::forward_rows(x)", cause);
+    let grads = ok(surrogate(&out, &f.get("grad_out")).backward(), "backward through RmsNorm::forward_rows");
+    let weight_grad = grad(&grads, &weight, "weight", cause);
+    expect_close_or_explain(&weight_grad, &f.get("grad_weight"), F32, "gradient of weight through forward_rows", cause);
+}
