@@ -33,16 +33,7 @@ pub fn main_with(run: impl FnOnce() -> anyhow::Result<()>) -> std::process::Exit
 /// two single-threaded DDP ranks train about 1.6 times faster than one rank
 /// with two threads each competing for the cores. Call it from `main` before
 /// ranks start: setting the environment races with threads that read it.
-///
-/// candle's elementwise ops get a pool of their own (`CANDLE_NUM_THREADS`),
-/// whose workers spin for a while after every op. The ops are bound by memory,
-/// and the spinning takes a core from the matrix products and the kernels, so
-/// unless the user sets it the pool is left out: one process on 2 threads
-/// trains about 5% faster without it.
 pub fn set_kernel_threads(nproc: usize, user_set: bool) {
-    if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
-        std::env::set_var("CANDLE_NUM_THREADS", "1");
-    }
     if user_set {
         return;
     }
