@@ -23,7 +23,8 @@ impl RmsNorm {
     /// the weight repeated over the rows: the same values, a cheaper backward.
     /// The weight's gradient is a sum over the rows; candle computes the sum a
     /// broadcast needs element by element (about 1 ms per norm on the tiny
-    /// config), `kernels::broadcast_rows` adds whole rows (a few hundredths).
+    /// config), `kernels::broadcast_rows` adds whole rows (a few hundredths of
+    /// a millisecond).
     pub fn forward_rows(&self, x: &Tensor) -> Result<Tensor> {
         let width = x.dim(D::Minus1)?;
         let rows = x.elem_count() / width.max(1);

@@ -20,7 +20,7 @@ pub fn split_heads(x: &Tensor, heads: usize) -> Result<Tensor> {
     if !matches!(x.device(), Device::Cpu) {
         return x.reshape((b, t, heads, d))?.transpose(1, 2)?.contiguous();
     }
-    let swap = SwapMiddle { batch: b, rows: t, cols: heads, width: d, out: Shape::from((b, heads, t, d)) };
+    let swap = SwapMiddle { rows: t, cols: heads, width: d, out: Shape::from((b, heads, t, d)) };
     x.contiguous()?.apply_op1(swap)
 }
 
@@ -30,14 +30,13 @@ pub fn merge_heads(y: &Tensor) -> Result<Tensor> {
     if !matches!(y.device(), Device::Cpu) {
         return y.transpose(1, 2)?.reshape((b, t, h * d));
     }
-    let swap = SwapMiddle { batch: b, rows: h, cols: t, width: d, out: Shape::from((b, t, h * d)) };
+    let swap = SwapMiddle { rows: h, cols: t, width: d, out: Shape::from((b, t, h * d)) };
     y.contiguous()?.apply_op1(swap)
 }
 
 /// Reads the input as (batch, rows, cols, width) and writes it as
 /// (batch, cols, rows, width) into a tensor of shape `out`.
 struct SwapMiddle {
-    batch: usize,
     rows: usize,
     cols: usize,
     width: usize,
@@ -74,13 +73,7 @@ impl CustomOp1 for SwapMiddle {
     }
 
     fn bwd(&self, x: &Tensor, _y: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
-        let back = SwapMiddle {
-            batch: self.batch,
-            rows: self.cols,
-            cols: self.rows,
-            width: self.width,
-            out: x.shape().clone(),
-        };
+        let back = SwapMiddle { rows: self.cols, cols: self.rows, width: self.width, out: x.shape().clone() };
         Ok(Some(dy.contiguous()?.apply_op1_no_bwd(&back)?))
     }
 }
