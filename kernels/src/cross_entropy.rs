@@ -7,7 +7,7 @@ use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, CustomOp2, DType, Device, Layout, Result, Shape, Tensor};
 
 use super::exp::exp;
-use super::rows::{as_f32, for_each_row, from_f32, max, sum, RowKernel};
+use super::rows::{as_f32, compute_rows, for_each_row, from_f32, max, sum, RowKernel};
 
 /// The mean over rows of `−log softmax(logits)[target]`, for `logits` (N, V)
 /// and `targets` (N) class indices: the fused counterpart of
@@ -104,10 +104,8 @@ impl CustomOp2 for CrossEntropyBackward {
         let logits = as_f32(ls, ll, self.name())?;
         let (_, classes) = ll.shape().dims2()?;
         let targets = indices(ts, tl, classes)?;
-        let mut grad = vec![0f32; logits.len()];
         let rows = Gradients { logits: &logits, targets: &targets, classes, scale: self.scale };
-        for_each_row(&mut grad, classes, &rows);
-        Ok((from_f32(grad, ls.dtype())?, ll.shape().clone()))
+        Ok((compute_rows(logits.len(), classes, &rows, ls.dtype())?, ll.shape().clone()))
     }
 }
 

@@ -37,6 +37,14 @@ pub fn from_f32(values: Vec<f32>, dtype: DType) -> Result<CpuStorage> {
     })
 }
 
+/// An output of `len` elements written row by row by `kernel` (see
+/// [`for_each_row`]), stored in `dtype`.
+pub fn compute_rows(len: usize, width: usize, kernel: &impl RowKernel, dtype: DType) -> Result<CpuStorage> {
+    let mut out = vec![0f32; len];
+    for_each_row(&mut out, width, kernel);
+    from_f32(out, dtype)
+}
+
 /// An op that only moves elements, so it runs on any float dtype as it is.
 pub trait Rearrange {
     fn apply<T: Copy>(&self, src: &[T]) -> Vec<T>;

@@ -4,7 +4,7 @@ use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Device, Layout, Result, Shape, Tensor};
 
 use super::exp::exp;
-use super::rows::{as_f32, for_each_row, from_f32, RowKernel};
+use super::rows::{as_f32, compute_rows, RowKernel};
 
 /// Elements per unit of work: SiLU has no rows, any split will do.
 const CHUNK: usize = 1 << 14;
@@ -32,9 +32,8 @@ impl CustomOp1 for Silu {
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
         let x = as_f32(storage, layout, self.name())?;
-        let mut y = vec![0f32; x.len()];
-        for_each_row(&mut y, CHUNK, &Chunks { x: &x });
-        Ok((from_f32(y, storage.dtype())?, layout.shape().clone()))
+        let y = compute_rows(x.len(), CHUNK, &Chunks { x: &x }, storage.dtype())?;
+        Ok((y, layout.shape().clone()))
     }
 
     fn bwd(&self, x: &Tensor, _y: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
@@ -65,9 +64,8 @@ impl CustomOp2 for SiluBackward {
     fn cpu_fwd(&self, xs: &CpuStorage, xl: &Layout, dys: &CpuStorage, dyl: &Layout) -> Result<(CpuStorage, Shape)> {
         let x = as_f32(xs, xl, self.name())?;
         let dy = as_f32(dys, dyl, self.name())?;
-        let mut dx = vec![0f32; x.len()];
-        for_each_row(&mut dx, CHUNK, &BackwardChunks { x: &x, dy: &dy });
-        Ok((from_f32(dx, xs.dtype())?, xl.shape().clone()))
+        let dx = compute_rows(x.len(), CHUNK, &BackwardChunks { x: &x, dy: &dy }, xs.dtype())?;
+        Ok((dx, xl.shape().clone()))
     }
 }
 

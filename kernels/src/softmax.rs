@@ -5,7 +5,7 @@ use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, DType, Device, Layout, Result, Shape, Tensor, D};
 
 use super::exp::exp;
-use super::rows::{as_f32, dot, for_each_row, from_f32, max, sum, RowKernel};
+use super::rows::{as_f32, compute_rows, dot, max, sum, RowKernel};
 
 /// `softmax(x)` over the last dimension, with a backward pass: the fused
 /// counterpart of `candle_nn::ops::softmax(x, D::Minus1)`, which it equals to
@@ -60,9 +60,8 @@ fn last_dim(layout: &Layout) -> usize {
 fn forward(x: &CpuStorage, layout: &Layout, scale: f32, mask: Option<&[u8]>) -> Result<(CpuStorage, Shape)> {
     let values = as_f32(x, layout, "workbook-softmax")?;
     let width = last_dim(layout);
-    let mut y = vec![0f32; values.len()];
-    for_each_row(&mut y, width, &Rows { x: &values, width, scale, mask });
-    Ok((from_f32(y, x.dtype())?, layout.shape().clone()))
+    let y = compute_rows(values.len(), width, &Rows { x: &values, width, scale, mask }, x.dtype())?;
+    Ok((y, layout.shape().clone()))
 }
 
 fn backward(y: &Tensor, dy: &Tensor, scale: f32) -> Result<Tensor> {
@@ -152,9 +151,8 @@ impl CustomOp2 for SoftmaxBackward {
         let y = as_f32(ys, yl, self.name())?;
         let dy = as_f32(dys, dyl, self.name())?;
         let width = last_dim(yl);
-        let mut dx = vec![0f32; y.len()];
-        for_each_row(&mut dx, width, &BackwardRows { y: &y, dy: &dy, width, scale: self.scale });
-        Ok((from_f32(dx, ys.dtype())?, yl.shape().clone()))
+        let rows = BackwardRows { y: &y, dy: &dy, width, scale: self.scale };
+        Ok((compute_rows(y.len(), width, &rows, ys.dtype())?, yl.shape().clone()))
     }
 }
 
