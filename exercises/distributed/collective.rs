@@ -16,16 +16,22 @@ pub enum Collective {
     AllGather,
     ReduceScatter,
     Barrier,
+    /// Point-to-point: this rank sent a tensor to one peer.
+    Send,
+    /// Point-to-point: this rank received a tensor from one peer.
+    Recv,
 }
 
 impl Collective {
     /// Every kind, in the order the stats list them.
-    pub const ALL: [Collective; 5] = [
+    pub const ALL: [Collective; 7] = [
         Collective::AllReduce,
         Collective::Broadcast,
         Collective::AllGather,
         Collective::ReduceScatter,
         Collective::Barrier,
+        Collective::Send,
+        Collective::Recv,
     ];
 
     /// The method's name: `all_reduce`, `broadcast`, ...
@@ -36,6 +42,8 @@ impl Collective {
             Collective::AllGather => "all_gather",
             Collective::ReduceScatter => "reduce_scatter",
             Collective::Barrier => "barrier",
+            Collective::Send => "send",
+            Collective::Recv => "recv",
         }
     }
 }
@@ -117,6 +125,18 @@ impl Call {
             _ => bytes,
         }
     }
+}
+
+/// The check of a point-to-point call's peer: another rank of the group.
+pub(crate) fn check_peer(kind: Collective, peer: usize, rank: usize, world_size: usize) -> Result<()> {
+    let role = if kind == Collective::Send { "dst" } else { "src" };
+    if peer >= world_size {
+        bail!("{kind}: {role} {peer} is not a rank of this group (ranks 0..{world_size})");
+    }
+    if peer == rank {
+        bail!("{kind}: rank {rank} named itself as {role}; point-to-point calls go to another rank");
+    }
+    Ok(())
 }
 
 /// What a collective produced, before each rank takes its part.

@@ -26,20 +26,28 @@
 //! Gloo or NCCL alike:
 //!
 //! - [`SingleProcess`]: world size 1; every collective is the identity.
+//! - [`TcpProcessGroup`]: each rank is a process, on one machine or several,
+//!   started by the [launcher](launch) with the `env://` variables
+//!   ([`DistEnv`]) and joined by [`init_from_env`]. Rank 0 hosts a
+//!   [store](store) where the ranks find each other; tensors then travel over
+//!   direct TCP connections with the ring algorithms, as Gloo does.
 //! - [`CpuProcessGroup`]: each rank is a thread of this process, started by
-//!   [`spawn`] (the counterpart of `torch.multiprocessing.spawn`).
+//!   [`spawn`] (the counterpart of `torch.multiprocessing.spawn`): quick to
+//!   start, for tests and small runs.
 //!
 //! ## Guarantees every backend keeps
 //!
-//! - A result has the input's dtype; reductions are computed in f32, adding the
-//!   ranks' tensors in rank order 0, 1, ..., so every rank receives
-//!   bit-identical numbers and a rerun gives the same ones.
-//! - A result is a fresh, untracked tensor on the input's device: a
-//!   collective is a communication step, not part of the autograd graph.
+//! - A result has the input's shape, dtype and device, and every rank receives
+//!   bit-identical numbers. Reductions are computed in the input's dtype, as
+//!   NCCL computes them; whether they add in rank order (and so match one
+//!   process bit for bit) is one of the [`Properties`] a backend reports.
+//! - A result is a fresh, untracked tensor: a collective is a communication
+//!   step, not part of the autograd graph.
 //! - [`ProcessGroup::stats`] counts the calls and bytes of each collective, so
 //!   a test can check "exactly one all-reduce per optimizer step".
-//! - Nothing hangs: a rank that fails, panics, skips a collective or calls a
-//!   different one turns every other rank's collective into an error.
+//! - Nothing hangs: a rank that fails, exits, skips a collective or calls a
+//!   different one turns every other rank's collective into an error that
+//!   names it, at once or after the timeout.
 //!
 //! ```no_run
 //! use candle_core::{Device, Tensor};
@@ -56,14 +64,21 @@
 
 mod collective;
 mod cpu;
+mod env;
+pub mod launch;
 mod process_group;
 mod reduce_op;
 mod single;
 mod stats;
+pub mod store;
+mod tcp;
 
 pub use collective::Collective;
 pub use cpu::{spawn, spawn_with_timeout, CpuProcessGroup, DEFAULT_TIMEOUT};
-pub use process_group::ProcessGroup;
+pub use env::{init_from_env, DistEnv};
+pub use launch::{launch, LaunchConfig};
+pub use process_group::{ProcessGroup, Properties};
 pub use reduce_op::ReduceOp;
 pub use single::SingleProcess;
 pub use stats::CommStats;
+pub use tcp::{Rendezvous, TcpProcessGroup};

@@ -4,6 +4,21 @@ use candle_core::{Result, Tensor};
 
 use super::{CommStats, ReduceOp};
 
+/// What a backend guarantees beyond the contract every backend keeps.
+/// Tests read these to choose between a bit-exact comparison and a tolerance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Properties {
+    /// Reductions add the ranks' tensors in rank order 0, 1, ..., N−1, so a
+    /// result is bit-identical to one process adding them in that order. A
+    /// ring adds each chunk starting from a different rank: its results are
+    /// the same on every rank and in every run, but may differ from rank
+    /// order in the last bits (from three ranks on: a + b = b + a exactly).
+    pub rank_order_reduction: bool,
+    /// A peer that dies turns this rank's pending and next collectives into
+    /// errors naming it, instead of a hang (NCCL hangs until its watchdog).
+    pub detects_dead_peers: bool,
+}
+
 /// A group of ranks that exchange tensors through collectives.
 ///
 /// Each rank holds its own `ProcessGroup` handle and calls the same
@@ -11,9 +26,12 @@ use super::{CommStats, ReduceOp};
 /// ranks have made it. Each method is one NCCL call, so a GPU backend maps onto
 /// it one to one.
 ///
-/// Results follow the same rules on every backend: the input's dtype, a fresh
-/// untracked tensor on the input's device, and reductions computed in f32 in
-/// rank order, so every rank gets bit-identical numbers.
+/// Results follow the same rules on every backend: the input's shape, dtype
+/// and device, a fresh untracked tensor, and every rank gets bit-identical
+/// numbers. Reductions are computed in the dtype they are handed, as NCCL
+/// computes them: a bf16 all-reduce rounds to bf16 as it adds, which is what
+/// a mixed-precision policy's `reduce_dtype` chooses. What only some
+/// backends give is in [`ProcessGroup::properties`].
 ///
 /// The pictures below show 3 ranks; each row is one rank's tensor.
 pub trait ProcessGroup: Send {
@@ -22,6 +40,9 @@ pub trait ProcessGroup: Send {
 
     /// How many ranks the group has.
     fn world_size(&self) -> usize;
+
+    /// What this backend guarantees beyond the common contract.
+    fn properties(&self) -> Properties;
 
     /// Combines every rank's tensor and gives each rank the result
     /// (NCCL: `ncclAllReduce`). Every rank passes the same shape and dtype.
@@ -82,6 +103,24 @@ pub trait ProcessGroup: Send {
     /// same traffic: FSDP calls it on the gradients, so that each rank ends up
     /// with exactly the gradient of the parameter shard it updates.
     fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor>;
+
+    /// Sends `t` to rank `dst`, which must call [`recv`](Self::recv) with
+    /// `src` = this rank (NCCL: `ncclSend`). Messages between two ranks
+    /// arrive in the order they were sent. Ring algorithms and pipeline
+    /// parallelism are built from this pair.
+    ///
+    /// ```text
+    ///   rank 0: send([1, 2], dst 2)  ─────────────┐
+    ///   rank 2: recv(like [0, 0], src 0)  ->  [1, 2]
+    /// ```
+    ///
+    /// A backend may return before `dst` has received the tensor.
+    fn send(&self, t: &Tensor, dst: usize) -> Result<()>;
+
+    /// Receives the tensor rank `src` sends to this rank, of `like`'s shape
+    /// and dtype, on `like`'s device (NCCL: `ncclRecv` into a buffer like it).
+    /// Only the shape, dtype and device of `like` matter.
+    fn recv(&self, like: &Tensor, src: usize) -> Result<Tensor>;
 
     /// Returns once every rank has called it; moves no data. Useful to line
     /// the ranks up, e.g. before timing a step or after rank 0 writes a file.

@@ -4,8 +4,8 @@ use std::cell::RefCell;
 
 use candle_core::{Result, Tensor};
 
-use super::collective::{combine, Call, Outcome};
-use super::{CommStats, ProcessGroup, ReduceOp};
+use super::collective::{check_peer, combine, Call, Outcome};
+use super::{Collective, CommStats, ProcessGroup, Properties, ReduceOp};
 
 /// A group of one rank, so a trainer written for a [`ProcessGroup`] also runs
 /// without any distribution. Every collective returns (a copy of) its input;
@@ -45,6 +45,13 @@ impl ProcessGroup for SingleProcess {
         1
     }
 
+    fn properties(&self) -> Properties {
+        Properties {
+            rank_order_reduction: true,
+            detects_dead_peers: true,
+        }
+    }
+
     fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
         self.exchange(Call::AllReduce(op), t)
     }
@@ -59,6 +66,17 @@ impl ProcessGroup for SingleProcess {
 
     fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
         self.exchange(Call::ReduceScatter(op), t)
+    }
+
+    /// Always an error: a group of one rank has no peer.
+    fn send(&self, _t: &Tensor, dst: usize) -> Result<()> {
+        check_peer(Collective::Send, dst, 0, 1)
+    }
+
+    /// Always an error: a group of one rank has no peer.
+    fn recv(&self, _like: &Tensor, src: usize) -> Result<Tensor> {
+        check_peer(Collective::Recv, src, 0, 1)?;
+        candle_core::bail!("recv: a group of one rank has no peer")
     }
 
     fn barrier(&self) -> Result<()> {

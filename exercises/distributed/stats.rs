@@ -4,9 +4,15 @@ use std::fmt;
 
 use super::Collective;
 
-/// The calls this rank made of each collective and the payload bytes it
-/// passed in: the size of the NCCL buffer (the tensor for all-reduce and
-/// broadcast, the output for all-gather, the input for reduce-scatter).
+/// The calls this rank made of each collective and two byte counts:
+///
+/// - **payload bytes**: the size of the NCCL buffer it passed in (the tensor
+///   for all-reduce, broadcast and send, the output for all-gather, the input
+///   for reduce-scatter). The cost models of the ZeRO paper and of the FSDP
+///   ledger are written in these.
+/// - **wire bytes**: the tensor bytes this rank itself sent to other ranks.
+///   A ring all-reduce of P bytes on N ranks sends 2(N−1)/N·P of them from
+///   each rank; the thread backend hands its input over once.
 ///
 /// Communication volume is the cost model of distributed training: DDP sends
 /// the gradients once per step, FSDP sends parameters twice and gradients
@@ -24,14 +30,22 @@ use super::Collective;
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CommStats {
-    /// (calls, bytes), indexed by `kind as usize`: the order of [`Collective::ALL`].
-    counts: [(u64, u64); Collective::ALL.len()],
+    /// Indexed by `kind as usize`: the order of [`Collective::ALL`].
+    counts: [Count; Collective::ALL.len()],
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Count {
+    calls: u64,
+    payload: u64,
+    wire: u64,
 }
 
 impl CommStats {
     /// `(calls, bytes)` of one kind of collective.
     pub fn get(&self, kind: Collective) -> (u64, u64) {
-        self.counts[kind as usize]
+        let count = self.counts[kind as usize];
+        (count.calls, count.payload)
     }
 
     /// How many times this rank called `kind`.
@@ -46,23 +60,40 @@ impl CommStats {
 
     /// The payload bytes of every collective together.
     pub fn total_bytes(&self) -> u64 {
-        self.counts.iter().map(|&(_, bytes)| bytes).sum()
+        self.counts.iter().map(|c| c.payload).sum()
+    }
+
+    /// The tensor bytes this rank sent to other ranks in `kind`, over all its calls.
+    pub fn wire_bytes(&self, kind: Collective) -> u64 {
+        self.counts[kind as usize].wire
+    }
+
+    /// The tensor bytes this rank sent to other ranks, all collectives together.
+    pub fn total_wire_bytes(&self) -> u64 {
+        self.counts.iter().map(|c| c.wire).sum()
     }
 
     /// What happened after the snapshot `earlier` was taken.
     pub fn since(&self, earlier: &CommStats) -> CommStats {
         let mut diff = self.clone();
         for (now, then) in diff.counts.iter_mut().zip(&earlier.counts) {
-            now.0 = now.0.saturating_sub(then.0);
-            now.1 = now.1.saturating_sub(then.1);
+            now.calls = now.calls.saturating_sub(then.calls);
+            now.payload = now.payload.saturating_sub(then.payload);
+            now.wire = now.wire.saturating_sub(then.wire);
         }
         diff
     }
 
-    pub(crate) fn record(&mut self, kind: Collective, bytes: u64) {
-        let (calls, total) = &mut self.counts[kind as usize];
-        *calls += 1;
-        *total += bytes;
+    /// Counts one call of `kind` with its payload bytes.
+    pub(crate) fn record(&mut self, kind: Collective, payload: u64) {
+        let count = &mut self.counts[kind as usize];
+        count.calls += 1;
+        count.payload += payload;
+    }
+
+    /// Counts tensor bytes sent to other ranks on behalf of `kind`.
+    pub(crate) fn record_wire(&mut self, kind: Collective, bytes: u64) {
+        self.counts[kind as usize].wire += bytes;
     }
 }
 

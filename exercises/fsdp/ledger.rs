@@ -49,8 +49,12 @@ impl StepLedger {
             .into_iter()
             .map(|kind| match kind {
                 Collective::AllReduce => 2 * self.comm.bytes(kind),
-                Collective::AllGather | Collective::ReduceScatter | Collective::Broadcast => self.comm.bytes(kind),
-                Collective::Barrier => 0,
+                Collective::AllGather
+                | Collective::ReduceScatter
+                | Collective::Broadcast
+                | Collective::Send => self.comm.bytes(kind),
+                // A received tensor is its sender's traffic, already counted there.
+                Collective::Barrier | Collective::Recv => 0,
             })
             .sum()
     }

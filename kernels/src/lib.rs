@@ -14,6 +14,8 @@
 //! the softmax's pass.
 //! `linear` makes a linear layer one node of the graph instead of three, and
 //! `split_heads` / `merge_heads` do the same for attention's head reshapes.
+//! [`buffers`] turns tensors into bytes and adds byte buffers elementwise, for
+//! the communication backend that sends tensors over sockets.
 //!
 //! The workbook re-exports this crate as `workbook::kernels`. It is a crate of
 //! its own so that it is compiled with optimisations even in the quick test
@@ -21,6 +23,7 @@
 //! several times slower.
 
 mod broadcast_rows;
+pub mod buffers;
 mod cross_entropy;
 mod exp;
 mod heads;

@@ -465,3 +465,63 @@ fn spawn_rejects_an_empty_world() {
     let err = spawn(0, |_pg| Ok(())).unwrap_err().to_string();
     assert!(err.contains("world_size must be at least 1"), "{err}");
 }
+
+/// A reduction runs in the dtype it is handed, as NCCL's does: in bf16,
+/// 1 + 2⁻⁸ rounds back to 1 at every addition, so three ranks holding 1, 2⁻⁸
+/// and 2⁻⁸ sum to 1, while the same sum reduced in f32 is 1 + 2⁻⁷. This is
+/// the precision a mixed-precision policy's `reduce_dtype` gives up.
+#[rstest]
+fn reductions_round_in_the_dtype_they_are_handed(#[values(DType::F32, DType::BF16)] dtype: DType) {
+    let sums = on_ranks(3, |pg| {
+        let mine = if pg.rank() == 0 { 1.0 } else { 2f32.powi(-8) };
+        let t = Tensor::new(&[mine], &Device::Cpu)?.to_dtype(dtype)?;
+        Ok(values(&pg.all_reduce(&t, ReduceOp::Sum)?)[0])
+    });
+    let want = if dtype == DType::BF16 { 1.0 } else { 1.0 + 2f32.powi(-7) };
+    assert_eq!(sums, vec![want; 3], "a {dtype:?} all-reduce must add in {dtype:?}, rounding at each addition");
+}
+
+#[test]
+fn send_and_recv_between_threads_arrive_in_order() {
+    let got = on_ranks(3, |pg| {
+        let r = pg.rank();
+        let like = Tensor::zeros(2, DType::F32, &Device::Cpu)?;
+        for peer in (0..3).filter(|&p| p != r) {
+            for k in 0..2 {
+                pg.send(&Tensor::new(&[r as f32, (10 * peer + k) as f32], &Device::Cpu)?, peer)?;
+            }
+        }
+        let mut received = vec![];
+        for peer in (0..3).filter(|&p| p != r) {
+            for _ in 0..2 {
+                received.push(values(&pg.recv(&like, peer)?));
+            }
+        }
+        Ok(received)
+    });
+    for (rank, received) in got.iter().enumerate() {
+        let want: Vec<Vec<f32>> = (0..3)
+            .filter(|&p| p != rank)
+            .flat_map(|p| (0..2).map(move |k| vec![p as f32, (10 * rank + k) as f32]))
+            .collect();
+        assert_eq!(received, &want, "rank {rank}: each peer's tensors, in the order sent");
+    }
+}
+
+#[test]
+fn recv_of_the_wrong_shape_and_a_missing_send_are_errors() {
+    let err = spawn_with_timeout(2, TIMEOUT, |pg| match pg.rank() {
+        0 => pg.send(&Tensor::zeros(3, DType::F32, &Device::Cpu)?, 1),
+        _ => pg.recv(&Tensor::zeros(4, DType::F32, &Device::Cpu)?, 0).map(drop),
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("[4]") && err.contains("[3]"), "a recv of another shape must name both shapes: {err}");
+    let err = spawn_with_timeout(2, TIMEOUT, |pg| match pg.rank() {
+        0 => Ok(()),
+        _ => pg.recv(&Tensor::zeros(4, DType::F32, &Device::Cpu)?, 0).map(drop),
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("rank 0 finished without sending"), "a recv whose sender finished must fail at once: {err}");
+}

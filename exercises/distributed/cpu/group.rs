@@ -7,8 +7,8 @@ use std::sync::Arc;
 use candle_core::{Device, Result, Tensor};
 
 use super::rendezvous::Rendezvous;
-use crate::distributed::collective::{Call, Outcome};
-use crate::distributed::{CommStats, ProcessGroup, ReduceOp};
+use crate::distributed::collective::{check_peer, Call, Outcome};
+use crate::distributed::{Collective, CommStats, ProcessGroup, Properties, ReduceOp};
 
 /// A rank of a group whose ranks are threads of this process, started by
 /// [`spawn`](super::spawn). The tensors meet on the host (like PyTorch's Gloo
@@ -36,9 +36,11 @@ impl CpuProcessGroup {
     fn run(&self, call: Call, input: Option<&Tensor>) -> Result<Arc<Outcome>> {
         let world_size = self.world_size();
         call.check(input, world_size)?;
-        self.stats
-            .borrow_mut()
-            .record(call.kind(), call.payload_bytes(input, world_size));
+        let mut stats = self.stats.borrow_mut();
+        stats.record(call.kind(), call.payload_bytes(input, world_size));
+        // The one copy of its input this rank hands to the others.
+        stats.record_wire(call.kind(), call.payload_bytes(input, 1));
+        drop(stats);
         let generation = self.issued.replace(self.issued.get() + 1);
         let input = input
             .map(|t| t.detach().to_device(&Device::Cpu))
@@ -60,6 +62,13 @@ impl ProcessGroup for CpuProcessGroup {
         self.rendezvous.world_size()
     }
 
+    fn properties(&self) -> Properties {
+        Properties {
+            rank_order_reduction: true,
+            detects_dead_peers: true,
+        }
+    }
+
     fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
         self.exchange(Call::AllReduce(op), t)
     }
@@ -74,6 +83,39 @@ impl ProcessGroup for CpuProcessGroup {
 
     fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
         self.exchange(Call::ReduceScatter(op), t)
+    }
+
+    fn send(&self, t: &Tensor, dst: usize) -> Result<()> {
+        check_peer(Collective::Send, dst, self.rank, self.world_size())?;
+        let bytes = (t.elem_count() * t.dtype().size_in_bytes()) as u64;
+        let mut stats = self.stats.borrow_mut();
+        stats.record(Collective::Send, bytes);
+        stats.record_wire(Collective::Send, bytes);
+        drop(stats);
+        // A copy of its own, as over a wire: later in-place updates of `t` stay here.
+        let copy = t.detach().to_device(&Device::Cpu)?.copy()?;
+        self.rendezvous.post(self.rank, dst, copy)
+    }
+
+    fn recv(&self, like: &Tensor, src: usize) -> Result<Tensor> {
+        check_peer(Collective::Recv, src, self.rank, self.world_size())?;
+        let t = self.rendezvous.collect(src, self.rank)?;
+        if t.dims() != like.dims() || t.dtype() != like.dtype() {
+            let reason = format!(
+                "recv: rank {} expected a {:?} {} tensor from rank {src}, which sent a {:?} {} one: send and recv must agree on shape and dtype",
+                self.rank,
+                like.dims(),
+                like.dtype().as_str(),
+                t.dims(),
+                t.dtype().as_str()
+            );
+            self.rendezvous.abort(reason.clone());
+            return Err(candle_core::Error::Msg(reason));
+        }
+        self.stats
+            .borrow_mut()
+            .record(Collective::Recv, (t.elem_count() * t.dtype().size_in_bytes()) as u64);
+        t.to_device(like.device())
     }
 
     fn barrier(&self) -> Result<()> {

@@ -1,6 +1,7 @@
 //! Where the CPU ranks meet: one slot per rank, a generation counter, and the
 //! failure that aborts the group.
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -31,6 +32,9 @@ struct State {
     aborted: Option<String>,
     /// Ranks whose closure has returned successfully.
     finished: Vec<bool>,
+    /// Point-to-point tensors sent and not yet received, by (src, dst), in
+    /// the order they were sent.
+    mailboxes: HashMap<(usize, usize), VecDeque<Tensor>>,
 }
 
 struct Arrival {
@@ -54,6 +58,7 @@ impl Rendezvous {
             completed: None,
             aborted: None,
             finished: vec![false; world_size],
+            mailboxes: HashMap::new(),
         };
         Self {
             world_size,
@@ -96,6 +101,48 @@ impl Rendezvous {
             return self.complete(&mut state, call);
         }
         self.wait(state, rank, generation, call)
+    }
+
+    /// Leaves `t` (on the CPU) for rank `dst` to receive from rank `src`.
+    pub(super) fn post(&self, src: usize, dst: usize, t: Tensor) -> Result<()> {
+        let mut state = self.lock();
+        if let Some(reason) = &state.aborted {
+            return Err(Error::Msg(reason.clone()));
+        }
+        state.mailboxes.entry((src, dst)).or_default().push_back(t);
+        self.changed.notify_all();
+        Ok(())
+    }
+
+    /// Waits for the next tensor rank `src` sent to rank `dst`.
+    pub(super) fn collect(&self, src: usize, dst: usize) -> Result<Tensor> {
+        let deadline = Instant::now() + self.timeout;
+        let mut state = self.lock();
+        loop {
+            if let Some(t) = state.mailboxes.get_mut(&(src, dst)).and_then(VecDeque::pop_front) {
+                return Ok(t);
+            }
+            if let Some(reason) = &state.aborted {
+                return Err(Error::Msg(reason.clone()));
+            }
+            if state.finished[src] {
+                let reason = format!("rank {src} finished without sending the tensor rank {dst} waits for in recv(src {src})");
+                return Err(self.fail(&mut state, reason));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let reason = format!(
+                    "recv(src {src}) timed out after {:?} on rank {dst}: rank {src} did not send (stuck, or its send is missing)",
+                    self.timeout
+                );
+                return Err(self.fail(&mut state, reason));
+            }
+            state = self
+                .changed
+                .wait_timeout(state, deadline - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
     }
 
     /// Waits, with the lock released, until collective `generation` is

@@ -1,0 +1,123 @@
+//! `env://` rendezvous: a rank learns who it is and where the others are from
+//! its environment, as a program started by `torchrun` does.
+//!
+//! | variable           | meaning                                             |
+//! |--------------------|-----------------------------------------------------|
+//! | `RANK`             | this rank, in `0..WORLD_SIZE`                       |
+//! | `LOCAL_RANK`       | this rank on its node, in `0..LOCAL_WORLD_SIZE` (picks the GPU) |
+//! | `WORLD_SIZE`       | ranks in the job, over all nodes                    |
+//! | `LOCAL_WORLD_SIZE` | ranks on this node                                  |
+//! | `MASTER_ADDR`      | the host of rank 0, which hosts the store           |
+//! | `MASTER_PORT`      | the store's port                                    |
+//! | `WORKBOOK_JOB_TOKEN` | a secret shared by the job's ranks (the launcher makes one) |
+//! | `WORKBOOK_TIMEOUT_S` | how long a rank waits for another (default 60)   |
+//!
+//! A cluster scheduler's script sets the first six from its own variables
+//! (Slurm: `SLURM_PROCID`, `SLURM_LOCALID`, `SLURM_NTASKS`, ...) and starts one
+//! process per rank; the workbook's [launcher](super::launch) does the same on
+//! one or more machines.
+
+use std::env::{self, VarError};
+use std::time::Duration;
+
+use candle_core::{bail, Result};
+
+use super::tcp::{Rendezvous, TcpProcessGroup};
+use super::DEFAULT_TIMEOUT;
+
+/// The token a rank uses when none is in its environment: a job without one
+/// accepts any process that knows the address, so use it only on a machine
+/// you alone can reach.
+const NO_TOKEN: &str = "workbook-no-token";
+
+/// Who this rank is and where its job meets, read from the environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DistEnv {
+    pub rank: usize,
+    pub local_rank: usize,
+    pub world_size: usize,
+    pub local_world_size: usize,
+    pub master_addr: String,
+    pub master_port: u16,
+    pub token: String,
+    pub timeout: Duration,
+}
+
+impl DistEnv {
+    /// The job this process was started in, or `None` when `RANK` is not set
+    /// (a plain run: one process, or ranks as threads).
+    pub fn from_env() -> Result<Option<Self>> {
+        if env::var_os("RANK").is_none() {
+            return Ok(None);
+        }
+        let rank = number("RANK")?;
+        let world_size = number("WORLD_SIZE")?;
+        if rank >= world_size {
+            bail!("RANK {rank} is not below WORLD_SIZE {world_size}: ranks are numbered from 0");
+        }
+        let local_world_size = optional_number("LOCAL_WORLD_SIZE")?.unwrap_or(world_size);
+        let local_rank = optional_number("LOCAL_RANK")?.unwrap_or(rank % local_world_size.max(1));
+        let timeout = optional_number("WORKBOOK_TIMEOUT_S")?.map_or(DEFAULT_TIMEOUT, |s| Duration::from_secs(s as u64));
+        Ok(Some(Self {
+            rank,
+            local_rank,
+            world_size,
+            local_world_size,
+            master_addr: text("MASTER_ADDR")?,
+            master_port: number("MASTER_PORT")?
+                .try_into()
+                .map_err(|_| candle_core::Error::Msg("MASTER_PORT must be a port number, below 65536".into()))?,
+            token: env::var("WORKBOOK_JOB_TOKEN").unwrap_or_else(|_| NO_TOKEN.to_string()),
+            timeout,
+        }))
+    }
+
+    /// The rendezvous this environment describes.
+    pub fn rendezvous(&self) -> Rendezvous {
+        // An IPv6 literal needs brackets before its port.
+        let host = match self.master_addr.contains(':') {
+            true => format!("[{}]", self.master_addr),
+            false => self.master_addr.clone(),
+        };
+        Rendezvous {
+            rank: self.rank,
+            world_size: self.world_size,
+            master: format!("{host}:{}", self.master_port),
+            token: self.token.clone(),
+            timeout: self.timeout,
+        }
+    }
+}
+
+/// Joins the job this process was started in (`init_process_group("gloo",
+/// init_method="env://")`), or returns `None` when it was not started as a rank.
+pub fn init_from_env() -> Result<Option<TcpProcessGroup>> {
+    DistEnv::from_env()?
+        .map(|env| TcpProcessGroup::init(&env.rendezvous()))
+        .transpose()
+}
+
+fn text(name: &str) -> Result<String> {
+    match env::var(name) {
+        Ok(value) if !value.is_empty() => Ok(value),
+        Ok(_) | Err(VarError::NotPresent) => {
+            bail!("{name} is not set: a rank needs RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (the launcher sets them)")
+        }
+        Err(VarError::NotUnicode(_)) => bail!("{name} is not valid text"),
+    }
+}
+
+fn number(name: &str) -> Result<usize> {
+    let value = text(name)?;
+    value
+        .trim()
+        .parse()
+        .map_err(|_| candle_core::Error::Msg(format!("{name}=`{value}` is not a whole number")))
+}
+
+fn optional_number(name: &str) -> Result<Option<usize>> {
+    match env::var_os(name) {
+        None => Ok(None),
+        Some(_) => number(name).map(Some),
+    }
+}

@@ -1,0 +1,311 @@
+//! The launcher: starts one process per rank with the `env://` variables set,
+//! as `torchrun` does, and ends the job as soon as one of them fails.
+//!
+//! ```text
+//!   launch --nproc-per-node 2 -- train --model-size tiny
+//!     ├── train ...   RANK=0 LOCAL_RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=41234
+//!     └── train ...   RANK=1 LOCAL_RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=41234
+//! ```
+//!
+//! On several machines, start one launcher per node with the same
+//! `--nnodes`, `--master-addr` and `--master-port`, each with its own
+//! `--node-rank`; node `k`'s processes are ranks `k · nproc_per_node ..`.
+//! Every line a rank prints comes out prefixed with `[rank N]`.
+//!
+//! It uses only the standard library, so it runs wherever cargo does; on
+//! Linux the ranks are also killed if the launcher itself is killed.
+
+use std::ffi::OsString;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use candle_core::{bail, Error, Result};
+
+/// How a job is laid out over machines and processes (torchrun's flags).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchConfig {
+    /// Ranks on this machine.
+    pub nproc_per_node: usize,
+    /// Machines in the job.
+    pub nnodes: usize,
+    /// This machine's number, in `0..nnodes`; node 0 runs rank 0, which hosts the store.
+    pub node_rank: usize,
+    /// The address of node 0 as the other nodes reach it.
+    pub master_addr: String,
+    /// The store's port; with one node, `None` picks a free one.
+    pub master_port: Option<u16>,
+    /// Seconds a rank waits for another (`WORKBOOK_TIMEOUT_S`); `None` keeps the default.
+    pub timeout_s: Option<u64>,
+}
+
+impl Default for LaunchConfig {
+    fn default() -> Self {
+        Self {
+            nproc_per_node: 1,
+            nnodes: 1,
+            node_rank: 0,
+            master_addr: "127.0.0.1".to_string(),
+            master_port: None,
+            timeout_s: None,
+        }
+    }
+}
+
+impl LaunchConfig {
+    /// Ranks in the whole job.
+    pub fn world_size(&self) -> usize {
+        self.nproc_per_node * self.nnodes
+    }
+
+    /// The `env://` variables of this node's rank `local_rank`, for a job
+    /// whose store is at `port` and whose secret is `token`.
+    pub fn rank_environment(&self, local_rank: usize, port: u16, token: &str) -> Vec<(&'static str, String)> {
+        let rank = self.node_rank * self.nproc_per_node + local_rank;
+        let timeout = self.timeout_s.map(|s| ("WORKBOOK_TIMEOUT_S", s.to_string()));
+        let mut env = vec![
+            ("RANK", rank.to_string()),
+            ("LOCAL_RANK", local_rank.to_string()),
+            ("WORLD_SIZE", self.world_size().to_string()),
+            ("LOCAL_WORLD_SIZE", self.nproc_per_node.to_string()),
+            ("GROUP_RANK", self.node_rank.to_string()),
+            ("MASTER_ADDR", self.master_addr.clone()),
+            ("MASTER_PORT", port.to_string()),
+            ("WORKBOOK_JOB_TOKEN", token.to_string()),
+        ];
+        env.extend(timeout);
+        env
+    }
+
+    fn check(&self) -> Result<()> {
+        if self.nproc_per_node == 0 || self.nnodes == 0 {
+            bail!("launch: --nproc-per-node and --nnodes must be at least 1");
+        }
+        if self.node_rank >= self.nnodes {
+            bail!("launch: --node-rank {} is not below --nnodes {}", self.node_rank, self.nnodes);
+        }
+        if self.nnodes > 1 && self.master_port.is_none() {
+            bail!("launch: with --nnodes {} every node needs the same --master-port (and --master-addr: node 0's address)", self.nnodes);
+        }
+        Ok(())
+    }
+}
+
+/// Runs `program args` as this node's ranks and waits for them. Returns the
+/// exit code for the launcher to exit with: 0 when every rank succeeded,
+/// otherwise the first failing rank's, after the others were stopped.
+pub fn launch(config: &LaunchConfig, program: &Path, args: &[OsString]) -> Result<i32> {
+    config.check()?;
+    let port = match config.master_port {
+        Some(port) => port,
+        None => free_port(&config.master_addr)?,
+    };
+    let token = job_token(config, port);
+    let threads = kernel_threads(config.nproc_per_node);
+    let mut ranks = Vec::with_capacity(config.nproc_per_node);
+    for local_rank in 0..config.nproc_per_node {
+        let rank = config.node_rank * config.nproc_per_node + local_rank;
+        let mut command = Command::new(program);
+        command
+            .args(args)
+            .envs(config.rank_environment(local_rank, port, &token))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some(threads) = &threads {
+            command.env("RAYON_NUM_THREADS", threads);
+        }
+        die_with_launcher(&mut command);
+        match command.spawn() {
+            Ok(child) => ranks.push(Rank::start(rank, child)),
+            Err(e) => {
+                stop(&mut ranks);
+                bail!("launch: cannot start {} for rank {rank}: {e}", program.display());
+            }
+        }
+    }
+    Ok(supervise(ranks))
+}
+
+/// One running rank and the threads that copy its output.
+struct Rank {
+    rank: usize,
+    child: Child,
+    copiers: Vec<JoinHandle<()>>,
+    status: Option<ExitStatus>,
+}
+
+impl Rank {
+    fn start(rank: usize, mut child: Child) -> Self {
+        let mut copiers = vec![];
+        if let Some(out) = child.stdout.take() {
+            copiers.push(copy_lines(out, rank, io::stdout));
+        }
+        if let Some(err) = child.stderr.take() {
+            copiers.push(copy_lines(err, rank, io::stderr));
+        }
+        Self { rank, child, copiers, status: None }
+    }
+}
+
+/// Waits for every rank; at the first failure stops the others.
+fn supervise(mut ranks: Vec<Rank>) -> i32 {
+    loop {
+        for rank in ranks.iter_mut().filter(|r| r.status.is_none()) {
+            rank.status = rank.child.try_wait().unwrap_or(None);
+        }
+        let mut failed: Vec<(usize, ExitStatus)> = ranks
+            .iter()
+            .filter_map(|r| Some((r.rank, r.status.filter(|s| !s.success())?)))
+            .collect();
+        if !failed.is_empty() {
+            // Ranks that failed since the last look: one killed by a signal
+            // is the likelier cause of the others' errors.
+            failed.sort_by_key(|&(rank, status)| (signal(status).is_none(), rank));
+            let running = ranks.iter().filter(|r| r.status.is_none()).count();
+            stop(&mut ranks);
+            let (who, status) = failed[0];
+            let mut report = format!("launch: rank {who} {}", describe(status));
+            for &(rank, status) in &failed[1..] {
+                report += &format!("; rank {rank} {}", describe(status));
+            }
+            if running > 0 {
+                report += &format!("; stopped the {running} rank(s) still running");
+            }
+            eprintln!("{report}");
+            return exit_code(status);
+        }
+        if ranks.iter().all(|r| r.status.is_some()) {
+            finish_output(&mut ranks);
+            return 0;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Kills the ranks still running and copies what is left of their output.
+fn stop(ranks: &mut [Rank]) {
+    for rank in ranks.iter_mut().filter(|r| r.status.is_none()) {
+        let _ = rank.child.kill();
+        rank.status = rank.child.wait().ok();
+    }
+    // A killed rank's own children (a shell's, say) may hold its output
+    // open: copy for a moment, then leave them.
+    let deadline = std::time::Instant::now() + Duration::from_millis(500);
+    while std::time::Instant::now() < deadline && ranks.iter().any(|r| r.copiers.iter().any(|c| !c.is_finished())) {
+        thread::sleep(Duration::from_millis(10));
+    }
+    for rank in ranks.iter_mut() {
+        rank.copiers.clear(); // detaches the copiers still blocked
+    }
+}
+
+/// Waits until every rank's output has been copied.
+fn finish_output(ranks: &mut [Rank]) {
+    for rank in ranks {
+        for copier in rank.copiers.drain(..) {
+            let _ = copier.join();
+        }
+    }
+}
+
+/// Copies `from` line by line to `to`, each line prefixed with the rank.
+fn copy_lines<W: Write + 'static>(from: impl Read + Send + 'static, rank: usize, to: fn() -> W) -> JoinHandle<()> {
+    thread::spawn(move || {
+        let mut reader = BufReader::new(from);
+        let mut line = Vec::new();
+        while matches!(reader.read_until(b'\n', &mut line), Ok(n) if n > 0) {
+            let mut out = to();
+            let _ = out.write_all(format!("[rank {rank}] ").as_bytes());
+            let _ = out.write_all(&line);
+            if !line.ends_with(b"\n") {
+                let _ = out.write_all(b"\n");
+            }
+            let _ = out.flush();
+            line.clear();
+        }
+    })
+}
+
+fn describe(status: ExitStatus) -> String {
+    match signal(status) {
+        Some(signal) => format!("was killed by signal {signal}"),
+        None => format!("exited with code {}", status.code().unwrap_or(1)),
+    }
+}
+
+/// The shell's convention: a rank killed by signal `s` makes the job exit with 128 + s.
+fn exit_code(status: ExitStatus) -> i32 {
+    signal(status).map_or(status.code().unwrap_or(1), |s| 128 + s)
+}
+
+/// The signal that killed a process, where the platform has signals.
+fn signal(status: ExitStatus) -> Option<i32> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        status.signal()
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = status;
+        None
+    }
+}
+
+/// A port on `addr` that nothing listens on now (the launcher's choice of
+/// `MASTER_PORT` on one node). Rank 0 binds it a moment
+/// later; on one node nobody else is expected to take it in between.
+pub fn free_port(addr: &str) -> Result<u16> {
+    let listener = TcpListener::bind((addr, 0))
+        .map_err(|e| Error::Msg(format!("launch: cannot find a free port on {addr}: {e}")))?;
+    Ok(listener.local_addr().map_err(Error::wrap)?.port())
+}
+
+/// The job's secret: the user's `WORKBOOK_JOB_TOKEN` if set; on one node a
+/// fresh random one; on several nodes one every launcher derives alike.
+fn job_token(config: &LaunchConfig, port: u16) -> String {
+    if let Ok(token) = std::env::var("WORKBOOK_JOB_TOKEN") {
+        return token;
+    }
+    if config.nnodes == 1 {
+        return format!("{:032x}", rand::random::<u128>());
+    }
+    if config.node_rank == 0 {
+        eprintln!("launch: WORKBOOK_JOB_TOKEN is not set; set the same secret on every node to keep other processes out of the job");
+    }
+    format!("workbook-{}-{port}", config.master_addr)
+}
+
+/// `cores / nproc_per_node` kernel threads per rank, unless the user chose
+/// (`RAYON_NUM_THREADS` set) .
+fn kernel_threads(nproc_per_node: usize) -> Option<String> {
+    if std::env::var_os("RAYON_NUM_THREADS").is_some() {
+        return None;
+    }
+    let cores = thread::available_parallelism().map_or(1, |n| n.get());
+    Some((cores / nproc_per_node).max(1).to_string())
+}
+
+/// On Linux, asks the kernel to kill the rank if the launcher dies, so that a
+/// killed launcher leaves no ranks behind.
+fn die_with_launcher(command: &mut Command) {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: the closure runs in the child between fork and exec, where
+        // only async-signal-safe calls are allowed; prctl is one, and it
+        // touches no memory of the parent.
+        unsafe {
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    let _ = command;
+}

@@ -1,0 +1,144 @@
+//! The bandwidth-optimal ring algorithms, on a flat byte buffer.
+//!
+//! The N ranks form a ring: rank r sends to r + 1 and receives from r − 1
+//! (mod N). The buffer is cut into N chunks (the first `len % N` one element
+//! longer when N does not divide it).
+//!
+//! - **Reduce-scatter**: in each of N − 1 steps, every rank sends one chunk to
+//!   its successor and adds the chunk its predecessor sent into its own copy.
+//!   Chunk c starts at rank c + 1 and picks up one rank's contribution per
+//!   step, so after N − 1 steps rank c holds chunk c summed over all ranks.
+//! - **All-gather**: N − 1 more steps pass the finished chunks around the ring,
+//!   each rank overwriting the chunk it receives.
+//! - **All-reduce** is the two in turn: each rank sends 2(N − 1) chunks,
+//!   2(N − 1)/N of the buffer, whatever N is. That is why NCCL and Gloo use it
+//!   for large buffers.
+//!
+//! ```text
+//!   reduce-scatter, N = 3, step 0       step 1                 result
+//!   rank 0: sends c2 ──> rank 1         sends c1+c1' ──> ...   rank 0 holds Σ c0
+//!   rank 1: sends c0 ──> rank 2         ...                    rank 1 holds Σ c1
+//!   rank 2: sends c1 ──> rank 0         ...                    rank 2 holds Σ c2
+//! ```
+
+use std::ops::Range;
+
+use candle_core::{DType, Result};
+
+use super::mesh::Mesh;
+use super::wire::Header;
+use crate::kernels::buffers::add_assign;
+
+/// One collective's view of the ring: who this rank is, and the header its
+/// messages carry (the length is filled in per chunk).
+pub(super) struct Ring<'a> {
+    pub mesh: &'a Mesh,
+    pub rank: usize,
+    pub world_size: usize,
+    pub header: Header,
+    /// Tensor bytes this rank has sent so far in this collective.
+    pub sent: u64,
+}
+
+impl Ring<'_> {
+    fn next(&self) -> usize {
+        (self.rank + 1) % self.world_size
+    }
+
+    fn prev(&self) -> usize {
+        (self.rank + self.world_size - 1) % self.world_size
+    }
+
+    /// Chunk `i` counted around the ring (any integer, taken mod N).
+    fn chunk(&self, i: isize) -> usize {
+        i.rem_euclid(self.world_size as isize) as usize
+    }
+
+    fn header(&self, len: usize) -> Header {
+        Header { len: len as u64, ..self.header }
+    }
+
+    /// Sends `out` to the successor and receives the predecessor's chunk of `len` bytes.
+    fn shift(&mut self, out: &[u8], len: usize) -> Result<Vec<u8>> {
+        self.mesh.send(self.next(), &self.header(out.len()), out)?;
+        self.sent += out.len() as u64;
+        let mut incoming = vec![0u8; len];
+        self.mesh.recv(self.prev(), &self.header(len), &mut incoming)?;
+        Ok(incoming)
+    }
+
+    /// Leaves chunk `rank` of `buf` summed over the ranks (the other chunks
+    /// hold partial sums). `chunks` are byte ranges of `buf`.
+    pub fn reduce_scatter(&mut self, buf: &mut [u8], chunks: &[Range<usize>], dtype: DType) -> Result<()> {
+        let r = self.rank as isize;
+        for step in 0..self.world_size as isize - 1 {
+            let out = chunks[self.chunk(r - step - 1)].clone();
+            let into = chunks[self.chunk(r - step - 2)].clone();
+            let incoming = self.shift(&buf[out], into.len())?;
+            add_assign(dtype, &mut buf[into], &incoming)?;
+        }
+        Ok(())
+    }
+
+    /// Given that rank r holds the final chunk r, gives every rank every chunk.
+    pub fn all_gather(&mut self, buf: &mut [u8], chunks: &[Range<usize>]) -> Result<()> {
+        let r = self.rank as isize;
+        for step in 0..self.world_size as isize - 1 {
+            let out = chunks[self.chunk(r - step)].clone();
+            let into = chunks[self.chunk(r - step - 1)].clone();
+            let incoming = self.shift(&buf[out], into.len())?;
+            buf[into].copy_from_slice(&incoming);
+        }
+        Ok(())
+    }
+
+    /// Passes `buf` from `root` along the ring, in pieces so that every link
+    /// is busy at once: each rank forwards a piece as soon as it has it.
+    pub fn broadcast(&mut self, buf: &mut [u8], root: usize) -> Result<()> {
+        const PIECE: usize = 4 << 20;
+        let n = self.world_size;
+        let position = (self.rank + n - root) % n; // the root is 0, its successor 1, ...
+        let pieces: Vec<Range<usize>> = (0..buf.len().div_ceil(PIECE).max(1))
+            .map(|i| i * PIECE..((i + 1) * PIECE).min(buf.len()))
+            .collect();
+        for piece in pieces {
+            if position > 0 {
+                let len = piece.len();
+                self.mesh.recv(self.prev(), &self.header(len), &mut buf[piece.clone()])?;
+            }
+            if position < n - 1 {
+                self.mesh.send(self.next(), &self.header(piece.len()), &buf[piece.clone()])?;
+                self.sent += piece.len() as u64;
+            }
+        }
+        Ok(())
+    }
+
+    /// Returns once every rank has arrived: each tells every other one, then
+    /// waits to hear from all of them.
+    pub fn barrier(&mut self) -> Result<()> {
+        let others = (0..self.world_size).filter(|&r| r != self.rank);
+        for peer in others.clone() {
+            self.mesh.send(peer, &self.header(0), &[])?;
+        }
+        for peer in others {
+            self.mesh.recv(peer, &self.header(0), &mut [])?;
+        }
+        Ok(())
+    }
+}
+
+/// `len` elements of `elem` bytes cut into `parts` chunks, as byte ranges: the
+/// first `len % parts` chunks one element longer.
+pub(super) fn chunks(len: usize, parts: usize, elem: usize) -> Vec<Range<usize>> {
+    let (base, extra) = (len / parts, len % parts);
+    let mut start = 0;
+    (0..parts)
+        .map(|i| {
+            let n = base + usize::from(i < extra);
+            let range = start * elem..(start + n) * elem;
+            start += n;
+            range
+        })
+        .collect()
+}

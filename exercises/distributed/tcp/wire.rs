@@ -1,0 +1,152 @@
+//! What travels between two ranks: a fixed header that says what the message
+//! is, then the tensor's bytes.
+//!
+//! The receiver knows what it expects (the collective's number, kind, dtype,
+//! shape and the chunk's length), so it checks the header before it reads or
+//! allocates the payload. A rank that issued a different collective, or the
+//! same one with another shape, is reported by name instead of mixing its
+//! bytes into the result.
+
+use std::fmt;
+
+use candle_core::{DType, Tensor};
+
+use crate::distributed::collective::Call;
+use crate::distributed::{Collective, ReduceOp};
+
+/// The size of an encoded [`Header`].
+pub(super) const HEADER_BYTES: usize = 40;
+
+/// The kind byte of an abort: a rank that gave up tells the others why, in a
+/// payload of at most [`MAX_REASON`] bytes, so the root cause reaches every rank.
+const ABORT: u8 = u8::MAX;
+pub(super) const MAX_REASON: usize = 4096;
+
+/// What a frame holds: a message of a collective or point-to-point call, or a peer's abort.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Frame {
+    Message(Header),
+    /// A peer gave up; the reason (`len` bytes of text) follows.
+    Abort { len: usize },
+}
+
+/// What a message belongs to and how long its payload is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Header {
+    /// The collective's number (the same on every rank), or for a
+    /// point-to-point message, its number among those from sender to receiver.
+    pub seq: u64,
+    /// The collective and its argument (reduce op or root), or `Send`.
+    pub kind: Collective,
+    pub arg: u32,
+    /// The whole tensor's dtype and a digest of its shape.
+    pub dtype: DType,
+    pub shape: u64,
+    /// Payload bytes that follow the header.
+    pub len: u64,
+}
+
+impl Header {
+    /// The header of a message of `call` #`seq` about `t`, carrying `len` bytes.
+    pub fn collective(seq: u64, call: Call, t: Option<&Tensor>, len: usize) -> Self {
+        let arg = match call {
+            Call::AllReduce(op) | Call::ReduceScatter(op) => op_code(op),
+            Call::Broadcast { root } => root as u32,
+            Call::AllGather | Call::Barrier => 0,
+        };
+        Self::new(seq, call.kind(), arg, t, len)
+    }
+
+    /// The header of point-to-point message #`seq` carrying `t`.
+    pub fn point_to_point(seq: u64, t: &Tensor, len: usize) -> Self {
+        Self::new(seq, Collective::Send, 0, Some(t), len)
+    }
+
+    fn new(seq: u64, kind: Collective, arg: u32, t: Option<&Tensor>, len: usize) -> Self {
+        Self {
+            seq,
+            kind,
+            arg,
+            dtype: t.map_or(DType::U8, Tensor::dtype),
+            shape: t.map_or(0, |t| shape_digest(t.dims())),
+            len: len as u64,
+        }
+    }
+
+    pub fn encode(&self) -> [u8; HEADER_BYTES] {
+        let mut out = [0u8; HEADER_BYTES];
+        out[0..8].copy_from_slice(&self.seq.to_le_bytes());
+        out[8] = self.kind as u8;
+        out[9] = dtype_code(self.dtype);
+        out[12..16].copy_from_slice(&self.arg.to_le_bytes());
+        out[16..24].copy_from_slice(&self.shape.to_le_bytes());
+        out[24..32].copy_from_slice(&self.len.to_le_bytes());
+        out
+    }
+
+    /// The header of an abort whose reason is `len` bytes long.
+    pub fn abort(len: usize) -> [u8; HEADER_BYTES] {
+        let mut out = [0u8; HEADER_BYTES];
+        out[8] = ABORT;
+        out[24..32].copy_from_slice(&(len.min(MAX_REASON) as u64).to_le_bytes());
+        out
+    }
+
+    /// `None` when the bytes are no header this backend writes.
+    pub fn decode(bytes: &[u8; HEADER_BYTES]) -> Option<Frame> {
+        let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
+        if bytes[8] == ABORT {
+            return Some(Frame::Abort { len: (u64_at(24) as usize).min(MAX_REASON) });
+        }
+        Some(Frame::Message(Self {
+            seq: u64_at(0),
+            kind: *Collective::ALL.get(bytes[8] as usize)?,
+            dtype: *DTYPES.get(bytes[9] as usize)?,
+            arg: u32::from_le_bytes(bytes[12..16].try_into().expect("4 bytes")),
+            shape: u64_at(16),
+            len: u64_at(24),
+        }))
+    }
+}
+
+/// How a header reads in an error: `all_reduce #7 (f32, 4096 bytes)`.
+impl fmt::Display for Header {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = self.kind;
+        let what = match kind {
+            Collective::AllReduce | Collective::ReduceScatter => format!("{kind}({})", op_name(self.arg)),
+            Collective::Broadcast => format!("broadcast(root {})", self.arg),
+            Collective::Send => "a point-to-point message".to_string(),
+            _ => kind.to_string(),
+        };
+        write!(f, "{what} #{} ({}, {} bytes)", self.seq, self.dtype.as_str(), self.len)
+    }
+}
+
+const DTYPES: [DType; 6] = [DType::U8, DType::U32, DType::I64, DType::BF16, DType::F16, DType::F32];
+
+fn dtype_code(dtype: DType) -> u8 {
+    DTYPES.iter().position(|&d| d == dtype).map_or(u8::MAX, |i| i as u8)
+}
+
+fn op_code(op: ReduceOp) -> u32 {
+    match op {
+        ReduceOp::Sum => 0,
+        ReduceOp::Avg => 1,
+    }
+}
+
+fn op_name(code: u32) -> &'static str {
+    match code {
+        0 => "sum",
+        _ => "avg",
+    }
+}
+
+/// A digest of a shape (FNV-1a over the dimensions): two ranks with different
+/// shapes of the same size disagree on it, whatever machine computes it.
+fn shape_digest(dims: &[usize]) -> u64 {
+    dims.iter().fold(0xcbf2_9ce4_8422_2325, |h, &d| {
+        (h ^ d as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}

@@ -1,0 +1,335 @@
+//! Multi-rank tests on real processes: this test binary starts itself again
+//! once per rank, with only the running test selected and the `env://`
+//! variables set, and each copy joins a [`TcpProcessGroup`].
+//!
+//! [`on_processes`] is the harness: in the parent it starts the ranks and
+//! returns what each rank's body returned (sent back as JSON); in a rank it
+//! runs the body and exits. A failing rank's own output becomes the test's
+//! failure message, once.
+
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::sync::Mutex;
+use std::thread;
+
+use candle_core::{DType, Device, Tensor};
+use rstest::rstest;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use workbook::distributed::launch::free_port;
+use workbook::distributed::{
+    init_from_env, Collective, LaunchConfig, ProcessGroup, ReduceOp, TcpProcessGroup,
+};
+
+/// Set in a rank's environment: the test it runs, and where its result goes.
+const RANK_OF: &str = "WORKBOOK_TEST_RANK_OF";
+const RESULT_DIR: &str = "WORKBOOK_TEST_RESULTS";
+
+/// Process tests start several processes each; one at a time keeps a 2-core
+/// machine from timing them out.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// Runs `body` on `world` ranks, each a process of its own, and returns what
+/// each returned, in rank order. Call it once per test: each rank runs the
+/// calling test from its start (libtest names a test's thread after it,
+/// which is how a rank finds the test to run).
+fn on_processes<T: Serialize + DeserializeOwned>(
+    world: usize,
+    body: impl FnOnce(TcpProcessGroup) -> candle_core::Result<T>,
+) -> Vec<T> {
+    let results = on_processes_some_may_exit(world, body);
+    results
+        .into_iter()
+        .enumerate()
+        .map(|(rank, r)| r.unwrap_or_else(|| panic!("rank {rank} exited without a result")))
+        .collect()
+}
+
+/// [`on_processes`] for tests in which a rank exits on purpose: its result is `None`.
+fn on_processes_some_may_exit<T: Serialize + DeserializeOwned>(
+    world: usize,
+    body: impl FnOnce(TcpProcessGroup) -> candle_core::Result<T>,
+) -> Vec<Option<T>> {
+    let test = this_test();
+    if std::env::var(RANK_OF).as_deref() == Ok(test.as_str()) {
+        run_rank(body);
+    }
+    collect(start_ranks(world, &test), world)
+}
+
+fn this_test() -> String {
+    std::thread::current().name().expect("libtest names each test's thread").to_string()
+}
+
+/// The rank's side: join the group, run `body`, write its result, exit.
+fn run_rank<T: Serialize>(body: impl FnOnce(TcpProcessGroup) -> candle_core::Result<T>) -> ! {
+    let pg = init_from_env()
+        .and_then(|pg| pg.ok_or_else(|| candle_core::Error::Msg("RANK is not set".into())))
+        .unwrap_or_else(|e| fail(&format!("joining the group: {e}")));
+    let rank = workbook::distributed::ProcessGroup::rank(&pg);
+    match body(pg) {
+        Ok(result) => {
+            let path = PathBuf::from(std::env::var(RESULT_DIR).expect("set by the harness"))
+                .join(format!("rank{rank}.json"));
+            std::fs::write(path, serde_json::to_vec(&result).expect("serialisable"))
+                .expect("writable result directory");
+            std::process::exit(0)
+        }
+        Err(e) => fail(&e.to_string()),
+    }
+}
+
+fn fail(message: &str) -> ! {
+    eprintln!("{message}");
+    std::process::exit(1)
+}
+
+/// Starts `world` copies of this binary running `test` and waits for all of them.
+fn start_ranks(world: usize, test: &str) -> (tempdir::Dir, Vec<Output>) {
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempdir::Dir::new();
+    let config = LaunchConfig { nproc_per_node: world, ..LaunchConfig::default() };
+    let port = free_port(&config.master_addr).expect("a free port");
+    let exe = std::env::current_exe().expect("the test binary");
+    let children: Vec<_> = (0..world)
+        .map(|local_rank| {
+            Command::new(&exe)
+                .args([test, "--exact", "--nocapture", "--test-threads", "1"])
+                .envs(config.rank_environment(local_rank, port, "test-token"))
+                .env(RANK_OF, test)
+                .env(RESULT_DIR, dir.path())
+                .env("RAYON_NUM_THREADS", "1")
+                .env("WORKBOOK_TIMEOUT_S", "30")
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("starting a rank")
+        })
+        .collect();
+    let outputs = thread::scope(|s| {
+        let waits: Vec<_> = children.into_iter().map(|c| s.spawn(move || c.wait_with_output())).collect();
+        waits.into_iter().map(|w| w.join().expect("waiter").expect("rank output")).collect()
+    });
+    (dir, outputs)
+}
+
+/// Each rank's result, or a failure showing the first failing rank's output.
+fn collect<T: DeserializeOwned>((dir, outputs): (tempdir::Dir, Vec<Output>), world: usize) -> Vec<Option<T>> {
+    if let Some((rank, out)) = outputs.iter().enumerate().find(|(_, o)| !o.status.success()) {
+        let others = outputs.iter().filter(|o| !o.status.success()).count() - 1;
+        panic!(
+            "rank {rank} of {world} failed ({}; {others} other rank(s) failed after it):\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    (0..world)
+        .map(|rank| {
+            let bytes = std::fs::read(dir.path().join(format!("rank{rank}.json"))).ok()?;
+            Some(serde_json::from_slice(&bytes).expect("rank result as JSON"))
+        })
+        .collect()
+}
+
+/// A temporary directory removed when dropped.
+mod tempdir {
+    use std::path::{Path, PathBuf};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    pub struct Dir(PathBuf);
+
+    impl Dir {
+        pub fn new() -> Self {
+            static N: AtomicUsize = AtomicUsize::new(0);
+            let name = format!("workbook-ranks-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+            let path = std::env::temp_dir().join(name);
+            std::fs::create_dir_all(&path).expect("temp dir");
+            Self(path)
+        }
+
+        pub fn path(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// Rank `rank`'s tensor: values that differ per rank and are not round, so
+/// the order of a sum shows in its bits.
+fn input(rank: usize, len: usize, dtype: DType) -> Tensor {
+    let values: Vec<f32> = (0..len)
+        .map(|i| ((rank * 31 + i * 7) % 17) as f32 * 0.37 - 2.9 + rank as f32 * 0.013)
+        .collect();
+    Tensor::from_vec(values, len, &Device::Cpu).unwrap().to_dtype(dtype).unwrap()
+}
+
+fn as_f32(t: &Tensor) -> Vec<f32> {
+    t.flatten_all().unwrap().to_dtype(DType::F32).unwrap().to_vec1().unwrap()
+}
+
+/// The sum of every rank's `input`, added in `dtype` in the order `order`.
+fn sum_in_order(order: impl Iterator<Item = usize>, len: usize, dtype: DType) -> Vec<f32> {
+    let mut order = order;
+    let mut total = input(order.next().unwrap(), len, dtype);
+    for rank in order {
+        total = (total + input(rank, len, dtype)).unwrap();
+    }
+    as_f32(&total)
+}
+
+/// Element `i` of the ring's sum: chunk c is added starting from rank c + 1.
+fn ring_sum(world: usize, len: usize, dtype: DType) -> Vec<f32> {
+    let (base, extra) = (len / world, len % world);
+    let chunk_of = |i: usize| {
+        let long = extra * (base + 1);
+        if i < long { i / (base + 1) } else { extra + (i - long) / base.max(1) }
+    };
+    let orders: Vec<Vec<f32>> = (0..world)
+        .map(|c| sum_in_order((1..=world).map(|k| (c + k) % world), len, dtype))
+        .collect();
+    (0..len).map(|i| orders[chunk_of(i)][i]).collect()
+}
+
+/// 10 elements do not divide by 3 or 4, so the chunks differ in length; 1
+/// element leaves some ranks' chunks empty.
+#[rstest]
+fn ring_all_reduce_equals_the_sum_in_the_rings_order(
+    #[values(2, 3, 4)] world: usize,
+    #[values((10, DType::F32), (10, DType::BF16), (1, DType::F32))] case: (usize, DType),
+) {
+    let (len, dtype) = case;
+    let got: Vec<(Vec<f32>, bool)> = on_processes(world, |pg| {
+        let t = pg.all_reduce(&input(pg.rank(), len, dtype), ReduceOp::Sum)?;
+        Ok((as_f32(&t), t.dtype() == dtype))
+    });
+    let want = ring_sum(world, len, dtype);
+    for (rank, (values, same_dtype)) in got.iter().enumerate() {
+        assert!(same_dtype, "rank {rank}: the result must keep the input's dtype");
+        assert_eq!(values, &want, "world {world}, {len} {dtype:?} elements: rank {rank}'s all_reduce is not the sum in the ring's order");
+    }
+    if world == 2 {
+        let rank_order = sum_in_order(0..2, len, dtype);
+        assert_eq!(got[0].0, rank_order, "two ranks: a + b = b + a, so the ring must equal rank order exactly");
+    }
+}
+
+/// What one rank got from the three collectives.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Collected {
+    gathered: Vec<f32>,
+    broadcast: Vec<f32>,
+    scattered: Vec<f32>,
+    scattered_dims: Vec<usize>,
+}
+
+#[rstest]
+fn all_gather_broadcast_and_reduce_scatter_match_their_definitions(#[values(2, 3)] world: usize) {
+    let rows = 2 * world; // reduce-scatter needs dim 0 divisible by the world size
+    let got: Vec<Collected> = on_processes(world, |pg| {
+        let r = pg.rank();
+        let gathered = pg.all_gather(&input(r, 3, DType::F32))?;
+        let broadcast = pg.broadcast(&input(r, 5, DType::F32), world - 1)?;
+        let mine = input(r, rows * 3, DType::F32).reshape((rows, 3))?;
+        let scattered = pg.reduce_scatter(&mine, ReduceOp::Avg)?;
+        Ok(Collected {
+            gathered: as_f32(&gathered),
+            broadcast: as_f32(&broadcast),
+            scattered: as_f32(&scattered),
+            scattered_dims: scattered.dims().to_vec(),
+        })
+    });
+    let gathered: Vec<f32> = (0..world).flat_map(|r| as_f32(&input(r, 3, DType::F32))).collect();
+    let mean: Vec<f32> = ring_sum(world, rows * 3, DType::F32).iter().map(|v| v / world as f32).collect();
+    for (rank, Collected { gathered: g, broadcast: b, scattered: s, scattered_dims: dims }) in got.iter().enumerate() {
+        assert_eq!(g, &gathered, "rank {rank}: all_gather must concatenate every rank's tensor in rank order");
+        assert_eq!(b, &as_f32(&input(world - 1, 5, DType::F32)), "rank {rank}: broadcast must deliver the root's tensor");
+        assert_eq!(dims, &[2, 3], "rank {rank}: reduce_scatter gives each rank 1/world of dim 0");
+        let close = s.iter().zip(&mean[rank * 6..rank * 6 + 6]).all(|(a, b)| (a - b).abs() <= 1e-6 * (1.0 + b.abs()));
+        assert!(close, "rank {rank}: reduce_scatter(avg) must give rank r the r-th chunk of the mean: got {s:?}");
+    }
+}
+
+/// A ring all-reduce of P bytes on N ranks sends 2(N−1) chunks from each rank.
+#[rstest]
+fn each_rank_sends_2_n_minus_1_chunks_in_an_all_reduce(#[values(2, 3, 4)] world: usize) {
+    let len = 1000; // not divisible by 3: chunks of 334 and 333 elements
+    let sent: Vec<(u64, u64)> = on_processes(world, |pg| {
+        pg.all_reduce(&input(pg.rank(), len, DType::F32), ReduceOp::Sum)?;
+        let stats = pg.stats();
+        Ok((stats.wire_bytes(Collective::AllReduce), stats.bytes(Collective::AllReduce)))
+    });
+    let (base, extra) = (len / world, len % world);
+    for (rank, &(wire, payload)) in sent.iter().enumerate() {
+        assert_eq!(payload, 4 * len as u64, "rank {rank}: the payload is the buffer handed in");
+        // Reduce-scatter sends every chunk but the one the rank ends up
+        // owning (its own); all-gather every chunk but its successor's.
+        let chunk = |c: usize| 4 * (base + usize::from(c < extra)) as u64;
+        let all_but = |skip: usize| (0..world).filter(|&c| c != skip).map(chunk).sum::<u64>();
+        let want = all_but(rank) + all_but((rank + 1) % world);
+        assert_eq!(wire, want, "rank {rank} of {world}: sent {wire} bytes for a {payload}-byte all-reduce; a ring sends 2(N-1) chunks");
+    }
+}
+
+#[test]
+fn send_and_recv_deliver_in_order_between_any_two_ranks() {
+    let got: Vec<Vec<Vec<f32>>> = on_processes(3, |pg| {
+        let r = pg.rank();
+        let like = input(0, 4, DType::F32);
+        // Every rank sends two tensors to each other rank, then receives them.
+        for peer in (0..3).filter(|&p| p != r) {
+            pg.send(&input(10 * r + peer, 4, DType::F32), peer)?;
+            pg.send(&input(100 * r + peer, 4, DType::F32), peer)?;
+        }
+        let mut received = vec![];
+        for peer in (0..3).filter(|&p| p != r) {
+            received.push(as_f32(&pg.recv(&like, peer)?));
+            received.push(as_f32(&pg.recv(&like, peer)?));
+        }
+        Ok(received)
+    });
+    for (rank, received) in got.iter().enumerate() {
+        let peers = (0..3).filter(|&p| p != rank);
+        let want: Vec<Vec<f32>> = peers
+            .flat_map(|p| [as_f32(&input(10 * p + rank, 4, DType::F32)), as_f32(&input(100 * p + rank, 4, DType::F32))])
+            .collect();
+        assert_eq!(received, &want, "rank {rank}: recv must return what each peer sent, in the order it was sent");
+    }
+}
+
+#[test]
+fn mismatched_collectives_fail_with_both_calls_named() {
+    let errors: Vec<String> = on_processes(2, |pg| {
+        let t = input(pg.rank(), 6, DType::F32);
+        let result = match pg.rank() {
+            0 => pg.all_reduce(&t, ReduceOp::Sum).map(drop),
+            _ => pg.all_gather(&t).map(drop),
+        };
+        Ok(result.err().map(|e| e.to_string()).unwrap_or_default())
+    });
+    let named = errors.iter().any(|e| e.contains("all_reduce") && e.contains("all_gather"));
+    assert!(named, "a rank that issues another collective must be named with both calls, got: {errors:?}");
+}
+
+#[test]
+fn a_rank_that_exits_makes_the_others_fail_at_once_naming_it() {
+    let results: Vec<Option<(String, f64)>> = on_processes_some_may_exit(3, |pg| {
+        if pg.rank() == 2 {
+            std::process::exit(0); // gone without a word, as a crashed process
+        }
+        let start = std::time::Instant::now();
+        let result = pg.all_reduce(&input(pg.rank(), 8, DType::F32), ReduceOp::Sum);
+        Ok((result.err().map(|e| e.to_string()).unwrap_or_default(), start.elapsed().as_secs_f64()))
+    });
+    // Rank 1 waits for rank 2 directly; rank 0 may instead see rank 1 give up.
+    let (error, seconds) = results[1].clone().expect("rank 1 reports");
+    assert!(error.contains("rank 2"), "rank 1's error must name rank 2, the rank that exited: {error:?}");
+    assert!(seconds < 10.0, "rank 1 waited {seconds:.1} s: a closed connection must fail the collective at once, not at the timeout");
+    let (error, _) = results[0].clone().expect("rank 0 reports");
+    assert!(!error.is_empty(), "rank 0's collective must fail too");
+}
