@@ -7,6 +7,7 @@
 pub mod checkpoints;
 pub mod config;
 pub mod generate;
+pub mod launching;
 pub mod metrics;
 pub mod run;
 pub mod strategy;

@@ -1,13 +1,13 @@
 //! One training run: open the data, start the ranks, step, log, checkpoint.
 
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use candle_core::{Device, Tensor};
 use indicatif::{ProgressBar, ProgressStyle};
 use workbook::data::{DataConfig, Dataset, DistributedSampler};
-use workbook::distributed::{spawn, ProcessGroup, ReduceOp, SingleProcess};
+use workbook::distributed::{spawn_with_timeout, DistEnv, ProcessGroup, ReduceOp, SingleProcess, TcpProcessGroup};
 use workbook::fsdp::FsdpTrainer;
 use workbook::init_params;
 use workbook::train::{DataPosition, Ddp, StepStats, Trainer};
@@ -35,6 +35,9 @@ pub struct RunOptions {
     pub strategy: Strategy,
     /// Print a line every this many steps when no progress bar is shown.
     pub log_every: usize,
+    /// The longest a rank waits for another in a collective, when ranks are threads
+    /// (processes read theirs from `WORKBOOK_TIMEOUT_S`, set by the launcher).
+    pub timeout: Duration,
 }
 
 /// What a finished run reports.
@@ -48,22 +51,36 @@ pub struct Summary {
     pub num_params: usize,
 }
 
-/// Trains as `options` says, on one process or `nproc` CPU ranks.
+/// Trains as `options` says: as one rank of a job when this process was
+/// started as one (by the launcher: `RANK` and the rest are set), otherwise
+/// on one process or on `nproc` ranks that are threads of this one.
 pub fn train(options: &RunOptions) -> Result<Summary> {
+    let launched = DistEnv::from_env().map_err(|e| anyhow!("{e}"))?;
+    if let Some(env) = &launched {
+        if env.world_size != options.nproc {
+            bail!("this rank was started in a job of {} ranks (WORLD_SIZE), but the run asks for {}", env.world_size, options.nproc);
+        }
+    }
     options.config.validate(options.nproc)?;
     std::fs::create_dir_all(&options.out_dir).with_context(|| format!("cannot create {}", options.out_dir.display()))?;
     let dataset = open_dataset(&options.data)?;
+    if let Some(env) = launched {
+        let pg = TcpProcessGroup::init(&env.rendezvous()).map_err(|e| anyhow!("rank {} joining the job: {e}", env.rank))?;
+        return run_rank(options, &dataset, Box::new(pg));
+    }
     if options.nproc == 1 {
         return run_rank(options, &dataset, Box::new(SingleProcess::new()));
     }
-    let mut summaries = spawn(options.nproc, |pg| {
+    let mut summaries = spawn_with_timeout(options.nproc, options.timeout, |pg| {
         run_rank(options, &dataset, Box::new(pg)).map_err(|e| candle_core::Error::Msg(format!("{e:#}")))
     })
     .map_err(|e| anyhow!("{e}"))?;
     Ok(summaries.swap_remove(0))
 }
 
-fn open_dataset(config: &DataConfig) -> Result<Dataset> {
+/// Opens (and on first use tokenises) the run's data. A launcher calls it
+/// before starting the ranks, so that they find the token file ready.
+pub fn open_dataset(config: &DataConfig) -> Result<Dataset> {
     let bar = ProgressBar::new(0).with_style(
         ProgressStyle::with_template("tokenising {bar:30} {bytes}/{total_bytes} ({eta})").expect("valid template"),
     );

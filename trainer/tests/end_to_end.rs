@@ -36,6 +36,7 @@ fn options(out_dir: PathBuf, max_steps: usize, nproc: usize) -> RunOptions {
         activation_checkpointing: false,
         strategy: Strategy::Ddp,
         log_every: 10,
+        timeout: workbook::distributed::DEFAULT_TIMEOUT,
     }
 }
 

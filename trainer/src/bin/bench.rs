@@ -61,6 +61,7 @@ fn run(args: Args) -> Result<()> {
             activation_checkpointing: false,
             strategy: Strategy::Ddp,
             log_every: usize::MAX,
+            timeout: workbook::distributed::DEFAULT_TIMEOUT,
         };
         train(&options)?;
         let records = read_log(&out_dir.join("metrics.jsonl"))?;

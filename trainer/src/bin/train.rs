@@ -1,16 +1,22 @@
-//! `train`: train a GPT on text, on one process or on N CPU ranks under DDP.
+//! `train`: train a GPT on text, on one process or on N ranks under DDP or FSDP.
 //!
 //! `cargo run --release -p trainer --bin train -- --model-size tiny --max-steps 300`
+//!
+//! With `--nproc N` (or `--nnodes`), it starts itself again as the job's ranks,
+//! one process each, through the launcher; each rank then trains as one
+//! member of the job.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
 use trainer::config::RunConfig;
-use trainer::run::{peak_memory_mib, train, workbook_root, RunOptions};
+use trainer::launching::{LaunchArgs, RankKind};
+use trainer::run::{open_dataset, peak_memory_mib, train, workbook_root, RunOptions};
 use trainer::strategy::Strategy;
-use workbook::fsdp::FsdpConfig;
 use workbook::data::{DataConfig, DatasetKind, SAMPLE_PATH};
+use workbook::distributed::{DistEnv, DEFAULT_TIMEOUT};
+use workbook::fsdp::FsdpConfig;
 
 /// Train a GPT. Defaults come from configs/<model-size>.toml; flags override them.
 #[derive(Parser)]
@@ -44,9 +50,13 @@ struct Args {
     lr: Option<f64>,
     #[arg(long)]
     warmup_steps: Option<usize>,
-    /// Data-parallel ranks, each a thread of this process.
-    #[arg(long, default_value_t = 1)]
-    nproc: usize,
+    /// Ranks and where they run: --nproc N on this machine; --nnodes,
+    /// --node-rank, --master-addr and --master-port across machines.
+    #[command(flatten)]
+    launch: LaunchArgs,
+    /// Run the ranks as processes (the default) or as threads of this one.
+    #[arg(long, value_enum, default_value_t = RankKind::Processes)]
+    ranks: RankKind,
     /// Continue from the newest checkpoint in --checkpoint-dir, or from the one given.
     #[arg(long, num_args = 0..=1)]
     resume: Option<Option<PathBuf>>,
@@ -86,6 +96,10 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> anyhow::Result<()> {
+    let launched = DistEnv::from_env().map_err(anyhow::Error::msg)?;
+    let starts_ranks = args.launch.starts_processes(args.ranks)?;
+    // One process speaks for the job: rank 0, not the launcher that starts it.
+    let is_logger = !starts_ranks && launched.as_ref().is_none_or(|env| env.rank == 0);
     let root = workbook_root();
     let mut config = RunConfig::load(&root, &args.model_size)?;
     if let Some(t) = &args.tokenizer {
@@ -99,7 +113,9 @@ fn run(args: Args) -> anyhow::Result<()> {
     override_with(&mut config.optimizer.warmup_steps, args.warmup_steps);
     if args.warmup_steps.is_none() && config.optimizer.warmup_steps >= config.max_steps {
         config.optimizer.warmup_steps = (config.max_steps / 10).max(1).min(config.max_steps - 1);
-        println!("note: warmup shortened to {} steps to fit --max-steps {}", config.optimizer.warmup_steps, config.max_steps);
+        if is_logger {
+            println!("note: warmup shortened to {} steps to fit --max-steps {}", config.optimizer.warmup_steps, config.max_steps);
+        }
     }
     if args.lr.is_some() {
         config.optimizer.min_lr = config.optimizer.lr / 10.0;
@@ -118,7 +134,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     let options = RunOptions {
         config,
         data,
-        nproc: args.nproc,
+        nproc: launched.as_ref().map_or(args.launch.world_size(), |env| env.world_size),
         seed: args.seed,
         out_dir: args.checkpoint_dir,
         checkpoint_every: args.checkpoint_every.max(1),
@@ -127,9 +143,20 @@ fn run(args: Args) -> anyhow::Result<()> {
         activation_checkpointing: args.activation_checkpointing,
         strategy: strategy(&args.strategy, &args.sharding, &args.precision)?,
         log_every: args.log_every.max(1),
+        timeout: args.launch.timeout.map_or(DEFAULT_TIMEOUT, std::time::Duration::from_secs),
     };
+    if starts_ranks {
+        // Tokenise once here, not in every rank at the same time.
+        options.config.validate(options.nproc)?;
+        open_dataset(&options.data)?;
+        let code = args.launch.relaunch_self()?;
+        std::process::exit(code);
+    }
     trainer::set_kernel_threads(options.nproc, std::env::var_os("RAYON_NUM_THREADS").is_some());
     let summary = train(&options)?;
+    if !is_logger {
+        return Ok(());
+    }
     if let (Some(first), Some(last)) = (summary.first, summary.last) {
         println!(
             "trained {} steps in {:.0} s: loss {:.3} at step {} -> {:.3} at step {}; {:.0} tokens/s",

@@ -1,0 +1,134 @@
+//! Ranks as processes: `train --nproc N` starts itself as N processes through
+//! the launcher, two launchers with `--nnodes 2` form one job, and a rank that
+//! dies ends the job at once with its name.
+//! Needs finished exercises: run with `cargo test -p trainer --features solutions`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use trainer::checkpoints;
+
+/// Process tests start several processes each: one at a time on a small machine.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("trainer-processes-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// `train` on dummy data for `steps` steps into `dir`, with `extra` flags.
+fn train(dir: &Path, steps: usize, extra: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_train"));
+    command.args(["--model-size", "tiny", "--dataset", "dummy", "--seq-len", "32", "--batch-size", "4"]);
+    command.args(["--warmup-steps", "2", "--max-steps", &steps.to_string(), "--checkpoint-every", "1000"]);
+    command.arg("--checkpoint-dir").arg(dir).args(extra).env("RAYON_NUM_THREADS", "1");
+    command
+}
+
+fn succeed(command: &mut Command) -> Output {
+    let output = command.output().expect("train starts");
+    assert!(output.status.success(), "train failed:\n{}", String::from_utf8_lossy(&output.stderr));
+    output
+}
+
+fn final_weights(dir: &Path, step: usize) -> Vec<u8> {
+    std::fs::read(checkpoints::step_dir(dir, step).join("model.safetensors")).expect("the final checkpoint")
+}
+
+#[test]
+fn two_processes_train_exactly_as_two_thread_ranks() {
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (processes, threads) = (scratch("as-processes"), scratch("as-threads"));
+    let output = succeed(&mut train(&processes, 4, &["--nproc", "2"]));
+    succeed(&mut train(&threads, 4, &["--nproc", "2", "--ranks", "threads"]));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("[rank 0] trained 4 steps"), "rank 0 reports the run, prefixed by its rank:\n{stdout}");
+    assert!(!stdout.contains("[rank 1] trained"), "only rank 0 reports:\n{stdout}");
+    // Two ranks add a + b = b + a: the ring's all-reduce is exact, so the runs are identical.
+    assert!(final_weights(&processes, 4) == final_weights(&threads, 4), "two processes must train bit for bit as two thread ranks");
+}
+
+/// Two launchers on loopback, one per "node", form one job of two ranks.
+#[test]
+fn two_nodes_on_loopback_train_as_one_job_of_two_ranks() {
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (nodes, single) = (scratch("two-nodes"), scratch("one-node"));
+    let port = workbook::distributed::launch::free_port("127.0.0.1").unwrap().to_string();
+    let node = |rank: &str| {
+        train(&nodes, 4, &["--nnodes", "2", "--node-rank", rank, "--nproc", "1", "--master-port", &port]).spawn().expect("a node starts")
+    };
+    let (first, second) = (node("1"), node("0"));
+    for node in [first, second] {
+        let output = node.wait_with_output().expect("the node finishes");
+        assert!(output.status.success(), "a node failed:\n{}", String::from_utf8_lossy(&output.stderr));
+    }
+    succeed(&mut train(&single, 4, &["--nproc", "2"]));
+    assert!(final_weights(&nodes, 4) == final_weights(&single, 4), "--nnodes 2 x --nproc 1 must train as --nproc 2");
+}
+
+#[cfg(unix)]
+#[test]
+fn a_failing_rank_stops_the_job_with_its_exit_code_and_name() {
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let start = Instant::now();
+    let output = Command::new(env!("CARGO_BIN_EXE_launch"))
+        .args(["--nproc-per-node", "3", "--", "sh", "-c", r#"echo "I am $RANK of $WORLD_SIZE"; [ "$RANK" = 1 ] && sleep 1 && exit 3; sleep 60"#])
+        .output()
+        .expect("launch starts");
+    let seconds = start.elapsed().as_secs_f64();
+    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert_eq!(output.status.code(), Some(3), "the launcher exits with the failing rank's code:\n{stderr}");
+    assert!(stderr.contains("rank 1 exited with code 3"), "the launcher names the failing rank:\n{stderr}");
+    assert!(seconds < 20.0, "the others must be stopped at once, not after their 60 s sleep ({seconds:.1} s)");
+    for rank in 0..3 {
+        assert!(stdout.contains(&format!("[rank {rank}] I am {rank} of 3")), "each rank's output is prefixed with its rank:\n{stdout}");
+    }
+}
+
+/// `kill -9` of one rank's process mid-training ends the job within seconds,
+/// with the rank named, and the last checkpoint intact.
+#[cfg(target_os = "linux")]
+#[test]
+fn killing_a_rank_ends_the_job_naming_it() {
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("killed");
+    let job = train(&dir, 100_000, &["--nproc", "2", "--log-every", "1"]).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let rank_1 = wait_for(|| rank_pid(job.id(), 1), Duration::from_secs(60)).expect("rank 1 starts");
+    std::thread::sleep(Duration::from_millis(500)); // into training
+    let killed = Instant::now();
+    Command::new("kill").args(["-9", &rank_1.to_string()]).status().unwrap();
+    let output = job.wait_with_output().unwrap();
+    let seconds = killed.elapsed().as_secs_f64();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "the job must fail when a rank dies");
+    assert!(stderr.contains("rank 1 was killed by signal 9"), "the launcher names the dead rank:\n{stderr}");
+    assert!(seconds < 10.0, "the job took {seconds:.1} s to end after rank 1 died");
+}
+
+/// The pid of the child of `launcher` whose `RANK` is `rank`.
+#[cfg(target_os = "linux")]
+fn rank_pid(launcher: u32, rank: usize) -> Option<u32> {
+    let want = format!("RANK={rank}");
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+        let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+        let parent: u32 = stat.rsplit(')').next()?.split_whitespace().nth(1)?.parse().ok()?;
+        let environ = std::fs::read(entry.path().join("environ")).ok()?;
+        let is_rank = environ.split(|&b| b == 0).any(|var| var == want.as_bytes());
+        (parent == launcher && is_rank).then_some(pid)
+    })
+}
+
+fn wait_for<T>(mut probe: impl FnMut() -> Option<T>, limit: Duration) -> Option<T> {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if let Some(found) = probe() {
+            return Some(found);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
