@@ -6,6 +6,9 @@ parameter groups, gradient clipping and learning rate, on random tokens, and
 prints one JSON line: {"tokens_per_s": ..., "steps": ..., "threads": ...}.
 
 Run: python benchmarks/pytorch_baseline.py --config configs/tiny.toml --threads 2
+DDP on the gloo backend, each rank a process started by torchrun:
+     python -m torch.distributed.run --nproc_per_node 2 benchmarks/pytorch_baseline.py --threads 1
+(the global batch is split across the ranks, as the workbook splits it; rank 0 prints).
 Needs: pip install torch (CPU wheels are fine). It is not a CI dependency;
 `cargo xtask bench` runs it when `python3` can import torch (or the
 interpreter named by WORKBOOK_PYTHON).
@@ -14,10 +17,12 @@ interpreter named by WORKBOOK_PYTHON).
 import argparse
 import json
 import math
+import os
 import time
 import tomllib
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -96,14 +101,22 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--seq-len", type=int, help="default: the config's")
+    parser.add_argument("--batch-size", type=int, help="sequences per step over all ranks; default: the config's")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     with open(args.config, "rb") as f:
         cfg = tomllib.load(f)
+    cfg["seq_len"] = args.seq_len or cfg["seq_len"]
+    cfg["batch_size"] = args.batch_size or cfg["batch_size"]
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        dist.init_process_group("gloo")
     vocab, o = VOCAB[cfg["tokenizer"]], cfg["optimizer"]
     model = Gpt(vocab, cfg["model"])
     params = list(model.parameters())
+    step_model = nn.parallel.DistributedDataParallel(model) if world > 1 else model
     opt = torch.optim.AdamW(
         [{"params": [p for p in params if p.dim() >= 2], "weight_decay": o["weight_decay"]},
          {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
@@ -114,14 +127,22 @@ def main():
     for step in range(args.warmup + args.steps):
         if step == args.warmup:
             start = time.perf_counter()
-        for _ in range(k):
-            idx = torch.randint(0, vocab, (b, t))
-            (model(idx) / k).backward()
+        for micro in range(k):
+            idx = torch.randint(0, vocab, (b // world, t))
+            if world > 1 and micro < k - 1:
+                with step_model.no_sync():  # all-reduce once per step, as the workbook does
+                    (step_model(idx) / k).backward()
+            else:
+                (step_model(idx) / k).backward()
         torch.nn.utils.clip_grad_norm_(params, o["max_grad_norm"])
         opt.step()
         opt.zero_grad(set_to_none=True)
     seconds = time.perf_counter() - start
-    print(json.dumps({"tokens_per_s": args.steps * b * t * k / seconds, "steps": args.steps, "threads": args.threads}))
+    if world > 1:
+        dist.destroy_process_group()
+    if int(os.environ.get("RANK", "0")) == 0:
+        tokens_per_s = args.steps * b * t * k / seconds
+        print(json.dumps({"tokens_per_s": tokens_per_s, "steps": args.steps, "threads": args.threads * world}))
 
 
 if __name__ == "__main__":

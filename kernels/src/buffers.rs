@@ -6,11 +6,23 @@
 //! megabytes a step at GPT-2's size. These loops sit here, in the crate that is
 //! optimised in every build, rather than in the backend.
 
-use candle_core::{bail, DType, Device, Result, Tensor};
+use candle_core::{bail, CpuStorage, DType, Device, Result, Storage, Tensor};
 use half::{bf16, f16};
 
 /// The tensor's elements in row-major order, as little-endian bytes.
 pub fn to_bytes(t: &Tensor) -> Result<Vec<u8>> {
+    let t = t.contiguous()?; // no copy when it already is
+    let (storage, layout) = t.storage_and_layout();
+    if let (Storage::Cpu(cpu), Some((start, end))) = (&*storage, layout.contiguous_offsets()) {
+        // One copy, straight from the storage.
+        match cpu {
+            CpuStorage::F32(v) => return Ok(bytemuck::cast_slice(&v[start..end]).to_vec()),
+            CpuStorage::U32(v) => return Ok(bytemuck::cast_slice(&v[start..end]).to_vec()),
+            CpuStorage::U8(v) => return Ok(v[start..end].to_vec()),
+            _ => {}
+        }
+    }
+    drop(storage);
     let flat = t.flatten_all()?;
     Ok(match t.dtype() {
         DType::F32 => bytemuck::cast_slice(&flat.to_vec1::<f32>()?).to_vec(),

@@ -2,10 +2,13 @@
 //!
 //! Speed claims belong to a benchmark, not to timed unit tests: this runs the
 //! `bench` program of `trainer/` (one process on 1 and 2 kernel threads, and
-//! DDP on 2 single-threaded CPU ranks, on the tiny config) and
+//! DDP on 2 single-threaded ranks, as processes and as threads) and
 //! `benchmarks/pytorch_baseline.py` (the same model, optimizer and batch in
-//! PyTorch, on 1 and 2 threads) in interleaved rounds, prints each setup's
-//! ratio to PyTorch on as many threads and writes `benchmarks/results.md`.
+//! PyTorch: one process on 1 and 2 threads, and DDP on the gloo backend with 2
+//! single-threaded processes started by torchrun) in interleaved rounds, at
+//! the config's shape and at GPT-2 124M's (T 256, batch 2). It prints each
+//! setup's ratio to its PyTorch peer on as many threads and writes
+//! `benchmarks/results.md`.
 
 use std::path::Path;
 use std::process::Command;
@@ -22,88 +25,204 @@ const BASELINE: &str = "benchmarks/pytorch_baseline.py";
 
 #[derive(Debug, Deserialize)]
 struct Measurement {
-    setup: String,
-    threads: usize,
     tokens_per_s: f64,
 }
 
-/// The baseline script's output line (its other fields are ignored).
-#[derive(Debug, Deserialize)]
-struct Baseline {
-    tokens_per_s: f64,
+/// A model shape to measure at.
+struct Shape {
+    title: String,
+    model_size: String,
+    seq_len: Option<usize>,
+    batch_size: Option<usize>,
+    steps: usize,
+    warmup: usize,
+    setups: Vec<Setup>,
 }
 
-/// The workbook's setups: (ranks, kernel threads per rank). Every setup is
-/// compared with PyTorch running on as many threads in all.
-const SETUPS: [(usize, usize); 3] = [(1, 1), (1, 2), (2, 1)];
-const THREAD_COUNTS: [usize; 2] = [1, 2];
-const PYTORCH: &str = "PyTorch, single process";
+/// One side's configuration: who trains, on how many ranks and threads each.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Setup {
+    framework: Framework,
+    nproc: usize,
+    threads_per_rank: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Framework {
+    Workbook { processes: bool },
+    PyTorch,
+}
+
+impl Setup {
+    const fn new(framework: Framework, nproc: usize, threads_per_rank: usize) -> Self {
+        Self { framework, nproc, threads_per_rank }
+    }
+
+    fn threads(&self) -> usize {
+        self.nproc * self.threads_per_rank
+    }
+
+    fn name(&self) -> String {
+        let n = self.nproc;
+        match (self.framework, n) {
+            (Framework::Workbook { .. }, 1) => "workbook, single process".into(),
+            (Framework::Workbook { processes: true }, _) => format!("workbook, DDP on {n} processes"),
+            (Framework::Workbook { processes: false }, _) => format!("workbook, DDP on {n} thread ranks"),
+            (Framework::PyTorch, 1) => "PyTorch, single process".into(),
+            (Framework::PyTorch, _) => format!("PyTorch DDP (gloo, torchrun), {n} processes"),
+        }
+    }
+
+    /// The PyTorch setup this one is compared with: the same ranks and threads.
+    fn peer(&self) -> Option<Setup> {
+        matches!(self.framework, Framework::Workbook { .. })
+            .then_some(Setup { framework: Framework::PyTorch, ..*self })
+    }
+}
+
+const WORKBOOK_THREADS: Framework = Framework::Workbook { processes: false };
+const WORKBOOK: Framework = Framework::Workbook { processes: true };
 
 /// One setup's tokens/s, one value per round.
 struct Samples {
-    setup: String,
-    threads: usize,
+    setup: Setup,
     tokens_per_s: Vec<f64>,
 }
 
-pub fn bench(ws: &Workspace, model_size: &str, steps: usize, rounds: usize) -> Result<bool> {
+pub fn bench(ws: &Workspace, model_size: &str, steps: usize, large_steps: usize, rounds: usize) -> Result<bool> {
     if rounds == 0 {
         bail!("--rounds must be at least 1");
     }
-    println!("{}", render::bold(&format!("Training throughput, {model_size} config, {steps} timed steps, {rounds} rounds")));
     let python = python_with_torch();
-    let mut samples: Vec<Samples> = vec![];
-    let mut record = |m: Measurement| match samples.iter_mut().find(|s| s.setup == m.setup && s.threads == m.threads) {
-        Some(s) => s.tokens_per_s.push(m.tokens_per_s),
-        None => samples.push(Samples { setup: m.setup, threads: m.threads, tokens_per_s: vec![m.tokens_per_s] }),
-    };
-    // Rounds interleave the two sides, so that a machine that slows down for
-    // a while slows both, and each ratio is taken within one round.
-    for round in 1..=rounds {
-        println!("  round {round} of {rounds}");
-        for (nproc, threads) in SETUPS {
-            workbook_throughput(&ws.root, model_size, steps, nproc, threads)?.into_iter().for_each(&mut record);
-        }
-        for threads in THREAD_COUNTS {
-            let Some(python) = &python else { break };
-            let tokens_per_s = pytorch_throughput(&ws.root, python, model_size, steps, threads)?;
-            record(Measurement { setup: PYTORCH.into(), threads, tokens_per_s });
-        }
+    let mut shapes = vec![Shape {
+        title: format!("`{model_size}` config"),
+        model_size: model_size.into(),
+        seq_len: None,
+        batch_size: None,
+        steps,
+        warmup: 5,
+        setups: vec![
+            Setup::new(WORKBOOK, 1, 1),
+            Setup::new(WORKBOOK, 1, 2),
+            Setup::new(WORKBOOK_THREADS, 2, 1),
+            Setup::new(WORKBOOK, 2, 1),
+        ],
+    }];
+    if large_steps > 0 {
+        // Each step is seconds at this size: few steps, and only the setups that use both cores.
+        shapes.push(Shape {
+            title: "GPT-2 124M shape (`small` config, T 256, batch 2)".into(),
+            model_size: "small".into(),
+            seq_len: Some(256),
+            batch_size: Some(2),
+            steps: large_steps,
+            warmup: 1,
+            setups: vec![Setup::new(WORKBOOK, 1, 2), Setup::new(WORKBOOK, 2, 1)],
+        });
     }
-    let table = table(&samples);
-    println!("{table}");
-    let report = format!(
-        "Written by `cargo xtask bench` (model size `{model_size}`, {steps} timed optimizer steps after 5 warm-up\n\
-         steps, random tokens, {rounds} interleaved rounds; {cpu}). Both sides train the same Llama-style\n\
-         model with AdamW parameter groups, clipping and the same batch; tokens/s counts every rank's\n\
-         tokens, and threads every rank's kernel threads. Each row is compared with PyTorch on as many\n\
-         threads in the same round; the table gives the median over rounds and the range of the\n\
-         ratios. README.md beside this file says where the time goes.\n\n{table}\n",
+    let mut report = format!(
+        "Written by `cargo xtask bench` ({rounds} interleaved rounds; {cpu}). Both sides train the same\n\
+         Llama-style model with AdamW parameter groups, clipping and the same global batch, on random\n\
+         tokens; DDP splits the batch across the ranks. tokens/s counts every rank's tokens, and threads\n\
+         every rank's kernel threads. Each workbook row is compared with its PyTorch peer (one process,\n\
+         or DDP on gloo with as many processes) on as many threads in the same round; the table gives\n\
+         the median over rounds and the range of the ratios. README.md beside this file says where the\n\
+         time goes.\n",
         cpu = cpu_model()
     );
+    for shape in &mut shapes {
+        if python.is_some() {
+            let peers: Vec<Setup> = shape.setups.iter().filter_map(Setup::peer).collect();
+            for peer in peers {
+                if !shape.setups.contains(&peer) {
+                    shape.setups.push(peer);
+                }
+            }
+        }
+        println!("{}", render::bold(&format!("Training throughput, {}, {} timed steps, {rounds} rounds", shape.title, shape.steps)));
+        let mut samples: Vec<Samples> = shape.setups.iter().map(|&setup| Samples { setup, tokens_per_s: vec![] }).collect();
+        // Rounds interleave the two sides, so that a machine that slows down for
+        // a while slows both, and each ratio is taken within one round.
+        for round in 1..=rounds {
+            println!("  round {round} of {rounds}");
+            for sample in &mut samples {
+                let tokens_per_s = match sample.setup.framework {
+                    Framework::Workbook { processes } => workbook_throughput(&ws.root, shape, &sample.setup, processes)?,
+                    Framework::PyTorch => pytorch_throughput(&ws.root, python.as_deref().expect("peers need torch"), shape, &sample.setup)?,
+                };
+                sample.tokens_per_s.push(tokens_per_s);
+            }
+        }
+        let table = table(&samples);
+        println!("{table}");
+        report += &format!(
+            "\n### {}\n\n{} timed optimizer steps after {} warm-up steps.\n\n{table}",
+            shape.title, shape.steps, shape.warmup
+        );
+    }
     replace_section(&ws.root.join(RESULTS), THROUGHPUT_HEADING, &report)?;
     println!("written to {RESULTS}");
     Ok(true)
 }
 
-/// One process per setup: the kernel thread pool is sized once per process.
-fn workbook_throughput(root: &Path, model_size: &str, steps: usize, nproc: usize, threads: usize) -> Result<Vec<Measurement>> {
+/// One process per setup (its kernel thread pool is sized once per process).
+fn workbook_throughput(root: &Path, shape: &Shape, setup: &Setup, processes: bool) -> Result<f64> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let output = Command::new(&cargo)
+    let mut command = Command::new(&cargo);
+    command
         .current_dir(root)
-        .env("RAYON_NUM_THREADS", threads.to_string())
+        .env("RAYON_NUM_THREADS", setup.threads_per_rank.to_string())
         .args(["run", "--quiet", "--package", "trainer", "--features", "solutions", "--bin", "bench", "--"])
-        .args(["--model-size", model_size, "--steps", &steps.to_string(), "--nproc", &nproc.to_string()])
-        .output()
-        .context("cannot run cargo")?;
+        .args(["--model-size", &shape.model_size, "--steps", &shape.steps.to_string(), "--warmup", &shape.warmup.to_string()])
+        .args(["--nproc", &setup.nproc.to_string(), "--ranks", if processes { "processes" } else { "threads" }]);
+    shape_flags(&mut command, shape);
+    let output = command.output().context("cannot run cargo")?;
     if !output.status.success() {
         bail!("the trainer's bench failed:\n{}", String::from_utf8_lossy(&output.stderr));
     }
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter(|line| line.starts_with('{'))
-        .map(|line| serde_json::from_str(line).with_context(|| format!("unexpected bench output: {line}")))
-        .collect()
+    last_json_line(&output.stdout)
+}
+
+/// PyTorch's tokens/s: one process, or DDP on gloo started by torchrun.
+fn pytorch_throughput(root: &Path, python: &str, shape: &Shape, setup: &Setup) -> Result<f64> {
+    let config = root.join("configs").join(format!("{}.toml", shape.model_size));
+    let mut command = Command::new(python);
+    command.current_dir(root);
+    if setup.nproc > 1 {
+        command.args(["-m", "torch.distributed.run", "--nproc_per_node", &setup.nproc.to_string()]);
+        command.args(["--master_port", &free_port()?.to_string()]);
+    }
+    command
+        .arg(BASELINE)
+        .args(["--config", &config.to_string_lossy(), "--threads", &setup.threads_per_rank.to_string()])
+        .args(["--steps", &shape.steps.to_string(), "--warmup", &shape.warmup.to_string()])
+        .env("OMP_NUM_THREADS", setup.threads_per_rank.to_string());
+    shape_flags(&mut command, shape);
+    let output = command.output().context("cannot run the PyTorch baseline")?;
+    if !output.status.success() {
+        bail!("the PyTorch baseline failed:\n{}", String::from_utf8_lossy(&output.stderr));
+    }
+    last_json_line(&output.stdout)
+}
+
+fn shape_flags(command: &mut Command, shape: &Shape) {
+    if let Some(t) = shape.seq_len {
+        command.args(["--seq-len", &t.to_string()]);
+    }
+    if let Some(b) = shape.batch_size {
+        command.args(["--batch-size", &b.to_string()]);
+    }
+}
+
+fn last_json_line(stdout: &[u8]) -> Result<f64> {
+    let text = String::from_utf8_lossy(stdout);
+    let line = text.lines().filter(|l| l.starts_with('{')).last().unwrap_or_default();
+    let parsed: Measurement = serde_json::from_str(line).with_context(|| format!("unexpected bench output: {text}"))?;
+    Ok(parsed.tokens_per_s)
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 /// `python3`, or the interpreter named by WORKBOOK_PYTHON, when it can import
@@ -117,23 +236,6 @@ fn python_with_torch() -> Option<String> {
     has_torch.then_some(python)
 }
 
-/// PyTorch's tokens/s on `threads` threads.
-fn pytorch_throughput(root: &Path, python: &str, model_size: &str, steps: usize, threads: usize) -> Result<f64> {
-    let config = root.join("configs").join(format!("{model_size}.toml"));
-    let output = Command::new(python)
-        .current_dir(root)
-        .arg(BASELINE)
-        .args(["--config", &config.to_string_lossy(), "--threads", &threads.to_string(), "--steps", &steps.to_string()])
-        .output()
-        .context("cannot run the PyTorch baseline")?;
-    if !output.status.success() {
-        bail!("the PyTorch baseline failed:\n{}", String::from_utf8_lossy(&output.stderr));
-    }
-    let line = String::from_utf8_lossy(&output.stdout).lines().last().unwrap_or_default().to_string();
-    let parsed: Baseline = serde_json::from_str(&line).with_context(|| format!("unexpected baseline output: {line}"))?;
-    Ok(parsed.tokens_per_s)
-}
-
 fn median(values: &[f64]) -> f64 {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
@@ -141,21 +243,22 @@ fn median(values: &[f64]) -> f64 {
     if sorted.len() % 2 == 1 { sorted[mid] } else { (sorted[mid - 1] + sorted[mid]) / 2.0 }
 }
 
-/// Each setup's median beside PyTorch on the same number of threads: the
-/// median of the per-round ratios, and their range.
+/// Each setup's median beside its PyTorch peer: the median of the per-round
+/// ratios, and their range.
 fn table(samples: &[Samples]) -> String {
-    let mut out = String::from("| setup | threads | tokens/s | vs PyTorch, same threads | range over rounds |\n|---|---:|---:|---:|---:|\n");
+    let mut out = String::from("| setup | threads | tokens/s | vs PyTorch, same ranks and threads | range over rounds |\n|---|---:|---:|---:|---:|\n");
     for row in samples {
-        let baseline = samples.iter().find(|s| s.setup == PYTORCH && s.threads == row.threads);
-        let (ratio, range) = match baseline {
-            Some(b) if row.setup != PYTORCH => {
+        let peer = row.setup.peer().and_then(|p| samples.iter().find(|s| s.setup == p));
+        let (ratio, range) = match peer {
+            Some(b) => {
                 let ratios: Vec<f64> = row.tokens_per_s.iter().zip(&b.tokens_per_s).map(|(w, p)| w / p).collect();
                 let (low, high) = ratios.iter().fold((f64::MAX, f64::MIN), |(lo, hi), &r| (lo.min(r), hi.max(r)));
                 (format!("{:.2}x", median(&ratios)), format!("{low:.2}x to {high:.2}x"))
             }
-            _ => (String::new(), String::new()),
+            None => (String::new(), String::new()),
         };
-        out.push_str(&format!("| {} | {} | {:.0} | {ratio} | {range} |\n", row.setup, row.threads, median(&row.tokens_per_s)));
+        let tokens_per_s = median(&row.tokens_per_s);
+        out.push_str(&format!("| {} | {} | {tokens_per_s:.0} | {ratio} | {range} |\n", row.setup.name(), row.setup.threads()));
     }
     out
 }
@@ -189,17 +292,18 @@ pub fn replace_section(path: &Path, heading: &str, body: &str) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::{replace_section, table, Samples, PYTORCH};
+    use super::{replace_section, table, Framework, Samples, Setup, WORKBOOK};
 
     #[test]
-    fn ratios_are_taken_within_a_round() {
+    fn ratios_are_taken_within_a_round_against_the_peer_with_as_many_ranks() {
         let samples = [
-            Samples { setup: "workbook".into(), threads: 1, tokens_per_s: vec![90.0, 200.0, 110.0] },
-            Samples { setup: PYTORCH.into(), threads: 1, tokens_per_s: vec![100.0, 200.0, 100.0] },
+            Samples { setup: Setup::new(WORKBOOK, 2, 1), tokens_per_s: vec![90.0, 200.0, 110.0] },
+            Samples { setup: Setup::new(Framework::PyTorch, 1, 2), tokens_per_s: vec![50.0, 50.0, 50.0] },
+            Samples { setup: Setup::new(Framework::PyTorch, 2, 1), tokens_per_s: vec![100.0, 200.0, 100.0] },
         ];
         let text = table(&samples);
-        assert!(text.contains("| workbook | 1 | 110 | 1.00x | 0.90x to 1.10x |"), "{text}");
-        assert!(text.contains(&format!("| {PYTORCH} | 1 | 100 |  |  |")), "{text}");
+        assert!(text.contains("| workbook, DDP on 2 processes | 2 | 110 | 1.00x | 0.90x to 1.10x |"), "{text}");
+        assert!(text.contains("| PyTorch DDP (gloo, torchrun), 2 processes | 2 | 100 |  |  |"), "{text}");
     }
 
     #[test]

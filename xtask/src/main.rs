@@ -90,6 +90,9 @@ enum Task {
         /// Timed optimizer steps per setup.
         #[arg(long, default_value_t = 40)]
         steps: usize,
+        /// Timed steps per setup at GPT-2 124M's shape (seconds each; 0 skips that shape).
+        #[arg(long, default_value_t = 3)]
+        large_steps: usize,
         /// Rounds of every setup, interleaved; the table reports medians.
         #[arg(long, default_value_t = 3)]
         rounds: usize,
@@ -182,7 +185,7 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
         Task::Watch => watch::watch(&ws),
         Task::Verify => verify::verify(&ws),
         Task::Estimate(args) => estimate::report(&args.setup(), args.gpu_memory),
-        Task::Bench { what: BenchKind::Throughput, model_size, steps, rounds } => bench::bench(&ws, &model_size, steps, rounds),
+        Task::Bench { what: BenchKind::Throughput, model_size, steps, large_steps, rounds } => bench::bench(&ws, &model_size, steps, large_steps, rounds),
         Task::Bench { what: BenchKind::Fsdp, .. } => bench_fsdp::bench_fsdp(&ws),
     }
 }

@@ -58,24 +58,24 @@ impl Ring<'_> {
         Header { len: len as u64, ..self.header }
     }
 
-    /// Sends `out` to the successor and receives the predecessor's chunk of `len` bytes.
-    fn shift(&mut self, out: &[u8], len: usize) -> Result<Vec<u8>> {
+    /// Sends `out` to the successor and receives the predecessor's chunk into `into`.
+    fn shift(&mut self, out: &[u8], into: &mut [u8]) -> Result<()> {
         self.mesh.send(self.next(), &self.header(out.len()), out)?;
         self.sent += out.len() as u64;
-        let mut incoming = vec![0u8; len];
-        self.mesh.recv(self.prev(), &self.header(len), &mut incoming)?;
-        Ok(incoming)
+        self.mesh.recv(self.prev(), &self.header(into.len()), into)
     }
 
     /// Leaves chunk `rank` of `buf` summed over the ranks (the other chunks
     /// hold partial sums). `chunks` are byte ranges of `buf`.
     pub fn reduce_scatter(&mut self, buf: &mut [u8], chunks: &[Range<usize>], dtype: DType) -> Result<()> {
         let r = self.rank as isize;
+        let mut incoming = vec![0u8; chunks.iter().map(Range::len).max().unwrap_or(0)];
         for step in 0..self.world_size as isize - 1 {
             let out = chunks[self.chunk(r - step - 1)].clone();
             let into = chunks[self.chunk(r - step - 2)].clone();
-            let incoming = self.shift(&buf[out], into.len())?;
-            add_assign(dtype, &mut buf[into], &incoming)?;
+            let incoming = &mut incoming[..into.len()];
+            self.shift(&buf[out], incoming)?;
+            add_assign(dtype, &mut buf[into], incoming)?;
         }
         Ok(())
     }
@@ -86,8 +86,9 @@ impl Ring<'_> {
         for step in 0..self.world_size as isize - 1 {
             let out = chunks[self.chunk(r - step)].clone();
             let into = chunks[self.chunk(r - step - 1)].clone();
-            let incoming = self.shift(&buf[out], into.len())?;
-            buf[into].copy_from_slice(&incoming);
+            // The chunk sent and the chunk received never overlap.
+            let (sent, received) = disjoint(buf, out, into);
+            self.shift(sent, received)?;
         }
         Ok(())
     }
@@ -125,6 +126,17 @@ impl Ring<'_> {
             self.mesh.recv(peer, &self.header(0), &mut [])?;
         }
         Ok(())
+    }
+}
+
+/// `buf[a]` to read and `buf[b]` to write, two ranges that do not overlap.
+fn disjoint(buf: &mut [u8], a: Range<usize>, b: Range<usize>) -> (&[u8], &mut [u8]) {
+    if a.start < b.start {
+        let (low, high) = buf.split_at_mut(b.start);
+        (&low[a], &mut high[..b.len()])
+    } else {
+        let (low, high) = buf.split_at_mut(a.start);
+        (&high[..a.len()], &mut low[b])
     }
 }
 

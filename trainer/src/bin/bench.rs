@@ -4,15 +4,22 @@
 //! where T counts the kernel threads of all ranks together.
 //! `cargo xtask bench` runs it beside the PyTorch baseline and writes the comparison.
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{bail, Result};
 use clap::Parser;
 use trainer::config::RunConfig;
+use trainer::launching::RankKind;
 use trainer::metrics::read_log;
 use trainer::run::{train, workbook_root, RunOptions};
 use trainer::strategy::Strategy;
 use workbook::data::{DataConfig, DatasetKind};
+use workbook::distributed::{launch, DistEnv, LaunchConfig, DEFAULT_TIMEOUT};
+
+/// Where the ranks of a multi-process bench write their metrics, for the
+/// process that started them to read.
+const BENCH_DIR: &str = "WORKBOOK_BENCH_DIR";
 
 #[derive(Parser)]
 #[command(name = "bench")]
@@ -24,10 +31,19 @@ struct Args {
     steps: usize,
     #[arg(long, default_value_t = 5)]
     warmup: usize,
-    /// The rank counts to measure, comma-separated. The kernel thread pool is sized
-    /// once per process, so measure one count per process (`cargo xtask bench` does).
-    #[arg(long, value_delimiter = ',', default_value = "1,2")]
-    nproc: Vec<usize>,
+    /// Sequence length (default: the config's).
+    #[arg(long)]
+    seq_len: Option<usize>,
+    /// Sequences per step over all ranks (default: the config's).
+    #[arg(long)]
+    batch_size: Option<usize>,
+    /// Data-parallel ranks. The kernel thread pool is sized once per process,
+    /// so `cargo xtask bench` runs one setup per process.
+    #[arg(long, default_value_t = 1)]
+    nproc: usize,
+    /// Ranks as processes (through the launcher) or as threads of this one.
+    #[arg(long, value_enum, default_value_t = RankKind::Processes)]
+    ranks: RankKind,
 }
 
 /// The allocator `train` runs with, so that the bench measures what it runs.
@@ -39,41 +55,70 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<()> {
-    let root = workbook_root();
-    let mut config = RunConfig::load(&root, &args.model_size)?;
+    let mut config = RunConfig::load(&workbook_root(), &args.model_size)?;
     config.max_steps = args.warmup + args.steps;
     config.optimizer.warmup_steps = 1;
-    let user_set_threads = std::env::var_os("RAYON_NUM_THREADS").is_some();
-    for nproc in args.nproc {
-        trainer::set_kernel_threads(nproc, user_set_threads);
-        let out_dir = std::env::temp_dir().join(format!("workbook-bench-{}-{nproc}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&out_dir);
-        let data = DataConfig { kind: DatasetKind::Dummy, path: None, tokenizer: config.tokenizer, seq_len: config.seq_len, seed: 0 };
-        let options = RunOptions {
-            config: config.clone(),
-            data,
-            nproc,
-            seed: 0,
-            out_dir: out_dir.clone(),
-            checkpoint_every: usize::MAX,
-            keep_checkpoints: 1,
-            resume: None,
-            activation_checkpointing: false,
-            strategy: Strategy::Ddp,
-            log_every: usize::MAX,
-            timeout: workbook::distributed::DEFAULT_TIMEOUT,
-        };
-        train(&options)?;
-        let records = read_log(&out_dir.join("metrics.jsonl"))?;
-        let _ = std::fs::remove_dir_all(&out_dir);
-        let (Some(start), Some(end)) = (records.get(args.warmup.saturating_sub(1)), records.last()) else {
-            bail!("the run logged {} steps, too few to time", records.len());
-        };
-        let tokens = (end.step - start.step) * config.batch_size * config.grad_accum_steps * config.seq_len;
-        let tokens_per_s = tokens as f64 / (end.elapsed_s - start.elapsed_s);
-        let setup = if nproc == 1 { "workbook, single process".to_string() } else { format!("workbook, DDP on {nproc} CPU ranks") };
-        let threads = nproc * trainer::kernel_threads();
-        println!("{}", serde_json::json!({ "setup": setup, "nproc": nproc, "threads": threads, "tokens_per_s": tokens_per_s }));
+    if let Some(t) = args.seq_len {
+        config.seq_len = t;
     }
+    if let Some(b) = args.batch_size {
+        config.batch_size = b;
+    }
+    let launched = DistEnv::from_env().map_err(anyhow::Error::msg)?;
+    let out_dir = std::env::var_os(BENCH_DIR)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| std::env::temp_dir().join(format!("workbook-bench-{}", std::process::id())));
+    if launched.is_none() && args.nproc > 1 && args.ranks == RankKind::Processes {
+        let _ = std::fs::remove_dir_all(&out_dir);
+        std::env::set_var(BENCH_DIR, &out_dir); // before any thread starts; the ranks inherit it
+        let job = LaunchConfig { nproc_per_node: args.nproc, ..LaunchConfig::default() };
+        let rest: Vec<_> = std::env::args_os().skip(1).collect();
+        let program = std::env::current_exe()?;
+        if launch(&job, &program, &rest).map_err(anyhow::Error::msg)? != 0 {
+            bail!("the bench's ranks failed");
+        }
+        return report(&args, &config, &out_dir);
+    }
+    trainer::set_kernel_threads(args.nproc, std::env::var_os("RAYON_NUM_THREADS").is_some());
+    let _ = std::fs::remove_dir_all(&out_dir);
+    let data = DataConfig { kind: DatasetKind::Dummy, path: None, tokenizer: config.tokenizer, seq_len: config.seq_len, seed: 0 };
+    let options = RunOptions {
+        config: config.clone(),
+        data,
+        nproc: args.nproc,
+        seed: 0,
+        out_dir: out_dir.clone(),
+        checkpoint_every: usize::MAX,
+        keep_checkpoints: 1,
+        resume: None,
+        activation_checkpointing: false,
+        strategy: Strategy::Ddp,
+        log_every: usize::MAX,
+        timeout: DEFAULT_TIMEOUT,
+    };
+    train(&options)?;
+    match launched {
+        Some(_) => Ok(()), // the process that started the ranks reports
+        None => report(&args, &config, &out_dir),
+    }
+}
+
+/// Prints the setup's tokens/s, from the metrics rank 0 wrote, as one JSON line.
+fn report(args: &Args, config: &RunConfig, out_dir: &Path) -> Result<()> {
+    let records = read_log(&out_dir.join("metrics.jsonl"))?;
+    let _ = std::fs::remove_dir_all(out_dir);
+    let (Some(start), Some(end)) = (records.get(args.warmup.saturating_sub(1)), records.last()) else {
+        bail!("the run logged {} steps, too few to time", records.len());
+    };
+    let tokens = (end.step - start.step) * config.batch_size * config.grad_accum_steps * config.seq_len;
+    let tokens_per_s = tokens as f64 / (end.elapsed_s - start.elapsed_s);
+    let nproc = args.nproc;
+    let setup = match (nproc, args.ranks) {
+        (1, _) => "workbook, single process".to_string(),
+        (_, RankKind::Processes) => format!("workbook, DDP on {nproc} processes"),
+        (_, RankKind::Threads) => format!("workbook, DDP on {nproc} thread ranks"),
+    };
+    let threads = nproc * trainer::kernel_threads();
+    println!("{}", serde_json::json!({ "setup": setup, "nproc": nproc, "threads": threads, "tokens_per_s": tokens_per_s }));
     Ok(())
 }
