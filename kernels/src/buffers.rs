@@ -6,38 +6,83 @@
 //! megabytes a step at GPT-2's size. These loops sit here, in the crate that is
 //! optimised in every build, rather than in the backend.
 
-use candle_core::{bail, CpuStorage, DType, Device, Result, Storage, Tensor};
+use candle_core::{bail, DType, Device, Result, Tensor};
 use half::{bf16, f16};
 
-/// The tensor's elements in row-major order, as little-endian bytes.
-pub fn to_bytes(t: &Tensor) -> Result<Vec<u8>> {
-    let t = t.contiguous()?; // no copy when it already is
-    let (storage, layout) = t.storage_and_layout();
-    if let (Storage::Cpu(cpu), Some((start, end))) = (&*storage, layout.contiguous_offsets()) {
-        // One copy, straight from the storage.
-        match cpu {
-            CpuStorage::F32(v) => return Ok(bytemuck::cast_slice(&v[start..end]).to_vec()),
-            CpuStorage::U32(v) => return Ok(bytemuck::cast_slice(&v[start..end]).to_vec()),
-            CpuStorage::U8(v) => return Ok(v[start..end].to_vec()),
-            _ => {}
-        }
-    }
-    drop(storage);
-    let flat = t.flatten_all()?;
-    Ok(match t.dtype() {
-        DType::F32 => bytemuck::cast_slice(&flat.to_vec1::<f32>()?).to_vec(),
-        DType::BF16 => bytemuck::cast_slice(&bits(&flat.to_vec1::<bf16>()?, bf16::to_bits)).to_vec(),
-        DType::F16 => bytemuck::cast_slice(&bits(&flat.to_vec1::<f16>()?, f16::to_bits)).to_vec(),
-        DType::U32 => bytemuck::cast_slice(&flat.to_vec1::<u32>()?).to_vec(),
-        DType::I64 => bytemuck::cast_slice(&flat.to_vec1::<i64>()?).to_vec(),
-        DType::U8 => flat.to_vec1::<u8>()?,
-        other => bail!("cannot send a {} tensor: convert it to f32 first", other.as_str()),
-    })
+/// A tensor's elements, flat, in a vector of their own type, to be handled as
+/// bytes: taken from a tensor with one copy and made a tensor again with none.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Elements {
+    F32(Vec<f32>),
+    BF16(Vec<bf16>),
+    F16(Vec<f16>),
+    U32(Vec<u32>),
+    I64(Vec<i64>),
+    U8(Vec<u8>),
 }
 
-/// The tensor of `shape` and `dtype` whose bytes are `bytes` (as [`to_bytes`] wrote them).
-pub fn from_bytes(bytes: &[u8], dtype: DType, shape: &[usize], device: &Device) -> Result<Tensor> {
-    Tensor::from_raw_buffer(bytes, dtype, shape, device)
+impl Elements {
+    /// The tensor's elements in row-major order.
+    pub fn of(t: &Tensor) -> Result<Self> {
+        let flat = t.flatten_all()?;
+        Ok(match t.dtype() {
+            DType::F32 => Self::F32(flat.to_vec1()?),
+            DType::BF16 => Self::BF16(flat.to_vec1()?),
+            DType::F16 => Self::F16(flat.to_vec1()?),
+            DType::U32 => Self::U32(flat.to_vec1()?),
+            DType::I64 => Self::I64(flat.to_vec1()?),
+            DType::U8 => Self::U8(flat.to_vec1()?),
+            other => bail!("cannot send a {} tensor: convert it to f32 first", other.as_str()),
+        })
+    }
+
+    /// `len` zeros of `dtype`.
+    pub fn zeros(dtype: DType, len: usize) -> Result<Self> {
+        Ok(match dtype {
+            DType::F32 => Self::F32(vec![0.0; len]),
+            DType::BF16 => Self::BF16(vec![bf16::ZERO; len]),
+            DType::F16 => Self::F16(vec![f16::ZERO; len]),
+            DType::U32 => Self::U32(vec![0; len]),
+            DType::I64 => Self::I64(vec![0; len]),
+            DType::U8 => Self::U8(vec![0; len]),
+            other => bail!("cannot receive a {} tensor: convert it to f32 first", other.as_str()),
+        })
+    }
+
+    /// The elements as little-endian bytes (every supported platform is little-endian).
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            Self::F32(v) => bytemuck::cast_slice(v),
+            Self::BF16(v) => bytemuck::cast_slice(v),
+            Self::F16(v) => bytemuck::cast_slice(v),
+            Self::U32(v) => bytemuck::cast_slice(v),
+            Self::I64(v) => bytemuck::cast_slice(v),
+            Self::U8(v) => v,
+        }
+    }
+
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            Self::F32(v) => bytemuck::cast_slice_mut(v),
+            Self::BF16(v) => bytemuck::cast_slice_mut(v),
+            Self::F16(v) => bytemuck::cast_slice_mut(v),
+            Self::U32(v) => bytemuck::cast_slice_mut(v),
+            Self::I64(v) => bytemuck::cast_slice_mut(v),
+            Self::U8(v) => v,
+        }
+    }
+
+    /// A tensor of `shape` on `device` holding these elements (no copy on the CPU).
+    pub fn into_tensor(self, shape: &[usize], device: &Device) -> Result<Tensor> {
+        match self {
+            Self::F32(v) => Tensor::from_vec(v, shape, device),
+            Self::BF16(v) => Tensor::from_vec(v, shape, device),
+            Self::F16(v) => Tensor::from_vec(v, shape, device),
+            Self::U32(v) => Tensor::from_vec(v, shape, device),
+            Self::I64(v) => Tensor::from_vec(v, shape, device),
+            Self::U8(v) => Tensor::from_vec(v, shape, device),
+        }
+    }
 }
 
 /// `acc[i] += other[i]` for every element, in `dtype`: bf16 and f16 sums are
@@ -62,10 +107,6 @@ pub fn add_assign(dtype: DType, acc: &mut [u8], other: &[u8]) -> Result<()> {
         other => bail!("reductions add f32, bf16 or f16 elements, got {}", other.as_str()),
     }
     Ok(())
-}
-
-fn bits<T: Copy>(values: &[T], to_bits: fn(T) -> u16) -> Vec<u16> {
-    values.iter().map(|&v| to_bits(v)).collect()
 }
 
 fn add_each<const N: usize>(acc: &mut [u8], other: &[u8], add: impl Fn([u8; N], [u8; N]) -> [u8; N]) {

@@ -22,19 +22,18 @@ mod wire;
 
 use std::cell::{Cell, RefCell};
 use std::fmt;
-use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
-use candle_core::{bail, Error, Result, Tensor};
+use candle_core::{Error, Result, Tensor};
 
 use self::mesh::{local_address_towards, Mesh};
 use self::ring::{chunks, Ring};
 use self::wire::Header;
 use super::collective::{check_peer, Call};
 use super::reduce_op::finish;
-use super::store::{StoreClient, StoreServer};
+use super::store::StoreServer;
 use super::{Collective, CommStats, ProcessGroup, Properties, ReduceOp};
-use crate::kernels::buffers::{from_bytes, to_bytes};
+use crate::kernels::buffers::Elements;
 
 /// Where a rank finds the others, and who it is: what the launcher passes in
 /// the environment (see [`DistEnv`](crate::distributed::DistEnv)).
@@ -70,25 +69,17 @@ impl TcpProcessGroup {
     /// connects to every other one. Returns once all are connected.
     pub fn init(rv: &Rendezvous) -> Result<Self> {
         let Rendezvous { rank, world_size, .. } = *rv;
-        if world_size == 0 || rank >= world_size {
-            bail!("rank {rank} is not a rank of a group of {world_size}: check RANK and WORLD_SIZE");
-        }
-        let master = resolve(&rv.master)?;
-        let store = match rank {
-            0 => Some(StoreServer::bind(&master.to_string(), &rv.token).map_err(Error::wrap)?),
-            _ => None,
-        };
-        let client = StoreClient::connect(&master.to_string(), &rv.token, rv.timeout).map_err(Error::wrap)?;
-        check_world_size(&client, rank, world_size, rv.timeout)?;
+        let store = rv.join_store()?;
+        let master = store.master;
         let host = local_address_towards(master).map_err(|e| {
             Error::Msg(format!("rank {rank} finds no route to the store at {master}: {e}"))
         })?;
-        let mesh = Mesh::connect(&client, rank, world_size, host, &rv.token, rv.timeout)?;
+        let mesh = Mesh::connect(&store.client, rank, world_size, host, &rv.token, rv.timeout)?;
         Ok(Self {
             rank,
             world_size,
             mesh,
-            _store: store,
+            _store: store.server,
             issued: Cell::new(0),
             sent_to: RefCell::new(vec![0; world_size]),
             received_from: RefCell::new(vec![0; world_size]),
@@ -97,11 +88,19 @@ impl TcpProcessGroup {
     }
 
     /// Runs `call` on `t` (none for a barrier): checks and counts it, then
-    /// hands the ring its buffer.
-    fn collective(&self, call: Call, t: Option<&Tensor>, run: impl FnOnce(&mut Ring, &mut Vec<u8>) -> Result<()>) -> Result<Vec<u8>> {
+    /// hands the ring the tensor's elements and returns what it made of them.
+    fn collective(
+        &self,
+        call: Call,
+        t: Option<&Tensor>,
+        run: impl FnOnce(&mut Ring, Elements) -> Result<Elements>,
+    ) -> Result<Elements> {
         call.check(t, self.world_size)?;
         let seq = self.issued.replace(self.issued.get() + 1);
-        let mut buf = t.map(to_bytes).transpose()?.unwrap_or_default();
+        let elements = match t {
+            Some(t) => Elements::of(t)?,
+            None => Elements::U8(vec![]),
+        };
         let mut ring = Ring {
             mesh: &self.mesh,
             rank: self.rank,
@@ -109,13 +108,11 @@ impl TcpProcessGroup {
             header: Header::collective(seq, call, t, 0),
             sent: 0,
         };
-        if self.world_size > 1 {
-            run(&mut ring, &mut buf)?;
-        }
+        let result = if self.world_size > 1 { run(&mut ring, elements)? } else { elements };
         let mut stats = self.stats.borrow_mut();
         stats.record(call.kind(), call.payload_bytes(t, self.world_size));
         stats.record_wire(call.kind(), ring.sent);
-        Ok(buf)
+        Ok(result)
     }
 }
 
@@ -138,18 +135,21 @@ impl ProcessGroup for TcpProcessGroup {
 
     fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
         let dtype = t.dtype();
-        let elem = dtype.size_in_bytes();
-        let buf = self.collective(Call::AllReduce(op), Some(t), |ring, buf| {
-            let parts = chunks(t.elem_count(), ring.world_size, elem);
-            ring.reduce_scatter(buf, &parts, dtype)?;
-            ring.all_gather(buf, &parts)
+        let sum = self.collective(Call::AllReduce(op), Some(t), |ring, mut buf| {
+            let parts = chunks(t.elem_count(), ring.world_size, dtype.size_in_bytes());
+            ring.reduce_scatter(buf.bytes_mut(), &parts, dtype)?;
+            ring.all_gather(buf.bytes_mut(), &parts)?;
+            Ok(buf)
         })?;
-        finish(from_bytes(&buf, dtype, t.dims(), t.device())?, op, self.world_size)
+        finish(sum.into_tensor(t.dims(), t.device())?, op, self.world_size)
     }
 
     fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor> {
-        let buf = self.collective(Call::Broadcast { root }, Some(t), |ring, buf| ring.broadcast(buf, root))?;
-        from_bytes(&buf, t.dtype(), t.dims(), t.device())
+        let buf = self.collective(Call::Broadcast { root }, Some(t), |ring, mut buf| {
+            ring.broadcast(buf.bytes_mut(), root)?;
+            Ok(buf)
+        })?;
+        buf.into_tensor(t.dims(), t.device())
     }
 
     fn all_gather(&self, t: &Tensor) -> Result<Tensor> {
@@ -159,38 +159,44 @@ impl ProcessGroup for TcpProcessGroup {
             Some(rows) => *rows *= n,
             None => dims.push(n), // a scalar gathers as shape [1] per rank
         }
-        let buf = self.collective(Call::AllGather, Some(t), |ring, buf| {
-            let own = std::mem::take(buf);
-            let parts = chunks(own.len() * n, n, 1);
-            buf.resize(own.len() * n, 0);
-            buf[parts[ring.rank].clone()].copy_from_slice(&own);
-            ring.all_gather(buf, &parts)
+        let buf = self.collective(Call::AllGather, Some(t), |ring, own| {
+            let mut all = Elements::zeros(t.dtype(), t.elem_count() * n)?;
+            let parts = chunks(own.bytes().len() * n, n, 1);
+            all.bytes_mut()[parts[ring.rank].clone()].copy_from_slice(own.bytes());
+            ring.all_gather(all.bytes_mut(), &parts)?;
+            Ok(all)
         })?;
-        from_bytes(&buf, t.dtype(), &dims, t.device())
+        buf.into_tensor(&dims, t.device())
     }
 
     fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
         let (n, dtype) = (self.world_size, t.dtype());
-        let buf = self.collective(Call::ReduceScatter(op), Some(t), |ring, buf| {
-            let parts = chunks(t.elem_count(), n, dtype.size_in_bytes());
-            ring.reduce_scatter(buf, &parts, dtype)?;
-            *buf = buf[parts[ring.rank].clone()].to_vec();
-            Ok(())
-        })?;
         let mut dims = t.dims().to_vec();
         dims[0] /= n; // checked to divide
-        finish(from_bytes(&buf, dtype, &dims, t.device())?, op, n)
+        let mine = self.collective(Call::ReduceScatter(op), Some(t), |ring, mut buf| {
+            let parts = chunks(t.elem_count(), n, dtype.size_in_bytes());
+            ring.reduce_scatter(buf.bytes_mut(), &parts, dtype)?;
+            let mut mine = Elements::zeros(dtype, t.elem_count() / n)?;
+            mine.bytes_mut().copy_from_slice(&buf.bytes()[parts[ring.rank].clone()]);
+            Ok(mine)
+        })?;
+        finish(mine.into_tensor(&dims, t.device())?, op, n)
     }
 
     fn barrier(&self) -> Result<()> {
-        self.collective(Call::Barrier, None, |ring, _| ring.barrier()).map(drop)
+        self.collective(Call::Barrier, None, |ring, nothing| {
+            ring.barrier()?;
+            Ok(nothing)
+        })
+        .map(drop)
     }
 
     fn send(&self, t: &Tensor, dst: usize) -> Result<()> {
         check_peer(Collective::Send, dst, self.rank, self.world_size)?;
-        let bytes = to_bytes(t)?;
+        let elements = Elements::of(t)?;
+        let bytes = elements.bytes();
         let seq = next(&self.sent_to, dst);
-        self.mesh.send(dst, &Header::point_to_point(seq, t, bytes.len()), &bytes)?;
+        self.mesh.send(dst, &Header::point_to_point(seq, t, bytes.len()), bytes)?;
         let mut stats = self.stats.borrow_mut();
         stats.record(Collective::Send, bytes.len() as u64);
         stats.record_wire(Collective::Send, bytes.len() as u64);
@@ -199,12 +205,12 @@ impl ProcessGroup for TcpProcessGroup {
 
     fn recv(&self, like: &Tensor, src: usize) -> Result<Tensor> {
         check_peer(Collective::Recv, src, self.rank, self.world_size)?;
-        let len = like.elem_count() * like.dtype().size_in_bytes();
+        let mut buf = Elements::zeros(like.dtype(), like.elem_count())?;
+        let len = buf.bytes().len();
         let seq = next(&self.received_from, src);
-        let mut buf = vec![0u8; len];
-        self.mesh.recv(src, &Header::point_to_point(seq, like, len), &mut buf)?;
+        self.mesh.recv(src, &Header::point_to_point(seq, like, len), buf.bytes_mut())?;
         self.stats.borrow_mut().record(Collective::Recv, len as u64);
-        from_bytes(&buf, like.dtype(), like.dims(), like.device())
+        buf.into_tensor(like.dims(), like.device())
     }
 
     fn stats(&self) -> CommStats {
@@ -224,26 +230,4 @@ fn next(counters: &RefCell<Vec<u64>>, peer: usize) -> u64 {
     let seq = counters[peer];
     counters[peer] += 1;
     seq
-}
-
-fn resolve(master: &str) -> Result<SocketAddr> {
-    master
-        .to_socket_addrs()
-        .ok()
-        .and_then(|mut addrs| addrs.next())
-        .ok_or_else(|| Error::Msg(format!("cannot resolve the store address `{master}`: check MASTER_ADDR and MASTER_PORT")))
-}
-
-/// Every rank must have been started with the same WORLD_SIZE.
-fn check_world_size(store: &StoreClient, rank: usize, world_size: usize, timeout: Duration) -> Result<()> {
-    if rank == 0 {
-        store.set("world_size", world_size.to_string().as_bytes()).map_err(Error::wrap)?;
-        return Ok(());
-    }
-    let theirs = store.get("world_size", timeout).map_err(Error::wrap)?;
-    let theirs = String::from_utf8_lossy(&theirs);
-    if theirs != world_size.to_string() {
-        bail!("rank {rank} was started with WORLD_SIZE {world_size}, rank 0 with {theirs}: start every rank of a job with the same world size");
-    }
-    Ok(())
 }

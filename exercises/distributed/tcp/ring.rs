@@ -29,6 +29,11 @@ use super::mesh::Mesh;
 use super::wire::Header;
 use crate::kernels::buffers::add_assign;
 
+/// The piece a chunk is sent in: a multiple of every element size, large
+/// enough that per-message costs vanish, small enough to stay in cache and
+/// below the allocator's threshold for handing memory back to the OS.
+const PIECE: usize = 1 << 20;
+
 /// One collective's view of the ring: who this rank is, and the header its
 /// messages carry (the length is filled in per chunk).
 pub(super) struct Ring<'a> {
@@ -58,24 +63,47 @@ impl Ring<'_> {
         Header { len: len as u64, ..self.header }
     }
 
-    /// Sends `out` to the successor and receives the predecessor's chunk into `into`.
-    fn shift(&mut self, out: &[u8], into: &mut [u8]) -> Result<()> {
-        self.mesh.send(self.next(), &self.header(out.len()), out)?;
-        self.sent += out.len() as u64;
-        self.mesh.recv(self.prev(), &self.header(into.len()), into)
+    /// Sends `out` to the successor while receiving the predecessor's chunk
+    /// into `into`, either overwriting it or, with `add` = its dtype, adding
+    /// to it. Both go in pieces of [`PIECE`] bytes, so that sending, receiving
+    /// and adding overlap, and buffers stay small enough to be reused.
+    fn exchange(&mut self, out: &[u8], into: &mut [u8], add: Option<DType>) -> Result<()> {
+        let (next, prev) = (self.next(), self.prev());
+        let mut scratch = vec![0u8; if add.is_some() { PIECE.min(into.len()) } else { 0 }];
+        let mut outgoing = out.chunks(PIECE);
+        let mut incoming = into.chunks_mut(PIECE);
+        loop {
+            let (piece_out, piece_in) = (outgoing.next(), incoming.next());
+            if piece_out.is_none() && piece_in.is_none() {
+                return Ok(());
+            }
+            if let Some(piece) = piece_out {
+                self.mesh.send(next, &self.header(piece.len()), piece)?;
+                self.sent += piece.len() as u64;
+            }
+            if let Some(piece) = piece_in {
+                let header = self.header(piece.len());
+                match add {
+                    None => self.mesh.recv(prev, &header, piece)?,
+                    Some(dtype) => {
+                        let received = &mut scratch[..piece.len()];
+                        self.mesh.recv(prev, &header, received)?;
+                        add_assign(dtype, piece, received)?;
+                    }
+                }
+            }
+        }
     }
 
     /// Leaves chunk `rank` of `buf` summed over the ranks (the other chunks
     /// hold partial sums). `chunks` are byte ranges of `buf`.
     pub fn reduce_scatter(&mut self, buf: &mut [u8], chunks: &[Range<usize>], dtype: DType) -> Result<()> {
         let r = self.rank as isize;
-        let mut incoming = vec![0u8; chunks.iter().map(Range::len).max().unwrap_or(0)];
         for step in 0..self.world_size as isize - 1 {
             let out = chunks[self.chunk(r - step - 1)].clone();
             let into = chunks[self.chunk(r - step - 2)].clone();
-            let incoming = &mut incoming[..into.len()];
-            self.shift(&buf[out], incoming)?;
-            add_assign(dtype, &mut buf[into], incoming)?;
+            let (sent, received) = disjoint(buf, out, into);
+            self.exchange(sent, received, Some(dtype))?;
         }
         Ok(())
     }
@@ -86,9 +114,8 @@ impl Ring<'_> {
         for step in 0..self.world_size as isize - 1 {
             let out = chunks[self.chunk(r - step)].clone();
             let into = chunks[self.chunk(r - step - 1)].clone();
-            // The chunk sent and the chunk received never overlap.
             let (sent, received) = disjoint(buf, out, into);
-            self.shift(sent, received)?;
+            self.exchange(sent, received, None)?;
         }
         Ok(())
     }
@@ -96,7 +123,6 @@ impl Ring<'_> {
     /// Passes `buf` from `root` along the ring, in pieces so that every link
     /// is busy at once: each rank forwards a piece as soon as it has it.
     pub fn broadcast(&mut self, buf: &mut [u8], root: usize) -> Result<()> {
-        const PIECE: usize = 4 << 20;
         let n = self.world_size;
         let position = (self.rank + n - root) % n; // the root is 0, its successor 1, ...
         let pieces: Vec<Range<usize>> = (0..buf.len().div_ceil(PIECE).max(1))
