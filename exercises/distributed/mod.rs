@@ -34,6 +34,9 @@
 //! - [`CpuProcessGroup`]: each rank is a thread of this process, started by
 //!   [`spawn`] (the counterpart of `torch.multiprocessing.spawn`): quick to
 //!   start, for tests and small runs.
+//! - `NcclProcessGroup` (feature `nccl`): each rank is a process driving one
+//!   GPU, joined like [`TcpProcessGroup`]; tensors travel GPU to GPU through
+//!   NVIDIA's NCCL, as PyTorch's `nccl` backend does.
 //!
 //! ## Guarantees every backend keeps
 //!
@@ -66,8 +69,11 @@ mod collective;
 mod cpu;
 mod env;
 pub mod launch;
+#[cfg(feature = "nccl")]
+mod nccl;
 mod process_group;
 mod reduce_op;
+mod rendezvous_store;
 mod single;
 mod stats;
 pub mod store;
@@ -77,6 +83,8 @@ pub use collective::Collective;
 pub use cpu::{spawn, spawn_with_timeout, CpuProcessGroup, DEFAULT_TIMEOUT};
 pub use env::{init_from_env, DistEnv};
 pub use launch::{launch, LaunchConfig};
+#[cfg(feature = "nccl")]
+pub use nccl::NcclProcessGroup;
 pub use process_group::{ProcessGroup, Properties};
 pub use reduce_op::ReduceOp;
 pub use single::SingleProcess;
