@@ -129,19 +129,16 @@ impl Rendezvous {
                 let reason = format!("rank {src} finished without sending the tensor rank {dst} waits for in recv(src {src})");
                 return Err(self.fail(&mut state, reason));
             }
-            let now = Instant::now();
-            if now >= deadline {
-                let reason = format!(
-                    "recv(src {src}) timed out after {:?} on rank {dst}: rank {src} did not send (stuck, or its send is missing)",
-                    self.timeout
-                );
-                return Err(self.fail(&mut state, reason));
-            }
-            state = self
-                .changed
-                .wait_timeout(state, deadline - now)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
+            state = match self.wait_until(state, deadline) {
+                Ok(state) => state,
+                Err(mut state) => {
+                    let reason = format!(
+                        "recv(src {src}) timed out after {:?} on rank {dst}: rank {src} did not send (stuck, or its send is missing)",
+                        self.timeout
+                    );
+                    return Err(self.fail(&mut state, reason));
+                }
+            };
         }
     }
 
@@ -170,22 +167,37 @@ impl Rendezvous {
                 );
                 return Err(self.fail(&mut state, reason));
             }
-            let now = Instant::now();
-            if now >= deadline {
-                let reason = format!(
-                    "{} #{generation} timed out after {:?} on rank {rank}: {} did not arrive (stuck, or skipped this collective: every rank must issue the same collectives in the same order)",
-                    call.kind(),
-                    self.timeout,
-                    list_ranks(&missing)
-                );
-                return Err(self.fail(&mut state, reason));
-            }
-            state = self
-                .changed
-                .wait_timeout(state, deadline - now)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
+            state = match self.wait_until(state, deadline) {
+                Ok(state) => state,
+                Err(mut state) => {
+                    let reason = format!(
+                        "{} #{generation} timed out after {:?} on rank {rank}: {} did not arrive (stuck, or skipped this collective: every rank must issue the same collectives in the same order)",
+                        call.kind(),
+                        self.timeout,
+                        list_ranks(&missing)
+                    );
+                    return Err(self.fail(&mut state, reason));
+                }
+            };
         }
+    }
+
+    /// Waits, with the lock released, for the next change or until
+    /// `deadline`; `Err`, with the lock held again, once the deadline has passed.
+    fn wait_until<'a>(
+        &self,
+        state: MutexGuard<'a, State>,
+        deadline: Instant,
+    ) -> std::result::Result<MutexGuard<'a, State>, MutexGuard<'a, State>> {
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(state);
+        }
+        Ok(self
+            .changed
+            .wait_timeout(state, deadline - now)
+            .unwrap_or_else(PoisonError::into_inner)
+            .0)
     }
 
     /// Marks the group as failed, unless it already is: the first reason is
