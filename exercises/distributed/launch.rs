@@ -130,6 +130,16 @@ pub fn launch(config: &LaunchConfig, program: &Path, args: &[OsString]) -> Resul
     Ok(supervise(ranks))
 }
 
+/// Runs this very program again, with the same arguments, as this node's
+/// ranks (what `train --nproc N` does); returns as [`launch`] does. The ranks
+/// see `RANK` in their environment, which is how they know not to launch again.
+pub fn relaunch_self(config: &LaunchConfig) -> Result<i32> {
+    let program = std::env::current_exe()
+        .map_err(|e| Error::Msg(format!("launch: cannot find this program to start its ranks: {e}")))?;
+    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    launch(config, &program, &args)
+}
+
 /// One running rank and the threads that copy its output.
 struct Rank {
     rank: usize,

@@ -82,7 +82,7 @@ mod tcp;
 pub use collective::Collective;
 pub use cpu::{spawn, spawn_with_timeout, CpuProcessGroup, DEFAULT_TIMEOUT};
 pub use env::{init_from_env, DistEnv};
-pub use launch::{launch, LaunchConfig};
+pub use launch::{launch, relaunch_self, LaunchConfig};
 #[cfg(feature = "nccl")]
 pub use nccl::NcclProcessGroup;
 pub use process_group::{ProcessGroup, Properties};

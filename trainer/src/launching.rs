@@ -4,9 +4,9 @@
 
 use std::ffi::OsString;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::ValueEnum;
-use workbook::distributed::{launch, DistEnv, LaunchConfig};
+use workbook::distributed::{launch, relaunch_self, DistEnv, LaunchConfig};
 
 /// torchrun's flags.
 #[derive(clap::Args, Debug, Clone)]
@@ -71,8 +71,6 @@ impl LaunchArgs {
 
     /// Starts this very program again, with the same arguments, as the ranks.
     pub fn relaunch_self(&self) -> Result<i32> {
-        let program = std::env::current_exe().context("cannot find this program to start its ranks")?;
-        let args: Vec<OsString> = std::env::args_os().skip(1).collect();
-        self.launch(&program, &args)
+        relaunch_self(&self.config()).map_err(anyhow::Error::msg)
     }
 }

@@ -13,7 +13,7 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use candle_core::{Device, Tensor};
 use clap::Parser;
-use workbook::distributed::{init_from_env, launch, LaunchConfig, ProcessGroup, ReduceOp};
+use workbook::distributed::{init_from_env, relaunch_self, LaunchConfig, ProcessGroup, ReduceOp};
 
 #[derive(Parser)]
 #[command(name = "allreduce")]
@@ -36,8 +36,7 @@ fn main() -> ExitCode {
 fn run(args: Args) -> Result<()> {
     let Some(pg) = init_from_env().map_err(anyhow::Error::msg)? else {
         let job = LaunchConfig { nproc_per_node: args.nproc, ..LaunchConfig::default() };
-        let rest: Vec<_> = std::env::args_os().skip(1).collect();
-        if launch(&job, &std::env::current_exe()?, &rest).map_err(anyhow::Error::msg)? != 0 {
+        if relaunch_self(&job).map_err(anyhow::Error::msg)? != 0 {
             bail!("the all-reduce ranks failed");
         }
         return Ok(());

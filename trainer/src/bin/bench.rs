@@ -15,7 +15,7 @@ use trainer::metrics::read_log;
 use trainer::run::{train, workbook_root, RunOptions};
 use trainer::strategy::Strategy;
 use workbook::data::{DataConfig, DatasetKind};
-use workbook::distributed::{launch, DistEnv, LaunchConfig, DEFAULT_TIMEOUT};
+use workbook::distributed::{relaunch_self, DistEnv, LaunchConfig, DEFAULT_TIMEOUT};
 
 /// Where the ranks of a multi-process bench write their metrics, for the
 /// process that started them to read.
@@ -72,9 +72,7 @@ fn run(args: Args) -> Result<()> {
         let _ = std::fs::remove_dir_all(&out_dir);
         std::env::set_var(BENCH_DIR, &out_dir); // before any thread starts; the ranks inherit it
         let job = LaunchConfig { nproc_per_node: args.nproc, ..LaunchConfig::default() };
-        let rest: Vec<_> = std::env::args_os().skip(1).collect();
-        let program = std::env::current_exe()?;
-        if launch(&job, &program, &rest).map_err(anyhow::Error::msg)? != 0 {
+        if relaunch_self(&job).map_err(anyhow::Error::msg)? != 0 {
             bail!("the bench's ranks failed");
         }
         return report(&args, &config, &out_dir);
