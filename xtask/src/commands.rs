@@ -227,7 +227,7 @@ fn check_whole_phase(ws: &Workspace, number: u32, exercises_pass: bool) -> Resul
     };
     println!("      {label}  {verdict}");
     if cuda_devices_present() {
-        println!("      {}", dim("CUDA devices found: the GPU path (NCCL) is not built yet; these checks ran on CPU ranks"));
+        println!("      {}", dim("CUDA devices found: the NCCL backend is not wired into these checks yet; they ran on CPU ranks"));
     }
     Ok(Some(passed == total && total > 0))
 }
