@@ -226,18 +226,10 @@ fn check_whole_phase(ws: &Workspace, number: u32, exercises_pass: bool) -> Resul
         false => red(&format!("{passed}/{total} checks passed (`cargo test {filter}` shows why)")),
     };
     println!("      {label}  {verdict}");
-    if cuda_devices_present() {
+    if crate::doctor::cuda_devices().is_some_and(|gpus| !gpus.is_empty()) {
         println!("      {}", dim("CUDA devices found: the NCCL backend is not wired into these checks yet; they ran on CPU ranks"));
     }
     Ok(Some(passed == total && total > 0))
-}
-
-/// Whether `nvidia-smi` lists a GPU.
-fn cuda_devices_present() -> bool {
-    std::process::Command::new("nvidia-smi")
-        .arg("-L")
-        .output()
-        .is_ok_and(|out| out.status.success() && String::from_utf8_lossy(&out.stdout).contains("GPU"))
 }
 
 /// Prints the hint and the mistakes the tests catch.

@@ -7,6 +7,7 @@
 mod bench;
 mod bench_fsdp;
 mod commands;
+mod doctor;
 mod estimate;
 mod grading;
 mod metadata;
@@ -74,6 +75,8 @@ enum Task {
     },
     /// Grade the current exercise again whenever a file under exercises/ changes.
     Watch,
+    /// Say what this machine has (cores, CUDA devices, GPU libraries) and where each kind of check runs.
+    Doctor,
     /// Check the exercise set itself: metadata, solutions pass, stubs fail, guide builds (for CI).
     Verify,
     /// Estimate training memory per GPU by component, for a model, precision, strategy and GPU count.
@@ -184,6 +187,7 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
         Task::Reset { exercise, yes } => commands::reset(&ws, exercise, yes),
         Task::Watch => watch::watch(&ws),
         Task::Verify => verify::verify(&ws),
+        Task::Doctor => doctor::doctor(),
         Task::Estimate(args) => estimate::report(&args.setup(), args.gpu_memory),
         Task::Bench { what: BenchKind::Throughput, model_size, steps, large_steps, rounds } => bench::bench(&ws, &model_size, steps, large_steps, rounds),
         Task::Bench { what: BenchKind::Fsdp, .. } => bench_fsdp::bench_fsdp(&ws),

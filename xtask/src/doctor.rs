@@ -1,0 +1,99 @@
+//! `doctor`: what this machine offers the workbook, and where each kind of
+//! check runs on it. It only looks: a missing driver or library is a line of
+//! the report, never an error.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::render::{bold, dim};
+
+/// The libraries a GPU build links or loads, by the name the loader looks for.
+const GPU_LIBRARIES: [(&str, &str); 3] = [
+    ("CUDA driver", "libcuda.so.1"),
+    ("CUDA runtime", "libcudart.so"),
+    ("NCCL", "libnccl.so"),
+];
+
+pub fn doctor() -> anyhow::Result<bool> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let gpus = cuda_devices();
+    println!("{}", bold("This machine"));
+    row("CPU cores", &format!("{cores} (with --nproc N, each rank gets {cores}/N kernel threads)"));
+    match &gpus {
+        Some(list) if !list.is_empty() => row("CUDA devices", &list.join("; ")),
+        Some(_) => row("CUDA devices", "none (nvidia-smi lists no GPU)"),
+        None => row("CUDA devices", "none (no nvidia-smi)"),
+    }
+    for (what, name) in GPU_LIBRARIES {
+        let found = find_library(name).map_or_else(|| "not found".to_string(), |p| p.display().to_string());
+        row(&format!("{what} ({name})"), &found);
+    }
+    let nvcc = find_on_path("nvcc").map_or_else(|| "not found (the cuda feature needs it to build)".to_string(), |p| p.display().to_string());
+    row("nvcc", &nvcc);
+    println!();
+    println!("{}", bold("Where the checks run"));
+    row("exercise tests", "this machine's CPU");
+    row("multi-rank checks", "CPU ranks: threads in the graded tests, one process per rank in the process tests and `cargo train --nproc N`");
+    let gpu = match gpus.as_ref().is_some_and(|l| !l.is_empty()) {
+        true => "not used yet: the NCCL backend (--features nccl) is type-checked but not wired into train or the checks",
+        false => "none here; the NCCL backend (--features nccl) needs CUDA devices, the CUDA toolkit and NCCL",
+    };
+    row("GPUs", gpu);
+    Ok(true)
+}
+
+/// The GPUs `nvidia-smi -L` lists, or `None` when it cannot be run.
+pub fn cuda_devices() -> Option<Vec<String>> {
+    let out = Command::new("nvidia-smi").arg("-L").output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    Some(text.lines().filter(|l| l.starts_with("GPU")).map(str::to_string).collect())
+}
+
+fn row(label: &str, value: &str) {
+    println!("  {label:<28} {}", dim(value));
+}
+
+/// Where the dynamic loader would find `name` (or a versioned `name.N`):
+/// `LD_LIBRARY_PATH`, then the loader's cache.
+fn find_library(name: &str) -> Option<PathBuf> {
+    let dirs = std::env::var_os("LD_LIBRARY_PATH").map(|p| std::env::split_paths(&p).collect::<Vec<_>>()).unwrap_or_default();
+    if let Some(found) = dirs.iter().find_map(|dir| versioned(dir, name)) {
+        return Some(found);
+    }
+    let cache = Command::new("ldconfig").arg("-p").output().ok()?;
+    String::from_utf8_lossy(&cache.stdout)
+        .lines()
+        .filter(|line| line.trim_start().starts_with(name))
+        .find_map(|line| line.rsplit("=> ").next().map(|p| PathBuf::from(p.trim())))
+}
+
+/// `dir/name`, or the first `dir/name.*` there.
+fn versioned(dir: &Path, name: &str) -> Option<PathBuf> {
+    let exact = dir.join(name);
+    if exact.is_file() {
+        return Some(exact);
+    }
+    std::fs::read_dir(dir).ok()?.flatten().map(|e| e.path()).find(|p| {
+        p.file_name().and_then(|f| f.to_str()).is_some_and(|f| f.starts_with(&format!("{name}.")))
+    })
+}
+
+fn find_on_path(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).map(|dir| dir.join(program)).find(|p| p.is_file())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::versioned;
+
+    #[test]
+    fn a_library_is_found_under_its_name_or_a_versioned_one() {
+        let dir = std::env::temp_dir().join(format!("doctor-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("libnccl.so.2"), b"").unwrap();
+        assert_eq!(versioned(&dir, "libnccl.so"), Some(dir.join("libnccl.so.2")));
+        assert_eq!(versioned(&dir, "libcudart.so"), None, "nothing of that name is there");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
