@@ -197,11 +197,11 @@ fn ring_sum(world: usize, len: usize, dtype: DType) -> Vec<f32> {
 }
 
 /// 10 elements do not divide by 3 or 4, so the chunks differ in length; 1
-/// element leaves some ranks' chunks empty.
+/// element leaves some ranks' chunks empty, and 0 all of them.
 #[rstest]
 fn ring_all_reduce_equals_the_sum_in_the_rings_order(
     #[values(2, 3, 4)] world: usize,
-    #[values((10, DType::F32), (10, DType::BF16), (1, DType::F32))] case: (usize, DType),
+    #[values((10, DType::F32), (10, DType::BF16), (1, DType::F32), (0, DType::F32))] case: (usize, DType),
 ) {
     let (len, dtype) = case;
     let got: Vec<(Vec<f32>, bool)> = on_processes(world, |pg| {
