@@ -274,7 +274,7 @@ fn shape_flags(command: &mut Command, shape: &Shape) {
 
 fn last_json_line(stdout: &[u8]) -> Result<f64> {
     let text = String::from_utf8_lossy(stdout);
-    let line = text.lines().filter(|l| l.starts_with('{')).last().unwrap_or_default();
+    let line = text.lines().rev().find(|l| l.starts_with('{')).unwrap_or_default();
     let parsed: Measurement = serde_json::from_str(line).with_context(|| format!("unexpected bench output: {text}"))?;
     Ok(parsed.tokens_per_s)
 }
