@@ -125,16 +125,12 @@ impl Ring<'_> {
     pub fn broadcast(&mut self, buf: &mut [u8], root: usize) -> Result<()> {
         let n = self.world_size;
         let position = (self.rank + n - root) % n; // the root is 0, its successor 1, ...
-        let pieces: Vec<Range<usize>> = (0..buf.len().div_ceil(PIECE).max(1))
-            .map(|i| i * PIECE..((i + 1) * PIECE).min(buf.len()))
-            .collect();
-        for piece in pieces {
+        for piece in buf.chunks_mut(PIECE) {
             if position > 0 {
-                let len = piece.len();
-                self.mesh.recv(self.prev(), &self.header(len), &mut buf[piece.clone()])?;
+                self.mesh.recv(self.prev(), &self.header(piece.len()), piece)?;
             }
             if position < n - 1 {
-                self.mesh.send(self.next(), &self.header(piece.len()), &buf[piece.clone()])?;
+                self.mesh.send(self.next(), &self.header(piece.len()), piece)?;
                 self.sent += piece.len() as u64;
             }
         }
