@@ -26,7 +26,7 @@
 //! `ShardingStrategy` documentation.
 //! Guide: `guide/src/phase3/12-sharding-strategy.md`. Test: `cargo test exercise_12`.
 
-use crate::fsdp::{ShardingPlan, ShardingStrategy};
+use crate::parallel::fsdp::{ShardingPlan, ShardingStrategy};
 
 /// What `strategy` divides across the ranks.
 ///

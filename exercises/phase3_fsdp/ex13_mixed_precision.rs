@@ -30,7 +30,7 @@
 //! `torch.distributed.fsdp.MixedPrecision` and `torch.amp.GradScaler` docs.
 //! Guide: `guide/src/phase3/13-mixed-precision.md`. Test: `cargo test exercise_13`.
 
-use crate::fsdp::{MixedPrecisionPolicy, Precision};
+use crate::parallel::fsdp::{MixedPrecisionPolicy, Precision};
 
 /// The policy of `precision`: `Fp32` → f32 everywhere, `Bf16` → bf16,
 /// `Fp16` → f16, with `loss_scaling` on exactly when the format needs it.

@@ -27,7 +27,7 @@
 //! `torch.distributed.fsdp.wrap.transformer_auto_wrap_policy`.
 //! Guide: `guide/src/phase3/14-wrap-policy.md`. Test: `cargo test exercise_14`.
 
-use crate::fsdp::FsdpUnit;
+use crate::parallel::fsdp::FsdpUnit;
 use crate::model::GptConfig;
 
 /// The FSDP units of a model with `config`: the root unit first (named
@@ -36,7 +36,7 @@ use crate::model::GptConfig;
 /// parameter names in module order, the order of `param_specs(config)`.
 ///
 /// Pieces: `crate::model::param_specs(config)` (each `ParamSpec` has a
-/// `.name`), `crate::fsdp::{FsdpUnit, ROOT_UNIT, block_unit_name}`.
+/// `.name`), `crate::parallel::fsdp::{FsdpUnit, ROOT_UNIT, block_unit_name}`.
 pub fn wrap_policy(config: &GptConfig) -> Vec<FsdpUnit> {
     todo!("Exercise 14: Wrap policy; run `cargo xtask hint 14`")
 }

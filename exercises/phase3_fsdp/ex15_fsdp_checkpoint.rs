@@ -22,7 +22,7 @@
 //! What goes in the file (same keys as exercise 11):
 //! - `params`: every parameter by name, f32, whole;
 //! - `optimizer`: `exp_avg.<name>` and `exp_avg_sq.<name>` for every
-//!   parameter, but only once AdamW has stepped (`self.optimizer_steps > 0`):
+//!   parameter, but only once AdamW has stepped (`self.counters.optimizer_steps > 0`):
 //!   before that there are no moments, as in Phase 2's AdamW;
 //! - `state`: `self.trainer_state(data)` (step, counters, configs, data position).
 //!
@@ -34,7 +34,7 @@ use std::path::Path;
 
 use candle_core::Result;
 
-use crate::fsdp::FsdpTrainer;
+use crate::parallel::fsdp::FsdpTrainer;
 use crate::train::DataPosition;
 
 impl FsdpTrainer {

@@ -2,7 +2,8 @@
 
 use candle_core::{bail, Result, Tensor};
 
-use crate::train::{Gradients, StepStats, Trainer};
+use crate::autograd::Gradients;
+use crate::train::{StepStats, Trainer};
 
 impl Trainer {
     pub fn train_step(&mut self, micro_batches: &[Tensor]) -> Result<StepStats> {

@@ -1,6 +1,6 @@
 //! Reference solution of exercise 12: what each sharding strategy shards.
 
-use crate::fsdp::{ShardingPlan, ShardingStrategy};
+use crate::parallel::fsdp::{ShardingPlan, ShardingStrategy};
 
 pub fn sharding_plan(strategy: ShardingStrategy) -> ShardingPlan {
     match strategy {

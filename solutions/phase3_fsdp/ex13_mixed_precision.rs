@@ -2,7 +2,7 @@
 
 use candle_core::DType;
 
-use crate::fsdp::{MixedPrecisionPolicy, Precision};
+use crate::parallel::fsdp::{MixedPrecisionPolicy, Precision};
 
 pub fn mixed_precision_policy(precision: Precision) -> MixedPrecisionPolicy {
     let dtype = match precision {

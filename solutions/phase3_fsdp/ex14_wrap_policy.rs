@@ -1,6 +1,6 @@
 //! Reference solution of exercise 14: which modules become FSDP units.
 
-use crate::fsdp::{block_unit_name, FsdpUnit, ROOT_UNIT};
+use crate::parallel::fsdp::{block_unit_name, FsdpUnit, ROOT_UNIT};
 use crate::model::{param_specs, GptConfig};
 
 pub fn wrap_policy(config: &GptConfig) -> Vec<FsdpUnit> {

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use candle_core::{Result, Tensor};
 
-use crate::fsdp::{FsdpTrainer, LocalState};
+use crate::parallel::fsdp::{FsdpTrainer, LocalState};
 use crate::train::{Checkpoint, DataPosition};
 
 const MOMENTS: [&str; 2] = ["exp_avg", "exp_avg_sq"];
@@ -19,7 +19,7 @@ impl FsdpTrainer {
             // Every rank takes part in every all-gather, even though only rank 0 writes.
             let whole = |t: &Tensor| if unit.is_sharded() { pg.all_gather(t) } else { Ok(t.clone()) };
             params.extend(unit.layout.unflatten(&whole(&local.params)?)?);
-            if self.optimizer_steps > 0 {
+            if self.counters.optimizer_steps > 0 {
                 for (kind, moment) in MOMENTS.into_iter().zip([&local.exp_avg, &local.exp_avg_sq]) {
                     for (name, t) in unit.layout.unflatten(&whole(moment)?)? {
                         optimizer.insert(format!("{kind}.{name}"), t);

@@ -3,7 +3,8 @@
 
 use candle_core::{DType, Device, Tensor};
 use workbook::phase2_training::build_optimizer;
-use workbook::train::{AdamW, AdamWConfig, Gradients, OptimizerConfig};
+use workbook::autograd::Gradients;
+use workbook::train::{AdamW, AdamWConfig, OptimizerConfig};
 use workbook::{param_specs, GptConfig, ParamStore};
 
 use crate::support::{expect_close, fixture, ok, Fixture, F32};

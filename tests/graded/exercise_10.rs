@@ -4,7 +4,8 @@
 
 use candle_core::{DType, Tensor};
 use workbook::distributed::{spawn, Collective, ProcessGroup};
-use workbook::train::{AdamWConfig, CosineSchedule, Ddp, LrSchedule, OptimizerConfig, StepStats, TrainConfig, Trainer};
+use workbook::parallel::ddp::Ddp;
+use workbook::train::{AdamWConfig, CosineSchedule, LrSchedule, OptimizerConfig, StepStats, TrainConfig, Trainer};
 use workbook::{param_specs, GptConfig, ParamStore};
 
 use crate::support::{expect_update_close, fixture, ok, Fixture};

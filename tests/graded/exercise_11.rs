@@ -4,7 +4,8 @@
 use candle_core::{DType, Device, Tensor};
 use workbook::data::{DataConfig, DatasetKind, SamplerState, Tokenizer};
 use workbook::distributed::{spawn, ProcessGroup};
-use workbook::train::{DataPosition, Ddp, Trainer};
+use workbook::parallel::ddp::Ddp;
+use workbook::train::{DataPosition, Trainer};
 use workbook::{param_specs, GptConfig, ParamStore};
 
 use crate::exercise_10::{micro_batch, model_config, train_config, trainer};

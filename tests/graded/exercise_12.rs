@@ -4,7 +4,7 @@
 //! (`phase_3.rs`): it needs exercises 13 and 14 as well.
 
 use rstest::rstest;
-use workbook::fsdp::{ShardingPlan, ShardingStrategy};
+use workbook::parallel::fsdp::{ShardingPlan, ShardingStrategy};
 use workbook::phase3_fsdp::sharding_plan;
 
 

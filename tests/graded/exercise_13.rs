@@ -5,7 +5,7 @@
 
 use candle_core::DType;
 use rstest::rstest;
-use workbook::fsdp::{MixedPrecisionPolicy, Precision};
+use workbook::parallel::fsdp::{MixedPrecisionPolicy, Precision};
 use workbook::phase3_fsdp::mixed_precision_policy;
 
 fn expected(precision: Precision) -> MixedPrecisionPolicy {

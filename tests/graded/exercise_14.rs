@@ -4,7 +4,7 @@
 
 use rstest::rstest;
 use workbook::distributed::Collective;
-use workbook::fsdp::{check_units, Precision, ShardingStrategy};
+use workbook::parallel::fsdp::{check_units, Precision, ShardingStrategy};
 use workbook::phase3_fsdp::wrap_policy;
 use workbook::GptConfig;
 

@@ -8,8 +8,9 @@ use std::time::Duration;
 use candle_core::Tensor;
 use rstest::rstest;
 use workbook::distributed::{spawn, spawn_with_timeout};
-use workbook::fsdp::{FsdpConfig, FsdpTrainer, Precision, ShardingStrategy};
-use workbook::train::{Checkpoint, Ddp, Trainer};
+use workbook::parallel::fsdp::{FsdpConfig, FsdpTrainer, Precision, ShardingStrategy};
+use workbook::parallel::ddp::Ddp;
+use workbook::train::{Checkpoint, Trainer};
 
 use crate::fsdp_runs::{fsdp_step, fsdp_trainer, gather_params, model_config, single_process_trainer, train_config};
 use crate::support::{bit_equal, ok, scratch_dir};
@@ -113,7 +114,7 @@ fn a_four_rank_checkpoint_loads_on_two_ranks_and_one() {
             spawn(world_size, |pg| {
                 let mut trainer = fsdp_trainer(Box::new(pg), FsdpConfig { sharding, precision: Precision::Fp32 }, train_config(1.0));
                 trainer.load_checkpoint(&dir)?;
-                Ok((gather_params(&trainer), trainer.step, trainer.optimizer_steps))
+                Ok((gather_params(&trainer), trainer.counters.step, trainer.counters.optimizer_steps))
             }),
             "loading ranks",
         );

@@ -8,8 +8,9 @@ use std::collections::HashMap;
 
 use candle_core::{DType, Device, Tensor};
 use workbook::distributed::{spawn, ProcessGroup};
-use workbook::fsdp::{FsdpConfig, FsdpTrainer, Precision, ShardingStrategy};
-use workbook::train::{AdamWConfig, CosineSchedule, Ddp, LrSchedule, OptimizerConfig, StepStats, TrainConfig, Trainer};
+use workbook::parallel::fsdp::{FsdpConfig, FsdpTrainer, Precision, ShardingStrategy};
+use workbook::parallel::ddp::Ddp;
+use workbook::train::{AdamWConfig, CosineSchedule, LrSchedule, OptimizerConfig, StepStats, TrainConfig, Trainer};
 use workbook::{init_params, GptConfig, InitRng};
 
 use crate::support::ok;

@@ -4,6 +4,7 @@
 
 mod support;
 
+// BEGIN exercise modules: written by `cargo xtask update` from exercises/info.toml
 mod exercise_01;
 mod exercise_02;
 mod exercise_03;
@@ -15,10 +16,11 @@ mod exercise_08;
 mod exercise_09;
 mod exercise_10;
 mod exercise_11;
-pub mod exercise_12;
+mod exercise_12;
 mod exercise_13;
 mod exercise_14;
 mod exercise_15;
+// END exercise modules
 mod data;
 mod distributed;
 mod processes;

@@ -23,7 +23,7 @@
 
 use rstest::rstest;
 use workbook::distributed::spawn;
-use workbook::fsdp::{FsdpConfig, LossScaler, Precision, ShardingStrategy};
+use workbook::parallel::fsdp::{FsdpConfig, LossScaler, Precision, ShardingStrategy};
 use workbook::train::TrainConfig;
 
 use crate::exercise_12::expected;
@@ -147,12 +147,12 @@ fn fp16_skips_overflowing_steps_instead_of_producing_nan() {
             let start = gather_params(&trainer);
             fsdp_step(&mut trainer, 0);
             let after_overflow = gather_params(&trainer);
-            let skipped_first = trainer.skipped_steps;
+            let skipped_first = trainer.counters.skipped_steps;
             for s in 1..40 {
                 fsdp_step(&mut trainer, s);
             }
             let end = gather_params(&trainer);
-            Ok(Some((start, after_overflow, skipped_first, trainer.skipped_steps, trainer.optimizer_steps, trainer.scaler.unwrap().scale, end)))
+            Ok(Some((start, after_overflow, skipped_first, trainer.counters.skipped_steps, trainer.counters.optimizer_steps, trainer.scaler.unwrap().scale, end)))
         }),
         "two fp16 FSDP ranks",
     );

@@ -175,7 +175,8 @@ mod checkpoints {
 /// An inf in any gradient skips the whole update instead of poisoning Adam's moments.
 #[test]
 fn adamw_skips_a_step_with_a_non_finite_gradient() {
-    use workbook::train::{AdamW, AdamWConfig, Gradients, ParamGroup};
+    use workbook::autograd::Gradients;
+use workbook::train::{AdamW, AdamWConfig, ParamGroup};
     let params = ParamStore::from_tensors([("w", Tensor::new(&[1f32, 2.], &Device::Cpu).unwrap())]).unwrap();
     let mut opt = AdamW::new(vec![ParamGroup { names: vec!["w".into()], weight_decay: 0.0 }], AdamWConfig::default()).unwrap();
     let mut grads = Gradients::default();

@@ -8,14 +8,15 @@ use candle_core::{Device, Tensor};
 use indicatif::{ProgressBar, ProgressStyle};
 use workbook::data::{DataConfig, Dataset, DistributedSampler};
 use workbook::distributed::{spawn_with_timeout, DistEnv, ProcessGroup, ReduceOp, SingleProcess, TcpProcessGroup};
-use workbook::fsdp::FsdpTrainer;
+use workbook::parallel::fsdp::FsdpTrainer;
 use workbook::init_params;
-use workbook::train::{DataPosition, Ddp, StepStats, Trainer};
+use workbook::parallel::ddp::Ddp;
+use workbook::train::{DataPosition, StepStats, Train, Trainer};
 
 use crate::checkpoints;
 use crate::config::RunConfig;
 use crate::metrics::{loss_curve_svg, read_log, MetricsLog, StepRecord};
-use crate::strategy::{Strategy, Train};
+use crate::strategy::Strategy;
 
 /// Everything a run needs besides its config file.
 #[derive(Debug, Clone)]
@@ -127,29 +128,29 @@ fn drive(options: &RunOptions, dataset: &Dataset, mut trainer: impl Train, num_p
             sampler.restore(position.sampler).map_err(|e| anyhow!("{e}"))?;
         }
         if is_logger {
-            println!("resumed from {} at step {}", dir.display(), trainer.step());
+            println!("resumed from {} at step {}", dir.display(), trainer.counters().step);
         }
     }
     if is_logger {
         print_plan(options, dataset, num_params);
     }
     let mut log = if is_logger { Some(MetricsLog::append_to(&options.out_dir.join("metrics.jsonl"))?) } else { None };
-    let bar = progress_bar(is_logger, trainer.step(), config.max_steps);
+    let bar = progress_bar(is_logger, trainer.counters().step, config.max_steps);
     let per_rank_batch = config.batch_size / world;
     let tokens_per_step = config.batch_size * config.grad_accum_steps * config.seq_len;
     let start = Instant::now();
     let (mut first, mut last, mut loss_ema) = (None, None, None::<f64>);
-    while trainer.step() < config.max_steps {
+    while trainer.counters().step < config.max_steps {
         let step_start = Instant::now();
         let batches = (0..config.grad_accum_steps)
             .map(|_| dataset.batch(&sampler.next_batch(per_rank_batch), &Device::Cpu))
             .collect::<candle_core::Result<Vec<Tensor>>>()
             .map_err(|e| anyhow!("{e}"))?;
-        let skipped_before = trainer.skipped_updates();
-        let stats = trainer.train_step(&batches).map_err(|e| anyhow!("step {}: {e}", trainer.step()))?;
+        let skipped_before = trainer.counters().skipped_steps;
+        let stats = trainer.train_step(&batches).map_err(|e| anyhow!("step {}: {e}", trainer.counters().step))?;
         let loss = mean_over_ranks(trainer.process_group(), stats.loss)?;
         let record = StepRecord {
-            step: trainer.step(),
+            step: trainer.counters().step,
             loss,
             lr: stats.lr,
             grad_norm: stats.grad_norm,
@@ -157,20 +158,20 @@ fn drive(options: &RunOptions, dataset: &Dataset, mut trainer: impl Train, num_p
             elapsed_s: start.elapsed().as_secs_f64(),
         };
         if is_logger {
-            report_anomalies(&bar, &record, &stats, trainer.skipped_updates() > skipped_before, &mut loss_ema);
+            report_anomalies(&bar, &record, &stats, trainer.counters().skipped_steps > skipped_before, &mut loss_ema);
             if let Some(log) = log.as_mut() {
                 log.record(&record)?;
             }
-            bar.set_position(trainer.step() as u64);
+            bar.set_position(trainer.counters().step as u64);
             bar.set_message(format!("loss {:.4}  lr {:.2e}  {:.0} tok/s", record.loss, record.lr, record.tokens_per_s));
-            if bar.is_hidden() && (trainer.step() % options.log_every == 0 || trainer.step() == config.max_steps) {
+            if bar.is_hidden() && (trainer.counters().step % options.log_every == 0 || trainer.counters().step == config.max_steps) {
                 println!("step {:>6}  loss {:.4}  lr {:.2e}  grad norm {:.3}  {:.0} tok/s", record.step, record.loss, record.lr, record.grad_norm, record.tokens_per_s);
             }
         }
         first.get_or_insert(record);
         last = Some(record);
-        let at_end = trainer.step() == config.max_steps;
-        if at_end || trainer.step() % options.checkpoint_every == 0 {
+        let at_end = trainer.counters().step == config.max_steps;
+        if at_end || trainer.counters().step % options.checkpoint_every == 0 {
             save(&trainer, options, &sampler)?;
         }
     }
@@ -185,15 +186,15 @@ fn drive(options: &RunOptions, dataset: &Dataset, mut trainer: impl Train, num_p
     Ok(Summary {
         first,
         last,
-        steps: trainer.step(),
-        skipped_updates: trainer.skipped_updates(),
+        steps: trainer.counters().step,
+        skipped_updates: trainer.counters().skipped_steps,
         seconds: start.elapsed().as_secs_f64(),
         num_params,
     })
 }
 
 fn save(trainer: &impl Train, options: &RunOptions, sampler: &DistributedSampler) -> Result<()> {
-    let dir = checkpoints::step_dir(&options.out_dir, trainer.step());
+    let dir = checkpoints::step_dir(&options.out_dir, trainer.counters().step);
     let position = DataPosition { config: options.data.clone(), sampler: sampler.state() };
     trainer.save_checkpoint(&dir, Some(position)).map_err(|e| anyhow!("saving {}: {e}", dir.display()))?;
     if trainer.process_group().rank() == 0 {

@@ -8,7 +8,7 @@ use trainer::checkpoints;
 use trainer::config::RunConfig;
 use trainer::run::{train, workbook_root, RunOptions};
 use trainer::strategy::Strategy;
-use workbook::fsdp::{FsdpConfig, Precision, ShardingStrategy};
+use workbook::parallel::fsdp::{FsdpConfig, Precision, ShardingStrategy};
 use workbook::data::{DataConfig, DatasetKind, SAMPLE_PATH};
 
 fn options(out_dir: PathBuf, max_steps: usize, nproc: usize) -> RunOptions {

@@ -1,7 +1,7 @@
 //! `cargo xtask`: the workbook's tool.
 //!
 //! Learners use `next`, `list`, `check`, `check-phase`, `hint`, `reset` and
-//! `watch`; CI and authors use `verify`. Everything is driven by the one
+//! `watch`; CI and authors use `verify` and `update`. Everything is driven by the one
 //! metadata file, `exercises/info.toml`.
 
 mod bench;
@@ -11,8 +11,11 @@ mod doctor;
 mod estimate;
 mod grading;
 mod metadata;
+mod migrate;
 mod progress;
+mod registry;
 mod render;
+mod stories;
 mod stub;
 mod verify;
 mod watch;
@@ -79,6 +82,11 @@ enum Task {
     Doctor,
     /// Check the exercise set itself: metadata, solutions pass, stubs fail, guide builds (for CI).
     Verify,
+    /// Write the lists that follow from exercises/info.toml: src/exercises.rs, the graded
+    /// tests' module list and the guide's SUMMARY.md (for whoever adds an exercise).
+    Update,
+    /// Write datasets/tinystories_sample.txt again from its generator (after changing the grammar).
+    SampleStories,
     /// Estimate training memory per GPU by component, for a model, precision, strategy and GPU count.
     Estimate(EstimateArgs),
     /// Measure the reference trainer's tokens/s beside PyTorch's (or, with `fsdp`, each ZeRO
@@ -178,6 +186,7 @@ fn main() -> ExitCode {
 /// Runs one task; `Ok(false)` means it ran but something did not pass.
 fn run(cli: Cli) -> anyhow::Result<bool> {
     let ws = Workspace::open(cli.solutions)?;
+    migrate::carry_over(&ws)?;
     match cli.command {
         Task::Next => commands::next(&ws).map(|_| true),
         Task::List { quick } => commands::list(&ws, quick),
@@ -187,6 +196,8 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
         Task::Reset { exercise, yes } => commands::reset(&ws, exercise, yes),
         Task::Watch => watch::watch(&ws),
         Task::Verify => verify::verify(&ws),
+        Task::Update => registry::update(&ws).map(|()| true),
+        Task::SampleStories => stories::write_sample(&ws.root).map(|()| true),
         Task::Doctor => doctor::doctor(),
         Task::Estimate(args) => estimate::report(&args.setup(), args.gpu_memory),
         Task::Bench { what: BenchKind::Throughput, model_size, steps, large_steps, rounds } => bench::bench(&ws, &model_size, steps, large_steps, rounds),

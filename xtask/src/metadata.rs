@@ -12,10 +12,19 @@ use serde::Deserialize;
 /// Where the metadata lives, relative to the repository root.
 pub const INFO_FILE: &str = "exercises/info.toml";
 
+/// The layout of info.toml this tool reads. Version 2 added `format_version`,
+/// `guide_front` and the phases' `overview` and `after`.
+pub const FORMAT_VERSION: u32 = 2;
+
 /// The whole exercise set: phases and exercises, both in file order.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Workbook {
+    /// Checked by [`Workbook::parse`] before anything else is read.
+    #[serde(rename = "format_version")]
+    _format_version: u32,
+    /// The guide's chapters before the first phase.
+    pub guide_front: Vec<Chapter>,
     #[serde(rename = "phase")]
     pub phases: Vec<Phase>,
     #[serde(rename = "exercise")]
@@ -29,6 +38,20 @@ pub struct Phase {
     pub number: u32,
     pub title: String,
     pub summary: String,
+    /// The chapter that opens the phase in the guide.
+    pub overview: Chapter,
+    /// Guide chapters after the phase's exercises.
+    #[serde(default)]
+    pub after: Vec<Chapter>,
+}
+
+/// A guide chapter that is not an exercise's.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Chapter {
+    pub title: String,
+    /// Relative to `guide/src`.
+    pub chapter: PathBuf,
 }
 
 /// One exercise: the functions the learner writes in one file, graded by one
@@ -67,6 +90,16 @@ impl Workbook {
 
     /// Parses the text of an `info.toml`.
     pub fn parse(text: &str) -> Result<Self> {
+        let version = toml::from_str::<toml::Table>(text)?
+            .get("format_version")
+            .and_then(|v| v.as_integer());
+        if version != Some(FORMAT_VERSION.into()) {
+            let found = version.map_or("no format_version".to_string(), |v| format!("format_version {v}"));
+            bail!(
+                "it has {found}, and this `cargo xtask` reads format_version {FORMAT_VERSION}: \
+                 take info.toml from the same version of the workbook as xtask/"
+            );
+        }
         let workbook: Self = toml::from_str(text)?;
         if workbook.exercises.is_empty() {
             bail!("it declares no [[exercise]]");
@@ -136,6 +169,29 @@ impl Exercise {
             )
         })?;
         Ok(Path::new("solutions").join(rest))
+    }
+
+    /// The phase module and the exercise module its file becomes, e.g.
+    /// `("phase1_model", "ex01_rms_norm")`.
+    pub fn modules(&self) -> Result<(String, String)> {
+        fn stem(path: Option<&Path>) -> Option<&str> {
+            path?.file_stem()?.to_str()
+        }
+        match (stem(self.file.parent()), stem(Some(&self.file))) {
+            (Some(phase), Some(module)) if self.file.extension().is_some_and(|e| e == "rs") => {
+                Ok((phase.to_string(), module.to_string()))
+            }
+            _ => bail!(
+                "exercise {}: `file` must be exercises/<phase folder>/<module>.rs, not {}",
+                self.number,
+                self.file.display()
+            ),
+        }
+    }
+
+    /// The free functions among `functions`: the phase module re-exports them.
+    pub fn free_functions(&self) -> impl Iterator<Item = &str> {
+        self.functions.iter().map(String::as_str).filter(|f| !f.contains("::"))
     }
 
     /// The guide chapter, relative to the repository root.
@@ -250,16 +306,20 @@ mod tests {
     /// A one-phase, one-exercise info.toml whose exercise writes `functions`.
     fn minimal(functions: &str) -> String {
         format!(
-            r#"[[phase]]
+            r#"format_version = 2
+guide_front = []
+
+[[phase]]
 number = 1
 title = "t"
 summary = "s"
+overview = {{ title = "o", chapter = "phase1/index.md" }}
 
 [[exercise]]
 number = 1
 title = "Checkpoints"
 phase = 1
-file = "exercises/ex01.rs"
+file = "exercises/phase1_x/ex01_checkpoints.rs"
 functions = {functions}
 concept = "c"
 difficulty = "d"
@@ -285,6 +345,22 @@ mistakes = []
             ["Trainer::save_checkpoint", "load_checkpoint"]
         );
         assert_eq!(exercise.fn_names(), ["save_checkpoint", "load_checkpoint"]);
+        assert_eq!(exercise.free_functions().collect::<Vec<_>>(), ["load_checkpoint"]);
+        assert_eq!(
+            exercise.modules().unwrap(),
+            ("phase1_x".to_string(), "ex01_checkpoints".to_string())
+        );
+    }
+
+    #[test]
+    fn another_format_version_says_which_is_read() {
+        for (text, found) in [
+            (minimal("[\"f\"]").replace("format_version = 2", "format_version = 1"), "format_version 1"),
+            (minimal("[\"f\"]").replace("format_version = 2\n", ""), "no format_version"),
+        ] {
+            let error = Workbook::parse(&text).unwrap_err().to_string();
+            assert!(error.starts_with(&format!("it has {found}, and this `cargo xtask` reads format_version 2")), "{error}");
+        }
     }
 
     #[test]
@@ -303,8 +379,7 @@ mistakes = []
 
     #[test]
     fn typos_in_field_names_are_rejected() {
-        let text =
-            "[[phase]]\nnumber = 1\ntitle = \"t\"\nsummary = \"s\"\n[[exercise]]\nnumbr = 1\n";
-        assert!(Workbook::parse(text).is_err());
+        let text = minimal("[\"f\"]").replace("number = 1\ntitle = \"Checkpoints\"", "numbr = 1\ntitle = \"Checkpoints\"");
+        assert!(Workbook::parse(&text).unwrap_err().to_string().contains("numbr"));
     }
 }

@@ -1,7 +1,8 @@
 //! The learner's last known progress, kept in a small plain-text file.
 //!
-//! `.workbook-progress` at the repository root holds one line per exercise,
-//! e.g. `05 done`. `check`, `next`, `list` and `reset` rewrite it; `list
+//! `.workbook-progress` at the repository root holds a `format` line and one
+//! line per exercise, e.g. `05 done`. A file without the format line is from
+//! before it existed and reads the same; one from a newer format is ignored. `check`, `next`, `list` and `reset` rewrite it; `list
 //! --quick` reads it instead of running the tests. It is only a record:
 //! deleting it loses nothing that the tests cannot tell again.
 
@@ -12,6 +13,9 @@ use anyhow::{Context, Result};
 
 /// The file's name, relative to the repository root.
 pub const PROGRESS_FILE: &str = ".workbook-progress";
+
+/// The layout this tool writes (its `format` line).
+const FORMAT: u32 = 2;
 
 const HEADER: &str =
     "# Last known state of each exercise, written by `cargo xtask` (check, next, list, reset).\n\
@@ -85,6 +89,10 @@ impl Progress {
     }
 
     fn parse(text: &str) -> Self {
+        let format = text.lines().find_map(|line| line.trim().strip_prefix("format ")?.trim().parse::<u32>().ok());
+        if format.is_some_and(|format| format > FORMAT) {
+            return Self::default(); // written by a newer tool: only a cache, so start afresh
+        }
         let entries = text
             .lines()
             .filter(|line| !line.starts_with('#'))
@@ -96,7 +104,7 @@ impl Progress {
     }
 
     fn render(&self) -> String {
-        let mut text = HEADER.to_string();
+        let mut text = format!("{HEADER}format {FORMAT}\n");
         for (number, state) in &self.0 {
             text.push_str(&format!("{number:02} {}\n", state.word()));
         }
@@ -129,5 +137,12 @@ mod tests {
         assert_eq!(progress.get(3), Some(State::Done));
         assert_eq!(progress.get(4), None);
         assert_eq!(progress.get(6), Some(State::Unchecked));
+    }
+
+    #[test]
+    fn reads_files_from_before_the_format_line_and_ignores_newer_ones() {
+        assert_eq!(Progress::parse("03 done\n").get(3), Some(State::Done));
+        assert_eq!(Progress::parse("format 2\n03 done\n").get(3), Some(State::Done));
+        assert_eq!(Progress::parse("format 3\n03 done\n"), Progress::default());
     }
 }

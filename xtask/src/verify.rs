@@ -7,16 +7,16 @@
 
 use std::collections::BTreeSet;
 use std::io::ErrorKind;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::grading::{graded_exercise, phase_check, Outcome, Runner, TestRun, TEST_BINARY};
-use crate::metadata::Exercise;
+use crate::metadata::{self, Exercise};
+use crate::registry;
 use crate::render::{bold, green, indented, red};
 use crate::stub;
 use crate::workspace::Workspace;
 
-const SUMMARY: &str = "guide/src/SUMMARY.md";
 const MIN_MISTAKES: usize = 3;
 
 pub fn verify(ws: &Workspace) -> anyhow::Result<bool> {
@@ -95,22 +95,59 @@ fn metadata(ws: &Workspace, tally: &mut Tally) {
             )
         });
     }
-    let summary = ws.read(Path::new(SUMMARY));
-    tally.check(summary.is_ok(), || format!("{SUMMARY} does not exist"));
-    let summary = summary.unwrap_or_default();
     for (index, exercise) in workbook.exercises.iter().enumerate() {
-        exercise_entry(ws, index, exercise, &summary, tally);
+        exercise_entry(ws, index, exercise, tally);
+    }
+    match registry::stale(ws) {
+        Ok(stale) => {
+            for file in stale {
+                tally.check(false, || {
+                    format!("{} does not agree with info.toml: run `cargo xtask update`", file.path.display())
+                });
+            }
+        }
+        Err(error) => tally.check(false, || format!("{error:#}")),
+    }
+    only_exercise_files(ws, tally);
+}
+
+/// `exercises/` holds the learner's files and info.toml, `solutions/` the same
+/// files with bodies: anything else there is a leftover.
+fn only_exercise_files(ws: &Workspace, tally: &mut Tally) {
+    let mut expected: BTreeSet<PathBuf> = [PathBuf::from(metadata::INFO_FILE)].into();
+    for exercise in &ws.workbook.exercises {
+        expected.insert(exercise.file.clone());
+        expected.extend(exercise.solution_file().ok());
+    }
+    for folder in ["exercises", "solutions"] {
+        for file in files_under(&ws.root, Path::new(folder)) {
+            tally.check(expected.contains(&file), || {
+                format!(
+                    "{} is not an exercise named in info.toml: {folder}/ holds only the exercise files",
+                    file.display()
+                )
+            });
+        }
     }
 }
 
+/// Every file under `dir` (relative to `root`), as paths relative to `root`.
+fn files_under(root: &Path, dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(root.join(dir)) else { return vec![] };
+    let mut files = vec![];
+    for entry in entries.flatten() {
+        let path = dir.join(entry.file_name());
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            files.extend(files_under(root, &path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}
+
 /// One `[[exercise]]` entry (the `index`-th) against the files it names.
-fn exercise_entry(
-    ws: &Workspace,
-    index: usize,
-    exercise: &Exercise,
-    summary: &str,
-    tally: &mut Tally,
-) {
+fn exercise_entry(ws: &Workspace, index: usize, exercise: &Exercise, tally: &mut Tally) {
     let workbook = &ws.workbook;
     let n = exercise.number;
     tally.check(n as usize == index + 1, || {
@@ -149,11 +186,11 @@ fn exercise_entry(
         &format!("exercise {n}: its guide chapter"),
         tally,
     );
-    let link = exercise.chapter.to_string_lossy().replace('\\', "/");
-    tally.check(
-        summary.contains(&format!("]({link})")) || summary.contains(&format!("](./{link})")),
-        || format!("exercise {n}: {SUMMARY} does not link its chapter `{link}`"),
-    );
+    let heading = format!("# Exercise {n}: {}", exercise.title);
+    let first_line = ws.read(&chapter).ok().and_then(|text| text.lines().next().map(str::to_string));
+    tally.check(first_line.as_deref().is_none_or(|line| line == heading), || {
+        format!("exercise {n}: {} opens with {first_line:?}, not with the title in info.toml: {heading:?}", chapter.display())
+    });
     tally.check(!exercise.hint.trim().is_empty(), || {
         format!("exercise {n}: the hint is empty")
     });

@@ -15,7 +15,7 @@ use clap::Parser;
 use trainer::config::RunConfig;
 use trainer::run::workbook_root;
 use workbook::distributed::{spawn, Collective};
-use workbook::fsdp::{FsdpConfig, FsdpTrainer, Precision, ShardingPlan, ShardingStrategy};
+use workbook::parallel::fsdp::{FsdpTrainer, Precision, ShardingPlan};
 use workbook::{init_params, InitRng};
 
 #[derive(Parser)]
@@ -49,19 +49,13 @@ fn run(args: Args) -> Result<()> {
     let config = RunConfig::load(&workbook_root(), &args.model_size)?;
     let precision: Precision = args.precision.parse().map_err(anyhow::Error::msg)?;
     let plan = ShardingPlan::zero(args.stage.min(3));
-    let strategy = match args.stage {
-        0 => ShardingStrategy::NoShard,
-        3 => ShardingStrategy::FullShard,
-        _ => ShardingStrategy::ShardGradOp,
-    };
-    let fsdp = FsdpConfig { sharding: strategy, precision };
     let model = config.model.clone();
     let seq_len = args.seq_len.min(model.max_seq_len);
     trainer::set_kernel_threads(args.nproc, std::env::var_os("RAYON_NUM_THREADS").is_some());
     let mut ranks = spawn(args.nproc, |pg| {
         let params = init_params(&model, 0, &Device::Cpu)?;
         let num_params = params.num_params();
-        let mut trainer = FsdpTrainer::with_plan(&model, params, config.train_config(false), fsdp, plan, Box::new(pg))?;
+        let mut trainer = FsdpTrainer::with_plan(&model, params, config.train_config(false), plan, precision, Box::new(pg))?;
         let mut rng = InitRng::from_seed(trainer.process_group().rank() as u64);
         let mut seconds = 0.0;
         for step in 0..args.steps {

@@ -16,7 +16,7 @@ use trainer::run::{open_dataset, peak_memory_mib, train, workbook_root, RunOptio
 use trainer::strategy::Strategy;
 use workbook::data::{DataConfig, DatasetKind, SAMPLE_PATH};
 use workbook::distributed::{DistEnv, DEFAULT_TIMEOUT};
-use workbook::fsdp::FsdpConfig;
+use workbook::parallel::fsdp::FsdpConfig;
 
 /// Train a GPT. Defaults come from configs/<model-size>.toml; flags override them.
 #[derive(Parser)]

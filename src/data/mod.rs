@@ -11,7 +11,6 @@
 //! - [`token_file`]: the tokens saved beside the text and memory-mapped.
 //! - [`dataset`]: `dummy`, `tinystories` or `openwebtext`, as numbered windows.
 //! - [`sampler`]: which windows each rank reads, epoch after epoch, resumable.
-//! - [`sample_stories`]: the generator of the bundled `datasets/tinystories_sample.txt`.
 //!
 //! ```no_run
 //! use std::path::Path;
@@ -27,14 +26,12 @@
 
 pub mod dataset;
 pub mod documents;
-pub mod sample_stories;
 pub mod sampler;
 pub mod token_file;
 pub mod tokenizer;
 
-pub use dataset::{DataConfig, Dataset, DatasetKind, DUMMY_WINDOWS};
+pub use dataset::{DataConfig, Dataset, DatasetKind, DUMMY_WINDOWS, SAMPLE_PATH};
 pub use documents::{encode_documents, DEFAULT_CHUNK_BYTES};
-pub use sample_stories::{generate_stories, SAMPLE_COUNT, SAMPLE_PATH, SAMPLE_SEED};
 pub use sampler::{DistributedSampler, SamplerState};
 pub use token_file::{Progress, TokenFile};
 pub use tokenizer::{Tokenizer, END_OF_TEXT};

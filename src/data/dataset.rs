@@ -19,6 +19,11 @@ use serde::{Deserialize, Serialize};
 use super::token_file::{Progress, TokenFile};
 use super::tokenizer::Tokenizer;
 
+/// The bundled stories, relative to the workbook's root: `--dataset tinystories`
+/// reads them until the real file is downloaded. `cargo xtask sample-stories`
+/// writes them.
+pub const SAMPLE_PATH: &str = "datasets/tinystories_sample.txt";
+
 /// What to tell a learner whose data file is not there yet.
 const DOWNLOAD_HINT: &str = "download it with the commands in datasets/README.md, or use --dataset dummy";
 

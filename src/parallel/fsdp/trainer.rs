@@ -22,6 +22,7 @@
 //! PyTorch, where the root is not resharded after forward.
 
 use std::collections::HashMap;
+use std::path::Path;
 
 use candle_core::backprop::GradStore;
 use candle_core::{bail, DType, Module, Result, Tensor, Var};
@@ -33,14 +34,15 @@ use super::{
     FlatLayout, FlatView, LocalState, LossScaler, MemoryLedger, MixedPrecisionPolicy, Precision, ShardedUnit, ShardingPlan,
     ShardingStrategy, StepLedger,
 };
-use crate::autograd::{accumulate, vjp};
-use crate::memory::held_after;
+use crate::autograd::{accumulate, clip_factor, sum_of_squares, vjp};
 use crate::distributed::{ProcessGroup, ReduceOp};
+use crate::memory::held_after;
 use crate::model::{Block, GptConfig, Outer, ParamStore, RotaryCache};
 use crate::phase1_model::next_token_loss;
 use crate::phase2_training::build_optimizer;
 use crate::phase3_fsdp::{mixed_precision_policy, sharding_plan, wrap_policy};
-use crate::train::{broadcast_parameters, clip_factor, sum_of_squares, DataPosition, StepStats, TrainConfig, TrainerState};
+use crate::parallel::ddp::broadcast_parameters;
+use crate::train::{DataPosition, StepCounters, StepStats, Train, TrainConfig, TrainerState};
 
 /// How a run shards and which precision it computes in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -52,16 +54,13 @@ pub struct FsdpConfig {
 pub struct FsdpTrainer {
     /// The units, root first, then one per block.
     pub units: Vec<ShardedUnit>,
+    /// What is sharded. The strategy it came from is not kept: ZeRO stage 1
+    /// has none of its own.
     pub plan: ShardingPlan,
+    pub precision: Precision,
     pub policy: MixedPrecisionPolicy,
     pub config: TrainConfig,
-    pub fsdp: FsdpConfig,
-    /// Optimizer steps taken so far (skipped ones included).
-    pub step: usize,
-    /// AdamW updates applied (t in its bias corrections).
-    pub optimizer_steps: u64,
-    /// Updates skipped because a gradient overflowed.
-    pub skipped_steps: u64,
+    pub counters: StepCounters,
     /// Dynamic loss scaling, when the policy asks for it.
     pub scaler: Option<LossScaler>,
     model_config: GptConfig,
@@ -87,7 +86,7 @@ impl FsdpTrainer {
         fsdp: FsdpConfig,
         pg: Box<dyn ProcessGroup>,
     ) -> Result<Self> {
-        Self::with_plan(model_config, params, config, fsdp, sharding_plan(fsdp.sharding), pg)
+        Self::with_plan(model_config, params, config, sharding_plan(fsdp.sharding), fsdp.precision, pg)
     }
 
     /// Shards `params` by `plan`, which may be any ZeRO stage, including
@@ -96,8 +95,8 @@ impl FsdpTrainer {
         model_config: &GptConfig,
         params: ParamStore,
         config: TrainConfig,
-        fsdp: FsdpConfig,
         plan: ShardingPlan,
+        precision: Precision,
         pg: Box<dyn ProcessGroup>,
     ) -> Result<Self> {
         if config.grad_accum_steps == 0 {
@@ -106,7 +105,7 @@ impl FsdpTrainer {
         model_config.validate()?;
         params.check_matches(model_config)?;
         plan.validate()?;
-        let policy = mixed_precision_policy(fsdp.precision);
+        let policy = mixed_precision_policy(precision);
         let units = wrap_policy(model_config);
         check_units(model_config, &units)?;
         broadcast_parameters(pg.as_ref(), &params)?;
@@ -133,12 +132,10 @@ impl FsdpTrainer {
         Ok(Self {
             units,
             plan,
+            precision,
             policy,
             config,
-            fsdp,
-            step: 0,
-            optimizer_steps: 0,
-            skipped_steps: 0,
+            counters: StepCounters::default(),
             scaler: policy.loss_scaling.then(LossScaler::default),
             model_config: model_config.clone(),
             rotary,
@@ -168,8 +165,9 @@ impl FsdpTrainer {
 
     /// Everything besides tensors that a checkpoint of this trainer records.
     pub fn trainer_state(&self, data: Option<DataPosition>) -> TrainerState {
-        let mut state = TrainerState::new(self.step, self.optimizer_steps, self.model_config.clone(), self.config, data);
-        state.fsdp = Some(self.fsdp);
+        let StepCounters { step, optimizer_steps, .. } = self.counters;
+        let mut state = TrainerState::new(step, optimizer_steps, self.model_config.clone(), self.config, data);
+        state.layout = Some(self.layout());
         state
     }
 
@@ -183,8 +181,8 @@ impl FsdpTrainer {
 
     /// Takes up the counters of a checkpoint's state.
     pub fn restore_counters(&mut self, state: &TrainerState) {
-        self.step = state.step;
-        self.optimizer_steps = state.optimizer_steps;
+        self.counters.step = state.step;
+        self.counters.optimizer_steps = state.optimizer_steps;
     }
 
     /// One optimizer step over `micro_batches` (each (B, T) token ids), as
@@ -214,19 +212,19 @@ impl FsdpTrainer {
         if let Some(scaler) = &mut self.scaler {
             scaler.update(overflowed);
         }
-        let lr = self.config.schedule.lr(self.step);
+        let lr = self.config.schedule.lr(self.counters.step);
         if overflowed {
-            self.skipped_steps += 1;
+            self.counters.skipped_steps += 1;
         } else {
             if let Some(factor) = clip_factor(grad_norm, self.config.max_grad_norm) {
                 grads = grads.iter().map(|g| g * factor).collect::<Result<_>>()?;
             }
-            self.optimizer_steps += 1;
+            self.counters.optimizer_steps += 1;
             for (unit, grad) in self.units.iter_mut().zip(&grads) {
-                unit.step(grad, lr, self.optimizer_steps, &self.config.optimizer.adamw, self.pg.as_ref(), &self.policy)?;
+                unit.step(grad, lr, self.counters.optimizer_steps, &self.config.optimizer.adamw, self.pg.as_ref(), &self.policy)?;
             }
         }
-        self.step += 1;
+        self.counters.step += 1;
         for unit in &self.units {
             let (params, master, optimizer) = unit.held_bytes();
             memory.params += params;
@@ -377,5 +375,30 @@ fn take(grads: &mut GradStore, tensor: &Tensor, what: &str) -> Result<Tensor> {
     match grads.remove(tensor) {
         Some(g) => Ok(g.detach()),
         None => bail!("no gradient reached {what}: the loss does not depend on it"),
+    }
+}
+
+/// The loop's view of the sharded trainer: its checkpoints are exercise 15.
+impl Train for FsdpTrainer {
+    fn train_step(&mut self, micro_batches: &[Tensor]) -> Result<StepStats> {
+        FsdpTrainer::train_step(self, micro_batches)
+    }
+    fn save_checkpoint(&self, dir: &Path, data: Option<DataPosition>) -> Result<()> {
+        FsdpTrainer::save_checkpoint(self, dir, data)
+    }
+    fn load_checkpoint(&mut self, dir: &Path) -> Result<Option<DataPosition>> {
+        FsdpTrainer::load_checkpoint(self, dir)
+    }
+    fn counters(&self) -> StepCounters {
+        self.counters
+    }
+    fn process_group(&self) -> &dyn ProcessGroup {
+        self.pg.as_ref()
+    }
+    fn layout(&self) -> String {
+        format!("FSDP over {} ranks with {}, {} precision", self.pg.world_size(), self.plan.describe(), self.precision)
+    }
+    fn report(&self) -> Option<String> {
+        Some(format!("{}, {} units; rank 0's last step:\n{}", self.layout(), self.units.len(), self.ledger()))
     }
 }

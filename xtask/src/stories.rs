@@ -15,6 +15,11 @@
 //! lines, and a `<|endoftext|>` line after each story. The generator has its own
 //! tiny random number generator so the committed file never changes with a
 //! `rand` upgrade; a test regenerates the file and checks it byte for byte.
+//! `cargo xtask sample-stories` writes the file again after the grammar changes.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
 
 /// Where the bundled sample lives, relative to the workbook's root.
 pub const SAMPLE_PATH: &str = "datasets/tinystories_sample.txt";
@@ -34,6 +39,15 @@ pub fn generate_stories(seed: u64, count: usize) -> String {
         out.push_str("\n<|endoftext|>\n");
     }
     out
+}
+
+/// `cargo xtask sample-stories`: writes the bundled sample under `root`.
+pub fn write_sample(root: &Path) -> Result<()> {
+    let path = root.join(SAMPLE_PATH);
+    std::fs::write(&path, generate_stories(SAMPLE_SEED, SAMPLE_COUNT))
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    println!("wrote {SAMPLE_COUNT} stories to {SAMPLE_PATH}");
+    Ok(())
 }
 
 /// SplitMix64: a few lines, fully specified, good enough to pick words.
@@ -711,5 +725,33 @@ fn capitalize(s: &str) -> String {
     match chars.next() {
         Some(c) => c.to_uppercase().chain(chars).collect(),
         None => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The committed sample is exactly what its generator makes.
+    #[test]
+    fn bundled_sample_equals_its_generator_output() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let committed = std::fs::read_to_string(root.join(SAMPLE_PATH))
+            .unwrap_or_else(|e| panic!("cannot read {SAMPLE_PATH}: {e}; restore it with `git checkout datasets`"));
+        assert!(
+            committed == generate_stories(SAMPLE_SEED, SAMPLE_COUNT),
+            "{SAMPLE_PATH} differs from generate_stories({SAMPLE_SEED}, {SAMPLE_COUNT}); if the generator \
+             changed on purpose, write it again with `cargo xtask sample-stories`"
+        );
+    }
+
+    #[test]
+    fn stories_follow_the_tinystories_format() {
+        let text = generate_stories(SAMPLE_SEED, 50);
+        let stories: Vec<&str> = text.split("\n<|endoftext|>\n").collect();
+        assert_eq!(stories.len(), 51, "50 stories, each followed by an <|endoftext|> line");
+        assert_eq!(stories[50], "");
+        assert!(stories[..50].iter().all(|s| s.starts_with("Once upon a time") || s.starts_with("There was once")));
+        assert_ne!(generate_stories(SAMPLE_SEED + 1, 50), text);
     }
 }

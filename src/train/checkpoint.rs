@@ -23,7 +23,6 @@ use serde::{Deserialize, Serialize};
 
 use super::TrainConfig;
 use crate::data::{DataConfig, SamplerState};
-use crate::fsdp::FsdpConfig;
 use crate::model::GptConfig;
 
 const MODEL_FILE: &str = "model.safetensors";
@@ -43,10 +42,12 @@ pub struct TrainerState {
     pub train: TrainConfig,
     /// Which data, and where its stream stood, so a resumed run reads on from there.
     pub data: Option<DataPosition>,
-    /// How an FSDP run sharded and which precision it used; `None` for DDP.
-    /// A checkpoint holds whole tensors either way, so either trainer reads it.
+    /// How the run that wrote it split the work across ranks, in words
+    /// ([`Train::layout`](super::Train::layout)); `None` when its trainer
+    /// does not say (exercise 11's). A checkpoint holds whole tensors either
+    /// way, so either trainer reads it.
     #[serde(default)]
-    pub fsdp: Option<FsdpConfig>,
+    pub layout: Option<String>,
 }
 
 /// The data a run reads and how far it has read: the dataset, tokenizer and
@@ -67,7 +68,7 @@ pub struct Checkpoint {
 
 impl TrainerState {
     pub fn new(step: usize, optimizer_steps: u64, model: GptConfig, train: TrainConfig, data: Option<DataPosition>) -> Self {
-        Self { format_version: FORMAT_VERSION, step, optimizer_steps, model, train, data, fsdp: None }
+        Self { format_version: FORMAT_VERSION, step, optimizer_steps, model, train, data, layout: None }
     }
 }
 

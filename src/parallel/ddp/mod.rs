@@ -12,10 +12,13 @@
 //! Buckets are filled in parameter-name order, which is the same on every rank:
 //! all ranks must issue the same collectives in the same order.
 
-use candle_core::{Result, Tensor};
+mod comm;
 
-use super::Gradients;
-use crate::distributed::{ProcessGroup, ReduceOp, SingleProcess};
+use candle_core::Result;
+
+pub use comm::{average_in_buckets, broadcast_parameters};
+use crate::autograd::Gradients;
+use crate::distributed::{ProcessGroup, SingleProcess};
 use crate::model::ParamStore;
 
 /// PyTorch DDP's default bucket size.
@@ -63,49 +66,12 @@ impl Ddp {
     /// after the last micro-batch's backward.
     pub fn sync_gradients(&mut self, grads: &mut Gradients) -> Result<()> {
         self.syncs += 1;
-        if self.pg.world_size() == 1 {
-            return Ok(());
-        }
-        for bucket in self.buckets(grads) {
-            let flat: Vec<Tensor> = bucket.iter().map(|(_, g)| g.flatten_all()).collect::<Result<_>>()?;
-            let averaged = self.pg.all_reduce(&Tensor::cat(&flat, 0)?, ReduceOp::Avg)?;
-            let mut offset = 0;
-            for (name, grad) in bucket {
-                let n = grad.elem_count();
-                grads.insert(&name, averaged.narrow(0, offset, n)?.reshape(grad.shape())?);
-                offset += n;
-            }
-        }
-        Ok(())
+        average_in_buckets(self.pg.as_ref(), grads, self.bucket_bytes)
     }
 
     /// How many times [`Ddp::sync_gradients`] ran: one per optimizer step when accumulation is right.
     pub fn syncs(&self) -> u64 {
         self.syncs
     }
-
-    /// Consecutive gradients, in name order, grouped into buckets of at most `bucket_bytes`
-    /// (a single gradient larger than that gets a bucket of its own).
-    fn buckets(&self, grads: &Gradients) -> Vec<Vec<(String, Tensor)>> {
-        let mut buckets: Vec<Vec<(String, Tensor)>> = vec![];
-        let mut filled = 0;
-        for (name, grad) in grads.iter() {
-            let bytes = grad.elem_count() * grad.dtype().size_in_bytes();
-            if buckets.is_empty() || filled + bytes > self.bucket_bytes {
-                buckets.push(vec![]);
-                filled = 0;
-            }
-            buckets.last_mut().expect("a bucket was just pushed").push((name.to_string(), grad.clone()));
-            filled += bytes;
-        }
-        buckets
-    }
 }
 
-/// Copies rank 0's parameters to every rank of `pg` (DDP and FSDP both start so).
-pub fn broadcast_parameters(pg: &dyn ProcessGroup, params: &ParamStore) -> Result<()> {
-    for (_, var) in params.iter() {
-        var.set(&pg.broadcast(var.as_tensor(), 0)?)?;
-    }
-    Ok(())
-}

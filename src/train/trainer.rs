@@ -1,10 +1,15 @@
 //! The trainer's state: model, parameters, optimizer, schedule, gradient buffer and
 //! data-parallel context. One optimizer step is exercise 10.
 
-use candle_core::{bail, Result};
+use std::path::Path;
+
+use candle_core::{bail, Result, Tensor};
 use serde::{Deserialize, Serialize};
 
-use super::{AdamW, Ddp, Gradients, LrSchedule, OptimizerConfig};
+use super::{AdamW, DataPosition, LrSchedule, OptimizerConfig, StepCounters, Train};
+use crate::autograd::Gradients;
+use crate::distributed::ProcessGroup;
+use crate::parallel::ddp::Ddp;
 use crate::model::{Gpt, GptConfig, ParamStore};
 use crate::phase2_training::build_optimizer;
 
@@ -66,5 +71,34 @@ impl Trainer {
             step: 0,
             config,
         })
+    }
+}
+
+/// The loop's view of the trainer: its step and checkpoints are exercises 10 and 11.
+impl Train for Trainer {
+    fn train_step(&mut self, micro_batches: &[Tensor]) -> Result<StepStats> {
+        Trainer::train_step(self, micro_batches)
+    }
+    fn save_checkpoint(&self, dir: &Path, data: Option<DataPosition>) -> Result<()> {
+        Trainer::save_checkpoint(self, dir, data)
+    }
+    fn load_checkpoint(&mut self, dir: &Path) -> Result<Option<DataPosition>> {
+        Trainer::load_checkpoint(self, dir)
+    }
+    fn counters(&self) -> StepCounters {
+        StepCounters {
+            step: self.step,
+            optimizer_steps: self.optimizer.steps(),
+            skipped_steps: self.optimizer.skipped_steps(),
+        }
+    }
+    fn process_group(&self) -> &dyn ProcessGroup {
+        self.ddp.process_group()
+    }
+    fn layout(&self) -> String {
+        format!("DDP over {} ranks", self.ddp.world_size())
+    }
+    fn report(&self) -> Option<String> {
+        None
     }
 }

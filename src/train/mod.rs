@@ -1,19 +1,18 @@
-//! Training machinery around exercises 8–11: gradients, the optimizer, the
-//! schedule, data parallelism and the trainer's state.
+//! Training machinery around exercises 8–11: the optimizer, the schedule,
+//! checkpoints and the trainer's state. Gradients by name are in
+//! [`crate::autograd`]; how ranks share the work, in [`crate::parallel`].
 
 mod adamw;
 mod checkpoint;
-mod ddp;
-mod gradients;
 mod optimizer;
 mod schedule;
+mod seam;
 mod trainer;
 
 pub use adamw::{AdamW, AdamWConfig, ParamGroup};
 pub(crate) use adamw::Moments;
 pub use checkpoint::{Checkpoint, DataPosition, TrainerState};
-pub use ddp::{broadcast_parameters, Ddp, DEFAULT_BUCKET_BYTES};
-pub use gradients::{clip_factor, sum_of_squares, Gradients};
 pub use optimizer::OptimizerConfig;
 pub use schedule::{CosineSchedule, LrSchedule, WsdSchedule};
+pub use seam::{StepCounters, Train};
 pub use trainer::{StepStats, TrainConfig, Trainer};

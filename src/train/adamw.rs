@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, HashMap};
 use candle_core::{bail, DType, Result, Tensor};
 use serde::{Deserialize, Serialize};
 
-use super::Gradients;
+use crate::autograd::Gradients;
 use crate::model::ParamStore;
 
 /// The hyper-parameters shared by every group.

@@ -77,6 +77,21 @@ impl ShardingPlan {
         [self.optimizer_state, self.grads, self.params].iter().filter(|&&sharded| sharded).count() as u8
     }
 
+    /// The plan in words, e.g. "ZeRO stage 2 (gradients and optimizer state sharded)".
+    pub fn describe(&self) -> String {
+        let sharded: Vec<&str> = [(self.params, "parameters"), (self.grads, "gradients"), (self.optimizer_state, "optimizer state")]
+            .into_iter()
+            .filter_map(|(sharded, what)| sharded.then_some(what))
+            .collect();
+        let what = match sharded.as_slice() {
+            [] => "nothing sharded".to_string(),
+            [one] => format!("{one} sharded"),
+            [first @ .., last] => format!("{} and {last} sharded", first.join(", ")),
+        };
+        let nodes = if self.replicate_across_nodes { " within each node, replicated across nodes" } else { "" };
+        format!("ZeRO stage {} ({what}{nodes})", self.zero_stage())
+    }
+
     /// Fails unless the plan is one of ZeRO's stages: sharding parameters
     /// needs sharded gradients, and those need sharded optimizer state.
     pub fn validate(&self) -> Result<()> {

@@ -1,0 +1,8 @@
+//! Autograd machinery candle does not ship: gradients kept by parameter name
+//! across backward passes, and recomputation for activation checkpointing.
+
+mod gradients;
+mod recompute;
+
+pub use gradients::{clip_factor, sum_of_squares, Gradients};
+pub use recompute::{accumulate, vjp, Recompute};

@@ -1,0 +1,42 @@
+//! # Distributed LLM training, by doing
+//!
+//! The library a learner completes. Each exercise is one function in
+//! `exercises/phase*/exNN_*.rs` whose body is a `todo!()`; everything around
+//! it is complete and lives here, in folders that follow the architecture:
+//!
+//! | module            | what it holds                                                        |
+//! |-------------------|----------------------------------------------------------------------|
+//! | [`model`]         | the Llama-style GPT: config, parameters, modules (exercises 1–7)     |
+//! | [`autograd`]      | gradients by name, recomputation for activation checkpointing        |
+//! | [`train`]         | optimizer, schedule, checkpoints, the trainer (exercises 8–11)       |
+//! | [`parallel`]      | how ranks share the work: [`parallel::ddp`], [`parallel::fsdp`] (12–15) |
+//! | [`distributed`]   | process groups and their backends, the launcher, `env://`           |
+//! | [`data`]          | tokenizer, token files, datasets, the distributed sampler            |
+//! | [`memory`]        | heap accounting per thread, allocator tuning                          |
+//!
+//! The exercise files are wired in as [`phase1_model`], [`phase2_training`]
+//! and [`phase3_fsdp`] (see `src/exercises.rs`). With `--features solutions`
+//! they are swapped for the reference bodies in `solutions/`, and the crate is
+//! a working reference implementation. Run `cargo xtask next` to see where to
+//! start.
+
+pub mod autograd;
+pub mod data;
+pub mod distributed;
+mod exercises;
+pub mod memory;
+pub mod model;
+pub mod parallel;
+pub mod train;
+
+pub use exercises::{phase1_model, phase2_training, phase3_fsdp};
+
+/// Fused CPU kernels with their own backward pass (the `workbook-kernels` crate in `kernels/`).
+pub use workbook_kernels as kernels;
+
+pub use autograd::Recompute;
+pub use model::{
+    init_params, param_specs, Block, CausalSelfAttention, ForwardPass, Gpt, GptConfig, InitRng,
+    Mlp, ParamKind, ParamSpec, ParamStore, RmsNorm, RotaryCache,
+};
+pub use phase1_model::{apply_rotary_pos_emb, causal_attention, init_parameter, rotate_half};

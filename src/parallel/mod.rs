@@ -1,0 +1,13 @@
+//! How ranks share the work of training one model.
+//!
+//! - [`ddp`]: every rank holds the whole model and averages gradients with the
+//!   others before each step (PyTorch's `DistributedDataParallel`).
+//! - [`fsdp`]: every rank holds a shard of the parameters, gradients and
+//!   optimizer state, and gathers what a unit needs just before using it
+//!   (PyTorch's `FullyShardedDataParallel`, the ZeRO stages).
+//!
+//! Each strategy keeps its communication in its own `comm` file; every
+//! collective goes through a [`ProcessGroup`](crate::distributed::ProcessGroup).
+
+pub mod ddp;
+pub mod fsdp;

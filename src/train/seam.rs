@@ -1,0 +1,39 @@
+//! The seam between a training loop and a trainer: what the loop needs,
+//! whichever way the ranks share the work.
+//!
+//! [`Trainer`](super::Trainer) (whole replicas, exercise 10's step) and
+//! [`FsdpTrainer`](crate::parallel::fsdp::FsdpTrainer) (sharded units)
+//! implement [`Train`]; the trainer binary's loop, its checkpoints and its
+//! reports see nothing else.
+
+use std::path::Path;
+
+use candle_core::{Result, Tensor};
+
+use super::{DataPosition, StepStats};
+use crate::distributed::ProcessGroup;
+
+/// How far a run has come, in one place.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StepCounters {
+    /// Optimizer steps taken, skipped ones included: the schedule's clock.
+    pub step: usize,
+    /// Updates applied: AdamW's `t` in its bias corrections.
+    pub optimizer_steps: u64,
+    /// Updates skipped because a gradient was not finite.
+    pub skipped_steps: u64,
+}
+
+/// What a training loop needs of a trainer.
+pub trait Train {
+    /// One optimizer step over `micro_batches`, each (B, T) token ids.
+    fn train_step(&mut self, micro_batches: &[Tensor]) -> Result<StepStats>;
+    fn save_checkpoint(&self, dir: &Path, data: Option<DataPosition>) -> Result<()>;
+    fn load_checkpoint(&mut self, dir: &Path) -> Result<Option<DataPosition>>;
+    fn counters(&self) -> StepCounters;
+    fn process_group(&self) -> &dyn ProcessGroup;
+    /// How the trainer splits the work across ranks, in words.
+    fn layout(&self) -> String;
+    /// What the run should print at its end about how it used memory and the network.
+    fn report(&self) -> Option<String>;
+}

@@ -1,0 +1,169 @@
+//! Carrying a learner's work over the workbook's own reorganisations.
+//!
+//! The exercise files never move, but the machinery they import from did:
+//! FSDP went from `crate::fsdp` to `crate::parallel::fsdp`, DDP and the
+//! gradient buffer left `crate::train`, and the FSDP trainer's step counters
+//! moved into one struct. A file finished before that no longer compiles.
+//! Every `cargo xtask` command first rewrites those paths in the learner's
+//! files (only the paths, never the logic) and says what it changed; the
+//! phase `mod.rs` files that used to sit in `exercises/` are removed.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+use crate::workspace::Workspace;
+
+/// Items that left `crate::train`, and the module each now lives in.
+const LEFT_TRAIN: [(&str, &str); 6] = [
+    ("Ddp", "parallel::ddp"),
+    ("broadcast_parameters", "parallel::ddp"),
+    ("DEFAULT_BUCKET_BYTES", "parallel::ddp"),
+    ("Gradients", "autograd"),
+    ("clip_factor", "autograd"),
+    ("sum_of_squares", "autograd"),
+];
+
+/// `FsdpTrainer`'s counters, now fields of its `counters`.
+const FSDP_COUNTERS: [&str; 3] = ["optimizer_steps", "skipped_steps", "step"];
+
+/// Rewrites the learner's files as described above and reports each change.
+pub fn carry_over(ws: &Workspace) -> Result<()> {
+    for exercise in &ws.workbook.exercises {
+        let path = ws.root.join(&exercise.file);
+        let Ok(source) = std::fs::read_to_string(&path) else { continue };
+        let migrated = migrate_source(&source);
+        if migrated != source {
+            std::fs::write(&path, &migrated).with_context(|| format!("cannot write {}", path.display()))?;
+            println!(
+                "{}: updated its imports to the workbook's new layout (FSDP is in crate::parallel::fsdp, \
+                 DDP in crate::parallel::ddp, Gradients in crate::autograd); nothing else changed",
+                exercise.file.display()
+            );
+        }
+    }
+    remove_old_phase_modules(ws)
+}
+
+/// The phase folders' `mod.rs` from before `src/exercises.rs` wired the files in.
+fn remove_old_phase_modules(ws: &Workspace) -> Result<()> {
+    let folders: std::collections::BTreeSet<&Path> =
+        ws.workbook.exercises.iter().filter_map(|e| e.file.parent()).collect();
+    for folder in folders {
+        let old = ws.root.join(folder).join("mod.rs");
+        let Ok(text) = std::fs::read_to_string(&old) else { continue };
+        if text.contains("#[cfg_attr(feature = \"solutions\", path") || text.contains("#[cfg_attr(\n    feature = \"solutions\"") {
+            std::fs::remove_file(&old).with_context(|| format!("cannot remove {}", old.display()))?;
+            println!("{}: removed; src/exercises.rs now wires the exercise files in", folder.join("mod.rs").display());
+        }
+    }
+    Ok(())
+}
+
+/// One file's source with the old paths replaced.
+pub fn migrate_source(source: &str) -> String {
+    let mut out = source.replace("crate::fsdp", "crate::parallel::fsdp");
+    for (item, module) in LEFT_TRAIN {
+        out = replace_word(&out, &format!("crate::train::{item}"), &format!("crate::{module}::{item}"));
+    }
+    out = split_train_imports(&out);
+    if out.contains("impl FsdpTrainer") {
+        for counter in FSDP_COUNTERS {
+            out = replace_word(&out, &format!("self.{counter}"), &format!("self.counters.{counter}"));
+        }
+    }
+    out
+}
+
+/// `use crate::train::{A, Ddp, B};` becomes `use crate::parallel::ddp::Ddp;`
+/// and `use crate::train::{A, B};`.
+fn split_train_imports(source: &str) -> String {
+    const PREFIX: &str = "use crate::train::{";
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(start) = rest.find(PREFIX) {
+        let Some(close) = rest[start..].find("};") else { break };
+        let list = &rest[start + PREFIX.len()..start + close];
+        if list.contains(['{', ':']) {
+            // A nested list: leave it for the compiler to point at.
+            out.push_str(&rest[..start + close + 2]);
+            rest = &rest[start + close + 2..];
+            continue;
+        }
+        let items: Vec<&str> = list.split(',').map(str::trim).filter(|i| !i.is_empty()).collect();
+        let moved = |item: &str| LEFT_TRAIN.iter().find(|(name, _)| *name == item).map(|(_, module)| *module);
+        let mut lines = vec![];
+        for (item, module) in items.iter().filter_map(|i| moved(i).map(|m| (*i, m))) {
+            lines.push(format!("use crate::{module}::{item};"));
+        }
+        let kept: Vec<&str> = items.iter().copied().filter(|i| moved(i).is_none()).collect();
+        match kept.as_slice() {
+            [] => {}
+            [one] => lines.push(format!("use crate::train::{one};")),
+            many => lines.push(format!("use crate::train::{{{}}};", many.join(", "))),
+        }
+        let indent = &rest[..start][rest[..start].rfind('\n').map_or(0, |n| n + 1)..];
+        out.push_str(&rest[..start]);
+        out.push_str(&lines.join(&format!("\n{indent}")));
+        rest = &rest[start + close + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Replaces `from` where it is not followed by an identifier character.
+fn replace_word(source: &str, from: &str, to: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(at) = rest.find(from) {
+        let after = &rest[at + from.len()..];
+        let whole = !after.starts_with(|c: char| c.is_alphanumeric() || c == '_');
+        out.push_str(&rest[..at]);
+        out.push_str(if whole { to } else { from });
+        rest = after;
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn moves_the_imports_of_a_finished_exercise_10() {
+        let before = "use candle_core::{bail, Result, Tensor};\n\nuse crate::train::{Gradients, StepStats, Trainer};\n\n\
+                      impl Trainer {\n    fn f(&self) { let g = crate::train::Gradients::default(); self.step; }\n}\n";
+        let after = migrate_source(before);
+        assert_eq!(
+            after,
+            "use candle_core::{bail, Result, Tensor};\n\nuse crate::autograd::Gradients;\nuse crate::train::{StepStats, Trainer};\n\n\
+             impl Trainer {\n    fn f(&self) { let g = crate::autograd::Gradients::default(); self.step; }\n}\n"
+        );
+        assert_eq!(migrate_source(&after), after, "migrating twice changes nothing");
+    }
+
+    #[test]
+    fn moves_fsdp_paths_and_counters_only_in_fsdp_trainer_files() {
+        let before = "use crate::fsdp::{FsdpTrainer, LocalState};\nuse crate::train::Ddp;\n\
+                      impl FsdpTrainer {\n    fn f(&self) -> bool { self.optimizer_steps > 0 && self.step > 1 && self.steps_x }\n}\n";
+        assert_eq!(
+            migrate_source(before),
+            "use crate::parallel::fsdp::{FsdpTrainer, LocalState};\nuse crate::parallel::ddp::Ddp;\n\
+             impl FsdpTrainer {\n    fn f(&self) -> bool { self.counters.optimizer_steps > 0 && self.counters.step > 1 && self.steps_x }\n}\n"
+        );
+    }
+
+    #[test]
+    fn leaves_current_files_alone() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        for folder in ["exercises", "solutions"] {
+            for phase in std::fs::read_dir(root.join(folder)).unwrap().flatten().filter(|e| e.path().is_dir()) {
+                for file in std::fs::read_dir(phase.path()).unwrap().flatten() {
+                    let source = std::fs::read_to_string(file.path()).unwrap();
+                    assert_eq!(migrate_source(&source), source, "{}", file.path().display());
+                }
+            }
+        }
+    }
+}

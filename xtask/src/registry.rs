@@ -1,0 +1,137 @@
+//! `update`: the lists that follow from info.toml, written from it so that they
+//! never drift. Each generated file (or region) says so in its first lines;
+//! `verify` fails while one is stale.
+//!
+//! - `src/exercises.rs`: the phase modules, each exercise file read from
+//!   `exercises/` or, with `--features solutions`, from `solutions/`;
+//! - `tests/graded/main.rs`, between its markers: one test module per exercise;
+//! - `guide/src/SUMMARY.md`: the guide's table of contents.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+
+use crate::metadata::{Chapter, Workbook};
+use crate::workspace::Workspace;
+
+const EXERCISES_RS: &str = "src/exercises.rs";
+const GRADED_MAIN: &str = "tests/graded/main.rs";
+const SUMMARY: &str = "guide/src/SUMMARY.md";
+const BEGIN: &str = "// BEGIN exercise modules: written by `cargo xtask update` from exercises/info.toml\n";
+const END: &str = "// END exercise modules\n";
+
+/// A generated file: where it goes and what it should hold.
+pub struct Generated {
+    pub path: PathBuf,
+    pub text: String,
+}
+
+/// Every generated file as info.toml says it should be now.
+pub fn generate(ws: &Workspace) -> Result<Vec<Generated>> {
+    let graded_main = ws.read(Path::new(GRADED_MAIN))?;
+    Ok(vec![
+        Generated { path: EXERCISES_RS.into(), text: exercises_rs(&ws.workbook)? },
+        Generated { path: GRADED_MAIN.into(), text: graded_main_rs(&ws.workbook, &graded_main)? },
+        Generated { path: SUMMARY.into(), text: summary_md(&ws.workbook) },
+    ])
+}
+
+/// The generated files whose content on disk differs from `generate`'s.
+pub fn stale(ws: &Workspace) -> Result<Vec<Generated>> {
+    Ok(generate(ws)?
+        .into_iter()
+        .filter(|g| ws.read(&g.path).ok().as_deref() != Some(g.text.as_str()))
+        .collect())
+}
+
+/// `cargo xtask update`: rewrites the stale files and says which.
+pub fn update(ws: &Workspace) -> Result<()> {
+    let stale = stale(ws)?;
+    for file in &stale {
+        let path = ws.root.join(&file.path);
+        std::fs::write(&path, &file.text).with_context(|| format!("cannot write {}", path.display()))?;
+        println!("wrote {}", file.path.display());
+    }
+    if stale.is_empty() {
+        println!("{EXERCISES_RS}, {GRADED_MAIN} and {SUMMARY} already agree with exercises/info.toml");
+    }
+    Ok(())
+}
+
+fn exercises_rs(workbook: &Workbook) -> Result<String> {
+    let mut out = String::from(
+        "//! The learner's exercise files, wired into the crate.\n\
+         //!\n\
+         //! Written by `cargo xtask update` from `exercises/info.toml`; edit that file,\n\
+         //! not this one. Each exercise module is read from `exercises/`, or with\n\
+         //! `--features solutions` from `solutions/`. Exercises are methods of the\n\
+         //! machinery's types or free functions; a phase module re-exports the latter.\n\
+         //! A shipped stub leaves its arguments unused, hence `allow(unused_variables)`.\n",
+    );
+    let mut phases = String::new();
+    for phase in &workbook.phases {
+        let exercises: Vec<_> = workbook.exercises_in(phase.number).collect();
+        let (Some(first), Some(last)) = (exercises.first(), exercises.last()) else { continue };
+        let (phase_module, _) = first.modules()?;
+        let numbers = if first.number == last.number {
+            format!("exercise {}", first.number)
+        } else {
+            format!("exercises {}–{}", first.number, last.number)
+        };
+        writeln!(phases, "\n/// Phase {}: {} ({numbers}).\npub mod {phase_module} {{", phase.number, phase.title)?;
+        for exercise in &exercises {
+            let (module_phase, module) = exercise.modules()?;
+            if module_phase != phase_module {
+                bail!(
+                    "exercise {} is in folder {module_phase}, the other exercises of phase {} in {phase_module}: \
+                     keep a phase's files in one folder",
+                    exercise.number,
+                    phase.number
+                );
+            }
+            let solution = exercise.solution_file()?;
+            out.push('\n');
+            // Paths are relative to src/, where this file lies.
+            for (cfg, file) in [("not(feature = \"solutions\")", &exercise.file), ("feature = \"solutions\"", &solution)] {
+                writeln!(out, "#[cfg_attr({cfg}, path = \"../{}\")]", slashes(file))?;
+            }
+            writeln!(out, "#[allow(unused_variables)]\nmod {module};")?;
+            for function in exercise.free_functions() {
+                writeln!(phases, "    pub use super::{module}::{function};")?;
+            }
+        }
+        phases.push_str("}\n");
+    }
+    out.push_str(&phases);
+    Ok(out)
+}
+
+fn graded_main_rs(workbook: &Workbook, current: &str) -> Result<String> {
+    let (Some(begin), Some(end)) = (current.find(BEGIN), current.find(END)) else {
+        bail!("{GRADED_MAIN} has lost its markers: put back the lines\n{BEGIN}{END}where its exercise modules go");
+    };
+    let modules: String = workbook.exercises.iter().map(|e| format!("mod {};\n", e.test_module())).collect();
+    Ok(format!("{}{BEGIN}{modules}{}", &current[..begin], &current[end..]))
+}
+
+fn summary_md(workbook: &Workbook) -> String {
+    let link = |indent: &str, title: &str, chapter: &Path| format!("{indent}[{title}]({})\n", slashes(chapter));
+    let item = |chapter: &Chapter, indent: &str| link(indent, &chapter.title, &chapter.chapter);
+    let mut out = String::from("# Summary\n\n<!-- Written by `cargo xtask update` from exercises/info.toml. -->\n\n");
+    out.extend(workbook.guide_front.iter().map(|c| item(c, "")));
+    for phase in &workbook.phases {
+        out.push_str(&format!("\n# Phase {}: {}\n\n", phase.number, phase.title));
+        out.push_str(&item(&phase.overview, "- "));
+        for exercise in workbook.exercises_in(phase.number) {
+            let title = format!("Exercise {}: {}", exercise.number, exercise.title);
+            out.push_str(&link("    - ", &title, &exercise.chapter));
+        }
+        out.extend(phase.after.iter().map(|c| item(c, "    - ")));
+    }
+    out
+}
+
+fn slashes(path: &Path) -> String {
+    path.to_string_lossy().replace('\\', "/")
+}
