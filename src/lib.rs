@@ -36,7 +36,7 @@ pub use workbook_kernels as kernels;
 
 pub use autograd::Recompute;
 pub use model::{
-    init_params, param_specs, Block, CausalSelfAttention, ForwardPass, Gpt, GptConfig, InitRng,
-    Mlp, ParamKind, ParamSpec, ParamStore, RmsNorm, RotaryCache,
+    init_params, param_specs, Block, CausalSelfAttention, ForwardPass, Gpt, GptConfig, InitRng, Mlp, ParamKind,
+    ParamSpec, ParamStore, RmsNorm, RotaryCache,
 };
 pub use phase1_model::{apply_rotary_pos_emb, causal_attention, init_parameter, rotate_half};

@@ -29,11 +29,6 @@ use candle_core::{Result, Tensor};
 /// - `q * cos` needs `broadcast_mul`: candle does not stretch (T, D) to (B, H, T, D) by itself.
 /// - Do not use `candle_nn::rotary_emb::rope`: it has no backward pass, and it
 ///   takes its cache in a different layout.
-pub fn apply_rotary_pos_emb(
-    q: &Tensor,
-    k: &Tensor,
-    cos: &Tensor,
-    sin: &Tensor,
-) -> Result<(Tensor, Tensor)> {
+pub fn apply_rotary_pos_emb(q: &Tensor, k: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<(Tensor, Tensor)> {
     todo!("Exercise 3: Rotary position embedding; run `cargo xtask hint 3`")
 }

@@ -27,8 +27,8 @@
 //! `torch.distributed.fsdp.wrap.transformer_auto_wrap_policy`.
 //! Guide: `guide/src/phase3/14-wrap-policy.md`. Test: `cargo test exercise_14`.
 
-use crate::parallel::fsdp::FsdpUnit;
 use crate::model::GptConfig;
+use crate::parallel::fsdp::FsdpUnit;
 
 /// The FSDP units of a model with `config`: the root unit first (named
 /// `ROOT_UNIT`), then one unit per block in layer order, named by

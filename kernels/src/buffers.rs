@@ -93,9 +93,7 @@ pub fn add_assign(dtype: DType, acc: &mut [u8], other: &[u8]) -> Result<()> {
         bail!("add_assign: buffers of {} and {} bytes", acc.len(), other.len());
     }
     match dtype {
-        DType::F32 => add_each::<4>(acc, other, |a, b| {
-            (f32::from_le_bytes(a) + f32::from_le_bytes(b)).to_le_bytes()
-        }),
+        DType::F32 => add_each::<4>(acc, other, |a, b| (f32::from_le_bytes(a) + f32::from_le_bytes(b)).to_le_bytes()),
         DType::BF16 => add_each::<2>(acc, other, |a, b| {
             let sum = bf16::from_le_bytes(a).to_f32() + bf16::from_le_bytes(b).to_f32();
             bf16::from_f32(sum).to_le_bytes()

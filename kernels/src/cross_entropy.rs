@@ -70,7 +70,13 @@ impl CustomOp2 for CrossEntropy {
     }
 
     /// d logits = (softmax(logits) − onehot(target)) · dloss / N; the targets get none.
-    fn bwd(&self, logits: &Tensor, targets: &Tensor, _loss: &Tensor, dloss: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    fn bwd(
+        &self,
+        logits: &Tensor,
+        targets: &Tensor,
+        _loss: &Tensor,
+        dloss: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let scale = dloss.to_dtype(DType::F32)?.to_scalar::<f32>()? / logits.dim(0)? as f32;
         Ok((Some(logits.apply_op2_no_bwd(targets, &CrossEntropyBackward { scale })?), None))
     }

@@ -60,11 +60,25 @@ fn product(m: usize, n: usize, k: usize, a: View, b: View, parallel: bool) -> Ve
     // out's capacity is m×n, and gemm has initialised all of it when set_len runs.
     unsafe {
         gemm::gemm(
-            m, n, k,
-            out.spare_capacity_mut().as_mut_ptr().cast::<f32>(), 1, n as isize, false,
-            a.values.as_ptr(), a.col_stride as isize, a.row_stride as isize,
-            b.values.as_ptr(), b.col_stride as isize, b.row_stride as isize,
-            0.0, 1.0, false, false, false, parallelism,
+            m,
+            n,
+            k,
+            out.spare_capacity_mut().as_mut_ptr().cast::<f32>(),
+            1,
+            n as isize,
+            false,
+            a.values.as_ptr(),
+            a.col_stride as isize,
+            a.row_stride as isize,
+            b.values.as_ptr(),
+            b.col_stride as isize,
+            b.row_stride as isize,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            parallelism,
         );
         out.set_len(m * n);
     }

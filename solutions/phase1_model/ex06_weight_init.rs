@@ -6,12 +6,7 @@ use crate::model::{GptConfig, InitRng, ParamKind, ParamSpec};
 
 const STD: f64 = 0.02;
 
-pub fn init_parameter(
-    spec: &ParamSpec,
-    config: &GptConfig,
-    rng: &mut InitRng,
-    device: &Device,
-) -> Result<Tensor> {
+pub fn init_parameter(spec: &ParamSpec, config: &GptConfig, rng: &mut InitRng, device: &Device) -> Result<Tensor> {
     let writes_to_residual =
         spec.name.ends_with("self_attn.o_proj.weight") || spec.name.ends_with("mlp.down_proj.weight");
     match spec.kind {

@@ -11,11 +11,7 @@ impl Gpt {
         let mut recompute = Recompute::default();
         let mut x = self.embed_tokens.forward(idx)?; // (B, T, C)
         for block in &self.blocks {
-            x = if self.activation_checkpointing {
-                recompute.checkpoint(block, &x)?
-            } else {
-                block.forward(&x)?
-            };
+            x = if self.activation_checkpointing { recompute.checkpoint(block, &x)? } else { block.forward(&x)? };
         }
         let x = self.norm.forward(&x)?;
         let logits = self.lm_head.forward(&x)?; // (B, T, V)

@@ -12,7 +12,13 @@ impl Trainer {
             let checkpoint = Checkpoint {
                 params: self.params.iter().map(|(name, var)| (name.to_string(), var.as_tensor().clone())).collect(),
                 optimizer: self.optimizer.state_tensors().into_iter().collect(),
-                state: TrainerState::new(self.step, self.optimizer.steps(), self.model.config().clone(), self.config, data),
+                state: TrainerState::new(
+                    self.step,
+                    self.optimizer.steps(),
+                    self.model.config().clone(),
+                    self.config,
+                    data,
+                ),
             };
             checkpoint.write(dir)?;
         }

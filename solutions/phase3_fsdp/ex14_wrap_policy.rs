@@ -1,7 +1,7 @@
 //! Reference solution of exercise 14: which modules become FSDP units.
 
-use crate::parallel::fsdp::{block_unit_name, FsdpUnit, ROOT_UNIT};
 use crate::model::{param_specs, GptConfig};
+use crate::parallel::fsdp::{block_unit_name, FsdpUnit, ROOT_UNIT};
 
 pub fn wrap_policy(config: &GptConfig) -> Vec<FsdpUnit> {
     let mut units: Vec<FsdpUnit> = std::iter::once(ROOT_UNIT.to_string())
@@ -9,7 +9,8 @@ pub fn wrap_policy(config: &GptConfig) -> Vec<FsdpUnit> {
         .map(|name| FsdpUnit { name, params: vec![] })
         .collect();
     for spec in param_specs(config) {
-        let block = (0..config.num_layers).find(|&layer| spec.name.starts_with(&format!("{}.", block_unit_name(layer))));
+        let block =
+            (0..config.num_layers).find(|&layer| spec.name.starts_with(&format!("{}.", block_unit_name(layer))));
         let unit = block.map_or(0, |layer| layer + 1);
         units[unit].params.push(spec.name);
     }

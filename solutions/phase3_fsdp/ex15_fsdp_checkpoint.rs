@@ -39,12 +39,16 @@ impl FsdpTrainer {
         let moments = MOMENTS.map(|kind| {
             let prefix = format!("{kind}.");
             let named = checkpoint.optimizer.iter();
-            named.filter_map(|(key, t)| Some((key.strip_prefix(&prefix)?.to_string(), t.clone()))).collect::<HashMap<_, _>>()
+            named
+                .filter_map(|(key, t)| Some((key.strip_prefix(&prefix)?.to_string(), t.clone())))
+                .collect::<HashMap<_, _>>()
         });
         for index in 0..self.units.len() {
             let unit = &self.units[index];
             let range = unit.local_range();
-            let mine = |named: &HashMap<String, Tensor>| unit.layout.flatten(named, unit.device())?.narrow(0, range.start, range.len());
+            let mine = |named: &HashMap<String, Tensor>| {
+                unit.layout.flatten(named, unit.device())?.narrow(0, range.start, range.len())
+            };
             let params = mine(&checkpoint.params)?;
             let [exp_avg, exp_avg_sq] = match checkpoint.state.optimizer_steps {
                 0 => [params.zeros_like()?, params.zeros_like()?],

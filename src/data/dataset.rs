@@ -43,8 +43,7 @@ pub enum DatasetKind {
 
 impl DatasetKind {
     /// Every dataset, in the order the error messages list them.
-    pub const ALL: [DatasetKind; 3] =
-        [DatasetKind::Dummy, DatasetKind::TinyStories, DatasetKind::OpenWebText];
+    pub const ALL: [DatasetKind; 3] = [DatasetKind::Dummy, DatasetKind::TinyStories, DatasetKind::OpenWebText];
 
     /// The name used on the command line.
     pub fn name(self) -> &'static str {
@@ -71,9 +70,10 @@ impl FromStr for DatasetKind {
 
     /// Parses `dummy`, `tinystories` or `openwebtext`.
     fn from_str(s: &str) -> Result<Self> {
-        DatasetKind::ALL.into_iter().find(|k| k.name() == s).ok_or_else(|| {
-            Error::msg(format!("unknown dataset `{s}`: choose dummy, tinystories or openwebtext"))
-        })
+        DatasetKind::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| Error::msg(format!("unknown dataset `{s}`: choose dummy, tinystories or openwebtext")))
     }
 }
 
@@ -121,11 +121,7 @@ impl fmt::Debug for Dataset {
             Tokens::Memory(_) => "random tokens".to_string(),
             Tokens::File(file) => file.path().display().to_string(),
         };
-        write!(
-            f,
-            "Dataset({source}: {} windows of {} {} tokens)",
-            self.num_windows, self.seq_len, self.tokenizer
-        )
+        write!(f, "Dataset({source}: {} windows of {} {} tokens)", self.num_windows, self.seq_len, self.tokenizer)
     }
 }
 

@@ -116,15 +116,13 @@ impl TokenFile {
     }
 
     fn map(path: &Path, header: Header, tokenizer: Tokenizer, tokenised_now: bool) -> Result<Self> {
-        let file =
-            File::open(path).map_err(|e| Error::msg(format!("cannot open {}: {e}", path.display())))?;
+        let file = File::open(path).map_err(|e| Error::msg(format!("cannot open {}: {e}", path.display())))?;
         // SAFETY: the map is read-only and the file is ours; a token file is
         // only ever replaced by renaming a new one over it, which leaves this
         // mapping on the old contents.
         let map = unsafe { Mmap::map(&file) }
             .map_err(|e| Error::msg(format!("cannot memory-map {}: {e}", path.display())))?;
-        let expected =
-            (HEADER_BYTES as u64).checked_add(header.len.saturating_mul(header.token_bytes as u64));
+        let expected = (HEADER_BYTES as u64).checked_add(header.len.saturating_mul(header.token_bytes as u64));
         if expected != Some(map.len() as u64) {
             return Err(corrupt(
                 path,
@@ -136,16 +134,8 @@ impl TokenFile {
                 ),
             ));
         }
-        let len =
-            usize::try_from(header.len).map_err(|_| corrupt(path, "too many tokens for this machine"))?;
-        Ok(Self {
-            path: path.to_owned(),
-            map,
-            tokenizer,
-            token_bytes: header.token_bytes,
-            len,
-            tokenised_now,
-        })
+        let len = usize::try_from(header.len).map_err(|_| corrupt(path, "too many tokens for this machine"))?;
+        Ok(Self { path: path.to_owned(), map, tokenizer, token_bytes: header.token_bytes, len, tokenised_now })
     }
 
     /// Where the token file is.
@@ -203,8 +193,7 @@ struct SourceStamp {
 
 impl SourceStamp {
     fn of(text: &Path) -> Result<Self> {
-        let meta =
-            fs::metadata(text).map_err(|e| Error::msg(format!("cannot read {}: {e}", text.display())))?;
+        let meta = fs::metadata(text).map_err(|e| Error::msg(format!("cannot read {}: {e}", text.display())))?;
         // A platform without modification times falls back to the length alone.
         let mtime = meta.modified().ok().and_then(|t| t.duration_since(UNIX_EPOCH).ok()).unwrap_or_default();
         Ok(Self { len: meta.len(), mtime_secs: mtime.as_secs(), mtime_nanos: mtime.subsec_nanos() })
@@ -244,10 +233,7 @@ impl Header {
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
         let token_bytes = u32_at(12) as usize;
         if token_bytes != 2 && token_bytes != 4 {
-            return Err(corrupt(
-                path,
-                &format!("its header gives {token_bytes} bytes per token, not 2 or 4"),
-            ));
+            return Err(corrupt(path, &format!("its header gives {token_bytes} bytes per token, not 2 or 4")));
         }
         let name = &b[48..48 + NAME_BYTES];
         let name = &name[..name.iter().position(|&c| c == 0).unwrap_or(NAME_BYTES)];
@@ -292,8 +278,7 @@ fn write_token_file(
         let input = File::open(text).map_err(|e| io_err("cannot read", text, e))?;
         let file = File::create(&tmp).map_err(|e| io_err("cannot create", &tmp, e))?;
         let mut out = BufWriter::new(file);
-        let mut header =
-            Header { version: VERSION, token_bytes, len: 0, source, tokenizer: tokenizer.name().into() };
+        let mut header = Header { version: VERSION, token_bytes, len: 0, source, tokenizer: tokenizer.name().into() };
         // A zeroed placeholder: a file left behind half-written has no magic.
         out.write_all(&[0u8; HEADER_BYTES]).map_err(|e| io_err("cannot write", &tmp, e))?;
         let mut bytes = Vec::new();

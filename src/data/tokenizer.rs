@@ -110,9 +110,7 @@ impl FromStr for Tokenizer {
     /// Parses `gpt2` or `bytes`.
     fn from_str(s: &str) -> Result<Self> {
         Tokenizer::ALL.into_iter().find(|t| t.name() == s).ok_or_else(|| {
-            Error::msg(format!(
-                "unknown tokenizer `{s}`: choose gpt2 (GPT-2 BPE, 50257 ids) or bytes (257 ids)"
-            ))
+            Error::msg(format!("unknown tokenizer `{s}`: choose gpt2 (GPT-2 BPE, 50257 ids) or bytes (257 ids)"))
         })
     }
 }

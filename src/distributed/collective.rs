@@ -159,13 +159,7 @@ pub(crate) fn combine(call: Call, inputs: &[Tensor]) -> Result<Outcome> {
             // NCCL gathers flat buffers: a scalar is one element, shape [1].
             let rows = inputs
                 .iter()
-                .map(|t| {
-                    if t.rank() == 0 {
-                        t.reshape(1)
-                    } else {
-                        Ok(t.clone())
-                    }
-                })
+                .map(|t| if t.rank() == 0 { t.reshape(1) } else { Ok(t.clone()) })
                 .collect::<Result<Vec<_>>>()?;
             Outcome::Everyone(Tensor::cat(&rows, 0)?)
         }
@@ -190,11 +184,7 @@ impl Outcome {
             Outcome::PerRank(parts) => &parts[rank],
             Outcome::Nothing => bail!("a barrier delivers no tensor (a bug in the backend)"),
         };
-        let own = if data.dtype() == input.dtype() {
-            data.force_contiguous()?
-        } else {
-            data.to_dtype(input.dtype())?
-        };
+        let own = if data.dtype() == input.dtype() { data.force_contiguous()? } else { data.to_dtype(input.dtype())? };
         Ok(own.to_device(input.device())?.detach())
     }
 }

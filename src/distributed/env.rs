@@ -92,9 +92,7 @@ impl DistEnv {
 /// Joins the job this process was started in (`init_process_group("gloo",
 /// init_method="env://")`), or returns `None` when it was not started as a rank.
 pub fn init_from_env() -> Result<Option<TcpProcessGroup>> {
-    DistEnv::from_env()?
-        .map(|env| TcpProcessGroup::init(&env.rendezvous()))
-        .transpose()
+    DistEnv::from_env()?.map(|env| TcpProcessGroup::init(&env.rendezvous())).transpose()
 }
 
 fn text(name: &str) -> Result<String> {
@@ -109,10 +107,7 @@ fn text(name: &str) -> Result<String> {
 
 fn number(name: &str) -> Result<usize> {
     let value = text(name)?;
-    value
-        .trim()
-        .parse()
-        .map_err(|_| candle_core::Error::Msg(format!("{name}=`{value}` is not a whole number")))
+    value.trim().parse().map_err(|_| candle_core::Error::Msg(format!("{name}=`{value}` is not a whole number")))
 }
 
 fn optional_number(name: &str) -> Result<Option<usize>> {

@@ -167,10 +167,8 @@ fn supervise(mut ranks: Vec<Rank>) -> i32 {
         for rank in ranks.iter_mut().filter(|r| r.status.is_none()) {
             rank.status = rank.child.try_wait().unwrap_or(None);
         }
-        let mut failed: Vec<(usize, ExitStatus)> = ranks
-            .iter()
-            .filter_map(|r| Some((r.rank, r.status.filter(|s| !s.success())?)))
-            .collect();
+        let mut failed: Vec<(usize, ExitStatus)> =
+            ranks.iter().filter_map(|r| Some((r.rank, r.status.filter(|s| !s.success())?))).collect();
         if !failed.is_empty() {
             // Ranks that failed since the last look: one killed by a signal
             // is the likelier cause of the others' errors.

@@ -101,13 +101,7 @@ impl NcclProcessGroup {
             .map_err(|e| nccl_error(&format!("rank {rank} joining the NCCL communicator"), e))?;
         // Every rank has read the id once ncclCommInitRank returns on rank 0,
         // so the store (dropped here) has done its work.
-        Ok(Self {
-            rank,
-            world_size,
-            device: device.clone(),
-            comm,
-            stats: RefCell::default(),
-        })
+        Ok(Self { rank, world_size, device: device.clone(), comm, stats: RefCell::default() })
     }
 
     /// Joins the job this process was started in on GPU `LOCAL_RANK`
@@ -182,9 +176,8 @@ impl NcclProcessGroup {
     {
         // Zeroed rather than left uninitialised: the memset costs little next
         // to the collective, and no path can hand back undefined memory.
-        let mut out: Option<CudaSlice<T>> = out_dims
-            .map(|dims| self.device.alloc_zeros::<T>(dims.iter().product()))
-            .transpose()?;
+        let mut out: Option<CudaSlice<T>> =
+            out_dims.map(|dims| self.device.alloc_zeros::<T>(dims.iter().product())).transpose()?;
         // The group may have moved to another thread since the last call.
         self.device.cuda_stream().context().bind_to_thread().w()?;
         let comm = &self.comm;
@@ -217,10 +210,7 @@ impl ProcessGroup for NcclProcessGroup {
     }
 
     fn properties(&self) -> Properties {
-        Properties {
-            rank_order_reduction: false,
-            detects_dead_peers: false,
-        }
+        Properties { rank_order_reduction: false, detects_dead_peers: false }
     }
 
     fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {

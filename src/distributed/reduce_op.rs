@@ -55,9 +55,6 @@ pub(crate) fn finish(sum: Tensor, op: ReduceOp, world_size: usize) -> Result<Ten
 pub(crate) fn check_reducible(collective: &str, dtype: DType) -> Result<()> {
     match dtype {
         DType::F32 | DType::BF16 | DType::F16 => Ok(()),
-        other => bail!(
-            "{collective} reduces f32, bf16 or f16 tensors, got {}: convert it first",
-            other.as_str()
-        ),
+        other => bail!("{collective} reduces f32, bf16 or f16 tensors, got {}: convert it first", other.as_str()),
     }
 }

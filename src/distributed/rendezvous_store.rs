@@ -40,11 +40,9 @@ impl Rendezvous {
 }
 
 fn resolve(master: &str) -> Result<SocketAddr> {
-    master
-        .to_socket_addrs()
-        .ok()
-        .and_then(|mut addrs| addrs.next())
-        .ok_or_else(|| Error::Msg(format!("cannot resolve the store address `{master}`: check MASTER_ADDR and MASTER_PORT")))
+    master.to_socket_addrs().ok().and_then(|mut addrs| addrs.next()).ok_or_else(|| {
+        Error::Msg(format!("cannot resolve the store address `{master}`: check MASTER_ADDR and MASTER_PORT"))
+    })
 }
 
 /// Every rank must have been started with the same WORLD_SIZE.

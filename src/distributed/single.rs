@@ -24,9 +24,7 @@ impl SingleProcess {
     /// Runs the collective on the one input there is.
     fn run(&self, call: Call, input: Option<&Tensor>) -> Result<Outcome> {
         call.check(input, 1)?;
-        self.stats
-            .borrow_mut()
-            .record(call.kind(), call.payload_bytes(input, 1));
+        self.stats.borrow_mut().record(call.kind(), call.payload_bytes(input, 1));
         let inputs: Vec<Tensor> = input.map(Tensor::detach).into_iter().collect();
         combine(call, &inputs)
     }
@@ -46,10 +44,7 @@ impl ProcessGroup for SingleProcess {
     }
 
     fn properties(&self) -> Properties {
-        Properties {
-            rank_order_reduction: true,
-            detects_dead_peers: true,
-        }
+        Properties { rank_order_reduction: true, detects_dead_peers: true }
     }
 
     fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {

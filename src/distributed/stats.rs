@@ -100,9 +100,7 @@ impl CommStats {
 /// One line per collective used, e.g. `all_reduce: 2 calls, 96 bytes`.
 impl fmt::Display for CommStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let used = Collective::ALL
-            .into_iter()
-            .filter(|&kind| self.calls(kind) > 0);
+        let used = Collective::ALL.into_iter().filter(|&kind| self.calls(kind) > 0);
         for (i, kind) in used.enumerate() {
             let (calls, bytes) = self.get(kind);
             let sep = if i == 0 { "" } else { "\n" };

@@ -38,9 +38,7 @@
 
 use std::collections::HashMap;
 use std::io::{self, ErrorKind, Read, Write};
-use std::net::{
-    IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs,
-};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -108,26 +106,15 @@ impl StoreServer {
     pub fn bind(addr: &str, token: &str) -> io::Result<StoreServer> {
         let listener = TcpListener::bind(addr).map_err(|e| {
             let hint = "is another job using MASTER_PORT? pick a free port";
-            io::Error::new(
-                e.kind(),
-                format!("cannot host the store at {addr}: {e}; {hint}"),
-            )
+            io::Error::new(e.kind(), format!("cannot host the store at {addr}: {e}; {hint}"))
         })?;
         let addr = listener.local_addr()?;
-        let shared = Arc::new(Shared {
-            token: token.as_bytes().to_vec(),
-            state: Mutex::default(),
-            changed: Condvar::new(),
-        });
+        let shared =
+            Arc::new(Shared { token: token.as_bytes().to_vec(), state: Mutex::default(), changed: Condvar::new() });
         let accepting = Arc::clone(&shared);
-        let accept = thread::Builder::new()
-            .name("store-accept".into())
-            .spawn(move || accept_loop(listener, accepting))?;
-        Ok(StoreServer {
-            addr,
-            shared,
-            accept: Some(accept),
-        })
+        let accept =
+            thread::Builder::new().name("store-accept".into()).spawn(move || accept_loop(listener, accepting))?;
+        Ok(StoreServer { addr, shared, accept: Some(accept) })
     }
 
     /// The address the store listens on, with the real port when bound to port 0.
@@ -182,13 +169,11 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             id
         };
         let serving = Arc::clone(&shared);
-        let spawned = thread::Builder::new()
-            .name("store-conn".into())
-            .spawn(move || {
-                // A stray or misbehaving client only loses its own connection.
-                let _ = serve(stream, &serving);
-                serving.lock().open.remove(&id);
-            });
+        let spawned = thread::Builder::new().name("store-conn".into()).spawn(move || {
+            // A stray or misbehaving client only loses its own connection.
+            let _ = serve(stream, &serving);
+            serving.lock().open.remove(&id);
+        });
         if spawned.is_err() {
             shared.lock().open.remove(&id);
         }
@@ -223,9 +208,7 @@ fn serve(mut stream: TcpStream, shared: &Shared) -> io::Result<()> {
 
 /// The reply to one request; `None` once the server is closing.
 fn handle(shared: &Shared, request: &[u8]) -> io::Result<Option<Vec<u8>>> {
-    let (&opcode, mut fields) = request
-        .split_first()
-        .ok_or_else(|| invalid("empty request"))?;
+    let (&opcode, mut fields) = request.split_first().ok_or_else(|| invalid("empty request"))?;
     match opcode {
         SET => {
             let key = take_key(&mut fields)?;
@@ -254,13 +237,10 @@ fn handle(shared: &Shared, request: &[u8]) -> io::Result<Option<Vec<u8>>> {
             let mut state = shared.lock();
             let old = match state.data.get(&key) {
                 None => Some(0),
-                Some(text) => std::str::from_utf8(text)
-                    .ok()
-                    .and_then(|t| t.parse::<i64>().ok()),
+                Some(text) => std::str::from_utf8(text).ok().and_then(|t| t.parse::<i64>().ok()),
             };
             let Some(new) = old.and_then(|old| old.checked_add(delta)) else {
-                let message =
-                    format!("key {key:?} does not hold an integer that can take {delta:+}");
+                let message = format!("key {key:?} does not hold an integer that can take {delta:+}");
                 return Ok(Some([&[ERROR], message.as_bytes()].concat()));
             };
             state.data.insert(key, new.to_string().into_bytes());
@@ -292,17 +272,12 @@ impl StoreClient {
     /// fail with [`ErrorKind::PermissionDenied`].
     pub fn connect(addr: &str, token: &str, timeout: Duration) -> io::Result<StoreClient> {
         if token.len() > MAX_TOKEN {
-            return Err(io::Error::new(
-                ErrorKind::InvalidInput,
-                "job token over 64 KiB",
-            ));
+            return Err(io::Error::new(ErrorKind::InvalidInput, "job token over 64 KiB"));
         }
         let started = Instant::now();
         let mut stream = loop {
             // Short attempts: a lost SYN to a host still booting should be retried soon.
-            let left = timeout
-                .saturating_sub(started.elapsed())
-                .clamp(RETRY_EVERY, Duration::from_secs(2));
+            let left = timeout.saturating_sub(started.elapsed()).clamp(RETRY_EVERY, Duration::from_secs(2));
             let attempt = addr.to_socket_addrs().and_then(|mut candidates| {
                 let target = candidates.next().ok_or(ErrorKind::NotFound)?;
                 TcpStream::connect_timeout(&target, left)
@@ -319,13 +294,7 @@ impl StoreClient {
         };
         stream.set_nodelay(true)?;
         write_frame(&mut stream, token.as_bytes())?;
-        Ok(StoreClient {
-            addr: addr.to_string(),
-            conn: Mutex::new(Conn {
-                stream,
-                broken: None,
-            }),
-        })
+        Ok(StoreClient { addr: addr.to_string(), conn: Mutex::new(Conn { stream, broken: None }) })
     }
 
     /// Sets `key` to `value`, waking every client waiting for it in [`get`](Self::get).
@@ -343,10 +312,7 @@ impl StoreClient {
             _ => {
                 let message = format!("key {key:?} was not set within {timeout:?}");
                 let hint = "did the rank that sets it fail?";
-                Err(io::Error::new(
-                    ErrorKind::TimedOut,
-                    format!("{message}: {hint}"),
-                ))
+                Err(io::Error::new(ErrorKind::TimedOut, format!("{message}: {hint}")))
             }
         }
     }
@@ -358,11 +324,7 @@ impl StoreClient {
         match self.request(&request, Duration::ZERO)? {
             (OK, value) => Ok(i64::from_le_bytes(take8(&mut &value[..])?)),
             (_, message) => {
-                let message = format!(
-                    "the store at {}: {}",
-                    self.addr,
-                    String::from_utf8_lossy(&message)
-                );
+                let message = format!("the store at {}: {}", self.addr, String::from_utf8_lossy(&message));
                 Err(io::Error::new(ErrorKind::InvalidInput, message))
             }
         }
@@ -419,13 +381,9 @@ impl StoreClient {
             .map_err(|e| self.explain(e, limit))
             .and_then(|mut reply| match reply.first() {
                 Some(&REFUSED) => {
-                    let message =
-                        format!("the store at {} refused this rank's job token", self.addr);
+                    let message = format!("the store at {} refused this rank's job token", self.addr);
                     let hint = "WORKBOOK_JOB_TOKEN differs from rank 0's; give every rank the same";
-                    Err(io::Error::new(
-                        ErrorKind::PermissionDenied,
-                        format!("{message}: {hint}"),
-                    ))
+                    Err(io::Error::new(ErrorKind::PermissionDenied, format!("{message}: {hint}")))
                 }
                 Some(_) => Ok((reply.remove(0), reply)),
                 None => Err(invalid("empty reply")),
@@ -447,10 +405,9 @@ impl StoreClient {
                 ErrorKind::ConnectionAborted,
                 "closed the connection: rank 0 (which hosts it) may have exited".to_string(),
             ),
-            ErrorKind::WouldBlock | ErrorKind::TimedOut => (
-                ErrorKind::TimedOut,
-                format!("did not answer within {limit:?}: is rank 0 alive?"),
-            ),
+            ErrorKind::WouldBlock | ErrorKind::TimedOut => {
+                (ErrorKind::TimedOut, format!("did not answer within {limit:?}: is rank 0 alive?"))
+            }
             kind => (kind, format!("failed: {e}")),
         };
         io::Error::new(kind, format!("the store at {addr} {message}"))
@@ -458,10 +415,7 @@ impl StoreClient {
 }
 
 fn invalid(what: &str) -> io::Error {
-    io::Error::new(
-        ErrorKind::InvalidData,
-        format!("store protocol violation: {what}"),
-    )
+    io::Error::new(ErrorKind::InvalidData, format!("store protocol violation: {what}"))
 }
 
 /// Writes one frame; `body` is at most `MAX_FRAME`, which the callers ensure.
@@ -477,9 +431,7 @@ fn read_frame(stream: &mut TcpStream, max: usize) -> io::Result<Vec<u8>> {
     stream.read_exact(&mut prefix)?;
     let len = u32::from_le_bytes(prefix) as usize;
     if len > max {
-        return Err(invalid(&format!(
-            "a frame of {len} bytes is over the limit of {max}"
-        )));
+        return Err(invalid(&format!("a frame of {len} bytes is over the limit of {max}")));
     }
     let mut body = Vec::new();
     stream.take(len as u64).read_to_end(&mut body)?;

@@ -1,10 +1,10 @@
 //! Multi-head causal self-attention: projections and head bookkeeping around
 //! exercises 3 (RoPE) and 5 (causal attention).
 
-use candle_core::{Module, Result, Tensor};
 use super::{Linear, RotaryCache};
 use crate::kernels::{merge_heads, split_heads};
 use crate::phase1_model::{apply_rotary_pos_emb, causal_attention};
+use candle_core::{Module, Result, Tensor};
 
 #[derive(Debug, Clone)]
 pub struct CausalSelfAttention {
@@ -17,11 +17,7 @@ pub struct CausalSelfAttention {
 }
 
 impl CausalSelfAttention {
-    pub fn new(
-        [q_proj, k_proj, v_proj, o_proj]: [Linear; 4],
-        num_heads: usize,
-        rotary: RotaryCache,
-    ) -> Self {
+    pub fn new([q_proj, k_proj, v_proj, o_proj]: [Linear; 4], num_heads: usize, rotary: RotaryCache) -> Self {
         Self { q_proj, k_proj, v_proj, o_proj, num_heads, rotary }
     }
 }

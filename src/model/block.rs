@@ -15,12 +15,7 @@ pub struct Block {
 
 impl Block {
     /// Block `layer` of a model, reading its weights from `params`.
-    pub fn new(
-        config: &GptConfig,
-        params: &dyn Weights,
-        layer: usize,
-        rotary: &RotaryCache,
-    ) -> Result<Self> {
+    pub fn new(config: &GptConfig, params: &dyn Weights, layer: usize, rotary: &RotaryCache) -> Result<Self> {
         let p = format!("model.layers.{layer}");
         let linear = |name: &str| params.linear(&format!("{p}.{name}"), config.bias);
         let norm = |name: &str| -> Result<RmsNorm> {

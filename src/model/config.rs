@@ -43,18 +43,15 @@ impl GptConfig {
         if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
             bail!("model config: {name} must be positive");
         }
-        if self.hidden_size % self.num_heads != 0 {
+        if !self.hidden_size.is_multiple_of(self.num_heads) {
             bail!(
                 "model config: hidden_size {} is not divisible by num_heads {}; pick sizes where C = H * D",
                 self.hidden_size,
                 self.num_heads
             );
         }
-        if self.head_dim() % 2 != 0 {
-            bail!(
-                "model config: the head dimension {} must be even for rotary embeddings",
-                self.head_dim()
-            );
+        if !self.head_dim().is_multiple_of(2) {
+            bail!("model config: the head dimension {} must be even for rotary embeddings", self.head_dim());
         }
         Ok(())
     }

@@ -28,9 +28,8 @@ impl Gpt {
         params.check_matches(config)?;
         let device = params.get("model.embed_tokens.weight")?.device().clone();
         let rotary = RotaryCache::new(config.head_dim(), config.max_seq_len, config.rope_theta, &device)?;
-        let blocks = (0..config.num_layers)
-            .map(|layer| Block::new(config, params, layer, &rotary))
-            .collect::<Result<_>>()?;
+        let blocks =
+            (0..config.num_layers).map(|layer| Block::new(config, params, layer, &rotary)).collect::<Result<_>>()?;
         let Outer { embed_tokens, norm, lm_head } = Outer::new(config, params)?;
         Ok(Self { config: config.clone(), embed_tokens, blocks, norm, lm_head, activation_checkpointing: false })
     }

@@ -2,8 +2,8 @@
 
 use std::collections::BTreeMap;
 
-use candle_core::{bail, DType, Result, Shape, Tensor, Var};
 use super::{GptConfig, Linear};
+use candle_core::{bail, DType, Result, Shape, Tensor, Var};
 
 /// What kind of module a parameter belongs to: the Rust counterpart of
 /// PyTorch's `isinstance(module, nn.Linear)` checks in an init function.
@@ -43,11 +43,7 @@ pub fn param_specs(config: &GptConfig) -> Vec<ParamSpec> {
         for proj in ["q_proj", "k_proj", "v_proj", "o_proj"] {
             linear_specs(&mut specs, &format!("{p}.self_attn.{proj}"), c, c, config.bias);
         }
-        specs.push(ParamSpec::new(
-            format!("{p}.post_attention_layernorm.weight"),
-            c,
-            ParamKind::NormWeight,
-        ));
+        specs.push(ParamSpec::new(format!("{p}.post_attention_layernorm.weight"), c, ParamKind::NormWeight));
         linear_specs(&mut specs, &format!("{p}.mlp.gate_proj"), c, i, config.bias);
         linear_specs(&mut specs, &format!("{p}.mlp.up_proj"), c, i, config.bias);
         linear_specs(&mut specs, &format!("{p}.mlp.down_proj"), i, c, config.bias);
@@ -101,10 +97,8 @@ impl ParamStore {
         I: IntoIterator<Item = (S, Tensor)>,
         S: Into<String>,
     {
-        let vars = tensors
-            .into_iter()
-            .map(|(name, t)| Ok((name.into(), Var::from_tensor(&t)?)))
-            .collect::<Result<_>>()?;
+        let vars =
+            tensors.into_iter().map(|(name, t)| Ok((name.into(), Var::from_tensor(&t)?))).collect::<Result<_>>()?;
         Ok(Self { vars })
     }
 
@@ -148,10 +142,8 @@ impl ParamStore {
 
     /// A copy with every parameter cast to `dtype`.
     pub fn to_dtype(&self, dtype: DType) -> Result<Self> {
-        let tensors = self
-            .iter()
-            .map(|(name, var)| Ok((name.to_string(), var.to_dtype(dtype)?)))
-            .collect::<Result<Vec<_>>>()?;
+        let tensors =
+            self.iter().map(|(name, var)| Ok((name.to_string(), var.to_dtype(dtype)?))).collect::<Result<Vec<_>>>()?;
         Self::from_tensors(tensors)
     }
 }

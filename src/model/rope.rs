@@ -16,13 +16,11 @@ pub struct RotaryCache {
 
 impl RotaryCache {
     pub fn new(head_dim: usize, max_seq_len: usize, theta: f64, device: &Device) -> Result<Self> {
-        let inv_freq: Vec<f32> = (0..head_dim / 2)
-            .map(|i| (1.0 / theta.powf(2.0 * i as f64 / head_dim as f64)) as f32)
-            .collect();
+        let inv_freq: Vec<f32> =
+            (0..head_dim / 2).map(|i| (1.0 / theta.powf(2.0 * i as f64 / head_dim as f64)) as f32).collect();
         let inv_freq = Tensor::from_vec(inv_freq, (1, head_dim / 2), device)?;
-        let positions = Tensor::arange(0u32, max_seq_len as u32, device)?
-            .to_dtype(DType::F32)?
-            .reshape((max_seq_len, 1))?;
+        let positions =
+            Tensor::arange(0u32, max_seq_len as u32, device)?.to_dtype(DType::F32)?.reshape((max_seq_len, 1))?;
         let angles = positions.broadcast_mul(&inv_freq)?; // (T, D/2)
         let angles = Tensor::cat(&[&angles, &angles], 1)?; // (T, D)
         Ok(Self { cos: angles.cos()?, sin: angles.sin()? })

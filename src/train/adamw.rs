@@ -47,7 +47,14 @@ impl AdamWConfig {
     /// The AdamW update at step `t` (counted from 1) of parameters already
     /// decayed, `decayed = p · (1 − lr · wd)`, whatever their layout: whole
     /// tensors here, flat shards under FSDP. Returns the new parameters.
-    pub(crate) fn update(&self, t: u64, lr: f64, decayed: &Tensor, grad: &Tensor, moments: Moments) -> Result<(Tensor, Moments)> {
+    pub(crate) fn update(
+        &self,
+        t: u64,
+        lr: f64,
+        decayed: &Tensor,
+        grad: &Tensor,
+        moments: Moments,
+    ) -> Result<(Tensor, Moments)> {
         let Self { beta1, beta2, eps } = *self;
         let t = t as i32;
         let (correction1, correction2) = (1.0 - beta1.powi(t), 1.0 - beta2.powi(t));
@@ -129,7 +136,9 @@ impl AdamW {
             for name in &group.names {
                 let var = params.get(name)?;
                 let Some(grad) = grads.get(name) else {
-                    bail!("no gradient for `{name}`: accumulate gradients for every parameter before the optimizer step");
+                    bail!(
+                        "no gradient for `{name}`: accumulate gradients for every parameter before the optimizer step"
+                    );
                 };
                 let p = var.as_tensor().to_dtype(DType::F32)?;
                 let moments = match self.moments.remove(name) {

@@ -67,7 +67,13 @@ pub struct Checkpoint {
 }
 
 impl TrainerState {
-    pub fn new(step: usize, optimizer_steps: u64, model: GptConfig, train: TrainConfig, data: Option<DataPosition>) -> Self {
+    pub fn new(
+        step: usize,
+        optimizer_steps: u64,
+        model: GptConfig,
+        train: TrainConfig,
+        data: Option<DataPosition>,
+    ) -> Self {
         Self { format_version: FORMAT_VERSION, step, optimizer_steps, model, train, data, layout: None }
     }
 }
@@ -107,11 +113,17 @@ impl Checkpoint {
             Err(e) => bail!("{} is corrupt: {e}; resume from an earlier checkpoint", dir.join(STATE_FILE).display()),
         };
         if state.format_version != FORMAT_VERSION {
-            bail!("{} has format version {}, this workbook reads version {FORMAT_VERSION}", dir.display(), state.format_version);
+            bail!(
+                "{} has format version {}, this workbook reads version {FORMAT_VERSION}",
+                dir.display(),
+                state.format_version
+            );
         }
         let load = |file: &str| match candle_core::safetensors::load(dir.join(file), &Device::Cpu) {
             Ok(tensors) => Ok(tensors),
-            Err(e) => bail!("{} is corrupt or missing ({e}); resume from an earlier checkpoint", dir.join(file).display()),
+            Err(e) => {
+                bail!("{} is corrupt or missing ({e}); resume from an earlier checkpoint", dir.join(file).display())
+            }
         };
         Ok(Self { params: load(MODEL_FILE)?, optimizer: load(OPTIMIZER_FILE)?, state })
     }

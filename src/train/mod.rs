@@ -9,8 +9,8 @@ mod schedule;
 mod seam;
 mod trainer;
 
-pub use adamw::{AdamW, AdamWConfig, ParamGroup};
 pub(crate) use adamw::Moments;
+pub use adamw::{AdamW, AdamWConfig, ParamGroup};
 pub use checkpoint::{Checkpoint, DataPosition, TrainerState};
 pub use optimizer::OptimizerConfig;
 pub use schedule::{CosineSchedule, LrSchedule, WsdSchedule};

@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 use super::{AdamW, DataPosition, LrSchedule, OptimizerConfig, StepCounters, Train};
 use crate::autograd::Gradients;
 use crate::distributed::ProcessGroup;
-use crate::parallel::ddp::Ddp;
 use crate::model::{Gpt, GptConfig, ParamStore};
+use crate::parallel::ddp::Ddp;
 use crate::phase2_training::build_optimizer;
 
 /// How the trainer steps.

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device};
 use workbook::data::{
-    encode_documents, DataConfig, Dataset, DatasetKind, DistributedSampler, SamplerState,
-    TokenFile, Tokenizer, SAMPLE_PATH,
+    encode_documents, DataConfig, Dataset, DatasetKind, DistributedSampler, SamplerState, TokenFile, Tokenizer,
+    SAMPLE_PATH,
 };
 
 /// A folder of its own under the system temp dir, removed when dropped.
@@ -43,7 +43,8 @@ fn sample_path() -> PathBuf {
 /// The first `n` stories of the bundled sample: enough text to exercise
 /// everything, little enough for GPT-2's BPE in a debug build.
 fn first_stories(n: usize) -> String {
-    let sample = fs::read_to_string(sample_path()).expect("the bundled sample; restore it with `git checkout datasets`");
+    let sample =
+        fs::read_to_string(sample_path()).expect("the bundled sample; restore it with `git checkout datasets`");
     let stories: Vec<&str> = sample.split_inclusive("\n<|endoftext|>\n").take(n).collect();
     assert_eq!(stories.len(), n, "the bundled sample holds fewer than {n} stories");
     stories.concat()
@@ -56,18 +57,13 @@ fn bytes_of(text: &str) -> Vec<u32> {
 // ---------------------------------------------------------------------------
 // Tokenizers
 
-const TRICKY: &str =
-    "Héllo, wörld! naïve café 🦀 — 日本語\n\ttabs  and  spaces<|endoftext|>Once upon a time.";
+const TRICKY: &str = "Héllo, wörld! naïve café 🦀 — 日本語\n\ttabs  and  spaces<|endoftext|>Once upon a time.";
 
 #[test]
 fn bytes_tokenizer_round_trips_unicode_and_the_eot_marker() {
     let t = Tokenizer::Bytes;
     let ids = t.encode(TRICKY);
-    assert_eq!(
-        ids.iter().filter(|&&id| id == 256).count(),
-        1,
-        "<|endoftext|> should become the single id 256"
-    );
+    assert_eq!(ids.iter().filter(|&&id| id == 256).count(), 1, "<|endoftext|> should become the single id 256");
     assert!(ids.iter().all(|&id| id < 257));
     assert_eq!(ids.len(), TRICKY.len() - "<|endoftext|>".len() + 1);
     assert_eq!(t.decode(&ids), TRICKY);
@@ -77,11 +73,7 @@ fn bytes_tokenizer_round_trips_unicode_and_the_eot_marker() {
 fn gpt2_tokenizer_round_trips_unicode_and_the_eot_marker() {
     let t = Tokenizer::Gpt2;
     let ids = t.encode(TRICKY);
-    assert_eq!(
-        ids.iter().filter(|&&id| id == 50256).count(),
-        1,
-        "<|endoftext|> should become the single id 50256"
-    );
+    assert_eq!(ids.iter().filter(|&&id| id == 50256).count(), 1, "<|endoftext|> should become the single id 50256");
     assert!(ids.iter().all(|&id| id < 50257));
     assert_eq!(t.decode(&ids), TRICKY);
 }
@@ -106,14 +98,11 @@ fn gpt2_ids_match_tiktoken() {
         (
             "Once upon a time, there was a little girl named Lily. She loved to play outside.<|endoftext|>",
             &[
-                7454, 2402, 257, 640, 11, 612, 373, 257, 1310, 2576, 3706, 20037, 13, 1375, 6151, 284, 711,
-                2354, 13, 50256,
+                7454, 2402, 257, 640, 11, 612, 373, 257, 1310, 2576, 3706, 20037, 13, 1375, 6151, 284, 711, 2354, 13,
+                50256,
             ],
         ),
-        (
-            "naïve café 🦀 — 日本語",
-            &[2616, 38776, 40304, 12520, 99, 222, 851, 10545, 245, 98, 17312, 105, 45739, 252],
-        ),
+        ("naïve café 🦀 — 日本語", &[2616, 38776, 40304, 12520, 99, 222, 851, 10545, 245, 98, 17312, 105, 45739, 252]),
     ];
     for (text, want) in cases {
         assert_eq!(Tokenizer::Gpt2.encode(text), want, "GPT-2 ids of {text:?}");
@@ -165,8 +154,7 @@ fn encode_chunked(text: &str, tokenizer: Tokenizer, chunk_bytes: usize) -> Vec<u
 
 #[test]
 fn documents_are_trimmed_and_each_ends_with_eot() {
-    let text =
-        "\nFirst story.\n\nSecond paragraph.\n<|endoftext|>\n  Next one.\n<|endoftext|>\n<|endoftext|>\n";
+    let text = "\nFirst story.\n\nSecond paragraph.\n<|endoftext|>\n  Next one.\n<|endoftext|>\n<|endoftext|>\n";
     let mut want = bytes_of("First story.\n\nSecond paragraph.");
     want.push(256);
     want.extend(bytes_of("Next one."));
@@ -325,13 +313,8 @@ fn dummy_dataset_is_seeded_random_tokens_in_the_vocabulary() {
 fn open_dispatches_on_the_dataset_kind() {
     let dir = Scratch::new("open");
     let path = dir.write("stories.txt", &first_stories(4));
-    let config = |kind| DataConfig {
-        kind,
-        path: Some(path.clone()),
-        tokenizer: Tokenizer::Bytes,
-        seq_len: 32,
-        seed: 1,
-    };
+    let config =
+        |kind| DataConfig { kind, path: Some(path.clone()), tokenizer: Tokenizer::Bytes, seq_len: 32, seed: 1 };
     let stories = Dataset::open(&config(DatasetKind::TinyStories), None).unwrap();
     assert_eq!(stories.token_file().unwrap().path(), dir.0.join("stories.txt.bytes.tokens"));
     let dummy = Dataset::open(&config(DatasetKind::Dummy), None).unwrap();
@@ -351,10 +334,7 @@ fn missing_data_file_names_the_path_and_the_download_commands() {
     let path = Path::new("datasets/no-such-file.txt");
     let err = Dataset::from_text(path, Tokenizer::Gpt2, 64, None).unwrap_err().to_string();
     assert!(err.contains("`datasets/no-such-file.txt` not found"), "{err}");
-    assert!(
-        err.contains("download it with the commands in datasets/README.md, or use --dataset dummy"),
-        "{err}"
-    );
+    assert!(err.contains("download it with the commands in datasets/README.md, or use --dataset dummy"), "{err}");
 }
 
 #[test]
@@ -372,10 +352,7 @@ fn dataset_kinds_parse_and_unknown_ones_are_named() {
     }
     let err = "wikipedia".parse::<DatasetKind>().unwrap_err().to_string();
     // The first line: with RUST_BACKTRACE set, candle appends a backtrace.
-    assert_eq!(
-        err.lines().next().unwrap(),
-        "unknown dataset `wikipedia`: choose dummy, tinystories or openwebtext"
-    );
+    assert_eq!(err.lines().next().unwrap(), "unknown dataset `wikipedia`: choose dummy, tinystories or openwebtext");
 }
 
 // ---------------------------------------------------------------------------

@@ -17,10 +17,7 @@ use workbook::distributed::{
 const TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Runs `f` on `world` CPU ranks and returns their results in rank order.
-fn on_ranks<T: Send>(
-    world: usize,
-    f: impl Fn(CpuProcessGroup) -> candle_core::Result<T> + Sync,
-) -> Vec<T> {
+fn on_ranks<T: Send>(world: usize, f: impl Fn(CpuProcessGroup) -> candle_core::Result<T> + Sync) -> Vec<T> {
     spawn_with_timeout(world, TIMEOUT, f).unwrap_or_else(|e| panic!("spawn({world}) failed: {e}"))
 }
 
@@ -28,13 +25,9 @@ fn on_ranks<T: Send>(
 /// order of a sum shows in its bits.
 fn input(rank: usize, dims: &[usize], dtype: DType) -> Tensor {
     let n: usize = dims.iter().product();
-    let values: Vec<f32> = (0..n)
-        .map(|i| ((rank * 31 + i * 7) % 17) as f32 * 0.37 - 2.9 + rank as f32 * 0.013)
-        .collect();
-    Tensor::from_vec(values, dims, &Device::Cpu)
-        .unwrap()
-        .to_dtype(dtype)
-        .unwrap()
+    let values: Vec<f32> =
+        (0..n).map(|i| ((rank * 31 + i * 7) % 17) as f32 * 0.37 - 2.9 + rank as f32 * 0.013).collect();
+    Tensor::from_vec(values, dims, &Device::Cpu).unwrap().to_dtype(dtype).unwrap()
 }
 
 /// The sum of every rank's `input`, on one thread: f32, in rank order.
@@ -47,12 +40,7 @@ fn reference_sum(world: usize, dims: &[usize]) -> Tensor {
 }
 
 fn values(t: &Tensor) -> Vec<f32> {
-    t.flatten_all()
-        .unwrap()
-        .to_dtype(DType::F32)
-        .unwrap()
-        .to_vec1()
-        .unwrap()
+    t.flatten_all().unwrap().to_dtype(DType::F32).unwrap().to_vec1().unwrap()
 }
 
 fn bits(t: &Tensor) -> Vec<u32> {
@@ -66,56 +54,33 @@ fn failure(message: &str) -> Error {
 #[rstest]
 fn all_reduce_sum_equals_the_single_thread_sum_bit_for_bit(#[values(1, 2, 4)] world: usize) {
     let dims = [3, 5];
-    let results = on_ranks(world, |pg| {
-        pg.all_reduce(&input(pg.rank(), &dims, DType::F32), ReduceOp::Sum)
-    });
+    let results = on_ranks(world, |pg| pg.all_reduce(&input(pg.rank(), &dims, DType::F32), ReduceOp::Sum));
     let want = reference_sum(world, &dims);
     for (rank, got) in results.iter().enumerate() {
-        assert_eq!(
-            got.dims(),
-            &dims,
-            "rank {rank}: all_reduce must keep the shape"
-        );
-        assert_eq!(
-            bits(got),
-            bits(&want),
-            "rank {rank}: not the f32 sum in rank order"
-        );
+        assert_eq!(got.dims(), &dims, "rank {rank}: all_reduce must keep the shape");
+        assert_eq!(bits(got), bits(&want), "rank {rank}: not the f32 sum in rank order");
     }
 }
 
 #[rstest]
 fn all_reduce_avg_is_the_mean(#[values(1, 2, 4)] world: usize) {
     let dims = [4, 2];
-    let results = on_ranks(world, |pg| {
-        pg.all_reduce(&input(pg.rank(), &dims, DType::F32), ReduceOp::Avg)
-    });
-    let want = values(&reference_sum(world, &dims))
-        .into_iter()
-        .map(|v| v / world as f32);
+    let results = on_ranks(world, |pg| pg.all_reduce(&input(pg.rank(), &dims, DType::F32), ReduceOp::Avg));
+    let want = values(&reference_sum(world, &dims)).into_iter().map(|v| v / world as f32);
     let got = values(&results[0]);
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!(
-            (g - w).abs() <= 1e-6 * (1.0 + w.abs()),
-            "element {i}: mean {w}, got {g}"
-        );
+        assert!((g - w).abs() <= 1e-6 * (1.0 + w.abs()), "element {i}: mean {w}, got {g}");
     }
 }
 
 #[rstest]
 fn broadcast_gives_every_rank_the_roots_tensor(#[values(2, 4)] world: usize) {
     let root = world - 1;
-    let results = on_ranks(world, |pg| {
-        pg.broadcast(&input(pg.rank(), &[2, 3], DType::F32), root)
-    });
+    let results = on_ranks(world, |pg| pg.broadcast(&input(pg.rank(), &[2, 3], DType::F32), root));
     let want = input(root, &[2, 3], DType::F32);
     for (rank, got) in results.iter().enumerate() {
         assert_eq!(got.dims(), &[2, 3]);
-        assert_eq!(
-            bits(got),
-            bits(&want),
-            "rank {rank} did not receive root {root}'s tensor"
-        );
+        assert_eq!(bits(got), bits(&want), "rank {rank} did not receive root {root}'s tensor");
     }
 }
 
@@ -126,51 +91,29 @@ fn all_gather_concatenates_along_dim_0_in_rank_order(#[values(1, 2, 4)] world: u
         pg.all_gather(&mine)
     });
     // Rows 2r and 2r+1 come from rank r.
-    let want: Vec<f32> = (0..2 * world)
-        .flat_map(|row| [(row / 2) as f32; 3])
-        .collect();
+    let want: Vec<f32> = (0..2 * world).flat_map(|row| [(row / 2) as f32; 3]).collect();
     for (rank, got) in results.iter().enumerate() {
-        assert_eq!(
-            got.dims(),
-            &[2 * world, 3],
-            "rank {rank}: dim 0 must grow by the world size"
-        );
-        assert_eq!(
-            values(got),
-            want,
-            "rank {rank}: the blocks are not in rank order"
-        );
+        assert_eq!(got.dims(), &[2 * world, 3], "rank {rank}: dim 0 must grow by the world size");
+        assert_eq!(values(got), want, "rank {rank}: the blocks are not in rank order");
     }
 }
 
 #[rstest]
 fn reduce_scatter_gives_rank_r_the_rth_chunk_of_the_sum(#[values(1, 2, 4)] world: usize) {
     let dims = [2 * world, 3];
-    let results = on_ranks(world, |pg| {
-        pg.reduce_scatter(&input(pg.rank(), &dims, DType::F32), ReduceOp::Sum)
-    });
+    let results = on_ranks(world, |pg| pg.reduce_scatter(&input(pg.rank(), &dims, DType::F32), ReduceOp::Sum));
     let total = reference_sum(world, &dims);
     for (rank, got) in results.iter().enumerate() {
         let want = total.narrow(0, 2 * rank, 2).unwrap();
-        assert_eq!(
-            got.dims(),
-            &[2, 3],
-            "rank {rank}: a chunk is 1/world_size of dim 0"
-        );
-        assert_eq!(
-            bits(got),
-            bits(&want),
-            "rank {rank} got the wrong chunk of the sum"
-        );
+        assert_eq!(got.dims(), &[2, 3], "rank {rank}: a chunk is 1/world_size of dim 0");
+        assert_eq!(bits(got), bits(&want), "rank {rank} got the wrong chunk of the sum");
     }
 }
 
 #[test]
 fn reduce_scatter_of_a_dim_0_that_does_not_divide_is_a_clear_error() {
     let errors = on_ranks(4, |pg| {
-        let err = pg
-            .reduce_scatter(&input(pg.rank(), &[10, 2], DType::F32), ReduceOp::Sum)
-            .unwrap_err();
+        let err = pg.reduce_scatter(&input(pg.rank(), &[10, 2], DType::F32), ReduceOp::Sum).unwrap_err();
         Ok(err.to_string())
     });
     for err in errors {
@@ -185,9 +128,7 @@ fn reduce_scatter_of_a_dim_0_that_does_not_divide_is_a_clear_error() {
 fn half_precision_stays_half_precision(#[values(DType::BF16, DType::F16)] dtype: DType) {
     let results = on_ranks(2, |pg| {
         // Small integers: exact in every dtype, so the values can be checked too.
-        let mine = Tensor::new(&[1f32, 2., 3., 4.], &Device::Cpu)?
-            .affine(1.0, pg.rank() as f64)?
-            .to_dtype(dtype)?;
+        let mine = Tensor::new(&[1f32, 2., 3., 4.], &Device::Cpu)?.affine(1.0, pg.rank() as f64)?.to_dtype(dtype)?;
         Ok([
             pg.all_reduce(&mine, ReduceOp::Sum)?,
             pg.broadcast(&mine, 1)?,
@@ -195,15 +136,10 @@ fn half_precision_stays_half_precision(#[values(DType::BF16, DType::F16)] dtype:
             pg.reduce_scatter(&mine, ReduceOp::Avg)?,
         ])
     });
-    let want: [Vec<f32>; 4] = [
-        vec![3., 5., 7., 9.],
-        vec![2., 3., 4., 5.],
-        vec![1., 2., 3., 4., 2., 3., 4., 5.],
-        vec![1.5, 2.5],
-    ];
-    for (name, (got, want)) in ["all_reduce", "broadcast", "all_gather", "reduce_scatter"]
-        .iter()
-        .zip(results[0].iter().zip(want))
+    let want: [Vec<f32>; 4] =
+        [vec![3., 5., 7., 9.], vec![2., 3., 4., 5.], vec![1., 2., 3., 4., 2., 3., 4., 5.], vec![1.5, 2.5]];
+    for (name, (got, want)) in
+        ["all_reduce", "broadcast", "all_gather", "reduce_scatter"].iter().zip(results[0].iter().zip(want))
     {
         assert_eq!(got.dtype(), dtype, "{name} must return the input's dtype");
         assert_eq!(values(got), want, "{name}");
@@ -217,16 +153,8 @@ fn every_rank_gets_bit_identical_results(#[values(DType::F32, DType::BF16)] dtyp
         Ok((pg.all_reduce(&mine, ReduceOp::Avg)?, pg.all_gather(&mine)?))
     });
     for (rank, (reduced, gathered)) in results.iter().enumerate().skip(1) {
-        assert_eq!(
-            bits(reduced),
-            bits(&results[0].0),
-            "all_reduce differs between rank 0 and rank {rank}"
-        );
-        assert_eq!(
-            bits(gathered),
-            bits(&results[0].1),
-            "all_gather differs between rank 0 and rank {rank}"
-        );
+        assert_eq!(bits(reduced), bits(&results[0].0), "all_reduce differs between rank 0 and rank {rank}");
+        assert_eq!(bits(gathered), bits(&results[0].1), "all_gather differs between rank 0 and rank {rank}");
     }
 }
 
@@ -243,10 +171,7 @@ fn consecutive_collectives_never_mix() {
     });
     let want: Vec<f32> = (0..50).map(|round| (6 + 40 * round) as f32).collect();
     for sums in results {
-        assert_eq!(
-            sums, want,
-            "a rank's tensor was counted in another round's all_reduce"
-        );
+        assert_eq!(sums, want, "a rank's tensor was counted in another round's all_reduce");
     }
 }
 
@@ -273,18 +198,9 @@ fn stats_count_calls_and_payload_bytes() {
         assert_eq!(before_step.get(Collective::ReduceScatter), (1, 16));
         assert_eq!(before_step.get(Collective::Barrier), (1, 0));
         let step = end.since(&before_step);
-        assert_eq!(
-            step.get(Collective::AllReduce),
-            (1, 48),
-            "one all_reduce in the step"
-        );
-        let others = Collective::ALL
-            .iter()
-            .filter(|&&k| k != Collective::AllReduce);
-        assert!(
-            others.map(|&k| step.calls(k)).all(|calls| calls == 0),
-            "{step}"
-        );
+        assert_eq!(step.get(Collective::AllReduce), (1, 48), "one all_reduce in the step");
+        let others = Collective::ALL.iter().filter(|&&k| k != Collective::AllReduce);
+        assert!(others.map(|&k| step.calls(k)).all(|calls| calls == 0), "{step}");
     }
 }
 
@@ -303,15 +219,8 @@ fn single_process_collectives_return_an_untracked_copy_of_the_input() {
     pg.barrier().unwrap();
     for got in &results {
         assert_eq!((got.dims(), got.dtype()), (x.dims(), DType::BF16));
-        assert_eq!(
-            bits(got),
-            bits(&x),
-            "a collective over one rank is the identity"
-        );
-        assert!(
-            !got.track_op(),
-            "a collective's result must not be part of the autograd graph"
-        );
+        assert_eq!(bits(got), bits(&x), "a collective over one rank is the identity");
+        assert!(!got.track_op(), "a collective's result must not be part of the autograd graph");
     }
     let stats = pg.stats();
     assert_eq!(stats.get(Collective::AllReduce), (2, 48));
@@ -322,11 +231,7 @@ fn single_process_collectives_return_an_untracked_copy_of_the_input() {
 fn mismatched_collectives_are_an_error_on_every_rank() {
     let errors = on_ranks(2, |pg| {
         let t = Tensor::zeros(3, DType::F32, &Device::Cpu)?;
-        let result = if pg.rank() == 0 {
-            pg.all_reduce(&t, ReduceOp::Sum)
-        } else {
-            pg.broadcast(&t, 0)
-        };
+        let result = if pg.rank() == 0 { pg.all_reduce(&t, ReduceOp::Sum) } else { pg.broadcast(&t, 0) };
         Ok(result.unwrap_err().to_string())
     });
     for err in errors {
@@ -344,10 +249,7 @@ fn mismatched_shapes_are_an_error_on_every_rank() {
         Ok(pg.all_gather(&t).unwrap_err().to_string())
     });
     for err in errors {
-        assert!(
-            err.contains("rank 0 passed a [2] f32 tensor while rank 1 passed a [3] f32 one"),
-            "{err}"
-        );
+        assert!(err.contains("rank 0 passed a [2] f32 tensor while rank 1 passed a [3] f32 one"), "{err}");
     }
 }
 
@@ -371,22 +273,12 @@ fn a_rank_that_returns_an_error_stops_the_others_at_once(#[values(2, 4)] world: 
     .unwrap_err()
     .to_string();
     let elapsed = start.elapsed();
-    assert!(
-        err.starts_with("rank 1 failed: data loader broke"),
-        "spawn must report the root cause: {err}"
-    );
+    assert!(err.starts_with("rank 1 failed: data loader broke"), "spawn must report the root cause: {err}");
     // Released by the abort, not by the timeout.
-    assert!(
-        elapsed < TIMEOUT,
-        "the other ranks waited {elapsed:?} for a rank that had failed"
-    );
+    assert!(elapsed < TIMEOUT, "the other ranks waited {elapsed:?} for a rank that had failed");
     let seen = seen_by_others.into_inner().unwrap();
     assert_eq!(seen.len(), world - 1);
-    assert!(
-        seen.iter()
-            .all(|e| e.contains("rank 1 failed: data loader broke")),
-        "{seen:?}"
-    );
+    assert!(seen.iter().all(|e| e.contains("rank 1 failed: data loader broke")), "{seen:?}");
 }
 
 #[test]
@@ -402,14 +294,8 @@ fn a_rank_that_panics_stops_the_others_at_once() {
     .unwrap_err()
     .to_string();
     let elapsed = start.elapsed();
-    assert!(
-        err.starts_with("rank 3 failed: panicked: boom at step 7"),
-        "{err}"
-    );
-    assert!(
-        elapsed < TIMEOUT,
-        "the other ranks waited {elapsed:?} for a rank that had panicked"
-    );
+    assert!(err.starts_with("rank 3 failed: panicked: boom at step 7"), "{err}");
+    assert!(elapsed < TIMEOUT, "the other ranks waited {elapsed:?} for a rank that had panicked");
 }
 
 #[test]
@@ -421,8 +307,7 @@ fn a_rank_that_never_arrives_times_out_with_its_name() {
             thread::sleep(2 * timeout); // stuck: misses the all_reduce
             return Ok(());
         }
-        pg.all_reduce(&Tensor::ones(2, DType::F32, &Device::Cpu)?, ReduceOp::Sum)
-            .map(drop)
+        pg.all_reduce(&Tensor::ones(2, DType::F32, &Device::Cpu)?, ReduceOp::Sum).map(drop)
     })
     .unwrap_err()
     .to_string();
@@ -434,24 +319,11 @@ fn a_rank_that_never_arrives_times_out_with_its_name() {
 #[test]
 fn a_rank_that_finishes_early_releases_the_others_at_once() {
     let start = Instant::now();
-    let err = spawn_with_timeout(2, TIMEOUT, |pg| {
-        if pg.rank() == 0 {
-            pg.barrier()
-        } else {
-            Ok(())
-        }
-    })
-    .unwrap_err()
-    .to_string();
-    assert!(
-        err.contains("rank 1 finished without calling barrier #0"),
-        "{err}"
-    );
-    assert!(
-        start.elapsed() < TIMEOUT,
-        "rank 0 waited {:?} for a rank that had finished",
-        start.elapsed()
-    );
+    let err = spawn_with_timeout(2, TIMEOUT, |pg| if pg.rank() == 0 { pg.barrier() } else { Ok(()) })
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("rank 1 finished without calling barrier #0"), "{err}");
+    assert!(start.elapsed() < TIMEOUT, "rank 0 waited {:?} for a rank that had finished", start.elapsed());
 }
 
 #[test]

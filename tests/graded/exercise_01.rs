@@ -4,7 +4,9 @@ use candle_core::{DType, Tensor};
 use rstest::rstest;
 use workbook::RmsNorm;
 
-use crate::support::{expect_close, expect_close_or_explain, expect_dtype, fixture, grad, ok, surrogate, var, BF16, F32};
+use crate::support::{
+    expect_close, expect_close_or_explain, expect_dtype, fixture, grad, ok, surrogate, var, BF16, F32,
+};
 
 fn norm(weight: &Tensor) -> RmsNorm {
     RmsNorm::new(weight.clone(), fixture(1).scalar("eps"))
@@ -20,7 +22,10 @@ fn matches_pytorch() {
         F32,
         "RmsNorm::forward(x)",
         &[
-            ("the mean of x² taken over the wrong dimension (it must be the last one, D::Minus1)", f.get("mistake_mean_wrong_dim")),
+            (
+                "the mean of x² taken over the wrong dimension (it must be the last one, D::Minus1)",
+                f.get("mistake_mean_wrong_dim"),
+            ),
             ("the weight is not applied", f.get("mistake_no_weight")),
             ("the mean is subtracted: that is LayerNorm, RMSNorm does not centre", f.get("mistake_layer_norm")),
             ("x multiplied by sqrt(mean(x²) + eps) instead of divided by it", f.get("mistake_no_rsqrt")),

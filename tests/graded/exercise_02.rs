@@ -24,8 +24,14 @@ fn matches_pytorch() {
         &[
             ("halves swapped but not negated: [x2, x1] instead of [-x2, x1]", f.get("mistake_swapped_no_sign")),
             ("the minus sign on the wrong half: [x2, -x1] instead of [-x2, x1]", f.get("mistake_sign_wrong_half")),
-            ("adjacent pairs rotated (interleaved layout); this model pairs channel i with channel i + D/2", f.get("mistake_interleaved")),
-            ("rotated along dimension -2; the rotation is along the last dimension (D::Minus1)", f.get("mistake_wrong_dim")),
+            (
+                "adjacent pairs rotated (interleaved layout); this model pairs channel i with channel i + D/2",
+                f.get("mistake_interleaved"),
+            ),
+            (
+                "rotated along dimension -2; the rotation is along the last dimension (D::Minus1)",
+                f.get("mistake_wrong_dim"),
+            ),
         ],
     );
 }

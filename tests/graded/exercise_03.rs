@@ -13,7 +13,10 @@ fn mistakes(f: &Fixture, side: &str) -> Vec<(&'static str, Tensor)> {
     vec![
         ("the sine term subtracted: x·cos - rotate_half(x)·sin", f.get(&format!("mistake_sign_{side}"))),
         ("cos and sin swapped: x·sin + rotate_half(x)·cos", f.get(&format!("mistake_swapped_{side}"))),
-        ("adjacent pairs rotated (interleaved layout) instead of halves", f.get(&format!("mistake_interleaved_{side}"))),
+        (
+            "adjacent pairs rotated (interleaved layout) instead of halves",
+            f.get(&format!("mistake_interleaved_{side}")),
+        ),
     ]
 }
 
@@ -40,7 +43,8 @@ fn gradients_match_pytorch() {
     let (q_out, k_out) = rotated(&f, &q, &k);
     let loss = (surrogate(&q_out, &f.get("grad_q_out")) + surrogate(&k_out, &f.get("grad_k_out"))).unwrap();
     let grads = ok(loss.backward(), "backward through apply_rotary_pos_emb");
-    let fused = "candle_nn::rotary_emb::rope has no backward pass: write the rotation with broadcast_mul and rotate_half.";
+    let fused =
+        "candle_nn::rotary_emb::rope has no backward pass: write the rotation with broadcast_mul and rotate_half.";
     expect_close(&grad(&grads, &q, "q", fused), &f.get("grad_q"), F32, "gradient of q", &[]);
     expect_close(&grad(&grads, &k, "k", fused), &f.get("grad_k"), F32, "gradient of k", &[]);
 }
@@ -66,7 +70,11 @@ fn scores_depend_only_on_relative_position() {
                 &here,
                 &back,
                 F32,
-                &format!("score(q at {m}, k at {n}) against score(q at {}, k at {}): RoPE makes them equal", m - 1, n - 1),
+                &format!(
+                    "score(q at {m}, k at {n}) against score(q at {}, k at {}): RoPE makes them equal",
+                    m - 1,
+                    n - 1
+                ),
                 &[],
             );
         }

@@ -24,7 +24,10 @@ fn matches_pytorch() {
             ("mask flipped: position i sees only itself and the future", f.get("mistake_anti_causal")),
             ("scores divided by D instead of sqrt(D)", f.get("mistake_scale_by_d")),
             ("scores not scaled by 1/sqrt(D)", f.get("mistake_no_scale")),
-            ("softmax over the query dimension; it must run over the keys (the last dimension)", f.get("mistake_softmax_wrong_dim")),
+            (
+                "softmax over the query dimension; it must run over the keys (the last dimension)",
+                f.get("mistake_softmax_wrong_dim"),
+            ),
         ],
     );
 }

@@ -107,8 +107,13 @@ fn weights_are_drawn_from_a_normal_distribution() {
 #[test]
 fn norm_weights_start_at_one() {
     let p = params(0);
-    for name in ["model.layers.0.input_layernorm.weight", "model.layers.3.post_attention_layernorm.weight", "model.norm.weight"] {
-        assert!(values(&p, name).iter().all(|&x| x == 1.0), "{name} must be all ones: a norm starts as the identity scale");
+    for name in
+        ["model.layers.0.input_layernorm.weight", "model.layers.3.post_attention_layernorm.weight", "model.norm.weight"]
+    {
+        assert!(
+            values(&p, name).iter().all(|&x| x == 1.0),
+            "{name} must be all ones: a norm starts as the identity scale"
+        );
     }
 }
 

@@ -60,7 +60,10 @@ fn loss_predicts_the_next_token() {
     let loss = loss_of(&pass);
     let want = f.scalar("loss");
     let known = [
-        ("loss not shifted: position t is scored against its own token instead of token t + 1", "mistake_loss_unshifted"),
+        (
+            "loss not shifted: position t is scored against its own token instead of token t + 1",
+            "mistake_loss_unshifted",
+        ),
         ("loss shifted the wrong way: logits[:, 1:] against labels[:, :-1]", "mistake_loss_shift_reversed"),
         ("the final norm (self.norm) skipped before lm_head", "mistake_loss_no_final_norm"),
     ];
@@ -103,7 +106,8 @@ fn checkpointed_gradients_equal_plain_gradients() {
     );
     assert!(plain.recompute.is_empty(), "checkpointing is off, yet blocks were checkpointed");
     assert_relative_eq!(loss_of(&checkpointed), loss_of(&plain), max_relative = 1e-6);
-    let (plain_grads, ckpt_grads) = (ok(plain.backward(), "backward"), ok(checkpointed.backward(), "checkpointed backward"));
+    let (plain_grads, ckpt_grads) =
+        (ok(plain.backward(), "backward"), ok(checkpointed.backward(), "checkpointed backward"));
     for (name, var) in p.iter() {
         let want = plain_grads.get(var).unwrap_or_else(|| panic!("no plain gradient for {name}"));
         let Some(got) = ckpt_grads.get(var) else {
@@ -132,5 +136,11 @@ fn logits_have_shape_batch_time_vocab() {
     let pass = ok(gpt.forward(&idx, Some(&idx)), "Gpt::forward on (2, 5)");
     assert_eq!(pass.logits.dims(), &[2, 5, 64], "logits must be (B, T, V)");
     let want = f.get("logits").narrow(1, 0, 5).unwrap();
-    expect_close(&pass.logits, &want, LOGITS, "logits of the first 5 positions (causal: they ignore later tokens)", &[]);
+    expect_close(
+        &pass.logits,
+        &want,
+        LOGITS,
+        "logits of the first 5 positions (causal: they ignore later tokens)",
+        &[],
+    );
 }

@@ -2,8 +2,8 @@
 //! (three `torch.optim.AdamW` steps with a decay and a no-decay group).
 
 use candle_core::{DType, Device, Tensor};
-use workbook::phase2_training::build_optimizer;
 use workbook::autograd::Gradients;
+use workbook::phase2_training::build_optimizer;
 use workbook::train::{AdamW, AdamWConfig, OptimizerConfig};
 use workbook::{param_specs, GptConfig, ParamStore};
 
@@ -28,7 +28,8 @@ fn model_params() -> ParamStore {
     .unwrap()
 }
 
-const CONFIG: OptimizerConfig = OptimizerConfig { weight_decay: 0.1, adamw: AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8 } };
+const CONFIG: OptimizerConfig =
+    OptimizerConfig { weight_decay: 0.1, adamw: AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8 } };
 
 fn optimizer(params: &ParamStore, config: &OptimizerConfig) -> AdamW {
     ok(build_optimizer(params, config), "build_optimizer(params, config)")

@@ -24,7 +24,10 @@ fn matches_the_reference_at_every_checked_step() {
     let mistakes = [
         ("warmup starts from 0: use (step + 1) / warmup, so that step 0 already trains", "mistake_warmup_from_zero"),
         ("the cosine decays to 0 instead of min_lr", "mistake_decay_to_zero"),
-        ("the cosine progress ignores the warmup: p = (step - warmup) / (max_steps - warmup)", "mistake_cosine_not_offset"),
+        (
+            "the cosine progress ignores the warmup: p = (step - warmup) / (max_steps - warmup)",
+            "mistake_cosine_not_offset",
+        ),
         ("past max_steps the cosine climbs back up: clamp to min_lr", "mistake_no_clamp"),
     ];
     for (i, (&step, (&got, &want))) in steps.iter().zip(lrs.iter().zip(&expected)).enumerate() {
@@ -57,9 +60,17 @@ fn rises_during_warmup_and_never_rises_after() {
     for step in 1..=150 {
         let (before, now) = (lrs[step - 1], lrs[step]);
         if step < s.warmup_steps {
-            assert!(now > before, "the rate must rise during warmup: step {} {before:e} → step {step} {now:e}", step - 1);
+            assert!(
+                now > before,
+                "the rate must rise during warmup: step {} {before:e} → step {step} {now:e}",
+                step - 1
+            );
         } else {
-            assert!(now <= before + 1e-15, "the rate must not rise after warmup: step {} {before:e} → step {step} {now:e}", step - 1);
+            assert!(
+                now <= before + 1e-15,
+                "the rate must not rise after warmup: step {} {before:e} → step {step} {now:e}",
+                step - 1
+            );
         }
     }
 }

@@ -22,7 +22,12 @@ pub fn train_config(f: &Fixture) -> TrainConfig {
     TrainConfig {
         grad_accum_steps: h[0] as usize,
         max_grad_norm: h[1],
-        schedule: LrSchedule::Cosine(CosineSchedule { max_lr: h[2], min_lr: h[3], warmup_steps: h[4] as usize, max_steps: h[5] as usize }),
+        schedule: LrSchedule::Cosine(CosineSchedule {
+            max_lr: h[2],
+            min_lr: h[3],
+            warmup_steps: h[4] as usize,
+            max_steps: h[5] as usize,
+        }),
         optimizer: OptimizerConfig { weight_decay: h[6], adamw: AdamWConfig { beta1: h[7], beta2: h[8], eps: h[9] } },
         activation_checkpointing: false,
     }
@@ -35,7 +40,10 @@ pub fn trainer(f: &Fixture, ddp: Ddp) -> Trainer {
         (n, t)
     }))
     .unwrap();
-    ok(Trainer::new(&model_config(f), params, train_config(f), ddp), "Trainer::new (it calls build_optimizer, exercise 8)")
+    ok(
+        Trainer::new(&model_config(f), params, train_config(f), ddp),
+        "Trainer::new (it calls build_optimizer, exercise 8)",
+    )
 }
 
 /// Micro-batch `j` of step `s`, as (B, T) u32 token ids.
@@ -56,8 +64,11 @@ fn two_steps_match_pytorch() {
     let f = fixture(10);
     let mut t = trainer(&f, Ddp::single());
     let k = train_config(&f).grad_accum_steps;
-    let (losses, norms, lrs) =
-        (f.get("loss").to_vec1::<f64>().unwrap(), f.get("grad_norm").to_vec1::<f64>().unwrap(), f.get("lr").to_vec1::<f64>().unwrap());
+    let (losses, norms, lrs) = (
+        f.get("loss").to_vec1::<f64>().unwrap(),
+        f.get("grad_norm").to_vec1::<f64>().unwrap(),
+        f.get("lr").to_vec1::<f64>().unwrap(),
+    );
     for s in 0..2 {
         let batches: Vec<Tensor> = (0..k).map(|j| micro_batch(&f, s, j)).collect();
         let stats = step(&mut t, &batches);
@@ -85,15 +96,28 @@ fn two_steps_match_pytorch() {
             let cause = known
                 .iter()
                 .find(|(key, _)| close(stats.grad_norm, f.get(key).to_vec1::<f64>().unwrap()[s], 1e-4))
-                .map_or("return the global norm of the accumulated, averaged gradient, measured before clipping", |(_, cause)| cause);
+                .map_or(
+                    "return the global norm of the accumulated, averaged gradient, measured before clipping",
+                    |(_, cause)| cause,
+                );
             panic!("step {s}: gradient norm {:.6}, expected {:.6}. Likely cause: {cause}.", stats.grad_norm, norms[s]);
         }
-        assert_eq!(stats.tokens, batches.iter().map(|b| b.elem_count()).sum::<usize>(), "tokens: count every token of every micro-batch");
+        assert_eq!(
+            stats.tokens,
+            batches.iter().map(|b| b.elem_count()).sum::<usize>(),
+            "tokens: count every token of every micro-batch"
+        );
     }
     assert_eq!(t.step, 2, "two calls to train_step are two optimizer steps: increment self.step once per call");
     for (name, var) in t.params.iter() {
         let before = f.get(&format!("param.{name}"));
-        expect_update_close(&before, var, &f.get(&format!("after.{name}")), UPDATE, &format!("`{name}` after two steps"));
+        expect_update_close(
+            &before,
+            var,
+            &f.get(&format!("after.{name}")),
+            UPDATE,
+            &format!("`{name}` after two steps"),
+        );
     }
 }
 
@@ -102,7 +126,10 @@ fn gradient_buffer_is_empty_after_the_step() {
     let f = fixture(10);
     let mut t = trainer(&f, Ddp::single());
     step(&mut t, &[micro_batch(&f, 0, 0), micro_batch(&f, 0, 1)]);
-    assert!(t.grads.is_empty(), "self.grads still holds gradients after the step: clear it, or the next step adds to them");
+    assert!(
+        t.grads.is_empty(),
+        "self.grads still holds gradients after the step: clear it, or the next step adds to them"
+    );
 }
 
 /// k micro-batches of B rows give the same step as one batch of k·B rows.
@@ -121,11 +148,22 @@ fn accumulating_micro_batches_equals_one_large_batch() {
             small.grad_norm,
             big.grad_norm
         );
-        assert!(close(small.loss, big.loss, 1e-4), "step {s}: loss {:.6} vs {:.6}: report the mean over micro-batches", small.loss, big.loss);
+        assert!(
+            close(small.loss, big.loss, 1e-4),
+            "step {s}: loss {:.6} vs {:.6}: report the mean over micro-batches",
+            small.loss,
+            big.loss
+        );
     }
     for (name, var) in accumulated.params.iter() {
         let before = f.get(&format!("param.{name}"));
-        expect_update_close(&before, var, large.params.get(name).unwrap(), UPDATE, &format!("`{name}`: accumulated vs one large batch"));
+        expect_update_close(
+            &before,
+            var,
+            large.params.get(name).unwrap(),
+            UPDATE,
+            &format!("`{name}`: accumulated vs one large batch"),
+        );
     }
 }
 

@@ -38,7 +38,11 @@ fn round_trip_restores_every_piece_of_state() {
     let restored = ok(fresh.load_checkpoint(&dir), "load_checkpoint");
     assert_same_params(&fresh, &trained, "after loading");
     assert_eq!(fresh.step, 1, "self.step must be restored: the schedule continues from it");
-    assert_eq!(fresh.optimizer.steps(), trained.optimizer.steps(), "AdamW's step count (its bias correction) must be restored");
+    assert_eq!(
+        fresh.optimizer.steps(),
+        trained.optimizer.steps(),
+        "AdamW's step count (its bias correction) must be restored"
+    );
     let (mine, theirs) = (fresh.optimizer.state_tensors(), trained.optimizer.state_tensors());
     assert_eq!(mine.len(), theirs.len(), "the optimizer's moments must be saved and restored");
     for (key, t) in &theirs {
@@ -63,7 +67,11 @@ fn resuming_reproduces_the_uninterrupted_run_bit_for_bit() {
     let mut resumed = trainer(&f, Ddp::single());
     ok(resumed.load_checkpoint(&dir), "load_checkpoint");
     train(&mut resumed, &f, 1);
-    assert_same_params(&resumed, &uninterrupted, "after resuming and training one more step (are the optimizer's moments and the step restored?)");
+    assert_same_params(
+        &resumed,
+        &uninterrupted,
+        "after resuming and training one more step (are the optimizer's moments and the step restored?)",
+    );
 }
 
 #[test]
@@ -79,7 +87,10 @@ fn only_rank_zero_writes() {
         "two ranks saving",
     );
     assert!(root.join("rank0").exists(), "rank 0 wrote no checkpoint");
-    assert!(!root.join("rank1").exists(), "rank 1 wrote a checkpoint: every rank holds the same state, so only rank 0 writes");
+    assert!(
+        !root.join("rank1").exists(),
+        "rank 1 wrote a checkpoint: every rank holds the same state, so only rank 0 writes"
+    );
 }
 
 /// What DDP trained loads in a single process: the names carry no trace of the wrapper.
@@ -117,8 +128,13 @@ fn refuses_a_checkpoint_of_another_model() {
     .unwrap();
     let mut other = ok(Trainer::new(&wider, params, train_config(&f), Ddp::single()), "Trainer::new");
     let err = match other.load_checkpoint(&dir) {
-        Ok(_) => panic!("a checkpoint of a 16-wide model loaded into a 32-wide one: check it with checkpoint.ensure_fits"),
+        Ok(_) => {
+            panic!("a checkpoint of a 16-wide model loaded into a 32-wide one: check it with checkpoint.ensure_fits")
+        }
         Err(e) => e.to_string(),
     };
-    assert!(err.contains("different model"), "the error should say the checkpoint belongs to a different model, got: {err}");
+    assert!(
+        err.contains("different model"),
+        "the error should say the checkpoint belongs to a different model, got: {err}"
+    );
 }

@@ -14,12 +14,19 @@ fn expected(precision: Precision) -> MixedPrecisionPolicy {
         Precision::Bf16 => DType::BF16,
         Precision::Fp16 => DType::F16,
     };
-    MixedPrecisionPolicy { param_dtype: dtype, reduce_dtype: dtype, buffer_dtype: dtype, loss_scaling: precision == Precision::Fp16 }
+    MixedPrecisionPolicy {
+        param_dtype: dtype,
+        reduce_dtype: dtype,
+        buffer_dtype: dtype,
+        loss_scaling: precision == Precision::Fp16,
+    }
 }
 
 fn diagnose(precision: Precision, got: &MixedPrecisionPolicy) -> &'static str {
     match precision {
-        Precision::Fp16 if !got.loss_scaling => "fp16 has 5 exponent bits: without loss scaling small gradients underflow to zero",
+        Precision::Fp16 if !got.loss_scaling => {
+            "fp16 has 5 exponent bits: without loss scaling small gradients underflow to zero"
+        }
         Precision::Bf16 if got.loss_scaling => "bf16 has fp32's exponent range and needs no loss scaling",
         Precision::Fp32 if got.loss_scaling => "f32 needs no loss scaling",
         Precision::Bf16 if got.param_dtype == DType::F16 => "bf16 and fp16 swapped: bf16 is DType::BF16",

@@ -42,7 +42,11 @@ fn root_first_then_one_unit_per_block() {
     let specs = workbook::param_specs(&config);
     for unit in &units {
         let order: Vec<usize> = unit.params.iter().map(|p| specs.iter().position(|s| &s.name == p).unwrap()).collect();
-        assert!(order.windows(2).all(|w| w[0] < w[1]), "unit `{}` lists its parameters out of module order (param_specs order)", unit.name);
+        assert!(
+            order.windows(2).all(|w| w[0] < w[1]),
+            "unit `{}` lists its parameters out of module order (param_specs order)",
+            unit.name
+        );
     }
 }
 
@@ -54,7 +58,8 @@ fn root_first_then_one_unit_per_block() {
 /// after the optimizer step. NO_SHARD all-reduces each unit once per step.
 #[rstest]
 fn collectives_per_step_follow_from_the_units(
-    #[values(ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard)] strategy: ShardingStrategy,
+    #[values(ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard)]
+    strategy: ShardingStrategy,
 ) {
     let config = train_config(1.0);
     let (micro_batches, blocks) = (config.grad_accum_steps as u64, model_config().num_layers as u64);
@@ -66,7 +71,8 @@ fn collectives_per_step_follow_from_the_units(
     };
     let (_, trainers) = fsdp_run(2, strategy, Precision::Fp32, config, 1);
     let comm = &trainers[0].ledger().comm;
-    let got = (comm.calls(Collective::AllGather), comm.calls(Collective::ReduceScatter), comm.calls(Collective::AllReduce));
+    let got =
+        (comm.calls(Collective::AllGather), comm.calls(Collective::ReduceScatter), comm.calls(Collective::AllReduce));
     assert_eq!(
         got,
         (all_gather, reduce_scatter, all_reduce),

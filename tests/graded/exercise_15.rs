@@ -8,8 +8,8 @@ use std::time::Duration;
 use candle_core::Tensor;
 use rstest::rstest;
 use workbook::distributed::{spawn, spawn_with_timeout};
-use workbook::parallel::fsdp::{FsdpConfig, FsdpTrainer, Precision, ShardingStrategy};
 use workbook::parallel::ddp::Ddp;
+use workbook::parallel::fsdp::{FsdpConfig, FsdpTrainer, Precision, ShardingStrategy};
 use workbook::train::{Checkpoint, Trainer};
 
 use crate::fsdp_runs::{fsdp_step, fsdp_trainer, gather_params, model_config, single_process_trainer, train_config};
@@ -36,18 +36,29 @@ fn read(dir: &Path) -> Checkpoint {
 #[test]
 fn a_one_rank_checkpoint_equals_the_single_process_one() {
     let dir = scratch_dir("ex15-one-rank");
-    ok(spawn(1, |pg| Ok(save(&trained(pg, FULL, 2), &dir))), "one FSDP rank");
+    ok(
+        spawn(1, |pg| {
+            save(&trained(pg, FULL, 2), &dir);
+            Ok(())
+        }),
+        "one FSDP rank",
+    );
     let checkpoint = read(&dir);
     let single = single_process_trainer(2, 1.0);
     for (name, var) in single.params.iter() {
         let want = var.as_tensor();
         let Some(got) = checkpoint.params.get(name) else {
-            panic!("the checkpoint has no `{name}`: save every parameter by its name (layout.unflatten gives the names)");
+            panic!(
+                "the checkpoint has no `{name}`: save every parameter by its name (layout.unflatten gives the names)"
+            );
         };
         assert_eq!(got.dims(), want.dims(), "`{name}` saved with shape {:?}: save whole tensors", got.dims());
         assert!(bit_equal(got, want), "`{name}` differs from what one process trained");
     }
-    assert_eq!(checkpoint.state.optimizer_steps, 2, "the optimizer's step count was not saved (use self.trainer_state(data))");
+    assert_eq!(
+        checkpoint.state.optimizer_steps, 2,
+        "the optimizer's step count was not saved (use self.trainer_state(data))"
+    );
     for (key, want) in &single.optimizer.state_tensors() {
         let Some(got) = checkpoint.optimizer.get(key) else {
             panic!("the checkpoint has no optimizer state `{key}`: save exp_avg.<name> and exp_avg_sq.<name> of every parameter");
@@ -60,7 +71,8 @@ fn a_one_rank_checkpoint_equals_the_single_process_one() {
 /// (gathering a unit every rank already holds whole would repeat it N times).
 #[rstest]
 fn two_ranks_save_the_gathered_whole(
-    #[values(ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard)] sharding: ShardingStrategy,
+    #[values(ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard)]
+    sharding: ShardingStrategy,
 ) {
     let dir = scratch_dir(&format!("ex15-two-ranks-{sharding}"));
     let fsdp = FsdpConfig { sharding, precision: Precision::Fp32 };
@@ -99,7 +111,10 @@ fn only_rank_zero_writes() {
         "two ranks saving",
     );
     assert!(root.join("rank0").exists(), "rank 0 wrote no checkpoint");
-    assert!(!root.join("rank1").exists(), "rank 1 wrote a checkpoint: after the gather rank 0 holds everything, so only it writes");
+    assert!(
+        !root.join("rank1").exists(),
+        "rank 1 wrote a checkpoint: after the gather rank 0 holds everything, so only it writes"
+    );
 }
 
 /// Saved by 4 ranks, loaded by 2 and by 1: every rank must take its own
@@ -107,19 +122,32 @@ fn only_rank_zero_writes() {
 #[test]
 fn a_four_rank_checkpoint_loads_on_two_ranks_and_one() {
     let dir = scratch_dir("ex15-reshard");
-    ok(spawn(4, |pg| Ok(save(&trained(pg, FULL, 2), &dir))), "four ranks saving");
+    ok(
+        spawn(4, |pg| {
+            save(&trained(pg, FULL, 2), &dir);
+            Ok(())
+        }),
+        "four ranks saving",
+    );
     let saved = read(&dir);
-    for (world_size, sharding) in [(2, ShardingStrategy::FullShard), (1, ShardingStrategy::ShardGradOp), (2, ShardingStrategy::NoShard)] {
+    for (world_size, sharding) in
+        [(2, ShardingStrategy::FullShard), (1, ShardingStrategy::ShardGradOp), (2, ShardingStrategy::NoShard)]
+    {
         let loaded = ok(
             spawn(world_size, |pg| {
-                let mut trainer = fsdp_trainer(Box::new(pg), FsdpConfig { sharding, precision: Precision::Fp32 }, train_config(1.0));
+                let mut trainer =
+                    fsdp_trainer(Box::new(pg), FsdpConfig { sharding, precision: Precision::Fp32 }, train_config(1.0));
                 trainer.load_checkpoint(&dir)?;
                 Ok((gather_params(&trainer), trainer.counters.step, trainer.counters.optimizer_steps))
             }),
             "loading ranks",
         );
         for (rank, (params, step, optimizer_steps)) in loaded.iter().enumerate() {
-            assert_eq!((*step, *optimizer_steps), (2, 2), "{sharding} on {world_size} ranks: step counters not restored (restore_counters)");
+            assert_eq!(
+                (*step, *optimizer_steps),
+                (2, 2),
+                "{sharding} on {world_size} ranks: step counters not restored (restore_counters)"
+            );
             for (name, want) in &saved.params {
                 let got = params.get(name).unwrap();
                 assert!(
@@ -130,7 +158,13 @@ fn a_four_rank_checkpoint_loads_on_two_ranks_and_one() {
         }
     }
     // The format is Phase 2's: its trainer reads the file too.
-    let mut single = Trainer::new(&model_config(), workbook::init_params(&model_config(), 1, &candle_core::Device::Cpu).unwrap(), train_config(1.0), Ddp::single()).unwrap();
+    let mut single = Trainer::new(
+        &model_config(),
+        workbook::init_params(&model_config(), 1, &candle_core::Device::Cpu).unwrap(),
+        train_config(1.0),
+        Ddp::single(),
+    )
+    .unwrap();
     ok(single.load_checkpoint(&dir), "Phase 2's Trainer::load_checkpoint on an FSDP checkpoint");
 }
 
@@ -139,7 +173,13 @@ fn a_four_rank_checkpoint_loads_on_two_ranks_and_one() {
 fn resuming_reproduces_the_uninterrupted_run_bit_for_bit() {
     let dir = scratch_dir("ex15-resume");
     let straight = ok(spawn(2, |pg| Ok(gather_params(&trained(pg, FULL, 3)))), "uninterrupted ranks");
-    ok(spawn(2, |pg| Ok(save(&trained(pg, FULL, 2), &dir))), "ranks saving at step 2");
+    ok(
+        spawn(2, |pg| {
+            save(&trained(pg, FULL, 2), &dir);
+            Ok(())
+        }),
+        "ranks saving at step 2",
+    );
     let resumed = ok(
         spawn(2, |pg| {
             let mut trainer = fsdp_trainer(Box::new(pg), FULL, train_config(1.0));

@@ -8,8 +8,8 @@ use std::collections::HashMap;
 
 use candle_core::{DType, Device, Tensor};
 use workbook::distributed::{spawn, ProcessGroup};
-use workbook::parallel::fsdp::{FsdpConfig, FsdpTrainer, Precision, ShardingStrategy};
 use workbook::parallel::ddp::Ddp;
+use workbook::parallel::fsdp::{FsdpConfig, FsdpTrainer, Precision, ShardingStrategy};
 use workbook::train::{AdamWConfig, CosineSchedule, LrSchedule, OptimizerConfig, StepStats, TrainConfig, Trainer};
 use workbook::{init_params, GptConfig, InitRng};
 
@@ -66,7 +66,8 @@ pub fn rows_of(batch: &Tensor, rank: usize, world_size: usize) -> Tensor {
 /// One process's trainer after `steps` steps on the global batches.
 pub fn single_process_trainer(steps: usize, max_grad_norm: f64) -> Trainer {
     let params = init_params(&model_config(), 7, &Device::Cpu).unwrap();
-    let mut trainer = ok(Trainer::new(&model_config(), params, train_config(max_grad_norm), Ddp::single()), "Trainer::new");
+    let mut trainer =
+        ok(Trainer::new(&model_config(), params, train_config(max_grad_norm), Ddp::single()), "Trainer::new");
     for s in 0..steps {
         ok(trainer.train_step(&global_batches(s)), "Trainer::train_step");
     }
@@ -155,7 +156,8 @@ pub fn ddp_run(world_size: usize, config: TrainConfig, steps: usize) -> HashMap<
             let params = init_params(&model_config(), 7, &Device::Cpu).unwrap();
             let mut trainer = Trainer::new(&model_config(), params, config, Ddp::new(Box::new(pg)))?;
             for s in 0..steps {
-                let mine: Vec<Tensor> = global_batches(s).iter().map(|b| rows_of(b, trainer.ddp.rank(), world_size)).collect();
+                let mine: Vec<Tensor> =
+                    global_batches(s).iter().map(|b| rows_of(b, trainer.ddp.rank(), world_size)).collect();
                 trainer.train_step(&mine)?;
             }
             Ok(trainer.params.iter().map(|(n, v)| (n.to_string(), v.as_tensor().clone())).collect::<HashMap<_, _>>())

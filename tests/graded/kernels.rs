@@ -59,11 +59,21 @@ fn softmax_matches_candle_forward_and_backward() {
         let theirs = candle_nn::ops::softmax(&x, D::Minus1).unwrap();
         expect_close(&ours, &theirs, F32, &format!("kernels::softmax of ({t}, {t}) masked scores"), &[]);
         let above_diagonal = ours.narrow(2, 0, 1).unwrap().narrow(3, 1, t - 1).unwrap();
-        assert_eq!(above_diagonal.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap(), 0.0, "masked weights must be exactly 0");
+        assert_eq!(
+            above_diagonal.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap(),
+            0.0,
+            "masked weights must be exactly 0"
+        );
         let g_ours = surrogate(&ours, &dy).backward().unwrap();
         let g_theirs = surrogate(&theirs, &dy).backward().unwrap();
         let if_missing = "the kernel lost its backward pass";
-        expect_close(&grad(&g_ours, &x, "x", if_missing), &grad(&g_theirs, &x, "x", ""), F32, "gradient of kernels::softmax", &[]);
+        expect_close(
+            &grad(&g_ours, &x, "x", if_missing),
+            &grad(&g_theirs, &x, "x", ""),
+            F32,
+            "gradient of kernels::softmax",
+            &[],
+        );
     }
 }
 
@@ -72,7 +82,8 @@ fn softmax_keeps_bf16_and_computes_in_f32() {
     let x = masked_scores(16);
     let ours = kernels::softmax(&x.to_dtype(DType::BF16).unwrap()).unwrap();
     assert_eq!(ours.dtype(), DType::BF16);
-    let reference = candle_nn::ops::softmax(&x.to_dtype(DType::BF16).unwrap().to_dtype(DType::F32).unwrap(), D::Minus1).unwrap();
+    let reference =
+        candle_nn::ops::softmax(&x.to_dtype(DType::BF16).unwrap().to_dtype(DType::F32).unwrap(), D::Minus1).unwrap();
     expect_close(&ours.to_dtype(DType::F32).unwrap(), &reference, BF16, "bf16 kernels::softmax", &[]);
 }
 
@@ -86,7 +97,13 @@ fn silu_matches_candle_forward_and_backward() {
         expect_close(&ours, &theirs, F32, "kernels::silu", &[]);
         let g_ours = surrogate(&ours, &dy).backward().unwrap();
         let g_theirs = surrogate(&theirs, &dy).backward().unwrap();
-        expect_close(&grad(&g_ours, &x, "x", "no backward"), &grad(&g_theirs, &x, "x", ""), F32, "gradient of kernels::silu", &[]);
+        expect_close(
+            &grad(&g_ours, &x, "x", "no backward"),
+            &grad(&g_theirs, &x, "x", ""),
+            F32,
+            "gradient of kernels::silu",
+            &[],
+        );
     }
     let bf16 = kernels::silu(&randn(&[3, 4], 1.0).to_dtype(DType::BF16).unwrap()).unwrap();
     assert_eq!(bf16.dtype(), DType::BF16);
@@ -96,12 +113,20 @@ fn silu_matches_candle_forward_and_backward() {
 fn cross_entropy_matches_candle_forward_and_backward() {
     for (n, v) in [(3, 5), (300, 257)] {
         let logits = var(&randn(&[n, v], 2.0));
-        let targets = Tensor::from_vec((0..n as u32).map(|i| (i * 7919) % v as u32).collect(), n, &Device::Cpu).unwrap();
+        let targets =
+            Tensor::from_vec((0..n as u32).map(|i| (i * 7919) % v as u32).collect(), n, &Device::Cpu).unwrap();
         let ours = kernels::cross_entropy(&logits, &targets).unwrap();
         let theirs = candle_nn::loss::cross_entropy(&logits, &targets).unwrap();
         expect_close(&ours, &theirs, F32, "kernels::cross_entropy", &[]);
-        let (g_ours, g_theirs) = ((&ours * 3.0).unwrap().backward().unwrap(), (&theirs * 3.0).unwrap().backward().unwrap());
-        expect_close(&grad(&g_ours, &logits, "logits", "no backward"), &grad(&g_theirs, &logits, "logits", ""), F32, "gradient of kernels::cross_entropy", &[]);
+        let (g_ours, g_theirs) =
+            ((&ours * 3.0).unwrap().backward().unwrap(), (&theirs * 3.0).unwrap().backward().unwrap());
+        expect_close(
+            &grad(&g_ours, &logits, "logits", "no backward"),
+            &grad(&g_theirs, &logits, "logits", ""),
+            F32,
+            "gradient of kernels::cross_entropy",
+            &[],
+        );
     }
 }
 
@@ -142,7 +167,13 @@ fn linear_in_bf16_and_with_mismatched_features() {
     let w = randn(&[4, 8], 0.3);
     let bf16 = kernels::linear(&x.to_dtype(DType::BF16).unwrap(), &w.to_dtype(DType::BF16).unwrap()).unwrap();
     assert_eq!(bf16.dtype(), DType::BF16);
-    expect_close(&bf16.to_dtype(DType::F32).unwrap(), &kernels::linear(&x, &w).unwrap(), BF16, "bf16 kernels::linear", &[]);
+    expect_close(
+        &bf16.to_dtype(DType::F32).unwrap(),
+        &kernels::linear(&x, &w).unwrap(),
+        BF16,
+        "bf16 kernels::linear",
+        &[],
+    );
     let err = kernels::linear(&x, &randn(&[4, 7], 0.3)).unwrap_err().to_string();
     assert!(err.contains("does not end in the weight's 7 input features"), "{err}");
 }
@@ -167,7 +198,13 @@ fn split_and_merge_heads_match_candle_forward_and_backward() {
     let g_ours = surrogate(&through(&ours), &kernels::merge_heads(&dy).unwrap()).backward().unwrap();
     let reference = (theirs * &weights).unwrap().transpose(1, 2).unwrap().reshape((b, t, heads * d)).unwrap();
     let g_theirs = surrogate(&reference, &kernels::merge_heads(&dy).unwrap()).backward().unwrap();
-    expect_close(&grad(&g_ours, &x, "x", "no backward"), &grad(&g_theirs, &x, "x", ""), F32, "gradient through split_heads and merge_heads", &[]);
+    expect_close(
+        &grad(&g_ours, &x, "x", "no backward"),
+        &grad(&g_theirs, &x, "x", ""),
+        F32,
+        "gradient through split_heads and merge_heads",
+        &[],
+    );
 }
 
 #[test]
@@ -197,23 +234,43 @@ fn scaled_masked_softmax_matches_the_composed_ops_forward_and_backward() {
         let theirs = composed_masked_softmax(&x, &allowed, 0.25);
         expect_close(&ours, &theirs, F32, &format!("kernels::scaled_masked_softmax of ({t}, {t}) scores"), &[]);
         let above_diagonal = ours.narrow(2, 0, 1).unwrap().narrow(3, 1, t - 1).unwrap();
-        assert_eq!(above_diagonal.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap(), 0.0, "masked weights must be exactly 0");
+        assert_eq!(
+            above_diagonal.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap(),
+            0.0,
+            "masked weights must be exactly 0"
+        );
         let g_ours = surrogate(&ours, &dy).backward().unwrap();
         let g_theirs = surrogate(&theirs, &dy).backward().unwrap();
         let what = "gradient of kernels::scaled_masked_softmax";
-        expect_close(&grad(&g_ours, &x, "x", "the kernel lost its backward pass"), &grad(&g_theirs, &x, "x", ""), F32, what, &[]);
+        expect_close(
+            &grad(&g_ours, &x, "x", "the kernel lost its backward pass"),
+            &grad(&g_theirs, &x, "x", ""),
+            F32,
+            what,
+            &[],
+        );
     }
 }
 
 #[test]
 fn scaled_masked_softmax_checks_its_mask() {
     let x = randn(&[2, 3, 4, 4], 1.0);
-    let bf16 = kernels::scaled_masked_softmax(&x.to_dtype(DType::BF16).unwrap(), &Tensor::tril2(4, DType::U8, &Device::Cpu).unwrap(), 0.5).unwrap();
+    let bf16 = kernels::scaled_masked_softmax(
+        &x.to_dtype(DType::BF16).unwrap(),
+        &Tensor::tril2(4, DType::U8, &Device::Cpu).unwrap(),
+        0.5,
+    )
+    .unwrap();
     assert_eq!(bf16.dtype(), DType::BF16);
     let nothing_allowed = Tensor::zeros((4, 4), DType::U8, &Device::Cpu).unwrap();
     let nan = kernels::scaled_masked_softmax(&x, &nothing_allowed, 1.0).unwrap();
-    assert!(nan.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().all(|v| v.is_nan()), "a row with nothing allowed gives NaN, as the composed ops do");
-    let wrong_shape = kernels::scaled_masked_softmax(&x, &Tensor::tril2(3, DType::U8, &Device::Cpu).unwrap(), 1.0).unwrap_err().to_string();
+    assert!(
+        nan.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().all(|v| v.is_nan()),
+        "a row with nothing allowed gives NaN, as the composed ops do"
+    );
+    let wrong_shape = kernels::scaled_masked_softmax(&x, &Tensor::tril2(3, DType::U8, &Device::Cpu).unwrap(), 1.0)
+        .unwrap_err()
+        .to_string();
     assert!(wrong_shape.contains("a mask of shape [3, 3] does not fit scores of shape [2, 3, 4, 4]"), "{wrong_shape}");
     let full_size = Tensor::ones((2, 3, 4, 4), DType::U8, &Device::Cpu).unwrap();
     let wrong_rank = kernels::scaled_masked_softmax(&x, &full_size, 1.0).unwrap_err().to_string();
@@ -234,7 +291,13 @@ fn broadcast_rows_matches_candle_broadcast_forward_and_backward() {
     let dy = randn(&[300, 24], 1.0);
     let g_ours = surrogate(&ours, &dy).backward().unwrap();
     let g_theirs = surrogate(&theirs, &dy).backward().unwrap();
-    expect_close(&grad(&g_ours, &v, "v", "no backward"), &grad(&g_theirs, &v, "v", ""), F32, "gradient of kernels::broadcast_rows", &[]);
+    expect_close(
+        &grad(&g_ours, &v, "v", "no backward"),
+        &grad(&g_theirs, &v, "v", ""),
+        F32,
+        "gradient of kernels::broadcast_rows",
+        &[],
+    );
     let bf16 = kernels::broadcast_rows(&v.to_dtype(DType::BF16).unwrap(), 3).unwrap();
     assert_eq!((bf16.dims(), bf16.dtype()), (&[3, 24][..], DType::BF16));
 }

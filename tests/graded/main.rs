@@ -23,9 +23,9 @@ mod exercise_15;
 // END exercise modules
 mod data;
 mod distributed;
+mod fsdp_runs;
+mod kernels;
+mod phase_3;
 mod processes;
 mod scaffolding;
-mod kernels;
-mod fsdp_runs;
-mod phase_3;
 mod store;

@@ -27,7 +27,9 @@ use workbook::parallel::fsdp::{FsdpConfig, LossScaler, Precision, ShardingStrate
 use workbook::train::TrainConfig;
 
 use crate::exercise_12::expected;
-use crate::fsdp_runs::{ddp_run, fsdp_run, fsdp_step, fsdp_trainer, gather_params, max_relative_difference, single_process, train_config};
+use crate::fsdp_runs::{
+    ddp_run, fsdp_run, fsdp_step, fsdp_trainer, gather_params, max_relative_difference, single_process, train_config,
+};
 use crate::support::ok;
 
 const STEPS: usize = 3;
@@ -42,7 +44,8 @@ fn check(worst: (f64, String), bound: f64, what: &str) {
 
 #[rstest]
 fn one_rank_is_bit_exact_with_one_process(
-    #[values(ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard)] strategy: ShardingStrategy,
+    #[values(ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard)]
+    strategy: ShardingStrategy,
     #[values(false, true)] activation_checkpointing: bool,
 ) {
     for (clip, bound) in [(NO_CLIP, 0.0), (CLIP, 1e-6)] {
@@ -56,7 +59,8 @@ fn one_rank_is_bit_exact_with_one_process(
 
 #[rstest]
 fn ranks_match_ddp_and_one_process(
-    #[values(ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard)] strategy: ShardingStrategy,
+    #[values(ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard)]
+    strategy: ShardingStrategy,
     #[values(2, 4)] world_size: usize,
 ) {
     let (got, _) = fsdp_run(world_size, strategy, Precision::Fp32, train_config(NO_CLIP), STEPS);
@@ -81,7 +85,8 @@ fn expected_model_states(strategy: ShardingStrategy, psi: u64, n: u64) -> u64 {
 
 #[rstest]
 fn measured_memory_per_rank_follows_the_plan(
-    #[values(ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard)] strategy: ShardingStrategy,
+    #[values(ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard)]
+    strategy: ShardingStrategy,
 ) {
     let world_size = 2;
     let (_, trainers) = fsdp_run(world_size, strategy, Precision::Fp32, train_config(1.0), 1);
@@ -152,23 +157,48 @@ fn fp16_skips_overflowing_steps_instead_of_producing_nan() {
                 fsdp_step(&mut trainer, s);
             }
             let end = gather_params(&trainer);
-            Ok(Some((start, after_overflow, skipped_first, trainer.counters.skipped_steps, trainer.counters.optimizer_steps, trainer.scaler.unwrap().scale, end)))
+            Ok(Some((
+                start,
+                after_overflow,
+                skipped_first,
+                trainer.counters.skipped_steps,
+                trainer.counters.optimizer_steps,
+                trainer.scaler.unwrap().scale,
+                end,
+            )))
         }),
         "two fp16 FSDP ranks",
     );
-    let Some((start, after_overflow, skipped_first, skipped, applied, scale, end)) = results.into_iter().next().flatten() else {
-        panic!("the fp16 trainer has no loss scaler. Likely cause: the fp16 policy (exercise 13) has loss_scaling = false");
+    let Some((start, after_overflow, skipped_first, skipped, applied, scale, end)) =
+        results.into_iter().next().flatten()
+    else {
+        panic!(
+            "the fp16 trainer has no loss scaler. Likely cause: the fp16 policy (exercise 13) has loss_scaling = false"
+        );
     };
     assert_eq!(skipped_first, 1, "the first step overflowed (loss scale 2^40) but was not skipped");
     for (name, t) in &start {
-        let same = (t - after_overflow.get(name).unwrap()).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        let same = (t - after_overflow.get(name).unwrap())
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
         assert_eq!(same, 0.0, "`{name}` changed in a step whose gradients overflowed: that step must be skipped");
     }
-    assert!(applied > 0, "no step was applied in 40: the scale ({scale:e}) never came down to where fp16 gradients fit");
+    assert!(
+        applied > 0,
+        "no step was applied in 40: the scale ({scale:e}) never came down to where fp16 gradients fit"
+    );
     assert!(scale < 2f64.powi(40), "the loss scale did not shrink after overflows");
     assert!(skipped > 1, "expected several overflowing steps while the scale came down from 2^40, saw {skipped}");
     for (name, t) in &end {
         let sum = t.sum_all().unwrap().to_scalar::<f32>().unwrap();
-        assert!(sum.is_finite(), "`{name}` holds inf or NaN after fp16 training: overflowing steps reached the parameters");
+        assert!(
+            sum.is_finite(),
+            "`{name}` holds inf or NaN after fp16 training: overflowing steps reached the parameters"
+        );
     }
 }

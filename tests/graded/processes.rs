@@ -17,9 +17,7 @@ use rstest::rstest;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use workbook::distributed::launch::free_port;
-use workbook::distributed::{
-    init_from_env, Collective, LaunchConfig, ProcessGroup, ReduceOp, TcpProcessGroup,
-};
+use workbook::distributed::{init_from_env, Collective, LaunchConfig, ProcessGroup, ReduceOp, TcpProcessGroup};
 
 /// Set in a rank's environment: the test it runs, and where its result goes.
 const RANK_OF: &str = "WORKBOOK_TEST_RANK_OF";
@@ -69,8 +67,8 @@ fn run_rank<T: Serialize>(body: impl FnOnce(TcpProcessGroup) -> candle_core::Res
     let rank = workbook::distributed::ProcessGroup::rank(&pg);
     match body(pg) {
         Ok(result) => {
-            let path = PathBuf::from(std::env::var(RESULT_DIR).expect("set by the harness"))
-                .join(format!("rank{rank}.json"));
+            let path =
+                PathBuf::from(std::env::var(RESULT_DIR).expect("set by the harness")).join(format!("rank{rank}.json"));
             std::fs::write(path, serde_json::to_vec(&result).expect("serialisable"))
                 .expect("writable result directory");
             std::process::exit(0)
@@ -163,9 +161,8 @@ mod tempdir {
 /// Rank `rank`'s tensor: values that differ per rank and are not round, so
 /// the order of a sum shows in its bits.
 fn input(rank: usize, len: usize, dtype: DType) -> Tensor {
-    let values: Vec<f32> = (0..len)
-        .map(|i| ((rank * 31 + i * 7) % 17) as f32 * 0.37 - 2.9 + rank as f32 * 0.013)
-        .collect();
+    let values: Vec<f32> =
+        (0..len).map(|i| ((rank * 31 + i * 7) % 17) as f32 * 0.37 - 2.9 + rank as f32 * 0.013).collect();
     Tensor::from_vec(values, len, &Device::Cpu).unwrap().to_dtype(dtype).unwrap()
 }
 
@@ -188,11 +185,14 @@ fn ring_sum(world: usize, len: usize, dtype: DType) -> Vec<f32> {
     let (base, extra) = (len / world, len % world);
     let chunk_of = |i: usize| {
         let long = extra * (base + 1);
-        if i < long { i / (base + 1) } else { extra + (i - long) / base.max(1) }
+        if i < long {
+            i / (base + 1)
+        } else {
+            extra + (i - long) / base.max(1)
+        }
     };
-    let orders: Vec<Vec<f32>> = (0..world)
-        .map(|c| sum_in_order((1..=world).map(|k| (c + k) % world), len, dtype))
-        .collect();
+    let orders: Vec<Vec<f32>> =
+        (0..world).map(|c| sum_in_order((1..=world).map(|k| (c + k) % world), len, dtype)).collect();
     (0..len).map(|i| orders[chunk_of(i)][i]).collect()
 }
 
@@ -211,7 +211,10 @@ fn ring_all_reduce_equals_the_sum_in_the_rings_order(
     let want = ring_sum(world, len, dtype);
     for (rank, (values, same_dtype)) in got.iter().enumerate() {
         assert!(same_dtype, "rank {rank}: the result must keep the input's dtype");
-        assert_eq!(values, &want, "world {world}, {len} {dtype:?} elements: rank {rank}'s all_reduce is not the sum in the ring's order");
+        assert_eq!(
+            values, &want,
+            "world {world}, {len} {dtype:?} elements: rank {rank}'s all_reduce is not the sum in the ring's order"
+        );
     }
     if world == 2 {
         let rank_order = sum_in_order(0..2, len, dtype);
@@ -248,7 +251,11 @@ fn all_gather_broadcast_and_reduce_scatter_match_their_definitions(#[values(2, 3
     let mean: Vec<f32> = ring_sum(world, rows * 3, DType::F32).iter().map(|v| v / world as f32).collect();
     for (rank, Collected { gathered: g, broadcast: b, scattered: s, scattered_dims: dims }) in got.iter().enumerate() {
         assert_eq!(g, &gathered, "rank {rank}: all_gather must concatenate every rank's tensor in rank order");
-        assert_eq!(b, &as_f32(&input(world - 1, 5, DType::F32)), "rank {rank}: broadcast must deliver the root's tensor");
+        assert_eq!(
+            b,
+            &as_f32(&input(world - 1, 5, DType::F32)),
+            "rank {rank}: broadcast must deliver the root's tensor"
+        );
         assert_eq!(dims, &[2, 3], "rank {rank}: reduce_scatter gives each rank 1/world of dim 0");
         let close = s.iter().zip(&mean[rank * 6..rank * 6 + 6]).all(|(a, b)| (a - b).abs() <= 1e-6 * (1.0 + b.abs()));
         assert!(close, "rank {rank}: reduce_scatter(avg) must give rank r the r-th chunk of the mean: got {s:?}");
@@ -272,7 +279,10 @@ fn each_rank_sends_2_n_minus_1_chunks_in_an_all_reduce(#[values(2, 3, 4)] world:
         let chunk = |c: usize| 4 * (base + usize::from(c < extra)) as u64;
         let all_but = |skip: usize| (0..world).filter(|&c| c != skip).map(chunk).sum::<u64>();
         let want = all_but(rank) + all_but((rank + 1) % world);
-        assert_eq!(wire, want, "rank {rank} of {world}: sent {wire} bytes for a {payload}-byte all-reduce; a ring sends 2(N-1) chunks");
+        assert_eq!(
+            wire, want,
+            "rank {rank} of {world}: sent {wire} bytes for a {payload}-byte all-reduce; a ring sends 2(N-1) chunks"
+        );
     }
 }
 
@@ -329,7 +339,10 @@ fn a_rank_that_exits_makes_the_others_fail_at_once_naming_it() {
     // Rank 1 waits for rank 2 directly; rank 0 may instead see rank 1 give up.
     let (error, seconds) = results[1].clone().expect("rank 1 reports");
     assert!(error.contains("rank 2"), "rank 1's error must name rank 2, the rank that exited: {error:?}");
-    assert!(seconds < 10.0, "rank 1 waited {seconds:.1} s: a closed connection must fail the collective at once, not at the timeout");
+    assert!(
+        seconds < 10.0,
+        "rank 1 waited {seconds:.1} s: a closed connection must fail the collective at once, not at the timeout"
+    );
     let (error, _) = results[0].clone().expect("rank 0 reports");
     assert!(!error.is_empty(), "rank 0's collective must fail too");
 }

@@ -73,7 +73,9 @@ fn recompute_gives_the_gradients_of_plain_backprop() {
         }
     }
     let dev = Device::Cpu;
-    let w: Vec<Var> = (0..3).map(|i| Var::from_tensor(&(Tensor::randn(0f32, 0.5, (6, 6), &dev).unwrap() + i as f64).unwrap()).unwrap()).collect();
+    let w: Vec<Var> = (0..3)
+        .map(|i| Var::from_tensor(&(Tensor::randn(0f32, 0.5, (6, 6), &dev).unwrap() + i as f64).unwrap()).unwrap())
+        .collect();
     let embed = Var::from_tensor(&Tensor::randn(0f32, 1.0, (4, 6), &dev).unwrap()).unwrap();
     let layers: Vec<TanhLinear> = w.iter().map(|w| TanhLinear(Linear::new(w.as_tensor().clone(), None))).collect();
     let x0 = (embed.as_tensor() * 2.0).unwrap(); // a tracked, non-leaf input
@@ -106,7 +108,8 @@ fn adamw_matches_pytorch() {
     use crate::exercise_08::{adamw_fixture, step_three_times};
     let f = fixture(8);
     let (params, config) = adamw_fixture(&f);
-    let (decay, no_decay): (Vec<_>, Vec<_>) = params.iter().map(|(n, v)| (n.to_string(), v.rank())).partition(|(_, rank)| *rank >= 2);
+    let (decay, no_decay): (Vec<_>, Vec<_>) =
+        params.iter().map(|(n, v)| (n.to_string(), v.rank())).partition(|(_, rank)| *rank >= 2);
     let names = |group: Vec<(String, usize)>| group.into_iter().map(|(n, _)| n).collect();
     let groups = vec![
         ParamGroup { names: names(decay), weight_decay: config.weight_decay },
@@ -123,7 +126,9 @@ mod checkpoints {
     use std::collections::HashMap;
 
     use candle_core::{Device, Tensor};
-    use workbook::train::{AdamWConfig, Checkpoint, CosineSchedule, LrSchedule, OptimizerConfig, TrainConfig, TrainerState};
+    use workbook::train::{
+        AdamWConfig, Checkpoint, CosineSchedule, LrSchedule, OptimizerConfig, TrainConfig, TrainerState,
+    };
 
     use super::tiny;
     use crate::support::scratch_dir;
@@ -176,9 +181,10 @@ mod checkpoints {
 #[test]
 fn adamw_skips_a_step_with_a_non_finite_gradient() {
     use workbook::autograd::Gradients;
-use workbook::train::{AdamW, AdamWConfig, ParamGroup};
+    use workbook::train::{AdamW, AdamWConfig, ParamGroup};
     let params = ParamStore::from_tensors([("w", Tensor::new(&[1f32, 2.], &Device::Cpu).unwrap())]).unwrap();
-    let mut opt = AdamW::new(vec![ParamGroup { names: vec!["w".into()], weight_decay: 0.0 }], AdamWConfig::default()).unwrap();
+    let mut opt =
+        AdamW::new(vec![ParamGroup { names: vec!["w".into()], weight_decay: 0.0 }], AdamWConfig::default()).unwrap();
     let mut grads = Gradients::default();
     grads.insert("w", Tensor::new(&[f32::INFINITY, 1.], &Device::Cpu).unwrap());
     opt.step(&params, &grads, 0.1).unwrap();

@@ -27,16 +27,9 @@ fn client(addr: &str) -> StoreClient {
 /// The server still answers: a fresh client can set and read a key.
 fn assert_serves(addr: &str, what: &str) {
     let store = client(addr);
-    store
-        .set("alive", b"yes")
-        .unwrap_or_else(|e| panic!("after {what}, set failed: {e}"));
-    let value = store
-        .get("alive", TIMEOUT)
-        .unwrap_or_else(|e| panic!("after {what}, get failed: {e}"));
-    assert_eq!(
-        value, b"yes",
-        "after {what}, the store returned a wrong value"
-    );
+    store.set("alive", b"yes").unwrap_or_else(|e| panic!("after {what}, set failed: {e}"));
+    let value = store.get("alive", TIMEOUT).unwrap_or_else(|e| panic!("after {what}, get failed: {e}"));
+    assert_eq!(value, b"yes", "after {what}, the store returned a wrong value");
 }
 
 #[test]
@@ -44,14 +37,8 @@ fn set_then_get_round_trips_between_two_clients() {
     let (_server, addr) = server();
     let (rank0, rank1) = (client(&addr), client(&addr));
     rank0.set("nccl_id", &[7; 128]).unwrap();
-    let got = rank1
-        .get("nccl_id", TIMEOUT)
-        .expect("get of a key another client set failed");
-    assert_eq!(
-        got,
-        vec![7; 128],
-        "rank 1 read different bytes than rank 0 set"
-    );
+    let got = rank1.get("nccl_id", TIMEOUT).expect("get of a key another client set failed");
+    assert_eq!(got, vec![7; 128], "rank 1 read different bytes than rank 0 set");
 }
 
 #[test]
@@ -65,33 +52,17 @@ fn get_waits_for_a_later_set_from_another_thread() {
     let got = client(&addr).get("rank1/addr", TIMEOUT);
     later.join().unwrap();
     let got = got.expect("get must wait for a key set later instead of failing");
-    assert_eq!(
-        got, b"10.0.0.2:4000",
-        "get returned a different value than was set"
-    );
+    assert_eq!(got, b"10.0.0.2:4000", "get returned a different value than was set");
 }
 
 #[test]
 fn get_times_out_with_timed_out_naming_the_key() {
     let (_server, addr) = server();
     let started = Instant::now();
-    let err = client(&addr)
-        .get("never/set", Duration::from_millis(100))
-        .unwrap_err();
-    assert_eq!(
-        err.kind(),
-        ErrorKind::TimedOut,
-        "a missing key must time out: {err}"
-    );
-    assert!(
-        err.to_string().contains("never/set"),
-        "the error must name the key: {err}"
-    );
-    assert!(
-        started.elapsed() < TIMEOUT,
-        "get took {:?} for a 100 ms timeout",
-        started.elapsed()
-    );
+    let err = client(&addr).get("never/set", Duration::from_millis(100)).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TimedOut, "a missing key must time out: {err}");
+    assert!(err.to_string().contains("never/set"), "the error must name the key: {err}");
+    assert!(started.elapsed() < TIMEOUT, "get took {:?} for a 100 ms timeout", started.elapsed());
 }
 
 #[test]
@@ -124,10 +95,7 @@ fn barrier_releases_every_rank_once_the_last_arrives() {
         ranks.into_iter().map(|rank| rank.join().unwrap()).collect()
     });
     for (rank, result) in results.iter().enumerate() {
-        assert!(
-            result.is_ok(),
-            "rank {rank} was not released from the barrier: {result:?}"
-        );
+        assert!(result.is_ok(), "rank {rank} was not released from the barrier: {result:?}");
     }
 }
 
@@ -146,10 +114,7 @@ fn barrier_with_a_missing_rank_times_out() {
     for result in results {
         let err = result.expect_err("a barrier for 3 ranks released only 2");
         assert_eq!(err.kind(), ErrorKind::TimedOut, "expected a timeout: {err}");
-        assert!(
-            err.to_string().contains("2 of 3"),
-            "the error must say who arrived: {err}"
-        );
+        assert!(err.to_string().contains("2 of 3"), "the error must say who arrived: {err}");
     }
 }
 
@@ -158,15 +123,8 @@ fn wrong_token_is_refused_while_the_right_one_is_served() {
     let (_server, addr) = server();
     let intruder = StoreClient::connect(&addr, "other-job", TIMEOUT).unwrap();
     let err = intruder.set("key", b"value").unwrap_err();
-    assert_eq!(
-        err.kind(),
-        ErrorKind::PermissionDenied,
-        "a wrong token must be refused: {err}"
-    );
-    assert!(
-        err.to_string().contains("WORKBOOK_JOB_TOKEN"),
-        "the error must name the variable: {err}"
-    );
+    assert_eq!(err.kind(), ErrorKind::PermissionDenied, "a wrong token must be refused: {err}");
+    assert!(err.to_string().contains("WORKBOOK_JOB_TOKEN"), "the error must name the variable: {err}");
     assert_serves(&addr, "refusing a wrong token");
 }
 
@@ -177,18 +135,12 @@ fn stray_connections_do_not_disturb_the_store() {
     let mut huge = TcpStream::connect(&addr).unwrap();
     huge.write_all(&u32::MAX.to_le_bytes()).unwrap();
     // Garbage, then gone.
-    TcpStream::connect(&addr)
-        .unwrap()
-        .write_all(b"GET / HTTP/1.1\r\n\r\n")
-        .unwrap();
+    TcpStream::connect(&addr).unwrap().write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
     assert_serves(&addr, "two stray connections");
     huge.set_read_timeout(Some(TIMEOUT)).unwrap();
     let read = huge.read(&mut [0; 16]);
     assert!(
-        matches!(read, Ok(0))
-            || read
-                .as_ref()
-                .is_err_and(|e| e.kind() == ErrorKind::ConnectionReset),
+        matches!(read, Ok(0)) || read.as_ref().is_err_and(|e| e.kind() == ErrorKind::ConnectionReset),
         "the server must close a connection announcing a 4 GiB frame, got {read:?}"
     );
 }
@@ -202,10 +154,7 @@ fn protocol_violation_closes_only_that_connection() {
     raw.write_all(&[1, 0, 0, 0, 99]).unwrap(); // a one-byte request with opcode 99
     raw.set_read_timeout(Some(TIMEOUT)).unwrap();
     let read = raw.read(&mut [0; 16]);
-    assert!(
-        matches!(read, Ok(0)),
-        "an unknown opcode must close the connection, got {read:?}"
-    );
+    assert!(matches!(read, Ok(0)), "an unknown opcode must close the connection, got {read:?}");
     assert_serves(&addr, "an unknown opcode");
 }
 
@@ -220,24 +169,13 @@ fn dropped_server_turns_a_waiting_get_into_an_error() {
     let started = Instant::now();
     let err = store.get("never/set", Duration::from_secs(30)).unwrap_err();
     host_exits.join().unwrap();
-    assert!(
-        started.elapsed() < TIMEOUT,
-        "get hung for {:?} after the server went",
-        started.elapsed()
-    );
-    assert!(
-        err.to_string().contains("closed the connection"),
-        "the error must say the host went: {err}"
-    );
+    assert!(started.elapsed() < TIMEOUT, "get hung for {:?} after the server went", started.elapsed());
+    assert!(err.to_string().contains("closed the connection"), "the error must say the host went: {err}");
 }
 
 #[test]
 fn connect_retries_until_the_server_binds() {
-    let addr = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .to_string();
+    let addr = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
     let host = {
         let addr = addr.clone();
         thread::spawn(move || {
@@ -248,7 +186,5 @@ fn connect_retries_until_the_server_binds() {
     let store = StoreClient::connect(&addr, TOKEN, TIMEOUT);
     let _server = host.join().unwrap();
     let store = store.expect("connect must retry until the server starts");
-    store
-        .set("key", b"v")
-        .expect("the late server must serve the early client");
+    store.set("key", b"v").expect("the late server must serve the early client");
 }

@@ -80,10 +80,7 @@ pub fn ok<T>(result: candle_core::Result<T>, call: &str) -> T {
 }
 
 fn values(t: &Tensor) -> Vec<f32> {
-    t.to_dtype(DType::F32)
-        .and_then(|t| t.flatten_all())
-        .and_then(|t| t.to_vec1::<f32>())
-        .expect("tensor to f32 values")
+    t.to_dtype(DType::F32).and_then(|t| t.flatten_all()).and_then(|t| t.to_vec1::<f32>()).expect("tensor to f32 values")
 }
 
 /// Where `got` and `want` differ most, if anywhere beyond `tol`.
@@ -99,7 +96,7 @@ fn worst_mismatch(got: &[f32], want: &[f32], tol: Tol) -> Option<Worst> {
         let excess = (g - w).abs() - (tol.atol + tol.rtol * w.abs());
         if excess > 0.0 || g.is_nan() != w.is_nan() {
             let excess = if excess.is_nan() { f32::INFINITY } else { excess };
-            if worst.map_or(true, |(e, _)| excess > e) {
+            if worst.is_none_or(|(e, _)| excess > e) {
                 worst = Some((excess, i));
             }
         }
@@ -204,7 +201,14 @@ pub fn var(t: &Tensor) -> candle_core::Var {
 /// last bits of float rounding into a visible share of its step. The L2 error
 /// of the whole update stays tiny unless the step itself is wrong.
 pub fn expect_update_close(before: &Tensor, after: &Tensor, want_after: &Tensor, rel: f64, what: &str) {
-    let norm = |t: &Tensor| t.sqr().and_then(|t| t.sum_all()).and_then(|t| t.to_dtype(DType::F64)).and_then(|t| t.to_scalar::<f64>()).expect("norm").sqrt();
+    let norm = |t: &Tensor| {
+        t.sqr()
+            .and_then(|t| t.sum_all())
+            .and_then(|t| t.to_dtype(DType::F64))
+            .and_then(|t| t.to_scalar::<f64>())
+            .expect("norm")
+            .sqrt()
+    };
     let ours = (after - before).expect("update");
     let reference = (want_after - before).expect("reference update");
     let error = norm(&(&ours - &reference).expect("difference")) / norm(&reference).max(1e-30);
@@ -228,5 +232,7 @@ pub fn scratch_dir(test: &str) -> std::path::PathBuf {
 
 /// Whether two tensors are equal bit for bit.
 pub fn bit_equal(a: &Tensor, b: &Tensor) -> bool {
-    a.dims() == b.dims() && a.dtype() == b.dtype() && values(a).iter().zip(values(b)).all(|(x, y)| x.to_bits() == y.to_bits())
+    a.dims() == b.dims()
+        && a.dtype() == b.dtype()
+        && values(a).iter().zip(values(b)).all(|(x, y)| x.to_bits() == y.to_bits())
 }

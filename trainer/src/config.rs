@@ -41,7 +41,11 @@ pub struct OptimizerSettings {
 impl RunConfig {
     /// Reads `configs/<size>.toml` under `root`, or `size` itself when it is a path to a file.
     pub fn load(root: &Path, size: &str) -> Result<Self> {
-        let path = if Path::new(size).is_file() { PathBuf::from(size) } else { root.join("configs").join(format!("{size}.toml")) };
+        let path = if Path::new(size).is_file() {
+            PathBuf::from(size)
+        } else {
+            root.join("configs").join(format!("{size}.toml"))
+        };
         if !path.is_file() {
             bail!("unknown model size `{size}`: choose {} or give the path of a config file", SIZES.join(", "));
         }
@@ -79,7 +83,7 @@ impl RunConfig {
         if world_size == 0 {
             bail!("--nproc must be at least 1");
         }
-        if self.batch_size == 0 || self.batch_size % world_size != 0 {
+        if self.batch_size == 0 || !self.batch_size.is_multiple_of(world_size) {
             bail!(
                 "batch size {} does not divide across {world_size} ranks: use a multiple of {world_size} (it is the global batch, split evenly)",
                 self.batch_size

@@ -55,7 +55,8 @@ pub fn read_log(path: &Path) -> Result<Vec<StepRecord>> {
 /// Draws loss against step as a standalone SVG picture.
 pub fn loss_curve_svg(records: &[StepRecord]) -> String {
     let (w, h, pad) = (640.0, 360.0, 48.0);
-    let points: Vec<(f64, f64)> = records.iter().filter(|r| r.loss.is_finite()).map(|r| (r.step as f64, r.loss)).collect();
+    let points: Vec<(f64, f64)> =
+        records.iter().filter(|r| r.loss.is_finite()).map(|r| (r.step as f64, r.loss)).collect();
     let mut svg = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
          <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
@@ -79,10 +80,17 @@ pub fn loss_curve_svg(records: &[StepRecord]) -> String {
             r = w - pad
         ));
         for (value, y) in [(hi, sy(hi)), (lo, sy(lo))] {
-            svg.push_str(&format!("<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{value:.2}</text>\n", pad - 4.0, y + 4.0));
+            svg.push_str(&format!(
+                "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{value:.2}</text>\n",
+                pad - 4.0,
+                y + 4.0
+            ));
         }
         for (value, x) in [(x0, sx(x0)), (x1, sx(x1))] {
-            svg.push_str(&format!("<text x=\"{x:.1}\" y=\"{}\" text-anchor=\"middle\">step {value}</text>\n", h - pad + 16.0));
+            svg.push_str(&format!(
+                "<text x=\"{x:.1}\" y=\"{}\" text-anchor=\"middle\">step {value}</text>\n",
+                h - pad + 16.0
+            ));
         }
     }
     svg.push_str("</svg>\n");

@@ -8,9 +8,9 @@ use candle_core::{Device, Tensor};
 use indicatif::{ProgressBar, ProgressStyle};
 use workbook::data::{DataConfig, Dataset, DistributedSampler};
 use workbook::distributed::{spawn_with_timeout, DistEnv, ProcessGroup, ReduceOp, SingleProcess, TcpProcessGroup};
-use workbook::parallel::fsdp::FsdpTrainer;
 use workbook::init_params;
 use workbook::parallel::ddp::Ddp;
+use workbook::parallel::fsdp::FsdpTrainer;
 use workbook::train::{DataPosition, StepStats, Train, Trainer};
 
 use crate::checkpoints;
@@ -59,14 +59,20 @@ pub fn train(options: &RunOptions) -> Result<Summary> {
     let launched = DistEnv::from_env().map_err(|e| anyhow!("{e}"))?;
     if let Some(env) = &launched {
         if env.world_size != options.nproc {
-            bail!("this rank was started in a job of {} ranks (WORLD_SIZE), but the run asks for {}", env.world_size, options.nproc);
+            bail!(
+                "this rank was started in a job of {} ranks (WORLD_SIZE), but the run asks for {}",
+                env.world_size,
+                options.nproc
+            );
         }
     }
     options.config.validate(options.nproc)?;
-    std::fs::create_dir_all(&options.out_dir).with_context(|| format!("cannot create {}", options.out_dir.display()))?;
+    std::fs::create_dir_all(&options.out_dir)
+        .with_context(|| format!("cannot create {}", options.out_dir.display()))?;
     let dataset = open_dataset(&options.data)?;
     if let Some(env) = launched {
-        let pg = TcpProcessGroup::init(&env.rendezvous()).map_err(|e| anyhow!("rank {} joining the job: {e}", env.rank))?;
+        let pg =
+            TcpProcessGroup::init(&env.rendezvous()).map_err(|e| anyhow!("rank {} joining the job: {e}", env.rank))?;
         return run_rank(options, &dataset, Box::new(pg));
     }
     if options.nproc == 1 {
@@ -97,16 +103,19 @@ pub fn open_dataset(config: &DataConfig) -> Result<Dataset> {
 /// One rank's run: its trainer, by strategy, driven by [`drive`].
 fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>) -> Result<Summary> {
     let model_config = options.config.model.clone();
-    let params = init_params(&model_config, options.seed, &Device::Cpu).map_err(|e| anyhow!("initialising the model: {e}"))?;
+    let params =
+        init_params(&model_config, options.seed, &Device::Cpu).map_err(|e| anyhow!("initialising the model: {e}"))?;
     let num_params = params.num_params();
     let train_config = options.config.train_config(options.activation_checkpointing);
     match options.strategy {
         Strategy::Ddp => {
-            let trainer = Trainer::new(&model_config, params, train_config, Ddp::new(pg)).map_err(|e| anyhow!("{e}"))?;
+            let trainer =
+                Trainer::new(&model_config, params, train_config, Ddp::new(pg)).map_err(|e| anyhow!("{e}"))?;
             drive(options, dataset, trainer, num_params)
         }
         Strategy::Fsdp(fsdp) => {
-            let trainer = FsdpTrainer::new(&model_config, params, train_config, fsdp, pg).map_err(|e| anyhow!("{e}"))?;
+            let trainer =
+                FsdpTrainer::new(&model_config, params, train_config, fsdp, pg).map_err(|e| anyhow!("{e}"))?;
             drive(options, dataset, trainer, num_params)
         }
     }
@@ -117,7 +126,8 @@ fn drive(options: &RunOptions, dataset: &Dataset, mut trainer: impl Train, num_p
     let (rank, world) = (trainer.process_group().rank(), trainer.process_group().world_size());
     let is_logger = rank == 0;
     let config = &options.config;
-    let mut sampler = DistributedSampler::new(dataset.num_windows(), world, rank, options.seed).map_err(|e| anyhow!("{e}"))?;
+    let mut sampler =
+        DistributedSampler::new(dataset.num_windows(), world, rank, options.seed).map_err(|e| anyhow!("{e}"))?;
     if let Some(resume) = &options.resume {
         let dir = checkpoints::resolve(resume)?;
         let position = trainer.load_checkpoint(&dir).map_err(|e| anyhow!("resuming from {}: {e}", dir.display()))?;
@@ -164,14 +174,19 @@ fn drive(options: &RunOptions, dataset: &Dataset, mut trainer: impl Train, num_p
             }
             bar.set_position(trainer.counters().step as u64);
             bar.set_message(format!("loss {:.4}  lr {:.2e}  {:.0} tok/s", record.loss, record.lr, record.tokens_per_s));
-            if bar.is_hidden() && (trainer.counters().step % options.log_every == 0 || trainer.counters().step == config.max_steps) {
-                println!("step {:>6}  loss {:.4}  lr {:.2e}  grad norm {:.3}  {:.0} tok/s", record.step, record.loss, record.lr, record.grad_norm, record.tokens_per_s);
+            let step = trainer.counters().step;
+            if bar.is_hidden() && (step.is_multiple_of(options.log_every) || step == config.max_steps) {
+                println!(
+                    "step {:>6}  loss {:.4}  lr {:.2e}  grad norm {:.3}  {:.0} tok/s",
+                    record.step, record.loss, record.lr, record.grad_norm, record.tokens_per_s
+                );
             }
         }
         first.get_or_insert(record);
         last = Some(record);
-        let at_end = trainer.counters().step == config.max_steps;
-        if at_end || trainer.counters().step % options.checkpoint_every == 0 {
+        let step = trainer.counters().step;
+        let at_end = step == config.max_steps;
+        if at_end || step.is_multiple_of(options.checkpoint_every) {
             save(&trainer, options, &sampler)?;
         }
     }
@@ -220,7 +235,10 @@ fn report_anomalies(bar: &ProgressBar, record: &StepRecord, stats: &StepStats, s
     }
     if let Some(avg) = *ema {
         if record.loss > 1.5 * avg && record.loss - avg > 0.5 {
-            bar.println(format!("step {}: loss spike: {:.3} against a recent average of {avg:.3}", record.step, record.loss));
+            bar.println(format!(
+                "step {}: loss spike: {:.3} against a recent average of {avg:.3}",
+                record.step, record.loss
+            ));
         }
     }
     *ema = Some(ema.map_or(record.loss, |avg| 0.9 * avg + 0.1 * record.loss));

@@ -8,8 +8,8 @@ use trainer::checkpoints;
 use trainer::config::RunConfig;
 use trainer::run::{train, workbook_root, RunOptions};
 use trainer::strategy::Strategy;
-use workbook::parallel::fsdp::{FsdpConfig, Precision, ShardingStrategy};
 use workbook::data::{DataConfig, DatasetKind, SAMPLE_PATH};
+use workbook::parallel::fsdp::{FsdpConfig, Precision, ShardingStrategy};
 
 fn options(out_dir: PathBuf, max_steps: usize, nproc: usize) -> RunOptions {
     let mut config = RunConfig::load(&workbook_root(), "tiny").unwrap();

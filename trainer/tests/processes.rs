@@ -48,7 +48,10 @@ fn two_processes_train_exactly_as_two_thread_ranks() {
     assert!(stdout.contains("[rank 0] trained 4 steps"), "rank 0 reports the run, prefixed by its rank:\n{stdout}");
     assert!(!stdout.contains("[rank 1] trained"), "only rank 0 reports:\n{stdout}");
     // Two ranks add a + b = b + a: the ring's all-reduce is exact, so the runs are identical.
-    assert!(final_weights(&processes, 4) == final_weights(&threads, 4), "two processes must train bit for bit as two thread ranks");
+    assert!(
+        final_weights(&processes, 4) == final_weights(&threads, 4),
+        "two processes must train bit for bit as two thread ranks"
+    );
 }
 
 /// Two launchers on loopback, one per "node", form one job of two ranks.
@@ -58,7 +61,9 @@ fn two_nodes_on_loopback_train_as_one_job_of_two_ranks() {
     let (nodes, single) = (scratch("two-nodes"), scratch("one-node"));
     let port = workbook::distributed::launch::free_port("127.0.0.1").unwrap().to_string();
     let node = |rank: &str| {
-        train(&nodes, 4, &["--nnodes", "2", "--node-rank", rank, "--nproc", "1", "--master-port", &port]).spawn().expect("a node starts")
+        train(&nodes, 4, &["--nnodes", "2", "--node-rank", rank, "--nproc", "1", "--master-port", &port])
+            .spawn()
+            .expect("a node starts")
     };
     let (first, second) = (node("1"), node("0"));
     for node in [first, second] {
@@ -75,7 +80,14 @@ fn a_failing_rank_stops_the_job_with_its_exit_code_and_name() {
     let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let start = Instant::now();
     let output = Command::new(env!("CARGO_BIN_EXE_launch"))
-        .args(["--nproc-per-node", "3", "--", "sh", "-c", r#"echo "I am $RANK of $WORLD_SIZE"; [ "$RANK" = 1 ] && sleep 1 && exit 3; sleep 60"#])
+        .args([
+            "--nproc-per-node",
+            "3",
+            "--",
+            "sh",
+            "-c",
+            r#"echo "I am $RANK of $WORLD_SIZE"; [ "$RANK" = 1 ] && sleep 1 && exit 3; sleep 60"#,
+        ])
         .output()
         .expect("launch starts");
     let seconds = start.elapsed().as_secs_f64();
@@ -84,7 +96,10 @@ fn a_failing_rank_stops_the_job_with_its_exit_code_and_name() {
     assert!(stderr.contains("rank 1 exited with code 3"), "the launcher names the failing rank:\n{stderr}");
     assert!(seconds < 20.0, "the others must be stopped at once, not after their 60 s sleep ({seconds:.1} s)");
     for rank in 0..3 {
-        assert!(stdout.contains(&format!("[rank {rank}] I am {rank} of 3")), "each rank's output is prefixed with its rank:\n{stdout}");
+        assert!(
+            stdout.contains(&format!("[rank {rank}] I am {rank} of 3")),
+            "each rank's output is prefixed with its rank:\n{stdout}"
+        );
     }
 }
 
@@ -95,7 +110,11 @@ fn a_failing_rank_stops_the_job_with_its_exit_code_and_name() {
 fn killing_a_rank_ends_the_job_naming_it() {
     let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = scratch("killed");
-    let job = train(&dir, 100_000, &["--nproc", "2", "--log-every", "1"]).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let job = train(&dir, 100_000, &["--nproc", "2", "--log-every", "1"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     let rank_1 = wait_for(|| rank_pid(job.id(), 1), Duration::from_secs(60)).expect("rank 1 starts");
     std::thread::sleep(Duration::from_millis(500)); // into training
     let killed = Instant::now();

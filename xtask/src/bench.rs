@@ -85,8 +85,7 @@ impl Setup {
 
     /// The PyTorch setup this one is compared with: the same ranks and threads.
     fn peer(&self) -> Option<Setup> {
-        matches!(self.framework, Framework::Workbook { .. })
-            .then_some(Setup { framework: Framework::PyTorch, ..*self })
+        matches!(self.framework, Framework::Workbook { .. }).then_some(Setup { framework: Framework::PyTorch, ..*self })
     }
 }
 
@@ -149,16 +148,30 @@ pub fn bench(ws: &Workspace, model_size: &str, steps: usize, large_steps: usize,
                 }
             }
         }
-        println!("{}", render::bold(&format!("Training throughput, {}, {} timed steps, {rounds} rounds", shape.title, shape.steps)));
-        let mut samples: Vec<Samples> = shape.setups.iter().map(|&setup| Samples { setup, tokens_per_s: vec![] }).collect();
+        println!(
+            "{}",
+            render::bold(&format!(
+                "Training throughput, {}, {} timed steps, {rounds} rounds",
+                shape.title, shape.steps
+            ))
+        );
+        let mut samples: Vec<Samples> =
+            shape.setups.iter().map(|&setup| Samples { setup, tokens_per_s: vec![] }).collect();
         // Rounds interleave the two sides, so that a machine that slows down for
         // a while slows both, and each ratio is taken within one round.
         for round in 1..=rounds {
             println!("  round {round} of {rounds}");
             for sample in &mut samples {
                 let tokens_per_s = match sample.setup.framework {
-                    Framework::Workbook { processes } => workbook_throughput(&ws.root, shape, &sample.setup, processes)?,
-                    Framework::PyTorch => pytorch_throughput(&ws.root, python.as_deref().expect("peers need torch"), shape, &sample.setup)?,
+                    Framework::Workbook { processes } => {
+                        workbook_throughput(&ws.root, shape, &sample.setup, processes)?
+                    }
+                    Framework::PyTorch => pytorch_throughput(
+                        &ws.root,
+                        python.as_deref().expect("peers need torch"),
+                        shape,
+                        &sample.setup,
+                    )?,
                 };
                 sample.tokens_per_s.push(tokens_per_s);
             }
@@ -181,21 +194,32 @@ fn allreduce_bandwidth(root: &Path, python: Option<&str>) -> Result<String> {
     println!("{}", render::bold("All-reduce bus bandwidth, 2 processes on loopback"));
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut ours = Command::new(&cargo);
-    ours.current_dir(root)
-        .args(["run", "--quiet", "--package", "trainer", "--bin", "allreduce", "--"])
-        .args(["--nproc", "2", "--sizes-mb", ALLREDUCE_SIZES_MB]);
+    ours.current_dir(root).args(["run", "--quiet", "--package", "trainer", "--bin", "allreduce", "--"]).args([
+        "--nproc",
+        "2",
+        "--sizes-mb",
+        ALLREDUCE_SIZES_MB,
+    ]);
     let ours = bandwidths(&mut ours, "the workbook's allreduce")?;
     let gloo = match python {
         Some(python) => {
             let mut gloo = Command::new(python);
             gloo.current_dir(root)
-                .args(["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", &free_port()?.to_string()])
+                .args([
+                    "-m",
+                    "torch.distributed.run",
+                    "--nproc_per_node",
+                    "2",
+                    "--master_port",
+                    &free_port()?.to_string(),
+                ])
                 .args([GLOO_ALLREDUCE, "--sizes-mb", ALLREDUCE_SIZES_MB]);
             bandwidths(&mut gloo, "the gloo all-reduce")?
         }
         None => vec![],
     };
-    let mut table = String::from("| payload | workbook ring, busbw GB/s | gloo, busbw GB/s | ratio |\n|---:|---:|---:|---:|\n");
+    let mut table =
+        String::from("| payload | workbook ring, busbw GB/s | gloo, busbw GB/s | ratio |\n|---:|---:|---:|---:|\n");
     for mine in &ours {
         let theirs = gloo.iter().find(|g| g.bytes == mine.bytes);
         let (gloo_bw, ratio) = theirs.map_or((String::new(), String::new()), |g| {
@@ -231,7 +255,14 @@ fn workbook_throughput(root: &Path, shape: &Shape, setup: &Setup, processes: boo
         .current_dir(root)
         .env("RAYON_NUM_THREADS", setup.threads_per_rank.to_string())
         .args(["run", "--quiet", "--package", "trainer", "--features", "solutions", "--bin", "bench", "--"])
-        .args(["--model-size", &shape.model_size, "--steps", &shape.steps.to_string(), "--warmup", &shape.warmup.to_string()])
+        .args([
+            "--model-size",
+            &shape.model_size,
+            "--steps",
+            &shape.steps.to_string(),
+            "--warmup",
+            &shape.warmup.to_string(),
+        ])
         .args(["--nproc", &setup.nproc.to_string(), "--ranks", if processes { "processes" } else { "threads" }]);
     shape_flags(&mut command, shape);
     let output = command.output().context("cannot run cargo")?;
@@ -298,7 +329,11 @@ fn median(values: &[f64]) -> f64 {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
     let mid = sorted.len() / 2;
-    if sorted.len() % 2 == 1 { sorted[mid] } else { (sorted[mid - 1] + sorted[mid]) / 2.0 }
+    if sorted.len() % 2 == 1 {
+        sorted[mid]
+    } else {
+        (sorted[mid - 1] + sorted[mid]) / 2.0
+    }
 }
 
 /// Each setup's median beside its PyTorch peer: the median of the per-round
@@ -316,7 +351,11 @@ fn table(samples: &[Samples]) -> String {
             None => (String::new(), String::new()),
         };
         let tokens_per_s = median(&row.tokens_per_s);
-        out.push_str(&format!("| {} | {} | {tokens_per_s:.0} | {ratio} | {range} |\n", row.setup.name(), row.setup.threads()));
+        out.push_str(&format!(
+            "| {} | {} | {tokens_per_s:.0} | {ratio} | {range} |\n",
+            row.setup.name(),
+            row.setup.threads()
+        ));
     }
     out
 }
@@ -324,7 +363,11 @@ fn table(samples: &[Samples]) -> String {
 pub fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|info| info.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .and_then(|info| {
+            info.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
         .unwrap_or_else(|| "CPU model unknown".into())
 }
 

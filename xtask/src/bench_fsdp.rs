@@ -19,7 +19,8 @@ use crate::workspace::Workspace;
 const HEADING: &str = "## FSDP: memory and communication per rank";
 const WORLD_SIZES: [usize; 3] = [1, 2, 4];
 /// The setups measured: tiny in both precisions, GPT-2-small's shape in fp32.
-const SETUPS: [(&str, Precision); 3] = [("tiny", Precision::Fp32), ("tiny", Precision::Bf16), ("small", Precision::Fp32)];
+const SETUPS: [(&str, Precision); 3] =
+    [("tiny", Precision::Fp32), ("tiny", Precision::Bf16), ("small", Precision::Fp32)];
 
 /// Rank 0's ledger of one setup, as `ledger` prints it.
 #[derive(Debug, Deserialize)]
@@ -79,7 +80,14 @@ pub fn bench_fsdp(ws: &Workspace) -> Result<bool> {
     Ok(true)
 }
 
-fn measure(root: &Path, model_size: &str, precision: Precision, stage: u8, world_size: usize, available: Option<u64>) -> Result<Option<Ledger>> {
+fn measure(
+    root: &Path,
+    model_size: &str,
+    precision: Precision,
+    stage: u8,
+    world_size: usize,
+    available: Option<u64>,
+) -> Result<Option<Ledger>> {
     if let Some(available) = available {
         // Each rank holds its model states and as much again in transients.
         let psi = config_params(root, model_size)?;
@@ -91,7 +99,18 @@ fn measure(root: &Path, model_size: &str, precision: Precision, stage: u8, world
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let output = Command::new(&cargo)
         .current_dir(root)
-        .args(["run", "--quiet", "--release", "--package", "trainer", "--features", "solutions", "--bin", "ledger", "--"])
+        .args([
+            "run",
+            "--quiet",
+            "--release",
+            "--package",
+            "trainer",
+            "--features",
+            "solutions",
+            "--bin",
+            "ledger",
+            "--",
+        ])
         .args(["--model-size", model_size, "--precision", name(precision)])
         .args(["--stage", &stage.to_string(), "--nproc", &world_size.to_string()])
         .output()
@@ -118,7 +137,8 @@ fn config_params(root: &Path, model_size: &str) -> Result<f64> {
     }
     let path = root.join("configs").join(format!("{model_size}.toml"));
     let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
-    let Config { model } = toml::from_str(&text).with_context(|| format!("{} is not a model config", path.display()))?;
+    let Config { model } =
+        toml::from_str(&text).with_context(|| format!("{} is not a model config", path.display()))?;
     Ok(count_params(model.num_layers, model.hidden_size, model.vocab_size))
 }
 

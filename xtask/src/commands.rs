@@ -26,11 +26,7 @@ pub fn next(ws: &Workspace) -> Result<Option<u32>> {
         }
     }
     let (states, run) = grade(ws, &candidates)?;
-    let Some((exercise, state)) = candidates
-        .iter()
-        .zip(states)
-        .find(|(_, state)| *state != State::Done)
-    else {
+    let Some((exercise, state)) = candidates.iter().zip(states).find(|(_, state)| *state != State::Done) else {
         all_done(ws);
         return Ok(None);
     };
@@ -43,14 +39,8 @@ pub fn next(ws: &Workspace) -> Result<Option<u32>> {
     if state == State::Failing {
         let (passed, total) = count(run.under(&exercise.test_filter()));
         println!();
-        println!(
-            "{}",
-            red(&format!("Started: {passed}/{total} checks pass so far."))
-        );
-        println!(
-            "`cargo xtask check {}` shows which fail and why.",
-            exercise.number
-        );
+        println!("{}", red(&format!("Started: {passed}/{total} checks pass so far.")));
+        println!("`cargo xtask check {}` shows which fail and why.", exercise.number);
     }
     Ok(Some(exercise.number))
 }
@@ -60,26 +50,15 @@ pub fn list(ws: &Workspace, quick: bool) -> Result<bool> {
     let exercises: Vec<&Exercise> = ws.workbook.exercises.iter().collect();
     let states: Vec<State> = if quick {
         let progress = record(ws, [])?;
-        exercises
-            .iter()
-            .map(|e| progress.get(e.number).unwrap_or(State::Unchecked))
-            .collect()
+        exercises.iter().map(|e| progress.get(e.number).unwrap_or(State::Unchecked)).collect()
     } else {
         grade(ws, &exercises)?.0
     };
-    let title_width = exercises
-        .iter()
-        .map(|e| e.title.chars().count())
-        .max()
-        .unwrap_or(0);
+    let title_width = exercises.iter().map(|e| e.title.chars().count()).max().unwrap_or(0);
     let done = |state: &&State| **state == State::Done;
     for phase in &ws.workbook.phases {
-        let in_phase: Vec<(&Exercise, State)> = exercises
-            .iter()
-            .zip(&states)
-            .filter(|(e, _)| e.phase == phase.number)
-            .map(|(e, s)| (*e, *s))
-            .collect();
+        let in_phase: Vec<(&Exercise, State)> =
+            exercises.iter().zip(&states).filter(|(e, _)| e.phase == phase.number).map(|(e, s)| (*e, *s)).collect();
         if in_phase.is_empty() {
             continue;
         }
@@ -97,18 +76,9 @@ pub fn list(ws: &Workspace, quick: bool) -> Result<bool> {
     }
     let all_done = states.iter().filter(done).count();
     println!();
-    println!(
-        "{} {}",
-        bold("Overall:"),
-        render::tally(all_done, states.len())
-    );
+    println!("{} {}", bold("Overall:"), render::tally(all_done, states.len()));
     if quick {
-        println!(
-            "{}",
-            dim(&format!(
-                "(last known states from {PROGRESS_FILE}; drop --quick to run the tests)"
-            ))
-        );
+        println!("{}", dim(&format!("(last known states from {PROGRESS_FILE}; drop --quick to run the tests)")));
     }
     Ok(true)
 }
@@ -117,10 +87,7 @@ pub fn list(ws: &Workspace, quick: bool) -> Result<bool> {
 pub fn check(ws: &Workspace, number: u32) -> Result<bool> {
     let exercise = ws.workbook.exercise(number)?;
     let started = ws.started(exercise)?;
-    println!(
-        "{}",
-        bold(&format!("Checking exercise {number}: {}", exercise.title))
-    );
+    println!("{}", bold(&format!("Checking exercise {number}: {}", exercise.title)));
     let prefix = exercise.test_filter();
     let run = ws.runner().run(std::slice::from_ref(&prefix))?;
     if run.under(&prefix).next().is_none() {
@@ -152,9 +119,7 @@ pub fn check(ws: &Workspace, number: u32) -> Result<bool> {
                 ws.position(exercise)
             );
         }
-        println!(
-            "Stuck? `cargo xtask hint {number}` gives a hint and the mistakes these checks catch."
-        );
+        println!("Stuck? `cargo xtask hint {number}` gives a hint and the mistakes these checks catch.");
     }
     Ok(state == State::Done)
 }
@@ -166,17 +131,10 @@ pub fn check_phase(ws: &Workspace, number: u32) -> Result<bool> {
     if exercises.is_empty() {
         bail!("phase {number} ({}) has no exercises yet", phase.title);
     }
-    println!(
-        "{}",
-        bold(&format!("Checking phase {number}: {}", phase.title))
-    );
+    println!("{}", bold(&format!("Checking phase {number}: {}", phase.title)));
     let (states, run) = grade(ws, &exercises)?;
     println!();
-    let title_width = exercises
-        .iter()
-        .map(|e| e.title.chars().count())
-        .max()
-        .unwrap_or(0);
+    let title_width = exercises.iter().map(|e| e.title.chars().count()).max().unwrap_or(0);
     for (exercise, state) in exercises.iter().zip(&states) {
         let (passed, total) = count(run.under(&exercise.test_filter()));
         let verdict = match state {
@@ -184,10 +142,7 @@ pub fn check_phase(ws: &Workspace, number: u32) -> Result<bool> {
             State::NotStarted => dim("not started"),
             _ => red(&format!("{passed}/{total} checks passed")),
         };
-        println!(
-            "  {:>2}  {:<title_width$}  {verdict}",
-            exercise.number, exercise.title
-        );
+        println!("  {:>2}  {:<title_width$}  {verdict}", exercise.number, exercise.title);
     }
     let mut passing = states.iter().filter(|s| **s == State::Done).count();
     let mut total = exercises.len();
@@ -227,7 +182,10 @@ fn check_whole_phase(ws: &Workspace, number: u32, exercises_pass: bool) -> Resul
     };
     println!("      {label}  {verdict}");
     if crate::doctor::cuda_devices().is_some_and(|gpus| !gpus.is_empty()) {
-        println!("      {}", dim("CUDA devices found: the NCCL backend is not wired into these checks yet; they ran on CPU ranks"));
+        println!(
+            "      {}",
+            dim("CUDA devices found: the NCCL backend is not wired into these checks yet; they ran on CPU ranks")
+        );
     }
     Ok(Some(passed == total && total > 0))
 }
@@ -235,10 +193,7 @@ fn check_whole_phase(ws: &Workspace, number: u32, exercises_pass: bool) -> Resul
 /// Prints the hint and the mistakes the tests catch.
 pub fn hint(ws: &Workspace, number: u32) -> Result<bool> {
     let exercise = ws.workbook.exercise(number)?;
-    println!(
-        "{}",
-        bold(&format!("Hint for exercise {number}: {}", exercise.title))
-    );
+    println!("{}", bold(&format!("Hint for exercise {number}: {}", exercise.title)));
     println!();
     println!("{}", render::indented(exercise.hint.trim(), 2));
     println!();
@@ -263,10 +218,7 @@ pub fn reset(ws: &Workspace, number: u32, yes: bool) -> Result<bool> {
         println!("Exercise {number} is already the shipped stub; nothing to reset.");
         return Ok(true);
     }
-    println!(
-        "This replaces your code in {functions} ({}) with the shipped `todo!` stub.",
-        ws.position(exercise)
-    );
+    println!("This replaces your code in {functions} ({}) with the shipped `todo!` stub.", ws.position(exercise));
     println!("Your code there will be lost; the rest of the file stays as it is.");
     if !yes && !confirm(&format!("Reset exercise {number}? [y/N] "))? {
         println!("Nothing changed.");
@@ -283,32 +235,21 @@ fn confirm(question: &str) -> Result<bool> {
     print!("{question}");
     std::io::stdout().flush()?;
     let mut answer = String::new();
-    std::io::stdin()
-        .read_line(&mut answer)
-        .context("cannot read the answer from stdin")?;
+    std::io::stdin().read_line(&mut answer).context("cannot read the answer from stdin")?;
     if !std::io::stdin().is_terminal() {
         println!(); // a piped answer is not echoed, so end the prompt's line here
     }
-    Ok(matches!(
-        answer.trim().to_ascii_lowercase().as_str(),
-        "y" | "yes"
-    ))
+    Ok(matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes"))
 }
 
 fn all_done(ws: &Workspace) {
     let count = ws.workbook.exercises.len();
     println!();
-    println!(
-        "{}",
-        green(&bold(&format!("All {count} exercises pass. Well done!")))
-    );
+    println!("{}", green(&bold(&format!("All {count} exercises pass. Well done!"))));
     println!("Next, grade each phase as a whole (this also runs the phase-level checks):");
     for phase in &ws.workbook.phases {
         if ws.workbook.exercises_in(phase.number).next().is_some() {
-            println!(
-                "  cargo xtask check-phase {}   ({})",
-                phase.number, phase.title
-            );
+            println!("  cargo xtask check-phase {}   ({})", phase.number, phase.title);
         }
     }
     println!("and `cargo xtask list` for the overview.");
@@ -323,33 +264,12 @@ fn phase_just_finished(ws: &Workspace, exercise: &Exercise) -> Option<u32> {
 /// States of `exercises`: a stub is not started; the others are graded in one
 /// test run, which is also returned. The states are recorded.
 fn grade(ws: &Workspace, exercises: &[&Exercise]) -> Result<(Vec<State>, TestRun)> {
-    let started: Vec<bool> = exercises
-        .iter()
-        .map(|e| ws.started(e))
-        .collect::<Result<_>>()?;
-    let filters: Vec<String> = exercises
-        .iter()
-        .zip(&started)
-        .filter(|(_, s)| **s)
-        .map(|(e, _)| e.test_filter())
-        .collect();
-    let run = if filters.is_empty() {
-        TestRun::default()
-    } else {
-        ws.runner().run(&filters)?
-    };
-    let states: Vec<State> = exercises
-        .iter()
-        .zip(&started)
-        .map(|(e, s)| state_of(*s, &run, e))
-        .collect();
-    record(
-        ws,
-        exercises
-            .iter()
-            .map(|e| e.number)
-            .zip(states.iter().copied()),
-    )?;
+    let started: Vec<bool> = exercises.iter().map(|e| ws.started(e)).collect::<Result<_>>()?;
+    let filters: Vec<String> =
+        exercises.iter().zip(&started).filter(|(_, s)| **s).map(|(e, _)| e.test_filter()).collect();
+    let run = if filters.is_empty() { TestRun::default() } else { ws.runner().run(&filters)? };
+    let states: Vec<State> = exercises.iter().zip(&started).map(|(e, s)| state_of(*s, &run, e)).collect();
+    record(ws, exercises.iter().map(|e| e.number).zip(states.iter().copied()))?;
     Ok((states, run))
 }
 

@@ -8,11 +8,8 @@ use std::process::Command;
 use crate::render::{bold, dim};
 
 /// The libraries a GPU build links or loads, by the name the loader looks for.
-const GPU_LIBRARIES: [(&str, &str); 3] = [
-    ("CUDA driver", "libcuda.so.1"),
-    ("CUDA runtime", "libcudart.so"),
-    ("NCCL", "libnccl.so"),
-];
+const GPU_LIBRARIES: [(&str, &str); 3] =
+    [("CUDA driver", "libcuda.so.1"), ("CUDA runtime", "libcudart.so"), ("NCCL", "libnccl.so")];
 
 pub fn doctor() -> anyhow::Result<bool> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -28,14 +25,20 @@ pub fn doctor() -> anyhow::Result<bool> {
         let found = find_library(name).map_or_else(|| "not found".to_string(), |p| p.display().to_string());
         row(&format!("{what} ({name})"), &found);
     }
-    let nvcc = find_on_path("nvcc").map_or_else(|| "not found (the cuda feature needs it to build)".to_string(), |p| p.display().to_string());
+    let nvcc = find_on_path("nvcc")
+        .map_or_else(|| "not found (the cuda feature needs it to build)".to_string(), |p| p.display().to_string());
     row("nvcc", &nvcc);
     println!();
     println!("{}", bold("Where the checks run"));
     row("exercise tests", "this machine's CPU");
-    row("multi-rank checks", "CPU ranks: threads in the graded tests, one process per rank in the process tests and `cargo train --nproc N`");
+    row(
+        "multi-rank checks",
+        "CPU ranks: threads in the graded tests, one process per rank in the process tests and `cargo train --nproc N`",
+    );
     let gpu = match gpus.as_ref().is_some_and(|l| !l.is_empty()) {
-        true => "not used yet: the NCCL backend (--features nccl) is type-checked but not wired into train or the checks",
+        true => {
+            "not used yet: the NCCL backend (--features nccl) is type-checked but not wired into train or the checks"
+        }
         false => "none here; the NCCL backend (--features nccl) needs CUDA devices, the CUDA toolkit and NCCL",
     };
     row("GPUs", gpu);
@@ -56,7 +59,8 @@ fn row(label: &str, value: &str) {
 /// Where the dynamic loader would find `name` (or a versioned `name.N`):
 /// `LD_LIBRARY_PATH`, then the loader's cache.
 fn find_library(name: &str) -> Option<PathBuf> {
-    let dirs = std::env::var_os("LD_LIBRARY_PATH").map(|p| std::env::split_paths(&p).collect::<Vec<_>>()).unwrap_or_default();
+    let dirs =
+        std::env::var_os("LD_LIBRARY_PATH").map(|p| std::env::split_paths(&p).collect::<Vec<_>>()).unwrap_or_default();
     if let Some(found) = dirs.iter().find_map(|dir| versioned(dir, name)) {
         return Some(found);
     }
@@ -73,9 +77,11 @@ fn versioned(dir: &Path, name: &str) -> Option<PathBuf> {
     if exact.is_file() {
         return Some(exact);
     }
-    std::fs::read_dir(dir).ok()?.flatten().map(|e| e.path()).find(|p| {
-        p.file_name().and_then(|f| f.to_str()).is_some_and(|f| f.starts_with(&format!("{name}.")))
-    })
+    std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.file_name().and_then(|f| f.to_str()).is_some_and(|f| f.starts_with(&format!("{name}."))))
 }
 
 fn find_on_path(program: &str) -> Option<PathBuf> {

@@ -211,7 +211,9 @@ mod tests {
 
     #[test]
     fn model_states_match_the_zero_paper() {
-        for (strategy, paper_gb) in [(Strategy::Ddp, 120.0), (Strategy::Zero1, 31.4), (Strategy::Zero2, 16.6), (Strategy::Zero3, 1.9)] {
+        for (strategy, paper_gb) in
+            [(Strategy::Ddp, 120.0), (Strategy::Zero1, 31.4), (Strategy::Zero2, 16.6), (Strategy::Zero3, 1.9)]
+        {
             let gb = estimate(&zero_paper(strategy)).unwrap().model_states() / 1e9;
             assert!((gb - paper_gb).abs() < 0.05, "{strategy}: {gb:.2} GB, the paper says {paper_gb} GB");
         }
@@ -225,14 +227,8 @@ mod tests {
 
     #[test]
     fn checkpointing_keeps_one_input_per_layer() {
-        let setup = Setup {
-            layers: 24,
-            hidden: 1024,
-            heads: 16,
-            seq_len: 1024,
-            micro_batch: 8,
-            ..zero_paper(Strategy::Ddp)
-        };
+        let setup =
+            Setup { layers: 24, hidden: 1024, heads: 16, seq_len: 1024, micro_batch: 8, ..zero_paper(Strategy::Ddp) };
         let full = activations(&setup);
         let checkpointed = activations(&Setup { activation_checkpointing: true, ..setup.clone() });
         let layer = 1024.0 * 8.0 * 1024.0 * (34.0 + 5.0 * 16.0);

@@ -50,11 +50,7 @@ pub struct Runner {
 impl Runner {
     /// The cargo command, without test filters, as a learner would type it.
     pub fn command_line(&self) -> String {
-        let features = if self.solutions {
-            " --features solutions"
-        } else {
-            ""
-        };
+        let features = if self.solutions { " --features solutions" } else { "" };
         format!("cargo test --test {TEST_BINARY}{features} --no-fail-fast")
     }
 
@@ -63,15 +59,11 @@ impl Runner {
     pub fn run(&self, filters: &[String]) -> Result<TestRun> {
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let mut command = Command::new(cargo);
-        command
-            .current_dir(&self.root)
-            .args(["test", "--test", TEST_BINARY, "--no-fail-fast"]);
+        command.current_dir(&self.root).args(["test", "--test", TEST_BINARY, "--no-fail-fast"]);
         if self.solutions {
             command.args(["--features", "solutions"]);
         }
-        let colour_unset = ["NO_COLOR", "CARGO_TERM_COLOR"]
-            .iter()
-            .all(|var| std::env::var_os(var).is_none());
+        let colour_unset = ["NO_COLOR", "CARGO_TERM_COLOR"].iter().all(|var| std::env::var_os(var).is_none());
         if colour_unset && std::io::stderr().is_terminal() {
             // Its stderr is a pipe to us, but ends on the learner's terminal.
             command.args(["--color", "always"]);
@@ -86,11 +78,7 @@ impl Runner {
         let stderr = child.stderr.take().expect("stderr is piped");
         let relay = std::thread::spawn(move || relay_build_output(stderr));
         let mut stdout = String::new();
-        let read = child
-            .stdout
-            .take()
-            .expect("stdout is piped")
-            .read_to_string(&mut stdout);
+        let read = child.stdout.take().expect("stdout is piped").read_to_string(&mut stdout);
         let status = child.wait().context("cannot wait for cargo")?;
         let _ = relay.join();
         read.context("cannot read the test output")?;
@@ -118,10 +106,7 @@ impl Runner {
 /// its closing "test failed" lines: the verdicts we print say that better.
 fn relay_build_output(stderr: impl Read) {
     let mut filter = ClosingNoise::default();
-    for line in BufReader::new(stderr)
-        .split(b'\n')
-        .map_while(std::io::Result::ok)
-    {
+    for line in BufReader::new(stderr).split(b'\n').map_while(std::io::Result::ok) {
         for shown in filter.pass(&String::from_utf8_lossy(&line)) {
             eprintln!("{shown}");
         }
@@ -157,9 +142,7 @@ impl ClosingNoise {
         if self.in_target_list && plain.starts_with("    `") {
             return Vec::new();
         }
-        self.in_target_list = plain.starts_with("error: ")
-            && plain.ends_with(" failed:")
-            && plain.contains(" target");
+        self.in_target_list = plain.starts_with("error: ") && plain.ends_with(" failed:") && plain.contains(" target");
         if plain.starts_with("error: test failed, to rerun pass") {
             self.held.push(line.to_string());
         }
@@ -187,9 +170,7 @@ fn strip_ansi(line: &str) -> String {
 impl TestRun {
     /// The results of tests whose names start with `prefix` (e.g. `exercise_05::`).
     pub fn under<'a>(&'a self, prefix: &'a str) -> impl Iterator<Item = &'a TestResult> + 'a {
-        self.results
-            .iter()
-            .filter(move |r| r.name.starts_with(prefix))
+        self.results.iter().filter(move |r| r.name.starts_with(prefix))
     }
 }
 
@@ -246,23 +227,14 @@ fn verdict(line: &str) -> Option<TestResult> {
         o if o.starts_with("ignored") => Outcome::Ignored,
         _ => return None,
     };
-    let name = name
-        .strip_suffix(" - should panic")
-        .unwrap_or(name)
-        .to_string();
-    Some(TestResult {
-        name,
-        outcome,
-        message: None,
-    })
+    let name = name.strip_suffix(" - should panic").unwrap_or(name).to_string();
+    Some(TestResult { name, outcome, message: None })
 }
 
 /// `---- exercise_05::name stdout ----`
 fn section_header(line: &str) -> Option<&str> {
     let inner = line.strip_prefix("---- ")?.strip_suffix(" ----")?;
-    inner
-        .strip_suffix(" stdout")
-        .or_else(|| inner.strip_suffix(" stderr"))
+    inner.strip_suffix(" stdout").or_else(|| inner.strip_suffix(" stderr"))
 }
 
 fn attach(run: &mut TestRun, section: Option<(String, Vec<&str>)>) {
@@ -280,15 +252,11 @@ fn attach(run: &mut TestRun, section: Option<(String, Vec<&str>)>) {
 /// panicked at` line, the backtrace note or anything the test printed before.
 /// A test that returned `Err` has no panic; then the whole section is kept.
 fn panic_message(lines: &[&str]) -> String {
-    let start = lines
-        .iter()
-        .position(|l| l.starts_with("thread '") && l.contains(" panicked at "))
-        .map_or(0, |i| i + 1);
+    let start =
+        lines.iter().position(|l| l.starts_with("thread '") && l.contains(" panicked at ")).map_or(0, |i| i + 1);
     let end = lines[start..]
         .iter()
-        .position(|l| {
-            l.starts_with("note: run with `RUST_BACKTRACE") || l.starts_with("stack backtrace:")
-        })
+        .position(|l| l.starts_with("note: run with `RUST_BACKTRACE") || l.starts_with("stack backtrace:"))
         .map_or(lines.len(), |i| start + i);
     lines[start..end].join("\n").trim().to_string()
 }
@@ -334,11 +302,7 @@ test result: FAILED. 3 passed; 2 failed; 1 ignored; 0 measured; 0 filtered out; 
     fn reads_every_verdict() {
         let run = parse(REPORT);
         assert!(run.finished);
-        let verdicts: Vec<(&str, Outcome)> = run
-            .results
-            .iter()
-            .map(|r| (r.name.as_str(), r.outcome))
-            .collect();
+        let verdicts: Vec<(&str, Outcome)> = run.results.iter().map(|r| (r.name.as_str(), r.outcome)).collect();
         assert_eq!(
             verdicts,
             [
@@ -356,14 +320,7 @@ test result: FAILED. 3 passed; 2 failed; 1 ignored; 0 measured; 0 filtered out; 
     #[test]
     fn keeps_only_the_panic_message_of_failures() {
         let run = parse(REPORT);
-        let message = |name: &str| {
-            run.results
-                .iter()
-                .find(|r| r.name == name)
-                .unwrap()
-                .message
-                .clone()
-        };
+        let message = |name: &str| run.results.iter().find(|r| r.name == name).unwrap().message.clone();
         assert_eq!(
             message("exercise_05::scales_by_sqrt_d").unwrap(),
             "assertion `left == right` failed: scores scaled by d instead of sqrt(d)\n  left: 0.5\n right: 0.25"
@@ -379,15 +336,13 @@ test result: FAILED. 3 passed; 2 failed; 1 ignored; 0 measured; 0 filtered out; 
     fn a_test_returning_err_keeps_its_whole_output() {
         let report = "running 1 test\ntest exercise_01::loads ... FAILED\n\nfailures:\n\n---- exercise_01::loads stdout ----\nError: shape mismatch in rms_norm\n\nfailures:\n    exercise_01::loads\n\ntest result: FAILED. 0 passed; 1 failed";
         let run = parse(report);
-        assert_eq!(
-            run.results[0].message.as_deref(),
-            Some("Error: shape mismatch in rms_norm")
-        );
+        assert_eq!(run.results[0].message.as_deref(), Some("Error: shape mismatch in rms_norm"));
     }
 
     #[test]
     fn a_crashed_run_is_not_finished() {
-        let report = "running 2 tests\ntest exercise_07::deep ... ok\n\nthread 'exercise_07::deeper' has overflowed its stack\n";
+        let report =
+            "running 2 tests\ntest exercise_07::deep ... ok\n\nthread 'exercise_07::deeper' has overflowed its stack\n";
         let run = parse(report);
         assert!(!run.finished);
         assert_eq!(run.results.len(), 1);
@@ -396,7 +351,8 @@ test result: FAILED. 3 passed; 2 failed; 1 ignored; 0 measured; 0 filtered out; 
 
     #[test]
     fn long_running_notices_are_not_verdicts() {
-        let run = parse("test exercise_07::trains has been running for over 60 seconds\ntest exercise_07::trains ... ok\n");
+        let run =
+            parse("test exercise_07::trains has been running for over 60 seconds\ntest exercise_07::trains ... ok\n");
         assert_eq!(run.results.len(), 1);
         assert_eq!(run.results[0].outcome, Outcome::Passed);
     }
@@ -415,35 +371,18 @@ test result: FAILED. 3 passed; 2 failed; 1 ignored; 0 measured; 0 filtered out; 
             ("    `--test graded` is fine outside a target list", true),
         ];
         for (line, kept) in stderr {
-            assert_eq!(
-                filter.pass(line),
-                if kept { vec![line] } else { vec![] },
-                "{line:?}"
-            );
+            assert_eq!(filter.pass(line), if kept { vec![line] } else { vec![] }, "{line:?}");
         }
     }
 
     #[test]
     fn a_crash_keeps_cargos_explanation() {
         let mut filter = ClosingNoise::default();
-        let shown: Vec<String> = [
-            "error: test failed, to rerun pass `--test graded`",
-            "",
-            "Caused by:",
-            "  signal: 6",
-        ]
-        .into_iter()
-        .flat_map(|line| filter.pass(line))
-        .collect();
-        assert_eq!(
-            shown,
-            [
-                "error: test failed, to rerun pass `--test graded`",
-                "",
-                "Caused by:",
-                "  signal: 6"
-            ]
-        );
+        let shown: Vec<String> = ["error: test failed, to rerun pass `--test graded`", "", "Caused by:", "  signal: 6"]
+            .into_iter()
+            .flat_map(|line| filter.pass(line))
+            .collect();
+        assert_eq!(shown, ["error: test failed, to rerun pass `--test graded`", "", "Caused by:", "  signal: 6"]);
     }
 
     #[test]

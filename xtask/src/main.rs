@@ -29,11 +29,7 @@ use crate::workspace::Workspace;
 
 /// The workbook's tool: find your next exercise, grade it, get a hint.
 #[derive(Parser)]
-#[command(
-    name = "cargo xtask",
-    bin_name = "cargo xtask",
-    arg_required_else_help = true
-)]
+#[command(name = "cargo xtask", bin_name = "cargo xtask", arg_required_else_help = true)]
 struct Cli {
     /// Grade the reference bodies in solutions/ instead of your exercises (for instructors).
     #[arg(long, global = true)]
@@ -200,7 +196,9 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
         Task::SampleStories => stories::write_sample(&ws.root).map(|()| true),
         Task::Doctor => doctor::doctor(),
         Task::Estimate(args) => estimate::report(&args.setup(), args.gpu_memory),
-        Task::Bench { what: BenchKind::Throughput, model_size, steps, large_steps, rounds } => bench::bench(&ws, &model_size, steps, large_steps, rounds),
+        Task::Bench { what: BenchKind::Throughput, model_size, steps, large_steps, rounds } => {
+            bench::bench(&ws, &model_size, steps, large_steps, rounds)
+        }
         Task::Bench { what: BenchKind::Fsdp, .. } => bench_fsdp::bench_fsdp(&ws),
     }
 }

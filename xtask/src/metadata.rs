@@ -83,16 +83,13 @@ impl Workbook {
     /// Reads and parses `exercises/info.toml` under `root`.
     pub fn load(root: &Path) -> Result<Self> {
         let path = root.join(INFO_FILE);
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
+        let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
         Self::parse(&text).with_context(|| format!("{INFO_FILE} is not valid"))
     }
 
     /// Parses the text of an `info.toml`.
     pub fn parse(text: &str) -> Result<Self> {
-        let version = toml::from_str::<toml::Table>(text)?
-            .get("format_version")
-            .and_then(|v| v.as_integer());
+        let version = toml::from_str::<toml::Table>(text)?.get("format_version").and_then(|v| v.as_integer());
         if version != Some(FORMAT_VERSION.into()) {
             let found = version.map_or("no format_version".to_string(), |v| format!("format_version {v}"));
             bail!(
@@ -105,10 +102,7 @@ impl Workbook {
             bail!("it declares no [[exercise]]");
         }
         if let Some(exercise) = workbook.exercises.iter().find(|e| e.functions.is_empty()) {
-            bail!(
-                "exercise {}: `functions` is empty: name at least one function to write",
-                exercise.number
-            );
+            bail!("exercise {}: `functions` is empty: name at least one function to write", exercise.number);
         }
         Ok(workbook)
     }
@@ -117,10 +111,7 @@ impl Workbook {
     pub fn exercise(&self, number: u32) -> Result<&Exercise> {
         match self.exercises.iter().find(|e| e.number == number) {
             Some(exercise) => Ok(exercise),
-            None => bail!(
-                "no exercise {number}: the exercises are numbered {}",
-                self.numbers_in_words()
-            ),
+            None => bail!("no exercise {number}: the exercises are numbered {}", self.numbers_in_words()),
         }
     }
 
@@ -129,8 +120,7 @@ impl Workbook {
         match self.phases.iter().find(|p| p.number == number) {
             Some(phase) => Ok(phase),
             None => {
-                let numbers: Vec<String> =
-                    self.phases.iter().map(|p| p.number.to_string()).collect();
+                let numbers: Vec<String> = self.phases.iter().map(|p| p.number.to_string()).collect();
                 bail!("no phase {number}: the phases are {}", numbers.join(", "))
             }
         }
@@ -162,11 +152,7 @@ impl Exercise {
     /// The reference body: the same path with `exercises/` replaced by `solutions/`.
     pub fn solution_file(&self) -> Result<PathBuf> {
         let rest = self.file.strip_prefix("exercises").with_context(|| {
-            format!(
-                "exercise {}: `file` must lie under exercises/, not {}",
-                self.number,
-                self.file.display()
-            )
+            format!("exercise {}: `file` must lie under exercises/, not {}", self.number, self.file.display())
         })?;
         Ok(Path::new("solutions").join(rest))
     }
@@ -202,10 +188,7 @@ impl Exercise {
     /// The bare function names (`forward` for `RmsNorm::forward`), in the
     /// order of `functions`.
     pub fn fn_names(&self) -> Vec<&str> {
-        self.functions
-            .iter()
-            .map(|function| function.rsplit("::").next().unwrap_or(function))
-            .collect()
+        self.functions.iter().map(|function| function.rsplit("::").next().unwrap_or(function)).collect()
     }
 
     /// The line the learner's shipped stub holds, e.g.
@@ -213,10 +196,7 @@ impl Exercise {
     pub fn stub_line(&self) -> String {
         // The title sits inside a format string: quote it as a Rust literal and
         // double the braces so `todo!` prints it verbatim.
-        let message = format!(
-            "Exercise {}: {}; run `cargo xtask hint {}`",
-            self.number, self.title, self.number
-        );
+        let message = format!("Exercise {}: {}; run `cargo xtask hint {}`", self.number, self.title, self.number);
         let mut literal = String::with_capacity(message.len() + 2);
         for c in message.chars() {
             match c {
@@ -262,18 +242,9 @@ mod tests {
         assert_eq!(rotate.test_module(), "exercise_02");
         assert_eq!(rotate.test_filter(), "exercise_02::");
         assert_eq!(rotate.test_file(), Path::new("tests/graded/exercise_02.rs"));
-        assert_eq!(
-            rotate.solution_file().unwrap(),
-            Path::new("solutions/phase1_model/ex02_rotate_half.rs")
-        );
-        assert_eq!(
-            rotate.chapter_file(),
-            Path::new("guide/src/phase1/02-rotate-half.md")
-        );
-        assert_eq!(
-            rotate.stub_line(),
-            "todo!(\"Exercise 2: rotate_half; run `cargo xtask hint 2`\")"
-        );
+        assert_eq!(rotate.solution_file().unwrap(), Path::new("solutions/phase1_model/ex02_rotate_half.rs"));
+        assert_eq!(rotate.chapter_file(), Path::new("guide/src/phase1/02-rotate-half.md"));
+        assert_eq!(rotate.stub_line(), "todo!(\"Exercise 2: rotate_half; run `cargo xtask hint 2`\")");
         assert_eq!(workbook.exercise(1).unwrap().fn_names(), ["forward"]);
     }
 
@@ -282,25 +253,15 @@ mod tests {
         let workbook = real();
         let last = workbook.exercises.len();
         let error = workbook.exercise(99).unwrap_err().to_string();
-        assert_eq!(
-            error,
-            format!("no exercise 99: the exercises are numbered 1 to {last}")
-        );
-        assert!(workbook
-            .phase(9)
-            .unwrap_err()
-            .to_string()
-            .starts_with("no phase 9: the phases are 1"));
+        assert_eq!(error, format!("no exercise 99: the exercises are numbered 1 to {last}"));
+        assert!(workbook.phase(9).unwrap_err().to_string().starts_with("no phase 9: the phases are 1"));
     }
 
     #[test]
     fn stub_line_escapes_quotes_and_braces() {
         let mut exercise = real().exercises.remove(0);
         exercise.title = r#"say "{hi}""#.into();
-        assert_eq!(
-            exercise.stub_line(),
-            r#"todo!("Exercise 1: say \"{{hi}}\"; run `cargo xtask hint 1`")"#
-        );
+        assert_eq!(exercise.stub_line(), r#"todo!("Exercise 1: say \"{{hi}}\"; run `cargo xtask hint 1`")"#);
     }
 
     /// A one-phase, one-exercise info.toml whose exercise writes `functions`.
@@ -335,21 +296,12 @@ mistakes = []
 
     #[test]
     fn an_exercise_may_write_several_functions() {
-        let workbook = Workbook::parse(&minimal(
-            r#"["Trainer::save_checkpoint", "load_checkpoint"]"#,
-        ))
-        .unwrap();
+        let workbook = Workbook::parse(&minimal(r#"["Trainer::save_checkpoint", "load_checkpoint"]"#)).unwrap();
         let exercise = workbook.exercise(1).unwrap();
-        assert_eq!(
-            exercise.functions,
-            ["Trainer::save_checkpoint", "load_checkpoint"]
-        );
+        assert_eq!(exercise.functions, ["Trainer::save_checkpoint", "load_checkpoint"]);
         assert_eq!(exercise.fn_names(), ["save_checkpoint", "load_checkpoint"]);
         assert_eq!(exercise.free_functions().collect::<Vec<_>>(), ["load_checkpoint"]);
-        assert_eq!(
-            exercise.modules().unwrap(),
-            ("phase1_x".to_string(), "ex01_checkpoints".to_string())
-        );
+        assert_eq!(exercise.modules().unwrap(), ("phase1_x".to_string(), "ex01_checkpoints".to_string()));
     }
 
     #[test]
@@ -359,27 +311,25 @@ mistakes = []
             (minimal("[\"f\"]").replace("format_version = 2\n", ""), "no format_version"),
         ] {
             let error = Workbook::parse(&text).unwrap_err().to_string();
-            assert!(error.starts_with(&format!("it has {found}, and this `cargo xtask` reads format_version 2")), "{error}");
+            assert!(
+                error.starts_with(&format!("it has {found}, and this `cargo xtask` reads format_version 2")),
+                "{error}"
+            );
         }
     }
 
     #[test]
     fn an_exercise_without_functions_is_rejected() {
         let error = Workbook::parse(&minimal("[]")).unwrap_err().to_string();
-        assert_eq!(
-            error,
-            "exercise 1: `functions` is empty: name at least one function to write"
-        );
+        assert_eq!(error, "exercise 1: `functions` is empty: name at least one function to write");
         let singular = minimal(r#""f""#).replace("functions", "function");
-        assert!(
-            Workbook::parse(&singular).is_err(),
-            "the old `function` field is gone"
-        );
+        assert!(Workbook::parse(&singular).is_err(), "the old `function` field is gone");
     }
 
     #[test]
     fn typos_in_field_names_are_rejected() {
-        let text = minimal("[\"f\"]").replace("number = 1\ntitle = \"Checkpoints\"", "numbr = 1\ntitle = \"Checkpoints\"");
+        let text =
+            minimal("[\"f\"]").replace("number = 1\ntitle = \"Checkpoints\"", "numbr = 1\ntitle = \"Checkpoints\"");
         assert!(Workbook::parse(&text).unwrap_err().to_string().contains("numbr"));
     }
 }

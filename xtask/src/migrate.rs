@@ -52,7 +52,9 @@ fn remove_old_phase_modules(ws: &Workspace) -> Result<()> {
     for folder in folders {
         let old = ws.root.join(folder).join("mod.rs");
         let Ok(text) = std::fs::read_to_string(&old) else { continue };
-        if text.contains("#[cfg_attr(feature = \"solutions\", path") || text.contains("#[cfg_attr(\n    feature = \"solutions\"") {
+        if text.contains("#[cfg_attr(feature = \"solutions\", path")
+            || text.contains("#[cfg_attr(\n    feature = \"solutions\"")
+        {
             std::fs::remove_file(&old).with_context(|| format!("cannot remove {}", old.display()))?;
             println!("{}: removed; src/exercises.rs now wires the exercise files in", folder.join("mod.rs").display());
         }
@@ -132,7 +134,8 @@ mod tests {
 
     #[test]
     fn moves_the_imports_of_a_finished_exercise_10() {
-        let before = "use candle_core::{bail, Result, Tensor};\n\nuse crate::train::{Gradients, StepStats, Trainer};\n\n\
+        let before =
+            "use candle_core::{bail, Result, Tensor};\n\nuse crate::train::{Gradients, StepStats, Trainer};\n\n\
                       impl Trainer {\n    fn f(&self) { let g = crate::train::Gradients::default(); self.step; }\n}\n";
         let after = migrate_source(before);
         assert_eq!(

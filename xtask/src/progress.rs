@@ -17,8 +17,7 @@ pub const PROGRESS_FILE: &str = ".workbook-progress";
 /// The layout this tool writes (its `format` line).
 const FORMAT: u32 = 2;
 
-const HEADER: &str =
-    "# Last known state of each exercise, written by `cargo xtask` (check, next, list, reset).\n\
+const HEADER: &str = "# Last known state of each exercise, written by `cargo xtask` (check, next, list, reset).\n\
                       # States: done, failing, not-started, unchecked. Safe to delete.\n";
 
 /// Where an exercise stands.
@@ -46,14 +45,9 @@ impl State {
     }
 
     fn from_word(word: &str) -> Option<Self> {
-        [
-            State::Done,
-            State::Failing,
-            State::NotStarted,
-            State::Unchecked,
-        ]
-        .into_iter()
-        .find(|state| state.word() == word)
+        [State::Done, State::Failing, State::NotStarted, State::Unchecked]
+            .into_iter()
+            .find(|state| state.word() == word)
     }
 }
 
@@ -64,15 +58,13 @@ pub struct Progress(BTreeMap<u32, State>);
 impl Progress {
     /// Reads the progress file; a missing or garbled file is an empty record.
     pub fn load(root: &Path) -> Self {
-        std::fs::read_to_string(root.join(PROGRESS_FILE))
-            .map_or_else(|_| Self::default(), |text| Self::parse(&text))
+        std::fs::read_to_string(root.join(PROGRESS_FILE)).map_or_else(|_| Self::default(), |text| Self::parse(&text))
     }
 
     /// Writes the progress file.
     pub fn save(&self, root: &Path) -> Result<()> {
         let path = root.join(PROGRESS_FILE);
-        std::fs::write(&path, self.render())
-            .with_context(|| format!("cannot write {}", path.display()))
+        std::fs::write(&path, self.render()).with_context(|| format!("cannot write {}", path.display()))
     }
 
     pub fn get(&self, number: u32) -> Option<State> {
@@ -93,13 +85,10 @@ impl Progress {
         if format.is_some_and(|format| format > FORMAT) {
             return Self::default(); // written by a newer tool: only a cache, so start afresh
         }
-        let entries = text
-            .lines()
-            .filter(|line| !line.starts_with('#'))
-            .filter_map(|line| {
-                let (number, word) = line.trim().split_once(' ')?;
-                Some((number.parse().ok()?, State::from_word(word.trim())?))
-            });
+        let entries = text.lines().filter(|line| !line.starts_with('#')).filter_map(|line| {
+            let (number, word) = line.trim().split_once(' ')?;
+            Some((number.parse().ok()?, State::from_word(word.trim())?))
+        });
         Self(entries.collect())
     }
 
@@ -123,17 +112,13 @@ mod tests {
         progress.set(1, State::Done);
         progress.set(12, State::NotStarted);
         let text = progress.render();
-        assert!(
-            text.ends_with("01 done\n05 failing\n12 not-started\n"),
-            "{text}"
-        );
+        assert!(text.ends_with("01 done\n05 failing\n12 not-started\n"), "{text}");
         assert_eq!(Progress::parse(&text), progress);
     }
 
     #[test]
     fn ignores_lines_it_cannot_read() {
-        let progress =
-            Progress::parse("# comment\n03 done\nnonsense\n04 finished\n 06  unchecked \n");
+        let progress = Progress::parse("# comment\n03 done\nnonsense\n04 finished\n 06  unchecked \n");
         assert_eq!(progress.get(3), Some(State::Done));
         assert_eq!(progress.get(4), None);
         assert_eq!(progress.get(6), Some(State::Unchecked));

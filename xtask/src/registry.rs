@@ -39,10 +39,7 @@ pub fn generate(ws: &Workspace) -> Result<Vec<Generated>> {
 
 /// The generated files whose content on disk differs from `generate`'s.
 pub fn stale(ws: &Workspace) -> Result<Vec<Generated>> {
-    Ok(generate(ws)?
-        .into_iter()
-        .filter(|g| ws.read(&g.path).ok().as_deref() != Some(g.text.as_str()))
-        .collect())
+    Ok(generate(ws)?.into_iter().filter(|g| ws.read(&g.path).ok().as_deref() != Some(g.text.as_str())).collect())
 }
 
 /// `cargo xtask update`: rewrites the stale files and says which.
@@ -93,7 +90,9 @@ fn exercises_rs(workbook: &Workbook) -> Result<String> {
             let solution = exercise.solution_file()?;
             out.push('\n');
             // Paths are relative to src/, where this file lies.
-            for (cfg, file) in [("not(feature = \"solutions\")", &exercise.file), ("feature = \"solutions\"", &solution)] {
+            for (cfg, file) in
+                [("not(feature = \"solutions\")", &exercise.file), ("feature = \"solutions\"", &solution)]
+            {
                 writeln!(out, "#[cfg_attr({cfg}, path = \"../{}\")]", slashes(file))?;
             }
             writeln!(out, "#[allow(unused_variables)]\nmod {module};")?;

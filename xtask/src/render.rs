@@ -15,8 +15,7 @@ const LINE_WIDTH: usize = 88;
 
 fn colour() -> bool {
     static COLOUR: OnceLock<bool> = OnceLock::new();
-    *COLOUR
-        .get_or_init(|| std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none())
+    *COLOUR.get_or_init(|| std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none())
 }
 
 fn paint(code: &str, text: &str) -> String {
@@ -56,11 +55,7 @@ pub fn clear_screen() {
 
 /// A labelled line, the value wrapped under itself: `  concept     Tensor ...`.
 pub fn field(label: &str, value: &str) {
-    println!(
-        "  {label:<width$}{}",
-        wrap(value, LABEL_WIDTH + 2),
-        width = LABEL_WIDTH
-    );
+    println!("  {label:<width$}{}", wrap(value, LABEL_WIDTH + 2), width = LABEL_WIDTH);
 }
 
 /// Greedy word wrap at `LINE_WIDTH`; continuation lines start at `indent`.
@@ -86,10 +81,7 @@ pub fn wrap(text: &str, indent: usize) -> String {
 /// Indents every line of a multi-line text.
 pub fn indented(text: &str, by: usize) -> String {
     let pad = " ".repeat(by);
-    text.lines()
-        .map(|line| format!("{pad}{line}"))
-        .collect::<Vec<_>>()
-        .join("\n")
+    text.lines().map(|line| format!("{pad}{line}")).collect::<Vec<_>>().join("\n")
 }
 
 /// Names as code, in words: `` `a` ``, `` `a` and `b` ``, `` `a`, `b` and `c` ``.
@@ -105,17 +97,8 @@ pub fn code_list(names: &[String]) -> String {
 /// The card `next` shows: what to write, where, and how to test it.
 pub fn exercise_card(workbook: &Workbook, exercise: &Exercise, position: &str) {
     let total = workbook.exercises.len();
-    let phase = workbook
-        .phase(exercise.phase)
-        .map(|p| p.title.as_str())
-        .unwrap_or("?");
-    println!(
-        "{}",
-        bold(&format!(
-            "Exercise {} of {total}: {}",
-            exercise.number, exercise.title
-        ))
-    );
+    let phase = workbook.phase(exercise.phase).map(|p| p.title.as_str()).unwrap_or("?");
+    println!("{}", bold(&format!("Exercise {} of {total}: {}", exercise.number, exercise.title)));
     println!("{}", dim(&format!("Phase {}: {phase}", exercise.phase)));
     println!();
     field("write", &code_list(&exercise.functions));
@@ -127,14 +110,7 @@ pub fn exercise_card(workbook: &Workbook, exercise: &Exercise, position: &str) {
     field("depends on", &dependencies(workbook, exercise));
     field("guide", &exercise.chapter_file().display().to_string());
     println!();
-    field(
-        "test it",
-        &format!(
-            "cargo test {}   (or: cargo xtask check {})",
-            exercise.test_module(),
-            exercise.number
-        ),
-    );
+    field("test it", &format!("cargo test {}   (or: cargo xtask check {})", exercise.test_module(), exercise.number));
     field("stuck?", &format!("cargo xtask hint {}", exercise.number));
 }
 
@@ -161,10 +137,7 @@ pub fn list_row(exercise: &Exercise, state: State, title_width: usize) {
         State::NotStarted => dim("not started"),
         State::Unchecked => yellow("edited, not checked yet"),
     };
-    println!(
-        "  {:>2}  {:<title_width$}  {label}",
-        exercise.number, exercise.title
-    );
+    println!("  {:>2}  {:<title_width$}  {label}", exercise.number, exercise.title);
 }
 
 /// `k/n done`, green when complete.
@@ -182,10 +155,7 @@ pub fn tally(done: usize, total: usize) -> String {
 pub fn verdicts<'a>(results: impl Iterator<Item = &'a TestResult>, module_prefix: &str) {
     let mut previous: Option<&str> = None;
     for result in results {
-        let name = result
-            .name
-            .strip_prefix(module_prefix)
-            .unwrap_or(&result.name);
+        let name = result.name.strip_prefix(module_prefix).unwrap_or(&result.name);
         match result.outcome {
             Outcome::Passed => println!("  {} {name}", green("✓")),
             Outcome::Ignored => println!("  {} {name} {}", yellow("-"), dim("(ignored)")),
@@ -213,9 +183,7 @@ mod tests {
         let wrapped = wrap(&text, 14);
         let lines: Vec<&str> = wrapped.lines().collect();
         assert!(lines.len() > 1);
-        assert!(lines[1..]
-            .iter()
-            .all(|line| line.starts_with(&" ".repeat(14)) && line.len() <= LINE_WIDTH));
+        assert!(lines[1..].iter().all(|line| line.starts_with(&" ".repeat(14)) && line.len() <= LINE_WIDTH));
         assert!(lines[0].len() <= LINE_WIDTH - 14);
         assert_eq!(wrap("short  text", 14), "short text");
     }

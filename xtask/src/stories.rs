@@ -81,24 +81,23 @@ impl SplitMix64 {
 // The words.
 
 const GIRLS: &[&str] = &[
-    "Lily", "Mia", "Sara", "Anna", "Emma", "Lucy", "Zoe", "Ella", "Rosa", "Amy", "Kate", "Nina", "Ivy",
-    "Ruby", "Grace", "Maya", "Hana", "Lena",
+    "Lily", "Mia", "Sara", "Anna", "Emma", "Lucy", "Zoe", "Ella", "Rosa", "Amy", "Kate", "Nina", "Ivy", "Ruby",
+    "Grace", "Maya", "Hana", "Lena",
 ];
 const BOYS: &[&str] = &[
-    "Tom", "Ben", "Max", "Sam", "Leo", "Jack", "Tim", "Finn", "Omar", "Noah", "Eli", "Jake", "Kai", "Theo",
-    "Ravi", "Dan",
+    "Tom", "Ben", "Max", "Sam", "Leo", "Jack", "Tim", "Finn", "Omar", "Noah", "Eli", "Jake", "Kai", "Theo", "Ravi",
+    "Dan",
 ];
 const ANIMALS: &[&str] = &[
     "bunny", "puppy", "kitten", "bear", "fox", "duck", "frog", "mouse", "turtle", "squirrel", "lamb", "pig",
     "hedgehog", "elephant",
 ];
 const ANIMAL_NAMES: &[&str] = &[
-    "Pip", "Bo", "Dot", "Fluffy", "Spot", "Coco", "Nutty", "Hoppy", "Benny", "Daisy", "Pebble", "Sunny",
-    "Milo", "Rosie", "Buddy", "Honey", "Peanut", "Biscuit",
+    "Pip", "Bo", "Dot", "Fluffy", "Spot", "Coco", "Nutty", "Hoppy", "Benny", "Daisy", "Pebble", "Sunny", "Milo",
+    "Rosie", "Buddy", "Honey", "Peanut", "Biscuit",
 ];
 const HERO_TRAITS: &[&str] = &[
-    "little", "small", "happy", "curious", "shy", "brave", "kind", "silly", "friendly", "playful", "clever",
-    "gentle",
+    "little", "small", "happy", "curious", "shy", "brave", "kind", "silly", "friendly", "playful", "clever", "gentle",
 ];
 /// What a hero loves doing: (to ..., ...ing).
 const HOBBIES: &[(&str, &str)] = &[
@@ -115,14 +114,8 @@ const HOBBIES: &[(&str, &str)] = &[
     ("climb trees", "climbing trees"),
     ("bake cookies", "baking cookies"),
 ];
-const HOMES: &[&str] = &[
-    "a little house",
-    "a small town",
-    "a quiet village",
-    "a cozy home",
-    "a blue house",
-    "a house on a hill",
-];
+const HOMES: &[&str] =
+    &["a little house", "a small town", "a quiet village", "a cozy home", "a blue house", "a house on a hill"];
 const TIMES: &[&str] = &[
     "One sunny morning",
     "One rainy day",
@@ -147,28 +140,16 @@ struct Place {
 
 const PLACES: &[Place] = &[
     Place { name: "park", spots: ["under the slide", "behind a big tree", "near the swings", "by the pond"] },
-    Place {
-        name: "garden",
-        spots: ["under the roses", "behind the shed", "in the tall grass", "next to the carrots"],
-    },
+    Place { name: "garden", spots: ["under the roses", "behind the shed", "in the tall grass", "next to the carrots"] },
     Place { name: "beach", spots: ["in the sand", "behind a big rock", "near the water", "by an old boat"] },
-    Place {
-        name: "forest",
-        spots: ["under a log", "behind a bush", "near a little stream", "in a pile of leaves"],
-    },
+    Place { name: "forest", spots: ["under a log", "behind a bush", "near a little stream", "in a pile of leaves"] },
     Place { name: "farm", spots: ["in the barn", "behind the hay", "near the pig pen", "by the red gate"] },
     Place {
         name: "meadow",
         spots: ["in the tall grass", "under a flower bush", "near the old fence", "behind a big stone"],
     },
-    Place {
-        name: "playground",
-        spots: ["under the slide", "in the sandbox", "behind the swings", "near the seesaw"],
-    },
-    Place {
-        name: "lake",
-        spots: ["near the water", "under the little bridge", "behind the reeds", "by the boats"],
-    },
+    Place { name: "playground", spots: ["under the slide", "in the sandbox", "behind the swings", "near the seesaw"] },
+    Place { name: "lake", spots: ["near the water", "under the little bridge", "behind the reeds", "by the boats"] },
 ];
 
 /// A toy, and what can happen to it.
@@ -216,16 +197,8 @@ struct HelperKind {
 const HELPER_ANIMALS: &[HelperKind] = &[
     HelperKind { intro: "wise old owl", names: &["Hoot", "Olive"], reach: "flew up to the branch" },
     HelperKind { intro: "little bird", names: &["Tweet", "Chirp"], reach: "flew up to the branch" },
-    HelperKind {
-        intro: "kind dog",
-        names: &["Rex", "Lady"],
-        reach: "found a long stick and knocked the branch",
-    },
-    HelperKind {
-        intro: "tall giraffe",
-        names: &["Gigi", "Stretch"],
-        reach: "stretched its long neck up high",
-    },
+    HelperKind { intro: "kind dog", names: &["Rex", "Lady"], reach: "found a long stick and knocked the branch" },
+    HelperKind { intro: "tall giraffe", names: &["Gigi", "Stretch"], reach: "stretched its long neck up high" },
     HelperKind { intro: "busy squirrel", names: &["Nutmeg", "Scamp"], reach: "ran up the tree" },
     HelperKind { intro: "friendly cat", names: &["Whiskers", "Mittens"], reach: "climbed up the tree" },
 ];
@@ -432,8 +405,12 @@ fn lost_toy(rng: &mut SplitMix64, h: &Who) -> Vec<String> {
                 h.He(),
                 f.name
             ),
-            1 => format!("{name} learned that friends help each other, and that two pairs of eyes are better than one."),
-            _ => format!("That night, {name} went to bed with {his} {toy} next to {him}. It had been a good day after all."),
+            1 => {
+                format!("{name} learned that friends help each other, and that two pairs of eyes are better than one.")
+            }
+            _ => format!(
+                "That night, {name} went to bed with {his} {toy} next to {him}. It had been a good day after all."
+            ),
         },
     ]
 }
@@ -685,11 +662,7 @@ fn keep_trying(rng: &mut SplitMix64, h: &Who) -> Vec<String> {
     // (the skill, the first try, the success); `{he}`, `{his}`, `{him}` are the hero's.
     let (skill, fail, success) = rng.pick(&[
         ("ride a bike", "the bike wobbled, and {he} fell down", "rode all the way down the street"),
-        (
-            "fly a kite",
-            "the kite went up and then crashed to the ground",
-            "made the kite fly high above the trees",
-        ),
+        ("fly a kite", "the kite went up and then crashed to the ground", "made the kite fly high above the trees"),
         ("jump rope", "{he} tripped over the rope", "jumped ten times in a row without stopping"),
         ("whistle", "only air came out of {his} mouth", "whistled a little tune"),
         ("swim", "{he} splashed and splashed but did not move", "swam all the way across the pool"),

@@ -36,10 +36,7 @@ pub fn locate(source: &str, name: &str) -> Result<FnLocation> {
     let fn_at = match found[..] {
         [at] => at,
         [] => bail!("no `fn {name}` found"),
-        _ => bail!(
-            "{} functions named `{name}`: rename the others so the exercise is unambiguous",
-            found.len()
-        ),
+        _ => bail!("{} functions named `{name}`: rename the others so the exercise is unambiguous", found.len()),
     };
     let Some(open) = body_open(&code, fn_at) else {
         bail!("`fn {name}` has no body");
@@ -48,15 +45,8 @@ pub fn locate(source: &str, name: &str) -> Result<FnLocation> {
         bail!("the body of `fn {name}` has no closing brace");
     };
     let line_start = source[..fn_at].rfind('\n').map_or(0, |i| i + 1);
-    let indent: String = source[line_start..]
-        .chars()
-        .take_while(|c| *c == ' ' || *c == '\t')
-        .collect();
-    Ok(FnLocation {
-        line: source[..fn_at].matches('\n').count() + 1,
-        indent,
-        body: open + 1..close,
-    })
+    let indent: String = source[line_start..].chars().take_while(|c| *c == ' ' || *c == '\t').collect();
+    Ok(FnLocation { line: source[..fn_at].matches('\n').count() + 1, indent, body: open + 1..close })
 }
 
 /// The text between the braces of a function whose body is just `stub_line`.
@@ -67,9 +57,7 @@ pub fn stub_body(indent: &str, stub_line: &str) -> String {
 /// `source` with the body of every function in `names` replaced by the
 /// shipped stub.
 pub fn reset(source: &str, names: &[&str], stub_line: &str) -> Result<String> {
-    names.iter().try_fold(source.to_string(), |reset, name| {
-        reset_one(&reset, name, stub_line)
-    })
+    names.iter().try_fold(source.to_string(), |reset, name| reset_one(&reset, name, stub_line))
 }
 
 /// Whether every function in `names` is still exactly the shipped stub, byte
@@ -96,10 +84,7 @@ fn blank_non_code(source: &str) -> Vec<u8> {
     let mut i = 0;
     while i < b.len() {
         let end = match b[i] {
-            b'/' if b.get(i + 1) == Some(&b'/') => b[i..]
-                .iter()
-                .position(|&c| c == b'\n')
-                .map_or(b.len(), |n| i + n),
+            b'/' if b.get(i + 1) == Some(&b'/') => b[i..].iter().position(|&c| c == b'\n').map_or(b.len(), |n| i + n),
             b'/' if b.get(i + 1) == Some(&b'*') => block_comment_end(b, i),
             b'"' => quoted_end(b, i + 1),
             b'\'' => match char_literal_end(b, i) {
@@ -201,14 +186,7 @@ fn prefixed_literal_end(b: &[u8], prefix: &[u8], after: usize) -> Option<usize> 
             }
             let mut i = after + hashes + 1;
             while i < b.len() {
-                if b[i] == b'"'
-                    && b[i + 1..]
-                        .iter()
-                        .take(hashes)
-                        .filter(|&&c| c == b'#')
-                        .count()
-                        == hashes
-                {
+                if b[i] == b'"' && b[i + 1..].iter().take(hashes).filter(|&&c| c == b'#').count() == hashes {
                     return Some(i + 1 + hashes);
                 }
                 i += 1;
@@ -224,10 +202,7 @@ fn is_ident_start(c: u8) -> bool {
 }
 
 fn ident_end(b: &[u8], start: usize) -> usize {
-    let len = b[start..]
-        .iter()
-        .take_while(|&&c| c.is_ascii_alphanumeric() || c == b'_' || c >= 0x80)
-        .count();
+    let len = b[start..].iter().take_while(|&&c| c.is_ascii_alphanumeric() || c == b'_' || c >= 0x80).count();
     start + len
 }
 
@@ -326,11 +301,7 @@ fn after() {}
         assert!(reset.starts_with("//! A module whose docs mention `fn demo() {` on purpose."));
         assert!(is_stub(&reset, &["demo"], STUB).unwrap());
         assert!(!is_stub(FREE, &["demo"], STUB).unwrap());
-        assert_eq!(
-            super::reset(&reset, &["demo"], STUB).unwrap(),
-            reset,
-            "reset is idempotent"
-        );
+        assert_eq!(super::reset(&reset, &["demo"], STUB).unwrap(), reset, "reset is idempotent");
     }
 
     #[test]
@@ -366,30 +337,18 @@ fn after() {}
         let half_done = reset(source, &["load"], STUB).unwrap();
         assert!(!is_stub(&half_done, &names, STUB).unwrap());
         assert!(is_stub(&half_done, &["load"], STUB).unwrap());
-        assert!(reset(source, &["save", "missing"], STUB)
-            .unwrap_err()
-            .to_string()
-            .contains("no `fn missing`"));
+        assert!(reset(source, &["save", "missing"], STUB).unwrap_err().to_string().contains("no `fn missing`"));
     }
 
     #[test]
     fn names_must_match_whole_identifiers_once() {
         let source = "fn demo_two() {}\nfn demo() { 1 }\n";
         assert_eq!(locate(source, "demo").unwrap().line, 2);
-        assert!(locate(source, "missing")
-            .unwrap_err()
-            .to_string()
-            .contains("no `fn missing`"));
+        assert!(locate(source, "missing").unwrap_err().to_string().contains("no `fn missing`"));
         let twice = "fn demo() {}\nmod m { fn demo() {} }\n";
-        assert!(locate(twice, "demo")
-            .unwrap_err()
-            .to_string()
-            .contains("2 functions named `demo`"));
+        assert!(locate(twice, "demo").unwrap_err().to_string().contains("2 functions named `demo`"));
         let declared = "trait T { fn demo(&self); }\n";
-        assert!(locate(declared, "demo")
-            .unwrap_err()
-            .to_string()
-            .contains("has no body"));
+        assert!(locate(declared, "demo").unwrap_err().to_string().contains("has no body"));
     }
 
     #[test]

@@ -27,14 +27,7 @@ pub fn verify(ws: &Workspace) -> anyhow::Result<bool> {
     guide_builds(ws, &mut tally);
     println!();
     let summary = format!("{} passed, {} failed", tally.passed, tally.failed);
-    println!(
-        "{}",
-        if tally.failed == 0 {
-            green(&summary)
-        } else {
-            red(&summary)
-        }
-    );
+    println!("{}", if tally.failed == 0 { green(&summary) } else { red(&summary) });
     Ok(tally.failed == 0)
 }
 
@@ -55,20 +48,10 @@ impl Tally {
     }
 
     fn end_section(&self) {
-        let (passed, failed) = (
-            self.passed - self.section_start.0,
-            self.failed - self.section_start.1,
-        );
+        let (passed, failed) = (self.passed - self.section_start.0, self.failed - self.section_start.1);
         if passed + failed > 0 {
             let line = format!("  {passed}/{} checks pass", passed + failed);
-            println!(
-                "{}",
-                if failed == 0 {
-                    green(&line)
-                } else {
-                    red(&line)
-                }
-            );
+            println!("{}", if failed == 0 { green(&line) } else { red(&line) });
         }
     }
 
@@ -88,11 +71,7 @@ fn metadata(ws: &Workspace, tally: &mut Tally) {
     let workbook = &ws.workbook;
     for (index, phase) in workbook.phases.iter().enumerate() {
         tally.check(phase.number as usize == index + 1, || {
-            format!(
-                "phase {} is [[phase]] entry {}: number the phases 1, 2, 3, ... in order",
-                phase.number,
-                index + 1
-            )
+            format!("phase {} is [[phase]] entry {}: number the phases 1, 2, 3, ... in order", phase.number, index + 1)
         });
     }
     for (index, exercise) in workbook.exercises.iter().enumerate() {
@@ -151,64 +130,37 @@ fn exercise_entry(ws: &Workspace, index: usize, exercise: &Exercise, tally: &mut
     let workbook = &ws.workbook;
     let n = exercise.number;
     tally.check(n as usize == index + 1, || {
-        format!(
-            "exercise {n} is [[exercise]] entry {}: number the exercises 1, 2, 3, ... in order",
-            index + 1
-        )
+        format!("exercise {n} is [[exercise]] entry {}: number the exercises 1, 2, 3, ... in order", index + 1)
     });
     tally.check(workbook.phase(exercise.phase).is_ok(), || {
-        format!(
-            "exercise {n}: phase {} is not declared as a [[phase]]",
-            exercise.phase
-        )
+        format!("exercise {n}: phase {} is not declared as a [[phase]]", exercise.phase)
     });
-    let previous_phase = index
-        .checked_sub(1)
-        .map_or(0, |i| workbook.exercises[i].phase);
+    let previous_phase = index.checked_sub(1).map_or(0, |i| workbook.exercises[i].phase);
     tally.check(exercise.phase >= previous_phase, || {
-        format!(
-            "exercise {n}: phase {} comes after phase {previous_phase}: keep the phases in order",
-            exercise.phase
-        )
+        format!("exercise {n}: phase {} comes after phase {previous_phase}: keep the phases in order", exercise.phase)
     });
     shipped_stub(ws, exercise, tally);
     solution(ws, exercise, tally);
-    exists(
-        ws,
-        &exercise.test_file(),
-        &format!("exercise {n}: its test module"),
-        tally,
-    );
+    exists(ws, &exercise.test_file(), &format!("exercise {n}: its test module"), tally);
     let chapter = exercise.chapter_file();
-    exists(
-        ws,
-        &chapter,
-        &format!("exercise {n}: its guide chapter"),
-        tally,
-    );
+    exists(ws, &chapter, &format!("exercise {n}: its guide chapter"), tally);
     let heading = format!("# Exercise {n}: {}", exercise.title);
     let first_line = ws.read(&chapter).ok().and_then(|text| text.lines().next().map(str::to_string));
     tally.check(first_line.as_deref().is_none_or(|line| line == heading), || {
-        format!("exercise {n}: {} opens with {first_line:?}, not with the title in info.toml: {heading:?}", chapter.display())
+        format!(
+            "exercise {n}: {} opens with {first_line:?}, not with the title in info.toml: {heading:?}",
+            chapter.display()
+        )
     });
-    tally.check(!exercise.hint.trim().is_empty(), || {
-        format!("exercise {n}: the hint is empty")
-    });
+    tally.check(!exercise.hint.trim().is_empty(), || format!("exercise {n}: the hint is empty"));
     tally.check(exercise.mistakes.len() >= MIN_MISTAKES, || {
         format!(
             "exercise {n}: {} mistakes listed, at least {MIN_MISTAKES} wanted (each caught by a test)",
             exercise.mistakes.len()
         )
     });
-    let later: Vec<u32> = exercise
-        .depends
-        .iter()
-        .copied()
-        .filter(|&d| d == 0 || d >= n)
-        .collect();
-    tally.check(later.is_empty(), || {
-        format!("exercise {n}: depends on {later:?}, which do not come before it")
-    });
+    let later: Vec<u32> = exercise.depends.iter().copied().filter(|&d| d == 0 || d >= n).collect();
+    tally.check(later.is_empty(), || format!("exercise {n}: depends on {later:?}, which do not come before it"));
 }
 
 /// The learner's file holds each of the exercise's functions with exactly the
@@ -229,8 +181,7 @@ fn shipped_stub(ws: &Workspace, exercise: &Exercise, tally: &mut Tally) {
                 continue;
             }
         };
-        let shipped =
-            source[location.body.clone()] == stub::stub_body(&location.indent, &stub_line);
+        let shipped = source[location.body.clone()] == stub::stub_body(&location.indent, &stub_line);
         tally.check(shipped, || {
             format!(
                 "exercise {n}: the body of `{function}` in {file}:{} is not the shipped stub; it must be exactly\n      {stub_line}\n    (`cargo xtask reset {n} --yes` writes it)",
@@ -243,9 +194,7 @@ fn shipped_stub(ws: &Workspace, exercise: &Exercise, tally: &mut Tally) {
 /// The solution file holds the same functions, written out.
 fn solution(ws: &Workspace, exercise: &Exercise, tally: &mut Tally) {
     let n = exercise.number;
-    let found = exercise
-        .solution_file()
-        .and_then(|path| Ok((ws.read(&path)?, path)));
+    let found = exercise.solution_file().and_then(|path| Ok((ws.read(&path)?, path)));
     let (source, path) = match found {
         Ok(found) => found,
         Err(error) => return tally.check(false, || format!("exercise {n}: solution: {error:#}")),
@@ -262,18 +211,13 @@ fn solution(ws: &Workspace, exercise: &Exercise, tally: &mut Tally) {
 }
 
 fn exists(ws: &Workspace, path: &Path, what: &str, tally: &mut Tally) {
-    tally.check(ws.root.join(path).is_file(), || {
-        format!("{what} {} does not exist", path.display())
-    });
+    tally.check(ws.root.join(path).is_file(), || format!("{what} {} does not exist", path.display()));
 }
 
 /// Opens a section titled `title`, runs the whole graded binary on the
 /// solutions or the stubs, and checks that the run finished.
 fn run_section(ws: &Workspace, solutions: bool, title: &str, tally: &mut Tally) -> Option<TestRun> {
-    let runner = Runner {
-        root: ws.root.clone(),
-        solutions,
-    };
+    let runner = Runner { root: ws.root.clone(), solutions };
     tally.section(&format!("{title} ({})", runner.command_line()));
     let run = match runner.run(&[]) {
         Ok(run) => run,
@@ -282,9 +226,7 @@ fn run_section(ws: &Workspace, solutions: bool, title: &str, tally: &mut Tally) 
             return None;
         }
     };
-    tally.check(run.finished, || {
-        "the test run stopped before it finished (a test crashed the process)".into()
-    });
+    tally.check(run.finished, || "the test run stopped before it finished (a test crashed the process)".into());
     Some(run)
 }
 
@@ -314,11 +256,7 @@ fn solutions_pass(ws: &Workspace, tally: &mut Tally) {
             )
         });
     }
-    let tested: BTreeSet<u32> = run
-        .results
-        .iter()
-        .filter_map(|r| graded_exercise(&r.name))
-        .collect();
+    let tested: BTreeSet<u32> = run.results.iter().filter_map(|r| graded_exercise(&r.name)).collect();
     for number in tested {
         tally.check(ws.workbook.exercise(number).is_ok(), || {
             format!("exercise_{number:02} grades exercise {number}, which exercises/info.toml does not declare")
@@ -333,24 +271,15 @@ fn stubs_fail(ws: &Workspace, tally: &mut Tally) {
     };
     for result in &run.results {
         let graded = graded_exercise(&result.name).is_some() || phase_check(&result.name).is_some();
-        let wanted = if graded {
-            Outcome::Failed
-        } else {
-            Outcome::Passed
-        };
-        tally.check(result.outcome == wanted, || {
-            match (graded, result.outcome) {
-                (_, Outcome::Ignored) => format!("{} is #[ignore]d, so it never runs", result.name),
-                (true, _) => format!(
-                    "{} passes on the shipped stub: it has no teeth",
-                    result.name
-                ),
-                (false, _) => format!(
-                    "{} is not graded, yet fails on the shipped stubs:\n{}",
-                    result.name,
-                    indented(result.message.as_deref().unwrap_or("(no message)"), 6)
-                ),
-            }
+        let wanted = if graded { Outcome::Failed } else { Outcome::Passed };
+        tally.check(result.outcome == wanted, || match (graded, result.outcome) {
+            (_, Outcome::Ignored) => format!("{} is #[ignore]d, so it never runs", result.name),
+            (true, _) => format!("{} passes on the shipped stub: it has no teeth", result.name),
+            (false, _) => format!(
+                "{} is not graded, yet fails on the shipped stubs:\n{}",
+                result.name,
+                indented(result.message.as_deref().unwrap_or("(no message)"), 6)
+            ),
         });
     }
 }
@@ -358,18 +287,12 @@ fn stubs_fail(ws: &Workspace, tally: &mut Tally) {
 /// Part 4: the guide builds, when mdbook is installed.
 fn guide_builds(ws: &Workspace, tally: &mut Tally) {
     tally.section("Guide builds (mdbook build guide)");
-    match Command::new("mdbook")
-        .args(["build", "guide"])
-        .current_dir(&ws.root)
-        .status()
-    {
+    match Command::new("mdbook").args(["build", "guide"]).current_dir(&ws.root).status() {
         Err(error) if error.kind() == ErrorKind::NotFound => {
             println!("  skipped: mdbook is not on PATH (`cargo install mdbook` adds this check)");
         }
         Err(error) => tally.check(false, || format!("cannot run mdbook: {error}")),
-        Ok(status) => tally.check(status.success(), || {
-            "`mdbook build guide` failed (its errors are above)".into()
-        }),
+        Ok(status) => tally.check(status.success(), || "`mdbook build guide` failed (its errors are above)".into()),
     }
     tally.end_section();
 }

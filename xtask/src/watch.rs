@@ -43,10 +43,7 @@ pub fn watch(ws: &Workspace) -> Result<bool> {
             },
         }
         println!();
-        println!(
-            "{}",
-            dim("Watching exercises/ for changes; save a file to grade again, Ctrl-C to stop.")
-        );
+        println!("{}", dim("Watching exercises/ for changes; save a file to grade again, Ctrl-C to stop."));
         wait_for_change(&changes)?;
         render::clear_screen();
     }
@@ -63,12 +60,7 @@ fn wait_for_change(changes: &Receiver<notify::Result<Event>>) -> Result<()> {
 /// Reads (which the build itself causes) do not count; edits of source files do.
 fn is_edit(event: &notify::Result<Event>) -> bool {
     let Ok(event) = event else { return false };
-    let source = |path: &std::path::PathBuf| {
-        path.extension()
-            .is_some_and(|ext| ext == "rs" || ext == "toml")
-    };
-    matches!(
-        event.kind,
-        EventKind::Create(_) | EventKind::Modify(_) | EventKind::Remove(_)
-    ) && event.paths.iter().any(source)
+    let source = |path: &std::path::PathBuf| path.extension().is_some_and(|ext| ext == "rs" || ext == "toml");
+    matches!(event.kind, EventKind::Create(_) | EventKind::Modify(_) | EventKind::Remove(_))
+        && event.paths.iter().any(source)
 }

@@ -21,25 +21,17 @@ impl Workspace {
     pub fn open(solutions: bool) -> Result<Self> {
         let root = find_root()?;
         let workbook = Workbook::load(&root)?;
-        Ok(Self {
-            root,
-            workbook,
-            solutions,
-        })
+        Ok(Self { root, workbook, solutions })
     }
 
     /// Reads a file given relative to the root.
     pub fn read(&self, path: &Path) -> Result<String> {
-        std::fs::read_to_string(self.root.join(path))
-            .with_context(|| format!("cannot read {}", path.display()))
+        std::fs::read_to_string(self.root.join(path)).with_context(|| format!("cannot read {}", path.display()))
     }
 
     /// Runs the graded tests on the code this workspace grades.
     pub fn runner(&self) -> Runner {
-        Runner {
-            root: self.root.clone(),
-            solutions: self.solutions,
-        }
+        Runner { root: self.root.clone(), solutions: self.solutions }
     }
 
     /// Whether there is something to grade: always with `--solutions`,
@@ -76,10 +68,7 @@ fn find_root() -> Result<PathBuf> {
     let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
-    let root = manifest_dir
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default();
+    let root = manifest_dir.parent().map(Path::to_path_buf).unwrap_or_default();
     if !root.join(INFO_FILE).is_file() {
         bail!(
             "cannot find {INFO_FILE} in {}: run the tool as `cargo xtask ...` from inside the workbook",

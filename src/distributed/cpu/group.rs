@@ -24,12 +24,7 @@ pub struct CpuProcessGroup {
 
 impl CpuProcessGroup {
     pub(super) fn new(rank: usize, rendezvous: Arc<Rendezvous>) -> Self {
-        Self {
-            rank,
-            rendezvous,
-            issued: Cell::new(0),
-            stats: RefCell::default(),
-        }
+        Self { rank, rendezvous, issued: Cell::new(0), stats: RefCell::default() }
     }
 
     /// Issues one collective and waits for the other ranks to issue it too.
@@ -42,9 +37,7 @@ impl CpuProcessGroup {
         stats.record_wire(call.kind(), call.payload_bytes(input, 1));
         drop(stats);
         let generation = self.issued.replace(self.issued.get() + 1);
-        let input = input
-            .map(|t| t.detach().to_device(&Device::Cpu))
-            .transpose()?;
+        let input = input.map(|t| t.detach().to_device(&Device::Cpu)).transpose()?;
         self.rendezvous.meet(self.rank, generation, call, input)
     }
 
@@ -63,10 +56,7 @@ impl ProcessGroup for CpuProcessGroup {
     }
 
     fn properties(&self) -> Properties {
-        Properties {
-            rank_order_reduction: true,
-            detects_dead_peers: true,
-        }
+        Properties { rank_order_reduction: true, detects_dead_peers: true }
     }
 
     fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
@@ -112,9 +102,7 @@ impl ProcessGroup for CpuProcessGroup {
             self.rendezvous.abort(reason.clone());
             return Err(candle_core::Error::Msg(reason));
         }
-        self.stats
-            .borrow_mut()
-            .record(Collective::Recv, (t.elem_count() * t.dtype().size_in_bytes()) as u64);
+        self.stats.borrow_mut().record(Collective::Recv, (t.elem_count() * t.dtype().size_in_bytes()) as u64);
         t.to_device(like.device())
     }
 
@@ -129,11 +117,6 @@ impl ProcessGroup for CpuProcessGroup {
 
 impl fmt::Debug for CpuProcessGroup {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "CpuProcessGroup(rank {} of {})",
-            self.rank,
-            self.world_size()
-        )
+        write!(f, "CpuProcessGroup(rank {} of {})", self.rank, self.world_size())
     }
 }

@@ -60,12 +60,7 @@ impl Rendezvous {
             finished: vec![false; world_size],
             mailboxes: HashMap::new(),
         };
-        Self {
-            world_size,
-            timeout,
-            state: Mutex::new(state),
-            changed: Condvar::new(),
-        }
+        Self { world_size, timeout, state: Mutex::new(state), changed: Condvar::new() }
     }
 
     pub(super) fn world_size(&self) -> usize {
@@ -74,13 +69,7 @@ impl Rendezvous {
 
     /// Rank `rank` takes part in collective number `generation`: waits until
     /// every rank has arrived, and returns what the collective produced.
-    pub(super) fn meet(
-        &self,
-        rank: usize,
-        generation: u64,
-        call: Call,
-        input: Option<Tensor>,
-    ) -> Result<Arc<Outcome>> {
+    pub(super) fn meet(&self, rank: usize, generation: u64, call: Call, input: Option<Tensor>) -> Result<Arc<Outcome>> {
         let mut state = self.lock();
         if let Some(reason) = &state.aborted {
             return Err(Error::Msg(reason.clone()));
@@ -126,7 +115,8 @@ impl Rendezvous {
                 return Err(Error::Msg(reason.clone()));
             }
             if state.finished[src] {
-                let reason = format!("rank {src} finished without sending the tensor rank {dst} waits for in recv(src {src})");
+                let reason =
+                    format!("rank {src} finished without sending the tensor rank {dst} waits for in recv(src {src})");
                 return Err(self.fail(&mut state, reason));
             }
             state = match self.wait_until(state, deadline) {
@@ -144,13 +134,7 @@ impl Rendezvous {
 
     /// Waits, with the lock released, until collective `generation` is
     /// complete, the group is aborted, or it is clear that it never will be.
-    fn wait(
-        &self,
-        mut state: MutexGuard<'_, State>,
-        rank: usize,
-        generation: u64,
-        call: Call,
-    ) -> Result<Arc<Outcome>> {
+    fn wait(&self, mut state: MutexGuard<'_, State>, rank: usize, generation: u64, call: Call) -> Result<Arc<Outcome>> {
         let deadline = Instant::now() + self.timeout;
         loop {
             if let Some(outcome) = state.take_outcome(generation) {
@@ -193,11 +177,7 @@ impl Rendezvous {
         if now >= deadline {
             return Err(state);
         }
-        Ok(self
-            .changed
-            .wait_timeout(state, deadline - now)
-            .unwrap_or_else(PoisonError::into_inner)
-            .0)
+        Ok(self.changed.wait_timeout(state, deadline - now).unwrap_or_else(PoisonError::into_inner).0)
     }
 
     /// Marks the group as failed, unless it already is: the first reason is
@@ -221,11 +201,8 @@ impl Rendezvous {
     /// The last rank to arrive runs the collective for everyone.
     fn complete(&self, state: &mut State, call: Call) -> Result<Arc<Outcome>> {
         let generation = state.generation;
-        let inputs: Vec<Tensor> = state
-            .arrived
-            .iter_mut()
-            .filter_map(|slot| slot.take().and_then(|a| a.input))
-            .collect();
+        let inputs: Vec<Tensor> =
+            state.arrived.iter_mut().filter_map(|slot| slot.take().and_then(|a| a.input)).collect();
         let outcome = match combine(call, &inputs) {
             Ok(outcome) => Arc::new(outcome),
             Err(e) => return Err(self.fail(state, format!("{call} #{generation} failed: {e}"))),
@@ -233,11 +210,7 @@ impl Rendezvous {
         state.generation += 1;
         if self.world_size > 1 {
             let unread = self.world_size - 1;
-            state.completed = Some(Completed {
-                generation,
-                outcome: Arc::clone(&outcome),
-                unread,
-            });
+            state.completed = Some(Completed { generation, outcome: Arc::clone(&outcome), unread });
         }
         self.changed.notify_all();
         Ok(outcome)
@@ -259,17 +232,10 @@ impl Rendezvous {
 impl State {
     /// Why `arrival` cannot join the collective the ranks already in it make.
     fn conflict(&self, rank: usize, arrival: &Arrival) -> Option<String> {
-        let (other, theirs) = self
-            .arrived
-            .iter()
-            .enumerate()
-            .find_map(|(r, slot)| Some((r, slot.as_ref()?)))?;
+        let (other, theirs) = self.arrived.iter().enumerate().find_map(|(r, slot)| Some((r, slot.as_ref()?)))?;
         // Name the lower rank first, whoever arrived first.
-        let ((lo, a), (hi, b)) = if other < rank {
-            ((other, theirs), (rank, arrival))
-        } else {
-            ((rank, arrival), (other, theirs))
-        };
+        let ((lo, a), (hi, b)) =
+            if other < rank { ((other, theirs), (rank, arrival)) } else { ((rank, arrival), (other, theirs)) };
         let generation = self.generation;
         if a.call.kind() != b.call.kind() {
             return Some(format!(
@@ -302,17 +268,12 @@ impl State {
 
     /// The ranks that have not yet arrived at the current collective.
     fn missing(&self) -> Vec<usize> {
-        (0..self.arrived.len())
-            .filter(|&r| self.arrived[r].is_none())
-            .collect()
+        (0..self.arrived.len()).filter(|&r| self.arrived[r].is_none()).collect()
     }
 
     /// The outcome of collective `generation`, once it is complete.
     fn take_outcome(&mut self, generation: u64) -> Option<Arc<Outcome>> {
-        let done = self
-            .completed
-            .as_mut()
-            .filter(|c| c.generation == generation)?;
+        let done = self.completed.as_mut().filter(|c| c.generation == generation)?;
         let outcome = Arc::clone(&done.outcome);
         done.unread -= 1;
         if done.unread == 0 {

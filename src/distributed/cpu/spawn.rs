@@ -59,10 +59,7 @@ where
                 }
             }
         }
-        ranks
-            .into_iter()
-            .map(|rank| rank.join().unwrap_or_else(|p| Err(panicked(&*p))))
-            .collect()
+        ranks.into_iter().map(|rank| rank.join().unwrap_or_else(|p| Err(panicked(&*p)))).collect()
     });
 
     let failed = results.len() < world_size || results.iter().any(Result::is_err);
@@ -81,8 +78,7 @@ where
     F: Fn(CpuProcessGroup) -> Result<T>,
 {
     let rank = group.rank();
-    let result =
-        panic::catch_unwind(AssertUnwindSafe(|| f(group))).unwrap_or_else(|p| Err(panicked(&*p)));
+    let result = panic::catch_unwind(AssertUnwindSafe(|| f(group))).unwrap_or_else(|p| Err(panicked(&*p)));
     match &result {
         Ok(_) => rendezvous.finish(rank),
         Err(e) => rendezvous.abort(format!("rank {rank} failed: {e}")),

@@ -63,9 +63,9 @@ impl Mesh {
         store.set(&format!("addr/{rank}"), me.to_string().as_bytes()).map_err(Error::wrap)?;
         let mut streams: Vec<Option<TcpStream>> = (0..world_size).map(|_| None).collect();
         for (peer, slot) in streams.iter_mut().enumerate().take(rank) {
-            let addr = store.get(&format!("addr/{peer}"), timeout).map_err(|e| {
-                Error::Msg(format!("rank {rank} never learned rank {peer}'s address: {e}"))
-            })?;
+            let addr = store
+                .get(&format!("addr/{peer}"), timeout)
+                .map_err(|e| Error::Msg(format!("rank {rank} never learned rank {peer}'s address: {e}")))?;
             *slot = Some(dial(&addr, rank, peer, token, timeout)?);
         }
         accept_higher(&listener, &mut streams, rank, token, timeout)?;
@@ -74,12 +74,7 @@ impl Mesh {
             .enumerate()
             .map(|(r, s)| s.map(|s| Peer::start(s, r, timeout)).transpose())
             .collect::<Result<_>>()?;
-        Ok(Self {
-            rank,
-            peers,
-            timeout,
-            failure: RefCell::new(None),
-        })
+        Ok(Self { rank, peers, timeout, failure: RefCell::new(None) })
     }
 
     /// Queues `header` and `payload` for rank `to`; returns before they arrive.
@@ -155,7 +150,13 @@ impl Mesh {
         }
     }
 
-    fn read(&self, stream: &mut &TcpStream, buf: &mut [u8], from: usize, waiting_for: &Header) -> std::result::Result<(), String> {
+    fn read(
+        &self,
+        stream: &mut &TcpStream,
+        buf: &mut [u8],
+        from: usize,
+        waiting_for: &Header,
+    ) -> std::result::Result<(), String> {
         let start = Instant::now();
         stream.read_exact(buf).map_err(|e| {
             let me = self.rank;
@@ -220,12 +221,7 @@ impl Peer {
                 }
             })
             .map_err(Error::wrap)?;
-        Ok(Self {
-            stream,
-            outbox: Some(outbox),
-            writer: Some(writer),
-            write_error,
-        })
+        Ok(Self { stream, outbox: Some(outbox), writer: Some(writer), write_error })
     }
 }
 

@@ -71,9 +71,8 @@ impl TcpProcessGroup {
         let Rendezvous { rank, world_size, .. } = *rv;
         let store = rv.join_store()?;
         let master = store.master;
-        let host = local_address_towards(master).map_err(|e| {
-            Error::Msg(format!("rank {rank} finds no route to the store at {master}: {e}"))
-        })?;
+        let host = local_address_towards(master)
+            .map_err(|e| Error::Msg(format!("rank {rank} finds no route to the store at {master}: {e}")))?;
         let mesh = Mesh::connect(&store.client, rank, world_size, host, &rv.token, rv.timeout)?;
         Ok(Self {
             rank,

@@ -27,7 +27,9 @@ pub(super) const MAX_REASON: usize = 4096;
 pub(super) enum Frame {
     Message(Header),
     /// A peer gave up; the reason (`len` bytes of text) follows.
-    Abort { len: usize },
+    Abort {
+        len: usize,
+    },
 }
 
 /// What a message belongs to and how long its payload is.
@@ -146,7 +148,5 @@ fn op_name(code: u32) -> &'static str {
 /// A digest of a shape (FNV-1a over the dimensions): two ranks with different
 /// shapes of the same size disagree on it, whatever machine computes it.
 fn shape_digest(dims: &[usize]) -> u64 {
-    dims.iter().fold(0xcbf2_9ce4_8422_2325, |h, &d| {
-        (h ^ d as u64).wrapping_mul(0x0100_0000_01b3)
-    })
+    dims.iter().fold(0xcbf2_9ce4_8422_2325, |h, &d| (h ^ d as u64).wrapping_mul(0x0100_0000_01b3))
 }

@@ -16,10 +16,10 @@ mod comm;
 
 use candle_core::Result;
 
-pub use comm::{average_in_buckets, broadcast_parameters};
 use crate::autograd::Gradients;
 use crate::distributed::{ProcessGroup, SingleProcess};
 use crate::model::ParamStore;
+pub use comm::{average_in_buckets, broadcast_parameters};
 
 /// PyTorch DDP's default bucket size.
 pub const DEFAULT_BUCKET_BYTES: usize = 25 * 1024 * 1024;
@@ -74,4 +74,3 @@ impl Ddp {
         self.syncs
     }
 }
-

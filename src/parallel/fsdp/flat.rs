@@ -95,10 +95,16 @@ impl FlatLayout {
 
     /// 0/1 masks over `range` of the buffer, one per distinct value of
     /// `value_of(name)`, for per-parameter settings (weight decay) on a shard.
-    pub fn masks_by(&self, range: Range<usize>, device: &Device, value_of: impl Fn(&str) -> f64) -> Result<Vec<(f64, Tensor)>> {
+    pub fn masks_by(
+        &self,
+        range: Range<usize>,
+        device: &Device,
+        value_of: impl Fn(&str) -> f64,
+    ) -> Result<Vec<(f64, Tensor)>> {
         let mut masks: Vec<(f64, Vec<f32>)> = vec![];
         for entry in &self.entries {
-            let (start, end) = (entry.offset.max(range.start), (entry.offset + entry.shape.elem_count()).min(range.end));
+            let (start, end) =
+                (entry.offset.max(range.start), (entry.offset + entry.shape.elem_count()).min(range.end));
             if start >= end {
                 continue;
             }
@@ -121,7 +127,11 @@ impl FlatLayout {
 
     fn check_len(&self, flat: &Tensor) -> Result<()> {
         if flat.dims() != [self.padded] {
-            bail!("a flat buffer of shape {:?} does not fit this unit's layout ({} elements)", flat.dims(), self.padded);
+            bail!(
+                "a flat buffer of shape {:?} does not fit this unit's layout ({} elements)",
+                flat.dims(),
+                self.padded
+            );
         }
         Ok(())
     }

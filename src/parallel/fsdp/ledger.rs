@@ -49,10 +49,9 @@ impl StepLedger {
             .into_iter()
             .map(|kind| match kind {
                 Collective::AllReduce => 2 * self.comm.bytes(kind),
-                Collective::AllGather
-                | Collective::ReduceScatter
-                | Collective::Broadcast
-                | Collective::Send => self.comm.bytes(kind),
+                Collective::AllGather | Collective::ReduceScatter | Collective::Broadcast | Collective::Send => {
+                    self.comm.bytes(kind)
+                }
                 // A received tensor is its sender's traffic, already counted there.
                 Collective::Barrier | Collective::Recv => 0,
             })

@@ -158,7 +158,12 @@ impl ShardedUnit {
     }
 
     /// Replaces the f32 state over the local range (each tensor `local_range().len()` long).
-    pub(crate) fn set_local_state(&mut self, state: LocalState, pg: &dyn ProcessGroup, policy: &MixedPrecisionPolicy) -> Result<()> {
+    pub(crate) fn set_local_state(
+        &mut self,
+        state: LocalState,
+        pg: &dyn ProcessGroup,
+        policy: &MixedPrecisionPolicy,
+    ) -> Result<()> {
         for (what, t) in [("params", &state.params), ("exp_avg", &state.exp_avg), ("exp_avg_sq", &state.exp_avg_sq)] {
             if t.dims() != [self.local.len()] {
                 candle_core::bail!(

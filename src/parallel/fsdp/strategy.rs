@@ -44,10 +44,9 @@ impl FromStr for ShardingStrategy {
     type Err = String;
 
     fn from_str(s: &str) -> std::result::Result<Self, String> {
-        Self::ALL
-            .into_iter()
-            .find(|strategy| strategy.name() == s.to_ascii_lowercase())
-            .ok_or_else(|| format!("unknown sharding strategy `{s}`: use full_shard, shard_grad_op, no_shard or hybrid_shard"))
+        Self::ALL.into_iter().find(|strategy| strategy.name() == s.to_ascii_lowercase()).ok_or_else(|| {
+            format!("unknown sharding strategy `{s}`: use full_shard, shard_grad_op, no_shard or hybrid_shard")
+        })
     }
 }
 
@@ -79,10 +78,11 @@ impl ShardingPlan {
 
     /// The plan in words, e.g. "ZeRO stage 2 (gradients and optimizer state sharded)".
     pub fn describe(&self) -> String {
-        let sharded: Vec<&str> = [(self.params, "parameters"), (self.grads, "gradients"), (self.optimizer_state, "optimizer state")]
-            .into_iter()
-            .filter_map(|(sharded, what)| sharded.then_some(what))
-            .collect();
+        let sharded: Vec<&str> =
+            [(self.params, "parameters"), (self.grads, "gradients"), (self.optimizer_state, "optimizer state")]
+                .into_iter()
+                .filter_map(|(sharded, what)| sharded.then_some(what))
+                .collect();
         let what = match sharded.as_slice() {
             [] => "nothing sharded".to_string(),
             [one] => format!("{one} sharded"),

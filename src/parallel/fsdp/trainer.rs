@@ -31,17 +31,17 @@ use serde::{Deserialize, Serialize};
 use super::shard::bytes;
 use super::units::check_units;
 use super::{
-    FlatLayout, FlatView, LocalState, LossScaler, MemoryLedger, MixedPrecisionPolicy, Precision, ShardedUnit, ShardingPlan,
-    ShardingStrategy, StepLedger,
+    FlatLayout, FlatView, LocalState, LossScaler, MemoryLedger, MixedPrecisionPolicy, Precision, ShardedUnit,
+    ShardingPlan, ShardingStrategy, StepLedger,
 };
 use crate::autograd::{accumulate, clip_factor, sum_of_squares, vjp};
 use crate::distributed::{ProcessGroup, ReduceOp};
 use crate::memory::held_after;
 use crate::model::{Block, GptConfig, Outer, ParamStore, RotaryCache};
+use crate::parallel::ddp::broadcast_parameters;
 use crate::phase1_model::next_token_loss;
 use crate::phase2_training::build_optimizer;
 use crate::phase3_fsdp::{mixed_precision_policy, sharding_plan, wrap_policy};
-use crate::parallel::ddp::broadcast_parameters;
 use crate::train::{DataPosition, StepCounters, StepStats, Train, TrainConfig, TrainerState};
 
 /// How a run shards and which precision it computes in.
@@ -110,12 +110,10 @@ impl FsdpTrainer {
         check_units(model_config, &units)?;
         broadcast_parameters(pg.as_ref(), &params)?;
         let optimizer = build_optimizer(&params, &config.optimizer)?;
-        let decay: HashMap<&str, f64> = optimizer
-            .groups()
-            .iter()
-            .flat_map(|g| g.names.iter().map(move |n| (n.as_str(), g.weight_decay)))
-            .collect();
-        let named: HashMap<String, Tensor> = params.iter().map(|(n, v)| (n.to_string(), v.as_tensor().clone())).collect();
+        let decay: HashMap<&str, f64> =
+            optimizer.groups().iter().flat_map(|g| g.names.iter().map(move |n| (n.as_str(), g.weight_decay))).collect();
+        let named: HashMap<String, Tensor> =
+            params.iter().map(|(n, v)| (n.to_string(), v.as_tensor().clone())).collect();
         let device = params.get("model.embed_tokens.weight")?.device().clone();
         let units = units
             .into_iter()
@@ -127,8 +125,9 @@ impl FsdpTrainer {
             })
             .collect::<Result<Vec<_>>>()?;
         drop(named);
-        let rotary = RotaryCache::new(model_config.head_dim(), model_config.max_seq_len, model_config.rope_theta, &device)?
-            .to_dtype(policy.buffer_dtype)?;
+        let rotary =
+            RotaryCache::new(model_config.head_dim(), model_config.max_seq_len, model_config.rope_theta, &device)?
+                .to_dtype(policy.buffer_dtype)?;
         Ok(Self {
             units,
             plan,
@@ -221,7 +220,14 @@ impl FsdpTrainer {
             }
             self.counters.optimizer_steps += 1;
             for (unit, grad) in self.units.iter_mut().zip(&grads) {
-                unit.step(grad, lr, self.counters.optimizer_steps, &self.config.optimizer.adamw, self.pg.as_ref(), &self.policy)?;
+                unit.step(
+                    grad,
+                    lr,
+                    self.counters.optimizer_steps,
+                    &self.config.optimizer.adamw,
+                    self.pg.as_ref(),
+                    &self.policy,
+                )?;
             }
         }
         self.counters.step += 1;

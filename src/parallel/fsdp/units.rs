@@ -38,7 +38,10 @@ pub fn check_units(config: &GptConfig, units: &[FsdpUnit]) -> Result<()> {
     for (i, unit) in units.iter().enumerate() {
         let expected_name = if i == 0 { ROOT_UNIT.to_string() } else { block_unit_name(i - 1) };
         if unit.name != expected_name {
-            bail!("unit {i} is called `{}`; expected `{expected_name}` (the root first, then the blocks in order)", unit.name);
+            bail!(
+                "unit {i} is called `{}`; expected `{expected_name}` (the root first, then the blocks in order)",
+                unit.name
+            );
         }
         let holds: BTreeSet<&str> = unit.params.iter().map(String::as_str).collect();
         if holds.len() != unit.params.len() {

@@ -79,7 +79,13 @@ fn run(args: Args) -> Result<()> {
     }
     trainer::set_kernel_threads(args.nproc, std::env::var_os("RAYON_NUM_THREADS").is_some());
     let _ = std::fs::remove_dir_all(&out_dir);
-    let data = DataConfig { kind: DatasetKind::Dummy, path: None, tokenizer: config.tokenizer, seq_len: config.seq_len, seed: 0 };
+    let data = DataConfig {
+        kind: DatasetKind::Dummy,
+        path: None,
+        tokenizer: config.tokenizer,
+        seq_len: config.seq_len,
+        seed: 0,
+    };
     let options = RunOptions {
         config: config.clone(),
         data,
@@ -117,6 +123,9 @@ fn report(args: &Args, config: &RunConfig, out_dir: &Path) -> Result<()> {
         (_, RankKind::Threads) => format!("workbook, DDP on {nproc} thread ranks"),
     };
     let threads = nproc * trainer::kernel_threads();
-    println!("{}", serde_json::json!({ "setup": setup, "nproc": nproc, "threads": threads, "tokens_per_s": tokens_per_s }));
+    println!(
+        "{}",
+        serde_json::json!({ "setup": setup, "nproc": nproc, "threads": threads, "tokens_per_s": tokens_per_s })
+    );
     Ok(())
 }

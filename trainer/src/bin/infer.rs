@@ -44,10 +44,14 @@ fn run(args: Args) -> anyhow::Result<()> {
     let dir = checkpoints::resolve(&args.checkpoint)?;
     let checkpoint = Checkpoint::read(&dir).map_err(|e| anyhow!("{e}"))?;
     let config = checkpoint.state.model.clone();
-    let (tokenizer, trained_len) =
-        checkpoint.state.data.as_ref().map_or((Tokenizer::Bytes, config.max_seq_len), |d| (d.config.tokenizer, d.config.seq_len));
+    let (tokenizer, trained_len) = checkpoint
+        .state
+        .data
+        .as_ref()
+        .map_or((Tokenizer::Bytes, config.max_seq_len), |d| (d.config.tokenizer, d.config.seq_len));
     let params = ParamStore::from_tensors(checkpoint.params).map_err(|e| anyhow!("{e}"))?;
-    let model = Gpt::new(&config, &params).map_err(|e| anyhow!("{} does not hold a usable model: {e}", dir.display()))?;
+    let model =
+        Gpt::new(&config, &params).map_err(|e| anyhow!("{} does not hold a usable model: {e}", dir.display()))?;
     let prompt = tokenizer.encode(&args.prompt);
     if prompt.is_empty() {
         anyhow::bail!("the prompt is empty: give at least one character with --prompt");

@@ -55,12 +55,14 @@ fn run(args: Args) -> Result<()> {
     let mut ranks = spawn(args.nproc, |pg| {
         let params = init_params(&model, 0, &Device::Cpu)?;
         let num_params = params.num_params();
-        let mut trainer = FsdpTrainer::with_plan(&model, params, config.train_config(false), plan, precision, Box::new(pg))?;
+        let mut trainer =
+            FsdpTrainer::with_plan(&model, params, config.train_config(false), plan, precision, Box::new(pg))?;
         let mut rng = InitRng::from_seed(trainer.process_group().rank() as u64);
         let mut seconds = 0.0;
         for step in 0..args.steps {
             let noise = rng.normal(&(1, seq_len).into(), 1.0, &Device::Cpu)?;
-            let tokens = (noise.abs()? * (model.vocab_size as f64 / 4.0))?.floor()?.clamp(0.0, (model.vocab_size - 1) as f64)?;
+            let tokens =
+                (noise.abs()? * (model.vocab_size as f64 / 4.0))?.floor()?.clamp(0.0, (model.vocab_size - 1) as f64)?;
             let start = Instant::now();
             trainer.train_step(&[tokens.to_dtype(DType::U32)?])?;
             if step > 0 {

@@ -114,7 +114,10 @@ fn run(args: Args) -> anyhow::Result<()> {
     if args.warmup_steps.is_none() && config.optimizer.warmup_steps >= config.max_steps {
         config.optimizer.warmup_steps = (config.max_steps / 10).max(1).min(config.max_steps - 1);
         if is_logger {
-            println!("note: warmup shortened to {} steps to fit --max-steps {}", config.optimizer.warmup_steps, config.max_steps);
+            println!(
+                "note: warmup shortened to {} steps to fit --max-steps {}",
+                config.optimizer.warmup_steps, config.max_steps
+            );
         }
     }
     if args.lr.is_some() {
@@ -129,7 +132,8 @@ fn run(args: Args) -> anyhow::Result<()> {
             (_, downloaded) => downloaded,
         }
     });
-    let data = DataConfig { kind, path: data_path, tokenizer: config.tokenizer, seq_len: config.seq_len, seed: args.seed };
+    let data =
+        DataConfig { kind, path: data_path, tokenizer: config.tokenizer, seq_len: config.seq_len, seed: args.seed };
     let resume = args.resume.map(|p| p.unwrap_or_else(|| args.checkpoint_dir.clone()));
     let options = RunOptions {
         config,
