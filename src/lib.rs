@@ -23,6 +23,7 @@
 pub mod autograd;
 pub mod data;
 pub mod distributed;
+pub mod error;
 mod exercises;
 pub mod memory;
 pub mod model;

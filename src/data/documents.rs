@@ -14,9 +14,10 @@
 
 use std::io::Read;
 
-use candle_core::{Error, Result};
+use candle_core::Result;
 
 use super::tokenizer::{Tokenizer, END_OF_TEXT};
+use crate::error::io_context;
 
 /// The chunk size [`super::TokenFile`] reads with: large enough that a chunk
 /// holds many documents, small enough to leave memory flat.
@@ -64,7 +65,7 @@ pub fn encode_documents<R: Read>(
 /// Appends up to `n` bytes of `reader` to `buf`; fewer only at the end of the input.
 fn read_up_to<R: Read>(reader: &mut R, buf: &mut Vec<u8>, n: usize) -> Result<usize> {
     let before = buf.len();
-    reader.take(n as u64).read_to_end(buf).map_err(|e| Error::msg(format!("reading the text file failed: {e}")))?;
+    reader.take(n as u64).read_to_end(buf).map_err(|e| io_context("reading the text file failed", e))?;
     Ok(buf.len() - before)
 }
 

@@ -38,6 +38,7 @@ use memmap2::Mmap;
 
 use super::documents::{encode_documents, DEFAULT_CHUNK_BYTES};
 use super::tokenizer::Tokenizer;
+use crate::error::io_path;
 
 const MAGIC: &[u8; 8] = b"WBTOKENS";
 const VERSION: u32 = 1;
@@ -116,12 +117,11 @@ impl TokenFile {
     }
 
     fn map(path: &Path, header: Header, tokenizer: Tokenizer, tokenised_now: bool) -> Result<Self> {
-        let file = File::open(path).map_err(|e| Error::msg(format!("cannot open {}: {e}", path.display())))?;
+        let file = File::open(path).map_err(|e| io_path("open", path, e))?;
         // SAFETY: the map is read-only and the file is ours; a token file is
         // only ever replaced by renaming a new one over it, which leaves this
         // mapping on the old contents.
-        let map = unsafe { Mmap::map(&file) }
-            .map_err(|e| Error::msg(format!("cannot memory-map {}: {e}", path.display())))?;
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| io_path("memory-map", path, e))?;
         let expected = (HEADER_BYTES as u64).checked_add(header.len.saturating_mul(header.token_bytes as u64));
         if expected != Some(map.len() as u64) {
             return Err(corrupt(
@@ -193,7 +193,7 @@ struct SourceStamp {
 
 impl SourceStamp {
     fn of(text: &Path) -> Result<Self> {
-        let meta = fs::metadata(text).map_err(|e| Error::msg(format!("cannot read {}: {e}", text.display())))?;
+        let meta = fs::metadata(text).map_err(|e| io_path("read", text, e))?;
         // A platform without modification times falls back to the length alone.
         let mtime = meta.modified().ok().and_then(|t| t.duration_since(UNIX_EPOCH).ok()).unwrap_or_default();
         Ok(Self { len: meta.len(), mtime_secs: mtime.as_secs(), mtime_nanos: mtime.subsec_nanos() })
@@ -259,7 +259,7 @@ fn read_header(path: &Path) -> Result<Header> {
         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
             Err(corrupt(path, "it is shorter than its 64-byte header"))
         }
-        Err(e) => Err(Error::msg(format!("cannot read {}: {e}", path.display()))),
+        Err(e) => Err(io_path("read", path, e)),
     }
 }
 
@@ -271,16 +271,15 @@ fn write_token_file(
     source: SourceStamp,
     mut progress: Option<&mut dyn FnMut(Progress)>,
 ) -> Result<()> {
-    let io_err = |what: &str, p: &Path, e: std::io::Error| Error::msg(format!("{what} {}: {e}", p.display()));
     let token_bytes = if tokenizer.vocab_size() <= 1 << 16 { 2 } else { 4 };
     let tmp = temp_path(path);
     let result = (|| {
-        let input = File::open(text).map_err(|e| io_err("cannot read", text, e))?;
-        let file = File::create(&tmp).map_err(|e| io_err("cannot create", &tmp, e))?;
+        let input = File::open(text).map_err(|e| io_path("read", text, e))?;
+        let file = File::create(&tmp).map_err(|e| io_path("create", &tmp, e))?;
         let mut out = BufWriter::new(file);
         let mut header = Header { version: VERSION, token_bytes, len: 0, source, tokenizer: tokenizer.name().into() };
         // A zeroed placeholder: a file left behind half-written has no magic.
-        out.write_all(&[0u8; HEADER_BYTES]).map_err(|e| io_err("cannot write", &tmp, e))?;
+        out.write_all(&[0u8; HEADER_BYTES]).map_err(|e| io_path("write", &tmp, e))?;
         let mut bytes = Vec::new();
         encode_documents(input, tokenizer, DEFAULT_CHUNK_BYTES, |ids, bytes_done| {
             bytes.clear();
@@ -290,19 +289,19 @@ fn write_token_file(
                     _ => bytes.extend_from_slice(&id.to_le_bytes()),
                 }
             }
-            out.write_all(&bytes).map_err(|e| io_err("cannot write", &tmp, e))?;
+            out.write_all(&bytes).map_err(|e| io_path("write", &tmp, e))?;
             header.len += ids.len() as u64;
             if let Some(report) = progress.as_mut() {
                 report(Progress { bytes_done, bytes_total: source.len, tokens: header.len });
             }
             Ok(())
         })?;
-        let mut file = out.into_inner().map_err(|e| io_err("cannot write", &tmp, e.into_error()))?;
-        file.seek(SeekFrom::Start(0)).map_err(|e| io_err("cannot write", &tmp, e))?;
-        file.write_all(&header.to_bytes()).map_err(|e| io_err("cannot write", &tmp, e))?;
-        file.sync_all().map_err(|e| io_err("cannot write", &tmp, e))?;
+        let mut file = out.into_inner().map_err(|e| io_path("write", &tmp, e.into_error()))?;
+        file.seek(SeekFrom::Start(0)).map_err(|e| io_path("write", &tmp, e))?;
+        file.write_all(&header.to_bytes()).map_err(|e| io_path("write", &tmp, e))?;
+        file.sync_all().map_err(|e| io_path("write", &tmp, e))?;
         drop(file);
-        fs::rename(&tmp, path).map_err(|e| io_err("cannot rename the new token file to", path, e))
+        fs::rename(&tmp, path).map_err(|e| io_path("rename the new token file to", path, e))
     })();
     if result.is_err() {
         let _ = fs::remove_file(&tmp);

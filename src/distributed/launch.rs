@@ -23,7 +23,9 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
-use candle_core::{bail, Error, Result};
+use candle_core::{bail, Result};
+
+use crate::error::io_context;
 
 /// How a job is laid out over machines and processes (torchrun's flags).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -134,8 +136,8 @@ pub fn launch(config: &LaunchConfig, program: &Path, args: &[OsString]) -> Resul
 /// ranks (what `train --nproc N` does); returns as [`launch`] does. The ranks
 /// see `RANK` in their environment, which is how they know not to launch again.
 pub fn relaunch_self(config: &LaunchConfig) -> Result<i32> {
-    let program = std::env::current_exe()
-        .map_err(|e| Error::Msg(format!("launch: cannot find this program to start its ranks: {e}")))?;
+    let program =
+        std::env::current_exe().map_err(|e| io_context("launch: cannot find this program to start its ranks", e))?;
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
     launch(config, &program, &args)
 }
@@ -269,8 +271,8 @@ fn signal(status: ExitStatus) -> Option<i32> {
 /// later; on one node nobody else is expected to take it in between.
 pub fn free_port(addr: &str) -> Result<u16> {
     let listener = TcpListener::bind((addr, 0))
-        .map_err(|e| Error::Msg(format!("launch: cannot find a free port on {addr}: {e}")))?;
-    Ok(listener.local_addr().map_err(Error::wrap)?.port())
+        .map_err(|e| io_context(format!("launch: cannot find a free port on {addr}"), e))?;
+    Ok(listener.local_addr()?.port())
 }
 
 /// The job's secret: the user's `WORKBOOK_JOB_TOKEN` if set; on one node a

@@ -90,10 +90,10 @@ impl NcclProcessGroup {
         let store = rv.join_store()?;
         let id = if rank == 0 {
             let id = Id::new().map_err(|e| nccl_error("creating NCCL's unique id", e))?;
-            store.client.set(ID_KEY, &id_to_bytes(&id)).map_err(Error::wrap)?;
+            store.client.set(ID_KEY, &id_to_bytes(&id))?;
             id
         } else {
-            id_from_bytes(&store.client.get(ID_KEY, rv.timeout).map_err(Error::wrap)?)?
+            id_from_bytes(&store.client.get(ID_KEY, rv.timeout)?)?
         };
         let stream = device.cuda_stream();
         stream.context().bind_to_thread().w()?;

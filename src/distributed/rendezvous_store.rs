@@ -30,10 +30,10 @@ impl Rendezvous {
         }
         let master = resolve(&self.master)?;
         let server = match rank {
-            0 => Some(StoreServer::bind(&master.to_string(), &self.token).map_err(Error::wrap)?),
+            0 => Some(StoreServer::bind(&master.to_string(), &self.token)?),
             _ => None,
         };
-        let client = StoreClient::connect(&master.to_string(), &self.token, self.timeout).map_err(Error::wrap)?;
+        let client = StoreClient::connect(&master.to_string(), &self.token, self.timeout)?;
         check_world_size(&client, rank, world_size, self.timeout)?;
         Ok(JoinedStore { master, client, server })
     }
@@ -48,10 +48,10 @@ fn resolve(master: &str) -> Result<SocketAddr> {
 /// Every rank must have been started with the same WORLD_SIZE.
 fn check_world_size(store: &StoreClient, rank: usize, world_size: usize, timeout: Duration) -> Result<()> {
     if rank == 0 {
-        store.set("world_size", world_size.to_string().as_bytes()).map_err(Error::wrap)?;
+        store.set("world_size", world_size.to_string().as_bytes())?;
         return Ok(());
     }
-    let theirs = store.get("world_size", timeout).map_err(Error::wrap)?;
+    let theirs = store.get("world_size", timeout)?;
     let theirs = String::from_utf8_lossy(&theirs);
     if theirs != world_size.to_string() {
         bail!("rank {rank} was started with WORLD_SIZE {world_size}, rank 0 with {theirs}: start every rank of a job with the same world size");

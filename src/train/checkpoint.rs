@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use super::TrainConfig;
 use crate::data::{DataConfig, SamplerState};
+use crate::error::io_path;
 use crate::model::GptConfig;
 
 const MODEL_FILE: &str = "model.safetensors";
@@ -85,17 +86,17 @@ impl Checkpoint {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
             _ => PathBuf::from("."),
         };
-        fs::create_dir_all(&parent).map_err(|e| io_error("create", &parent, e))?;
+        fs::create_dir_all(&parent).map_err(|e| io_path("create", &parent, e))?;
         let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let staging = parent.join(format!(".{name}.partial-{}", std::process::id()));
         if staging.exists() {
-            fs::remove_dir_all(&staging).map_err(|e| io_error("remove", &staging, e))?;
+            fs::remove_dir_all(&staging).map_err(|e| io_path("remove", &staging, e))?;
         }
-        fs::create_dir(&staging).map_err(|e| io_error("create", &staging, e))?;
+        fs::create_dir(&staging).map_err(|e| io_path("create", &staging, e))?;
         candle_core::safetensors::save(&self.params, staging.join(MODEL_FILE))?;
         candle_core::safetensors::save(&self.optimizer, staging.join(OPTIMIZER_FILE))?;
         let json = serde_json::to_string_pretty(&self.state).map_err(candle_core::Error::wrap)?;
-        fs::write(staging.join(STATE_FILE), json).map_err(|e| io_error("write", &staging, e))?;
+        fs::write(staging.join(STATE_FILE), json).map_err(|e| io_path("write", &staging, e))?;
         replace_dir(&staging, dir)
     }
 
@@ -107,7 +108,7 @@ impl Checkpoint {
                 dir.display()
             );
         }
-        let text = fs::read_to_string(dir.join(STATE_FILE)).map_err(|e| io_error("read", dir, e))?;
+        let text = fs::read_to_string(dir.join(STATE_FILE)).map_err(|e| io_path("read", dir, e))?;
         let state: TrainerState = match serde_json::from_str(&text) {
             Ok(state) => state,
             Err(e) => bail!("{} is corrupt: {e}; resume from an earlier checkpoint", dir.join(STATE_FILE).display()),
@@ -146,15 +147,11 @@ fn replace_dir(staging: &Path, dir: &Path) -> Result<()> {
     let old = staging.with_extension("old");
     let had_old = dir.exists();
     if had_old {
-        fs::rename(dir, &old).map_err(|e| io_error("move aside", dir, e))?;
+        fs::rename(dir, &old).map_err(|e| io_path("move aside", dir, e))?;
     }
-    fs::rename(staging, dir).map_err(|e| io_error("move into place", dir, e))?;
+    fs::rename(staging, dir).map_err(|e| io_path("move into place", dir, e))?;
     if had_old {
-        fs::remove_dir_all(&old).map_err(|e| io_error("remove", &old, e))?;
+        fs::remove_dir_all(&old).map_err(|e| io_path("remove", &old, e))?;
     }
     Ok(())
-}
-
-fn io_error(action: &str, path: &Path, e: std::io::Error) -> candle_core::Error {
-    candle_core::Error::Msg(format!("cannot {action} {}: {e}", path.display()))
 }

@@ -191,3 +191,15 @@ fn adamw_skips_a_step_with_a_non_finite_gradient() {
     assert_eq!((opt.steps(), opt.skipped_steps()), (0, 1));
     assert_eq!(params.get("w").unwrap().to_vec1::<f32>().unwrap(), vec![1., 2.], "the parameters must be untouched");
 }
+
+#[test]
+fn an_io_error_keeps_its_kind_and_source_under_its_description() {
+    let missing = std::path::Path::new("no/such/file.bin");
+    let cause = std::fs::File::open(missing).unwrap_err();
+    let expected = format!("cannot open no/such/file.bin: {cause}");
+    let error = workbook::error::io_path("open", missing, cause);
+    assert_eq!(error.to_string(), expected);
+    let candle_core::Error::Io(io) = &error else { panic!("not an Io error: {error:?}") };
+    assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
+    assert!(io.get_ref().and_then(|e| e.source()).is_some(), "the original io::Error is the source");
+}

@@ -110,6 +110,6 @@ impl RunConfig {
                 self.tokenizer.vocab_size()
             );
         }
-        self.model.validate().map_err(|e| anyhow::anyhow!("{e}"))
+        Ok(self.model.validate()?)
     }
 }

@@ -60,17 +60,17 @@ impl LaunchArgs {
     /// Whether this process should start ranks of `kind` as processes rather
     /// than be one (or run them as threads).
     pub fn starts_processes(&self, kind: RankKind) -> Result<bool> {
-        let is_rank = DistEnv::from_env().map_err(anyhow::Error::msg)?.is_some();
+        let is_rank = DistEnv::from_env()?.is_some();
         Ok(!is_rank && self.world_size() > 1 && kind == RankKind::Processes)
     }
 
     /// Starts `program args` as this node's ranks; returns the job's exit code.
     pub fn launch(&self, program: &std::path::Path, args: &[OsString]) -> Result<i32> {
-        launch(&self.config(), program, args).map_err(anyhow::Error::msg)
+        Ok(launch(&self.config(), program, args)?)
     }
 
     /// Starts this very program again, with the same arguments, as the ranks.
     pub fn relaunch_self(&self) -> Result<i32> {
-        relaunch_self(&self.config()).map_err(anyhow::Error::msg)
+        Ok(relaunch_self(&self.config())?)
     }
 }

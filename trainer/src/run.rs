@@ -56,7 +56,7 @@ pub struct Summary {
 /// started as one (by the launcher: `RANK` and the rest are set), otherwise
 /// on one process or on `nproc` ranks that are threads of this one.
 pub fn train(options: &RunOptions) -> Result<Summary> {
-    let launched = DistEnv::from_env().map_err(|e| anyhow!("{e}"))?;
+    let launched = DistEnv::from_env()?;
     if let Some(env) = &launched {
         if env.world_size != options.nproc {
             bail!(
@@ -80,8 +80,7 @@ pub fn train(options: &RunOptions) -> Result<Summary> {
     }
     let mut summaries = spawn_with_timeout(options.nproc, options.timeout, |pg| {
         run_rank(options, &dataset, Box::new(pg)).map_err(|e| candle_core::Error::Msg(format!("{e:#}")))
-    })
-    .map_err(|e| anyhow!("{e}"))?;
+    })?;
     Ok(summaries.swap_remove(0))
 }
 
@@ -95,7 +94,7 @@ pub fn open_dataset(config: &DataConfig) -> Result<Dataset> {
         bar.set_length(p.bytes_total);
         bar.set_position(p.bytes_done);
     };
-    let dataset = Dataset::open(config, Some(&mut report)).map_err(|e| anyhow!("{e}"))?;
+    let dataset = Dataset::open(config, Some(&mut report))?;
     bar.finish_and_clear();
     Ok(dataset)
 }
@@ -109,13 +108,11 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>) 
     let train_config = options.config.train_config(options.activation_checkpointing);
     match options.strategy {
         Strategy::Ddp => {
-            let trainer =
-                Trainer::new(&model_config, params, train_config, Ddp::new(pg)).map_err(|e| anyhow!("{e}"))?;
+            let trainer = Trainer::new(&model_config, params, train_config, Ddp::new(pg))?;
             drive(options, dataset, trainer, num_params)
         }
         Strategy::Fsdp(fsdp) => {
-            let trainer =
-                FsdpTrainer::new(&model_config, params, train_config, fsdp, pg).map_err(|e| anyhow!("{e}"))?;
+            let trainer = FsdpTrainer::new(&model_config, params, train_config, fsdp, pg)?;
             drive(options, dataset, trainer, num_params)
         }
     }
@@ -126,8 +123,7 @@ fn drive(options: &RunOptions, dataset: &Dataset, mut trainer: impl Train, num_p
     let (rank, world) = (trainer.process_group().rank(), trainer.process_group().world_size());
     let is_logger = rank == 0;
     let config = &options.config;
-    let mut sampler =
-        DistributedSampler::new(dataset.num_windows(), world, rank, options.seed).map_err(|e| anyhow!("{e}"))?;
+    let mut sampler = DistributedSampler::new(dataset.num_windows(), world, rank, options.seed)?;
     if let Some(resume) = &options.resume {
         let dir = checkpoints::resolve(resume)?;
         let position = trainer.load_checkpoint(&dir).map_err(|e| anyhow!("resuming from {}: {e}", dir.display()))?;
@@ -135,7 +131,7 @@ fn drive(options: &RunOptions, dataset: &Dataset, mut trainer: impl Train, num_p
             if position.config != options.data {
                 bail!("{} was trained on {:?}; resume it with the same data options", dir.display(), position.config);
             }
-            sampler.restore(position.sampler).map_err(|e| anyhow!("{e}"))?;
+            sampler.restore(position.sampler)?;
         }
         if is_logger {
             println!("resumed from {} at step {}", dir.display(), trainer.counters().step);
@@ -154,8 +150,7 @@ fn drive(options: &RunOptions, dataset: &Dataset, mut trainer: impl Train, num_p
         let step_start = Instant::now();
         let batches = (0..config.grad_accum_steps)
             .map(|_| dataset.batch(&sampler.next_batch(per_rank_batch), &Device::Cpu))
-            .collect::<candle_core::Result<Vec<Tensor>>>()
-            .map_err(|e| anyhow!("{e}"))?;
+            .collect::<candle_core::Result<Vec<Tensor>>>()?;
         let skipped_before = trainer.counters().skipped_steps;
         let stats = trainer.train_step(&batches).map_err(|e| anyhow!("step {}: {e}", trainer.counters().step))?;
         let loss = mean_over_ranks(trainer.process_group(), stats.loss)?;

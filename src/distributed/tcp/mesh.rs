@@ -23,6 +23,7 @@ use candle_core::{Error, Result};
 
 use super::wire::{Frame, Header, HEADER_BYTES, MAX_REASON};
 use crate::distributed::store::StoreClient;
+use crate::error::io_context;
 
 const HELLO: &[u8; 4] = b"WBRK";
 /// A stranger's token is read only up to this length.
@@ -57,10 +58,10 @@ impl Mesh {
         token: &str,
         timeout: Duration,
     ) -> Result<Self> {
-        let listener = TcpListener::bind((host, 0))
-            .map_err(|e| Error::Msg(format!("rank {rank} cannot listen on {host}: {e}")))?;
-        let me = listener.local_addr().map_err(Error::wrap)?;
-        store.set(&format!("addr/{rank}"), me.to_string().as_bytes()).map_err(Error::wrap)?;
+        let listener =
+            TcpListener::bind((host, 0)).map_err(|e| io_context(format!("rank {rank} cannot listen on {host}"), e))?;
+        let me = listener.local_addr()?;
+        store.set(&format!("addr/{rank}"), me.to_string().as_bytes())?;
         let mut streams: Vec<Option<TcpStream>> = (0..world_size).map(|_| None).collect();
         for (peer, slot) in streams.iter_mut().enumerate().take(rank) {
             let addr = store
@@ -203,24 +204,21 @@ impl Drop for Mesh {
 
 impl Peer {
     fn start(stream: TcpStream, rank: usize, timeout: Duration) -> Result<Self> {
-        stream.set_nodelay(true).map_err(Error::wrap)?;
+        stream.set_nodelay(true)?;
         // A peer that stops reading must not keep this rank from exiting.
-        stream.set_write_timeout(Some(timeout)).map_err(Error::wrap)?;
-        let mut out = stream.try_clone().map_err(Error::wrap)?;
+        stream.set_write_timeout(Some(timeout))?;
+        let mut out = stream.try_clone()?;
         let (outbox, frames) = mpsc::channel::<Vec<u8>>();
         let write_error = Arc::new(Mutex::new(None));
         let slot = Arc::clone(&write_error);
-        let writer = thread::Builder::new()
-            .name(format!("send-to-rank-{rank}"))
-            .spawn(move || {
-                for frame in frames {
-                    if let Err(e) = out.write_all(&frame) {
-                        *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(e.to_string());
-                        return;
-                    }
+        let writer = thread::Builder::new().name(format!("send-to-rank-{rank}")).spawn(move || {
+            for frame in frames {
+                if let Err(e) = out.write_all(&frame) {
+                    *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(e.to_string());
+                    return;
                 }
-            })
-            .map_err(Error::wrap)?;
+            }
+        })?;
         Ok(Self { stream, outbox: Some(outbox), writer: Some(writer), write_error })
     }
 }
@@ -244,13 +242,13 @@ fn dial(addr: &[u8], rank: usize, peer: usize, token: &str, timeout: Duration) -
         .parse()
         .map_err(|_| Error::Msg(format!("rank {peer} published `{text}` as its address, which is not one")))?;
     let mut stream = TcpStream::connect_timeout(&target, timeout)
-        .map_err(|e| Error::Msg(format!("rank {rank} cannot connect to rank {peer} at {target}: {e}")))?;
+        .map_err(|e| io_context(format!("rank {rank} cannot connect to rank {peer} at {target}"), e))?;
     let mut hello = HELLO.to_vec();
     hello.extend_from_slice(&(token.len() as u32).to_le_bytes());
     hello.extend_from_slice(token.as_bytes());
     hello.extend_from_slice(&(rank as u32).to_le_bytes());
-    stream.write_all(&hello).map_err(Error::wrap)?;
-    stream.set_read_timeout(Some(timeout)).map_err(Error::wrap)?;
+    stream.write_all(&hello)?;
+    stream.set_read_timeout(Some(timeout))?;
     Ok(stream)
 }
 
@@ -263,13 +261,13 @@ fn accept_higher(
     timeout: Duration,
 ) -> Result<()> {
     let deadline = Instant::now() + timeout;
-    listener.set_nonblocking(true).map_err(Error::wrap)?;
+    listener.set_nonblocking(true)?;
     while let Some(missing) = (rank + 1..streams.len()).find(|&r| streams[r].is_none()) {
         match listener.accept() {
             Ok((stream, _)) => {
                 if let Some(peer) = greet(&stream, token, rank, streams.len()) {
                     if streams[peer].is_none() {
-                        stream.set_read_timeout(Some(timeout)).map_err(Error::wrap)?;
+                        stream.set_read_timeout(Some(timeout))?;
                         streams[peer] = Some(stream);
                     }
                 }
@@ -282,7 +280,7 @@ fn accept_higher(
                 }
                 thread::sleep(Duration::from_millis(5));
             }
-            Err(e) => return Err(Error::Msg(format!("rank {rank} cannot accept connections: {e}"))),
+            Err(e) => return Err(io_context(format!("rank {rank} cannot accept connections"), e)),
         }
     }
     Ok(())

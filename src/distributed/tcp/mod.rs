@@ -24,7 +24,7 @@ use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::time::Duration;
 
-use candle_core::{Error, Result, Tensor};
+use candle_core::{Result, Tensor};
 
 use self::mesh::{local_address_towards, Mesh};
 use self::ring::{chunks, Ring};
@@ -33,6 +33,7 @@ use super::collective::{check_peer, Call};
 use super::reduce_op::finish;
 use super::store::StoreServer;
 use super::{Collective, CommStats, ProcessGroup, Properties, ReduceOp};
+use crate::error::io_context;
 use crate::kernels::buffers::Elements;
 
 /// Where a rank finds the others, and who it is: what the launcher passes in
@@ -72,7 +73,7 @@ impl TcpProcessGroup {
         let store = rv.join_store()?;
         let master = store.master;
         let host = local_address_towards(master)
-            .map_err(|e| Error::Msg(format!("rank {rank} finds no route to the store at {master}: {e}")))?;
+            .map_err(|e| io_context(format!("rank {rank} finds no route to the store at {master}"), e))?;
         let mesh = Mesh::connect(&store.client, rank, world_size, host, &rv.token, rv.timeout)?;
         Ok(Self {
             rank,

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use candle_core::DType;
+use candle_core::{DType, Result};
 use serde::{Deserialize, Serialize};
 
 /// The precision a run computes in.
@@ -35,13 +35,13 @@ impl fmt::Display for Precision {
 }
 
 impl FromStr for Precision {
-    type Err = String;
+    type Err = candle_core::Error;
 
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self> {
         Self::ALL
             .into_iter()
             .find(|p| p.name() == s.to_ascii_lowercase())
-            .ok_or_else(|| format!("unknown precision `{s}`: use fp32, bf16 or fp16"))
+            .ok_or_else(|| candle_core::Error::Msg(format!("unknown precision `{s}`: use fp32, bf16 or fp16")))
     }
 }
 

@@ -41,11 +41,13 @@ impl fmt::Display for ShardingStrategy {
 }
 
 impl FromStr for ShardingStrategy {
-    type Err = String;
+    type Err = candle_core::Error;
 
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self> {
         Self::ALL.into_iter().find(|strategy| strategy.name() == s.to_ascii_lowercase()).ok_or_else(|| {
-            format!("unknown sharding strategy `{s}`: use full_shard, shard_grad_op, no_shard or hybrid_shard")
+            candle_core::Error::Msg(format!(
+                "unknown sharding strategy `{s}`: use full_shard, shard_grad_op, no_shard or hybrid_shard"
+            ))
         })
     }
 }

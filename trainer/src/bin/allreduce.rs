@@ -34,9 +34,9 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<()> {
-    let Some(pg) = init_from_env().map_err(anyhow::Error::msg)? else {
+    let Some(pg) = init_from_env()? else {
         let job = LaunchConfig { nproc_per_node: args.nproc, ..LaunchConfig::default() };
-        if relaunch_self(&job).map_err(anyhow::Error::msg)? != 0 {
+        if relaunch_self(&job)? != 0 {
             bail!("the all-reduce ranks failed");
         }
         return Ok(());

@@ -64,7 +64,7 @@ fn run(args: Args) -> Result<()> {
     if let Some(b) = args.batch_size {
         config.batch_size = b;
     }
-    let launched = DistEnv::from_env().map_err(anyhow::Error::msg)?;
+    let launched = DistEnv::from_env()?;
     let out_dir = std::env::var_os(BENCH_DIR)
         .map(PathBuf::from)
         .unwrap_or_else(|| std::env::temp_dir().join(format!("workbook-bench-{}", std::process::id())));
@@ -72,7 +72,7 @@ fn run(args: Args) -> Result<()> {
         let _ = std::fs::remove_dir_all(&out_dir);
         std::env::set_var(BENCH_DIR, &out_dir); // before any thread starts; the ranks inherit it
         let job = LaunchConfig { nproc_per_node: args.nproc, ..LaunchConfig::default() };
-        if relaunch_self(&job).map_err(anyhow::Error::msg)? != 0 {
+        if relaunch_self(&job)? != 0 {
             bail!("the bench's ranks failed");
         }
         return report(&args, &config, &out_dir);

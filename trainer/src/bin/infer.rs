@@ -42,14 +42,14 @@ fn main() -> ExitCode {
 
 fn run(args: Args) -> anyhow::Result<()> {
     let dir = checkpoints::resolve(&args.checkpoint)?;
-    let checkpoint = Checkpoint::read(&dir).map_err(|e| anyhow!("{e}"))?;
+    let checkpoint = Checkpoint::read(&dir)?;
     let config = checkpoint.state.model.clone();
     let (tokenizer, trained_len) = checkpoint
         .state
         .data
         .as_ref()
         .map_or((Tokenizer::Bytes, config.max_seq_len), |d| (d.config.tokenizer, d.config.seq_len));
-    let params = ParamStore::from_tensors(checkpoint.params).map_err(|e| anyhow!("{e}"))?;
+    let params = ParamStore::from_tensors(checkpoint.params)?;
     let model =
         Gpt::new(&config, &params).map_err(|e| anyhow!("{} does not hold a usable model: {e}", dir.display()))?;
     let prompt = tokenizer.encode(&args.prompt);
@@ -58,8 +58,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     }
     let sampling = Sampling { temperature: args.temperature, top_k: args.top_k };
     let mut rng = ChaCha8Rng::seed_from_u64(args.seed);
-    let new = generate(&model, &prompt, args.max_new_tokens, trained_len, sampling, Some(tokenizer.eot()), &mut rng)
-        .map_err(|e| anyhow!("{e}"))?;
+    let new = generate(&model, &prompt, args.max_new_tokens, trained_len, sampling, Some(tokenizer.eot()), &mut rng)?;
     println!("{}{}", args.prompt, tokenizer.decode(&new));
     Ok(())
 }

@@ -9,7 +9,7 @@
 use std::process::ExitCode;
 use std::time::Instant;
 
-use anyhow::{anyhow, Result};
+use anyhow::Result;
 use candle_core::{DType, Device};
 use clap::Parser;
 use trainer::config::RunConfig;
@@ -47,7 +47,7 @@ fn main() -> ExitCode {
 
 fn run(args: Args) -> Result<()> {
     let config = RunConfig::load(&workbook_root(), &args.model_size)?;
-    let precision: Precision = args.precision.parse().map_err(anyhow::Error::msg)?;
+    let precision: Precision = args.precision.parse()?;
     let plan = ShardingPlan::zero(args.stage.min(3));
     let model = config.model.clone();
     let seq_len = args.seq_len.min(model.max_seq_len);
@@ -71,8 +71,7 @@ fn run(args: Args) -> Result<()> {
         }
         let padded: usize = trainer.units.iter().map(|u| u.layout.padded_len()).sum();
         Ok((trainer.ledger().clone(), num_params, padded, seconds))
-    })
-    .map_err(|e| anyhow!("{e}"))?;
+    })?;
     let (ledger, params, padded, seconds) = ranks.swap_remove(0);
     let m = ledger.memory;
     let timed = args.steps.saturating_sub(1).max(1);

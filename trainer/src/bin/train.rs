@@ -96,14 +96,14 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> anyhow::Result<()> {
-    let launched = DistEnv::from_env().map_err(anyhow::Error::msg)?;
+    let launched = DistEnv::from_env()?;
     let starts_ranks = args.launch.starts_processes(args.ranks)?;
     // One process speaks for the job: rank 0, not the launcher that starts it.
     let is_logger = !starts_ranks && launched.as_ref().is_none_or(|env| env.rank == 0);
     let root = workbook_root();
     let mut config = RunConfig::load(&root, &args.model_size)?;
     if let Some(t) = &args.tokenizer {
-        config.set_tokenizer(t.parse().map_err(|e| anyhow::anyhow!("{e}"))?);
+        config.set_tokenizer(t.parse()?);
     }
     override_with(&mut config.max_steps, args.max_steps);
     override_with(&mut config.batch_size, args.batch_size);
@@ -123,7 +123,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     if args.lr.is_some() {
         config.optimizer.min_lr = config.optimizer.lr / 10.0;
     }
-    let kind: DatasetKind = args.dataset.parse().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let kind: DatasetKind = args.dataset.parse()?;
     let data_path = args.data_path.or_else(|| {
         let downloaded = kind.default_path().map(|p| root.join(p));
         match (kind, downloaded) {
@@ -186,10 +186,7 @@ fn run(args: Args) -> anyhow::Result<()> {
 fn strategy(name: &str, sharding: &str, precision: &str) -> anyhow::Result<Strategy> {
     match name {
         "ddp" => Ok(Strategy::Ddp),
-        "fsdp" => Ok(Strategy::Fsdp(FsdpConfig {
-            sharding: sharding.parse().map_err(anyhow::Error::msg)?,
-            precision: precision.parse().map_err(anyhow::Error::msg)?,
-        })),
+        "fsdp" => Ok(Strategy::Fsdp(FsdpConfig { sharding: sharding.parse()?, precision: precision.parse()? })),
         other => anyhow::bail!("unknown --strategy `{other}`: use ddp or fsdp"),
     }
 }
