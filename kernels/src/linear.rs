@@ -47,17 +47,24 @@ impl<'a> View<'a> {
     fn transposed(values: &'a [f32], width: usize) -> Self {
         Self { values, row_stride: 1, col_stride: width }
     }
+
+    /// Whether every element of a `rows`×`cols` matrix lies inside `values`.
+    fn covers(&self, rows: usize, cols: usize) -> bool {
+        rows == 0 || cols == 0 || (rows - 1) * self.row_stride + (cols - 1) * self.col_stride < self.values.len()
+    }
 }
 
 /// a (m×k) · b (k×n), row-major, on the kernel threads when `parallel`.
 fn product(m: usize, n: usize, k: usize, a: View, b: View, parallel: bool) -> Vec<f32> {
+    // gemm reads through raw pointers: a view too short would be read past its end.
+    assert!(a.covers(m, k) && b.covers(k, n), "linear kernel: operands smaller than {m}x{k} and {k}x{n}");
     let threads = rayon::current_num_threads();
     let parallelism = if parallel && threads > 1 { Parallelism::Rayon(threads) } else { Parallelism::None };
     // Not zero-filled: with read_dst false, gemm writes every element of the
     // output without reading it.
     let mut out = Vec::<f32>::with_capacity(m * n);
-    // SAFETY: the views' callers size them to m×k and k×n with these strides;
-    // out's capacity is m×n, and gemm has initialised all of it when set_len runs.
+    // SAFETY: the assert above keeps every read inside a and b; out's capacity
+    // is m×n, and gemm has initialised all of it when set_len runs.
     unsafe {
         gemm::gemm(
             m,
