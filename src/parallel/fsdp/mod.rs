@@ -16,6 +16,7 @@
 //! [`StepLedger`] (what a rank held and sent in a step). Every collective goes
 //! through the [`ProcessGroup`](crate::distributed::ProcessGroup).
 
+mod comm;
 mod flat;
 mod ledger;
 mod precision;

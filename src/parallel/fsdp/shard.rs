@@ -5,8 +5,8 @@ use std::ops::Range;
 
 use candle_core::{DType, Device, Result, Tensor, Var};
 
-use super::{FlatLayout, MixedPrecisionPolicy, ShardingPlan};
-use crate::distributed::{ProcessGroup, ReduceOp};
+use super::{comm, FlatLayout, MixedPrecisionPolicy, ShardingPlan};
+use crate::distributed::ProcessGroup;
 use crate::train::{AdamWConfig, Moments};
 
 /// A unit's state on this rank. Flat buffers throughout, laid out by `layout`.
@@ -87,7 +87,7 @@ impl ShardedUnit {
     pub(crate) fn materialize(&self, pg: &dyn ProcessGroup, policy: &MixedPrecisionPolicy) -> Result<Var> {
         match &self.replica {
             Some(replica) => Ok(replica.clone()),
-            None => Var::from_tensor(&pg.all_gather(&self.master_params()?.to_dtype(policy.param_dtype)?)?),
+            None => Var::from_tensor(&comm::gather_unit(pg, &self.master_params()?.to_dtype(policy.param_dtype)?)?),
         }
     }
 
@@ -95,10 +95,7 @@ impl ShardedUnit {
     /// dtype). With sharded gradients it is reduce-scattered at once, so the
     /// whole buffer is never kept.
     pub(crate) fn add_grad(&mut self, flat: Tensor, pg: &dyn ProcessGroup, plan: &ShardingPlan) -> Result<()> {
-        let grad = match plan.grads {
-            true => pg.reduce_scatter(&flat, ReduceOp::Avg)?,
-            false => flat,
-        };
+        let grad = comm::reduce_micro_batch(pg, flat, plan)?;
         self.grad = Some(match self.grad.take() {
             Some(sum) => (sum + grad)?,
             None => grad,
@@ -113,12 +110,7 @@ impl ShardedUnit {
             Some(g) => g,
             None => candle_core::bail!("unit `{}` has no gradient: run a micro-batch before the step", self.name),
         };
-        let reduced = match (plan.grads, plan.optimizer_state) {
-            (true, _) => grad,
-            (false, true) => pg.reduce_scatter(&grad, ReduceOp::Avg)?,
-            (false, false) => pg.all_reduce(&grad, ReduceOp::Avg)?,
-        };
-        reduced.to_dtype(DType::F32)
+        comm::reduce_step(pg, grad, plan)?.to_dtype(DType::F32)
     }
 
     /// Bytes of the gradient buffer right now.
@@ -200,7 +192,7 @@ impl ShardedUnit {
     fn set_master_params(&mut self, p: Tensor, pg: &dyn ProcessGroup, policy: &MixedPrecisionPolicy) -> Result<()> {
         if let Some(replica) = &self.replica {
             let low = p.to_dtype(policy.param_dtype)?;
-            let whole = if self.is_sharded() { pg.all_gather(&low)? } else { low };
+            let whole = if self.is_sharded() { comm::gather_unit(pg, &low)? } else { low };
             replica.set(&whole)?;
         }
         if self.master.is_some() {

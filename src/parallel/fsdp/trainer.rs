@@ -28,6 +28,7 @@ use candle_core::backprop::GradStore;
 use candle_core::{bail, DType, Module, Result, Tensor, Var};
 use serde::{Deserialize, Serialize};
 
+use super::comm;
 use super::shard::bytes;
 use super::units::check_units;
 use super::{
@@ -35,7 +36,7 @@ use super::{
     ShardingPlan, ShardingStrategy, StepLedger,
 };
 use crate::autograd::{accumulate, clip_factor, sum_of_squares, vjp};
-use crate::distributed::{ProcessGroup, ReduceOp};
+use crate::distributed::ProcessGroup;
 use crate::memory::held_after;
 use crate::model::{Block, GptConfig, Outer, ParamStore, RotaryCache};
 use crate::parallel::ddp::broadcast_parameters;
@@ -349,8 +350,7 @@ impl FsdpTrainer {
         let mut sum_sq = sum_of_squares(grads)?;
         if self.plan.optimizer_state && self.pg.world_size() > 1 {
             // Each rank holds a different part of the gradient: add up the parts.
-            let total = Tensor::new(&[sum_sq as f32], self.units[0].device())?;
-            sum_sq = self.pg.all_reduce(&total, ReduceOp::Sum)?.to_vec1::<f32>()?[0] as f64;
+            sum_sq = comm::sum_over_ranks(self.pg.as_ref(), sum_sq, &grads[0])?;
         }
         Ok(sum_sq.sqrt())
     }
