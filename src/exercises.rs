@@ -92,7 +92,7 @@ pub mod phase1_model {
 
 /// Phase 2: Training (exercises 8–11).
 pub mod phase2_training {
-    pub use super::ex08_optimizer_groups::build_optimizer;
+    pub use super::ex08_optimizer_groups::param_groups;
     pub use super::ex09_lr_schedule::get_lr;
 }
 

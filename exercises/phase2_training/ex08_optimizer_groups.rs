@@ -1,4 +1,4 @@
-//! # Exercise 8: AdamW with parameter groups
+//! # Exercise 8: AdamW parameter groups
 //!
 //! Weight decay pulls every weight a little toward zero each step
 //! (`p ← p − lr · wd · p`), which keeps the large matrices from growing without
@@ -10,26 +10,26 @@
 //!
 //! So the parameters are split into two groups: matrices and embeddings (2-D
 //! tensors) decay, norm weights and biases (1-D tensors) do not. Every parameter
-//! belongs to exactly one group; one left out would never be updated.
+//! belongs to exactly one group; one left out would never be updated. The
+//! groups are what PyTorch's `torch.optim.AdamW(groups)` takes; here both
+//! `AdamW::new` and FSDP's sharded optimizer take them.
 //!
 //! ```text
-//! group 0: weight_decay = config.weight_decay   embed_tokens, q/k/v/o_proj, gate/up/down_proj, lm_head weights
-//! group 1: weight_decay = 0                     *_layernorm.weight, model.norm.weight, *.bias
+//! group 0: weight_decay = weight_decay   embed_tokens, q/k/v/o_proj, gate/up/down_proj, lm_head weights
+//! group 1: weight_decay = 0              *_layernorm.weight, model.norm.weight, *.bias
 //! ```
 //!
 //! Read first: Loshchilov & Hutter 2019, "Decoupled Weight Decay Regularization".
 //! Guide: `guide/src/phase2/08-optimizer-groups.md`. Test: `cargo test exercise_08`.
 
-use candle_core::Result;
-
 use crate::model::ParamStore;
-use crate::train::{AdamW, OptimizerConfig};
+use crate::train::ParamGroup;
 
-/// Builds AdamW over every parameter in `params`, in two [`ParamGroup`](crate::train::ParamGroup)s:
-/// 2-D and larger tensors with `config.weight_decay`, the rest with 0.
+/// The two parameter groups of `params`: 2-D and larger tensors with
+/// `weight_decay`, the rest with 0. Every parameter is in exactly one group.
 ///
 /// - `params.iter()` yields `(name, var)` in name order; `var.rank()` is the number of dimensions.
-/// - `AdamW::new(groups, config.adamw)` creates the optimizer.
-pub fn build_optimizer(params: &ParamStore, config: &OptimizerConfig) -> Result<AdamW> {
+/// - A [`ParamGroup`] holds the names (as `String`s) and the group's weight decay.
+pub fn param_groups(params: &ParamStore, weight_decay: f64) -> Vec<ParamGroup> {
     todo!("Exercise 8: AdamW parameter groups; run `cargo xtask hint 8`")
 }

@@ -43,6 +43,29 @@ pub struct ParamGroup {
     pub weight_decay: f64,
 }
 
+impl ParamGroup {
+    /// The weight decay of every parameter in `params`, from `groups`. Fails
+    /// unless each parameter is in exactly one group and each grouped name is
+    /// a parameter: one in no group would silently never train.
+    pub fn decay_by_name(groups: &[ParamGroup], params: &ParamStore) -> Result<HashMap<String, f64>> {
+        let mut decay = HashMap::new();
+        for group in groups {
+            for name in &group.names {
+                if params.get(name).is_err() {
+                    bail!("the optimizer groups name `{name}`, which is not a parameter of the model");
+                }
+                if decay.insert(name.clone(), group.weight_decay).is_some() {
+                    bail!("parameter `{name}` is in two optimizer groups: each parameter belongs to exactly one");
+                }
+            }
+        }
+        if let Some((name, _)) = params.iter().find(|(name, _)| !decay.contains_key(*name)) {
+            bail!("parameter `{name}` is in no optimizer group: it would never be updated");
+        }
+        Ok(decay)
+    }
+}
+
 impl AdamWConfig {
     /// The AdamW update at step `t` (counted from 1) of parameters already
     /// decayed, `decayed = p · (1 − lr · wd)`, whatever their layout: whole

@@ -6,12 +6,12 @@ use std::path::Path;
 use candle_core::{bail, Result, Tensor};
 use serde::{Deserialize, Serialize};
 
-use super::{AdamW, DataPosition, LrSchedule, OptimizerConfig, StepCounters, Train};
+use super::{AdamW, DataPosition, LrSchedule, OptimizerConfig, ParamGroup, StepCounters, Train};
 use crate::autograd::Gradients;
 use crate::distributed::ProcessGroup;
 use crate::model::{Gpt, GptConfig, ParamStore};
 use crate::parallel::ddp::Ddp;
-use crate::phase2_training::build_optimizer;
+use crate::phase2_training::param_groups;
 
 /// How the trainer steps.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -60,7 +60,9 @@ impl Trainer {
         }
         ddp.broadcast_parameters(&params)?;
         let model = Gpt::new(model_config, &params)?.with_activation_checkpointing(config.activation_checkpointing);
-        let optimizer = build_optimizer(&params, &config.optimizer)?;
+        let groups = param_groups(&params, config.optimizer.weight_decay);
+        ParamGroup::decay_by_name(&groups, &params)?;
+        let optimizer = AdamW::new(groups, config.optimizer.adamw)?;
         Ok(Self {
             model,
             params,

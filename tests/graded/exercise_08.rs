@@ -3,8 +3,8 @@
 
 use candle_core::{DType, Device, Tensor};
 use workbook::autograd::Gradients;
-use workbook::phase2_training::build_optimizer;
-use workbook::train::{AdamW, AdamWConfig, OptimizerConfig};
+use workbook::phase2_training::param_groups;
+use workbook::train::{AdamW, AdamWConfig, OptimizerConfig, ParamGroup};
 use workbook::{param_specs, GptConfig, ParamStore};
 
 use crate::support::{expect_close, fixture, ok, Fixture, F32};
@@ -28,37 +28,33 @@ fn model_params() -> ParamStore {
     .unwrap()
 }
 
-const CONFIG: OptimizerConfig =
-    OptimizerConfig { weight_decay: 0.1, adamw: AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8 } };
-
-fn optimizer(params: &ParamStore, config: &OptimizerConfig) -> AdamW {
-    ok(build_optimizer(params, config), "build_optimizer(params, config)")
-}
+/// Not the trainer's default of 0.1, so that a decay typed in is caught.
+const WEIGHT_DECAY: f64 = 0.037;
 
 /// The weight decay of the group that holds `name`, or None.
-fn decay_of(opt: &AdamW, name: &str) -> Option<f64> {
-    opt.groups().iter().find(|g| g.names.iter().any(|n| n == name)).map(|g| g.weight_decay)
+fn decay_of(groups: &[ParamGroup], name: &str) -> Option<f64> {
+    groups.iter().find(|g| g.names.iter().any(|n| n == name)).map(|g| g.weight_decay)
 }
 
 #[test]
 fn every_parameter_is_in_exactly_one_group() {
     let params = model_params();
-    let opt = optimizer(&params, &CONFIG);
+    let groups = param_groups(&params, WEIGHT_DECAY);
     for (name, _) in params.iter() {
-        let count = opt.groups().iter().flat_map(|g| &g.names).filter(|n| *n == name).count();
+        let count = groups.iter().flat_map(|g| &g.names).filter(|n| *n == name).count();
         assert!(count > 0, "`{name}` is in no group: the optimizer would never update it");
         assert_eq!(count, 1, "`{name}` is in {count} groups: it would be updated {count} times per step");
     }
-    let total: usize = opt.groups().iter().map(|g| g.names.len()).sum();
+    let total: usize = groups.iter().map(|g| g.names.len()).sum();
     assert_eq!(total, params.iter().count(), "the groups name parameters that are not in the model");
 }
 
 #[test]
 fn norm_weights_and_biases_do_not_decay() {
     let params = model_params();
-    let opt = optimizer(&params, &CONFIG);
+    let groups = param_groups(&params, WEIGHT_DECAY);
     for (name, var) in params.iter().filter(|(_, v)| v.rank() < 2) {
-        let decay = decay_of(&opt, name).unwrap_or_else(|| panic!("`{name}` is in no group"));
+        let decay = decay_of(&groups, name).unwrap_or_else(|| panic!("`{name}` is in no group"));
         assert!(
             decay == 0.0,
             "`{name}` ({:?}) has weight decay {decay}: norm weights and biases must not decay (they are scales and offsets, not weights to shrink)",
@@ -70,22 +66,20 @@ fn norm_weights_and_biases_do_not_decay() {
 #[test]
 fn matrices_and_embeddings_decay() {
     let params = model_params();
-    let opt = optimizer(&params, &CONFIG);
+    let groups = param_groups(&params, WEIGHT_DECAY);
     for (name, _) in params.iter().filter(|(_, v)| v.rank() >= 2) {
-        let decay = decay_of(&opt, name).unwrap_or_else(|| panic!("`{name}` is in no group"));
+        let decay = decay_of(&groups, name).unwrap_or_else(|| panic!("`{name}` is in no group"));
+        let cause = match decay {
+            0.0 => "no decay at all",
+            0.1 => "a weight decay typed in (0.1, the usual default) instead of the `weight_decay` argument",
+            _ => "a weight decay other than the `weight_decay` argument",
+        };
         assert!(
-            decay == CONFIG.weight_decay,
-            "`{name}` has weight decay {decay}, expected config.weight_decay = {}: matrices and embeddings are what weight decay regularises",
-            CONFIG.weight_decay
+            decay == WEIGHT_DECAY,
+            "`{name}` has weight decay {decay}, expected the argument weight_decay = {WEIGHT_DECAY} ({cause}): \
+             matrices and embeddings are what weight decay regularises"
         );
     }
-}
-
-#[test]
-fn passes_the_configured_betas_and_eps_on() {
-    let config = OptimizerConfig { weight_decay: 0.05, adamw: AdamWConfig { beta1: 0.8, beta2: 0.99, eps: 1e-6 } };
-    let opt = optimizer(&model_params(), &config);
-    assert_eq!(opt.config(), config.adamw, "build AdamW with config.adamw, not with defaults");
 }
 
 /// The fixture's six parameters (named like the model's) and its optimizer settings.
@@ -120,7 +114,8 @@ pub fn step_three_times(f: &Fixture, params: &ParamStore, opt: &mut AdamW) {
 
 fn run_three_steps(f: &Fixture) -> ParamStore {
     let (params, config) = adamw_fixture(f);
-    let mut opt = optimizer(&params, &config);
+    let mut opt =
+        ok(AdamW::new(param_groups(&params, config.weight_decay), config.adamw), "AdamW::new(param_groups(..))");
     step_three_times(f, &params, &mut opt);
     params
 }
@@ -138,7 +133,7 @@ fn three_steps_match_pytorch_adamw() {
     let diagnosis = if matches("mistake_decay_all") {
         "every parameter decays, norm weights and biases included"
     } else if matches("mistake_decay_none") {
-        "no parameter decays: the matrices' group needs config.weight_decay"
+        "no parameter decays: the matrices' group needs the weight_decay argument"
     } else {
         "compare each parameter's group and weight decay with the rule: 2-D decays, 1-D does not"
     };

@@ -40,10 +40,7 @@ pub fn trainer(f: &Fixture, ddp: Ddp) -> Trainer {
         (n, t)
     }))
     .unwrap();
-    ok(
-        Trainer::new(&model_config(f), params, train_config(f), ddp),
-        "Trainer::new (it calls build_optimizer, exercise 8)",
-    )
+    ok(Trainer::new(&model_config(f), params, train_config(f), ddp), "Trainer::new (it calls param_groups, exercise 8)")
 }
 
 /// Micro-batch `j` of step `s`, as (B, T) u32 token ids.

@@ -122,6 +122,25 @@ fn adamw_matches_pytorch() {
     }
 }
 
+/// The trainers refuse groups that would leave a parameter untrained or train it twice.
+#[test]
+fn groups_must_hold_every_parameter_once() {
+    use workbook::train::ParamGroup;
+
+    let f = fixture(8);
+    let (params, _) = crate::exercise_08::adamw_fixture(&f);
+    let all: Vec<String> = params.iter().map(|(n, _)| n.to_string()).collect();
+    let group = |names: &[String], weight_decay| ParamGroup { names: names.to_vec(), weight_decay };
+    let decay = ParamGroup::decay_by_name(&[group(&all[..2], 0.1), group(&all[2..], 0.0)], &params).unwrap();
+    assert_eq!((decay[&all[0]], decay[&all[5]]), (0.1, 0.0));
+    let error = |groups: &[ParamGroup]| ParamGroup::decay_by_name(groups, &params).unwrap_err().to_string();
+    assert!(error(&[group(&all[1..], 0.1)]).contains(&format!("`{}` is in no optimizer group", all[0])));
+    assert!(error(&[group(&all, 0.1), group(&all[3..4], 0.0)])
+        .contains(&format!("`{}` is in two optimizer groups", all[3])));
+    let stray = [group(&all, 0.1), group(&["model.nothing".to_string()], 0.0)];
+    assert!(error(&stray).contains("`model.nothing`, which is not a parameter"));
+}
+
 mod checkpoints {
     use std::collections::HashMap;
 

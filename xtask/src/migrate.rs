@@ -7,6 +7,10 @@
 //! Every `cargo xtask` command first rewrites those paths in the learner's
 //! files (only the paths, never the logic) and says what it changed; the
 //! phase `mod.rs` files that used to sit in `exercises/` are removed.
+//!
+//! One contract changed: exercise 8 returns the parameter groups instead of
+//! the optimizer. That is logic, which only the learner can rewrite, so the
+//! tool says exactly how for as long as the old function is there.
 
 use std::path::Path;
 
@@ -42,8 +46,31 @@ pub fn carry_over(ws: &Workspace) -> Result<()> {
             );
         }
     }
-    remove_old_phase_modules(ws)
+    remove_old_phase_modules(ws)?;
+    explain_changed_contracts(ws);
+    Ok(())
 }
+
+/// Exercise 8 used to be `build_optimizer(params, config) -> Result<AdamW>`.
+fn explain_changed_contracts(ws: &Workspace) {
+    let Some(exercise) = ws.workbook.exercises.iter().find(|e| e.functions == ["param_groups"]) else { return };
+    let Ok(source) = ws.read(&exercise.file) else { return };
+    if source.contains("fn build_optimizer(") && !source.contains("fn param_groups(") {
+        println!("{}", OLD_EXERCISE_8.replace("{file}", &exercise.file.display().to_string()));
+    }
+}
+
+const OLD_EXERCISE_8: &str = "\
+{file}: exercise 8 now returns the parameter groups, not the optimizer, so that
+AdamW and FSDP's sharded optimizer both take them (as torch.optim.AdamW takes a
+list of groups). To carry your work over:
+  - rename `build_optimizer` to `param_groups` and give it the signature
+      pub fn param_groups(params: &ParamStore, weight_decay: f64) -> Vec<ParamGroup>
+  - use `weight_decay` where you used `config.weight_decay`;
+  - return the two groups you built instead of `AdamW::new(groups, config.adamw)`
+    (the trainer calls AdamW::new now), and import `crate::train::ParamGroup`.
+Or start the exercise again from its new stub: cargo xtask reset 8
+";
 
 /// The phase folders' `mod.rs` from before `src/exercises.rs` wired the files in.
 fn remove_old_phase_modules(ws: &Workspace) -> Result<()> {
@@ -154,6 +181,19 @@ mod tests {
             migrate_source(before),
             "use crate::parallel::fsdp::{FsdpTrainer, LocalState};\nuse crate::parallel::ddp::Ddp;\n\
              impl FsdpTrainer {\n    fn f(&self) -> bool { self.counters.optimizer_steps > 0 && self.counters.step > 1 && self.steps_x }\n}\n"
+        );
+    }
+
+    #[test]
+    fn the_old_exercise_8_is_explained() {
+        assert!(
+            OLD_EXERCISE_8.contains("pub fn param_groups(params: &ParamStore, weight_decay: f64) -> Vec<ParamGroup>")
+        );
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let stub = std::fs::read_to_string(root.join("exercises/phase2_training/ex08_optimizer_groups.rs")).unwrap();
+        assert!(
+            stub.contains("pub fn param_groups(params: &ParamStore, weight_decay: f64) -> Vec<ParamGroup>"),
+            "the note quotes the stub's signature"
         );
     }
 

@@ -41,9 +41,9 @@ use crate::memory::held_after;
 use crate::model::{Block, GptConfig, Outer, ParamStore, RotaryCache};
 use crate::parallel::ddp::broadcast_parameters;
 use crate::phase1_model::next_token_loss;
-use crate::phase2_training::build_optimizer;
+use crate::phase2_training::param_groups;
 use crate::phase3_fsdp::{mixed_precision_policy, sharding_plan, wrap_policy};
-use crate::train::{DataPosition, StepCounters, StepStats, Train, TrainConfig, TrainerState};
+use crate::train::{DataPosition, ParamGroup, StepCounters, StepStats, Train, TrainConfig, TrainerState};
 
 /// How a run shards and which precision it computes in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -110,9 +110,7 @@ impl FsdpTrainer {
         let units = wrap_policy(model_config);
         check_units(model_config, &units)?;
         broadcast_parameters(pg.as_ref(), &params)?;
-        let optimizer = build_optimizer(&params, &config.optimizer)?;
-        let decay: HashMap<&str, f64> =
-            optimizer.groups().iter().flat_map(|g| g.names.iter().map(move |n| (n.as_str(), g.weight_decay))).collect();
+        let decay = ParamGroup::decay_by_name(&param_groups(&params, config.optimizer.weight_decay), &params)?;
         let named: HashMap<String, Tensor> =
             params.iter().map(|(n, v)| (n.to_string(), v.as_tensor().clone())).collect();
         let device = params.get("model.embed_tokens.weight")?.device().clone();
