@@ -42,7 +42,7 @@ impl Trainer {
     /// `grads.scale(f)`, `self.grads.accumulate(&grads)`,
     /// `self.ddp.sync_gradients(&mut self.grads)`,
     /// `self.grads.clip_global_norm(self.config.max_grad_norm)`,
-    /// `self.schedule.lr(self.step)`, `self.optimizer.step(&self.params, &self.grads, lr)`,
+    /// `self.config.schedule.lr(self.step)`, `self.optimizer.step(&self.params, &self.grads, lr)`,
     /// `self.grads.clear()`. A scalar tensor's value: `loss.to_scalar::<f32>()?`.
     pub fn train_step(&mut self, micro_batches: &[Tensor]) -> Result<StepStats> {
         todo!("Exercise 10: Train step with gradient accumulation; run `cargo xtask hint 10`")

@@ -23,7 +23,7 @@ impl Trainer {
         }
         self.ddp.sync_gradients(&mut self.grads)?;
         let grad_norm = self.grads.clip_global_norm(self.config.max_grad_norm)?;
-        let lr = self.schedule.lr(self.step);
+        let lr = self.config.schedule.lr(self.step);
         self.optimizer.step(&self.params, &self.grads, lr)?;
         self.grads.clear();
         self.step += 1;

@@ -43,7 +43,6 @@ pub struct Trainer {
     pub model: Gpt,
     pub params: ParamStore,
     pub optimizer: AdamW,
-    pub schedule: LrSchedule,
     /// Where micro-batch gradients accumulate until the optimizer step.
     pub grads: Gradients,
     pub ddp: Ddp,
@@ -63,16 +62,7 @@ impl Trainer {
         let groups = param_groups(&params, config.optimizer.weight_decay);
         ParamGroup::decay_by_name(&groups, &params)?;
         let optimizer = AdamW::new(groups, config.optimizer.adamw)?;
-        Ok(Self {
-            model,
-            params,
-            optimizer,
-            schedule: config.schedule,
-            grads: Gradients::default(),
-            ddp,
-            step: 0,
-            config,
-        })
+        Ok(Self { model, params, optimizer, grads: Gradients::default(), ddp, step: 0, config })
     }
 }
 

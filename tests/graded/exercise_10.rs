@@ -73,7 +73,7 @@ fn two_steps_match_pytorch() {
             let cause = if s + 1 < lrs.len() && close(stats.lr, lrs[s + 1], 1e-9) {
                 "the rate of the next step: step counts optimizer steps from 0, read it before incrementing"
             } else {
-                "use self.schedule.lr(self.step)"
+                "use self.config.schedule.lr(self.step)"
             };
             panic!("step {s}: learning rate {:e}, expected {:e}. Likely cause: {cause}.", stats.lr, lrs[s]);
         }

@@ -2,8 +2,8 @@
 //!
 //! The exercise files never move, but the machinery they import from did:
 //! FSDP went from `crate::fsdp` to `crate::parallel::fsdp`, DDP and the
-//! gradient buffer left `crate::train`, and the FSDP trainer's step counters
-//! moved into one struct. A file finished before that no longer compiles.
+//! gradient buffer left `crate::train`, the FSDP trainer's step counters
+//! moved into one struct, and `Trainer`'s schedule is read from its config. A file finished before that no longer compiles.
 //! Every `cargo xtask` command first rewrites those paths in the learner's
 //! files (only the paths, never the logic) and says what it changed; the
 //! phase `mod.rs` files that used to sit in `exercises/` are removed.
@@ -96,6 +96,10 @@ pub fn migrate_source(source: &str) -> String {
         out = replace_word(&out, &format!("crate::train::{item}"), &format!("crate::{module}::{item}"));
     }
     out = split_train_imports(&out);
+    if out.contains("impl Trainer") {
+        // The trainer's schedule is kept once, in its config.
+        out = replace_word(&out, "self.schedule", "self.config.schedule");
+    }
     if out.contains("impl FsdpTrainer") {
         for counter in FSDP_COUNTERS {
             out = replace_word(&out, &format!("self.{counter}"), &format!("self.counters.{counter}"));
@@ -163,12 +167,12 @@ mod tests {
     fn moves_the_imports_of_a_finished_exercise_10() {
         let before =
             "use candle_core::{bail, Result, Tensor};\n\nuse crate::train::{Gradients, StepStats, Trainer};\n\n\
-                      impl Trainer {\n    fn f(&self) { let g = crate::train::Gradients::default(); self.step; }\n}\n";
+                      impl Trainer {\n    fn f(&self) { let g = crate::train::Gradients::default(); self.schedule.lr(self.step); }\n}\n";
         let after = migrate_source(before);
         assert_eq!(
             after,
             "use candle_core::{bail, Result, Tensor};\n\nuse crate::autograd::Gradients;\nuse crate::train::{StepStats, Trainer};\n\n\
-             impl Trainer {\n    fn f(&self) { let g = crate::autograd::Gradients::default(); self.step; }\n}\n"
+             impl Trainer {\n    fn f(&self) { let g = crate::autograd::Gradients::default(); self.config.schedule.lr(self.step); }\n}\n"
         );
         assert_eq!(migrate_source(&after), after, "migrating twice changes nothing");
     }

@@ -13,8 +13,9 @@
 //! them), [`FlatLayout`] (a unit's parameters as one padded buffer),
 //! [`ShardedUnit`] (a rank's part of a unit), [`FsdpTrainer`] (runs the units
 //! and their collectives; its checkpoints are exercise 15) and
-//! [`StepLedger`] (what a rank held and sent in a step). Every collective goes
-//! through the [`ProcessGroup`](crate::distributed::ProcessGroup).
+//! [`StepLedger`] (what a rank held and sent in a step). Every collective is
+//! in `comm.rs` and goes through the
+//! [`ProcessGroup`](crate::distributed::ProcessGroup).
 
 mod comm;
 mod flat;
