@@ -40,8 +40,9 @@ pub fn carry_over(ws: &Workspace) -> Result<()> {
         if migrated != source {
             std::fs::write(&path, &migrated).with_context(|| format!("cannot write {}", path.display()))?;
             println!(
-                "{}: updated its imports to the workbook's new layout (FSDP is in crate::parallel::fsdp, \
-                 DDP in crate::parallel::ddp, Gradients in crate::autograd); nothing else changed",
+                "{}: updated to the workbook's new layout: paths (FSDP is in crate::parallel::fsdp, DDP in \
+                 crate::parallel::ddp, Gradients in crate::autograd) and fields (self.config.schedule, \
+                 FsdpTrainer's self.counters); your logic is unchanged",
                 exercise.file.display()
             );
         }
