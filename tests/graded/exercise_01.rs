@@ -5,7 +5,7 @@ use rstest::rstest;
 use workbook::RmsNorm;
 
 use crate::support::{
-    expect_close, expect_close_or_explain, expect_dtype, fixture, grad, ok, surrogate, var, BF16, F32,
+    expect_close, expect_close_or_explain, expect_dtype, fixture, grad, mistake, ok, surrogate, var, BF16, F32,
 };
 
 fn norm(weight: &Tensor) -> RmsNorm {
@@ -21,15 +21,7 @@ fn matches_pytorch() {
         &f.get("out"),
         F32,
         "RmsNorm::forward(x)",
-        &[
-            (
-                "the mean of x² taken over the wrong dimension (it must be the last one, D::Minus1)",
-                f.get("mistake_mean_wrong_dim"),
-            ),
-            ("the weight is not applied", f.get("mistake_no_weight")),
-            ("the mean is subtracted: that is LayerNorm, RMSNorm does not centre", f.get("mistake_layer_norm")),
-            ("x multiplied by sqrt(mean(x²) + eps) instead of divided by it", f.get("mistake_no_rsqrt")),
-        ],
+        &f.mistakes(&["mean_wrong_dim", "no_weight", "layer_norm", "no_rsqrt"]),
     );
 }
 
@@ -44,10 +36,7 @@ fn eps_goes_inside_the_square_root() {
         &f.get("out_small"),
         F32,
         "RmsNorm::forward on tiny activations",
-        &[
-            ("eps left out: tiny activations are blown up to unit size", f.get("mistake_no_eps_small")),
-            ("eps added outside the square root: sqrt(mean(x²)) + eps", f.get("mistake_eps_outside_sqrt_small")),
-        ],
+        &f.mistakes_of("small", &["no_eps", "eps_outside_sqrt"]),
     );
 }
 
@@ -72,7 +61,7 @@ fn gradients_match_pytorch() {
     let (x, weight) = (var(&f.get("x")), var(&f.get("weight")));
     let out = ok(norm(weight.as_tensor()).forward(&x), "RmsNorm::forward(x)");
     let grads = ok(surrogate(&out, &f.get("grad_out")).backward(), "backward through RmsNorm");
-    let fused = "candle_nn::ops::rms_norm has no backward pass: build RMSNorm from tensor ops (sqr, mean_keepdim, sqrt, broadcast_div).";
+    let fused = mistake(1, "fused_rms_norm");
     expect_close(&grad(&grads, &x, "x", fused), &f.get("grad_x"), F32, "gradient of x", &[]);
     expect_close(
         &grad(&grads, &weight, "weight", "Is self.weight used in the output?"),
@@ -97,7 +86,7 @@ fn bf16_input_is_normalised_in_f32_and_returned_as_bf16() {
         &f.get("out_long_bf16"),
         BF16,
         "RmsNorm::forward(bf16 x)",
-        "mean(x²) reduced in bf16, where a long sum stalls; convert x to f32 first and cast the result back.",
+        mistake(1, "bf16_statistic"),
     );
 }
 

@@ -21,18 +21,7 @@ fn matches_pytorch() {
         &f.get("out"),
         F32,
         "rotate_half(x) for x of shape (2, 3, 4, 8)",
-        &[
-            ("halves swapped but not negated: [x2, x1] instead of [-x2, x1]", f.get("mistake_swapped_no_sign")),
-            ("the minus sign on the wrong half: [x2, -x1] instead of [-x2, x1]", f.get("mistake_sign_wrong_half")),
-            (
-                "adjacent pairs rotated (interleaved layout); this model pairs channel i with channel i + D/2",
-                f.get("mistake_interleaved"),
-            ),
-            (
-                "rotated along dimension -2; the rotation is along the last dimension (D::Minus1)",
-                f.get("mistake_wrong_dim"),
-            ),
-        ],
+        &f.mistakes(&["swapped_no_sign", "sign_wrong_half", "interleaved", "wrong_dim"]),
     );
 }
 

@@ -3,21 +3,14 @@
 use candle_core::Tensor;
 use workbook::apply_rotary_pos_emb;
 
-use crate::support::{expect_close, fixture, grad, ok, surrogate, var, Fixture, F32};
+use crate::support::{expect_close, fixture, grad, mistake, ok, surrogate, var, Fixture, F32};
 
 fn rotated(f: &Fixture, q: &Tensor, k: &Tensor) -> (Tensor, Tensor) {
     ok(apply_rotary_pos_emb(q, k, &f.get("cos"), &f.get("sin")), "apply_rotary_pos_emb(q, k, cos, sin)")
 }
 
 fn mistakes(f: &Fixture, side: &str) -> Vec<(&'static str, Tensor)> {
-    vec![
-        ("the sine term subtracted: x·cos - rotate_half(x)·sin", f.get(&format!("mistake_sign_{side}"))),
-        ("cos and sin swapped: x·sin + rotate_half(x)·cos", f.get(&format!("mistake_swapped_{side}"))),
-        (
-            "adjacent pairs rotated (interleaved layout) instead of halves",
-            f.get(&format!("mistake_interleaved_{side}")),
-        ),
-    ]
+    f.mistakes_of(side, &["sign", "swapped", "interleaved"])
 }
 
 #[test]
@@ -32,7 +25,7 @@ fn rotates_k_like_pytorch() {
     let f = fixture(3);
     let (_, k_out) = rotated(&f, &f.get("q"), &f.get("k"));
     let mut known = mistakes(&f, "k");
-    known.push(("k returned unrotated: both q and k must be rotated", f.get("k")));
+    known.push((mistake(3, "k_unrotated"), f.get("k")));
     expect_close(&k_out, &f.get("k_out"), F32, "rotated k (2, 3, 5, 8)", &known);
 }
 
@@ -43,8 +36,7 @@ fn gradients_match_pytorch() {
     let (q_out, k_out) = rotated(&f, &q, &k);
     let loss = (surrogate(&q_out, &f.get("grad_q_out")) + surrogate(&k_out, &f.get("grad_k_out"))).unwrap();
     let grads = ok(loss.backward(), "backward through apply_rotary_pos_emb");
-    let fused =
-        "candle_nn::rotary_emb::rope has no backward pass: write the rotation with broadcast_mul and rotate_half.";
+    let fused = mistake(3, "fused_rope");
     expect_close(&grad(&grads, &q, "q", fused), &f.get("grad_q"), F32, "gradient of q", &[]);
     expect_close(&grad(&grads, &k, "k", fused), &f.get("grad_k"), F32, "gradient of k", &[]);
 }

@@ -20,16 +20,7 @@ fn matches_pytorch() {
         &f.get("out"),
         F32,
         "Mlp::forward(x) for x (2, 5, 8)",
-        &[
-            (
-                "SiLU applied to up_proj instead of gate_proj: the gate is the branch that goes through SiLU",
-                f.get("mistake_silu_on_up"),
-            ),
-            ("GELU used instead of SiLU", f.get("mistake_gelu")),
-            ("ReLU used instead of SiLU", f.get("mistake_relu")),
-            ("sigmoid used instead of SiLU (silu(z) = z · sigmoid(z))", f.get("mistake_sigmoid")),
-            ("the gate branch left out: down_proj(up_proj(x))", f.get("mistake_no_gate")),
-        ],
+        &f.mistakes(&["silu_on_up", "gelu", "relu", "sigmoid", "no_gate"]),
     );
 }
 

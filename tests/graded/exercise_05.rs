@@ -3,7 +3,7 @@
 use candle_core::{DType, Tensor};
 use workbook::causal_attention;
 
-use crate::support::{expect_close, expect_close_or_explain, fixture, grad, ok, surrogate, var, F32};
+use crate::support::{expect_close, expect_close_or_explain, fixture, grad, mistake, ok, surrogate, var, F32};
 
 fn attend(q: &Tensor, k: &Tensor, v: &Tensor) -> Tensor {
     ok(causal_attention(q, k, v), "causal_attention(q, k, v)")
@@ -18,17 +18,7 @@ fn matches_pytorch() {
         &f.get("out"),
         F32,
         "causal_attention(q, k, v) for (2, 2, 6, 8)",
-        &[
-            ("no causal mask: every position sees the future", f.get("mistake_no_mask")),
-            ("mask off by one: position i also sees position i + 1", f.get("mistake_next_visible")),
-            ("mask flipped: position i sees only itself and the future", f.get("mistake_anti_causal")),
-            ("scores divided by D instead of sqrt(D)", f.get("mistake_scale_by_d")),
-            ("scores not scaled by 1/sqrt(D)", f.get("mistake_no_scale")),
-            (
-                "softmax over the query dimension; it must run over the keys (the last dimension)",
-                f.get("mistake_softmax_wrong_dim"),
-            ),
-        ],
+        &f.mistakes(&["no_mask", "next_visible", "anti_causal", "scale_by_d", "no_scale", "softmax_wrong_dim"]),
     );
 }
 
@@ -43,7 +33,10 @@ fn first_position_attends_only_to_itself() {
         &want,
         F32,
         "output at position 0",
-        "position 0 must see exactly itself. A NaN means the diagonal is masked (use j > i, not j >= i); another value means it sees later positions.",
+        &format!(
+            "position 0 must see exactly itself. A NaN means {}; another value means it sees later positions",
+            mistake(5, "diagonal_hidden")
+        ),
     );
 }
 
@@ -76,7 +69,7 @@ fn gradients_match_pytorch() {
     let (q, k, v) = (var(&f.get("q")), var(&f.get("k")), var(&f.get("v")));
     let out = attend(&q, &k, &v);
     let grads = ok(surrogate(&out, &f.get("grad_out")).backward(), "backward through causal_attention");
-    let fused = "candle_nn::ops::softmax_last_dim has no backward pass: use crate::kernels::softmax(&scores).";
+    let fused = mistake(5, "fused_softmax");
     expect_close(&grad(&grads, &q, "q", fused), &f.get("grad_q"), F32, "gradient of q", &[]);
     expect_close(&grad(&grads, &k, "k", fused), &f.get("grad_k"), F32, "gradient of k", &[]);
     expect_close(&grad(&grads, &v, "v", fused), &f.get("grad_v"), F32, "gradient of v", &[]);
@@ -88,12 +81,12 @@ fn runs_in_bf16() {
     let f = fixture(5);
     let bf16 = |key: &str| f.get(key).to_dtype(DType::BF16).unwrap();
     let out = attend(&bf16("q"), &bf16("k"), &bf16("v"));
-    assert_eq!(out.dtype(), DType::BF16, "bf16 inputs must give a bf16 output (build the mask in q's dtype)");
+    assert_eq!(out.dtype(), DType::BF16, "bf16 inputs must give a bf16 output: {}", mistake(5, "mask_dtype"));
     expect_close_or_explain(
         &out,
         &f.get("out"),
         crate::support::BF16,
         "bf16 causal_attention",
-        "the f32 path may be right while the bf16 one is not: build the mask and scale in the inputs' dtype.",
+        &format!("the f32 path may be right while the bf16 one is not: {}", mistake(5, "mask_dtype")),
     );
 }

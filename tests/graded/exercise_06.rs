@@ -6,7 +6,7 @@ use approx::assert_relative_eq;
 use candle_core::Device;
 use workbook::{init_params, GptConfig, ParamStore};
 
-use crate::support::ok;
+use crate::support::{mistake, ok};
 
 /// Four layers with biases; 256×256 projections hold 65,536 draws each.
 fn config() -> GptConfig {
@@ -46,13 +46,13 @@ fn diagnose(std: f64, want: f64) -> &'static str {
     let layers = config().num_layers as f64;
     let near = |x: f64| (std / x - 1.0).abs() < 0.05;
     if near(1.0) {
-        "std 1: that is Tensor::randn's default; the recipe's std is 0.02"
+        mistake(6, "std_one")
     } else if near(STD) && want < STD {
-        "this residual output projection is not scaled: its std is 0.02 / sqrt(2 · num_layers)"
+        mistake(6, "residual_unscaled")
     } else if near(STD / layers.sqrt()) {
-        "scaled by 1/sqrt(num_layers); the residual stream receives 2 outputs per block, so the factor is 1/sqrt(2 · num_layers)"
+        mistake(6, "residual_by_layers")
     } else if near(STD / (2.0 * layers).sqrt()) && want == STD {
-        "this projection does not write into the residual stream; only self_attn.o_proj and mlp.down_proj are scaled"
+        mistake(6, "all_scaled")
     } else {
         "check which std this kind of parameter gets"
     }
@@ -110,10 +110,7 @@ fn norm_weights_start_at_one() {
     for name in
         ["model.layers.0.input_layernorm.weight", "model.layers.3.post_attention_layernorm.weight", "model.norm.weight"]
     {
-        assert!(
-            values(&p, name).iter().all(|&x| x == 1.0),
-            "{name} must be all ones: a norm starts as the identity scale"
-        );
+        assert!(values(&p, name).iter().all(|&x| x == 1.0), "{name}: {}", mistake(6, "norm_not_one"));
     }
 }
 
@@ -121,7 +118,7 @@ fn norm_weights_start_at_one() {
 fn biases_start_at_zero() {
     let p = params(0);
     for name in ["model.layers.0.self_attn.q_proj.bias", "model.layers.2.mlp.down_proj.bias"] {
-        assert!(values(&p, name).iter().all(|&x| x == 0.0), "{name} must be all zeros");
+        assert!(values(&p, name).iter().all(|&x| x == 0.0), "{name}: {}", mistake(6, "bias_not_zero"));
     }
 }
 
@@ -133,7 +130,8 @@ fn the_same_seed_gives_the_same_model() {
         assert_eq!(
             same.to_scalar::<u8>().unwrap(),
             1,
-            "{name} differs between two runs with seed 7: draw with rng.normal, never Tensor::randn (candle's CPU generator cannot be seeded)"
+            "{name} differs between two runs with seed 7: {}",
+            mistake(6, "unseeded")
         );
     }
 }

@@ -5,7 +5,7 @@ use approx::assert_relative_eq;
 use candle_core::DType;
 use workbook::{param_specs, ForwardPass, Gpt, GptConfig, ParamStore};
 
-use crate::support::{expect_close, expect_dtype, fixture, ok, Fixture, Tol, F32};
+use crate::support::{expect_close, expect_dtype, fixture, mistake, ok, scalar, Fixture, Tol, F32};
 
 /// Two layers accumulate float32 rounding differently from PyTorch; gradients more so.
 const LOGITS: Tol = Tol { atol: 1e-4, rtol: 1e-4 };
@@ -48,7 +48,7 @@ fn logits_match_pytorch() {
         &f.get("logits"),
         LOGITS,
         "logits (B=2, T=12, V=64)",
-        &[("the final norm (self.norm) skipped before lm_head", f.get("mistake_logits_no_final_norm"))],
+        &f.mistakes_of("logits", &["no_final_norm"]),
     );
     assert!(pass.loss.is_none(), "without labels there is nothing to compare against: loss must be None");
 }
@@ -59,18 +59,11 @@ fn loss_predicts_the_next_token() {
     let pass = run(&f, &model(&f, &params(&f), false));
     let loss = loss_of(&pass);
     let want = f.scalar("loss");
-    let known = [
-        (
-            "loss not shifted: position t is scored against its own token instead of token t + 1",
-            "mistake_loss_unshifted",
-        ),
-        ("loss shifted the wrong way: logits[:, 1:] against labels[:, :-1]", "mistake_loss_shift_reversed"),
-        ("the final norm (self.norm) skipped before lm_head", "mistake_loss_no_final_norm"),
-    ];
+    let known = f.mistakes_of("loss", &["unshifted", "shift_reversed", "no_final_norm"]);
     if (loss - want).abs() > 1e-4 {
         let cause = known
             .iter()
-            .find(|(_, key)| (loss - f.scalar(key)).abs() < 1e-4)
+            .find(|(_, output)| (loss - scalar(output)).abs() < 1e-4)
             .map_or("compare logits[:, :-1] with labels[:, 1:], as a mean over B·(T-1) positions", |(cause, _)| cause);
         panic!("loss {loss:.6}, expected {want:.6} (PyTorch). Likely cause: {cause}.");
     }
@@ -100,9 +93,10 @@ fn checkpointed_gradients_equal_plain_gradients() {
     assert_eq!(
         checkpointed.recompute.len(),
         config(&f).num_layers,
-        "activation checkpointing is on but {} of {} blocks went through recompute.checkpoint: the flag self.activation_checkpointing is ignored",
+        "activation checkpointing is on but {} of {} blocks went through recompute.checkpoint: {}",
         checkpointed.recompute.len(),
-        config(&f).num_layers
+        config(&f).num_layers,
+        mistake(7, "checkpointing_ignored")
     );
     assert!(plain.recompute.is_empty(), "checkpointing is off, yet blocks were checkpointed");
     assert_relative_eq!(loss_of(&checkpointed), loss_of(&plain), max_relative = 1e-6);
@@ -124,7 +118,7 @@ fn loss_is_f32_for_a_bf16_model() {
     let p = params(&f).to_dtype(DType::BF16).unwrap();
     let pass = run(&f, &model(&f, &p, false));
     let loss = pass.loss.as_ref().expect("forward with labels must return Some(loss)");
-    expect_dtype(loss, DType::F32, "loss of a bf16 model", "Cast the logits to f32 before cross_entropy.");
+    expect_dtype(loss, DType::F32, "loss of a bf16 model", mistake(7, "bf16_loss"));
     assert_relative_eq!(loss_of(&pass), f.scalar("loss"), max_relative = 0.02);
 }
 

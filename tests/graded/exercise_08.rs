@@ -7,7 +7,7 @@ use workbook::phase2_training::param_groups;
 use workbook::train::{AdamW, AdamWConfig, OptimizerConfig, ParamGroup};
 use workbook::{param_specs, GptConfig, ParamStore};
 
-use crate::support::{expect_close, fixture, ok, Fixture, F32};
+use crate::support::{expect_close, fixture, mistake, ok, Fixture, F32};
 
 /// Every kind of parameter the model has, biases included.
 fn model_params() -> ParamStore {
@@ -42,8 +42,8 @@ fn every_parameter_is_in_exactly_one_group() {
     let groups = param_groups(&params, WEIGHT_DECAY);
     for (name, _) in params.iter() {
         let count = groups.iter().flat_map(|g| &g.names).filter(|n| *n == name).count();
-        assert!(count > 0, "`{name}` is in no group: the optimizer would never update it");
-        assert_eq!(count, 1, "`{name}` is in {count} groups: it would be updated {count} times per step");
+        assert!(count > 0, "`{name}` is in no group: {}", mistake(8, "left_out"));
+        assert_eq!(count, 1, "`{name}` is in {count} groups: {}", mistake(8, "in_two_groups"));
     }
     let total: usize = groups.iter().map(|g| g.names.len()).sum();
     assert_eq!(total, params.iter().count(), "the groups name parameters that are not in the model");
@@ -57,8 +57,9 @@ fn norm_weights_and_biases_do_not_decay() {
         let decay = decay_of(&groups, name).unwrap_or_else(|| panic!("`{name}` is in no group"));
         assert!(
             decay == 0.0,
-            "`{name}` ({:?}) has weight decay {decay}: norm weights and biases must not decay (they are scales and offsets, not weights to shrink)",
-            var.dims()
+            "`{name}` ({:?}) has weight decay {decay}: norm weights and biases must not decay ({})",
+            var.dims(),
+            mistake(8, "decay_all")
         );
     }
 }
@@ -70,8 +71,8 @@ fn matrices_and_embeddings_decay() {
     for (name, _) in params.iter().filter(|(_, v)| v.rank() >= 2) {
         let decay = decay_of(&groups, name).unwrap_or_else(|| panic!("`{name}` is in no group"));
         let cause = match decay {
-            0.0 => "no decay at all",
-            0.1 => "a weight decay typed in (0.1, the usual default) instead of the `weight_decay` argument",
+            0.0 => mistake(8, "decay_none"),
+            0.1 => mistake(8, "typed_in_decay"),
             _ => "a weight decay other than the `weight_decay` argument",
         };
         assert!(
@@ -130,12 +131,9 @@ fn three_steps_match_pytorch_adamw() {
             (v.as_tensor() - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap() < 1e-5
         })
     };
-    let diagnosis = if matches("mistake_decay_all") {
-        "every parameter decays, norm weights and biases included"
-    } else if matches("mistake_decay_none") {
-        "no parameter decays: the matrices' group needs the weight_decay argument"
-    } else {
-        "compare each parameter's group and weight decay with the rule: 2-D decays, 1-D does not"
+    let diagnosis = match ["decay_all", "decay_none"].into_iter().find(|id| matches(&format!("mistake_{id}"))) {
+        Some(id) => mistake(8, id),
+        None => "compare each parameter's group and weight decay with the rule: 2-D decays, 1-D does not",
     };
     for (name, var) in params.iter() {
         let what = format!("`{name}` after three AdamW steps (likely cause if wrong: {diagnosis})");

@@ -21,22 +21,14 @@ fn matches_the_reference_at_every_checked_step() {
     let steps = f.get("steps").to_vec1::<i64>().unwrap();
     let expected = f.get("lr").to_vec1::<f64>().unwrap();
     let lrs: Vec<f64> = steps.iter().map(|&s| get_lr(s as usize, &schedule())).collect();
-    let mistakes = [
-        ("warmup starts from 0: use (step + 1) / warmup, so that step 0 already trains", "mistake_warmup_from_zero"),
-        ("the cosine decays to 0 instead of min_lr", "mistake_decay_to_zero"),
-        (
-            "the cosine progress ignores the warmup: p = (step - warmup) / (max_steps - warmup)",
-            "mistake_cosine_not_offset",
-        ),
-        ("past max_steps the cosine climbs back up: clamp to min_lr", "mistake_no_clamp"),
-    ];
+    let mistakes = f.mistakes(&["warmup_from_zero", "decay_to_zero", "cosine_not_offset", "no_clamp"]);
     for (i, (&step, (&got, &want))) in steps.iter().zip(lrs.iter().zip(&expected)).enumerate() {
         if close(got, want) {
             continue;
         }
         let cause = mistakes
             .iter()
-            .find(|(_, key)| close(got, f.get(key).to_vec1::<f64>().unwrap()[i]))
+            .find(|(_, output)| close(got, output.to_vec1::<f64>().unwrap()[i]))
             .map_or("check this step against the formula in the exercise's doc comment", |(cause, _)| cause);
         panic!("get_lr({step}) = {got:e}, expected {want:e}. Likely cause: {cause}.");
     }

@@ -8,7 +8,7 @@ use workbook::parallel::ddp::Ddp;
 use workbook::train::{AdamWConfig, CosineSchedule, LrSchedule, OptimizerConfig, StepStats, TrainConfig, Trainer};
 use workbook::{param_specs, GptConfig, ParamStore};
 
-use crate::support::{expect_update_close, fixture, ok, Fixture};
+use crate::support::{expect_update_close, fixture, mistake, ok, Fixture};
 
 /// Relative L2 error allowed on a parameter's update over two steps (see `expect_update_close`).
 const UPDATE: f64 = 1e-3;
@@ -71,7 +71,7 @@ fn two_steps_match_pytorch() {
         let stats = step(&mut t, &batches);
         if !close(stats.lr, lrs[s], 1e-9) {
             let cause = if s + 1 < lrs.len() && close(stats.lr, lrs[s + 1], 1e-9) {
-                "the rate of the next step: step counts optimizer steps from 0, read it before incrementing"
+                mistake(10, "lr_after_increment")
             } else {
                 "use self.config.schedule.lr(self.step)"
             };
@@ -79,23 +79,20 @@ fn two_steps_match_pytorch() {
         }
         if !close(stats.loss, losses[s], 1e-4) {
             let cause = if close(stats.loss, losses[s] * k as f64, 1e-4) {
-                "the losses are summed: report their mean over the micro-batches"
+                mistake(10, "losses_summed")
             } else {
                 "report the mean of the micro-batches' losses"
             };
             panic!("step {s}: loss {:.6}, expected {:.6}. Likely cause: {cause}.", stats.loss, losses[s]);
         }
         if !close(stats.grad_norm, norms[s], 1e-4) {
-            let known = [
-                ("mistake_grad_norm_not_divided", "each micro-batch's gradient is not divided by the number of micro-batches (k batches give k times the gradient)"),
-                ("mistake_grad_norm_not_cleared", "the gradient buffer is not cleared after the optimizer step, so this step adds to the last one's"),
-            ];
+            let known = f.mistakes_of("grad_norm", &["not_divided", "not_cleared"]);
             let cause = known
                 .iter()
-                .find(|(key, _)| close(stats.grad_norm, f.get(key).to_vec1::<f64>().unwrap()[s], 1e-4))
+                .find(|(_, output)| close(stats.grad_norm, output.to_vec1::<f64>().unwrap()[s], 1e-4))
                 .map_or(
                     "return the global norm of the accumulated, averaged gradient, measured before clipping",
-                    |(_, cause)| cause,
+                    |(cause, _)| cause,
                 );
             panic!("step {s}: gradient norm {:.6}, expected {:.6}. Likely cause: {cause}.", stats.grad_norm, norms[s]);
         }
@@ -123,10 +120,7 @@ fn gradient_buffer_is_empty_after_the_step() {
     let f = fixture(10);
     let mut t = trainer(&f, Ddp::single());
     step(&mut t, &[micro_batch(&f, 0, 0), micro_batch(&f, 0, 1)]);
-    assert!(
-        t.grads.is_empty(),
-        "self.grads still holds gradients after the step: clear it, or the next step adds to them"
-    );
+    assert!(t.grads.is_empty(), "self.grads still holds gradients after the step: {}", mistake(10, "not_cleared"));
 }
 
 /// k micro-batches of B rows give the same step as one batch of k·B rows.
@@ -141,15 +135,17 @@ fn accumulating_micro_batches_equals_one_large_batch() {
         let big = step(&mut large, &[Tensor::cat(&[&a, &b], 0).unwrap()]);
         assert!(
             close(small.grad_norm, big.grad_norm, 1e-4),
-            "step {s}: 2 micro-batches give gradient norm {:.6}, one batch of both gives {:.6}: divide each micro-batch's gradient by the number of micro-batches",
+            "step {s}: 2 micro-batches give gradient norm {:.6}, one batch of both gives {:.6}: {}",
             small.grad_norm,
-            big.grad_norm
+            big.grad_norm,
+            mistake(10, "not_divided")
         );
         assert!(
             close(small.loss, big.loss, 1e-4),
-            "step {s}: loss {:.6} vs {:.6}: report the mean over micro-batches",
+            "step {s}: loss {:.6} vs {:.6}: {}",
             small.loss,
-            big.loss
+            big.loss,
+            mistake(10, "losses_summed")
         );
     }
     for (name, var) in accumulated.params.iter() {
@@ -192,9 +188,11 @@ fn two_ranks_equal_one_process_on_the_union_of_their_data() {
         for s in 0..2 {
             assert!(
                 close(stats[s].grad_norm, want[s].grad_norm, 1e-4),
-                "rank {rank}, step {s}: gradient norm {:.6}, one process on both ranks' data gives {:.6}: average the gradients across ranks (self.ddp.sync_gradients) before clipping",
+                "rank {rank}, step {s}: gradient norm {:.6}, one process on both ranks' data gives {:.6}: average the \
+                 gradients across ranks (self.ddp.sync_gradients) before the norm and the clipping; a typical slip: {}",
                 stats[s].grad_norm,
-                want[s].grad_norm
+                want[s].grad_norm,
+                mistake(10, "clip_before_sync")
             );
         }
         for (name, var) in params.iter() {
@@ -224,8 +222,10 @@ fn one_gradient_synchronisation_per_optimizer_step() {
     );
     for (rank, (syncs, all_reduces)) in counts.into_iter().enumerate() {
         assert_eq!(
-            syncs, 2,
-            "rank {rank}: {syncs} gradient synchronisations in 2 optimizer steps of 2 micro-batches: synchronise once per step, after the last micro-batch"
+            syncs,
+            2,
+            "rank {rank}: {syncs} gradient synchronisations in 2 optimizer steps of 2 micro-batches: {}",
+            mistake(10, "sync_every_micro_batch")
         );
         // The tiny model's gradients fit one 25 MB bucket.
         assert_eq!(all_reduces, 2, "rank {rank}: {all_reduces} all-reduces in 2 steps; expected one bucket per step");

@@ -9,7 +9,7 @@ use workbook::train::{DataPosition, Trainer};
 use workbook::{param_specs, GptConfig, ParamStore};
 
 use crate::exercise_10::{micro_batch, model_config, train_config, trainer};
-use crate::support::{bit_equal, fixture, ok, scratch_dir, Fixture};
+use crate::support::{bit_equal, fixture, mistake, ok, scratch_dir, Fixture};
 
 fn train(t: &mut Trainer, f: &Fixture, step: usize) {
     ok(t.train_step(&[micro_batch(f, step, 0), micro_batch(f, step, 1)]), "Trainer::train_step");
@@ -37,16 +37,17 @@ fn round_trip_restores_every_piece_of_state() {
     let mut fresh = trainer(&f, Ddp::single());
     let restored = ok(fresh.load_checkpoint(&dir), "load_checkpoint");
     assert_same_params(&fresh, &trained, "after loading");
-    assert_eq!(fresh.step, 1, "self.step must be restored: the schedule continues from it");
+    assert_eq!(fresh.step, 1, "self.step is {} after loading: {}", fresh.step, mistake(11, "step_not_restored"));
+    let optimizer_restored = mistake(11, "optimizer_not_restored");
     assert_eq!(
         fresh.optimizer.steps(),
         trained.optimizer.steps(),
-        "AdamW's step count (its bias correction) must be restored"
+        "AdamW's step count (its bias correction) differs after loading: {optimizer_restored}"
     );
     let (mine, theirs) = (fresh.optimizer.state_tensors(), trained.optimizer.state_tensors());
-    assert_eq!(mine.len(), theirs.len(), "the optimizer's moments must be saved and restored");
+    assert_eq!(mine.len(), theirs.len(), "the optimizer's moments differ after loading: {optimizer_restored}");
     for (key, t) in &theirs {
-        assert!(bit_equal(&mine[key], t), "optimizer state `{key}` differs after loading");
+        assert!(bit_equal(&mine[key], t), "optimizer state `{key}` differs after loading: {optimizer_restored}");
     }
     assert_eq!(restored, Some(position), "load_checkpoint must return the data position it saved");
 }
@@ -87,10 +88,7 @@ fn only_rank_zero_writes() {
         "two ranks saving",
     );
     assert!(root.join("rank0").exists(), "rank 0 wrote no checkpoint");
-    assert!(
-        !root.join("rank1").exists(),
-        "rank 1 wrote a checkpoint: every rank holds the same state, so only rank 0 writes"
-    );
+    assert!(!root.join("rank1").exists(), "rank 1 wrote a checkpoint: {}", mistake(11, "every_rank_writes"));
 }
 
 /// What DDP trained loads in a single process: the names carry no trace of the wrapper.
@@ -129,7 +127,7 @@ fn refuses_a_checkpoint_of_another_model() {
     let mut other = ok(Trainer::new(&wider, params, train_config(&f), Ddp::single()), "Trainer::new");
     let err = match other.load_checkpoint(&dir) {
         Ok(_) => {
-            panic!("a checkpoint of a 16-wide model loaded into a 32-wide one: check it with checkpoint.ensure_fits")
+            panic!("a checkpoint of a 16-wide model loaded into a 32-wide one: {}", mistake(11, "no_fit_check"))
         }
         Err(e) => e.to_string(),
     };

@@ -7,6 +7,8 @@ use rstest::rstest;
 use workbook::parallel::fsdp::{ShardingPlan, ShardingStrategy};
 use workbook::phase3_fsdp::sharding_plan;
 
+use crate::support::mistake;
+
 pub fn expected(strategy: ShardingStrategy) -> ShardingPlan {
     let (params, grads, optimizer_state, replicate_across_nodes) = match strategy {
         ShardingStrategy::NoShard => (false, false, false, false),
@@ -20,18 +22,10 @@ pub fn expected(strategy: ShardingStrategy) -> ShardingPlan {
 fn diagnose(strategy: ShardingStrategy, got: &ShardingPlan) -> &'static str {
     use ShardingStrategy::*;
     match strategy {
-        ShardGradOp if got.params => {
-            "SHARD_GRAD_OP keeps the parameters whole between uses; sharding them too is FULL_SHARD"
-        }
-        NoShard if got.optimizer_state => {
-            "sharding only the optimizer state is ZeRO-1; NO_SHARD is plain DDP and shards nothing"
-        }
-        FullShard | HybridShard if !got.grads => {
-            "a rank that holds 1/N of the parameters only needs the reduced gradient of that 1/N"
-        }
-        HybridShard if !got.replicate_across_nodes => {
-            "HYBRID_SHARD shards within a node and replicates across nodes: set replicate_across_nodes"
-        }
+        ShardGradOp if got.params => mistake(12, "shard_grad_op_shards_params"),
+        NoShard if got.optimizer_state => mistake(12, "no_shard_shards_optimizer"),
+        FullShard | HybridShard if !got.grads => mistake(12, "full_shard_whole_grads"),
+        HybridShard if !got.replicate_across_nodes => mistake(12, "hybrid_not_replicated"),
         _ if got.replicate_across_nodes => "only HYBRID_SHARD replicates across nodes",
         _ => "see the table at the top of the exercise file",
     }

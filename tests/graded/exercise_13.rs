@@ -8,6 +8,8 @@ use rstest::rstest;
 use workbook::parallel::fsdp::{MixedPrecisionPolicy, Precision};
 use workbook::phase3_fsdp::mixed_precision_policy;
 
+use crate::support::mistake;
+
 fn expected(precision: Precision) -> MixedPrecisionPolicy {
     let dtype = match precision {
         Precision::Fp32 => DType::F32,
@@ -24,17 +26,12 @@ fn expected(precision: Precision) -> MixedPrecisionPolicy {
 
 fn diagnose(precision: Precision, got: &MixedPrecisionPolicy) -> &'static str {
     match precision {
-        Precision::Fp16 if !got.loss_scaling => {
-            "fp16 has 5 exponent bits: without loss scaling small gradients underflow to zero"
-        }
-        Precision::Bf16 if got.loss_scaling => "bf16 has fp32's exponent range and needs no loss scaling",
+        Precision::Fp16 if !got.loss_scaling => mistake(13, "fp16_unscaled"),
+        Precision::Bf16 if got.loss_scaling => mistake(13, "bf16_scaled"),
         Precision::Fp32 if got.loss_scaling => "f32 needs no loss scaling",
-        Precision::Bf16 if got.param_dtype == DType::F16 => "bf16 and fp16 swapped: bf16 is DType::BF16",
-        Precision::Fp16 if got.param_dtype == DType::BF16 => "bf16 and fp16 swapped: fp16 is DType::F16",
-        _ if got.reduce_dtype == DType::F32 && precision != Precision::Fp32 => {
-            "reduce_dtype F32 is a valid PyTorch choice, but this workbook's policy reduces in the compute dtype \
-             (gradients travel at 2 bytes, as in the ZeRO accounting)"
-        }
+        Precision::Bf16 if got.param_dtype == DType::F16 => mistake(13, "bf16_fp16_swapped"),
+        Precision::Fp16 if got.param_dtype == DType::BF16 => mistake(13, "bf16_fp16_swapped"),
+        _ if got.reduce_dtype == DType::F32 && precision != Precision::Fp32 => mistake(13, "reduce_in_f32"),
         _ => "every dtype of the policy is the precision's own dtype",
     }
 }

@@ -4,11 +4,12 @@
 
 use rstest::rstest;
 use workbook::distributed::Collective;
-use workbook::parallel::fsdp::{check_units, Precision, ShardingStrategy};
+use workbook::parallel::fsdp::{check_units, Precision, ShardingStrategy, ROOT_UNIT};
 use workbook::phase3_fsdp::wrap_policy;
 use workbook::GptConfig;
 
 use crate::fsdp_runs::{fsdp_run, model_config, train_config};
+use crate::support::mistake;
 
 /// Twelve layers: enough for `model.layers.1` to be a prefix of `model.layers.10`.
 fn twelve_layers() -> GptConfig {
@@ -21,31 +22,39 @@ fn root_first_then_one_unit_per_block() {
     let units = wrap_policy(&config);
     let names: Vec<&str> = units.iter().map(|u| u.name.as_str()).collect();
     if units.len() == 1 {
-        panic!("one unit for the whole model: every parameter would be whole at once and nothing freed during compute. Make one unit per block");
+        panic!("{}", mistake(14, "one_unit"));
     }
     if let Some(root) = units.first() {
         for outer in ["model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"] {
             if !root.params.iter().any(|p| p == outer) {
                 let home = units.iter().find(|u| u.params.iter().any(|p| p == outer)).map(|u| u.name.as_str());
-                panic!("`{outer}` is not in the root unit (it is in {home:?}): the embedding, final norm and head stay in the root");
+                match home {
+                    Some(ROOT_UNIT) => {
+                        panic!("the root unit is not the first of {names:?}: {}", mistake(14, "out_of_order"))
+                    }
+                    Some(unit) => panic!("`{outer}` is in unit `{unit}`: {}", mistake(14, "outer_in_block")),
+                    None => panic!("`{outer}` is in no unit: every parameter belongs to exactly one"),
+                }
             }
         }
     }
     if let Err(e) = check_units(&config, &units) {
-        let cause = if units.get(2).is_some_and(|u| u.params.iter().any(|p| p.starts_with("model.layers.10."))) {
-            "a block prefix matched without its trailing dot: `model.layers.1` is a prefix of `model.layers.10`"
+        let hint = if units.get(2).is_some_and(|u| u.params.iter().any(|p| p.starts_with("model.layers.10."))) {
+            format!("Likely cause: {}.", mistake(14, "prefix_without_dot"))
         } else {
-            "the root first, then one unit per block in layer order, each with exactly that block's parameters"
+            "Expected: the root first, then one unit per block in layer order, each with exactly that block's parameters."
+                .to_string()
         };
-        panic!("the units {names:?} are not what FSDP runs: {e}\nLikely cause: {cause}.");
+        panic!("the units {names:?} are not what FSDP runs: {e}\n{hint}");
     }
     let specs = workbook::param_specs(&config);
     for unit in &units {
         let order: Vec<usize> = unit.params.iter().map(|p| specs.iter().position(|s| &s.name == p).unwrap()).collect();
         assert!(
             order.windows(2).all(|w| w[0] < w[1]),
-            "unit `{}` lists its parameters out of module order (param_specs order)",
-            unit.name
+            "unit `{}` lists its parameters out of module order (param_specs order): {}",
+            unit.name,
+            mistake(14, "out_of_order")
         );
     }
 }

@@ -13,7 +13,7 @@ use workbook::parallel::fsdp::{FsdpConfig, FsdpTrainer, Precision, ShardingStrat
 use workbook::train::{Checkpoint, Trainer};
 
 use crate::fsdp_runs::{fsdp_step, fsdp_trainer, gather_params, model_config, single_process_trainer, train_config};
-use crate::support::{bit_equal, ok, scratch_dir};
+use crate::support::{bit_equal, mistake, ok, scratch_dir};
 
 const FULL: FsdpConfig = FsdpConfig { sharding: ShardingStrategy::FullShard, precision: Precision::Fp32 };
 
@@ -56,12 +56,17 @@ fn a_one_rank_checkpoint_equals_the_single_process_one() {
         assert!(bit_equal(got, want), "`{name}` differs from what one process trained");
     }
     assert_eq!(
-        checkpoint.state.optimizer_steps, 2,
-        "the optimizer's step count was not saved (use self.trainer_state(data))"
+        checkpoint.state.optimizer_steps,
+        2,
+        "the optimizer's step count was not saved (use self.trainer_state(data)): {}",
+        mistake(15, "optimizer_not_saved")
     );
     for (key, want) in &single.optimizer.state_tensors() {
         let Some(got) = checkpoint.optimizer.get(key) else {
-            panic!("the checkpoint has no optimizer state `{key}`: save exp_avg.<name> and exp_avg_sq.<name> of every parameter");
+            panic!(
+                "the checkpoint has no optimizer state `{key}` (exp_avg.<name> and exp_avg_sq.<name> of every parameter): {}",
+                mistake(15, "optimizer_not_saved")
+            );
         };
         assert!(bit_equal(got, want), "optimizer state `{key}` differs from one process's AdamW");
     }
@@ -83,7 +88,7 @@ fn two_ranks_save_the_gathered_whole(
             trainer.save_checkpoint(&dir, None)?;
             Ok(whole)
         }),
-        "two FSDP ranks saving (if this timed out: every rank must join every all-gather, not only rank 0)",
+        &format!("two FSDP ranks saving (if this timed out: {})", mistake(15, "only_rank_0_gathers")),
     );
     let checkpoint = read(&dir);
     for (name, want) in &gathered[0] {
@@ -91,11 +96,17 @@ fn two_ranks_save_the_gathered_whole(
         assert_eq!(
             got.dims(),
             want.dims(),
-            "{sharding}: `{name}` saved with shape {:?}, expected {:?}: gather sharded units (is_sharded) before unflattening, and only those",
+            "{sharding}: `{name}` saved with shape {:?}, expected {:?}: gather sharded units (is_sharded) before \
+             unflattening, and only those ({})",
             got.dims(),
-            want.dims()
+            want.dims(),
+            mistake(15, "local_shard_saved")
         );
-        assert!(bit_equal(got, want), "`{name}` is not the gathered whole of the ranks' shards");
+        assert!(
+            bit_equal(got, want),
+            "`{name}` is not the gathered whole of the ranks' shards: {}",
+            mistake(15, "local_shard_saved")
+        );
     }
 }
 
@@ -111,10 +122,7 @@ fn only_rank_zero_writes() {
         "two ranks saving",
     );
     assert!(root.join("rank0").exists(), "rank 0 wrote no checkpoint");
-    assert!(
-        !root.join("rank1").exists(),
-        "rank 1 wrote a checkpoint: after the gather rank 0 holds everything, so only it writes"
-    );
+    assert!(!root.join("rank1").exists(), "rank 1 wrote a checkpoint: {}", mistake(15, "every_rank_writes"));
 }
 
 /// Saved by 4 ranks, loaded by 2 and by 1: every rank must take its own
@@ -152,7 +160,9 @@ fn a_four_rank_checkpoint_loads_on_two_ranks_and_one() {
                 let got = params.get(name).unwrap();
                 assert!(
                     bit_equal(got, want),
-                    "{sharding} on {world_size} ranks, rank {rank}: `{name}` is not what was saved. Likely cause: each rank must narrow to its own local_range()"
+                    "{sharding} on {world_size} ranks, rank {rank}: `{name}` is not what was saved. Likely cause: {} \
+                     (each rank narrows to its own local_range())",
+                    mistake(15, "rank_0_shard_loaded")
                 );
             }
         }
@@ -193,7 +203,8 @@ fn resuming_reproduces_the_uninterrupted_run_bit_for_bit() {
         let got: &Tensor = resumed[0].get(name).unwrap();
         assert!(
             bit_equal(got, want),
-            "`{name}` after resuming differs from the uninterrupted run. Likely cause: optimizer moments or counters not saved or not restored"
+            "`{name}` after resuming differs from the uninterrupted run. Likely cause: {}",
+            mistake(15, "optimizer_not_saved")
         );
     }
 }

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::OnceLock;
 
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor};
@@ -19,8 +20,34 @@ pub const F32: Tol = Tol { atol: 1e-5, rtol: 1e-4 };
 /// A bf16 result: 8 bits of mantissa, so about 0.4% per rounding.
 pub const BF16: Tol = Tol { atol: 2e-2, rtol: 2e-2 };
 
+/// The words of exercise `exercise`'s typical mistake `id`, from
+/// `exercises/info.toml`: the one place a mistake is described. Its fixture
+/// output, where it has one, is `mistake_<id>` (see [`Fixture::mistakes`]).
+pub fn mistake(exercise: u32, id: &str) -> &'static str {
+    static MISTAKES: OnceLock<HashMap<(u32, String), String>> = OnceLock::new();
+    let all = MISTAKES.get_or_init(|| {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("exercises/info.toml");
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+        let info: toml::Table = text.parse().unwrap_or_else(|e| panic!("{} is not valid TOML: {e}", path.display()));
+        let mut all = HashMap::new();
+        for exercise in info["exercise"].as_array().expect("[[exercise]] entries") {
+            let number = exercise["number"].as_integer().expect("an exercise number") as u32;
+            for m in exercise["mistakes"].as_array().expect("a mistakes list") {
+                let field = |key: &str| m[key].as_str().expect("each mistake has an id and a text").to_string();
+                all.insert((number, field("id")), field("text"));
+            }
+        }
+        all
+    });
+    match all.get(&(exercise, id.to_string())) {
+        Some(text) => text,
+        None => panic!("exercises/info.toml lists no mistake `{id}` for exercise {exercise}"),
+    }
+}
+
 /// The tensors of `tests/fixtures/exercise_NN.safetensors`.
 pub struct Fixture {
+    exercise: u32,
     name: String,
     tensors: HashMap<String, Tensor>,
 }
@@ -34,7 +61,7 @@ pub fn fixture(exercise: u32) -> Fixture {
             path.display()
         )
     });
-    Fixture { name, tensors }
+    Fixture { exercise, name, tensors }
 }
 
 impl Fixture {
@@ -43,6 +70,17 @@ impl Fixture {
             Some(t) => t.clone(),
             None => panic!("fixture {} has no tensor `{key}`", self.name),
         }
+    }
+
+    /// Each mistake of `ids` with what it outputs here (`mistake_<id>`), for
+    /// [`expect_close`] to recognise.
+    pub fn mistakes(&self, ids: &[&str]) -> Vec<(&'static str, Tensor)> {
+        ids.iter().map(|id| (mistake(self.exercise, id), self.get(&format!("mistake_{id}")))).collect()
+    }
+
+    /// As [`Fixture::mistakes`], for the output named `what` (`mistake_<id>_<what>`).
+    pub fn mistakes_of(&self, what: &str, ids: &[&str]) -> Vec<(&'static str, Tensor)> {
+        ids.iter().map(|id| (mistake(self.exercise, id), self.get(&format!("mistake_{id}_{what}")))).collect()
     }
 
     /// The model of a fixture whose `config` tensor holds [V, C, L, H, I, T, ...]

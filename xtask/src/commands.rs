@@ -198,7 +198,7 @@ pub fn hint(ws: &Workspace, number: u32) -> Result<bool> {
     println!("{}", render::indented(exercise.hint.trim(), 2));
     println!();
     println!("{}", bold("Common mistakes the tests catch:"));
-    for mistake in &exercise.mistakes {
+    for mistake in exercise.mistakes.iter().map(|m| &m.text) {
         println!("  - {mistake}");
     }
     println!();

@@ -13,7 +13,7 @@ use serde::Deserialize;
 pub const INFO_FILE: &str = "exercises/info.toml";
 
 /// The layout of info.toml this tool reads. Version 2 added `format_version`,
-/// `guide_front` and the phases' `overview` and `after`.
+/// `guide_front`, the phases' `overview` and `after`, and an id for each mistake.
 pub const FORMAT_VERSION: u32 = 2;
 
 /// The whole exercise set: phases and exercises, both in file order.
@@ -43,6 +43,15 @@ pub struct Phase {
     /// Guide chapters after the phase's exercises.
     #[serde(default)]
     pub after: Vec<Chapter>,
+}
+
+/// A typical mistake: the graded tests look `text` up by `id`, and its fixture
+/// output, where it has one, is the tensor `mistake_<id>`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Mistake {
+    pub id: String,
+    pub text: String,
 }
 
 /// A guide chapter that is not an exercise's.
@@ -76,7 +85,7 @@ pub struct Exercise {
     pub hint: String,
     /// The guide chapter, relative to `guide/src`.
     pub chapter: PathBuf,
-    pub mistakes: Vec<String>,
+    pub mistakes: Vec<Mistake>,
 }
 
 impl Workbook {

@@ -159,8 +159,53 @@ fn exercise_entry(ws: &Workspace, index: usize, exercise: &Exercise, tally: &mut
             exercise.mistakes.len()
         )
     });
+    mistake_ids(ws, exercise, tally);
     let later: Vec<u32> = exercise.depends.iter().copied().filter(|&d| d == 0 || d >= n).collect();
     tally.check(later.is_empty(), || format!("exercise {n}: depends on {later:?}, which do not come before it"));
+}
+
+/// Each mistake has a well-formed id of its own, and the exercise's tests use
+/// it (as `"id"`: `mistake(n, "id")` or a fixture's `mistakes(&["id", ...])`);
+/// every `mistake(n, "id")` in the tests names a mistake info.toml lists.
+fn mistake_ids(ws: &Workspace, exercise: &Exercise, tally: &mut Tally) {
+    let n = exercise.number;
+    let tests = ws.read(&exercise.test_file()).unwrap_or_default();
+    let mut seen = BTreeSet::new();
+    for id in exercise.mistakes.iter().map(|m| m.id.as_str()) {
+        let well_formed =
+            !id.is_empty() && id.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+        tally.check(well_formed && seen.insert(id), || {
+            format!("exercise {n}: mistake id `{id}` is repeated or not snake_case")
+        });
+        tally.check(tests.contains(&format!("\"{id}\"")), || {
+            format!(
+                "exercise {n}: no test in {} names mistake `{id}`: each mistake is caught by a test",
+                exercise.test_file().display()
+            )
+        });
+    }
+    for (number, id) in mistake_calls(&tests) {
+        let listed = ws.workbook.exercise(number).is_ok_and(|e| e.mistakes.iter().any(|m| m.id == id));
+        tally.check(listed, || {
+            format!(
+                "{} names mistake({number}, \"{id}\"), which info.toml does not list",
+                exercise.test_file().display()
+            )
+        });
+    }
+}
+
+/// The `(n, id)` of every `mistake(n, "id")` in `source`.
+fn mistake_calls(source: &str) -> Vec<(u32, String)> {
+    source
+        .split("mistake(")
+        .skip(1)
+        .filter_map(|rest| {
+            let (number, rest) = rest.split_once(',')?;
+            let id = rest.trim_start().strip_prefix('"')?.split('"').next()?;
+            Some((number.trim().parse().ok()?, id.to_string()))
+        })
+        .collect()
 }
 
 /// The learner's file holds each of the exercise's functions with exactly the
