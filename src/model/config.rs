@@ -53,6 +53,11 @@ impl GptConfig {
         if !self.head_dim().is_multiple_of(2) {
             bail!("model config: the head dimension {} must be even for rotary embeddings", self.head_dim());
         }
+        for (name, value) in [("norm_eps", self.norm_eps), ("rope_theta", self.rope_theta)] {
+            if !(value.is_finite() && value > 0.0) {
+                bail!("model config: {name} must be a positive number, not {value}");
+            }
+        }
         Ok(())
     }
 }

@@ -38,6 +38,29 @@ pub struct OptimizerSettings {
     pub max_grad_norm: f64,
 }
 
+impl OptimizerSettings {
+    /// Every setting in its range, so that a typo fails here and not as a NaN
+    /// in the middle of a run (or in a checkpoint nothing can read).
+    fn validate(&self) -> Result<()> {
+        let o = self;
+        let checks: [(&str, f64, bool, &str); 7] = [
+            ("lr", o.lr, o.lr > 0.0, "a positive number"),
+            ("min_lr", o.min_lr, (0.0..=o.lr).contains(&o.min_lr), "between 0 and lr"),
+            ("weight_decay", o.weight_decay, o.weight_decay >= 0.0, "0 or more"),
+            ("beta1", o.beta1, (0.0..1.0).contains(&o.beta1), "in [0, 1)"),
+            ("beta2", o.beta2, (0.0..1.0).contains(&o.beta2), "in [0, 1)"),
+            ("eps", o.eps, o.eps > 0.0, "a positive number"),
+            ("max_grad_norm", o.max_grad_norm, o.max_grad_norm > 0.0, "a positive number"),
+        ];
+        for (name, value, in_range, range) in checks {
+            if !(value.is_finite() && in_range) {
+                bail!("optimizer setting {name} = {value} must be {range}");
+            }
+        }
+        Ok(())
+    }
+}
+
 impl RunConfig {
     /// Reads `configs/<size>.toml` under `root`, or `size` itself when it is a path to a file.
     pub fn load(root: &Path, size: &str) -> Result<Self> {
@@ -102,6 +125,7 @@ impl RunConfig {
                 self.max_steps
             );
         }
+        self.optimizer.validate()?;
         if self.model.vocab_size != self.tokenizer.vocab_size() {
             bail!(
                 "the model's vocab_size {} does not match the {} tokenizer's {}: fix vocab_size in the config file",

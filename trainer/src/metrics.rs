@@ -4,20 +4,60 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
-/// What one optimizer step measured.
+/// What one optimizer step measured. A value that is not finite (a skipped
+/// update's NaN loss) is written as the string `"NaN"`, `"inf"` or `"-inf"`,
+/// which JSON has no number for.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub struct StepRecord {
     pub step: usize,
     /// The loss averaged over every rank's micro-batches.
+    #[serde(with = "any_float")]
     pub loss: f64,
+    #[serde(with = "any_float")]
     pub lr: f64,
+    #[serde(with = "any_float")]
     pub grad_norm: f64,
     /// Tokens per second over all ranks.
+    #[serde(with = "any_float")]
     pub tokens_per_s: f64,
+    #[serde(with = "any_float")]
     pub elapsed_s: f64,
+}
+
+/// An f64 as a JSON number when finite, else as a word.
+mod any_float {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(value: &f64, out: S) -> Result<S::Ok, S::Error> {
+        match *value {
+            v if v.is_finite() => out.serialize_f64(v),
+            v if v.is_nan() => out.serialize_str("NaN"),
+            v if v > 0.0 => out.serialize_str("inf"),
+            _ => out.serialize_str("-inf"),
+        }
+    }
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum NumberOrWord {
+        Number(f64),
+        Word(String),
+        // Written by versions that let serde_json turn a NaN into null.
+        Null(()),
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(input: D) -> Result<f64, D::Error> {
+        match NumberOrWord::deserialize(input)? {
+            NumberOrWord::Number(v) => Ok(v),
+            NumberOrWord::Null(()) => Ok(f64::NAN),
+            NumberOrWord::Word(word) => word
+                .parse()
+                .map_err(|_| serde::de::Error::custom(format!("`{word}` is not a number, NaN, inf or -inf"))),
+        }
+    }
 }
 
 /// Appends step records to `metrics.jsonl`.
@@ -43,13 +83,38 @@ impl MetricsLog {
     }
 }
 
-/// Reads every record of a `metrics.jsonl`.
+/// Reads every record of a `metrics.jsonl`. A last line cut short (a run
+/// killed, or a disk that filled, in the middle of writing it) is left out;
+/// a bad line anywhere else is an error.
 pub fn read_log(path: &Path) -> Result<Vec<StepRecord>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    text.lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).with_context(|| format!("bad line in {}: {l}", path.display())))
-        .collect()
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    let mut records = Vec::with_capacity(lines.len());
+    for (index, line) in lines.iter().enumerate() {
+        match serde_json::from_str(line) {
+            Ok(record) => records.push(record),
+            Err(_) if index + 1 == lines.len() && !text.ends_with('\n') => break,
+            Err(e) => bail!("bad line {} in {}: {e}: {line}", index + 1, path.display()),
+        }
+    }
+    Ok(records)
+}
+
+/// Keeps the records of steps up to `step` (a resumed run writes the later
+/// ones again), dropping a torn last line too. The file is replaced whole.
+pub fn truncate_after(path: &Path, step: usize) -> Result<()> {
+    if !path.exists() {
+        return Ok(());
+    }
+    let kept: Vec<StepRecord> = read_log(path)?.into_iter().filter(|r| r.step <= step).collect();
+    let mut text = String::new();
+    for record in &kept {
+        text.push_str(&serde_json::to_string(record)?);
+        text.push('\n');
+    }
+    let staging = path.with_extension("jsonl.tmp");
+    std::fs::write(&staging, text).with_context(|| format!("cannot write {}", staging.display()))?;
+    std::fs::rename(&staging, path).with_context(|| format!("cannot replace {}", path.display()))
 }
 
 /// Draws loss against step as a standalone SVG picture.

@@ -15,7 +15,7 @@ use workbook::train::{DataPosition, StepStats, Train, Trainer};
 
 use crate::checkpoints;
 use crate::config::RunConfig;
-use crate::metrics::{loss_curve_svg, read_log, MetricsLog, StepRecord};
+use crate::metrics::{self, loss_curve_svg, read_log, MetricsLog, StepRecord};
 use crate::strategy::Strategy;
 
 /// Everything a run needs besides its config file.
@@ -133,8 +133,17 @@ fn drive(options: &RunOptions, dataset: &Dataset, mut trainer: impl Train, num_p
             }
             sampler.restore(position.sampler)?;
         }
+        let step = trainer.counters().step;
+        if step >= config.max_steps {
+            bail!(
+                "{} is at step {step} and --max-steps is {}: nothing to train; raise --max-steps to continue",
+                dir.display(),
+                config.max_steps
+            );
+        }
         if is_logger {
-            println!("resumed from {} at step {}", dir.display(), trainer.counters().step);
+            metrics::truncate_after(&options.out_dir.join("metrics.jsonl"), step)?;
+            println!("resumed from {} at step {step}", dir.display());
         }
     }
     if is_logger {
@@ -222,21 +231,34 @@ fn mean_over_ranks(pg: &dyn ProcessGroup, loss: f64) -> Result<f64> {
 /// Says so when a step was skipped for a non-finite gradient or its loss jumped.
 fn report_anomalies(bar: &ProgressBar, record: &StepRecord, stats: &StepStats, skipped: bool, ema: &mut Option<f64>) {
     if skipped || !record.loss.is_finite() {
-        bar.println(format!(
-            "step {}: loss {} / gradient norm {}: not finite, the update was skipped",
-            record.step, record.loss, stats.grad_norm
-        ));
+        say(
+            bar,
+            format!(
+                "step {}: loss {} / gradient norm {}: not finite, the update was skipped",
+                record.step, record.loss, stats.grad_norm
+            ),
+        );
         return;
     }
     if let Some(avg) = *ema {
         if record.loss > 1.5 * avg && record.loss - avg > 0.5 {
-            bar.println(format!(
-                "step {}: loss spike: {:.3} against a recent average of {avg:.3}",
-                record.step, record.loss
-            ));
+            say(
+                bar,
+                format!("step {}: loss spike: {:.3} against a recent average of {avg:.3}", record.step, record.loss),
+            );
         }
     }
     *ema = Some(ema.map_or(record.loss, |avg| 0.9 * avg + 0.1 * record.loss));
+}
+
+/// A line above the progress bar, or on stdout when there is no bar (a log
+/// file, a launcher's pipe), where `ProgressBar::println` would drop it.
+fn say(bar: &ProgressBar, line: String) {
+    if bar.is_hidden() {
+        println!("{line}");
+    } else {
+        bar.println(line);
+    }
 }
 
 fn progress_bar(visible: bool, position: usize, len: usize) -> ProgressBar {

@@ -76,12 +76,12 @@ struct Args {
     /// `ddp` (whole replicas) or `fsdp` (sharded; see --sharding and --precision).
     #[arg(long, default_value = "ddp")]
     strategy: String,
-    /// With --strategy fsdp: full_shard, shard_grad_op, no_shard or hybrid_shard.
-    #[arg(long, default_value = "full_shard")]
-    sharding: String,
-    /// With --strategy fsdp: fp32, bf16 or fp16.
-    #[arg(long, default_value = "fp32")]
-    precision: String,
+    /// With --strategy fsdp: full_shard (the default), shard_grad_op, no_shard or hybrid_shard.
+    #[arg(long)]
+    sharding: Option<String>,
+    /// With --strategy fsdp: fp32 (the default), bf16 or fp16.
+    #[arg(long)]
+    precision: Option<String>,
     /// Without a terminal, print a line every this many steps.
     #[arg(long, default_value_t = 10)]
     log_every: usize,
@@ -111,6 +111,9 @@ fn run(args: Args) -> anyhow::Result<()> {
     override_with(&mut config.grad_accum_steps, args.grad_accum);
     override_with(&mut config.optimizer.lr, args.lr);
     override_with(&mut config.optimizer.warmup_steps, args.warmup_steps);
+    if config.max_steps == 0 {
+        anyhow::bail!("--max-steps must be at least 1");
+    }
     if args.warmup_steps.is_none() && config.optimizer.warmup_steps >= config.max_steps {
         config.optimizer.warmup_steps = (config.max_steps / 10).max(1).min(config.max_steps - 1);
         if is_logger {
@@ -124,6 +127,9 @@ fn run(args: Args) -> anyhow::Result<()> {
         config.optimizer.min_lr = config.optimizer.lr / 10.0;
     }
     let kind: DatasetKind = args.dataset.parse()?;
+    if kind == DatasetKind::Dummy && args.data_path.is_some() {
+        anyhow::bail!("--data-path is not read with --dataset dummy (random tokens); drop one of the two");
+    }
     let data_path = args.data_path.or_else(|| {
         let downloaded = kind.default_path().map(|p| root.join(p));
         match (kind, downloaded) {
@@ -145,7 +151,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         keep_checkpoints: args.keep_checkpoints.max(1),
         resume,
         activation_checkpointing: args.activation_checkpointing,
-        strategy: strategy(&args.strategy, &args.sharding, &args.precision)?,
+        strategy: strategy(&args.strategy, args.sharding.as_deref(), args.precision.as_deref())?,
         log_every: args.log_every.max(1),
         timeout: args.launch.timeout.map_or(DEFAULT_TIMEOUT, std::time::Duration::from_secs),
     };
@@ -183,10 +189,19 @@ fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn strategy(name: &str, sharding: &str, precision: &str) -> anyhow::Result<Strategy> {
+fn strategy(name: &str, sharding: Option<&str>, precision: Option<&str>) -> anyhow::Result<Strategy> {
     match name {
-        "ddp" => Ok(Strategy::Ddp),
-        "fsdp" => Ok(Strategy::Fsdp(FsdpConfig { sharding: sharding.parse()?, precision: precision.parse()? })),
+        "ddp" => {
+            if let Some(flag) = [("--sharding", sharding), ("--precision", precision)].iter().find(|(_, v)| v.is_some())
+            {
+                anyhow::bail!("{} applies to --strategy fsdp only; DDP keeps whole f32 replicas", flag.0);
+            }
+            Ok(Strategy::Ddp)
+        }
+        "fsdp" => Ok(Strategy::Fsdp(FsdpConfig {
+            sharding: sharding.unwrap_or("full_shard").parse()?,
+            precision: precision.unwrap_or("fp32").parse()?,
+        })),
         other => anyhow::bail!("unknown --strategy `{other}`: use ddp or fsdp"),
     }
 }

@@ -1,0 +1,86 @@
+//! Bad input gets one clear line that says what to do, before any work, and
+//! never a panic. Needs finished exercises: run with
+//! `cargo test -p trainer --features solutions`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("trainer-bad-input-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// `train` on dummy data into `dir`, a short run unless `args` say otherwise.
+fn train(dir: &Path, args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_train"));
+    command.args(["--seq-len", "32", "--batch-size", "4", "--warmup-steps", "1"]); // the tiny model by default
+    command.arg("--checkpoint-dir").arg(dir).args(args).env("RAYON_NUM_THREADS", "1");
+    command
+}
+
+/// Runs `command`, expects it to fail with `message` in its error, no panic and no step trained.
+fn refused(mut command: Command, message: &str) {
+    let output = command.output().expect("train starts");
+    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert_eq!(output.status.code(), Some(1), "expected an error exit for `{message}`:\n{stdout}\n{stderr}");
+    assert!(stderr.contains(message), "expected `{message}` in the error, got:\n{stderr}");
+    assert!(!stderr.contains("panicked"), "a panic instead of an error:\n{stderr}");
+    assert!(!stdout.contains("step "), "it trained before refusing:\n{stdout}");
+}
+
+#[test]
+fn hyperparameters_out_of_range_are_refused_before_any_step() {
+    let dir = scratch("ranges");
+    let dummy = ["--dataset", "dummy", "--max-steps", "3"];
+    let with = |extra: &[&str]| train(&dir, &[&dummy[..], extra].concat());
+    refused(train(&dir, &["--dataset", "dummy", "--max-steps", "0"]), "--max-steps must be at least 1");
+    refused(with(&["--lr", "NaN"]), "optimizer setting lr = NaN must be a positive number");
+    refused(with(&["--lr", "inf"]), "optimizer setting lr = inf must be a positive number");
+    refused(with(&["--lr=-0.001"]), "optimizer setting lr = -0.001 must be a positive number");
+}
+
+#[test]
+fn a_config_file_out_of_range_is_refused() {
+    let dir = scratch("config");
+    std::fs::create_dir_all(&dir).unwrap();
+    let tiny = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/tiny.toml")).unwrap();
+    for (key, bad, message) in [
+        ("norm_eps", "-1e-5", "norm_eps must be a positive number, not -0.00001"),
+        ("rope_theta", "0.0", "rope_theta must be a positive number, not 0"),
+        ("beta1", "1.5", "optimizer setting beta1 = 1.5 must be in [0, 1)"),
+        ("max_grad_norm", "-1.0", "optimizer setting max_grad_norm = -1 must be a positive number"),
+    ] {
+        let line =
+            tiny.lines().find(|l| l.starts_with(&format!("{key} ="))).unwrap_or_else(|| panic!("{key} in tiny.toml"));
+        let config = dir.join(format!("{key}.toml"));
+        std::fs::write(&config, tiny.replace(line, &format!("{key} = {bad}"))).unwrap();
+        refused(train(&dir, &["--model-size", config.to_str().unwrap(), "--dataset", "dummy"]), message);
+    }
+}
+
+#[test]
+fn flags_that_do_not_apply_are_refused() {
+    let dir = scratch("flags");
+    refused(
+        train(&dir, &["--dataset", "dummy", "--sharding", "no_shard"]),
+        "--sharding applies to --strategy fsdp only",
+    );
+    refused(train(&dir, &["--dataset", "dummy", "--precision", "bf16"]), "--precision applies to --strategy fsdp only");
+    refused(
+        train(&dir, &["--dataset", "dummy", "--data-path", "stories.txt"]),
+        "--data-path is not read with --dataset dummy",
+    );
+}
+
+/// Resuming at or past --max-steps has nothing to do, and says so instead of exiting 0.
+#[test]
+fn resuming_with_nothing_left_to_train_says_so() {
+    let dir = scratch("nothing-left");
+    let first = train(&dir, &["--dataset", "dummy", "--max-steps", "2"]).output().unwrap();
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    refused(
+        train(&dir, &["--dataset", "dummy", "--max-steps", "2", "--resume"]),
+        "is at step 2 and --max-steps is 2: nothing to train; raise --max-steps to continue",
+    );
+}

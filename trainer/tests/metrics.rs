@@ -1,0 +1,58 @@
+//! The metrics log survives what a run meets: non-finite values, a line torn
+//! by a kill or a full disk, a resume that writes later steps again.
+
+use trainer::metrics::{read_log, truncate_after, MetricsLog, StepRecord};
+
+fn record(step: usize, loss: f64) -> StepRecord {
+    StepRecord { step, loss, lr: 1e-3, grad_norm: f64::INFINITY, tokens_per_s: 10.0, elapsed_s: 1.0 }
+}
+
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("trainer-metrics-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join("metrics.jsonl")
+}
+
+#[test]
+fn non_finite_values_are_written_as_words_and_read_back() {
+    let path = scratch("non-finite");
+    let mut log = MetricsLog::append_to(&path).unwrap();
+    log.record(&record(1, f64::NAN)).unwrap();
+    log.record(&record(2, 2.5)).unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.contains(r#""loss":"NaN""#) && text.contains(r#""grad_norm":"inf""#), "{text}");
+    let records = read_log(&path).unwrap();
+    assert!(records[0].loss.is_nan() && records[0].grad_norm == f64::INFINITY);
+    assert_eq!(records[1].loss, 2.5);
+}
+
+#[test]
+fn a_torn_last_line_is_left_out_and_a_bad_middle_line_is_an_error() {
+    let path = scratch("torn");
+    let good = serde_json::to_string(&record(1, 3.0)).unwrap();
+    std::fs::write(&path, format!("{good}\n{{\"step\":2,\"lo")).unwrap();
+    assert_eq!(read_log(&path).unwrap().len(), 1);
+    std::fs::write(&path, format!("{{\"step\":2,\"lo\n{good}\n")).unwrap();
+    assert!(read_log(&path).unwrap_err().to_string().starts_with("bad line 1 in"));
+}
+
+#[test]
+fn null_from_older_runs_reads_as_nan() {
+    let path = scratch("null");
+    let line = r#"{"step":1,"loss":5.5,"lr":null,"grad_norm":5.9,"tokens_per_s":1600.0,"elapsed_s":1.2}"#;
+    std::fs::write(&path, format!("{line}\n")).unwrap();
+    assert!(read_log(&path).unwrap()[0].lr.is_nan());
+}
+
+#[test]
+fn a_resume_keeps_the_steps_up_to_its_own() {
+    let path = scratch("truncate");
+    let mut log = MetricsLog::append_to(&path).unwrap();
+    for step in 1..=5 {
+        log.record(&record(step, step as f64)).unwrap();
+    }
+    truncate_after(&path, 3).unwrap();
+    let steps: Vec<usize> = read_log(&path).unwrap().iter().map(|r| r.step).collect();
+    assert_eq!(steps, [1, 2, 3]);
+}
