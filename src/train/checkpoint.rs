@@ -100,6 +100,12 @@ impl Checkpoint {
         replace_dir(&staging, dir)
     }
 
+    /// Whether `dir` holds every file of a checkpoint: a directory that lost
+    /// one (or a stray `step_*` made by hand) is never taken for one.
+    pub fn is_complete(dir: &Path) -> bool {
+        [MODEL_FILE, OPTIMIZER_FILE, STATE_FILE].iter().all(|file| dir.join(file).is_file())
+    }
+
     /// Reads the checkpoint in `dir`, with errors that say what is wrong with it.
     pub fn read(dir: &Path) -> Result<Self> {
         if !dir.join(STATE_FILE).exists() {

@@ -31,6 +31,8 @@ pub struct RunOptions {
     pub keep_checkpoints: usize,
     /// A checkpoint (or a directory of them, newest taken) to continue from.
     pub resume: Option<PathBuf>,
+    /// Delete an earlier run's checkpoints in `out_dir` instead of refusing to start.
+    pub overwrite: bool,
     pub activation_checkpointing: bool,
     /// DDP, or FSDP with its sharding and precision.
     pub strategy: Strategy,
@@ -67,6 +69,11 @@ pub fn train(options: &RunOptions) -> Result<Summary> {
         }
     }
     options.config.validate(options.nproc)?;
+    // A rank started by a launcher finds the directory already taken by it.
+    let _lock = match launched {
+        None => Some(checkpoints::take(&options.out_dir, options.resume.is_some(), options.overwrite)?),
+        Some(_) => None,
+    };
     std::fs::create_dir_all(&options.out_dir)
         .with_context(|| format!("cannot create {}", options.out_dir.display()))?;
     let dataset = open_dataset(&options.data)?;

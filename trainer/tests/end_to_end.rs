@@ -33,6 +33,7 @@ fn options(out_dir: PathBuf, max_steps: usize, nproc: usize) -> RunOptions {
         checkpoint_every: 10,
         keep_checkpoints: 2,
         resume: None,
+        overwrite: false,
         activation_checkpointing: false,
         strategy: Strategy::Ddp,
         log_every: 10,

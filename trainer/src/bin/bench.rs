@@ -95,6 +95,7 @@ fn run(args: Args) -> Result<()> {
         checkpoint_every: usize::MAX,
         keep_checkpoints: 1,
         resume: None,
+        overwrite: true,
         activation_checkpointing: false,
         strategy: Strategy::Ddp,
         log_every: usize::MAX,

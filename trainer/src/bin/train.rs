@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
+use trainer::checkpoints;
 use trainer::config::RunConfig;
 use trainer::launching::{LaunchArgs, RankKind};
 use trainer::run::{open_dataset, peak_memory_mib, train, workbook_root, RunOptions};
@@ -63,6 +64,9 @@ struct Args {
     /// Where checkpoints, metrics.jsonl and loss.svg go.
     #[arg(long, default_value = "checkpoints")]
     checkpoint_dir: PathBuf,
+    /// Delete an earlier run's checkpoints in --checkpoint-dir instead of refusing to start.
+    #[arg(long, conflicts_with = "resume")]
+    overwrite: bool,
     #[arg(long, default_value_t = 100)]
     checkpoint_every: usize,
     /// How many of the newest checkpoints to keep.
@@ -150,6 +154,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         checkpoint_every: args.checkpoint_every.max(1),
         keep_checkpoints: args.keep_checkpoints.max(1),
         resume,
+        overwrite: args.overwrite,
         activation_checkpointing: args.activation_checkpointing,
         strategy: strategy(&args.strategy, args.sharding.as_deref(), args.precision.as_deref())?,
         log_every: args.log_every.max(1),
@@ -158,6 +163,12 @@ fn run(args: Args) -> anyhow::Result<()> {
     if starts_ranks {
         // Tokenise once here, not in every rank at the same time.
         options.config.validate(options.nproc)?;
+        // Rank 0, which writes the checkpoints, runs on node 0: its launcher
+        // takes the directory (other nodes may share its filesystem).
+        let _lock = match args.launch.node_rank {
+            0 => Some(checkpoints::take(&options.out_dir, options.resume.is_some(), options.overwrite)?),
+            _ => None,
+        };
         open_dataset(&options.data)?;
         let code = args.launch.relaunch_self()?;
         std::process::exit(code);
