@@ -87,12 +87,17 @@ impl MetricsLog {
 /// killed, or a disk that filled, in the middle of writing it) is left out;
 /// a bad line anywhere else is an error.
 pub fn read_log(path: &Path) -> Result<Vec<StepRecord>> {
+    Ok(read_lines(path)?.into_iter().map(|(record, _)| record).collect())
+}
+
+/// Each record with its line as written.
+fn read_lines(path: &Path) -> Result<Vec<(StepRecord, String)>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
     let mut records = Vec::with_capacity(lines.len());
     for (index, line) in lines.iter().enumerate() {
         match serde_json::from_str(line) {
-            Ok(record) => records.push(record),
+            Ok(record) => records.push((record, line.to_string())),
             Err(_) if index + 1 == lines.len() && !text.ends_with('\n') => break,
             Err(e) => bail!("bad line {} in {}: {e}: {line}", index + 1, path.display()),
         }
@@ -101,15 +106,15 @@ pub fn read_log(path: &Path) -> Result<Vec<StepRecord>> {
 }
 
 /// Keeps the records of steps up to `step` (a resumed run writes the later
-/// ones again), dropping a torn last line too. The file is replaced whole.
+/// ones again), dropping a torn last line too. The kept lines are copied as
+/// they are, not re-printed, and the file is replaced whole.
 pub fn truncate_after(path: &Path, step: usize) -> Result<()> {
     if !path.exists() {
         return Ok(());
     }
-    let kept: Vec<StepRecord> = read_log(path)?.into_iter().filter(|r| r.step <= step).collect();
     let mut text = String::new();
-    for record in &kept {
-        text.push_str(&serde_json::to_string(record)?);
+    for (_, line) in read_lines(path)?.iter().filter(|(record, _)| record.step <= step) {
+        text.push_str(line);
         text.push('\n');
     }
     let staging = path.with_extension("jsonl.tmp");
