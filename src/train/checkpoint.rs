@@ -8,14 +8,16 @@
 //!   model.safetensors       parameters by their Hugging Face names
 //!   optimizer.safetensors   AdamW's moments: exp_avg.<name>, exp_avg_sq.<name>
 //!   trainer_state.json      step, configs, data position
+//!   checksums.json          the CRC-32 of each tensor file, checked on every read
 //! ```
 //!
 //! It is written into a temporary sibling directory and renamed into place
 //! only when complete; a rename within one filesystem is atomic, so a reader
 //! sees either the old checkpoint or the new one, never half of one.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use candle_core::{bail, Device, Result, Tensor};
@@ -29,6 +31,9 @@ use crate::model::GptConfig;
 const MODEL_FILE: &str = "model.safetensors";
 const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 const STATE_FILE: &str = "trainer_state.json";
+/// The CRC-32 of each tensor file, checked on every read. Checkpoints from
+/// before it existed have none and load unchecked.
+const CHECKSUM_FILE: &str = "checksums.json";
 const FORMAT_VERSION: u32 = 1;
 
 /// Everything besides tensors that a resumed run needs.
@@ -95,6 +100,12 @@ impl Checkpoint {
         fs::create_dir(&staging).map_err(|e| io_path("create", &staging, e))?;
         candle_core::safetensors::save(&self.params, staging.join(MODEL_FILE))?;
         candle_core::safetensors::save(&self.optimizer, staging.join(OPTIMIZER_FILE))?;
+        let checksums = [MODEL_FILE, OPTIMIZER_FILE]
+            .into_iter()
+            .map(|file| Ok((file.to_string(), crc32_of(&staging.join(file))?)))
+            .collect::<Result<BTreeMap<String, u32>>>()?;
+        let json = serde_json::to_string_pretty(&checksums).map_err(candle_core::Error::wrap)?;
+        fs::write(staging.join(CHECKSUM_FILE), json).map_err(|e| io_path("write", &staging, e))?;
         let json = serde_json::to_string_pretty(&self.state).map_err(candle_core::Error::wrap)?;
         fs::write(staging.join(STATE_FILE), json).map_err(|e| io_path("write", &staging, e))?;
         replace_dir(&staging, dir)
@@ -126,6 +137,7 @@ impl Checkpoint {
                 state.format_version
             );
         }
+        verify_checksums(dir)?;
         let load = |file: &str| match candle_core::safetensors::load(dir.join(file), &Device::Cpu) {
             Ok(tensors) => Ok(tensors),
             Err(e) => {
@@ -145,6 +157,40 @@ impl Checkpoint {
         }
         Ok(())
     }
+}
+
+/// The CRC-32 of the file at `path`, read a piece at a time.
+fn crc32_of(path: &Path) -> Result<u32> {
+    let mut file = fs::File::open(path).map_err(|e| io_path("open", path, e))?;
+    let mut hasher = crc32fast::Hasher::new();
+    let mut buffer = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buffer).map_err(|e| io_path("read", path, e))?;
+        if n == 0 {
+            return Ok(hasher.finalize());
+        }
+        hasher.update(&buffer[..n]);
+    }
+}
+
+/// Fails if a tensor file of the checkpoint in `dir` is not what was written.
+fn verify_checksums(dir: &Path) -> Result<()> {
+    let path = dir.join(CHECKSUM_FILE);
+    let Ok(text) = fs::read_to_string(&path) else { return Ok(()) };
+    let expected: BTreeMap<String, u32> = match serde_json::from_str(&text) {
+        Ok(expected) => expected,
+        Err(e) => bail!("{} is corrupt: {e}; resume from an earlier checkpoint", path.display()),
+    };
+    for (file, want) in expected {
+        if crc32_of(&dir.join(&file))? != want {
+            bail!(
+                "{} is corrupt: its checksum does not match the one saved with it (a bit changed on disk, or a \
+                 copy was cut short); resume from an earlier checkpoint",
+                dir.join(&file).display()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Moves the complete `staging` directory to `dir`; an existing `dir` is kept

@@ -179,6 +179,22 @@ mod checkpoints {
         assert_eq!(Checkpoint::read(&dir).unwrap().state.step, 3);
     }
 
+    /// A flipped bit in a weight still parses as a tensor file; only the checksum tells.
+    #[test]
+    fn a_flipped_bit_in_a_weight_fails_its_checksum() {
+        let dir = scratch_dir("ckpt-bit-flip").join("step_000003");
+        checkpoint().write(&dir).unwrap();
+        let path = dir.join("model.safetensors");
+        let mut bytes = std::fs::read(&path).unwrap();
+        let last = bytes.len() - 1; // inside the last f32 of `w`
+        bytes[last] ^= 0x01;
+        std::fs::write(&path, bytes).unwrap();
+        let error = Checkpoint::read(&dir).unwrap_err().to_string();
+        assert!(error.contains("model.safetensors is corrupt: its checksum does not match"), "{error}");
+        std::fs::remove_file(dir.join("checksums.json")).unwrap();
+        assert!(Checkpoint::read(&dir).is_ok(), "a checkpoint from before checksums loads unchecked");
+    }
+
     #[test]
     fn a_corrupt_tensor_file_is_named_in_the_error() {
         let dir = scratch_dir("ckpt-corrupt").join("step_000003");
