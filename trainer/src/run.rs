@@ -170,8 +170,10 @@ fn drive(options: &RunOptions, dataset: &Dataset, mut trainer: impl Train, num_p
         let skipped_before = trainer.counters().skipped_steps;
         let stats = trainer.train_step(&batches).map_err(|e| anyhow!("step {}: {e}", trainer.counters().step))?;
         let loss = mean_over_ranks(trainer.process_group(), stats.loss)?;
+        let counters = trainer.counters();
+        let step = counters.step;
         let record = StepRecord {
-            step: trainer.counters().step,
+            step,
             loss,
             lr: stats.lr,
             grad_norm: stats.grad_norm,
@@ -179,13 +181,12 @@ fn drive(options: &RunOptions, dataset: &Dataset, mut trainer: impl Train, num_p
             elapsed_s: start.elapsed().as_secs_f64(),
         };
         if is_logger {
-            report_anomalies(&bar, &record, &stats, trainer.counters().skipped_steps > skipped_before, &mut loss_ema);
+            report_anomalies(&bar, &record, &stats, counters.skipped_steps > skipped_before, &mut loss_ema);
             if let Some(log) = log.as_mut() {
                 log.record(&record)?;
             }
-            bar.set_position(trainer.counters().step as u64);
+            bar.set_position(step as u64);
             bar.set_message(format!("loss {:.4}  lr {:.2e}  {:.0} tok/s", record.loss, record.lr, record.tokens_per_s));
-            let step = trainer.counters().step;
             if bar.is_hidden() && (step.is_multiple_of(options.log_every) || step == config.max_steps) {
                 println!(
                     "step {:>6}  loss {:.4}  lr {:.2e}  grad norm {:.3}  {:.0} tok/s",
@@ -195,7 +196,6 @@ fn drive(options: &RunOptions, dataset: &Dataset, mut trainer: impl Train, num_p
         }
         first.get_or_insert(record);
         last = Some(record);
-        let step = trainer.counters().step;
         let at_end = step == config.max_steps;
         if at_end || step.is_multiple_of(options.checkpoint_every) {
             save(&trainer, options, &sampler)?;

@@ -111,7 +111,7 @@ fn only_exercise_files(ws: &Workspace, tally: &mut Tally) {
 }
 
 /// Every file under `dir` (relative to `root`), as paths relative to `root`.
-fn files_under(root: &Path, dir: &Path) -> Vec<PathBuf> {
+pub fn files_under(root: &Path, dir: &Path) -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir(root.join(dir)) else { return vec![] };
     let mut files = vec![];
     for entry in entries.flatten() {
