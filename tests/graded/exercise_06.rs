@@ -2,11 +2,10 @@
 //! numbers (std 0.02, 0.02 / sqrt(2 · num_layers), ones, zeros), checked on
 //! matrices large enough that the sample statistics are within 1% of the truth.
 
-use approx::assert_relative_eq;
 use candle_core::Device;
 use workbook::{init_params, GptConfig, ParamStore};
 
-use crate::support::{mistake, ok};
+use crate::support::{mistake, ok, value_failure};
 
 /// Four layers with biases; 256×256 projections hold 65,536 draws each.
 fn config() -> GptConfig {
@@ -41,21 +40,23 @@ fn mean_and_std(v: &[f32]) -> (f64, f64) {
 
 const STD: f64 = 0.02;
 
-/// Names the standard deviation `std` for a parameter that should have `want`.
-fn diagnose(std: f64, want: f64) -> &'static str {
+/// The mistake that gives the standard deviation `std` to a parameter that
+/// should have `want`, if `std` is one a known mistake gives.
+fn diagnose(std: f64, want: f64) -> Option<&'static str> {
     let layers = config().num_layers as f64;
     let near = |x: f64| (std / x - 1.0).abs() < 0.05;
-    if near(1.0) {
-        mistake(6, "std_one")
+    let id = if near(1.0) {
+        "std_one"
     } else if near(STD) && want < STD {
-        mistake(6, "residual_unscaled")
+        "residual_unscaled"
     } else if near(STD / layers.sqrt()) {
-        mistake(6, "residual_by_layers")
+        "residual_by_layers"
     } else if near(STD / (2.0 * layers).sqrt()) && want == STD {
-        mistake(6, "all_scaled")
+        "all_scaled"
     } else {
-        "check which std this kind of parameter gets"
-    }
+        return None;
+    };
+    Some(mistake(6, id))
 }
 
 fn assert_normal(params: &ParamStore, name: &str, want_std: f64) {
@@ -63,10 +64,10 @@ fn assert_normal(params: &ParamStore, name: &str, want_std: f64) {
     let (mean, std) = mean_and_std(&v);
     assert!(
         (std / want_std - 1.0).abs() < 0.03,
-        "{name}: std {std:.5}, expected {want_std:.5}. Likely cause: {}",
-        diagnose(std, want_std)
+        "{}",
+        value_failure(&format!("the std of {name}"), std, want_std, diagnose(std, want_std))
     );
-    assert!(mean.abs() < 0.1 * want_std, "{name}: mean {mean:.5}, expected 0");
+    assert!(mean.abs() < 0.1 * want_std, "{}", value_failure(&format!("the mean of {name}"), mean, 0.0, None));
 }
 
 #[test]
@@ -101,7 +102,16 @@ fn weights_are_drawn_from_a_normal_distribution() {
     let v = values(&p, "model.layers.0.self_attn.k_proj.weight");
     let (mean, std) = mean_and_std(&v);
     let within = v.iter().filter(|&&x| ((x as f64) - mean).abs() <= std).count() as f64 / v.len() as f64;
-    assert_relative_eq!(within, 0.6827, max_relative = 0.02);
+    assert!(
+        (within / 0.6827 - 1.0).abs() <= 0.02,
+        "{}",
+        value_failure(
+            "the share of k_proj's weights within one std of the mean (a normal's is 0.6827)",
+            within,
+            0.6827,
+            None
+        )
+    );
 }
 
 #[test]
@@ -127,9 +137,8 @@ fn the_same_seed_gives_the_same_model() {
     let (a, b) = (params(7), params(7));
     for (name, var) in a.iter() {
         let same = var.eq(b.get(name).unwrap().as_tensor()).unwrap().flatten_all().unwrap().min(0).unwrap();
-        assert_eq!(
-            same.to_scalar::<u8>().unwrap(),
-            1,
+        assert!(
+            same.to_scalar::<u8>().unwrap() == 1,
             "{name} differs between two runs with seed 7: {}",
             mistake(6, "unseeded")
         );
@@ -153,7 +162,7 @@ fn every_parameter_has_its_shape() {
         workbook::param_specs(&config()).into_iter().map(|s| (s.name, s.shape.dims().to_vec())).collect();
     for (name, dims) in expected {
         let var = p.get(&name).unwrap();
-        assert_eq!(var.dims(), dims.as_slice(), "{name}");
-        assert_eq!(var.dtype(), candle_core::DType::F32, "{name}: initialise in f32");
+        assert!(var.dims() == dims.as_slice(), "{name} is {:?}, expected {dims:?}", var.dims());
+        assert!(var.dtype() == candle_core::DType::F32, "{name} is {:?}: initialise in f32", var.dtype());
     }
 }

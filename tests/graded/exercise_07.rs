@@ -1,11 +1,12 @@
 //! Exercise 7: GPT forward, next-token loss and activation checkpointing.
 //! Reference: tests/fixtures/generate.py, `exercise_07` (a 2-layer model with random weights).
 
-use approx::assert_relative_eq;
 use candle_core::DType;
 use workbook::{param_specs, ForwardPass, Gpt, GptConfig, ParamStore};
 
-use crate::support::{expect_close, expect_dtype, fixture, mistake, ok, scalar, Fixture, Tol, F32};
+use crate::support::{
+    cause, expect_close, expect_dtype, fixture, mistake, ok, scalar, value_failure, Fixture, Tol, F32,
+};
 
 /// Two layers accumulate float32 rounding differently from PyTorch; gradients more so.
 const LOGITS: Tol = Tol { atol: 1e-4, rtol: 1e-4 };
@@ -34,7 +35,7 @@ fn run(f: &Fixture, gpt: &Gpt) -> ForwardPass {
 
 fn loss_of(pass: &ForwardPass) -> f64 {
     let loss = pass.loss.as_ref().expect("forward with labels must return Some(loss)");
-    assert_eq!(loss.elem_count(), 1, "the loss must be a single number (the mean), got shape {:?}", loss.dims());
+    assert!(loss.elem_count() == 1, "the loss must be a single number (the mean), got shape {:?}", loss.dims());
     loss.to_dtype(DType::F64).unwrap().flatten_all().unwrap().to_vec1::<f64>().unwrap()[0]
 }
 
@@ -61,11 +62,8 @@ fn loss_predicts_the_next_token() {
     let want = f.scalar("loss");
     let known = f.mistakes_of("loss", &["unshifted", "shift_reversed", "no_final_norm"]);
     if (loss - want).abs() > 1e-4 {
-        let cause = known
-            .iter()
-            .find(|(_, output)| (loss - scalar(output)).abs() < 1e-4)
-            .map_or("compare logits[:, :-1] with labels[:, 1:], as a mean over B·(T-1) positions", |(cause, _)| cause);
-        panic!("loss {loss:.6}, expected {want:.6} (PyTorch). Likely cause: {cause}.");
+        let matched = known.iter().find(|(_, output)| (loss - scalar(output)).abs() < 1e-4).map(|(cause, _)| *cause);
+        panic!("{}", value_failure("the loss (PyTorch's is the expected one)", loss, want, matched));
     }
 }
 
@@ -90,16 +88,20 @@ fn checkpointed_gradients_equal_plain_gradients() {
     let p = params(&f);
     let plain = run(&f, &model(&f, &p, false));
     let checkpointed = run(&f, &model(&f, &p, true));
-    assert_eq!(
-        checkpointed.recompute.len(),
-        config(&f).num_layers,
-        "activation checkpointing is on but {} of {} blocks went through recompute.checkpoint: {}",
-        checkpointed.recompute.len(),
-        config(&f).num_layers,
-        mistake(7, "checkpointing_ignored")
+    let (checkpointed_blocks, blocks) = (checkpointed.recompute.len(), config(&f).num_layers);
+    assert!(
+        checkpointed_blocks == blocks,
+        "activation checkpointing is on, and {checkpointed_blocks} of {blocks} blocks went through \
+         recompute.checkpoint; every block must, once per forward.{}",
+        cause((checkpointed_blocks == 0).then(|| mistake(7, "checkpointing_ignored")))
     );
     assert!(plain.recompute.is_empty(), "checkpointing is off, yet blocks were checkpointed");
-    assert_relative_eq!(loss_of(&checkpointed), loss_of(&plain), max_relative = 1e-6);
+    let (with, without) = (loss_of(&checkpointed), loss_of(&plain));
+    assert!(
+        (with - without).abs() <= 1e-6 * without.abs(),
+        "{}",
+        value_failure("the loss with activation checkpointing", with, without, None)
+    );
     let (plain_grads, ckpt_grads) =
         (ok(plain.backward(), "backward"), ok(checkpointed.backward(), "checkpointed backward"));
     for (name, var) in p.iter() {
@@ -119,7 +121,12 @@ fn loss_is_f32_for_a_bf16_model() {
     let pass = run(&f, &model(&f, &p, false));
     let loss = pass.loss.as_ref().expect("forward with labels must return Some(loss)");
     expect_dtype(loss, DType::F32, "loss of a bf16 model", mistake(7, "bf16_loss"));
-    assert_relative_eq!(loss_of(&pass), f.scalar("loss"), max_relative = 0.02);
+    let (got, want) = (loss_of(&pass), f.scalar("loss"));
+    assert!(
+        (got - want).abs() <= 0.02 * want.abs(),
+        "{}",
+        value_failure("the loss of the bf16 model (within 2% of the f32 one)", got, want, None)
+    );
 }
 
 #[test]
@@ -128,7 +135,11 @@ fn logits_have_shape_batch_time_vocab() {
     let gpt = model(&f, &params(&f), false);
     let idx = f.get("idx").narrow(1, 0, 5).unwrap(); // (2, 5)
     let pass = ok(gpt.forward(&idx, Some(&idx)), "Gpt::forward on (2, 5)");
-    assert_eq!(pass.logits.dims(), &[2, 5, 64], "logits must be (B, T, V)");
+    assert!(
+        pass.logits.dims() == [2, 5, 64],
+        "logits are {:?}: they must be (B, T, V) = [2, 5, 64]",
+        pass.logits.dims()
+    );
     let want = f.get("logits").narrow(1, 0, 5).unwrap();
     expect_close(
         &pass.logits,

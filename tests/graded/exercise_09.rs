@@ -4,7 +4,7 @@ use rstest::rstest;
 use workbook::phase2_training::get_lr;
 use workbook::train::CosineSchedule;
 
-use crate::support::fixture;
+use crate::support::{fixture, number, value_failure};
 
 fn schedule() -> CosineSchedule {
     let s = fixture(9).get("schedule").to_vec1::<f64>().unwrap();
@@ -26,11 +26,11 @@ fn matches_the_reference_at_every_checked_step() {
         if close(got, want) {
             continue;
         }
-        let cause = mistakes
+        let matched = mistakes
             .iter()
             .find(|(_, output)| close(got, output.to_vec1::<f64>().unwrap()[i]))
-            .map_or("check this step against the formula in the exercise's doc comment", |(cause, _)| cause);
-        panic!("get_lr({step}) = {got:e}, expected {want:e}. Likely cause: {cause}.");
+            .map(|(cause, _)| *cause);
+        panic!("{}", value_failure(&format!("get_lr({step})"), got, want, matched));
     }
 }
 
@@ -42,7 +42,7 @@ fn matches_the_reference_at_every_checked_step() {
 #[case::stays_at_min_lr(1000, 6e-5)]
 fn boundaries(#[case] step: usize, #[case] want: f64) {
     let got = get_lr(step, &schedule());
-    assert!(close(got, want), "get_lr({step}) = {got:e}, expected {want:e}");
+    assert!(close(got, want), "{}", value_failure(&format!("get_lr({step})"), got, want, None));
 }
 
 #[test]
@@ -54,14 +54,18 @@ fn rises_during_warmup_and_never_rises_after() {
         if step < s.warmup_steps {
             assert!(
                 now > before,
-                "the rate must rise during warmup: step {} {before:e} → step {step} {now:e}",
-                step - 1
+                "the rate must rise during warmup: step {} {} → step {step} {}",
+                step - 1,
+                number(before),
+                number(now)
             );
         } else {
             assert!(
                 now <= before + 1e-15,
-                "the rate must not rise after warmup: step {} {before:e} → step {step} {now:e}",
-                step - 1
+                "the rate must not rise after warmup: step {} {} → step {step} {}",
+                step - 1,
+                number(before),
+                number(now)
             );
         }
     }

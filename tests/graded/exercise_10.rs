@@ -8,7 +8,7 @@ use workbook::parallel::ddp::Ddp;
 use workbook::train::{AdamWConfig, CosineSchedule, LrSchedule, OptimizerConfig, StepStats, TrainConfig, Trainer};
 use workbook::{param_specs, GptConfig, ParamStore};
 
-use crate::support::{expect_update_close, fixture, mistake, ok, Fixture};
+use crate::support::{expect_update_close, fixture, mistake, ok, value_failure, Fixture};
 
 /// Relative L2 error allowed on a parameter's update over two steps (see `expect_update_close`).
 const UPDATE: f64 = 1e-3;
@@ -70,39 +70,34 @@ fn two_steps_match_pytorch() {
         let batches: Vec<Tensor> = (0..k).map(|j| micro_batch(&f, s, j)).collect();
         let stats = step(&mut t, &batches);
         if !close(stats.lr, lrs[s], 1e-9) {
-            let cause = if s + 1 < lrs.len() && close(stats.lr, lrs[s + 1], 1e-9) {
-                mistake(10, "lr_after_increment")
-            } else {
-                "use self.config.schedule.lr(self.step)"
-            };
-            panic!("step {s}: learning rate {:e}, expected {:e}. Likely cause: {cause}.", stats.lr, lrs[s]);
+            let matched =
+                (s + 1 < lrs.len() && close(stats.lr, lrs[s + 1], 1e-9)).then(|| mistake(10, "lr_after_increment"));
+            panic!("{}", value_failure(&format!("step {s}: the learning rate"), stats.lr, lrs[s], matched));
         }
         if !close(stats.loss, losses[s], 1e-4) {
-            let cause = if close(stats.loss, losses[s] * k as f64, 1e-4) {
-                mistake(10, "losses_summed")
-            } else {
-                "report the mean of the micro-batches' losses"
-            };
-            panic!("step {s}: loss {:.6}, expected {:.6}. Likely cause: {cause}.", stats.loss, losses[s]);
+            let matched = close(stats.loss, losses[s] * k as f64, 1e-4).then(|| mistake(10, "losses_summed"));
+            panic!("{}", value_failure(&format!("step {s}: the loss"), stats.loss, losses[s], matched));
         }
         if !close(stats.grad_norm, norms[s], 1e-4) {
             let known = f.mistakes_of("grad_norm", &["not_divided", "not_cleared"]);
-            let cause = known
+            let matched = known
                 .iter()
                 .find(|(_, output)| close(stats.grad_norm, output.to_vec1::<f64>().unwrap()[s], 1e-4))
-                .map_or(
-                    "return the global norm of the accumulated, averaged gradient, measured before clipping",
-                    |(cause, _)| cause,
-                );
-            panic!("step {s}: gradient norm {:.6}, expected {:.6}. Likely cause: {cause}.", stats.grad_norm, norms[s]);
+                .map(|(cause, _)| *cause);
+            panic!("{}", value_failure(&format!("step {s}: the gradient norm"), stats.grad_norm, norms[s], matched));
         }
-        assert_eq!(
-            stats.tokens,
-            batches.iter().map(|b| b.elem_count()).sum::<usize>(),
-            "tokens: count every token of every micro-batch"
+        let tokens = batches.iter().map(|b| b.elem_count()).sum::<usize>();
+        assert!(
+            stats.tokens == tokens,
+            "step {s}: {} tokens reported, the micro-batches hold {tokens}: count every token of every micro-batch",
+            stats.tokens
         );
     }
-    assert_eq!(t.step, 2, "two calls to train_step are two optimizer steps: increment self.step once per call");
+    assert!(
+        t.step == 2,
+        "after two calls to train_step, self.step is {}: each call is one optimizer step, so increment it once per call",
+        t.step
+    );
     for (name, var) in t.params.iter() {
         let before = f.get(&format!("param.{name}"));
         expect_update_close(
