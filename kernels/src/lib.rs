@@ -14,6 +14,8 @@
 //! the softmax's pass.
 //! `linear` makes a linear layer one node of the graph instead of three, and
 //! `split_heads` / `merge_heads` do the same for attention's head reshapes.
+//! `scale_channels` multiplies by a per-channel weight with a cheap gradient
+//! for the weight (candle sums a broadcast's gradient element by element).
 //! [`buffers`] turns tensors into bytes and adds byte buffers elementwise, for
 //! the communication backend that sends tensors over sockets.
 //!
@@ -22,20 +24,20 @@
 //! builds (the workspace `Cargo.toml` says so): unoptimised, these loops run
 //! several times slower.
 
-mod broadcast_rows;
 pub mod buffers;
 mod cross_entropy;
 mod exp;
 mod heads;
 mod linear;
 mod rows;
+mod scale_channels;
 mod silu;
 mod softmax;
 
-pub use broadcast_rows::broadcast_rows;
 pub use cross_entropy::cross_entropy;
 pub use exp::exp;
 pub use heads::{merge_heads, split_heads};
 pub use linear::linear;
+pub use scale_channels::scale_channels;
 pub use silu::silu;
 pub use softmax::{scaled_masked_softmax, softmax};

@@ -1,19 +1,31 @@
-//! A vector repeated over rows, with a backward pass that sums the rows in
-//! one vectorised pass.
+//! Scaling every channel of (..., C) activations by a (C) vector, with a
+//! backward pass that sums the weight's gradient over the rows in one
+//! vectorised pass.
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp1, Device, Layout, Result, Shape, Tensor};
+use candle_core::{bail, CpuStorage, CustomOp1, Device, Layout, Result, Shape, Tensor, D};
 
 use super::rows::{as_f32, from_f32, rearrange, Rearrange};
 
-/// `v` (C) repeated into (rows, C), with a backward pass.
+/// `x * weight` for `x` (..., C) and `weight` (C): what `x.broadcast_mul(&weight)`
+/// computes, value for value, with a faster backward.
 ///
-/// `x.broadcast_mul(&v)` for x (N, C) gives the same values, but candle's
-/// backward of a broadcast sums the (N, C) gradient over its leading dimension
-/// element by element, about sixty times slower than a sum over the last.
-/// Here the rows are summed as whole vectors. The RMSNorm weight's gradient
-/// is such a sum, once per norm and step.
-pub fn broadcast_rows(v: &Tensor, rows: usize) -> Result<Tensor> {
+/// candle's backward of a broadcast sums the (N, C) gradient over its leading
+/// dimension element by element, about sixty times slower than a sum over the
+/// last. Here the weight is repeated over the rows by an op whose backward
+/// adds whole rows. The RMSNorm weight's gradient is such a sum, once per
+/// norm and step.
+pub fn scale_channels(x: &Tensor, weight: &Tensor) -> Result<Tensor> {
+    let width = x.dim(D::Minus1)?;
+    if weight.dims() != [width] {
+        bail!("scale_channels: the weight is {:?}; for x {:?} it must be ({width})", weight.dims(), x.dims());
+    }
+    let rows = x.elem_count() / width.max(1);
+    x.reshape((rows, width))?.mul(&broadcast_rows(weight, rows)?)?.reshape(x.dims())
+}
+
+/// `v` (C) repeated into (rows, C), with a backward pass that sums the rows.
+fn broadcast_rows(v: &Tensor, rows: usize) -> Result<Tensor> {
     let width = v.dims1()?;
     if !matches!(v.device(), Device::Cpu) {
         return v.unsqueeze(0)?.broadcast_as((rows, width))?.contiguous();

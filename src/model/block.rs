@@ -43,7 +43,7 @@ impl Block {
 
 impl Module for Block {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let h = (x + self.self_attn.forward(&self.input_layernorm.forward_rows(x)?)?)?;
-        &h + self.mlp.forward(&self.post_attention_layernorm.forward_rows(&h)?)?
+        let h = (x + self.self_attn.forward(&self.input_layernorm.forward(x)?)?)?;
+        &h + self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?
     }
 }

@@ -5,7 +5,7 @@ use rstest::rstest;
 use workbook::RmsNorm;
 
 use crate::support::{
-    expect_close, expect_close_or_explain, expect_dtype, fixture, grad, mistake, ok, surrogate, var, BF16, F32,
+    expect_close, expect_close_because, expect_dtype, fixture, grad, mistake, ok, scalar, surrogate, var, BF16, F32,
 };
 
 fn norm(weight: &Tensor) -> RmsNorm {
@@ -77,32 +77,21 @@ fn gradients_match_pytorch() {
 #[test]
 fn bf16_input_is_normalised_in_f32_and_returned_as_bf16() {
     let f = fixture(1);
-    let x = f.get("x_long").to_dtype(DType::BF16).unwrap();
-    let weight = f.get("weight_long").to_dtype(DType::BF16).unwrap();
-    let out = ok(norm(&weight).forward(&x), "RmsNorm::forward(bf16 x)");
+    let (x, weight, want) = (f.get("x_long"), f.get("weight_long"), f.get("out_long_bf16"));
+    // The same values in f32 first: a failure there is not about bf16.
+    let f32_out = ok(norm(&weight).forward(&x), "RmsNorm::forward(x) on 4096 channels");
+    expect_close(&f32_out, &want, BF16, "RmsNorm::forward(x) on 4096 channels, in f32", &[]);
+    let bf16 = |t: &Tensor| t.to_dtype(DType::BF16).unwrap();
+    let out = ok(norm(&bf16(&weight)).forward(&bf16(&x)), "RmsNorm::forward(bf16 x)");
     expect_dtype(&out, DType::BF16, "RmsNorm::forward(bf16 x)", "Cast the result back to the input's dtype.");
-    expect_close_or_explain(
+    // A mean of squares that stalled in bf16 is too small, so every output is too large.
+    let mean_abs = |t: &Tensor| scalar(&t.to_dtype(DType::F32).unwrap().abs().unwrap().mean_all().unwrap());
+    let stalled = mean_abs(&out) > 1.05 * mean_abs(&want);
+    expect_close_because(
         &out,
-        &f.get("out_long_bf16"),
+        &want,
         BF16,
-        "RmsNorm::forward(bf16 x)",
-        mistake(1, "bf16_statistic"),
+        "RmsNorm::forward(bf16 x), which the f32 path gets right",
+        stalled.then(|| mistake(1, "bf16_statistic")),
     );
-}
-
-/// Inside the model, blocks call `RmsNorm::forward_rows`, which runs this
-/// forward on the rows (N, C) with the weight repeated over them, (N, C):
-/// candle's gradient of a broadcast (C) weight is a slow sum, and a repeated
-/// one sums fast (`kernels::broadcast_rows`). `broadcast_mul` takes both shapes.
-#[test]
-fn works_on_the_models_rows_with_the_weight_repeated() {
-    let f = fixture(1);
-    let (x, weight) = (var(&f.get("x")), var(&f.get("weight")));
-    let cause = "the model hands forward the weight as (N, C), one copy per row (see RmsNorm::forward_rows); \
-                 combine it with broadcast_mul and do not reshape it to (C)";
-    let out = ok(norm(weight.as_tensor()).forward_rows(&x), &format!("RmsNorm::forward_rows(x) ({cause})"));
-    expect_close_or_explain(&out, &f.get("out"), F32, "RmsNorm::forward_rows(x)", cause);
-    let grads = ok(surrogate(&out, &f.get("grad_out")).backward(), "backward through RmsNorm::forward_rows");
-    let weight_grad = grad(&grads, &weight, "weight", cause);
-    expect_close_or_explain(&weight_grad, &f.get("grad_weight"), F32, "gradient of weight through forward_rows", cause);
 }

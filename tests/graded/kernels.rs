@@ -281,23 +281,29 @@ fn scaled_masked_softmax_checks_its_mask() {
 }
 
 #[test]
-fn broadcast_rows_matches_candle_broadcast_forward_and_backward() {
-    let x = randn(&[300, 24], 1.0);
-    let v = var(&randn(&[24], 1.0));
-    let ours = x.mul(&kernels::broadcast_rows(&v, 300).unwrap()).unwrap();
-    let theirs = x.broadcast_mul(&v).unwrap();
+fn scale_channels_matches_candle_broadcast_mul_forward_and_backward() {
+    let x = var(&randn(&[3, 100, 24], 1.0));
+    let weight = var(&randn(&[24], 1.0));
+    let ours = kernels::scale_channels(&x, &weight).unwrap();
+    let theirs = x.broadcast_mul(&weight).unwrap();
     let values = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-    assert_eq!(values(&ours), values(&theirs), "broadcast_rows must repeat the vector exactly");
-    let dy = randn(&[300, 24], 1.0);
+    assert_eq!(ours.dims(), theirs.dims(), "scale_channels keeps the shape of x");
+    assert_eq!(values(&ours), values(&theirs), "scale_channels must compute x * weight exactly");
+    let dy = randn(&[3, 100, 24], 1.0);
     let g_ours = surrogate(&ours, &dy).backward().unwrap();
     let g_theirs = surrogate(&theirs, &dy).backward().unwrap();
-    expect_close(
-        &grad(&g_ours, &v, "v", "no backward"),
-        &grad(&g_theirs, &v, "v", ""),
-        F32,
-        "gradient of kernels::broadcast_rows",
-        &[],
-    );
-    let bf16 = kernels::broadcast_rows(&v.to_dtype(DType::BF16).unwrap(), 3).unwrap();
-    assert_eq!((bf16.dims(), bf16.dtype()), (&[3, 24][..], DType::BF16));
+    for (t, name) in [(&weight, "weight"), (&x, "x")] {
+        expect_close(
+            &grad(&g_ours, t, name, "no backward"),
+            &grad(&g_theirs, t, name, ""),
+            F32,
+            &format!("gradient of {name} through kernels::scale_channels"),
+            &[],
+        );
+    }
+    let bf16 = |t: &Tensor| t.to_dtype(DType::BF16).unwrap();
+    let half = kernels::scale_channels(&bf16(&x), &bf16(&weight)).unwrap();
+    assert_eq!((half.dims(), half.dtype()), (&[3, 100, 24][..], DType::BF16));
+    let err = kernels::scale_channels(&x, &randn(&[3, 24], 1.0)).unwrap_err().to_string();
+    assert!(err.contains("it must be (24)"), "{err}");
 }
