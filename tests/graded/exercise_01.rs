@@ -25,8 +25,9 @@ fn matches_pytorch() {
     );
 }
 
-/// On activations of size ~1e-3, mean(x²) ~ 1e-6 is smaller than eps = 1e-5,
-/// so where eps goes decides the answer.
+/// On activations of size ~1e-3, mean(x²) ~ 1e-6 is smaller than the
+/// fixture's eps = 3e-5, so where eps goes decides the answer. (It is not the
+/// model's default 1e-5: an eps typed in fails.)
 #[test]
 fn eps_goes_inside_the_square_root() {
     let f = fixture(1);

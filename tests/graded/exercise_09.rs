@@ -34,15 +34,37 @@ fn matches_the_reference_at_every_checked_step() {
     }
 }
 
+/// The schedule's corners, each a value a formula off by one step would miss.
 #[rstest]
-#[case::first_step_is_not_zero(0, 6e-5)]
-#[case::warmup_ends_at_max_lr(9, 6e-4)]
-#[case::decay_starts_at_max_lr(10, 6e-4)]
-#[case::ends_at_min_lr(100, 6e-5)]
-#[case::stays_at_min_lr(1000, 6e-5)]
-fn boundaries(#[case] step: usize, #[case] want: f64) {
-    let got = get_lr(step, &schedule());
+#[case::first_step_is_not_zero(0)]
+#[case::warmup_ends_at_max_lr(1)]
+#[case::decay_starts_at_max_lr(2)]
+#[case::ends_at_min_lr(3)]
+#[case::stays_at_min_lr(4)]
+fn boundaries(#[case] corner: usize) {
+    let s = schedule();
+    let (max, min, warmup, end) = (s.max_lr, s.min_lr, s.warmup_steps, s.max_steps);
+    let (step, want) = [(0, max / warmup as f64), (warmup - 1, max), (warmup, max), (end, min), (10 * end, min)][corner];
+    let got = get_lr(step, &s);
     assert!(close(got, want), "{}", value_failure(&format!("get_lr({step})"), got, want, None));
+}
+
+/// With warmup_steps equal to max_steps no step is left to decay over: the
+/// cosine's progress would be 0/0. The rate must stay a number, min_lr from
+/// max_steps on.
+#[test]
+fn a_warmup_as_long_as_the_run_gives_no_nan() {
+    let s = CosineSchedule { max_lr: 2e-3, min_lr: 2e-4, warmup_steps: 5, max_steps: 5 };
+    for step in 0..12 {
+        let got = get_lr(step, &s);
+        let want = if step < 5 { 2e-3 * (step + 1) as f64 / 5.0 } else { 2e-4 };
+        assert!(
+            close(got, want),
+            "{} (warmup_steps = max_steps = 5: from max_steps on the rate is min_lr; \
+             computing the cosine there divides 0 by 0)",
+            value_failure(&format!("get_lr({step})"), got, want, None)
+        );
+    }
 }
 
 #[test]
