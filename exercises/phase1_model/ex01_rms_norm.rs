@@ -11,8 +11,8 @@
 //!
 //! Unlike LayerNorm it does not subtract the mean: it is cheaper and works as well.
 //!
-//! Shapes: `x` is (..., C) — usually (B, T, C) — and `weight` is (C). The output
-//! has the shape and dtype of `x`.
+//! Shapes: `x` is (..., C) — usually (B, T, C) — and `weight` is always (C).
+//! The output has the shape and dtype of `x`.
 //!
 //! Read first: Zhang & Sennrich 2019, "Root Mean Square Layer Normalization".
 //! Guide: `guide/src/phase1/01-rms-norm.md`. Test: `cargo test exercise_01`.
@@ -30,13 +30,16 @@ impl RmsNorm {
     ///   thousands of squares stalls (2^20 ones sum to 256 in bf16).
     /// - candle never broadcasts implicitly: use `broadcast_div` / `broadcast_mul`
     ///   to combine (…, C) with (…, 1) or (C).
-    /// - Inside the model, `weight` arrives repeated over the rows, (N, C), for
-    ///   a faster backward (see `RmsNorm::forward_rows`): `broadcast_mul`
-    ///   takes it as it is, so do not reshape the weight.
+    /// - The weight is stored in the model's dtype, which may be bf16: bring it
+    ///   to the statistic's dtype before you multiply.
     /// - Do not call `candle_nn::ops::rms_norm`: it has no backward pass, so the
     ///   gradients of everything before it would silently be zero.
+    /// - Once your version passes: candle sums the weight's gradient over the
+    ///   rows slowly; `crate::kernels::scale_channels(x, weight)` gives what
+    ///   `broadcast_mul` gives with a fast backward (the trainer is quicker).
     ///
-    /// Useful: `to_dtype`, `sqr`, `mean_keepdim(D::Minus1)`, `sqrt`, `+ f64`.
+    /// Useful: `to_dtype`, `sqr`, `mean_keepdim(D::Minus1)`, `+ f64`, `sqrt`,
+    /// `recip`, `broadcast_div`, `broadcast_mul`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         todo!("Exercise 1: RMSNorm; run `cargo xtask hint 1`")
     }

@@ -24,10 +24,13 @@ use candle_core::{Result, Tensor};
 
 /// Causal attention of `q`, `k`, `v` (B, H, T, D); returns (B, H, T, D).
 ///
+/// Write the composed version first, one line of the formula at a time.
+///
 /// - `k.t()` transposes the last two dims; `matmul` batches over (B, H).
-/// - A (T, T) mask broadcasts over (B, H) with `broadcast_add`; or build a
-///   boolean (T, T) with `Tensor::tril2(t, DType::U8, device)` and choose with
-///   `where_cond` between the scores and a tensor of `f32::NEG_INFINITY`.
+/// - `Tensor::tril2(t, DType::U8, device)` is the (T, T) mask of allowed
+///   positions: 1 where key j <= query i. Turn it into an additive mask of 0
+///   and `f32::NEG_INFINITY` for `broadcast_add`, or select between the scores
+///   and -inf with `where_cond`, which does not broadcast (`broadcast_as` first).
 /// - Softmax over the last dim: `crate::kernels::softmax(&scores)`, a fused
 ///   kernel with its own backward pass. `candle_nn::ops::softmax(&scores, D::Minus1)`
 ///   computes the same from five primitives, a few times slower. Not candle's

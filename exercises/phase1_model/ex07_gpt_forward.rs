@@ -42,9 +42,10 @@ impl Gpt {
     ///
     /// Fields: `self.embed_tokens` (`candle_nn::Embedding`), `self.blocks`
     /// (`Vec<Block>`), `self.norm` (`RmsNorm`), `self.lm_head` (a `Linear`),
-    /// `self.activation_checkpointing`. Create the tape with
-    /// `let mut recompute = Recompute::default();` (`crate::Recompute`) and return
-    /// it in the [`ForwardPass`] with the logits (B, T, V) and the loss.
+    /// `self.activation_checkpointing`; each layer has `.forward` through
+    /// `candle_core::Module`. The tape of checkpointed blocks is a
+    /// [`Recompute`](crate::Recompute), empty at the start of every forward
+    /// pass; return it in the [`ForwardPass`] with the logits (B, T, V) and the loss.
     ///
     /// The loss is [`next_token_loss`] below.
     pub fn forward(&self, idx: &Tensor, labels: Option<&Tensor>) -> Result<ForwardPass> {
@@ -55,10 +56,12 @@ impl Gpt {
 /// The mean next-token cross-entropy of `logits` (B, T, V) against `labels`
 /// (B, T), an f32 scalar. The FSDP runtime of Phase 3 calls it too.
 ///
-/// `narrow(1, 0, t - 1)` on the logits, `narrow(1, 1, t - 1)` on the labels,
-/// `reshape` to (B·(T-1), V) and (B·(T-1)), `to_dtype(DType::F32)` on the
-/// logits, then `crate::kernels::cross_entropy` (a fused kernel; the same as
-/// `candle_nn::loss::cross_entropy`, faster).
+/// The logits at positions 0..T-1 against the labels at positions 1..T, both
+/// flattened, (B·(T-1), V) and (B·(T-1)), with the logits in f32.
+///
+/// Useful: `dims3`, `narrow`, `reshape`, `to_dtype`, and
+/// `crate::kernels::cross_entropy` of (N, V) logits and (N) targets, the mean
+/// (a fused kernel; the same as `candle_nn::loss::cross_entropy`, faster).
 pub fn next_token_loss(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
     todo!("Exercise 7: GPT forward, next-token loss and activation checkpointing; run `cargo xtask hint 7`")
 }

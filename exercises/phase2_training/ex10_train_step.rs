@@ -36,14 +36,18 @@ impl Trainer {
     /// `self.config.grad_accum_steps` of them). Returns the mean loss, the
     /// gradient norm before clipping, the learning rate used and the tokens seen.
     ///
-    /// Pieces: `self.model.forward(batch, Some(batch))?` gives a `ForwardPass`
-    /// whose `.loss` is `Some(scalar)` and whose `.backward()?` gives candle's
-    /// `GradStore`; `Gradients::from_store(&self.params, &store)?` names them;
-    /// `grads.scale(f)`, `self.grads.accumulate(&grads)`,
-    /// `self.ddp.sync_gradients(&mut self.grads)`,
-    /// `self.grads.clip_global_norm(self.config.max_grad_norm)`,
-    /// `self.config.schedule.lr(self.step)`, `self.optimizer.step(&self.params, &self.grads, lr)`,
-    /// `self.grads.clear()`. A scalar tensor's value: `loss.to_scalar::<f32>()?`.
+    /// The order is the algorithm's, in the module doc. The pieces, by owner:
+    /// - `self.model.forward(idx, Some(labels))` gives a `ForwardPass`: its
+    ///   `.loss` is `Some(scalar)` when labels are given, and its `.backward()`
+    ///   gives candle's `GradStore`.
+    /// - `crate::autograd::Gradients`: `from_store(&self.params, &store)` names a
+    ///   `GradStore` by parameter; `scale`, `accumulate`, `clip_global_norm`
+    ///   (it returns the norm before clipping) and `clear`. `self.grads` is the
+    ///   step's buffer, empty when the step starts.
+    /// - `self.ddp.sync_gradients`, `self.config.max_grad_norm`,
+    ///   `self.config.schedule.lr(step)`, `self.optimizer.step(params, grads, lr)`.
+    /// - A scalar tensor's value: `to_scalar::<f32>()`; a batch's token count:
+    ///   `elem_count()`.
     pub fn train_step(&mut self, micro_batches: &[Tensor]) -> Result<StepStats> {
         todo!("Exercise 10: Train step with gradient accumulation; run `cargo xtask hint 10`")
     }

@@ -35,13 +35,15 @@ impl Trainer {
     /// Writes the training state to `dir` (rank 0 only), with `data`, the data
     /// the run reads and its position in it, then waits for every rank.
     ///
-    /// Build a `Checkpoint { params, optimizer, state }` (`crate::train::Checkpoint`):
-    /// `params` maps each name in `self.params.iter()` to its tensor
-    /// (`var.as_tensor().clone()`), `optimizer` is the moments as a `HashMap`,
-    /// and `state` is `TrainerState::new(step, optimizer_steps, model config,
-    /// self.config, data)` (`self.model.config().clone()`). `checkpoint.write(dir)`
-    /// writes atomically. `self.ddp.rank()` and `self.ddp.process_group().barrier()`
-    /// handle the ranks.
+    /// What goes in is a `crate::train::Checkpoint { params, optimizer, state }`:
+    /// every parameter by name, AdamW's moments by name, and a `TrainerState`
+    /// (the step, AdamW's step count, the model's and the trainer's configs,
+    /// `data`). The barrier is for every rank, rank 0 included.
+    ///
+    /// Useful: `self.params.iter()`, `Var::as_tensor`, `self.optimizer.state_tensors()`
+    /// (a `BTreeMap`; the checkpoint holds `HashMap`s), `self.optimizer.steps()`,
+    /// `TrainerState::new`, `self.model.config()`, `Checkpoint::write` (atomic),
+    /// `self.ddp.rank()`, `self.ddp.process_group().barrier()`.
     pub fn save_checkpoint(&self, dir: &Path, data: Option<DataPosition>) -> Result<()> {
         todo!("Exercise 11: Checkpoint save and load; run `cargo xtask hint 11`")
     }
@@ -49,11 +51,15 @@ impl Trainer {
     /// Restores the state written by [`Trainer::save_checkpoint`] from `dir`
     /// and returns the data position it holds.
     ///
-    /// `Checkpoint::read(dir)?`, then `checkpoint.ensure_fits(self.model.config())?`
-    /// to refuse a checkpoint of another model. Copy each parameter in with
-    /// `self.params.get(name)?.set(&tensor)?` (the model shares those tensors),
-    /// restore the optimizer with `self.optimizer.load_state(steps, &tensors, &self.params)`,
-    /// and set `self.step`.
+    /// Refuse a checkpoint of another model before touching anything. Copy each
+    /// saved value into the existing variable (the model shares those tensors,
+    /// so never replace the store), restore AdamW's moments and step count
+    /// together, and the trainer's step.
+    ///
+    /// Useful: `Checkpoint::read`, `checkpoint.ensure_fits(self.model.config())`,
+    /// `checkpoint.params`, `.optimizer` and `.state` (`step`, `optimizer_steps`,
+    /// `data`); `Var::set` (same shape, dtype and device as the variable);
+    /// `self.optimizer.load_state(steps, &tensors, &self.params)`.
     pub fn load_checkpoint(&mut self, dir: &Path) -> Result<Option<DataPosition>> {
         todo!("Exercise 11: Checkpoint save and load; run `cargo xtask hint 11`")
     }

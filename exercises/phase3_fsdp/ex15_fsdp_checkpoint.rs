@@ -55,12 +55,16 @@ impl FsdpTrainer {
     /// Reads a whole checkpoint (written by any number of ranks, or by Phase
     /// 2's trainer) and keeps this rank's shard of it. Returns the data position.
     ///
-    /// Pieces: `Checkpoint::read(dir)?`, `.ensure_fits(self.model_config())?`;
-    /// per unit `i`: `unit.local_range()`, `unit.layout.flatten(&named, unit.device())?`
-    /// (a `HashMap<String, Tensor>` by parameter name → the padded f32 buffer),
-    /// then `self.set_local_state(i, LocalState { .. })?`; moments are zeros
-    /// when the checkpoint's `state.optimizer_steps` is 0. Finish with
-    /// `self.restore_counters(&checkpoint.state)`.
+    /// The moments are keyed `exp_avg.<name>` in the file but looked up by
+    /// parameter name in a layout; a checkpoint written before AdamW's first
+    /// step (`state.optimizer_steps == 0`) holds none, and a fresh AdamW's are zeros.
+    ///
+    /// Pieces: `Checkpoint::read`, `.ensure_fits(self.model_config())`; per unit,
+    /// `.local_range()`, `.device()` and `.layout.flatten(&named, device)` (a
+    /// `HashMap<String, Tensor>` by parameter name → the padded f32 buffer);
+    /// `Tensor::narrow`, `zeros_like`; `self.set_local_state(index, LocalState { .. })`
+    /// (it takes `&mut self`: let go of the unit first) and
+    /// `self.restore_counters(&state)`.
     pub fn load_checkpoint(&mut self, dir: &Path) -> Result<Option<DataPosition>> {
         todo!("Exercise 15: FSDP checkpoint; run `cargo xtask hint 15`")
     }

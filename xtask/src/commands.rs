@@ -7,7 +7,7 @@ use std::io::{IsTerminal, Write};
 use anyhow::{bail, Context, Result};
 
 use crate::grading::{phase_filter, Outcome, TestResult, TestRun, TEST_BINARY};
-use crate::metadata::Exercise;
+use crate::metadata::{Exercise, Hint};
 use crate::progress::{Progress, State, PROGRESS_FILE};
 use crate::render::{self, bold, dim, green, red};
 use crate::stub;
@@ -54,6 +54,7 @@ pub fn list(ws: &Workspace, quick: bool) -> Result<bool> {
     } else {
         grade(ws, &exercises)?.0
     };
+    let progress = Progress::load(&ws.root);
     let title_width = exercises.iter().map(|e| e.title.chars().count()).max().unwrap_or(0);
     let done = |state: &&State| **state == State::Done;
     for phase in &ws.workbook.phases {
@@ -71,7 +72,7 @@ pub fn list(ws: &Workspace, quick: bool) -> Result<bool> {
         );
         println!("  {}", dim(&render::wrap(&phase.summary, 2)));
         for (exercise, state) in in_phase {
-            render::list_row(exercise, state, title_width);
+            render::list_row(exercise, state, progress.hint_tiers(exercise.number), title_width);
         }
     }
     let all_done = states.iter().filter(done).count();
@@ -119,7 +120,9 @@ pub fn check(ws: &Workspace, number: u32) -> Result<bool> {
                 ws.position(exercise)
             );
         }
-        println!("Stuck? `cargo xtask hint {number}` gives a hint and the mistakes these checks catch.");
+        println!(
+            "Stuck? `cargo xtask hint {number}` gives the idea and the mistakes these checks catch; `--more` goes further."
+        );
     }
     Ok(state == State::Done)
 }
@@ -190,12 +193,31 @@ fn check_whole_phase(ws: &Workspace, number: u32, exercises_pass: bool) -> Resul
     Ok(Some(passed == total && total > 0))
 }
 
-/// Prints the hint and the mistakes the tests catch.
-pub fn hint(ws: &Workspace, number: u32) -> Result<bool> {
+/// Prints the hint's tiers read so far (at least the first; with `more`, one
+/// tier further) and the mistakes the tests catch, and records the tiers read.
+pub fn hint(ws: &Workspace, number: u32, more: bool) -> Result<bool> {
     let exercise = ws.workbook.exercise(number)?;
+    let mut progress = Progress::load(&ws.root);
+    let seen = progress.hint_tiers(number);
+    let shown = if more { seen.max(1) + 1 } else { seen.max(1) }.min(Hint::TIERS);
     println!("{}", bold(&format!("Hint for exercise {number}: {}", exercise.title)));
+    for (tier, (heading, text)) in exercise.hint.tiers().into_iter().enumerate().take(shown.into()) {
+        println!();
+        println!("{}", bold(&format!("{heading} ({} of {}):", tier + 1, Hint::TIERS)));
+        println!("{}", render::indented(text.trim(), 2));
+    }
     println!();
-    println!("{}", render::indented(exercise.hint.trim(), 2));
+    match exercise.hint.tiers().get(usize::from(shown)) {
+        Some((next, _)) => println!(
+            "{}",
+            dim(&format!("Try it with this first; `cargo xtask hint {number} --more` shows {}.", next.to_lowercase()))
+        ),
+        None => println!("{}", dim("That was the last tier.")),
+    }
+    if !ws.solutions {
+        progress.read_hint(number, shown);
+        progress.save(&ws.root)?;
+    }
     println!();
     println!("{}", bold("Common mistakes the tests catch:"));
     for mistake in exercise.mistakes.iter().map(|m| &m.text) {

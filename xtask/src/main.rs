@@ -59,10 +59,13 @@ enum Task {
         /// The phase number, e.g. 1.
         phase: u32,
     },
-    /// Show the hint for an exercise and the mistakes its tests catch.
+    /// Show the hint for an exercise (the idea first) and the mistakes its tests catch.
     Hint {
         /// The exercise number, e.g. 5.
         exercise: u32,
+        /// Show the next tier: the pieces after the idea, then the recipe.
+        #[arg(long)]
+        more: bool,
     },
     /// Put an exercise's shipped `todo!` stub back (your code in its functions is lost).
     Reset {
@@ -188,7 +191,7 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
         Task::List { quick } => commands::list(&ws, quick),
         Task::Check { exercise } => commands::check(&ws, exercise),
         Task::CheckPhase { phase } => commands::check_phase(&ws, phase),
-        Task::Hint { exercise } => commands::hint(&ws, exercise),
+        Task::Hint { exercise, more } => commands::hint(&ws, exercise, more),
         Task::Reset { exercise, yes } => commands::reset(&ws, exercise, yes),
         Task::Watch => watch::watch(&ws),
         Task::Verify => verify::verify(&ws),

@@ -13,8 +13,9 @@ use serde::Deserialize;
 pub const INFO_FILE: &str = "exercises/info.toml";
 
 /// The layout of info.toml this tool reads. Version 2 added `format_version`,
-/// `guide_front`, the phases' `overview` and `after`, and an id for each mistake.
-pub const FORMAT_VERSION: u32 = 2;
+/// `guide_front`, the phases' `overview` and `after`, and an id for each mistake;
+/// version 3 split each hint into tiers (`hint.idea`, `hint.pieces`, `hint.recipe`).
+pub const FORMAT_VERSION: u32 = 3;
 
 /// The whole exercise set: phases and exercises, both in file order.
 #[derive(Debug, Deserialize)]
@@ -82,10 +83,33 @@ pub struct Exercise {
     pub read: String,
     pub insight: String,
     pub depends: Vec<u32>,
-    pub hint: String,
+    pub hint: Hint,
     /// The guide chapter, relative to `guide/src`.
     pub chapter: PathBuf,
     pub mistakes: Vec<Mistake>,
+}
+
+/// An exercise's hint in tiers, each shown only once the learner asks for
+/// more than the one before: the idea, then the pieces, then the recipe.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Hint {
+    /// The concept and the approach, in words and math.
+    pub idea: String,
+    /// The building blocks: which calls and types, not yet assembled.
+    pub pieces: String,
+    /// The near-code recipe, step by step.
+    pub recipe: String,
+}
+
+impl Hint {
+    /// How many tiers a hint has.
+    pub const TIERS: u8 = 3;
+
+    /// Each tier with its heading, first tier first.
+    pub fn tiers(&self) -> [(&'static str, &str); Hint::TIERS as usize] {
+        [("The idea", &self.idea), ("The pieces", &self.pieces), ("The recipe", &self.recipe)]
+    }
 }
 
 impl Workbook {
@@ -276,7 +300,7 @@ mod tests {
     /// A one-phase, one-exercise info.toml whose exercise writes `functions`.
     fn minimal(functions: &str) -> String {
         format!(
-            r#"format_version = 2
+            r#"format_version = 3
 guide_front = []
 
 [[phase]]
@@ -296,7 +320,7 @@ difficulty = "d"
 read = "r"
 insight = "i"
 depends = []
-hint = "h"
+hint = {{ idea = "i", pieces = "p", recipe = "r" }}
 chapter = "phase1/01.md"
 mistakes = []
 "#
@@ -316,12 +340,12 @@ mistakes = []
     #[test]
     fn another_format_version_says_which_is_read() {
         for (text, found) in [
-            (minimal("[\"f\"]").replace("format_version = 2", "format_version = 1"), "format_version 1"),
-            (minimal("[\"f\"]").replace("format_version = 2\n", ""), "no format_version"),
+            (minimal("[\"f\"]").replace("format_version = 3", "format_version = 2"), "format_version 2"),
+            (minimal("[\"f\"]").replace("format_version = 3\n", ""), "no format_version"),
         ] {
             let error = Workbook::parse(&text).unwrap_err().to_string();
             assert!(
-                error.starts_with(&format!("it has {found}, and this `cargo xtask` reads format_version 2")),
+                error.starts_with(&format!("it has {found}, and this `cargo xtask` reads format_version 3")),
                 "{error}"
             );
         }

@@ -1,10 +1,12 @@
 //! The learner's last known progress, kept in a small plain-text file.
 //!
-//! `.workbook-progress` at the repository root holds a `format` line and one
-//! line per exercise, e.g. `05 done`. A file without the format line is from
-//! before it existed and reads the same; one from a newer format is ignored. `check`, `next`, `list` and `reset` rewrite it; `list
+//! `.workbook-progress` at the repository root holds a `format` line, one
+//! line per exercise, e.g. `05 done`, and one per exercise whose hint was
+//! read, e.g. `05 hints 2` (tiers seen). A file without the format line is
+//! from before it existed and reads the same; one from a newer format is
+//! ignored. `check`, `next`, `list`, `hint` and `reset` rewrite it; `list
 //! --quick` reads it instead of running the tests. It is only a record:
-//! deleting it loses nothing that the tests cannot tell again.
+//! deleting it loses nothing but the hint tiers seen.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -15,10 +17,10 @@ use anyhow::{Context, Result};
 pub const PROGRESS_FILE: &str = ".workbook-progress";
 
 /// The layout this tool writes (its `format` line).
-const FORMAT: u32 = 2;
+const FORMAT: u32 = 3;
 
 const HEADER: &str = "# Last known state of each exercise, written by `cargo xtask` (check, next, list, reset).\n\
-                      # States: done, failing, not-started, unchecked. Safe to delete.\n";
+                      # States: done, failing, not-started, unchecked; `NN hints K`: K hint tiers read.\n";
 
 /// Where an exercise stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,9 +53,12 @@ impl State {
     }
 }
 
-/// Exercise number to state.
+/// Exercise number to state, and to the hint tiers read.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Progress(BTreeMap<u32, State>);
+pub struct Progress {
+    states: BTreeMap<u32, State>,
+    hints: BTreeMap<u32, u8>,
+}
 
 impl Progress {
     /// Reads the progress file; a missing or garbled file is an empty record.
@@ -68,16 +73,28 @@ impl Progress {
     }
 
     pub fn get(&self, number: u32) -> Option<State> {
-        self.0.get(&number).copied()
+        self.states.get(&number).copied()
     }
 
     pub fn set(&mut self, number: u32, state: State) {
-        self.0.insert(number, state);
+        self.states.insert(number, state);
+    }
+
+    /// How many tiers of exercise `number`'s hint were read (0 when none).
+    pub fn hint_tiers(&self, number: u32) -> u8 {
+        self.hints.get(&number).copied().unwrap_or(0)
+    }
+
+    /// Records that `tiers` tiers of the hint were read; never lowers the count.
+    pub fn read_hint(&mut self, number: u32, tiers: u8) {
+        let seen = self.hints.entry(number).or_insert(0);
+        *seen = (*seen).max(tiers);
     }
 
     /// Drops exercises that no longer exist.
     pub fn retain(&mut self, mut keep: impl FnMut(u32) -> bool) {
-        self.0.retain(|number, _| keep(*number));
+        self.states.retain(|number, _| keep(*number));
+        self.hints.retain(|number, _| keep(*number));
     }
 
     fn parse(text: &str) -> Self {
@@ -85,17 +102,33 @@ impl Progress {
         if format.is_some_and(|format| format > FORMAT) {
             return Self::default(); // written by a newer tool: only a cache, so start afresh
         }
-        let entries = text.lines().filter(|line| !line.starts_with('#')).filter_map(|line| {
-            let (number, word) = line.trim().split_once(' ')?;
-            Some((number.parse().ok()?, State::from_word(word.trim())?))
-        });
-        Self(entries.collect())
+        let mut progress = Self::default();
+        for line in text.lines().filter(|line| !line.starts_with('#')) {
+            let Some((number, rest)) = line.trim().split_once(' ') else { continue };
+            let Ok(number) = number.parse() else { continue };
+            match rest.trim().split_once(' ') {
+                Some(("hints", tiers)) => {
+                    if let Ok(tiers) = tiers.trim().parse() {
+                        progress.read_hint(number, tiers);
+                    }
+                }
+                _ => {
+                    if let Some(state) = State::from_word(rest.trim()) {
+                        progress.set(number, state);
+                    }
+                }
+            }
+        }
+        progress
     }
 
     fn render(&self) -> String {
         let mut text = format!("{HEADER}format {FORMAT}\n");
-        for (number, state) in &self.0 {
+        for (number, state) in &self.states {
             text.push_str(&format!("{number:02} {}\n", state.word()));
+        }
+        for (number, tiers) in &self.hints {
+            text.push_str(&format!("{number:02} hints {tiers}\n"));
         }
         text
     }
@@ -111,8 +144,10 @@ mod tests {
         progress.set(5, State::Failing);
         progress.set(1, State::Done);
         progress.set(12, State::NotStarted);
+        progress.read_hint(5, 2);
+        progress.read_hint(5, 1); // reading the first tier again keeps the count
         let text = progress.render();
-        assert!(text.ends_with("01 done\n05 failing\n12 not-started\n"), "{text}");
+        assert!(text.ends_with("01 done\n05 failing\n12 not-started\n05 hints 2\n"), "{text}");
         assert_eq!(Progress::parse(&text), progress);
     }
 
@@ -128,6 +163,6 @@ mod tests {
     fn reads_files_from_before_the_format_line_and_ignores_newer_ones() {
         assert_eq!(Progress::parse("03 done\n").get(3), Some(State::Done));
         assert_eq!(Progress::parse("format 2\n03 done\n").get(3), Some(State::Done));
-        assert_eq!(Progress::parse("format 3\n03 done\n"), Progress::default());
+        assert_eq!(Progress::parse("format 4\n03 done\n"), Progress::default());
     }
 }

@@ -6,7 +6,7 @@ use std::io::IsTerminal;
 use std::sync::OnceLock;
 
 use crate::grading::{Outcome, TestResult};
-use crate::metadata::{Exercise, Workbook};
+use crate::metadata::{Exercise, Hint, Workbook};
 use crate::progress::State;
 
 /// Column at which wrapped text continues, after a field label.
@@ -111,7 +111,7 @@ pub fn exercise_card(workbook: &Workbook, exercise: &Exercise, position: &str) {
     field("guide", &exercise.chapter_file().display().to_string());
     println!();
     field("test it", &format!("cargo test {}   (or: cargo xtask check {})", exercise.test_module(), exercise.number));
-    field("stuck?", &format!("cargo xtask hint {}", exercise.number));
+    field("stuck?", &format!("cargo xtask hint {}   (the idea; add --more for the next tier)", exercise.number));
 }
 
 fn dependencies(workbook: &Workbook, exercise: &Exercise) -> String {
@@ -130,14 +130,18 @@ fn dependencies(workbook: &Workbook, exercise: &Exercise) -> String {
 }
 
 /// One row of `list`.
-pub fn list_row(exercise: &Exercise, state: State, title_width: usize) {
+pub fn list_row(exercise: &Exercise, state: State, hint_tiers: u8, title_width: usize) {
     let label = match state {
         State::Done => green("done"),
         State::Failing => red("failing"),
         State::NotStarted => dim("not started"),
         State::Unchecked => yellow("edited, not checked yet"),
     };
-    println!("  {:>2}  {:<title_width$}  {label}", exercise.number, exercise.title);
+    let hints = match hint_tiers {
+        0 => String::new(),
+        tiers => dim(&format!("  (hint: {tiers} of {} tiers read)", Hint::TIERS)),
+    };
+    println!("  {:>2}  {:<title_width$}  {label}{hints}", exercise.number, exercise.title);
 }
 
 /// `k/n done`, green when complete.

@@ -152,7 +152,7 @@ fn exercise_entry(ws: &Workspace, index: usize, exercise: &Exercise, tally: &mut
             chapter.display()
         )
     });
-    tally.check(!exercise.hint.trim().is_empty(), || format!("exercise {n}: the hint is empty"));
+    hint_tiers(ws, exercise, tally);
     tally.check(exercise.mistakes.len() >= MIN_MISTAKES, || {
         format!(
             "exercise {n}: {} mistakes listed, at least {MIN_MISTAKES} wanted (each caught by a test)",
@@ -162,6 +162,35 @@ fn exercise_entry(ws: &Workspace, index: usize, exercise: &Exercise, tally: &mut
     mistake_ids(ws, exercise, tally);
     let later: Vec<u32> = exercise.depends.iter().copied().filter(|&d| d == 0 || d >= n).collect();
     tally.check(later.is_empty(), || format!("exercise {n}: depends on {later:?}, which do not come before it"));
+}
+
+/// Every hint tier says something, and the recipe's code stays in the last
+/// tier: no assembled code of it (a backticked span of 20 characters or more
+/// with a call and a `?`, `=` or `;`) appears in the stub or the guide
+/// chapter, which give the idea and the pieces (API names), not the answer.
+fn hint_tiers(ws: &Workspace, exercise: &Exercise, tally: &mut Tally) {
+    let n = exercise.number;
+    for (heading, text) in exercise.hint.tiers() {
+        tally.check(!text.trim().is_empty(), || format!("exercise {n}: the hint's tier \"{heading}\" is empty"));
+    }
+    let code_spans = exercise
+        .hint
+        .recipe
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|span| span.len() >= 20 && span.contains('(') && span.contains(['?', '=', ';']));
+    for span in code_spans {
+        for place in [&exercise.file, &exercise.chapter_file()] {
+            let text = ws.read(place).unwrap_or_default();
+            tally.check(!text.contains(span), || {
+                format!(
+                    "exercise {n}: {} shows `{span}` from the hint's recipe: the answer's code belongs in the last tier only",
+                    place.display()
+                )
+            });
+        }
+    }
 }
 
 /// Each mistake has a well-formed id of its own, and the exercise's tests use
