@@ -31,5 +31,6 @@ use crate::train::ParamGroup;
 /// - `params.iter()` yields `(name, var)` in name order; `var.rank()` is the number of dimensions.
 /// - A [`ParamGroup`] holds the names (as `String`s) and the group's weight decay.
 pub fn param_groups(params: &ParamStore, weight_decay: f64) -> Vec<ParamGroup> {
+    let _ = (&params, &weight_decay);
     todo!("Exercise 8: AdamW parameter groups; run `cargo xtask hint 8`")
 }

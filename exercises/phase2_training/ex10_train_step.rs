@@ -49,6 +49,7 @@ impl Trainer {
     /// - A scalar tensor's value: `to_scalar::<f32>()`; a batch's token count:
     ///   `elem_count()`.
     pub fn train_step(&mut self, micro_batches: &[Tensor]) -> Result<StepStats> {
+        let _ = &micro_batches;
         todo!("Exercise 10: Train step with gradient accumulation; run `cargo xtask hint 10`")
     }
 }

@@ -44,7 +44,8 @@ fn matches_the_reference_at_every_checked_step() {
 fn boundaries(#[case] corner: usize) {
     let s = schedule();
     let (max, min, warmup, end) = (s.max_lr, s.min_lr, s.warmup_steps, s.max_steps);
-    let (step, want) = [(0, max / warmup as f64), (warmup - 1, max), (warmup, max), (end, min), (10 * end, min)][corner];
+    let (step, want) =
+        [(0, max / warmup as f64), (warmup - 1, max), (warmup, max), (end, min), (10 * end, min)][corner];
     let got = get_lr(step, &s);
     assert!(close(got, want), "{}", value_failure(&format!("get_lr({step})"), got, want, None));
 }

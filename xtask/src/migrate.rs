@@ -8,6 +8,10 @@
 //! files (only the paths, never the logic) and says what it changed; the
 //! phase `mod.rs` files that used to sit in `exercises/` are removed.
 //!
+//! The shipped stub now borrows its parameters, so that rustc's warnings
+//! reach the learner's code; an exercise still untouched in the old stub gets
+//! the new one, so it still counts as not started.
+//!
 //! One contract changed: exercise 8 returns the parameter groups instead of
 //! the optimizer. That is logic, which only the learner can rewrite, so the
 //! tool says exactly how for as long as the old function is there.
@@ -16,6 +20,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
+use crate::stub;
 use crate::workspace::Workspace;
 
 /// Items that left `crate::train`, and the module each now lives in.
@@ -36,6 +41,11 @@ pub fn carry_over(ws: &Workspace) -> Result<()> {
     for exercise in &ws.workbook.exercises {
         let path = ws.root.join(&exercise.file);
         let Ok(source) = std::fs::read_to_string(&path) else { continue };
+        let renewed = renew_old_stubs(&source, &exercise.fn_names(), &exercise.stub_line());
+        if renewed != source {
+            std::fs::write(&path, &renewed).with_context(|| format!("cannot write {}", path.display()))?;
+        }
+        let source = renewed;
         let migrated = migrate_source(&source);
         if migrated != source {
             std::fs::write(&path, &migrated).with_context(|| format!("cannot write {}", path.display()))?;
@@ -50,6 +60,20 @@ pub fn carry_over(ws: &Workspace) -> Result<()> {
     remove_old_phase_modules(ws)?;
     explain_changed_contracts(ws);
     Ok(())
+}
+
+/// `source` with the new stub in every function of `names` whose body is
+/// still the old one (only the `todo!` line).
+fn renew_old_stubs(source: &str, names: &[&str], stub_line: &str) -> String {
+    let mut renewed = source.to_string();
+    for name in names {
+        let Ok(location) = stub::locate(&renewed, name) else { continue };
+        if renewed[location.body.clone()] == stub::old_stub_body(&location.indent, stub_line) {
+            let new = stub::stub_body(&location, stub_line);
+            renewed.replace_range(location.body, &new);
+        }
+    }
+    renewed
 }
 
 /// Exercise 8 used to be `build_optimizer(params, config) -> Result<AdamW>`.
@@ -188,6 +212,18 @@ mod tests {
             "use crate::parallel::fsdp::{FsdpTrainer, LocalState};\nuse crate::parallel::ddp::Ddp;\n\
              impl FsdpTrainer {\n    fn f(&self) -> bool { self.counters.optimizer_steps > 0 && self.counters.step > 1 && self.steps_x }\n}\n"
         );
+    }
+
+    #[test]
+    fn an_untouched_old_stub_gets_the_new_one_and_written_code_is_kept() {
+        let line = "todo!(\"Exercise 1: x\")";
+        let old = format!("fn f(x: u8) -> u8 {{\n    {line}\n}}\nfn g(y: u8) -> u8 {{\n    y\n}}\n");
+        let renewed = renew_old_stubs(&old, &["f", "g"], line);
+        assert_eq!(
+            renewed,
+            format!("fn f(x: u8) -> u8 {{\n    let _ = &x;\n    {line}\n}}\nfn g(y: u8) -> u8 {{\n    y\n}}\n")
+        );
+        assert_eq!(renew_old_stubs(&renewed, &["f", "g"], line), renewed, "renewing twice changes nothing");
     }
 
     #[test]

@@ -2,7 +2,10 @@
 //! stubs.
 //!
 //! The shipped stub is not stored anywhere: it is regenerated from the metadata
-//! (the canonical `todo!` line) and written between each function's braces.
+//! (the canonical `todo!` line) and the function's own parameters, and written
+//! between each function's braces. The stub borrows its parameters
+//! (`let _ = (&x, &weight);`) so that rustc's unused-variable warnings stay on
+//! for the learner's code, where they name real bugs, without firing on the stub.
 //! The braces are matched on a copy of the source in which comments and
 //! string/char literals are blanked out, so a `"{"` or a `// }` in the
 //! learner's code cannot confuse the match.
@@ -20,6 +23,8 @@ pub struct FnLocation {
     pub indent: String,
     /// Bytes between the body's `{` and its matching `}`, both excluded.
     pub body: Range<usize>,
+    /// The parameters bound to plain names, in order, `self` and `_`-names left out.
+    pub params: Vec<String>,
 }
 
 /// Finds the one function named `name` in `source`.
@@ -46,12 +51,60 @@ pub fn locate(source: &str, name: &str) -> Result<FnLocation> {
     };
     let line_start = source[..fn_at].rfind('\n').map_or(0, |i| i + 1);
     let indent: String = source[line_start..].chars().take_while(|c| *c == ' ' || *c == '\t').collect();
-    Ok(FnLocation { line: source[..fn_at].matches('\n').count() + 1, indent, body: open + 1..close })
+    let params = param_names(&code[fn_at..open]);
+    Ok(FnLocation { line: source[..fn_at].matches('\n').count() + 1, indent, body: open + 1..close, params })
 }
 
-/// The text between the braces of a function whose body is just `stub_line`.
-pub fn stub_body(indent: &str, stub_line: &str) -> String {
+/// The text between the braces of the shipped stub: a borrow of each
+/// parameter, then `stub_line`.
+pub fn stub_body(location: &FnLocation, stub_line: &str) -> String {
+    let indent = &location.indent;
+    let borrows: Vec<String> = location.params.iter().map(|p| format!("&{p}")).collect();
+    let uses = match &borrows[..] {
+        [] => String::new(),
+        [one] => format!("\n{indent}    let _ = {one};"),
+        many => format!("\n{indent}    let _ = ({});", many.join(", ")),
+    };
+    format!("{uses}\n{indent}    {stub_line}\n{indent}")
+}
+
+/// The stub's body before it borrowed its parameters: just `stub_line`.
+pub fn old_stub_body(indent: &str, stub_line: &str) -> String {
     format!("\n{indent}    {stub_line}\n{indent}")
+}
+
+/// The plain names bound by the parameter list in `signature` (blanked code
+/// from `fn` to the body's `{`).
+fn param_names(signature: &[u8]) -> Vec<String> {
+    let Some(open) = signature.iter().position(|&c| c == b'(') else { return Vec::new() };
+    let mut params = Vec::new();
+    let (mut depth, mut start) = (0i32, open + 1);
+    for (i, &c) in signature.iter().enumerate().skip(open) {
+        match c {
+            b'(' | b'[' | b'<' | b'{' => depth += 1,
+            b'>' if signature[i - 1] == b'-' => {} // the arrow of `Fn(A) -> B`
+            b')' | b']' | b'>' | b'}' => depth -= 1,
+            b',' if depth == 1 => {
+                params.push(start..i);
+                start = i + 1;
+            }
+            _ => {}
+        }
+        if depth == 0 {
+            params.push(start..i);
+            break;
+        }
+    }
+    params
+        .into_iter()
+        .filter_map(|range| {
+            let param = std::str::from_utf8(&signature[range]).ok()?;
+            let (pattern, _) = param.split_once(':')?;
+            let name = pattern.trim().trim_start_matches("mut ").trim();
+            let plain = name.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'_') && !name.is_empty();
+            (plain && !name.starts_with('_')).then(|| name.to_string())
+        })
+        .collect()
 }
 
 /// `source` with the body of every function in `names` replaced by the
@@ -71,7 +124,7 @@ fn reset_one(source: &str, name: &str, stub_line: &str) -> Result<String> {
     let location = locate(source, name)?;
     let mut reset = String::with_capacity(source.len());
     reset.push_str(&source[..location.body.start]);
-    reset.push_str(&stub_body(&location.indent, stub_line));
+    reset.push_str(&stub_body(&location, stub_line));
     reset.push_str(&source[location.body.end..]);
     Ok(reset)
 }
@@ -295,7 +348,7 @@ fn after() {}
     fn reset_replaces_only_the_body() {
         let reset = reset(FREE, &["demo"], STUB).unwrap();
         let expected_fn = format!(
-            "pub fn demo(x: &[f32; 2], f: impl Fn(u8) -> u8) -> Result<String> {{\n    {STUB}\n}}\n\nfn after() {{}}\n"
+            "pub fn demo(x: &[f32; 2], f: impl Fn(u8) -> u8) -> Result<String> {{\n    let _ = (&x, &f);\n    {STUB}\n}}\n\nfn after() {{}}\n"
         );
         assert!(reset.ends_with(&expected_fn), "{reset}");
         assert!(reset.starts_with("//! A module whose docs mention `fn demo() {` on purpose."));
@@ -310,9 +363,21 @@ fn after() {}
         let reset = reset(source, &["forward"], STUB).unwrap();
         assert_eq!(
             reset,
-            format!("impl RmsNorm {{\n    pub fn new() -> Self {{ Self }}\n\n    pub fn forward(\n        &self,\n        x: &Tensor,\n    ) -> Result<Tensor> {{\n        {STUB}\n    }}\n}}\n")
+            format!("impl RmsNorm {{\n    pub fn new() -> Self {{ Self }}\n\n    pub fn forward(\n        &self,\n        x: &Tensor,\n    ) -> Result<Tensor> {{\n        let _ = &x;\n        {STUB}\n    }}\n}}\n")
         );
         assert_eq!(locate(source, "forward").unwrap().line, 4);
+    }
+
+    #[test]
+    fn the_stub_borrows_each_plainly_named_parameter() {
+        let names = |signature: &str| locate(&format!("{signature} {{}}"), "f").unwrap().params;
+        assert_eq!(names("fn f()"), Vec::<String>::new());
+        assert_eq!(names("fn f(&self)"), Vec::<String>::new());
+        assert_eq!(names("fn f(&'a mut self, mut x: u8, _y: u8)"), ["x"]);
+        assert_eq!(names("fn f(m: HashMap<String, (u8, u8)>, g: impl Fn(u8, u8) -> u8, (a, b): (u8, u8))"), ["m", "g"]);
+        assert_eq!(names("fn f<T: Into<u8>>(self, t: T,)"), ["t"]);
+        let shipped = reset("fn f(x: u8) -> u8 {\n    x\n}\n", &["f"], STUB).unwrap();
+        assert_eq!(shipped, format!("fn f(x: u8) -> u8 {{\n    let _ = &x;\n    {STUB}\n}}\n"));
     }
 
     #[test]

@@ -24,6 +24,7 @@ pub fn verify(ws: &Workspace) -> anyhow::Result<bool> {
     metadata(ws, &mut tally);
     solutions_pass(ws, &mut tally);
     stubs_fail(ws, &mut tally);
+    no_warnings(ws, &mut tally);
     guide_builds(ws, &mut tally);
     println!();
     let summary = format!("{} passed, {} failed", tally.passed, tally.failed);
@@ -238,7 +239,8 @@ fn mistake_calls(source: &str) -> Vec<(u32, String)> {
 }
 
 /// The learner's file holds each of the exercise's functions with exactly the
-/// canonical `todo!` body, i.e. `reset` leaves it byte for byte as shipped.
+/// shipped stub body (see `stub::stub_body`), i.e. `reset` leaves it byte for
+/// byte as shipped.
 fn shipped_stub(ws: &Workspace, exercise: &Exercise, tally: &mut Tally) {
     let n = exercise.number;
     let source = match ws.read(&exercise.file) {
@@ -255,11 +257,12 @@ fn shipped_stub(ws: &Workspace, exercise: &Exercise, tally: &mut Tally) {
                 continue;
             }
         };
-        let shipped = source[location.body.clone()] == stub::stub_body(&location.indent, &stub_line);
-        tally.check(shipped, || {
+        let want = stub::stub_body(&location, &stub_line);
+        tally.check(source[location.body.clone()] == want, || {
             format!(
-                "exercise {n}: the body of `{function}` in {file}:{} is not the shipped stub; it must be exactly\n      {stub_line}\n    (`cargo xtask reset {n} --yes` writes it)",
-                location.line
+                "exercise {n}: the body of `{function}` in {file}:{} is not the shipped stub; it must be exactly{}\n    (`cargo xtask reset {n} --yes` writes it)",
+                location.line,
+                want.trim_end().replace('\n', "\n  ")
             )
         });
     }
@@ -358,7 +361,43 @@ fn stubs_fail(ws: &Workspace, tally: &mut Tally) {
     }
 }
 
-/// Part 4: the guide builds, when mdbook is installed.
+/// Part 4: rustc's warnings reach the learner: nothing silences a lint in the
+/// exercise wiring or files, and neither the stubs nor the references warn.
+fn no_warnings(ws: &Workspace, tally: &mut Tally) {
+    tally.section("Warnings stay on (cargo build --lib, stubs and references)");
+    let wiring = ws.read(Path::new("src/exercises.rs")).unwrap_or_default();
+    tally.check(!wiring.contains("allow("), || "src/exercises.rs silences a lint: run `cargo xtask update`".into());
+    for exercise in &ws.workbook.exercises {
+        let files = [Ok(exercise.file.clone()), exercise.solution_file()];
+        for file in files.into_iter().flatten() {
+            let text = ws.read(&file).unwrap_or_default();
+            tally.check(!text.contains("allow("), || {
+                format!("{} silences a lint: the learner must see rustc's warnings", file.display())
+            });
+        }
+    }
+    for solutions in [false, true] {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut command = Command::new(cargo);
+        command.args(["build", "--lib", "--message-format", "short"]).current_dir(&ws.root);
+        if solutions {
+            command.args(["--features", "solutions"]);
+        }
+        let what = if solutions { "the reference solutions" } else { "the shipped stubs" };
+        match command.output() {
+            Err(error) => tally.check(false, || format!("cannot run cargo: {error}")),
+            Ok(output) => {
+                let stderr = String::from_utf8_lossy(&output.stderr);
+                let warnings: Vec<&str> = stderr.lines().filter(|line| line.contains(": warning: ")).collect();
+                tally.check(output.status.success() && warnings.is_empty(), || {
+                    format!("{what} build with warnings or errors:\n{}", indented(&warnings.join("\n"), 6))
+                });
+            }
+        }
+    }
+}
+
+/// Part 5: the guide builds, when mdbook is installed.
 fn guide_builds(ws: &Workspace, tally: &mut Tally) {
     tally.section("Guide builds (mdbook build guide)");
     match Command::new("mdbook").args(["build", "guide"]).current_dir(&ws.root).status() {
