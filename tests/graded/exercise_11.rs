@@ -3,13 +3,13 @@
 
 use candle_core::{DType, Device, Tensor};
 use workbook::data::{DataConfig, DatasetKind, SamplerState, Tokenizer};
-use workbook::distributed::{spawn, ProcessGroup};
+use workbook::distributed::{spawn, Collective, ProcessGroup};
 use workbook::parallel::ddp::Ddp;
 use workbook::train::{DataPosition, Trainer};
 use workbook::{param_specs, GptConfig, ParamStore};
 
 use crate::exercise_10::{micro_batch, model_config, train_config, trainer};
-use crate::support::{bit_equal, fixture, mistake, ok, scratch_dir, Fixture};
+use crate::support::{bit_equal, cause, fixture, mistake, ok, scratch_dir, Fixture};
 
 fn train(t: &mut Trainer, f: &Fixture, step: usize) {
     ok(t.train_step(&[micro_batch(f, step, 0), micro_batch(f, step, 1)]), "Trainer::train_step");
@@ -37,19 +37,92 @@ fn round_trip_restores_every_piece_of_state() {
     let mut fresh = trainer(&f, Ddp::single());
     let restored = ok(fresh.load_checkpoint(&dir), "load_checkpoint");
     assert_same_params(&fresh, &trained, "after loading");
-    assert_eq!(fresh.step, 1, "self.step is {} after loading: {}", fresh.step, mistake(11, "step_not_restored"));
+    assert!(
+        fresh.step == 1,
+        "self.step is {} after loading, the checkpoint's is 1: {}",
+        fresh.step,
+        mistake(11, "step_not_restored")
+    );
     let optimizer_restored = mistake(11, "optimizer_not_restored");
-    assert_eq!(
-        fresh.optimizer.steps(),
-        trained.optimizer.steps(),
-        "AdamW's step count (its bias correction) differs after loading: {optimizer_restored}"
+    let (mine, theirs) = (fresh.optimizer.steps(), trained.optimizer.steps());
+    assert!(
+        mine == theirs,
+        "AdamW's step count (its bias correction) is {mine} after loading, the checkpoint's {theirs}: {optimizer_restored}"
     );
     let (mine, theirs) = (fresh.optimizer.state_tensors(), trained.optimizer.state_tensors());
-    assert_eq!(mine.len(), theirs.len(), "the optimizer's moments differ after loading: {optimizer_restored}");
+    assert!(
+        mine.len() == theirs.len(),
+        "{} optimizer state tensors after loading, {} saved: {optimizer_restored}",
+        mine.len(),
+        theirs.len()
+    );
     for (key, t) in &theirs {
         assert!(bit_equal(&mine[key], t), "optimizer state `{key}` differs after loading: {optimizer_restored}");
     }
-    assert_eq!(restored, Some(position), "load_checkpoint must return the data position it saved");
+    assert!(
+        restored == Some(position),
+        "load_checkpoint returned {restored:?}: it must return the data position it saved"
+    );
+}
+
+/// The trainer's step and AdamW's own count part ways when a step is skipped
+/// (FSDP's fp16 loss scaler skips one on overflow): each is restored from its
+/// own record.
+#[test]
+fn the_step_and_adamws_count_are_restored_separately() {
+    let f = fixture(10);
+    let dir = scratch_dir("ex11-skipped").join("step_000004");
+    let mut trained = trainer(&f, Ddp::single());
+    train(&mut trained, &f, 0);
+    trained.step += 3; // three steps that skipped the optimizer
+    ok(trained.save_checkpoint(&dir, None), "save_checkpoint");
+    let mut fresh = trainer(&f, Ddp::single());
+    ok(fresh.load_checkpoint(&dir), "load_checkpoint");
+    assert!(fresh.step == 4, "self.step is {} after loading, the checkpoint's is 4", fresh.step);
+    let steps = fresh.optimizer.steps();
+    let from_step = (steps == 4).then(|| mistake(11, "optimizer_steps_from_step"));
+    assert!(steps == 1, "AdamW's step count is {steps} after loading, the checkpoint's is 1.{}", cause(from_step));
+}
+
+/// A checkpoint written before the first optimizer step (AdamW has no moments
+/// yet) resumes like a fresh start.
+#[test]
+fn a_checkpoint_from_before_the_first_step_resumes() {
+    let f = fixture(10);
+    let dir = scratch_dir("ex11-step-zero").join("step_000000");
+    let mut uninterrupted = trainer(&f, Ddp::single());
+    train(&mut uninterrupted, &f, 0);
+    train(&mut uninterrupted, &f, 1);
+    ok(trainer(&f, Ddp::single()).save_checkpoint(&dir, None), "save_checkpoint before any step");
+    let mut resumed = trainer(&f, Ddp::single());
+    ok(resumed.load_checkpoint(&dir), "load_checkpoint of a checkpoint from before any step");
+    train(&mut resumed, &f, 0);
+    train(&mut resumed, &f, 1);
+    assert_same_params(&resumed, &uninterrupted, "after resuming from step 0 and training two steps");
+}
+
+/// Every rank, rank 0 included, waits once at a barrier after rank 0 wrote.
+#[test]
+fn every_rank_meets_one_barrier_when_saving() {
+    let f = fixture(10);
+    let root = scratch_dir("ex11-barrier");
+    let barriers = ok(
+        spawn(2, |pg| {
+            let t = trainer(&f, Ddp::new(Box::new(pg)));
+            let before = t.ddp.process_group().stats().calls(Collective::Barrier);
+            t.save_checkpoint(&root.join("step_000000"), None)?;
+            Ok(t.ddp.process_group().stats().calls(Collective::Barrier) - before)
+        }),
+        "two ranks saving",
+    );
+    for (rank, &count) in barriers.iter().enumerate() {
+        let missing = (count == 0).then(|| mistake(11, "no_barrier"));
+        assert!(
+            count == 1,
+            "rank {rank} met {count} barriers in save_checkpoint; every rank meets one, after rank 0 has written.{}",
+            cause(missing)
+        );
+    }
 }
 
 /// Train 2 steps; or train 1, save, load into a fresh trainer, train 1 more. Same bits.
