@@ -8,7 +8,7 @@ use workbook::parallel::ddp::Ddp;
 use workbook::train::{AdamWConfig, CosineSchedule, LrSchedule, OptimizerConfig, StepStats, TrainConfig, Trainer};
 use workbook::{param_specs, GptConfig, ParamStore};
 
-use crate::support::{expect_update_close, fixture, mistake, ok, value_failure, Fixture};
+use crate::support::{cause, expect_update_close, fixture, mistake, ok, value_failure, Fixture};
 
 /// Relative L2 error allowed on a parameter's update over two steps (see `expect_update_close`).
 const UPDATE: f64 = 1e-3;
@@ -216,13 +216,13 @@ fn one_gradient_synchronisation_per_optimizer_step() {
         "two ranks training",
     );
     for (rank, (syncs, all_reduces)) in counts.into_iter().enumerate() {
-        assert_eq!(
-            syncs,
-            2,
-            "rank {rank}: {syncs} gradient synchronisations in 2 optimizer steps of 2 micro-batches: {}",
-            mistake(10, "sync_every_micro_batch")
+        let every_micro_batch = (syncs == 4).then(|| mistake(10, "sync_every_micro_batch"));
+        assert!(
+            syncs == 2,
+            "rank {rank}: {syncs} gradient synchronisations in 2 optimizer steps of 2 micro-batches, expected 2.{}",
+            cause(every_micro_batch)
         );
         // The tiny model's gradients fit one 25 MB bucket.
-        assert_eq!(all_reduces, 2, "rank {rank}: {all_reduces} all-reduces in 2 steps; expected one bucket per step");
+        assert!(all_reduces == 2, "rank {rank}: {all_reduces} all-reduces in 2 steps; expected one bucket per step");
     }
 }

@@ -7,7 +7,7 @@ use rstest::rstest;
 use workbook::parallel::fsdp::{ShardingPlan, ShardingStrategy};
 use workbook::phase3_fsdp::sharding_plan;
 
-use crate::support::mistake;
+use crate::support::{cause, mistake};
 
 pub fn expected(strategy: ShardingStrategy) -> ShardingPlan {
     let (params, grads, optimizer_state, replicate_across_nodes) = match strategy {
@@ -19,16 +19,30 @@ pub fn expected(strategy: ShardingStrategy) -> ShardingPlan {
     ShardingPlan { params, grads, optimizer_state, replicate_across_nodes }
 }
 
-fn diagnose(strategy: ShardingStrategy, got: &ShardingPlan) -> &'static str {
+/// The mistake `got` shows for `strategy`, if it is a known one.
+fn diagnose(strategy: ShardingStrategy, got: &ShardingPlan) -> Option<&'static str> {
     use ShardingStrategy::*;
-    match strategy {
-        ShardGradOp if got.params => mistake(12, "shard_grad_op_shards_params"),
-        NoShard if got.optimizer_state => mistake(12, "no_shard_shards_optimizer"),
-        FullShard | HybridShard if !got.grads => mistake(12, "full_shard_whole_grads"),
-        HybridShard if !got.replicate_across_nodes => mistake(12, "hybrid_not_replicated"),
-        _ if got.replicate_across_nodes => "only HYBRID_SHARD replicates across nodes",
-        _ => "see the table at the top of the exercise file",
-    }
+    let id = match strategy {
+        ShardGradOp if got.params => "shard_grad_op_shards_params",
+        NoShard if got.optimizer_state => "no_shard_shards_optimizer",
+        FullShard | HybridShard if !got.grads => "full_shard_whole_grads",
+        HybridShard if !got.replicate_across_nodes => "hybrid_not_replicated",
+        _ => return None,
+    };
+    Some(mistake(12, id))
+}
+
+/// The fields in which two plans differ, as `field: got x, expected y`.
+fn differences(got: &ShardingPlan, want: &ShardingPlan) -> String {
+    let fields = [
+        ("params", got.params, want.params),
+        ("grads", got.grads, want.grads),
+        ("optimizer_state", got.optimizer_state, want.optimizer_state),
+        ("replicate_across_nodes", got.replicate_across_nodes, want.replicate_across_nodes),
+    ];
+    let differing: Vec<String> =
+        fields.iter().filter(|(_, g, w)| g != w).map(|(f, g, w)| format!("{f}: got {g}, expected {w}")).collect();
+    differing.join("; ")
 }
 
 #[rstest]
@@ -43,5 +57,5 @@ fn each_strategy_shards_what_its_zero_stage_shards(
 ) {
     let got = sharding_plan(strategy);
     let want = expected(strategy);
-    assert!(got == want, "{strategy}: got {got:?}\n expected {want:?}\nLikely cause: {}.", diagnose(strategy, &got));
+    assert!(got == want, "{strategy}: {}.{}", differences(&got, &want), cause(diagnose(strategy, &got)));
 }

@@ -8,9 +8,9 @@ use rstest::rstest;
 use workbook::parallel::fsdp::{MixedPrecisionPolicy, Precision};
 use workbook::phase3_fsdp::mixed_precision_policy;
 
-use crate::support::mistake;
+use crate::support::{cause, mistake};
 
-fn expected(precision: Precision) -> MixedPrecisionPolicy {
+pub fn expected(precision: Precision) -> MixedPrecisionPolicy {
     let dtype = match precision {
         Precision::Fp32 => DType::F32,
         Precision::Bf16 => DType::BF16,
@@ -24,21 +24,37 @@ fn expected(precision: Precision) -> MixedPrecisionPolicy {
     }
 }
 
-fn diagnose(precision: Precision, got: &MixedPrecisionPolicy) -> &'static str {
-    match precision {
-        Precision::Fp16 if !got.loss_scaling => mistake(13, "fp16_unscaled"),
-        Precision::Bf16 if got.loss_scaling => mistake(13, "bf16_scaled"),
-        Precision::Fp32 if got.loss_scaling => "f32 needs no loss scaling",
-        Precision::Bf16 if got.param_dtype == DType::F16 => mistake(13, "bf16_fp16_swapped"),
-        Precision::Fp16 if got.param_dtype == DType::BF16 => mistake(13, "bf16_fp16_swapped"),
-        _ if got.reduce_dtype == DType::F32 && precision != Precision::Fp32 => mistake(13, "reduce_in_f32"),
-        _ => "every dtype of the policy is the precision's own dtype",
+/// The mistake `got` shows for `precision`, if it is a known one.
+fn diagnose(precision: Precision, got: &MixedPrecisionPolicy) -> Option<&'static str> {
+    let id = match precision {
+        Precision::Fp16 if !got.loss_scaling => "fp16_unscaled",
+        Precision::Bf16 if got.loss_scaling => "bf16_scaled",
+        Precision::Bf16 if got.param_dtype == DType::F16 => "bf16_fp16_swapped",
+        Precision::Fp16 if got.param_dtype == DType::BF16 => "bf16_fp16_swapped",
+        _ if got.reduce_dtype == DType::F32 && precision != Precision::Fp32 => "reduce_in_f32",
+        _ => return None,
+    };
+    Some(mistake(13, id))
+}
+
+/// The fields in which two policies differ, as `field: got x, expected y`.
+fn differences(got: &MixedPrecisionPolicy, want: &MixedPrecisionPolicy) -> String {
+    let dtypes = [
+        ("param_dtype", got.param_dtype, want.param_dtype),
+        ("reduce_dtype", got.reduce_dtype, want.reduce_dtype),
+        ("buffer_dtype", got.buffer_dtype, want.buffer_dtype),
+    ];
+    let mut differing: Vec<String> =
+        dtypes.iter().filter(|(_, g, w)| g != w).map(|(f, g, w)| format!("{f}: got {g:?}, expected {w:?}")).collect();
+    if got.loss_scaling != want.loss_scaling {
+        differing.push(format!("loss_scaling: got {}, expected {}", got.loss_scaling, want.loss_scaling));
     }
+    differing.join("; ")
 }
 
 #[rstest]
 fn each_precision_gets_its_policy(#[values(Precision::Fp32, Precision::Bf16, Precision::Fp16)] precision: Precision) {
     let got = mixed_precision_policy(precision);
     let want = expected(precision);
-    assert!(got == want, "{precision}: got {got:?}\n expected {want:?}\nLikely cause: {}.", diagnose(precision, &got));
+    assert!(got == want, "{precision}: {}.{}", differences(&got, &want), cause(diagnose(precision, &got)));
 }

@@ -5,11 +5,11 @@
 use rstest::rstest;
 use workbook::distributed::Collective;
 use workbook::parallel::fsdp::{check_units, Precision, ShardingStrategy, ROOT_UNIT};
-use workbook::phase3_fsdp::wrap_policy;
+use workbook::phase3_fsdp::{sharding_plan, wrap_policy};
 use workbook::GptConfig;
 
 use crate::fsdp_runs::{fsdp_run, model_config, train_config};
-use crate::support::mistake;
+use crate::support::{cause, mistake};
 
 /// Twelve layers: enough for `model.layers.1` to be a prefix of `model.layers.10`.
 fn twelve_layers() -> GptConfig {
@@ -82,10 +82,21 @@ fn collectives_per_step_follow_from_the_units(
     let comm = &trainers[0].ledger().comm;
     let got =
         (comm.calls(Collective::AllGather), comm.calls(Collective::ReduceScatter), comm.calls(Collective::AllReduce));
-    assert_eq!(
-        got,
-        (all_gather, reduce_scatter, all_reduce),
-        "{strategy}, {units} units, {micro_batches} micro-batches: (all-gathers, reduce-scatters, all-reduces) per step. \
-         Likely cause: the wrap policy does not make one unit per block plus the root"
+    let want = (all_gather, reduce_scatter, all_reduce);
+    // The counts follow from the units and the plan: name whichever is off.
+    let units_wrong = check_units(&model_config(), &wrap_policy(&model_config())).is_err();
+    let plan_wrong = sharding_plan(strategy) != crate::exercise_12::expected(strategy);
+    let established = if units_wrong {
+        Some("the wrap policy does not make one unit per block plus the root (see root_first_then_one_unit_per_block)")
+    } else if plan_wrong {
+        Some("sharding_plan (exercise 12) does not give this strategy's plan")
+    } else {
+        None
+    };
+    assert!(
+        got == want,
+        "{strategy}, {units} units, {micro_batches} micro-batches: (all-gathers, reduce-scatters, all-reduces) \
+         per step are {got:?}, expected {want:?}.{}",
+        cause(established)
     );
 }
