@@ -7,9 +7,26 @@
 //! reverse order, with graph, and back-propagated with the surrogate
 //! `(y · grad_y).sum()` — candle's `backward` takes no upstream gradient, and the
 //! gradient of that sum is exactly the vector-Jacobian product we need.
+//!
+//! A module whose weights are made whole only while it runs (FSDP's blocks)
+//! learns through [`Checkpointed`]'s hooks when its forward kept no graph and
+//! when its replay's gradients are ready, so one engine serves both trainers.
 
 use candle_core::backprop::GradStore;
 use candle_core::{Module, Result, Tensor, Var};
+
+/// A module that can run under activation checkpointing, with two hooks for
+/// modules whose weights are gathered on demand; both do nothing by default.
+pub trait Checkpointed: Module + Send + Sync {
+    /// Its forward ran without keeping a graph: weights gathered for it can go.
+    fn after_forward(&self) {}
+
+    /// `grads` are what one replay of this module produced, before they join
+    /// the others: FSDP takes its unit's gradient out and reduce-scatters it.
+    fn after_backward(&self, _grads: &mut GradStore) -> Result<()> {
+        Ok(())
+    }
+}
 
 /// The modules run under activation checkpointing during one forward pass.
 #[derive(Default)]
@@ -18,7 +35,7 @@ pub struct Recompute {
 }
 
 struct Record {
-    module: Box<dyn Module + Send + Sync>,
+    module: Box<dyn Checkpointed>,
     /// The input as the caller passed it, still attached to the graph before it.
     input: Tensor,
     /// The output handed downstream: a leaf, so backward stops (and reports) here.
@@ -33,9 +50,11 @@ impl std::fmt::Debug for Recompute {
 
 impl Recompute {
     /// Runs `module` on `x` without keeping its activations; it is recomputed in backward.
-    pub fn checkpoint<M: Module + Clone + Send + Sync + 'static>(&mut self, module: &M, x: &Tensor) -> Result<Tensor> {
+    pub fn checkpoint<M: Checkpointed + Clone + 'static>(&mut self, module: &M, x: &Tensor) -> Result<Tensor> {
         let y = module.forward(&x.detach())?;
         let output = Var::from_tensor(&y.detach())?;
+        drop(y);
+        module.after_forward();
         let handed_on = output.as_tensor().clone();
         self.records.push(Record { module: Box::new(module.clone()), input: x.clone(), output });
         Ok(handed_on)
@@ -60,7 +79,9 @@ impl Recompute {
             let x = Var::from_tensor(&record.input.detach())?;
             let y = record.module.forward(x.as_tensor())?;
             let mut local = vjp(&y, &grad_y)?;
+            drop(y);
             let grad_x = local.remove(x.as_tensor());
+            record.module.after_backward(&mut local)?;
             grads.extend(local)?;
             // A variable's gradient can still hold graph (e.g. `grad · wᵀ` keeps w):
             // detach it, or pushing it further back would count w's gradient twice.

@@ -30,7 +30,17 @@ impl Gpt {
         let rotary = RotaryCache::new(config.head_dim(), config.max_seq_len, config.rope_theta, &device)?;
         let blocks =
             (0..config.num_layers).map(|layer| Block::new(config, params, layer, &rotary)).collect::<Result<_>>()?;
-        let Outer { embed_tokens, norm, lm_head } = Outer::new(config, params)?;
+        Self::assemble(config, Outer::new(config, params)?, blocks)
+    }
+
+    /// A model from parts built elsewhere: FSDP builds the outer modules on
+    /// its root unit's gathered buffer and the blocks on demand.
+    pub fn assemble(config: &GptConfig, outer: Outer, blocks: Vec<Block>) -> Result<Self> {
+        config.validate()?;
+        if blocks.len() != config.num_layers {
+            bail!("{} blocks for a model of {} layers", blocks.len(), config.num_layers);
+        }
+        let Outer { embed_tokens, norm, lm_head } = outer;
         Ok(Self { config: config.clone(), embed_tokens, blocks, norm, lm_head, activation_checkpointing: false })
     }
 

@@ -15,7 +15,7 @@ mod params;
 mod rope;
 
 pub use attention::CausalSelfAttention;
-pub use block::Block;
+pub use block::{Block, Layers, OnDemand};
 pub use config::GptConfig;
 pub use gpt::{ForwardPass, Gpt, Outer};
 pub use init::{init_params, InitRng};

@@ -22,6 +22,7 @@ mod flat;
 mod ledger;
 mod precision;
 mod shard;
+mod step;
 mod strategy;
 mod trainer;
 mod units;

@@ -1,8 +1,10 @@
-//! The FSDP trainer: the model run unit by unit, with each unit's collectives
-//! around its forward and backward.
+//! The FSDP trainer: the model's own forward and backward, with each unit's
+//! collectives around its part of them.
 //!
-//! candle has no module hooks, so where PyTorch's FSDP hooks into a module's
-//! forward and backward, this trainer drives the units itself:
+//! candle has no module hooks, so the model's blocks carry them: under FSDP a
+//! block is built on demand (`model::OnDemand`, implemented in `step.rs`),
+//! and the trainer runs exercise 7's `Gpt::forward` and the recompute
+//! engine's backward on such blocks:
 //!
 //! ```text
 //! forward:   gather root → embed → for each block: gather, forward, free → norm, head, loss
@@ -21,26 +23,26 @@
 //! head) stays gathered from its forward to the end of its backward, as in
 //! PyTorch, where the root is not resharded after forward.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
-use candle_core::backprop::GradStore;
-use candle_core::{bail, DType, Module, Result, Tensor, Var};
+use candle_core::{bail, Result, Tensor};
 use serde::{Deserialize, Serialize};
 
 use super::comm;
-use super::shard::bytes;
+use super::step::{self, Gathered, ShardedBlock, Step};
 use super::units::check_units;
 use super::{
     FlatLayout, FlatView, LocalState, LossScaler, MemoryLedger, MixedPrecisionPolicy, Precision, ShardedUnit,
     ShardingPlan, ShardingStrategy, StepLedger,
 };
-use crate::autograd::{accumulate, clip_factor, sum_of_squares, vjp};
+use crate::autograd::{clip_factor, sum_of_squares};
 use crate::distributed::ProcessGroup;
 use crate::memory::held_after;
-use crate::model::{Block, GptConfig, Outer, ParamStore, RotaryCache};
+use crate::model::{Block, ForwardPass, Gpt, GptConfig, Outer, ParamStore, RotaryCache};
 use crate::parallel::ddp::broadcast_parameters;
-use crate::phase1_model::next_token_loss;
 use crate::phase2_training::param_groups;
 use crate::phase3_fsdp::{mixed_precision_policy, sharding_plan, wrap_policy};
 use crate::train::{DataPosition, ParamGroup, StepCounters, StepStats, Train, TrainConfig, TrainerState};
@@ -68,13 +70,6 @@ pub struct FsdpTrainer {
     rotary: RotaryCache,
     pg: Box<dyn ProcessGroup>,
     ledger: StepLedger,
-}
-
-/// One block's forward, kept for its backward.
-struct BlockRecord {
-    input: Var,
-    /// The output with its graph, when the block is not recomputed.
-    kept: Option<(Tensor, Var)>,
 }
 
 impl FsdpTrainer {
@@ -240,107 +235,25 @@ impl FsdpTrainer {
         Ok(StepStats { loss: loss_sum / k as f64, grad_norm, lr, tokens })
     }
 
-    /// Forward and backward of one micro-batch, unit by unit; each unit's
-    /// gradient (divided by `k`) goes to its shard. Returns the loss.
+    /// Forward and backward of one micro-batch: the model's own (exercise 7's
+    /// forward, its recompute engine) on blocks that gather their units on
+    /// demand; each unit's gradient (divided by `k`) goes to its shard.
+    /// Returns the loss.
     fn micro_batch(&mut self, batch: &Tensor, k: usize, memory: &mut MemoryLedger) -> Result<f64> {
-        let pg = self.pg.as_ref();
-        let mut gathered = Gathered::default();
-        let root = &self.units[0];
-        let root_flat = root.materialize(pg, &self.policy)?;
-        gathered.add(root, &root_flat, memory);
-        let outer = Outer::new(&self.model_config, &FlatView { flat: root_flat.as_tensor(), layout: &root.layout })?;
-
-        // Activations: what each piece of the forward leaves allocated for
-        // backward, measured around work that runs no collective.
-        let (embedded, mut activations) = held_after(|| outer.embed_tokens.forward(batch));
-        let embedded = embedded?; // (B, T, C), graph to the root's buffer
-        let mut x = embedded.detach();
-        let mut records = Vec::with_capacity(self.model_config.num_layers);
-        for layer in 0..self.model_config.num_layers {
-            let unit = &self.units[layer + 1];
-            let flat = unit.materialize(pg, &self.policy)?;
-            gathered.add(unit, &flat, memory);
-            let block = self.block(layer, &flat)?;
-            let (ran, held) = held_after(|| -> Result<_> {
-                let input = Var::from_tensor(&x)?;
-                let y = block.forward(input.as_tensor())?;
-                Ok((input, y))
-            });
-            let (input, y) = ran?;
-            x = y.detach();
-            let kept = match self.recomputes_blocks() {
-                true => {
-                    activations = activations.map(|a| a + bytes(input.as_tensor())); // only the input stays
-                    gathered.remove(unit, &flat);
-                    None
-                }
-                false => {
-                    activations = activations.zip(held).map(|(a, h)| a + h);
-                    Some((y, flat))
-                }
-            };
-            records.push(BlockRecord { input, kept });
-        }
-        let (head, held) = held_after(|| -> Result<_> {
-            let last = Var::from_tensor(&x)?;
-            let logits = outer.lm_head.forward(&outer.norm.forward(last.as_tensor())?)?;
-            let loss = next_token_loss(&logits, batch)?;
-            Ok((last, loss))
-        });
-        let (last, loss) = head?;
-        activations = activations.zip(held).map(|(a, h)| a + h);
-        memory.activations_peak = memory.activations_peak.max(activations);
-        let loss_value = loss.to_scalar::<f32>()? as f64;
-
+        let recompute = self.recomputes_blocks();
         let loss_scale = self.scaler.map_or(1.0, |s| s.scale);
-        let mut root_grads = match loss_scale {
-            1.0 => loss.backward()?,
-            scale => (&loss * scale)?.backward()?,
+        let step = Step {
+            units: RefCell::new(&mut self.units),
+            pg: self.pg.as_ref(),
+            policy: &self.policy,
+            plan: &self.plan,
+            model_config: &self.model_config,
+            rotary: &self.rotary,
+            micro_batches: k,
+            memory: RefCell::new(memory),
+            gathered: Gathered::default(),
         };
-        let mut grad_x = take(&mut root_grads, last.as_tensor(), "the last block's output")?;
-        for (layer, record) in records.into_iter().enumerate().rev() {
-            let unit = &self.units[layer + 1];
-            let (y, flat) = match record.kept {
-                Some(kept) => kept,
-                None => {
-                    let flat = unit.materialize(pg, &self.policy)?;
-                    gathered.add(unit, &flat, memory);
-                    (self.block(layer, &flat)?.forward(record.input.as_tensor())?, flat)
-                }
-            };
-            let mut local = vjp(&y, &grad_x)?;
-            grad_x = take(&mut local, record.input.as_tensor(), "a block's input")?;
-            let grad = take(&mut local, flat.as_tensor(), "a block's parameters")?;
-            drop((y, local));
-            gathered.remove(unit, &flat);
-            drop(flat);
-            let grad = self.for_reduction(grad, k)?;
-            self.units[layer + 1].add_grad(grad, pg, &self.plan)?;
-            memory.grads = memory.grads.max(self.units.iter().map(ShardedUnit::grad_bytes).sum());
-        }
-        let embedding_grads = vjp(&embedded, &grad_x)?;
-        let root_flat_grad = embedding_grads.get(root_flat.as_tensor()).cloned();
-        if let Some(g) = root_flat_grad {
-            accumulate(&mut root_grads, root_flat.as_tensor(), g.detach())?;
-        }
-        let grad = take(&mut root_grads, root_flat.as_tensor(), "the root's parameters")?;
-        let grad = self.for_reduction(grad, k)?;
-        self.units[0].add_grad(grad, pg, &self.plan)?;
-        Ok(loss_value)
-    }
-
-    /// Block `layer` built on views of its unit's buffer.
-    fn block(&self, layer: usize, flat: &Var) -> Result<Block> {
-        let view = FlatView { flat: flat.as_tensor(), layout: &self.units[layer + 1].layout };
-        Block::new(&self.model_config, &view, layer, &self.rotary)
-    }
-
-    /// A unit's raw gradient, divided by the micro-batch count as exercise 10
-    /// does, in the reduce dtype.
-    fn for_reduction(&self, grad: Tensor, k: usize) -> Result<Tensor> {
-        let grad = grad.detach().to_dtype(DType::F32)?;
-        let grad = if k == 1 { grad } else { (grad * (1.0 / k as f64))? };
-        grad.to_dtype(self.policy.reduce_dtype)
+        step::within(&step, || forward_and_backward(&step, batch, recompute, loss_scale))
     }
 
     /// The L2 norm of the whole model's gradient, from every rank's local part.
@@ -354,32 +267,44 @@ impl FsdpTrainer {
     }
 }
 
-/// Bytes of gathered unit buffers alive now; the peak goes to the ledger.
-#[derive(Default)]
-struct Gathered {
-    now: u64,
-}
-
-impl Gathered {
-    fn add(&mut self, unit: &ShardedUnit, flat: &Var, memory: &mut MemoryLedger) {
-        if unit.gathers() {
-            self.now += bytes(flat.as_tensor());
-            memory.gathered_peak = memory.gathered_peak.max(self.now);
-        }
+/// The model's forward and backward in one FSDP step: the root unit gathered
+/// for the embedding, final norm and head, the blocks gathered by their own
+/// hooks. Units whose forward kept its graph are still gathered after the
+/// backward; their gradients are reduced then, last block first, the root last.
+fn forward_and_backward(step: &Step<'_>, batch: &Tensor, recompute: bool, loss_scale: f64) -> Result<f64> {
+    let root = step.gather(0)?;
+    let model = {
+        let units = step.units.borrow();
+        let outer = Outer::new(step.model_config, &FlatView { flat: root.as_tensor(), layout: &units[0].layout })?;
+        let blocks =
+            (0..step.model_config.num_layers).map(|layer| Block::on_demand(Arc::new(ShardedBlock { layer }))).collect();
+        Gpt::assemble(step.model_config, outer, blocks)?.with_activation_checkpointing(recompute)
+    };
+    drop(root);
+    // Activations: what the forward leaves allocated for its backward, less the
+    // gathered buffers its kept graph holds (the ledger counts those apart).
+    let gathered_before = step.gathered_bytes();
+    let (pass, held) = held_after(|| model.forward(batch, Some(batch)));
+    let pass = pass?;
+    let kept = step.gathered_bytes() - gathered_before;
+    {
+        let mut memory = step.memory.borrow_mut();
+        memory.activations_peak = memory.activations_peak.max(held.map(|h| h.saturating_sub(kept)));
     }
-
-    fn remove(&mut self, unit: &ShardedUnit, flat: &Var) {
-        if unit.gathers() {
-            self.now -= bytes(flat.as_tensor());
-        }
+    let Some(loss) = pass.loss.clone() else {
+        bail!("Gpt::forward with labels returned no loss");
+    };
+    let loss_value = loss.to_scalar::<f32>()? as f64;
+    let pass = match loss_scale {
+        1.0 => pass,
+        scale => ForwardPass { loss: Some((loss * scale)?), ..pass },
+    };
+    let mut grads = pass.backward()?;
+    drop((pass, model));
+    for unit in step.still_gathered() {
+        step.reduce_gradient(unit, &mut grads)?;
     }
-}
-
-fn take(grads: &mut GradStore, tensor: &Tensor, what: &str) -> Result<Tensor> {
-    match grads.remove(tensor) {
-        Some(g) => Ok(g.detach()),
-        None => bail!("no gradient reached {what}: the loss does not depend on it"),
-    }
+    Ok(loss_value)
 }
 
 /// The loop's view of the sharded trainer: its checkpoints are exercise 15.
