@@ -19,6 +19,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use candle_core::{bail, Device, Result, Tensor};
 use serde::{Deserialize, Serialize};
@@ -93,7 +94,10 @@ impl Checkpoint {
         };
         fs::create_dir_all(&parent).map_err(|e| io_path("create", &parent, e))?;
         let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let staging = parent.join(format!(".{name}.partial-{}", std::process::id()));
+        // Unique per writer, even for two threads of one process (ranks as threads).
+        static WRITES: AtomicU64 = AtomicU64::new(0);
+        let writer = WRITES.fetch_add(1, Ordering::Relaxed);
+        let staging = parent.join(format!(".{name}.partial-{}-{writer}", std::process::id()));
         if staging.exists() {
             fs::remove_dir_all(&staging).map_err(|e| io_path("remove", &staging, e))?;
         }

@@ -204,8 +204,31 @@ fn refuses_a_checkpoint_of_another_model() {
         }
         Err(e) => e.to_string(),
     };
+    // A shape error means the copy began before anything compared the models.
+    let copied_first = err.contains("shape mismatch");
     assert!(
         err.contains("different model"),
-        "the error should say the checkpoint belongs to a different model, got: {err}"
+        "the error should say the checkpoint belongs to a different model, got: {err}{}",
+        cause(copied_first.then(|| mistake(11, "no_fit_check")))
+    );
+}
+
+/// Same shapes, another model: a norm eps of its own. Only a check of the
+/// configs tells them apart.
+#[test]
+fn refuses_a_checkpoint_of_a_model_with_the_same_shapes() {
+    let f = fixture(10);
+    let dir = scratch_dir("ex11-same-shapes").join("step_000000");
+    ok(trainer(&f, Ddp::single()).save_checkpoint(&dir, None), "save_checkpoint");
+    let other_eps = GptConfig { norm_eps: 3e-5, ..model_config(&f) };
+    let params = ParamStore::from_tensors(
+        param_specs(&other_eps).into_iter().map(|s| (s.name, Tensor::ones(s.shape, DType::F32, &Device::Cpu).unwrap())),
+    )
+    .unwrap();
+    let mut other = ok(Trainer::new(&other_eps, params, train_config(&f), Ddp::single()), "Trainer::new");
+    assert!(
+        other.load_checkpoint(&dir).is_err(),
+        "a checkpoint of a model with norm_eps 1e-5 loaded into one with 3e-5, the same shapes: {}",
+        mistake(11, "no_fit_check")
     );
 }

@@ -7,13 +7,13 @@ use std::time::Duration;
 
 use candle_core::{Result, Tensor};
 use rstest::rstest;
-use workbook::distributed::{spawn, spawn_with_timeout};
+use workbook::distributed::{spawn, spawn_with_timeout, Collective};
 use workbook::parallel::ddp::Ddp;
 use workbook::parallel::fsdp::{FsdpConfig, FsdpTrainer, Precision, ShardingStrategy};
 use workbook::train::{Checkpoint, Trainer};
 
 use crate::fsdp_runs::{fsdp_step, fsdp_trainer, gather_params, model_config, single_process_trainer, train_config};
-use crate::support::{bit_equal, cause, mistake, ok, scratch_dir};
+use crate::support::{bit_equal, cause, explain_error, mistake, ok, scratch_dir};
 
 const FULL: FsdpConfig = FsdpConfig { sharding: ShardingStrategy::FullShard, precision: Precision::Fp32 };
 
@@ -86,15 +86,35 @@ fn two_ranks_save_the_gathered_whole(
 ) {
     let dir = scratch_dir(&format!("ex15-two-ranks-{sharding}"));
     let fsdp = FsdpConfig { sharding, precision: Precision::Fp32 };
-    let gathered = ok(
+    // Each rank reports its save's outcome and the all-gathers it issued while saving.
+    let ranks = ok(
         spawn_with_timeout(2, Duration::from_secs(20), |pg| {
             let trainer = trained(pg, fsdp, 2);
             let whole = gather_params(&trainer);
-            trainer.save_checkpoint(&dir, None)?;
-            Ok(whole)
+            let before = trainer.process_group().stats().calls(Collective::AllGather);
+            let saved = trainer.save_checkpoint(&dir, None).map_err(|e| explain_error(&e));
+            let gathers = trainer.process_group().stats().calls(Collective::AllGather) - before;
+            Ok((whole, saved, gathers))
         }),
-        &format!("two FSDP ranks saving (if this timed out: {})", mistake(15, "only_rank_0_gathers")),
+        "two FSDP ranks saving",
     );
+    let gathers: Vec<u64> = ranks.iter().map(|(_, _, gathers)| *gathers).collect();
+    if let Some((rank, error)) =
+        ranks.iter().enumerate().find_map(|(r, (_, saved, _))| Some((r, saved.as_ref().err()?)))
+    {
+        let sharded = sharding != ShardingStrategy::NoShard;
+        let established = match (gathers[0], gathers[1]) {
+            (0, 0) if sharded => Some(mistake(15, "local_shard_saved")),
+            (a, 0) if a > 0 => Some(mistake(15, "only_rank_0_gathers")),
+            _ => None,
+        };
+        panic!(
+            "{sharding}: rank {rank}'s save_checkpoint returned an error:\n  {error}\n  all-gathers while saving, \
+             rank by rank: {gathers:?}.{}",
+            cause(established)
+        );
+    }
+    let gathered: Vec<_> = ranks.into_iter().map(|(whole, _, _)| whole).collect();
     let checkpoint = read(&dir);
     for (name, want) in &gathered[0] {
         let Some(got) = checkpoint.params.get(name) else { panic!("the checkpoint has no `{name}`") };
