@@ -12,6 +12,7 @@ mod estimate;
 mod grading;
 mod metadata;
 mod migrate;
+mod planted;
 mod progress;
 mod registry;
 mod render;
@@ -185,6 +186,9 @@ fn main() -> ExitCode {
 /// Runs one task; `Ok(false)` means it ran but something did not pass.
 fn run(cli: Cli) -> anyhow::Result<bool> {
     let ws = Workspace::open(cli.solutions)?;
+    for file in planted::restore(&ws.root)? {
+        println!("{}: put back; an interrupted `cargo xtask verify` had left a planted mistake in it", file.display());
+    }
     migrate::carry_over(&ws)?;
     match cli.command {
         Task::Next => commands::next(&ws).map(|_| true),

@@ -12,6 +12,7 @@ use std::process::Command;
 
 use crate::grading::{graded_exercise, phase_check, Outcome, Runner, TestRun, TEST_BINARY};
 use crate::metadata::{self, Exercise};
+use crate::planted;
 use crate::registry;
 use crate::render::{bold, green, indented, red};
 use crate::stub;
@@ -24,6 +25,7 @@ pub fn verify(ws: &Workspace) -> anyhow::Result<bool> {
     metadata(ws, &mut tally);
     solutions_pass(ws, &mut tally);
     stubs_fail(ws, &mut tally);
+    planted_mistakes(ws, &mut tally);
     no_warnings(ws, &mut tally);
     guide_builds(ws, &mut tally);
     println!();
@@ -92,9 +94,10 @@ fn metadata(ws: &Workspace, tally: &mut Tally) {
 }
 
 /// `exercises/` holds the learner's files and info.toml, `solutions/` the same
-/// files with bodies: anything else there is a leftover.
+/// files with bodies and the planted mistakes: anything else is a leftover.
 fn only_exercise_files(ws: &Workspace, tally: &mut Tally) {
-    let mut expected: BTreeSet<PathBuf> = [PathBuf::from(metadata::INFO_FILE)].into();
+    let mut expected: BTreeSet<PathBuf> =
+        [PathBuf::from(metadata::INFO_FILE), PathBuf::from(planted::PLANTS_FILE)].into();
     for exercise in &ws.workbook.exercises {
         expected.insert(exercise.file.clone());
         expected.extend(exercise.solution_file().ok());
@@ -361,7 +364,56 @@ fn stubs_fail(ws: &Workspace, tally: &mut Tally) {
     }
 }
 
-/// Part 4: rustc's warnings reach the learner: nothing silences a lint in the
+/// Part 4: every mistake that no fixture output stands for, planted in the
+/// reference solution, fails a test of its exercise that names it, and no
+/// failure blames another of the exercise's mistakes.
+fn planted_mistakes(ws: &Workspace, tally: &mut Tally) {
+    tally.section(&format!("Planted mistakes are caught by name ({})", planted::PLANTS_FILE));
+    let plants = match planted::load(&ws.root) {
+        Ok(plants) => plants,
+        Err(error) => return tally.check(false, || format!("{error:#}")),
+    };
+    for exercise in &ws.workbook.exercises {
+        let outputs = planted::fixture_outputs(&ws.root, exercise.number);
+        for mistake in exercise.mistakes.iter().filter(|m| !planted::has_fixture_output(&outputs, &m.id)) {
+            let count = plants.iter().filter(|p| p.exercise == exercise.number && p.mistake == mistake.id).count();
+            tally.check(count == 1, || {
+                format!(
+                    "exercise {}: mistake `{}` has no fixture output and {count} plants in {}; it needs one",
+                    exercise.number,
+                    mistake.id,
+                    planted::PLANTS_FILE
+                )
+            });
+        }
+    }
+    let builds = planted::builds(&ws.workbook, &plants);
+    println!("  {} plants in {} builds", plants.len(), builds.len());
+    for build in builds {
+        let exercises: Vec<&Exercise> = match build.iter().map(|p| ws.workbook.exercise(p.exercise)).collect() {
+            Ok(exercises) => exercises,
+            Err(error) => {
+                tally.check(false, || format!("{PLANTS_FILE}: {error:#}", PLANTS_FILE = planted::PLANTS_FILE));
+                continue;
+            }
+        };
+        let filters: Vec<String> = exercises.iter().map(|e| e.test_filter()).collect();
+        let run = planted::Planted::write(ws, &build).and_then(|planted| {
+            let run = Runner { root: ws.root.clone(), solutions: true }.run(&filters);
+            drop(planted);
+            run
+        });
+        for (plant, exercise) in build.iter().zip(&exercises) {
+            let problems = match &run {
+                Ok(run) => planted::judge(exercise, plant, run),
+                Err(error) => vec![format!("planting `{}` in exercise {}: {error:#}", plant.mistake, plant.exercise)],
+            };
+            tally.check(problems.is_empty(), || problems.join("\n  "));
+        }
+    }
+}
+
+/// Part 5: rustc's warnings reach the learner: nothing silences a lint in the
 /// exercise wiring or files, and neither the stubs nor the references warn.
 fn no_warnings(ws: &Workspace, tally: &mut Tally) {
     tally.section("Warnings stay on (cargo build --lib, stubs and references)");
@@ -397,7 +449,7 @@ fn no_warnings(ws: &Workspace, tally: &mut Tally) {
     }
 }
 
-/// Part 5: the guide builds, when mdbook is installed.
+/// Part 6: the guide builds, when mdbook is installed.
 fn guide_builds(ws: &Workspace, tally: &mut Tally) {
     tally.section("Guide builds (mdbook build guide)");
     match Command::new("mdbook").args(["build", "guide"]).current_dir(&ws.root).status() {

@@ -1,0 +1,314 @@
+//! Planted mistakes: the typical mistakes that no fixture output stands for,
+//! committed on purpose in the reference solutions, to prove that a test
+//! catches each one by name and that no test blames another.
+//!
+//! A mistake with a fixture output (`mistake_<id>` in `tests/fixtures/`) is
+//! named exactly when a learner's output equals that output, so the fixture
+//! itself is the proof. The others (a missing barrier, clipping before the
+//! average, a typed-in default) are behaviours: `solutions/mistakes.toml`
+//! plants each as a small edit of its exercise's reference solution, and
+//! `verify` builds the solutions with the edit and runs the exercise's tests.
+//!
+//! Plants of independent exercises (neither calls the other's code, per
+//! `depends`) share a build. The original files are copied aside before a
+//! plant is written, and put back after its run, or by the next `cargo
+//! xtask` command if the run was interrupted.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+
+use crate::grading::{Outcome, TestRun};
+use crate::metadata::{Exercise, Workbook};
+use crate::workspace::Workspace;
+
+/// Where the plants are listed, relative to the repository root.
+pub const PLANTS_FILE: &str = "solutions/mistakes.toml";
+
+/// Where the original solution files wait while a plant is in place.
+const ORIGINALS: &str = "target/planted-originals";
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PlantsFile {
+    plant: Vec<Plant>,
+}
+
+/// One mistake written into a reference solution.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Plant {
+    pub exercise: u32,
+    /// Its id in info.toml.
+    pub mistake: String,
+    /// `[old, new]` pairs applied in order; each `old` occurs exactly once.
+    pub edits: Vec<(String, String)>,
+}
+
+/// Reads the plants.
+pub fn load(root: &Path) -> Result<Vec<Plant>> {
+    let path = root.join(PLANTS_FILE);
+    let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    Ok(toml::from_str::<PlantsFile>(&text).with_context(|| format!("{PLANTS_FILE} is not valid"))?.plant)
+}
+
+/// `source` with the plant's edits applied.
+pub fn apply(plant: &Plant, source: &str) -> Result<String> {
+    let mut planted = source.to_string();
+    for (old, new) in &plant.edits {
+        match planted.matches(old.as_str()).count() {
+            1 => planted = planted.replacen(old.as_str(), new, 1),
+            found => bail!(
+                "planting `{}` in exercise {}: {old:?} occurs {found} times in the solution, not once",
+                plant.mistake,
+                plant.exercise
+            ),
+        }
+    }
+    Ok(planted)
+}
+
+/// The mistake outputs exercise `number`'s fixture holds: each `mistake_<rest>`
+/// tensor's `<rest>`.
+pub fn fixture_outputs(root: &Path, number: u32) -> Vec<String> {
+    let path = root.join(format!("tests/fixtures/exercise_{number:02}.safetensors"));
+    let names = tensor_names(&path).unwrap_or_default();
+    names.into_iter().filter_map(|name| name.strip_prefix("mistake_").map(str::to_string)).collect()
+}
+
+/// Whether mistake `id` has one of `outputs` (see [`fixture_outputs`]):
+/// `mistake_<id>`, `mistake_<id>_<what>` or `mistake_<id>.<name>`.
+pub fn has_fixture_output(outputs: &[String], id: &str) -> bool {
+    outputs
+        .iter()
+        .any(|rest| rest.strip_prefix(id).is_some_and(|after| after.is_empty() || after.starts_with(['_', '.'])))
+}
+
+/// The tensor names in a safetensors file's header (8 bytes of length, then JSON).
+fn tensor_names(path: &Path) -> Result<Vec<String>> {
+    let bytes = std::fs::read(path)?;
+    let Some(len) = bytes.get(..8) else { bail!("{} is too short", path.display()) };
+    let len = u64::from_le_bytes(len.try_into()?) as usize;
+    let Some(header) = bytes.get(8..8 + len) else { bail!("{} has a truncated header", path.display()) };
+    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(header)?;
+    Ok(header.into_iter().map(|(key, _)| key).filter(|key| key != "__metadata__").collect())
+}
+
+/// Groups of plants that can share one build: at most one plant per
+/// exercise, and no exercise in a group calls another's code.
+pub fn builds<'a>(workbook: &Workbook, plants: &'a [Plant]) -> Vec<Vec<&'a Plant>> {
+    let mut builds: Vec<Vec<&Plant>> = Vec::new();
+    for plant in plants {
+        let fits = |build: &Vec<&Plant>| {
+            build.iter().all(|other| {
+                other.exercise != plant.exercise
+                    && !calls(workbook, other.exercise, plant.exercise)
+                    && !calls(workbook, plant.exercise, other.exercise)
+            })
+        };
+        match builds.iter_mut().find(|build| fits(build)) {
+            Some(build) => build.push(plant),
+            None => builds.push(vec![plant]),
+        }
+    }
+    builds
+}
+
+/// Whether exercise `from` calls exercise `to`'s code, directly or not.
+fn calls(workbook: &Workbook, from: u32, to: u32) -> bool {
+    let mut pending = vec![from];
+    let mut seen = BTreeSet::new();
+    while let Some(n) = pending.pop() {
+        let Ok(exercise) = workbook.exercise(n) else { continue };
+        for &d in &exercise.depends {
+            if d == to {
+                return true;
+            }
+            if seen.insert(d) {
+                pending.push(d);
+            }
+        }
+    }
+    false
+}
+
+/// What went wrong with one plant in a run, if anything.
+pub fn judge(exercise: &Exercise, plant: &Plant, run: &TestRun) -> Vec<String> {
+    let Some(text) = exercise.mistakes.iter().find(|m| m.id == plant.mistake).map(|m| m.text.as_str()) else {
+        return vec![format!("exercise {} lists no mistake `{}`", exercise.number, plant.mistake)];
+    };
+    let filter = exercise.test_filter();
+    let failures: Vec<(&str, &str)> = run
+        .under(&filter)
+        .filter(|r| r.outcome == Outcome::Failed)
+        .map(|r| (r.name.as_str(), r.message.as_deref().unwrap_or("")))
+        .collect();
+    let mut problems = Vec::new();
+    if failures.is_empty() {
+        problems.push(format!("planted `{}`: every test of exercise {} passes", plant.mistake, exercise.number));
+    } else if !failures.iter().any(|(_, message)| message.contains(text)) {
+        problems.push(format!(
+            "planted `{}`: no failure names it; {} says:\n{}",
+            plant.mistake,
+            failures[0].0,
+            crate::render::indented(failures[0].1, 6)
+        ));
+    }
+    for other in exercise.mistakes.iter().filter(|m| m.id != plant.mistake) {
+        if let Some((name, _)) = failures.iter().find(|(_, message)| message.contains(&other.text)) {
+            problems.push(format!("planted `{}`: {name} blames another mistake, `{}`", plant.mistake, other.id));
+        }
+    }
+    problems
+}
+
+/// The solution files of one build with their plants in place; dropping it
+/// puts the originals back.
+pub struct Planted {
+    root: PathBuf,
+    files: Vec<PathBuf>,
+}
+
+impl Planted {
+    /// Writes each plant into its exercise's solution file, the original
+    /// copied aside first.
+    pub fn write(ws: &Workspace, plants: &[&Plant]) -> Result<Self> {
+        let mut planted = Self { root: ws.root.clone(), files: Vec::new() };
+        let mut sources: BTreeMap<PathBuf, String> = BTreeMap::new();
+        for plant in plants {
+            let file = ws.workbook.exercise(plant.exercise)?.solution_file()?;
+            let source = match sources.remove(&file) {
+                Some(source) => source,
+                None => ws.read(&file)?,
+            };
+            sources.insert(file, apply(plant, &source)?);
+        }
+        for (file, source) in sources {
+            let aside = ws.root.join(ORIGINALS).join(&file);
+            std::fs::create_dir_all(aside.parent().expect("a file has a parent"))?;
+            std::fs::copy(ws.root.join(&file), &aside)
+                .with_context(|| format!("cannot copy {} aside", file.display()))?;
+            planted.files.push(file.clone());
+            std::fs::write(ws.root.join(&file), source).with_context(|| format!("cannot write {}", file.display()))?;
+        }
+        Ok(planted)
+    }
+}
+
+impl Drop for Planted {
+    fn drop(&mut self) {
+        if let Err(error) = restore(&self.root) {
+            eprintln!("cannot put the reference solutions back: {error:#}");
+        }
+    }
+}
+
+/// Puts back every original a plant displaced; says so when a run was
+/// interrupted. Returns the files restored.
+pub fn restore(root: &Path) -> Result<Vec<PathBuf>> {
+    let aside = root.join(ORIGINALS);
+    let mut restored = Vec::new();
+    for file in crate::verify::files_under(&aside, Path::new("")) {
+        std::fs::copy(aside.join(&file), root.join(&file))
+            .with_context(|| format!("cannot restore {} from {}", file.display(), aside.display()))?;
+        restored.push(file);
+    }
+    if aside.exists() {
+        std::fs::remove_dir_all(&aside).with_context(|| format!("cannot remove {}", aside.display()))?;
+    }
+    Ok(restored)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::grading::TestResult;
+
+    fn plant(exercise: u32, mistake: &str, edits: &[(&str, &str)]) -> Plant {
+        let edits = edits.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
+        Plant { exercise, mistake: mistake.to_string(), edits }
+    }
+
+    /// Exercises 1 and 2 on their own, 3 calling 2's code.
+    fn workbook() -> Workbook {
+        let exercise = |n: u32, depends: &str| {
+            format!(
+                "[[exercise]]\nnumber = {n}\ntitle = \"e{n}\"\nphase = 1\nfile = \"exercises/phase1_x/ex0{n}_e.rs\"\n\
+                 functions = [\"f{n}\"]\nconcept = \"c\"\ndifficulty = \"d\"\nread = \"r\"\ninsight = \"i\"\n\
+                 depends = {depends}\nhint = {{ idea = \"i\", pieces = \"p\", recipe = \"r\" }}\n\
+                 chapter = \"phase1/0{n}.md\"\nmistakes = [{{ id = \"typo\", text = \"a typo\" }}, \
+                 {{ id = \"slip\", text = \"a slip\" }}]\n"
+            )
+        };
+        let text = format!(
+            "format_version = 3\nguide_front = []\n[[phase]]\nnumber = 1\ntitle = \"t\"\nsummary = \"s\"\n\
+             overview = {{ title = \"o\", chapter = \"phase1/index.md\" }}\n{}{}{}",
+            exercise(1, "[]"),
+            exercise(2, "[]"),
+            exercise(3, "[2]")
+        );
+        Workbook::parse(&text).unwrap()
+    }
+
+    #[test]
+    fn edits_apply_in_order_and_each_must_match_once() {
+        let p = plant(1, "typo", &[("a + b", "a - b"), ("- b", "- c")]);
+        assert_eq!(apply(&p, "x = a + b;").unwrap(), "x = a - c;");
+        let twice = apply(&p, "a + b; a + b").unwrap_err().to_string();
+        assert!(twice.contains("occurs 2 times"), "{twice}");
+        assert!(apply(&p, "nothing here").is_err());
+    }
+
+    #[test]
+    fn a_fixture_output_is_the_id_alone_or_followed_by_what_it_is() {
+        let outputs = ["decay_all.lm_head.weight", "not_divided_grad_norm", "no_mask"].map(String::from);
+        for id in ["decay_all", "not_divided", "no_mask"] {
+            assert!(has_fixture_output(&outputs, id), "{id}");
+        }
+        for id in ["decay_al", "no_mas", "not_cleared"] {
+            assert!(!has_fixture_output(&outputs, id), "{id}");
+        }
+    }
+
+    #[test]
+    fn builds_share_only_independent_exercises() {
+        let plants = [
+            plant(1, "typo", &[]),
+            plant(1, "slip", &[]),
+            plant(2, "typo", &[]),
+            plant(3, "typo", &[]),
+            plant(3, "slip", &[]),
+        ];
+        let builds: Vec<Vec<(u32, &str)>> = builds(&workbook(), &plants)
+            .iter()
+            .map(|build| build.iter().map(|p| (p.exercise, p.mistake.as_str())).collect())
+            .collect();
+        assert_eq!(builds, [vec![(1, "typo"), (2, "typo")], vec![(1, "slip"), (3, "typo")], vec![(3, "slip")]]);
+    }
+
+    #[test]
+    fn a_plant_must_fail_a_test_with_its_words_and_blame_nothing_else() {
+        let workbook = workbook();
+        let exercise = workbook.exercise(1).unwrap();
+        let run = |messages: &[&str]| TestRun {
+            results: messages
+                .iter()
+                .enumerate()
+                .map(|(i, m)| TestResult {
+                    name: format!("exercise_01::t{i}"),
+                    outcome: if m.is_empty() { Outcome::Passed } else { Outcome::Failed },
+                    message: Some(m.to_string()),
+                })
+                .collect(),
+            finished: true,
+        };
+        let typo = plant(1, "typo", &[]);
+        assert!(judge(exercise, &typo, &run(&["", "wrong. Likely cause: a typo."])).is_empty());
+        assert!(judge(exercise, &typo, &run(&["", ""]))[0].contains("every test of exercise 1 passes"));
+        assert!(judge(exercise, &typo, &run(&["wrong"]))[0].contains("no failure names it"));
+        let blamed = judge(exercise, &typo, &run(&["a typo", "Likely cause: a slip"]));
+        assert!(blamed.len() == 1 && blamed[0].contains("blames another mistake, `slip`"), "{blamed:?}");
+    }
+}
