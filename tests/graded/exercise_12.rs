@@ -7,7 +7,7 @@ use rstest::rstest;
 use workbook::parallel::fsdp::{ShardingPlan, ShardingStrategy};
 use workbook::phase3_fsdp::sharding_plan;
 
-use crate::support::{cause, mistake};
+use crate::support::{cause, field_differences, mistake};
 
 pub fn expected(strategy: ShardingStrategy) -> ShardingPlan {
     let (params, grads, optimizer_state, replicate_across_nodes) = match strategy {
@@ -32,17 +32,14 @@ fn diagnose(strategy: ShardingStrategy, got: &ShardingPlan) -> Option<&'static s
     Some(mistake(12, id))
 }
 
-/// The fields in which two plans differ, as `field: got x, expected y`.
+/// The fields in which two plans differ.
 fn differences(got: &ShardingPlan, want: &ShardingPlan) -> String {
-    let fields = [
+    field_differences(&[
         ("params", got.params, want.params),
         ("grads", got.grads, want.grads),
         ("optimizer_state", got.optimizer_state, want.optimizer_state),
         ("replicate_across_nodes", got.replicate_across_nodes, want.replicate_across_nodes),
-    ];
-    let differing: Vec<String> =
-        fields.iter().filter(|(_, g, w)| g != w).map(|(f, g, w)| format!("{f}: got {g}, expected {w}")).collect();
-    differing.join("; ")
+    ])
 }
 
 #[rstest]

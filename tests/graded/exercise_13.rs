@@ -8,7 +8,7 @@ use rstest::rstest;
 use workbook::parallel::fsdp::{MixedPrecisionPolicy, Precision};
 use workbook::phase3_fsdp::mixed_precision_policy;
 
-use crate::support::{cause, mistake};
+use crate::support::{cause, field_differences, mistake};
 
 pub fn expected(precision: Precision) -> MixedPrecisionPolicy {
     let dtype = match precision {
@@ -37,19 +37,15 @@ fn diagnose(precision: Precision, got: &MixedPrecisionPolicy) -> Option<&'static
     Some(mistake(13, id))
 }
 
-/// The fields in which two policies differ, as `field: got x, expected y`.
+/// The fields in which two policies differ.
 fn differences(got: &MixedPrecisionPolicy, want: &MixedPrecisionPolicy) -> String {
-    let dtypes = [
+    let dtypes = field_differences(&[
         ("param_dtype", got.param_dtype, want.param_dtype),
         ("reduce_dtype", got.reduce_dtype, want.reduce_dtype),
         ("buffer_dtype", got.buffer_dtype, want.buffer_dtype),
-    ];
-    let mut differing: Vec<String> =
-        dtypes.iter().filter(|(_, g, w)| g != w).map(|(f, g, w)| format!("{f}: got {g:?}, expected {w:?}")).collect();
-    if got.loss_scaling != want.loss_scaling {
-        differing.push(format!("loss_scaling: got {}, expected {}", got.loss_scaling, want.loss_scaling));
-    }
-    differing.join("; ")
+    ]);
+    let scaling = field_differences(&[("loss_scaling", got.loss_scaling, want.loss_scaling)]);
+    [dtypes, scaling].into_iter().filter(|d| !d.is_empty()).collect::<Vec<_>>().join("; ")
 }
 
 #[rstest]

@@ -271,6 +271,16 @@ pub fn expect_close_because(got: &Tensor, want: &Tensor, tol: Tol, what: &str, e
     }
 }
 
+/// `field: got x, expected y` for each field whose values differ, joined by `; `.
+pub fn field_differences<T: PartialEq + std::fmt::Debug>(fields: &[(&str, T, T)]) -> String {
+    let differing: Vec<String> = fields
+        .iter()
+        .filter(|(_, got, want)| got != want)
+        .map(|(field, got, want)| format!("{field}: got {got:?}, expected {want:?}"))
+        .collect();
+    differing.join("; ")
+}
+
 /// The line that names a failure's cause, when the test has established it
 /// (the output equals a mistake's, or a checked precondition singles it out);
 /// nothing otherwise, so that a failure never blames the wrong thing.
