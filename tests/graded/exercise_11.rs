@@ -15,6 +15,24 @@ fn train(t: &mut Trainer, f: &Fixture, step: usize) {
     ok(t.train_step(&[micro_batch(f, step, 0), micro_batch(f, step, 1)]), "Trainer::train_step");
 }
 
+/// One process trained for the fixture's first `steps` steps.
+fn trained_for(f: &Fixture, steps: usize) -> Trainer {
+    let mut t = trainer(f, Ddp::single());
+    for step in 0..steps {
+        train(&mut t, f, step);
+    }
+    t
+}
+
+/// A trainer for `config`, another model than the fixture's; its weights are ones.
+fn trainer_of(f: &Fixture, config: &GptConfig) -> Trainer {
+    let params = ParamStore::from_tensors(
+        param_specs(config).into_iter().map(|s| (s.name, Tensor::ones(s.shape, DType::F32, &Device::Cpu).unwrap())),
+    )
+    .unwrap();
+    ok(Trainer::new(config, params, train_config(f), Ddp::single()), "Trainer::new")
+}
+
 fn assert_same_params(got: &Trainer, want: &Trainer, what: &str) {
     for (name, var) in want.params.iter() {
         let mine = got.params.get(name).unwrap();
@@ -26,8 +44,7 @@ fn assert_same_params(got: &Trainer, want: &Trainer, what: &str) {
 fn round_trip_restores_every_piece_of_state() {
     let f = fixture(10);
     let dir = scratch_dir("ex11-round-trip").join("step_000001");
-    let mut trained = trainer(&f, Ddp::single());
-    train(&mut trained, &f, 0);
+    let trained = trained_for(&f, 1);
     let position = DataPosition {
         config: DataConfig { kind: DatasetKind::Dummy, path: None, tokenizer: Tokenizer::Bytes, seq_len: 8, seed: 3 },
         sampler: SamplerState { epoch: 2, cursor: 7 },
@@ -72,8 +89,7 @@ fn round_trip_restores_every_piece_of_state() {
 fn the_step_and_adamws_count_are_restored_separately() {
     let f = fixture(10);
     let dir = scratch_dir("ex11-skipped").join("step_000004");
-    let mut trained = trainer(&f, Ddp::single());
-    train(&mut trained, &f, 0);
+    let mut trained = trained_for(&f, 1);
     trained.step += 3; // three steps that skipped the optimizer
     ok(trained.save_checkpoint(&dir, None), "save_checkpoint");
     let mut fresh = trainer(&f, Ddp::single());
@@ -90,9 +106,7 @@ fn the_step_and_adamws_count_are_restored_separately() {
 fn a_checkpoint_from_before_the_first_step_resumes() {
     let f = fixture(10);
     let dir = scratch_dir("ex11-step-zero").join("step_000000");
-    let mut uninterrupted = trainer(&f, Ddp::single());
-    train(&mut uninterrupted, &f, 0);
-    train(&mut uninterrupted, &f, 1);
+    let uninterrupted = trained_for(&f, 2);
     ok(trainer(&f, Ddp::single()).save_checkpoint(&dir, None), "save_checkpoint before any step");
     let mut resumed = trainer(&f, Ddp::single());
     ok(resumed.load_checkpoint(&dir), "load_checkpoint of a checkpoint from before any step");
@@ -130,12 +144,9 @@ fn every_rank_meets_one_barrier_when_saving() {
 fn resuming_reproduces_the_uninterrupted_run_bit_for_bit() {
     let f = fixture(10);
     let dir = scratch_dir("ex11-resume").join("step_000001");
-    let mut uninterrupted = trainer(&f, Ddp::single());
-    train(&mut uninterrupted, &f, 0);
-    train(&mut uninterrupted, &f, 1);
+    let uninterrupted = trained_for(&f, 2);
 
-    let mut first_half = trainer(&f, Ddp::single());
-    train(&mut first_half, &f, 0);
+    let first_half = trained_for(&f, 1);
     ok(first_half.save_checkpoint(&dir, None), "save_checkpoint");
     drop(first_half);
     let mut resumed = trainer(&f, Ddp::single());
@@ -193,11 +204,7 @@ fn refuses_a_checkpoint_of_another_model() {
     let dir = scratch_dir("ex11-mismatch").join("step_000000");
     ok(trainer(&f, Ddp::single()).save_checkpoint(&dir, None), "save_checkpoint");
     let wider = GptConfig { hidden_size: 32, intermediate_size: 48, ..model_config(&f) };
-    let params = ParamStore::from_tensors(
-        param_specs(&wider).into_iter().map(|s| (s.name, Tensor::ones(s.shape, DType::F32, &Device::Cpu).unwrap())),
-    )
-    .unwrap();
-    let mut other = ok(Trainer::new(&wider, params, train_config(&f), Ddp::single()), "Trainer::new");
+    let mut other = trainer_of(&f, &wider);
     let err = match other.load_checkpoint(&dir) {
         Ok(_) => {
             panic!("a checkpoint of a 16-wide model loaded into a 32-wide one: {}", mistake(11, "no_fit_check"))
@@ -221,11 +228,7 @@ fn refuses_a_checkpoint_of_a_model_with_the_same_shapes() {
     let dir = scratch_dir("ex11-same-shapes").join("step_000000");
     ok(trainer(&f, Ddp::single()).save_checkpoint(&dir, None), "save_checkpoint");
     let other_eps = GptConfig { norm_eps: 3e-5, ..model_config(&f) };
-    let params = ParamStore::from_tensors(
-        param_specs(&other_eps).into_iter().map(|s| (s.name, Tensor::ones(s.shape, DType::F32, &Device::Cpu).unwrap())),
-    )
-    .unwrap();
-    let mut other = ok(Trainer::new(&other_eps, params, train_config(&f), Ddp::single()), "Trainer::new");
+    let mut other = trainer_of(&f, &other_eps);
     assert!(
         other.load_checkpoint(&dir).is_err(),
         "a checkpoint of a model with norm_eps 1e-5 loaded into one with 3e-5, the same shapes: {}",
