@@ -13,12 +13,29 @@ pub struct CausalSelfAttention {
     v_proj: Linear,
     o_proj: Linear,
     num_heads: usize,
+    kv_heads: usize,
     rotary: RotaryCache,
 }
 
 impl CausalSelfAttention {
-    pub fn new([q_proj, k_proj, v_proj, o_proj]: [Linear; 4], num_heads: usize, rotary: RotaryCache) -> Self {
-        Self { q_proj, k_proj, v_proj, o_proj, num_heads, rotary }
+    /// Attention with `num_heads` query heads sharing `kv_heads` key/value heads.
+    pub fn new(
+        [q_proj, k_proj, v_proj, o_proj]: [Linear; 4],
+        (num_heads, kv_heads): (usize, usize),
+        rotary: RotaryCache,
+    ) -> Self {
+        Self { q_proj, k_proj, v_proj, o_proj, num_heads, kv_heads, rotary }
+    }
+
+    /// (B, H_kv, T, D) → (B, H, T, D): query head h reads key/value head
+    /// `h / (H / H_kv)`, as grouped-query attention (and Hugging Face's `repeat_kv`) has it.
+    fn repeat_kv(&self, x: Tensor) -> Result<Tensor> {
+        let groups = self.num_heads / self.kv_heads;
+        if groups == 1 {
+            return Ok(x);
+        }
+        let (b, h_kv, t, d) = x.dims4()?;
+        x.unsqueeze(2)?.broadcast_as((b, h_kv, groups, t, d))?.reshape((b, self.num_heads, t, d))
     }
 }
 
@@ -26,8 +43,8 @@ impl Module for CausalSelfAttention {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let t = x.dim(1)?;
         let q = split_heads(&self.q_proj.forward(x)?, self.num_heads)?; // (B, H, T, D)
-        let k = split_heads(&self.k_proj.forward(x)?, self.num_heads)?;
-        let v = split_heads(&self.v_proj.forward(x)?, self.num_heads)?;
+        let k = self.repeat_kv(split_heads(&self.k_proj.forward(x)?, self.kv_heads)?)?;
+        let v = self.repeat_kv(split_heads(&self.v_proj.forward(x)?, self.kv_heads)?)?;
         let (cos, sin) = self.rotary.get(t, x.dtype())?; // (T, D)
         let (q, k) = apply_rotary_pos_emb(&q, &k, &cos, &sin)?;
         let y = causal_attention(&q, &k, &v)?; // (B, H, T, D)

@@ -32,7 +32,7 @@ impl Layers {
                 linear("self_attn.v_proj")?,
                 linear("self_attn.o_proj")?,
             ],
-            config.num_heads,
+            (config.num_heads, config.kv_heads()),
             rotary.clone(),
         );
         let mlp = Mlp::new(linear("mlp.gate_proj")?, linear("mlp.up_proj")?, linear("mlp.down_proj")?);

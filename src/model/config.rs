@@ -13,6 +13,10 @@ pub struct GptConfig {
     pub hidden_size: usize,
     pub num_layers: usize,
     pub num_heads: usize,
+    /// Key/value heads for grouped-query attention: each serves
+    /// `num_heads / kv_heads` query heads. `None` means one per query head.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_kv_heads: Option<usize>,
     pub intermediate_size: usize,
     /// Longest sequence the rotary cache covers.
     pub max_seq_len: usize,
@@ -22,12 +26,20 @@ pub struct GptConfig {
     pub norm_eps: f64,
     /// Whether the linear layers inside the blocks carry a bias.
     pub bias: bool,
+    /// Whether the head reuses the embedding table as its weight (`lm_head = embed_tokensᵀ`).
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
 }
 
 impl GptConfig {
     /// The head dimension D = C / H.
     pub fn head_dim(&self) -> usize {
         self.hidden_size / self.num_heads
+    }
+
+    /// The number of key/value heads: `num_kv_heads`, or H without grouping.
+    pub fn kv_heads(&self) -> usize {
+        self.num_kv_heads.unwrap_or(self.num_heads)
     }
 
     /// Checks that the shape is one the model can be built with.
@@ -47,6 +59,14 @@ impl GptConfig {
             bail!(
                 "model config: hidden_size {} is not divisible by num_heads {}; pick sizes where C = H * D",
                 self.hidden_size,
+                self.num_heads
+            );
+        }
+        let kv_heads = self.kv_heads();
+        if kv_heads == 0 || !self.num_heads.is_multiple_of(kv_heads) {
+            bail!(
+                "model config: num_kv_heads {kv_heads} must divide num_heads {}: each key/value head serves a \
+                 whole group of query heads",
                 self.num_heads
             );
         }

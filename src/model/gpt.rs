@@ -66,10 +66,18 @@ pub struct Outer {
 
 impl Outer {
     pub fn new(config: &GptConfig, weights: &dyn Weights) -> Result<Self> {
+        let embedding = weights.tensor("model.embed_tokens.weight")?;
+        // Tied: one (V, C) tensor is both the table and the head, so its
+        // gradient is the sum of what both uses send back.
+        let lm_head = if config.tie_word_embeddings {
+            Linear::new(embedding.clone(), None)
+        } else {
+            weights.linear("lm_head", false)?
+        };
         Ok(Self {
-            embed_tokens: Embedding::new(weights.tensor("model.embed_tokens.weight")?, config.hidden_size),
+            embed_tokens: Embedding::new(embedding, config.hidden_size),
             norm: RmsNorm::new(weights.tensor("model.norm.weight")?, config.norm_eps),
-            lm_head: weights.linear("lm_head", false)?,
+            lm_head,
         })
     }
 }

@@ -36,12 +36,13 @@ impl ParamSpec {
 /// Every parameter of the model described by `config`, in module order.
 pub fn param_specs(config: &GptConfig) -> Vec<ParamSpec> {
     let (v, c, i) = (config.vocab_size, config.hidden_size, config.intermediate_size);
+    let kv = config.kv_heads() * config.head_dim();
     let mut specs = vec![ParamSpec::new("model.embed_tokens.weight", (v, c), ParamKind::Embedding)];
     for layer in 0..config.num_layers {
         let p = format!("model.layers.{layer}");
         specs.push(ParamSpec::new(format!("{p}.input_layernorm.weight"), c, ParamKind::NormWeight));
-        for proj in ["q_proj", "k_proj", "v_proj", "o_proj"] {
-            linear_specs(&mut specs, &format!("{p}.self_attn.{proj}"), c, c, config.bias);
+        for (proj, fan_out) in [("q_proj", c), ("k_proj", kv), ("v_proj", kv), ("o_proj", c)] {
+            linear_specs(&mut specs, &format!("{p}.self_attn.{proj}"), c, fan_out, config.bias);
         }
         specs.push(ParamSpec::new(format!("{p}.post_attention_layernorm.weight"), c, ParamKind::NormWeight));
         linear_specs(&mut specs, &format!("{p}.mlp.gate_proj"), c, i, config.bias);
@@ -49,7 +50,9 @@ pub fn param_specs(config: &GptConfig) -> Vec<ParamSpec> {
         linear_specs(&mut specs, &format!("{p}.mlp.down_proj"), i, c, config.bias);
     }
     specs.push(ParamSpec::new("model.norm.weight", c, ParamKind::NormWeight));
-    specs.push(ParamSpec::new("lm_head.weight", (v, c), ParamKind::LinearWeight));
+    if !config.tie_word_embeddings {
+        specs.push(ParamSpec::new("lm_head.weight", (v, c), ParamKind::LinearWeight));
+    }
     specs
 }
 

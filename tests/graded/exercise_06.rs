@@ -14,11 +14,13 @@ fn config() -> GptConfig {
         hidden_size: 256,
         num_layers: 4,
         num_heads: 4,
+        num_kv_heads: None,
         intermediate_size: 512,
         max_seq_len: 16,
         rope_theta: 10_000.0,
         norm_eps: 1e-5,
         bias: true,
+        tie_word_embeddings: false,
     }
 }
 

@@ -16,11 +16,13 @@ fn model_params() -> ParamStore {
         hidden_size: 8,
         num_layers: 2,
         num_heads: 2,
+        num_kv_heads: None,
         intermediate_size: 12,
         max_seq_len: 8,
         rope_theta: 10_000.0,
         norm_eps: 1e-5,
         bias: true,
+        tie_word_embeddings: false,
     };
     ParamStore::from_tensors(
         param_specs(&config).into_iter().map(|s| (s.name, Tensor::zeros(s.shape, DType::F32, &Device::Cpu).unwrap())),

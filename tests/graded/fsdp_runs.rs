@@ -25,11 +25,13 @@ pub fn model_config() -> GptConfig {
         hidden_size: 32,
         num_layers: 2,
         num_heads: 4,
+        num_kv_heads: None,
         intermediate_size: 64,
         max_seq_len: SEQ_LEN,
         rope_theta: 10_000.0,
         norm_eps: 1e-5,
         bias: false,
+        tie_word_embeddings: false,
     }
 }
 

@@ -12,11 +12,13 @@ fn tiny() -> GptConfig {
         hidden_size: 32,
         num_layers: 2,
         num_heads: 4,
+        num_kv_heads: None,
         intermediate_size: 48,
         max_seq_len: 12,
         rope_theta: 10_000.0,
         norm_eps: 1e-5,
         bias: false,
+        tie_word_embeddings: false,
     }
 }
 

@@ -128,11 +128,13 @@ impl Fixture {
             hidden_size: c[1],
             num_layers: c[2],
             num_heads: c[3],
+            num_kv_heads: None,
             intermediate_size: c[4],
             max_seq_len: c[5],
             rope_theta: 10_000.0,
             norm_eps: 1e-5,
             bias: false,
+            tie_word_embeddings: false,
         }
     }
 
