@@ -25,6 +25,7 @@ pub mod data;
 pub mod distributed;
 pub mod error;
 mod exercises;
+pub mod hf;
 pub mod memory;
 pub mod model;
 pub mod parallel;

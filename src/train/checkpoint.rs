@@ -9,6 +9,8 @@
 //!   optimizer.safetensors   AdamW's moments: exp_avg.<name>, exp_avg_sq.<name>
 //!   trainer_state.json      step, configs, data position
 //!   checksums.json          the CRC-32 of each tensor file, checked on every read
+//!   config.json, generation_config.json, tokenizer*.json
+//!                           the same model as a Hugging Face directory (see [`crate::hf`])
 //! ```
 //!
 //! It is written into a temporary sibling directory and renamed into place
@@ -104,6 +106,9 @@ impl Checkpoint {
         fs::create_dir(&staging).map_err(|e| io_path("create", &staging, e))?;
         candle_core::safetensors::save(&self.params, staging.join(MODEL_FILE))?;
         candle_core::safetensors::save(&self.optimizer, staging.join(OPTIMIZER_FILE))?;
+        let dtype = self.params.values().next().map_or(candle_core::DType::F32, Tensor::dtype);
+        let tokenizer = self.state.data.as_ref().map(|d| d.config.tokenizer);
+        crate::hf::write_model_files(&staging, &self.state.model, dtype, tokenizer)?;
         let checksums = [MODEL_FILE, OPTIMIZER_FILE]
             .into_iter()
             .map(|file| Ok((file.to_string(), crc32_of(&staging.join(file))?)))
@@ -123,6 +128,13 @@ impl Checkpoint {
 
     /// Reads the checkpoint in `dir`, with errors that say what is wrong with it.
     pub fn read(dir: &Path) -> Result<Self> {
+        let (state, params) = Self::read_model(dir)?;
+        verify_checksums(dir, &[OPTIMIZER_FILE])?;
+        Ok(Self { params, optimizer: load_tensors(dir, OPTIMIZER_FILE)?, state })
+    }
+
+    /// The state and the parameters only: what inference needs.
+    pub fn read_model(dir: &Path) -> Result<(TrainerState, HashMap<String, Tensor>)> {
         if !dir.join(STATE_FILE).exists() {
             bail!(
                 "{} is not a checkpoint (no {STATE_FILE}): point --resume at a step_NNNNNN directory written by train",
@@ -141,14 +153,8 @@ impl Checkpoint {
                 state.format_version
             );
         }
-        verify_checksums(dir)?;
-        let load = |file: &str| match candle_core::safetensors::load(dir.join(file), &Device::Cpu) {
-            Ok(tensors) => Ok(tensors),
-            Err(e) => {
-                bail!("{} is corrupt or missing ({e}); resume from an earlier checkpoint", dir.join(file).display())
-            }
-        };
-        Ok(Self { params: load(MODEL_FILE)?, optimizer: load(OPTIMIZER_FILE)?, state })
+        verify_checksums(dir, &[MODEL_FILE])?;
+        Ok((state, load_tensors(dir, MODEL_FILE)?))
     }
 
     /// Fails unless the checkpoint was written for a model of shape `config`.
@@ -177,15 +183,23 @@ fn crc32_of(path: &Path) -> Result<u32> {
     }
 }
 
-/// Fails if a tensor file of the checkpoint in `dir` is not what was written.
-fn verify_checksums(dir: &Path) -> Result<()> {
+/// The tensors of `dir/file`, or an error that says the file is damaged.
+fn load_tensors(dir: &Path, file: &str) -> Result<HashMap<String, Tensor>> {
+    match candle_core::safetensors::load(dir.join(file), &Device::Cpu) {
+        Ok(tensors) => Ok(tensors),
+        Err(e) => bail!("{} is corrupt or missing ({e}); resume from an earlier checkpoint", dir.join(file).display()),
+    }
+}
+
+/// Fails if one of the tensor `files` of the checkpoint in `dir` is not what was written.
+fn verify_checksums(dir: &Path, files: &[&str]) -> Result<()> {
     let path = dir.join(CHECKSUM_FILE);
     let Ok(text) = fs::read_to_string(&path) else { return Ok(()) };
     let expected: BTreeMap<String, u32> = match serde_json::from_str(&text) {
         Ok(expected) => expected,
         Err(e) => bail!("{} is corrupt: {e}; resume from an earlier checkpoint", path.display()),
     };
-    for (file, want) in expected {
+    for (file, want) in expected.into_iter().filter(|(file, _)| files.contains(&file.as_str())) {
         if crc32_of(&dir.join(&file))? != want {
             bail!(
                 "{} is corrupt: its checksum does not match the one saved with it (a bit changed on disk, or a \

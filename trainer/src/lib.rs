@@ -9,6 +9,7 @@ pub mod config;
 pub mod generate;
 pub mod launching;
 pub mod metrics;
+pub mod model_dir;
 pub mod run;
 pub mod strategy;
 

@@ -8,14 +8,15 @@ use candle_core::{Device, Tensor};
 use indicatif::{ProgressBar, ProgressStyle};
 use workbook::data::{DataConfig, Dataset, DistributedSampler};
 use workbook::distributed::{spawn_with_timeout, DistEnv, ProcessGroup, ReduceOp, SingleProcess, TcpProcessGroup};
-use workbook::init_params;
 use workbook::parallel::ddp::Ddp;
 use workbook::parallel::fsdp::FsdpTrainer;
 use workbook::train::{DataPosition, StepStats, Train, Trainer};
+use workbook::{init_params, ParamStore};
 
 use crate::checkpoints;
 use crate::config::RunConfig;
 use crate::metrics::{self, loss_curve_svg, read_log, MetricsLog, StepRecord};
+use crate::model_dir::ModelDir;
 use crate::strategy::Strategy;
 
 /// Everything a run needs besides its config file.
@@ -33,6 +34,9 @@ pub struct RunOptions {
     pub resume: Option<PathBuf>,
     /// Delete an earlier run's checkpoints in `out_dir` instead of refusing to start.
     pub overwrite: bool,
+    /// Start from these weights (a checkpoint or a Hugging Face Llama
+    /// directory) instead of a fresh initialisation; `config.model` must be theirs.
+    pub init_from: Option<PathBuf>,
     pub activation_checkpointing: bool,
     /// DDP, or FSDP with its sharding and precision.
     pub strategy: Strategy,
@@ -109,8 +113,11 @@ pub fn open_dataset(config: &DataConfig) -> Result<Dataset> {
 /// One rank's run: its trainer, by strategy, driven by [`drive`].
 fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>) -> Result<Summary> {
     let model_config = options.config.model.clone();
-    let params =
-        init_params(&model_config, options.seed, &Device::Cpu).map_err(|e| anyhow!("initialising the model: {e}"))?;
+    let params = match &options.init_from {
+        Some(dir) => ParamStore::from_tensors(ModelDir::open(dir)?.params)?,
+        None => init_params(&model_config, options.seed, &Device::Cpu)
+            .map_err(|e| anyhow!("initialising the model: {e}"))?,
+    };
     let num_params = params.num_params();
     let train_config = options.config.train_config(options.activation_checkpointing);
     match options.strategy {

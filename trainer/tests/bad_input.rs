@@ -2,14 +2,11 @@
 //! never a panic. Needs finished exercises: run with
 //! `cargo test -p trainer --features solutions`.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
+use common::scratch;
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("trainer-bad-input-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
-}
+use std::path::Path;
+use std::process::Command;
 
 /// `train` on dummy data into `dir`, a short run unless `args` say otherwise.
 fn train(dir: &Path, args: &[&str]) -> Command {

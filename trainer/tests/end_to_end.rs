@@ -2,6 +2,9 @@
 //! a resumed run continues where the first stopped, and the checkpoint generates text.
 //! Needs finished exercises: run with `cargo test -p trainer --features solutions`.
 
+mod common;
+use common::scratch;
+
 use std::path::PathBuf;
 
 use trainer::checkpoints;
@@ -34,17 +37,12 @@ fn options(out_dir: PathBuf, max_steps: usize, nproc: usize) -> RunOptions {
         keep_checkpoints: 2,
         resume: None,
         overwrite: false,
+        init_from: None,
         activation_checkpointing: false,
         strategy: Strategy::Ddp,
         log_every: 10,
         timeout: workbook::distributed::DEFAULT_TIMEOUT,
     }
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("trainer-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
 }
 
 #[test]

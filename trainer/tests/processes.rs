@@ -3,7 +3,10 @@
 //! dies ends the job at once with its name.
 //! Needs finished exercises: run with `cargo test -p trainer --features solutions`.
 
-use std::path::{Path, PathBuf};
+mod common;
+use common::scratch;
+
+use std::path::Path;
 use std::process::{Command, Output};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -12,12 +15,6 @@ use trainer::checkpoints;
 
 /// Process tests start several processes each: one at a time on a small machine.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("trainer-processes-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
-}
 
 /// `train` on dummy data for `steps` steps into `dir`, with `extra` flags.
 fn train(dir: &Path, steps: usize, extra: &[&str]) -> Command {

@@ -3,17 +3,14 @@
 //! saves leave behind is cleared or put back. Needs finished exercises: run
 //! with `cargo test -p trainer --features solutions`.
 
-use std::path::{Path, PathBuf};
+mod common;
+use common::scratch;
+
+use std::path::Path;
 use std::process::{Command, Output};
 
 use trainer::checkpoints;
 use trainer::metrics::read_log;
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("trainer-run-directory-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
-}
 
 /// `train` on dummy data for `steps` steps into `dir`, a checkpoint every 2 steps.
 fn train(dir: &Path, steps: usize, extra: &[&str]) -> Output {

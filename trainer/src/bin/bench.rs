@@ -96,6 +96,7 @@ fn run(args: Args) -> Result<()> {
         keep_checkpoints: 1,
         resume: None,
         overwrite: true,
+        init_from: None,
         activation_checkpointing: false,
         strategy: Strategy::Ddp,
         log_every: usize::MAX,

@@ -1,25 +1,24 @@
-//! `infer`: generate text from a checkpoint.
+//! `infer`: generate text from a checkpoint or a Hugging Face Llama directory.
 //!
 //! `cargo run --release -p trainer --bin infer -- --checkpoint checkpoints --prompt "Once upon a time"`
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::anyhow;
+use candle_core::{Device, Tensor};
 use clap::Parser;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use trainer::checkpoints;
 use trainer::generate::{generate, Sampling};
-use workbook::data::Tokenizer;
-use workbook::train::Checkpoint;
-use workbook::{Gpt, ParamStore};
+use trainer::model_dir::ModelDir;
 
 /// Generate text from a trained model.
 #[derive(Parser)]
 #[command(name = "infer")]
 struct Args {
-    /// A step_NNNNNN checkpoint, or a directory of them (the newest is used).
+    /// A step_NNNNNN checkpoint, a directory of them (the newest is used), or
+    /// a Hugging Face Llama directory (config.json and safetensors).
     #[arg(long, default_value = "checkpoints")]
     checkpoint: PathBuf,
     #[arg(long, default_value = "Once upon a time")]
@@ -34,6 +33,14 @@ struct Args {
     top_k: usize,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// bytes or gpt2; default: the model directory's own.
+    #[arg(long)]
+    tokenizer: Option<String>,
+    /// Also write the prompt's token ids (`ids`, (1, T)) and the model's logits
+    /// for it (`logits`, (1, T, V)) to this safetensors file, to compare with
+    /// another implementation.
+    #[arg(long)]
+    save_logits: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -41,24 +48,24 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> anyhow::Result<()> {
-    let dir = checkpoints::resolve(&args.checkpoint)?;
-    let checkpoint = Checkpoint::read(&dir)?;
-    let config = checkpoint.state.model.clone();
-    let (tokenizer, trained_len) = checkpoint
-        .state
-        .data
-        .as_ref()
-        .map_or((Tokenizer::Bytes, config.max_seq_len), |d| (d.config.tokenizer, d.config.seq_len));
-    let params = ParamStore::from_tensors(checkpoint.params)?;
-    let model =
-        Gpt::new(&config, &params).map_err(|e| anyhow!("{} does not hold a usable model: {e}", dir.display()))?;
+    let source = ModelDir::open(&args.checkpoint)?;
+    let tokenizer = source.tokenizer(args.tokenizer.as_deref().map(str::parse).transpose()?)?;
+    let model = source.model()?;
     let prompt = tokenizer.encode(&args.prompt);
     if prompt.is_empty() {
         anyhow::bail!("the prompt is empty: give at least one character with --prompt");
     }
+    if let Some(path) = &args.save_logits {
+        let ids = Tensor::new(prompt.as_slice(), &Device::Cpu)?.unsqueeze(0)?; // (1, T)
+        let logits = model.forward(&ids, None)?.logits;
+        let tensors =
+            HashMap::from([("ids".to_string(), ids.to_dtype(candle_core::DType::I64)?), ("logits".into(), logits)]);
+        candle_core::safetensors::save(&tensors, path)?;
+    }
     let sampling = Sampling { temperature: args.temperature, top_k: args.top_k };
     let mut rng = ChaCha8Rng::seed_from_u64(args.seed);
-    let new = generate(&model, &prompt, args.max_new_tokens, trained_len, sampling, Some(tokenizer.eot()), &mut rng)?;
+    let new =
+        generate(&model, &prompt, args.max_new_tokens, source.context_len, sampling, Some(tokenizer.eot()), &mut rng)?;
     println!("{}{}", args.prompt, tokenizer.decode(&new));
     Ok(())
 }

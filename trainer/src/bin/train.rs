@@ -13,6 +13,7 @@ use clap::Parser;
 use trainer::checkpoints;
 use trainer::config::RunConfig;
 use trainer::launching::{LaunchArgs, RankKind};
+use trainer::model_dir::ModelDir;
 use trainer::run::{open_dataset, peak_memory_mib, train, workbook_root, RunOptions};
 use trainer::strategy::Strategy;
 use workbook::data::{DataConfig, DatasetKind, SAMPLE_PATH};
@@ -61,6 +62,10 @@ struct Args {
     /// Continue from the newest checkpoint in --checkpoint-dir, or from the one given.
     #[arg(long, num_args = 0..=1)]
     resume: Option<Option<PathBuf>>,
+    /// Start from the weights of a checkpoint or a Hugging Face Llama
+    /// directory (its model shape replaces the config's; the optimizer starts fresh).
+    #[arg(long, conflicts_with = "resume")]
+    init_from: Option<PathBuf>,
     /// Where checkpoints, metrics.jsonl and loss.svg go.
     #[arg(long, default_value = "checkpoints")]
     checkpoint_dir: PathBuf,
@@ -106,8 +111,14 @@ fn run(args: Args) -> anyhow::Result<()> {
     let is_logger = !starts_ranks && launched.as_ref().is_none_or(|env| env.rank == 0);
     let root = workbook_root();
     let mut config = RunConfig::load(&root, &args.model_size)?;
-    if let Some(t) = &args.tokenizer {
-        config.set_tokenizer(t.parse()?);
+    let chosen_tokenizer = args.tokenizer.as_deref().map(str::parse).transpose()?;
+    if let Some(dir) = &args.init_from {
+        // The shape and the vocabulary are the weights'; the rest stays the config's.
+        let source = ModelDir::open(dir)?;
+        config.model = source.config.clone();
+        config.tokenizer = source.tokenizer(chosen_tokenizer)?;
+    } else if let Some(tokenizer) = chosen_tokenizer {
+        config.set_tokenizer(tokenizer);
     }
     override_with(&mut config.max_steps, args.max_steps);
     override_with(&mut config.batch_size, args.batch_size);
@@ -155,6 +166,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         keep_checkpoints: args.keep_checkpoints.max(1),
         resume,
         overwrite: args.overwrite,
+        init_from: args.init_from,
         activation_checkpointing: args.activation_checkpointing,
         strategy: strategy(&args.strategy, args.sharding.as_deref(), args.precision.as_deref())?,
         log_every: args.log_every.max(1),

@@ -1,0 +1,64 @@
+//! Hugging Face model directories: every checkpoint is one, and one written
+//! by `transformers` loads as a model.
+//!
+//! A Hugging Face Llama directory holds `config.json` (the shape, as
+//! `LlamaConfig`), `generation_config.json`, the weights in
+//! `model.safetensors` (or shards listed in `model.safetensors.index.json`)
+//! under the same names as [`param_specs`](crate::param_specs), and the
+//! tokenizer (`tokenizer.json`, read by `AutoTokenizer`). The workbook's
+//! checkpoints add these files beside their own, so
+//! `AutoModelForCausalLM.from_pretrained(step_dir)` needs no code.
+
+mod config;
+mod tokenizer;
+mod weights;
+
+pub use config::{read_config, write_config};
+pub use tokenizer::{read_tokenizer, write_tokenizer};
+pub use weights::read_weights;
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use candle_core::{Result, Tensor};
+
+use crate::data::Tokenizer;
+use crate::model::GptConfig;
+
+/// The file that marks a Hugging Face model directory.
+pub const CONFIG_FILE: &str = "config.json";
+
+/// A model read from a Hugging Face directory.
+#[derive(Debug, Clone)]
+pub struct Pretrained {
+    pub config: GptConfig,
+    /// Parameters by name, in f32, exactly those of `config`.
+    pub params: HashMap<String, Tensor>,
+    /// The tokenizer when its files are one of the workbook's two; `None`
+    /// for another vocabulary (a SentencePiece Llama, say).
+    pub tokenizer: Option<Tokenizer>,
+}
+
+impl Pretrained {
+    /// Reads the model in `dir`, refusing variants this model does not implement.
+    pub fn read(dir: &Path) -> Result<Self> {
+        let config = read_config(dir)?;
+        let params = read_weights(dir, &config)?;
+        Ok(Self { config, params, tokenizer: read_tokenizer(dir)? })
+    }
+}
+
+/// Writes what makes `dir` a Hugging Face model directory besides the
+/// weights: the config, the generation config and, given one, the tokenizer.
+pub fn write_model_files(
+    dir: &Path,
+    config: &GptConfig,
+    dtype: candle_core::DType,
+    tokenizer: Option<Tokenizer>,
+) -> Result<()> {
+    write_config(dir, config, dtype, tokenizer)?;
+    if let Some(tokenizer) = tokenizer {
+        write_tokenizer(dir, tokenizer, config.max_seq_len)?;
+    }
+    Ok(())
+}
