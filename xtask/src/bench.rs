@@ -16,6 +16,7 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
+use crate::python::python_that_imports;
 use crate::render;
 use crate::workspace::Workspace;
 
@@ -314,15 +315,9 @@ fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-/// `python3`, or the interpreter named by WORKBOOK_PYTHON, when it can import
-/// torch; `None` (with a note) otherwise.
+/// The interpreter for the PyTorch baselines, or `None` with a note saying why not.
 fn python_with_torch() -> Option<String> {
-    let python = std::env::var("WORKBOOK_PYTHON").unwrap_or_else(|_| "python3".into());
-    let has_torch = Command::new(&python).args(["-c", "import torch"]).output().is_ok_and(|o| o.status.success());
-    if !has_torch {
-        println!("  PyTorch baseline skipped: `{python}` cannot import torch (set WORKBOOK_PYTHON to an interpreter that can)");
-    }
-    has_torch.then_some(python)
+    python_that_imports("torch").map_err(|why| println!("  PyTorch baseline skipped: {why}")).ok()
 }
 
 fn median(values: &[f64]) -> f64 {

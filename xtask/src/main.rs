@@ -10,10 +10,12 @@ mod commands;
 mod doctor;
 mod estimate;
 mod grading;
+mod interop;
 mod metadata;
 mod migrate;
 mod planted;
 mod progress;
+mod python;
 mod registry;
 mod render;
 mod stories;
@@ -89,6 +91,10 @@ enum Task {
     SampleStories,
     /// Estimate training memory per GPU by component, for a model, precision, strategy and GPU count.
     Estimate(EstimateArgs),
+    /// Check checkpoints against Hugging Face transformers both ways: export (AutoModelForCausalLM and
+    /// AutoTokenizer load a checkpoint directory) and import (infer runs a Llama transformers saved).
+    /// Needs a Python with torch and transformers (WORKBOOK_PYTHON).
+    Interop,
     /// Measure the reference trainer's tokens/s beside PyTorch's (or, with `fsdp`, each ZeRO
     /// stage's memory and traffic per rank beside the formulas) and write benchmarks/results.md.
     Bench {
@@ -202,6 +208,7 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
         Task::Update => registry::update(&ws).map(|()| true),
         Task::SampleStories => stories::write_sample(&ws.root).map(|()| true),
         Task::Doctor => doctor::doctor(),
+        Task::Interop => interop::interop(&ws),
         Task::Estimate(args) => estimate::report(&args.setup(), args.gpu_memory),
         Task::Bench { what: BenchKind::Throughput, model_size, steps, large_steps, rounds } => {
             bench::bench(&ws, &model_size, steps, large_steps, rounds)
