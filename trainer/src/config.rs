@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use serde::Deserialize;
 use workbook::data::Tokenizer;
 use workbook::train::{AdamWConfig, CosineSchedule, LrSchedule, OptimizerConfig, TrainConfig};
@@ -61,13 +61,40 @@ impl OptimizerSettings {
     }
 }
 
+/// The workbook's directory: where `configs/` and `datasets/` are. Found when
+/// the program runs, not fixed when it is built, so a moved or copied workbook
+/// works: `WORKBOOK_ROOT` if set, else the nearest directory holding
+/// `configs/` at or above the working directory, else above the program
+/// itself (`target/release/train` sits two levels below it).
+pub fn workbook_root() -> Result<PathBuf> {
+    let is_root = |dir: &Path| dir.join("configs").is_dir();
+    if let Some(dir) = std::env::var_os("WORKBOOK_ROOT").map(PathBuf::from) {
+        if !is_root(&dir) {
+            bail!("WORKBOOK_ROOT is {}, which has no configs/ directory: point it at the workbook", dir.display());
+        }
+        return Ok(dir);
+    }
+    let here = std::env::current_dir().ok();
+    let program = std::env::current_exe().ok().and_then(|p| p.canonicalize().ok());
+    let found = [here, program]
+        .into_iter()
+        .flatten()
+        .find_map(|start| start.ancestors().find(|d| is_root(d)).map(Path::to_path_buf));
+    found.ok_or_else(|| {
+        anyhow!(
+            "cannot find the workbook (a directory with configs/ and datasets/): run from inside it, set \
+             WORKBOOK_ROOT, or give --model-size a config file and --data-path a text file"
+        )
+    })
+}
+
 impl RunConfig {
-    /// Reads `configs/<size>.toml` under `root`, or `size` itself when it is a path to a file.
-    pub fn load(root: &Path, size: &str) -> Result<Self> {
+    /// Reads `size` when it is a path to a file, else `configs/<size>.toml` in the workbook.
+    pub fn load(size: &str) -> Result<Self> {
         let path = if Path::new(size).is_file() {
             PathBuf::from(size)
         } else {
-            root.join("configs").join(format!("{size}.toml"))
+            workbook_root()?.join("configs").join(format!("{size}.toml"))
         };
         if !path.is_file() {
             bail!("unknown model size `{size}`: choose {} or give the path of a config file", SIZES.join(", "));

@@ -14,7 +14,7 @@ use workbook::train::{DataPosition, StepStats, Train, Trainer};
 use workbook::{init_params, ParamStore};
 
 use crate::checkpoints;
-use crate::config::RunConfig;
+use crate::config::{workbook_root, RunConfig};
 use crate::metrics::{self, loss_curve_svg, read_log, MetricsLog, StepRecord};
 use crate::model_dir::ModelDir;
 use crate::strategy::Strategy;
@@ -98,6 +98,7 @@ pub fn train(options: &RunOptions) -> Result<Summary> {
 /// Opens (and on first use tokenises) the run's data. A launcher calls it
 /// before starting the ranks, so that they find the token file ready.
 pub fn open_dataset(config: &DataConfig) -> Result<Dataset> {
+    let config = resolved(config)?;
     let bar = ProgressBar::new(0).with_style(
         ProgressStyle::with_template("tokenising {bar:30} {bytes}/{total_bytes} ({eta})").expect("valid template"),
     );
@@ -105,7 +106,7 @@ pub fn open_dataset(config: &DataConfig) -> Result<Dataset> {
         bar.set_length(p.bytes_total);
         bar.set_position(p.bytes_done);
     };
-    let dataset = Dataset::open(config, Some(&mut report))?;
+    let dataset = Dataset::open(&config, Some(&mut report))?;
     bar.finish_and_clear();
     Ok(dataset)
 }
@@ -142,7 +143,7 @@ fn drive(options: &RunOptions, dataset: &Dataset, mut trainer: impl Train, num_p
         let dir = checkpoints::resolve(resume)?;
         let position = trainer.load_checkpoint(&dir).map_err(|e| anyhow!("resuming from {}: {e}", dir.display()))?;
         if let Some(position) = position {
-            if position.config != options.data {
+            if resolved(&position.config)? != resolved(&options.data)? {
                 bail!("{} was trained on {:?}; resume it with the same data options", dir.display(), position.config);
             }
             sampler.restore(position.sampler)?;
@@ -314,7 +315,24 @@ pub fn peak_memory_mib() -> Option<f64> {
     Some(kib / 1024.0)
 }
 
-/// The workbook's root: where `configs/` and `datasets/` are.
-pub fn workbook_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("trainer/ sits in the workbook").to_path_buf()
+/// `config` with its data file named absolutely: a relative path is the workbook's.
+fn resolved(config: &DataConfig) -> Result<DataConfig> {
+    let mut config = config.clone();
+    if let Some(path) = config.path.as_mut() {
+        let absolute = if path.is_relative() { workbook_root()?.join(&*path) } else { path.clone() };
+        *path = absolute.canonicalize().unwrap_or(absolute);
+    }
+    Ok(config)
+}
+
+/// How a run records its data file: relative to the workbook when it lies
+/// inside it, so that a moved workbook (or a checkpoint copied to another
+/// clone) still resumes; absolute otherwise.
+pub fn recorded_data_path(path: &Path, root: Option<&Path>) -> PathBuf {
+    let absolute = path.canonicalize().unwrap_or_else(|_| std::path::absolute(path).unwrap_or(path.to_path_buf()));
+    let root = root.map(|r| r.canonicalize().unwrap_or_else(|_| r.to_path_buf()));
+    match root.as_deref().and_then(|root| absolute.strip_prefix(root).ok()) {
+        Some(inside) => inside.to_path_buf(),
+        None => absolute,
+    }
 }

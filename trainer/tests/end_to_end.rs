@@ -8,21 +8,22 @@ use common::scratch;
 use std::path::PathBuf;
 
 use trainer::checkpoints;
+use trainer::config::workbook_root;
 use trainer::config::RunConfig;
-use trainer::run::{train, workbook_root, RunOptions};
+use trainer::run::{train, RunOptions};
 use trainer::strategy::Strategy;
 use workbook::data::{DataConfig, DatasetKind, SAMPLE_PATH};
 use workbook::parallel::fsdp::{FsdpConfig, Precision, ShardingStrategy};
 
 fn options(out_dir: PathBuf, max_steps: usize, nproc: usize) -> RunOptions {
-    let mut config = RunConfig::load(&workbook_root(), "tiny").unwrap();
+    let mut config = RunConfig::load("tiny").unwrap();
     config.max_steps = max_steps;
     config.seq_len = 64;
     config.batch_size = 8;
     config.optimizer.warmup_steps = 2;
     let data = DataConfig {
         kind: DatasetKind::TinyStories,
-        path: Some(workbook_root().join(SAMPLE_PATH)),
+        path: Some(workbook_root().unwrap().join(SAMPLE_PATH)),
         tokenizer: config.tokenizer,
         seq_len: config.seq_len,
         seed: 7,

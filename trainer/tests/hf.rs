@@ -15,7 +15,6 @@ use std::process::Command;
 use candle_core::{DType, Device, Tensor};
 use serde_json::{json, Value};
 use trainer::config::RunConfig;
-use trainer::run::workbook_root;
 use workbook::data::{DataConfig, DatasetKind, SamplerState, Tokenizer};
 use workbook::hf::{read_tokenizer, write_tokenizer, Pretrained};
 use workbook::train::{Checkpoint, DataPosition, TrainConfig, TrainerState};
@@ -31,7 +30,7 @@ fn expected() -> HashMap<String, Tensor> {
 }
 
 fn train_config() -> TrainConfig {
-    RunConfig::load(&workbook_root(), "tiny").unwrap().train_config(false)
+    RunConfig::load("tiny").unwrap().train_config(false)
 }
 
 fn max_diff(a: &Tensor, b: &Tensor) -> f32 {

@@ -11,6 +11,7 @@ use std::process::{Command, Output};
 
 use trainer::checkpoints;
 use trainer::metrics::read_log;
+use workbook::data::SAMPLE_PATH;
 
 /// `train` on dummy data for `steps` steps into `dir`, a checkpoint every 2 steps.
 fn train(dir: &Path, steps: usize, extra: &[&str]) -> Output {
@@ -86,4 +87,35 @@ fn what_killed_saves_left_is_cleared_or_put_back() {
     assert!(!staging.exists(), "the staging directory of a killed save is removed");
     assert!(!dir.join(".step_000004.old").exists(), "the set-aside checkpoint is put back, not left");
     assert_eq!(checkpoints::steps(&dir).unwrap(), [2, 4, 6]);
+}
+
+#[test]
+fn a_moved_workbook_resumes_its_runs() {
+    let root = scratch("workbook");
+    std::fs::create_dir_all(root.join("datasets")).unwrap();
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    std::fs::create_dir_all(root.join("configs")).unwrap();
+    std::fs::copy(source.join("configs/tiny.toml"), root.join("configs/tiny.toml")).unwrap();
+    std::fs::copy(source.join(SAMPLE_PATH), root.join(SAMPLE_PATH)).unwrap();
+    let run = |dir: &Path, steps: &str, extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_train"))
+            .current_dir(dir)
+            .args(["--seq-len", "32", "--batch-size", "4", "--warmup-steps", "1", "--checkpoint-every", "2"])
+            .args(["--nproc", "1", "--max-steps", steps])
+            .args(extra)
+            .env("RAYON_NUM_THREADS", "1")
+            .output()
+            .unwrap()
+    };
+    succeeded(&run(&root, "2", &[]));
+    let state = std::fs::read_to_string(checkpoints::step_dir(&root.join("checkpoints"), 2).join("trainer_state.json"));
+    assert!(
+        state.unwrap().contains(&format!("\"path\": \"{SAMPLE_PATH}\"")),
+        "the data file is recorded relative to the workbook"
+    );
+    let moved = scratch("workbook-moved");
+    std::fs::rename(&root, &moved).unwrap();
+    let resumed = run(&moved, "4", &["--resume"]);
+    succeeded(&resumed);
+    assert!(String::from_utf8_lossy(&resumed.stdout).contains("resumed from"), "the moved run resumes");
 }

@@ -12,7 +12,7 @@ use clap::Parser;
 use trainer::config::RunConfig;
 use trainer::launching::RankKind;
 use trainer::metrics::read_log;
-use trainer::run::{train, workbook_root, RunOptions};
+use trainer::run::{train, RunOptions};
 use trainer::strategy::Strategy;
 use workbook::data::{DataConfig, DatasetKind};
 use workbook::distributed::{relaunch_self, DistEnv, LaunchConfig, DEFAULT_TIMEOUT};
@@ -55,7 +55,7 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<()> {
-    let mut config = RunConfig::load(&workbook_root(), &args.model_size)?;
+    let mut config = RunConfig::load(&args.model_size)?;
     config.max_steps = args.warmup + args.steps;
     config.optimizer.warmup_steps = 1;
     if let Some(t) = args.seq_len {

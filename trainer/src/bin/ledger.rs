@@ -13,7 +13,6 @@ use anyhow::Result;
 use candle_core::{DType, Device};
 use clap::Parser;
 use trainer::config::RunConfig;
-use trainer::run::workbook_root;
 use workbook::distributed::{spawn, Collective};
 use workbook::parallel::fsdp::{FsdpTrainer, Precision, ShardingPlan};
 use workbook::{init_params, InitRng};
@@ -46,7 +45,7 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<()> {
-    let config = RunConfig::load(&workbook_root(), &args.model_size)?;
+    let config = RunConfig::load(&args.model_size)?;
     let precision: Precision = args.precision.parse()?;
     let plan = ShardingPlan::zero(args.stage.min(3));
     let model = config.model.clone();

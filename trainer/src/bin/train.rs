@@ -11,10 +11,11 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use trainer::checkpoints;
+use trainer::config::workbook_root;
 use trainer::config::RunConfig;
 use trainer::launching::{LaunchArgs, RankKind};
 use trainer::model_dir::ModelDir;
-use trainer::run::{open_dataset, peak_memory_mib, train, workbook_root, RunOptions};
+use trainer::run::{open_dataset, peak_memory_mib, recorded_data_path, train, RunOptions};
 use trainer::strategy::Strategy;
 use workbook::data::{DataConfig, DatasetKind, SAMPLE_PATH};
 use workbook::distributed::{DistEnv, DEFAULT_TIMEOUT};
@@ -109,8 +110,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     let starts_ranks = args.launch.starts_processes(args.ranks)?;
     // One process speaks for the job: rank 0, not the launcher that starts it.
     let is_logger = !starts_ranks && launched.as_ref().is_none_or(|env| env.rank == 0);
-    let root = workbook_root();
-    let mut config = RunConfig::load(&root, &args.model_size)?;
+    let mut config = RunConfig::load(&args.model_size)?;
     let chosen_tokenizer = args.tokenizer.as_deref().map(str::parse).transpose()?;
     if let Some(dir) = &args.init_from {
         // The shape and the vocabulary are the weights'; the rest stays the config's.
@@ -145,14 +145,16 @@ fn run(args: Args) -> anyhow::Result<()> {
     if kind == DatasetKind::Dummy && args.data_path.is_some() {
         anyhow::bail!("--data-path is not read with --dataset dummy (random tokens); drop one of the two");
     }
-    let data_path = args.data_path.or_else(|| {
-        let downloaded = kind.default_path().map(|p| root.join(p));
-        match (kind, downloaded) {
+    let data_path = match (args.data_path, kind.default_path()) {
+        (Some(path), _) => Some(recorded_data_path(&path, workbook_root().ok().as_deref())),
+        (None, None) => None,
+        (None, Some(default)) => {
+            let root = workbook_root()?;
             // Until the real TinyStories is downloaded, train on the bundled sample.
-            (DatasetKind::TinyStories, Some(path)) if !path.exists() => Some(root.join(SAMPLE_PATH)),
-            (_, downloaded) => downloaded,
+            let sample = kind == DatasetKind::TinyStories && !root.join(default).exists();
+            Some(PathBuf::from(if sample { SAMPLE_PATH } else { default }))
         }
-    });
+    };
     let data =
         DataConfig { kind, path: data_path, tokenizer: config.tokenizer, seq_len: config.seq_len, seed: args.seed };
     let resume = args.resume.map(|p| p.unwrap_or_else(|| args.checkpoint_dir.clone()));
