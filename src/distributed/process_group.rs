@@ -126,8 +126,24 @@ pub trait ProcessGroup: Send {
     /// the ranks up, e.g. before timing a step or after rank 0 writes a file.
     fn barrier(&self) -> Result<()>;
 
+    /// Tells the other ranks that this one is busy with long work outside
+    /// the collectives, such as writing a checkpoint (`None`: no longer). A
+    /// rank that waits for this one meanwhile keeps waiting past its timeout
+    /// instead of calling it stuck; a dead or stopped process is still
+    /// noticed. Wrap the work in [`while_busy`]. Backends without a liveness
+    /// signal (NCCL has its own watchdog) ignore it.
+    fn set_busy(&self, _what: Option<&str>) {}
+
     /// What this rank has sent through the group so far: the calls and
     /// payload bytes of each collective. Take a snapshot before a step and
     /// compare with [`CommStats::since`].
     fn stats(&self) -> CommStats;
+}
+
+/// Runs `work` with `pg` marked busy with `what` (see [`ProcessGroup::set_busy`]).
+pub fn while_busy<R>(pg: &dyn ProcessGroup, what: &str, work: impl FnOnce() -> R) -> R {
+    pg.set_busy(Some(what));
+    let result = work();
+    pg.set_busy(None);
+    result
 }

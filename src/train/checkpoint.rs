@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use candle_core::{bail, Device, Result, Tensor};
 use serde::{Deserialize, Serialize};
 
-use super::TrainConfig;
+use super::{faults, TrainConfig};
 use crate::data::{DataConfig, SamplerState};
 use crate::error::io_path;
 use crate::model::GptConfig;
@@ -88,8 +88,10 @@ impl TrainerState {
 }
 
 impl Checkpoint {
-    /// Writes the checkpoint to `dir`, replacing what is there only once the new one is complete.
+    /// Writes the checkpoint to `dir`, replacing what is there only once the
+    /// new one is complete. A write that fails removes what it staged.
     pub fn write(&self, dir: &Path) -> Result<()> {
+        let number = faults::checkpoint_write_begins()?;
         let parent = match dir.parent() {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
             _ => PathBuf::from("."),
@@ -104,20 +106,30 @@ impl Checkpoint {
             fs::remove_dir_all(&staging).map_err(|e| io_path("remove", &staging, e))?;
         }
         fs::create_dir(&staging).map_err(|e| io_path("create", &staging, e))?;
+        let written = self.write_files(&staging, number).and_then(|()| replace_dir(&staging, dir));
+        if written.is_err() {
+            // On a full disk, what was staged would make the next save fail too.
+            let _ = fs::remove_dir_all(&staging);
+        }
+        written
+    }
+
+    /// Every file of the checkpoint, into `staging`.
+    fn write_files(&self, staging: &Path, number: u64) -> Result<()> {
         candle_core::safetensors::save(&self.params, staging.join(MODEL_FILE))?;
+        faults::disk_full_check(number).map_err(|e| io_path("write", &staging.join(OPTIMIZER_FILE), e))?;
         candle_core::safetensors::save(&self.optimizer, staging.join(OPTIMIZER_FILE))?;
         let dtype = self.params.values().next().map_or(candle_core::DType::F32, Tensor::dtype);
         let tokenizer = self.state.data.as_ref().map(|d| d.config.tokenizer);
-        crate::hf::write_model_files(&staging, &self.state.model, dtype, tokenizer)?;
+        crate::hf::write_model_files(staging, &self.state.model, dtype, tokenizer)?;
         let checksums = [MODEL_FILE, OPTIMIZER_FILE]
             .into_iter()
             .map(|file| Ok((file.to_string(), crc32_of(&staging.join(file))?)))
             .collect::<Result<BTreeMap<String, u32>>>()?;
         let json = serde_json::to_string_pretty(&checksums).map_err(candle_core::Error::wrap)?;
-        fs::write(staging.join(CHECKSUM_FILE), json).map_err(|e| io_path("write", &staging, e))?;
+        fs::write(staging.join(CHECKSUM_FILE), json).map_err(|e| io_path("write", staging, e))?;
         let json = serde_json::to_string_pretty(&self.state).map_err(candle_core::Error::wrap)?;
-        fs::write(staging.join(STATE_FILE), json).map_err(|e| io_path("write", &staging, e))?;
-        replace_dir(&staging, dir)
+        fs::write(staging.join(STATE_FILE), json).map_err(|e| io_path("write", staging, e))
     }
 
     /// Whether `dir` holds every file of a checkpoint: a directory that lost

@@ -4,6 +4,7 @@
 
 mod adamw;
 mod checkpoint;
+mod faults;
 mod optimizer;
 mod schedule;
 mod seam;

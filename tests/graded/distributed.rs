@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use candle_core::{DType, Device, Error, Tensor, Var};
 use rstest::rstest;
 use workbook::distributed::{
-    spawn, spawn_with_timeout, Collective, CpuProcessGroup, ProcessGroup, ReduceOp, SingleProcess,
+    spawn, spawn_with_timeout, while_busy, Collective, CpuProcessGroup, ProcessGroup, ReduceOp, SingleProcess,
 };
 
 /// A timeout no healthy test comes near, and short enough that a hang fails fast.
@@ -314,6 +314,28 @@ fn a_rank_that_never_arrives_times_out_with_its_name() {
     assert!(err.contains("all_reduce #0 timed out after 200ms"), "{err}");
     assert!(err.contains("rank 2 did not arrive"), "{err}");
     assert!(start.elapsed() < TIMEOUT, "took {:?}", start.elapsed());
+}
+
+#[test]
+fn a_rank_busy_with_a_save_is_waited_for_past_the_timeout() {
+    let timeout = Duration::from_millis(200);
+    let results = spawn_with_timeout(2, timeout, |pg| {
+        let t = Tensor::ones(2, DType::F32, &Device::Cpu)?;
+        let slow_save = || thread::sleep(4 * timeout);
+        if pg.rank() == 0 {
+            while_busy(&pg, "writing checkpoint step_000100", slow_save);
+        }
+        pg.all_reduce(&t, ReduceOp::Sum)?; // rank 1 waits here for the busy rank 0
+        match pg.rank() {
+            0 => while_busy(&pg, "writing checkpoint step_000200", slow_save),
+            _ => drop(pg.recv(&t, 0)?), // and here
+        }
+        if pg.rank() == 0 {
+            pg.send(&t, 1)?;
+        }
+        Ok(())
+    });
+    assert!(results.is_ok(), "a busy rank was called stuck: {:?}", results.err().map(|e| e.to_string()));
 }
 
 #[test]

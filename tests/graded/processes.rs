@@ -17,11 +17,17 @@ use rstest::rstest;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use workbook::distributed::launch::free_port;
-use workbook::distributed::{init_from_env, Collective, LaunchConfig, ProcessGroup, ReduceOp, TcpProcessGroup};
+use workbook::distributed::{
+    init_from_env, while_busy, Collective, LaunchConfig, ProcessGroup, ReduceOp, TcpProcessGroup,
+};
 
 /// Set in a rank's environment: the test it runs, and where its result goes.
 const RANK_OF: &str = "WORKBOOK_TEST_RANK_OF";
 const RESULT_DIR: &str = "WORKBOOK_TEST_RESULTS";
+
+/// The collective timeout of most process tests: long, as a 2-core machine
+/// running other tests beside them is slow.
+const TIMEOUT_S: u64 = 30;
 
 /// Process tests start several processes each; one at a time keeps a 2-core
 /// machine from timing them out.
@@ -48,11 +54,20 @@ fn on_processes_some_may_exit<T: Serialize + DeserializeOwned>(
     world: usize,
     body: impl FnOnce(TcpProcessGroup) -> candle_core::Result<T>,
 ) -> Vec<Option<T>> {
+    on_processes_timing_out_after(world, TIMEOUT_S, body)
+}
+
+/// [`on_processes_some_may_exit`] with a collective timeout of `seconds`.
+fn on_processes_timing_out_after<T: Serialize + DeserializeOwned>(
+    world: usize,
+    seconds: u64,
+    body: impl FnOnce(TcpProcessGroup) -> candle_core::Result<T>,
+) -> Vec<Option<T>> {
     let test = this_test();
     if std::env::var(RANK_OF).as_deref() == Ok(test.as_str()) {
         run_rank(body);
     }
-    collect(start_ranks(world, &test), world)
+    collect(start_ranks(world, &test, seconds), world)
 }
 
 fn this_test() -> String {
@@ -83,7 +98,7 @@ fn fail(message: &str) -> ! {
 }
 
 /// Starts `world` copies of this binary running `test` and waits for all of them.
-fn start_ranks(world: usize, test: &str) -> (tempdir::Dir, Vec<Output>) {
+fn start_ranks(world: usize, test: &str, timeout_s: u64) -> (tempdir::Dir, Vec<Output>) {
     let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempdir::Dir::new();
     let config = LaunchConfig { nproc_per_node: world, ..LaunchConfig::default() };
@@ -97,7 +112,7 @@ fn start_ranks(world: usize, test: &str) -> (tempdir::Dir, Vec<Output>) {
                 .env(RANK_OF, test)
                 .env(RESULT_DIR, dir.path())
                 .env("RAYON_NUM_THREADS", "1")
-                .env("WORKBOOK_TIMEOUT_S", "30")
+                .env("WORKBOOK_TIMEOUT_S", timeout_s.to_string())
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
@@ -345,4 +360,65 @@ fn a_rank_that_exits_makes_the_others_fail_at_once_naming_it() {
     );
     let (error, _) = results[0].clone().expect("rank 0 reports");
     assert!(!error.is_empty(), "rank 0's collective must fail too");
+}
+
+/// The timeout of the liveness tests: short, so that they show what waits past it.
+const SHORT_TIMEOUT_S: u64 = 2;
+
+#[test]
+fn a_rank_busy_writing_a_checkpoint_is_waited_for_past_the_timeout() {
+    let results: Vec<Option<f64>> = on_processes_timing_out_after(2, SHORT_TIMEOUT_S, |pg| {
+        let start = std::time::Instant::now();
+        if pg.rank() == 0 {
+            let slow_save = std::time::Duration::from_secs(3 * SHORT_TIMEOUT_S);
+            while_busy(&pg, "writing checkpoint step_000100", || std::thread::sleep(slow_save));
+        }
+        pg.barrier()?;
+        Ok(start.elapsed().as_secs_f64())
+    });
+    let waited = results[1].expect("rank 1 reports");
+    assert!(
+        waited >= 2.5 * SHORT_TIMEOUT_S as f64,
+        "rank 1 passed the barrier after {waited:.1} s, before rank 0 finished its save"
+    );
+}
+
+#[test]
+fn a_live_rank_that_sends_nothing_times_out_and_is_named() {
+    let results: Vec<Option<(String, f64)>> = on_processes_timing_out_after(2, SHORT_TIMEOUT_S, |pg| {
+        let start = std::time::Instant::now();
+        if pg.rank() == 0 {
+            // Stuck in its own work, not saying it is busy.
+            std::thread::sleep(std::time::Duration::from_secs(3 * SHORT_TIMEOUT_S));
+        }
+        let error = pg.barrier().err().map(|e| e.to_string()).unwrap_or_default();
+        Ok((error, start.elapsed().as_secs_f64()))
+    });
+    let (error, waited) = results[1].clone().expect("rank 1 reports");
+    assert!(error.contains("rank 0 is alive"), "rank 1's error must say rank 0 is alive but sent nothing: {error:?}");
+    assert!(waited < 2.5 * SHORT_TIMEOUT_S as f64, "rank 1 waited {waited:.1} s for a {SHORT_TIMEOUT_S} s timeout");
+}
+
+#[test]
+fn a_stopped_rank_falls_silent_and_the_others_fail_naming_it() {
+    let results: Vec<Option<String>> = on_processes_timing_out_after(2, SHORT_TIMEOUT_S, |pg| {
+        let pids = pg.all_gather(&Tensor::new(&[std::process::id()], &Device::Cpu)?)?.to_vec1::<u32>()?;
+        if pg.rank() == 1 {
+            // Stops every thread of this process, heartbeats included, as a hung machine would.
+            signal("STOP", pids[1]);
+        }
+        let error = pg.barrier().err().map(|e| e.to_string()).unwrap_or_default();
+        if pg.rank() == 0 {
+            signal("CONT", pids[1]); // rank 1 wakes to rank 0's abort and exits
+        }
+        Ok(error)
+    });
+    let error = results[0].clone().expect("rank 0 reports");
+    assert!(error.contains("rank 1 stopped answering"), "rank 0's error must say rank 1 fell silent: {error:?}");
+}
+
+/// Sends `signal` to process `pid` with the system's `kill`.
+fn signal(signal: &str, pid: u32) {
+    let status = Command::new("kill").args([&format!("-{signal}"), &pid.to_string()]).status();
+    assert!(status.is_ok_and(|s| s.success()), "kill -{signal} {pid} failed");
 }

@@ -7,7 +7,9 @@ use anyhow::{anyhow, bail, Context, Result};
 use candle_core::{Device, Tensor};
 use indicatif::{ProgressBar, ProgressStyle};
 use workbook::data::{DataConfig, Dataset, DistributedSampler};
-use workbook::distributed::{spawn_with_timeout, DistEnv, ProcessGroup, ReduceOp, SingleProcess, TcpProcessGroup};
+use workbook::distributed::{
+    spawn_with_timeout, while_busy, DistEnv, ProcessGroup, ReduceOp, SingleProcess, TcpProcessGroup,
+};
 use workbook::parallel::ddp::Ddp;
 use workbook::parallel::fsdp::FsdpTrainer;
 use workbook::train::{DataPosition, StepStats, Train, Trainer};
@@ -227,14 +229,31 @@ fn drive(options: &RunOptions, dataset: &Dataset, mut trainer: impl Train, num_p
     })
 }
 
+/// Writes this step's checkpoint. Every rank says it is busy meanwhile: a
+/// write slower than the collective timeout is not a stuck rank.
 fn save(trainer: &impl Train, options: &RunOptions, sampler: &DistributedSampler) -> Result<()> {
     let dir = checkpoints::step_dir(&options.out_dir, trainer.counters().step);
     let position = DataPosition { config: options.data.clone(), sampler: sampler.state() };
-    trainer.save_checkpoint(&dir, Some(position)).map_err(|e| anyhow!("saving {}: {e}", dir.display()))?;
-    if trainer.process_group().rank() == 0 {
-        checkpoints::prune(&options.out_dir, options.keep_checkpoints)?;
+    let pg = trainer.process_group();
+    while_busy(pg, &format!("saving {}", dir.display()), || {
+        trainer
+            .save_checkpoint(&dir, Some(position))
+            .map_err(|e| anyhow!("saving {}: {e}; {}", dir.display(), after_failed_save(options)))?;
+        if pg.rank() == 0 {
+            checkpoints::prune(&options.out_dir, options.keep_checkpoints)?;
+        }
+        Ok(())
+    })
+}
+
+/// What a failed save leaves: the staged files are gone, earlier checkpoints untouched.
+fn after_failed_save(options: &RunOptions) -> String {
+    match checkpoints::steps(&options.out_dir).ok().and_then(|steps| steps.last().copied()) {
+        Some(step) => format!(
+            "the checkpoint of step {step} is intact: fix the cause (free disk space?) and continue with --resume"
+        ),
+        None => "no earlier checkpoint exists: fix the cause (free disk space?) and start again".to_string(),
     }
-    Ok(())
 }
 
 /// The loss averaged over ranks, for the log (each rank only sees its own batches).

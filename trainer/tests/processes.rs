@@ -148,3 +148,15 @@ fn wait_for<T>(mut probe: impl FnMut() -> Option<T>, limit: Duration) -> Option<
     }
     None
 }
+
+/// A save slower than the collective timeout is not a stuck rank: rank 0
+/// says it is busy, and rank 1 waits for it in the save's barrier.
+#[test]
+fn a_checkpoint_write_slower_than_the_timeout_does_not_end_the_job() {
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("slow-save");
+    let start = Instant::now();
+    succeed(train(&dir, 3, &["--nproc", "2", "--timeout", "2"]).env("WORKBOOK_INJECT", "save-delay-ms=5000"));
+    assert!(start.elapsed() > Duration::from_secs(5), "the injected slow save did not happen");
+    assert_eq!(checkpoints::steps(&dir).unwrap(), [3]);
+}

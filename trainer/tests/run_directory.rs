@@ -119,3 +119,22 @@ fn a_moved_workbook_resumes_its_runs() {
     succeeded(&resumed);
     assert!(String::from_utf8_lossy(&resumed.stdout).contains("resumed from"), "the moved run resumes");
 }
+
+#[test]
+fn a_full_disk_during_a_save_keeps_the_last_checkpoint_and_leaves_nothing_behind() {
+    let dir = scratch("disk-full");
+    // The second save (step 4) runs out of space after its model file.
+    let mut full = Command::new(env!("CARGO_BIN_EXE_train"));
+    full.args(["--dataset", "dummy", "--seq-len", "32", "--batch-size", "4", "--warmup-steps", "1"]);
+    full.args(["--max-steps", "6", "--checkpoint-every", "2", "--nproc", "1", "--checkpoint-dir"]).arg(&dir);
+    let failed = full.env("WORKBOOK_INJECT", "disk-full-on-save=2").env("RAYON_NUM_THREADS", "1").output().unwrap();
+    assert_eq!(failed.status.code(), Some(1));
+    let message = stderr(&failed);
+    assert!(message.contains("step 2 is intact") && message.contains("--resume"), "{message}");
+    let left: Vec<String> =
+        std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert!(!left.iter().any(|name| name.contains("partial")), "the failed save left its staging behind: {left:?}");
+    assert_eq!(checkpoints::steps(&dir).unwrap(), [2], "the last complete checkpoint survives");
+    succeeded(&train(&dir, 6, &["--resume"]));
+    assert_eq!(checkpoints::steps(&dir).unwrap(), [2, 4, 6]);
+}

@@ -110,6 +110,10 @@ impl ProcessGroup for CpuProcessGroup {
         self.run(Call::Barrier, None).map(drop)
     }
 
+    fn set_busy(&self, what: Option<&str>) {
+        self.rendezvous.set_busy(self.rank, what);
+    }
+
     fn stats(&self) -> CommStats {
         self.stats.borrow().clone()
     }

@@ -32,6 +32,9 @@ struct State {
     aborted: Option<String>,
     /// Ranks whose closure has returned successfully.
     finished: Vec<bool>,
+    /// What long work each rank said it is busy with: waiting for a busy
+    /// rank is not charged to the timeout.
+    busy: Vec<Option<String>>,
     /// Point-to-point tensors sent and not yet received, by (src, dst), in
     /// the order they were sent.
     mailboxes: HashMap<(usize, usize), VecDeque<Tensor>>,
@@ -58,6 +61,7 @@ impl Rendezvous {
             completed: None,
             aborted: None,
             finished: vec![false; world_size],
+            busy: vec![None; world_size],
             mailboxes: HashMap::new(),
         };
         Self { world_size, timeout, state: Mutex::new(state), changed: Condvar::new() }
@@ -105,7 +109,7 @@ impl Rendezvous {
 
     /// Waits for the next tensor rank `src` sent to rank `dst`.
     pub(super) fn collect(&self, src: usize, dst: usize) -> Result<Tensor> {
-        let deadline = Instant::now() + self.timeout;
+        let mut deadline = Instant::now() + self.timeout;
         let mut state = self.lock();
         loop {
             if let Some(t) = state.mailboxes.get_mut(&(src, dst)).and_then(VecDeque::pop_front) {
@@ -121,6 +125,10 @@ impl Rendezvous {
             }
             state = match self.wait_until(state, deadline) {
                 Ok(state) => state,
+                Err(state) if state.busy[src].is_some() => {
+                    deadline = Instant::now() + self.timeout;
+                    state
+                }
                 Err(mut state) => {
                     let reason = format!(
                         "recv(src {src}) timed out after {:?} on rank {dst}: rank {src} did not send (stuck, or its send is missing)",
@@ -135,7 +143,7 @@ impl Rendezvous {
     /// Waits, with the lock released, until collective `generation` is
     /// complete, the group is aborted, or it is clear that it never will be.
     fn wait(&self, mut state: MutexGuard<'_, State>, rank: usize, generation: u64, call: Call) -> Result<Arc<Outcome>> {
-        let deadline = Instant::now() + self.timeout;
+        let mut deadline = Instant::now() + self.timeout;
         loop {
             if let Some(outcome) = state.take_outcome(generation) {
                 return Ok(outcome);
@@ -153,6 +161,10 @@ impl Rendezvous {
             }
             state = match self.wait_until(state, deadline) {
                 Ok(state) => state,
+                Err(state) if missing.iter().any(|&r| state.busy[r].is_some()) => {
+                    deadline = Instant::now() + self.timeout;
+                    state
+                }
                 Err(mut state) => {
                     let reason = format!(
                         "{} #{generation} timed out after {:?} on rank {rank}: {} did not arrive (stuck, or skipped this collective: every rank must issue the same collectives in the same order)",
@@ -191,6 +203,12 @@ impl Rendezvous {
     pub(super) fn finish(&self, rank: usize) {
         self.lock().finished[rank] = true;
         self.changed.notify_all();
+    }
+
+    /// Rank `rank` is busy with `what` (`None`: no longer); see
+    /// [`ProcessGroup::set_busy`](crate::distributed::ProcessGroup::set_busy).
+    pub(super) fn set_busy(&self, rank: usize, what: Option<&str>) {
+        self.lock().busy[rank] = what.map(str::to_string);
     }
 
     /// Why the group was aborted, if it was.

@@ -10,11 +10,18 @@
 //! per peer, so that a send returns at once: in a ring every rank sends before
 //! it receives, and with blocking writes of large chunks all of them would
 //! wait for each other forever.
+//!
+//! Liveness: a writer with nothing to send sends a heartbeat, which says what
+//! long work (a checkpoint write) its rank is busy with, if any. A rank
+//! waiting for a peer tells three cases apart: silence for the whole timeout
+//! (the peer's process is stopped or its machine gone), a peer that is alive
+//! and not busy but sends nothing for this call (stuck, or it skipped the
+//! call), and a peer that is busy, whose wait is not charged to the timeout.
 
 use std::cell::RefCell;
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::sync::mpsc::{self, Sender};
+use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -37,6 +44,20 @@ pub(super) struct Mesh {
     timeout: Duration,
     /// Why this rank gave up, once it has: every later call fails with it.
     failure: RefCell<Option<String>>,
+    /// What long work this rank is busy with, for its writers' heartbeats.
+    busy: Arc<Mutex<Option<String>>>,
+    /// What each peer last said it was busy with.
+    peer_busy: RefCell<Vec<Option<String>>>,
+}
+
+/// One wait for a message from a peer: when it gives up, and when the peer
+/// was last heard from at all.
+struct Wait<'a> {
+    from: usize,
+    waiting_for: &'a Header,
+    start: Instant,
+    deadline: Instant,
+    last_heard: Instant,
 }
 
 struct Peer {
@@ -70,12 +91,24 @@ impl Mesh {
             *slot = Some(dial(&addr, rank, peer, token, timeout)?);
         }
         accept_higher(&listener, &mut streams, rank, token, timeout)?;
+        let busy = Arc::new(Mutex::new(None));
         let peers = streams
             .into_iter()
             .enumerate()
-            .map(|(r, s)| s.map(|s| Peer::start(s, r, timeout)).transpose())
+            .map(|(r, s)| s.map(|s| Peer::start(s, r, timeout, Arc::clone(&busy))).transpose())
             .collect::<Result<_>>()?;
-        Ok(Self { rank, peers, timeout, failure: RefCell::new(None) })
+        let peer_busy = RefCell::new(vec![None; world_size]);
+        Ok(Self { rank, peers, timeout, failure: RefCell::new(None), busy, peer_busy })
+    }
+
+    /// Says what long work this rank is busy with (`None`: none), at once to
+    /// every peer and in every heartbeat after.
+    pub fn set_busy(&self, what: Option<&str>) {
+        *self.busy.lock().unwrap_or_else(PoisonError::into_inner) = what.map(str::to_string);
+        let frame = heartbeat(&self.busy);
+        for to in (0..self.peers.len()).filter(|&r| r != self.rank) {
+            let _ = self.queue(to, frame.clone());
+        }
     }
 
     /// Queues `header` and `payload` for rank `to`; returns before they arrive.
@@ -92,6 +125,12 @@ impl Mesh {
         let mut frame = Vec::with_capacity(HEADER_BYTES + payload.len());
         frame.extend_from_slice(header);
         frame.extend_from_slice(payload);
+        self.queue(to, frame)
+    }
+
+    /// Hands a whole frame to the writer thread of rank `to`.
+    fn queue(&self, to: usize, frame: Vec<u8>) -> Result<()> {
+        let peer = self.peer(to)?;
         let gone = || Error::Msg(format!("rank {} could not send to rank {to}: the connection is closed", self.rank));
         peer.outbox.as_ref().ok_or_else(gone)?.send(frame).map_err(|_| gone())
     }
@@ -109,24 +148,34 @@ impl Mesh {
 
     fn receive(&self, from: usize, expected: &Header, into: &mut [u8]) -> std::result::Result<(), String> {
         let peer = self.peer(from).map_err(|e| e.to_string())?;
-        let mut stream = &peer.stream;
-        let mut raw = [0u8; HEADER_BYTES];
-        self.read(&mut stream, &mut raw, from, expected)?;
-        match Header::decode(&raw) {
-            Some(Frame::Message(got)) if got == *expected => self.read(&mut stream, into, from, expected),
-            Some(Frame::Message(got)) => Err(format!(
-                "rank {} expected {expected} from rank {from}, which sent {got}: every rank must issue the same collectives in the same order, with tensors of the same shape and dtype",
-                self.rank
-            )),
-            Some(Frame::Abort { len }) => {
-                let mut reason = vec![0u8; len];
-                self.read(&mut stream, &mut reason, from, expected)?;
-                Err(String::from_utf8_lossy(&reason).into_owned())
+        let now = Instant::now();
+        let mut wait = Wait { from, waiting_for: expected, start: now, deadline: now + self.timeout, last_heard: now };
+        loop {
+            let mut raw = [0u8; HEADER_BYTES];
+            self.fill(&peer.stream, &mut raw, &mut wait)?;
+            match Header::decode(&raw) {
+                Some(Frame::Heartbeat { len }) => {
+                    let mut text = vec![0u8; len];
+                    self.fill(&peer.stream, &mut text, &mut wait)?;
+                    self.peer_busy.borrow_mut()[from] = (len > 0).then(|| String::from_utf8_lossy(&text).into_owned());
+                    // Heartbeats keep coming while a live peer sends nothing else.
+                    self.still_waiting(&mut wait)?;
+                }
+                Some(Frame::Message(got)) if got == *expected => return self.fill(&peer.stream, into, &mut wait),
+                Some(Frame::Message(got)) => return Err(format!(
+                    "rank {} expected {expected} from rank {from}, which sent {got}: every rank must issue the same collectives in the same order, with tensors of the same shape and dtype",
+                    self.rank
+                )),
+                Some(Frame::Abort { len }) => {
+                    let mut reason = vec![0u8; len];
+                    self.fill(&peer.stream, &mut reason, &mut wait)?;
+                    return Err(String::from_utf8_lossy(&reason).into_owned());
+                }
+                None => return Err(format!(
+                    "rank {} received a message from rank {from} that is no header of this backend (a bug, or ranks built from different versions)",
+                    self.rank
+                )),
             }
-            None => Err(format!(
-                "rank {} received a message from rank {from} that is no header of this backend (a bug, or ranks built from different versions)",
-                self.rank
-            )),
         }
     }
 
@@ -151,27 +200,51 @@ impl Mesh {
         }
     }
 
-    fn read(
-        &self,
-        stream: &mut &TcpStream,
-        buf: &mut [u8],
-        from: usize,
-        waiting_for: &Header,
-    ) -> std::result::Result<(), String> {
-        let start = Instant::now();
-        stream.read_exact(buf).map_err(|e| {
-            let me = self.rank;
-            match e.kind() {
-                ErrorKind::WouldBlock | ErrorKind::TimedOut => format!(
-                    "{waiting_for} timed out after {:.0?} on rank {me}: rank {from} sent nothing (stuck, or it skipped this call: every rank must issue the same collectives in the same order)",
-                    start.elapsed()
-                ),
-                ErrorKind::UnexpectedEof | ErrorKind::ConnectionReset | ErrorKind::BrokenPipe => format!(
+    /// Reads exactly `buf.len()` bytes from the peer of `wait`, giving up as
+    /// that wait's rules say. Bytes arrive as they come: the socket's read
+    /// timeout is only the heartbeat interval, so the checks run often.
+    fn fill(&self, mut stream: &TcpStream, buf: &mut [u8], wait: &mut Wait) -> std::result::Result<(), String> {
+        let (me, from, waiting_for) = (self.rank, wait.from, wait.waiting_for);
+        let mut filled = 0;
+        while filled < buf.len() {
+            match stream.read(&mut buf[filled..]) {
+                Ok(0) => return Err(format!(
                     "rank {from} closed its connection while rank {me} waited in {waiting_for}: rank {from} exited or crashed (its own output says why)"
-                ),
-                _ => format!("rank {me} lost its connection to rank {from} in {waiting_for}: {e}"),
+                )),
+                Ok(n) => {
+                    filled += n;
+                    wait.last_heard = Instant::now();
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => self.still_waiting(wait)?,
+                Err(e) => return Err(format!("rank {me} lost its connection to rank {from} in {waiting_for}: {e}")),
             }
-        })
+        }
+        Ok(())
+    }
+
+    /// Whether to go on waiting: not after silence for the whole timeout,
+    /// nor past the deadline unless the peer says it is busy, which moves it.
+    fn still_waiting(&self, wait: &mut Wait) -> std::result::Result<(), String> {
+        let (me, from, waiting_for) = (self.rank, wait.from, wait.waiting_for);
+        let now = Instant::now();
+        let silent = now - wait.last_heard;
+        if silent >= self.timeout {
+            return Err(format!(
+                "rank {from} stopped answering while rank {me} waited in {waiting_for}: nothing from it, not even a heartbeat, for {silent:.0?}: its process is stopped or hung, its machine is down, or the network between them is cut"
+            ));
+        }
+        if now < wait.deadline {
+            return Ok(());
+        }
+        if self.peer_busy.borrow()[from].is_some() {
+            wait.deadline = now + self.timeout;
+            return Ok(());
+        }
+        Err(format!(
+            "{waiting_for} timed out after {:.0?} on rank {me}: rank {from} is alive (its heartbeats arrive) but sent nothing for this call: it is stuck in its own work, or it skipped this call (every rank must issue the same collectives in the same order); if its work legitimately takes longer, raise --timeout",
+            now - wait.start
+        ))
     }
 
     fn peer(&self, rank: usize) -> Result<&Peer> {
@@ -203,24 +276,45 @@ impl Drop for Mesh {
 }
 
 impl Peer {
-    fn start(stream: TcpStream, rank: usize, timeout: Duration) -> Result<Self> {
+    fn start(stream: TcpStream, rank: usize, timeout: Duration, busy: Arc<Mutex<Option<String>>>) -> Result<Self> {
         stream.set_nodelay(true)?;
         // A peer that stops reading must not keep this rank from exiting.
         stream.set_write_timeout(Some(timeout))?;
+        let interval = heartbeat_interval(timeout);
+        stream.set_read_timeout(Some(interval))?;
         let mut out = stream.try_clone()?;
         let (outbox, frames) = mpsc::channel::<Vec<u8>>();
         let write_error = Arc::new(Mutex::new(None));
         let slot = Arc::clone(&write_error);
-        let writer = thread::Builder::new().name(format!("send-to-rank-{rank}")).spawn(move || {
-            for frame in frames {
-                if let Err(e) = out.write_all(&frame) {
-                    *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(e.to_string());
-                    return;
-                }
+        let writer = thread::Builder::new().name(format!("send-to-rank-{rank}")).spawn(move || loop {
+            let frame = match frames.recv_timeout(interval) {
+                Ok(frame) => frame,
+                Err(RecvTimeoutError::Timeout) => heartbeat(&busy),
+                Err(RecvTimeoutError::Disconnected) => return,
+            };
+            if let Err(e) = out.write_all(&frame) {
+                *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(e.to_string());
+                return;
             }
         })?;
         Ok(Self { stream, outbox: Some(outbox), writer: Some(writer), write_error })
     }
+}
+
+/// How often an idle writer sends a heartbeat: often enough that a live peer
+/// is never silent for a whole `timeout`, even on a busy machine.
+fn heartbeat_interval(timeout: Duration) -> Duration {
+    (timeout / 8).clamp(Duration::from_millis(20), Duration::from_secs(1))
+}
+
+/// A heartbeat frame carrying what this rank is busy with.
+fn heartbeat(busy: &Mutex<Option<String>>) -> Vec<u8> {
+    let busy = busy.lock().unwrap_or_else(PoisonError::into_inner);
+    let text = busy.as_deref().unwrap_or_default().as_bytes();
+    let text = &text[..text.len().min(MAX_REASON)];
+    let mut frame = Header::heartbeat(text.len()).to_vec();
+    frame.extend_from_slice(text);
+    frame
 }
 
 /// The address this machine uses to reach `master`: the interface the ranks

@@ -11,8 +11,10 @@
 //! by all-gather, so each rank sends 2(N−1)/N of the buffer whatever N is.
 //!
 //! Failures end in errors, not hangs: a peer that exits closes its sockets,
-//! which every rank waiting for it notices at once; a peer that stalls
-//! trips the timeout; a peer that issues a different collective, or passes a
+//! which every rank waiting for it notices at once; a peer whose process
+//! stops falls silent (no heartbeats) and trips the timeout, as does a live
+//! peer that sends nothing for the call, unless it said it is busy
+//! ([`ProcessGroup::set_busy`]), e.g. writing a checkpoint; a peer that issues a different collective, or passes a
 //! different shape, sends a header this rank does not expect, and the error
 //! names both calls.
 
@@ -211,6 +213,10 @@ impl ProcessGroup for TcpProcessGroup {
         self.mesh.recv(src, &Header::point_to_point(seq, like, len), buf.bytes_mut())?;
         self.stats.borrow_mut().record(Collective::Recv, len as u64);
         buf.into_tensor(like.dims(), like.device())
+    }
+
+    fn set_busy(&self, what: Option<&str>) {
+        self.mesh.set_busy(what);
     }
 
     fn stats(&self) -> CommStats {

@@ -21,6 +21,10 @@ pub(super) const HEADER_BYTES: usize = 40;
 /// payload of at most [`MAX_REASON`] bytes, so the root cause reaches every rank.
 const ABORT: u8 = u8::MAX;
 pub(super) const MAX_REASON: usize = 4096;
+/// The kind byte of a heartbeat: a peer's writer sends one whenever it has
+/// been idle for a while, so silence means the peer is gone, not just slow.
+/// Its payload, when not empty, says what long work the peer is busy with.
+const HEARTBEAT: u8 = u8::MAX - 1;
 
 /// What a frame holds: a message of a collective or point-to-point call, or a peer's abort.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,6 +32,11 @@ pub(super) enum Frame {
     Message(Header),
     /// A peer gave up; the reason (`len` bytes of text) follows.
     Abort {
+        len: usize,
+    },
+    /// A peer is alive; what it is busy with (`len` bytes of text, none when
+    /// it is not) follows.
+    Heartbeat {
         len: usize,
     },
 }
@@ -88,8 +97,17 @@ impl Header {
 
     /// The header of an abort whose reason is `len` bytes long.
     pub fn abort(len: usize) -> [u8; HEADER_BYTES] {
+        Self::text_frame(ABORT, len)
+    }
+
+    /// The header of a heartbeat whose busy text is `len` bytes long.
+    pub fn heartbeat(len: usize) -> [u8; HEADER_BYTES] {
+        Self::text_frame(HEARTBEAT, len)
+    }
+
+    fn text_frame(kind: u8, len: usize) -> [u8; HEADER_BYTES] {
         let mut out = [0u8; HEADER_BYTES];
-        out[8] = ABORT;
+        out[8] = kind;
         out[24..32].copy_from_slice(&(len.min(MAX_REASON) as u64).to_le_bytes());
         out
     }
@@ -97,8 +115,11 @@ impl Header {
     /// `None` when the bytes are no header this backend writes.
     pub fn decode(bytes: &[u8; HEADER_BYTES]) -> Option<Frame> {
         let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
-        if bytes[8] == ABORT {
-            return Some(Frame::Abort { len: (u64_at(24) as usize).min(MAX_REASON) });
+        let text_len = (u64_at(24) as usize).min(MAX_REASON);
+        match bytes[8] {
+            ABORT => return Some(Frame::Abort { len: text_len }),
+            HEARTBEAT => return Some(Frame::Heartbeat { len: text_len }),
+            _ => {}
         }
         Some(Frame::Message(Self {
             seq: u64_at(0),
