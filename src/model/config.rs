@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 /// `hidden_size` is C, `num_heads` is H, `hidden_size / num_heads` is the head
 /// dimension D, `intermediate_size` is the width of the SwiGLU MLP.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct GptConfig {
     pub vocab_size: usize,
     pub hidden_size: usize,

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context, Result};
 use serde::Deserialize;
 use workbook::data::Tokenizer;
+use workbook::memory::{available_memory, Footprint};
 use workbook::train::{AdamWConfig, CosineSchedule, LrSchedule, OptimizerConfig, TrainConfig};
 use workbook::GptConfig;
 
@@ -153,14 +154,39 @@ impl RunConfig {
             );
         }
         self.optimizer.validate()?;
-        if self.model.vocab_size != self.tokenizer.vocab_size() {
+        // Larger is fine: vocabularies are often padded to a round size.
+        if self.model.vocab_size < self.tokenizer.vocab_size() {
             bail!(
-                "the model's vocab_size {} does not match the {} tokenizer's {}: fix vocab_size in the config file",
+                "the model's vocab_size {} is smaller than the {} tokenizer's {}: fix vocab_size in the config file",
                 self.model.vocab_size,
                 self.tokenizer,
                 self.tokenizer.vocab_size()
             );
         }
-        Ok(self.model.validate()?)
+        self.model.validate()?;
+        self.check_fits(world_size)
+    }
+
+    /// Fails, before anything is allocated, when the machine's free memory
+    /// cannot hold even the run's smallest footprint (where the OS says how
+    /// much is free).
+    fn check_fits(&self, world_size: usize) -> Result<()> {
+        let need = Footprint::of(&self.model, self.batch_size / world_size, self.seq_len);
+        let Some(available) = available_memory() else { return Ok(()) };
+        if need.total() <= available {
+            return Ok(());
+        }
+        let gib = |bytes: f64| format!("{:.1} GiB", bytes / (1u64 << 30) as f64);
+        bail!(
+            "this run needs at least {} ({} for parameters, gradients and AdamW state; {} for the rotary tables \
+             of max_seq_len {}; {} for one layer's attention scores) but the machine has {} free: choose a \
+             smaller model, a shorter max_seq_len or seq_len, or a smaller batch",
+            gib(need.total()),
+            gib(need.model_states),
+            gib(need.rotary),
+            self.model.max_seq_len,
+            gib(need.attention),
+            gib(available)
+        )
     }
 }

@@ -42,12 +42,21 @@ fn a_config_file_out_of_range_is_refused() {
     let dir = scratch("config");
     std::fs::create_dir_all(&dir).unwrap();
     let tiny = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/tiny.toml")).unwrap();
-    for (key, bad, message) in [
+    let mut cases = vec![
         ("norm_eps", "-1e-5", "norm_eps must be a positive number, not -0.00001"),
         ("rope_theta", "0.0", "rope_theta must be a positive number, not 0"),
         ("beta1", "1.5", "optimizer setting beta1 = 1.5 must be in [0, 1)"),
         ("max_grad_norm", "-1.0", "optimizer setting max_grad_norm = -1 must be a positive number"),
-    ] {
+        // Unknown keys are refused, by name, with the ones that exist.
+        ("bias", "false\nnum_head = 4", "unknown field `num_head`, expected one of"),
+    ];
+    // Sizes that cannot fit are refused before anything is allocated, not
+    // aborted in the allocator (where the OS says how much memory is free).
+    if workbook::memory::available_memory().is_some() {
+        cases.push(("hidden_size", "1000000", "for parameters, gradients and AdamW state"));
+        cases.push(("max_seq_len", "1000000000", "for the rotary tables of max_seq_len 1000000000"));
+    }
+    for (key, bad, message) in cases {
         let line =
             tiny.lines().find(|l| l.starts_with(&format!("{key} ="))).unwrap_or_else(|| panic!("{key} in tiny.toml"));
         let config = dir.join(format!("{key}.toml"));
