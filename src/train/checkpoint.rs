@@ -138,6 +138,11 @@ impl Checkpoint {
         [MODEL_FILE, OPTIMIZER_FILE, STATE_FILE].iter().all(|file| dir.join(file).is_file())
     }
 
+    /// Fails if a tensor file in `dir` is not what was written (see `checksums.json`).
+    pub fn verify(dir: &Path) -> Result<()> {
+        verify_checksums(dir, &[MODEL_FILE, OPTIMIZER_FILE])
+    }
+
     /// Reads the checkpoint in `dir`, with errors that say what is wrong with it.
     pub fn read(dir: &Path) -> Result<Self> {
         let (state, params) = Self::read_model(dir)?;

@@ -34,14 +34,24 @@ pub fn steps(root: &Path) -> Result<Vec<usize>> {
     Ok(steps)
 }
 
-/// The newest complete checkpoint under `root`, or `root` itself when it is a checkpoint.
+/// The newest complete and intact checkpoint under `root` (a newer one
+/// whose checksums fail is skipped, with a warning), or `root` itself when it
+/// is a checkpoint.
 pub fn resolve(root: &Path) -> Result<PathBuf> {
     if root.join("trainer_state.json").is_file() {
         return Ok(root.to_path_buf());
     }
-    match steps(root)?.last() {
-        Some(&step) => Ok(step_dir(root, step)),
-        None => bail!("no checkpoint in {}: train first, or point at a step_NNNNNN directory", root.display()),
+    let steps = steps(root)?;
+    for &step in steps.iter().rev() {
+        let dir = step_dir(root, step);
+        match Checkpoint::verify(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) => eprintln!("warning: skipping {}: {e}", dir.display()),
+        }
+    }
+    match steps.is_empty() {
+        true => bail!("no checkpoint in {}: train first, or point at a step_NNNNNN directory", root.display()),
+        false => bail!("no intact checkpoint in {}: every one fails its checksums", root.display()),
     }
 }
 

@@ -138,3 +138,18 @@ fn a_full_disk_during_a_save_keeps_the_last_checkpoint_and_leaves_nothing_behind
     succeeded(&train(&dir, 6, &["--resume"]));
     assert_eq!(checkpoints::steps(&dir).unwrap(), [2, 4, 6]);
 }
+
+#[test]
+fn a_corrupt_newest_checkpoint_is_skipped_for_the_one_before() {
+    let dir = scratch("corrupt");
+    succeeded(&train(&dir, 4, &[]));
+    let model = checkpoints::step_dir(&dir, 4).join("model.safetensors");
+    let mut bytes = std::fs::read(&model).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x10; // one flipped bit in a weight
+    std::fs::write(&model, bytes).unwrap();
+    let resumed = train(&dir, 6, &["--resume"]);
+    succeeded(&resumed);
+    assert!(stderr(&resumed).contains("skipping") && stderr(&resumed).contains("step_000004"), "{}", stderr(&resumed));
+    assert!(String::from_utf8_lossy(&resumed.stdout).contains("at step 2"), "it resumes from step 2");
+}
