@@ -4,7 +4,7 @@
 //! The reference is Phase 2's single-process `Trainer`, itself checked against
 //! PyTorch (exercise 10's fixture): FSDP must reach the parameters it reaches.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use candle_core::{DType, Device, Tensor};
 use workbook::distributed::{spawn, ProcessGroup};
@@ -118,19 +118,24 @@ pub fn fsdp_run(
     steps: usize,
 ) -> (HashMap<String, Tensor>, Vec<FsdpTrainer>) {
     let fsdp = FsdpConfig { sharding: strategy, precision };
-    let mut results = ok(
-        spawn(world_size, |pg| {
-            let mut trainer = fsdp_trainer(Box::new(pg), fsdp, config);
-            for s in 0..steps {
-                fsdp_step(&mut trainer, s);
-            }
-            let params = gather_params(&trainer);
-            Ok((params, trainer))
-        }),
-        "the FSDP ranks",
-    );
+    let mut results = ok(spawn(world_size, |pg| Ok(fsdp_rank(Box::new(pg), fsdp, config, steps))), "the FSDP ranks");
     let params = results[0].0.clone();
     (params, results.drain(..).map(|(_, t)| t).collect())
+}
+
+/// One FSDP rank's part of [`fsdp_run`]: the whole parameters after `steps`
+/// steps, and its trainer.
+pub fn fsdp_rank(
+    pg: Box<dyn ProcessGroup>,
+    fsdp: FsdpConfig,
+    config: TrainConfig,
+    steps: usize,
+) -> (HashMap<String, Tensor>, FsdpTrainer) {
+    let mut trainer = fsdp_trainer(pg, fsdp, config);
+    for s in 0..steps {
+        fsdp_step(&mut trainer, s);
+    }
+    (gather_params(&trainer), trainer)
 }
 
 /// The largest relative L2 difference of any parameter between two runs.
@@ -153,18 +158,28 @@ fn l2(t: &Tensor) -> f64 {
 
 /// Rank 0's parameters after `steps` steps of Phase 2's DDP trainer on `world_size` CPU ranks.
 pub fn ddp_run(world_size: usize, config: TrainConfig, steps: usize) -> HashMap<String, Tensor> {
-    let mut results = ok(
-        spawn(world_size, |pg| {
-            let params = init_params(&model_config(), 7, &Device::Cpu).unwrap();
-            let mut trainer = Trainer::new(&model_config(), params, config, Ddp::new(Box::new(pg)))?;
-            for s in 0..steps {
-                let mine: Vec<Tensor> =
-                    global_batches(s).iter().map(|b| rows_of(b, trainer.ddp.rank(), world_size)).collect();
-                trainer.train_step(&mine)?;
-            }
-            Ok(trainer.params.iter().map(|(n, v)| (n.to_string(), v.as_tensor().clone())).collect::<HashMap<_, _>>())
-        }),
-        "the DDP ranks",
-    );
+    let mut results = ok(spawn(world_size, |pg| ddp_rank(Box::new(pg), config, steps)), "the DDP ranks");
     results.swap_remove(0)
+}
+
+/// One DDP rank's part of [`ddp_run`]: its parameters after `steps` steps.
+pub fn ddp_rank(
+    pg: Box<dyn ProcessGroup>,
+    config: TrainConfig,
+    steps: usize,
+) -> candle_core::Result<HashMap<String, Tensor>> {
+    let world_size = pg.world_size();
+    let params = init_params(&model_config(), 7, &Device::Cpu)?;
+    let mut trainer = Trainer::new(&model_config(), params, config, Ddp::new(pg))?;
+    for s in 0..steps {
+        let mine: Vec<Tensor> = global_batches(s).iter().map(|b| rows_of(b, trainer.ddp.rank(), world_size)).collect();
+        trainer.train_step(&mine)?;
+    }
+    Ok(trainer.params.iter().map(|(n, v)| (n.to_string(), v.as_tensor().clone())).collect())
+}
+
+/// Parameters as plain numbers, to send from a rank's process to the test.
+pub fn as_values(params: &HashMap<String, Tensor>) -> BTreeMap<String, Vec<f32>> {
+    let values = |t: &Tensor| t.flatten_all().and_then(|t| t.to_dtype(DType::F32)).and_then(|t| t.to_vec1());
+    params.iter().map(|(name, t)| (name.clone(), values(t).unwrap())).collect()
 }

@@ -29,8 +29,10 @@ use workbook::train::TrainConfig;
 
 use crate::exercise_12::expected;
 use crate::fsdp_runs::{
-    ddp_run, fsdp_run, fsdp_step, fsdp_trainer, gather_params, max_relative_difference, single_process, train_config,
+    as_values, ddp_run, fsdp_rank, fsdp_run, fsdp_step, fsdp_trainer, gather_params, max_relative_difference,
+    single_process, train_config,
 };
+use crate::process_ranks::on_processes;
 use crate::support::{cause, number, ok};
 
 const STEPS: usize = 3;
@@ -205,5 +207,21 @@ fn fp16_skips_overflowing_steps_instead_of_producing_nan() {
             sum.is_finite(),
             "`{name}` holds inf or NaN after fp16 training: overflowing steps reached the parameters"
         );
+    }
+}
+
+/// Ranks as processes, as on a cluster: FSDP over the TCP backend, each rank
+/// a process running your exercises, trains bit for bit as on thread ranks
+/// (two ranks add a + b = b + a, whichever order the ring uses).
+#[test]
+fn full_shard_on_two_processes_trains_as_on_two_thread_ranks() {
+    let fsdp = FsdpConfig { sharding: ShardingStrategy::FullShard, precision: Precision::Fp32 };
+    let per_rank = on_processes(2, |pg| Ok(as_values(&fsdp_rank(Box::new(pg), fsdp, train_config(CLIP), STEPS).0)));
+    let (threads, _) = fsdp_run(2, ShardingStrategy::FullShard, Precision::Fp32, train_config(CLIP), STEPS);
+    let threads = as_values(&threads);
+    for (rank, params) in per_rank.iter().enumerate() {
+        if let Some(name) = params.keys().find(|name| params[*name] != threads[*name]) {
+            panic!("rank {rank}'s process and the thread ranks disagree on `{name}` after {STEPS} FSDP steps");
+        }
     }
 }

@@ -171,7 +171,7 @@ fn check_whole_phase(ws: &Workspace, number: u32, exercises_pass: bool) -> Resul
     if !ws.root.join(format!("tests/graded/phase_{number}.rs")).exists() {
         return Ok(None);
     }
-    let label = "multi-rank checks on CPU ranks";
+    let label = "multi-rank checks (CPU ranks as processes and threads)";
     if !exercises_pass {
         println!("      {label}  {}", dim("waiting for the exercises above"));
         return Ok(Some(false));
