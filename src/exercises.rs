@@ -67,6 +67,10 @@ mod ex14_wrap_policy;
 #[cfg_attr(feature = "solutions", path = "../solutions/phase3_fsdp/ex15_fsdp_checkpoint.rs")]
 mod ex15_fsdp_checkpoint;
 
+#[cfg_attr(not(feature = "solutions"), path = "../exercises/phase4_under_the_hood/ex16_ring_all_reduce.rs")]
+#[cfg_attr(feature = "solutions", path = "../solutions/phase4_under_the_hood/ex16_ring_all_reduce.rs")]
+mod ex16_ring_all_reduce;
+
 /// Phase 1: Model (exercises 1–7).
 pub mod phase1_model {
     pub use super::ex02_rotate_half::rotate_half;
@@ -87,4 +91,9 @@ pub mod phase3_fsdp {
     pub use super::ex12_sharding_strategy::sharding_plan;
     pub use super::ex13_mixed_precision::mixed_precision_policy;
     pub use super::ex14_wrap_policy::wrap_policy;
+}
+
+/// Phase 4: Under the hood (exercise 16).
+pub mod phase4_under_the_hood {
+    pub use super::ex16_ring_all_reduce::ring_all_reduce;
 }

@@ -14,10 +14,10 @@
 //! | [`data`]          | tokenizer, token files, datasets, the distributed sampler            |
 //! | [`memory`]        | heap accounting per thread, allocator tuning                          |
 //!
-//! The exercise files are wired in as [`phase1_model`], [`phase2_training`]
-//! and [`phase3_fsdp`] (see `src/exercises.rs`). With `--features solutions`
-//! they are swapped for the reference bodies in `solutions/`, and the crate is
-//! a working reference implementation. Run `cargo xtask next` to see where to
+//! The exercise files are wired in as [`phase1_model`], [`phase2_training`],
+//! [`phase3_fsdp`] and [`phase4_under_the_hood`] (see `src/exercises.rs`).
+//! With `--features solutions` they are swapped for the reference bodies in
+//! `solutions/`, and the crate is a working reference implementation. Run `cargo xtask next` to see where to
 //! start.
 
 pub mod autograd;
@@ -31,7 +31,7 @@ pub mod model;
 pub mod parallel;
 pub mod train;
 
-pub use exercises::{phase1_model, phase2_training, phase3_fsdp};
+pub use exercises::{phase1_model, phase2_training, phase3_fsdp, phase4_under_the_hood};
 
 /// Fused CPU kernels with their own backward pass (the `workbook-kernels` crate in `kernels/`).
 pub use workbook_kernels as kernels;

@@ -2,6 +2,7 @@
 //! checks, the payload size and the arithmetic that every backend shares.
 
 use std::fmt;
+use std::ops::Range;
 
 use candle_core::{bail, Result, Tensor};
 
@@ -187,4 +188,20 @@ impl Outcome {
         let own = if data.dtype() == input.dtype() { data.force_contiguous()? } else { data.to_dtype(input.dtype())? };
         Ok(own.to_device(input.device())?.detach())
     }
+}
+
+/// `len` elements cut into `parts` chunks as even as they go, as element
+/// ranges in order: the first `len % parts` chunks are one element longer
+/// (10 into 4: 3, 3, 2, 2). The ring algorithms cut their buffers this way,
+/// so chunk `c` is the same elements on every rank.
+pub fn chunk_ranges(len: usize, parts: usize) -> Vec<Range<usize>> {
+    let (base, extra) = (len / parts.max(1), len % parts.max(1));
+    let mut start = 0;
+    (0..parts)
+        .map(|i| {
+            let n = base + usize::from(i < extra);
+            start += n;
+            start - n..start
+        })
+        .collect()
 }

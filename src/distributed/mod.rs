@@ -79,7 +79,7 @@ mod stats;
 pub mod store;
 mod tcp;
 
-pub use collective::Collective;
+pub use collective::{chunk_ranges, Collective};
 pub use cpu::{spawn, spawn_with_timeout, CpuProcessGroup, DEFAULT_TIMEOUT};
 pub use env::{init_from_env, DistEnv};
 pub use launch::{launch, relaunch_self, LaunchConfig};

@@ -20,6 +20,7 @@ mod exercise_12;
 mod exercise_13;
 mod exercise_14;
 mod exercise_15;
+mod exercise_16;
 // END exercise modules
 mod data;
 mod distributed;

@@ -27,6 +27,7 @@ use candle_core::{DType, Result};
 
 use super::mesh::Mesh;
 use super::wire::Header;
+use crate::distributed::chunk_ranges;
 use crate::kernels::buffers::add_assign;
 
 /// The piece a chunk is sent in: a multiple of every element size, large
@@ -162,17 +163,8 @@ fn disjoint(buf: &mut [u8], a: Range<usize>, b: Range<usize>) -> (&[u8], &mut [u
     }
 }
 
-/// `len` elements of `elem` bytes cut into `parts` chunks, as byte ranges: the
-/// first `len % parts` chunks one element longer.
+/// `len` elements of `elem` bytes cut into `parts` chunks, as byte ranges
+/// (see [`chunk_ranges`]).
 pub(super) fn chunks(len: usize, parts: usize, elem: usize) -> Vec<Range<usize>> {
-    let (base, extra) = (len / parts, len % parts);
-    let mut start = 0;
-    (0..parts)
-        .map(|i| {
-            let n = base + usize::from(i < extra);
-            let range = start * elem..(start + n) * elem;
-            start += n;
-            range
-        })
-        .collect()
+    chunk_ranges(len, parts).into_iter().map(|r| r.start * elem..r.end * elem).collect()
 }
