@@ -78,6 +78,7 @@ mod single;
 mod stats;
 pub mod store;
 mod tcp;
+mod work;
 
 pub use collective::{chunk_ranges, Collective};
 pub use cpu::{spawn, spawn_with_timeout, CpuProcessGroup, DEFAULT_TIMEOUT};
@@ -90,3 +91,4 @@ pub use reduce_op::ReduceOp;
 pub use single::SingleProcess;
 pub use stats::CommStats;
 pub use tcp::{Rendezvous, TcpProcessGroup};
+pub use work::Work;

@@ -210,7 +210,7 @@ impl ProcessGroup for NcclProcessGroup {
     }
 
     fn properties(&self) -> Properties {
-        Properties { rank_order_reduction: false, detects_dead_peers: false }
+        Properties { rank_order_reduction: false, detects_dead_peers: false, overlaps: false }
     }
 
     fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {

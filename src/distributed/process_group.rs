@@ -2,7 +2,7 @@
 
 use candle_core::{Result, Tensor};
 
-use super::{CommStats, ReduceOp};
+use super::{CommStats, ReduceOp, Work};
 
 /// What a backend guarantees beyond the contract every backend keeps.
 /// Tests read these to choose between a bit-exact comparison and a tolerance.
@@ -17,6 +17,9 @@ pub struct Properties {
     /// A peer that dies turns this rank's pending and next collectives into
     /// errors naming it, instead of a hang (NCCL hangs until its watchdog).
     pub detects_dead_peers: bool,
+    /// The `_async` calls run while the caller goes on computing; without
+    /// it they are done by the time they return.
+    pub overlaps: bool,
 }
 
 /// A group of ranks that exchange tensors through collectives.
@@ -125,6 +128,26 @@ pub trait ProcessGroup: Send {
     /// Returns once every rank has called it; moves no data. Useful to line
     /// the ranks up, e.g. before timing a step or after rank 0 writes a file.
     fn barrier(&self) -> Result<()>;
+
+    /// [`all_reduce`](Self::all_reduce) started without waiting for it
+    /// (PyTorch: `async_op=True`): the returned [`Work`]'s `wait` gives the
+    /// result. Calls still run in the order they were issued, so every rank
+    /// must issue the same ones in the same order as ever. DDP uses it to
+    /// all-reduce a bucket of gradients while backward computes the next.
+    fn all_reduce_async(&self, t: &Tensor, op: ReduceOp) -> Result<Work> {
+        Ok(Work::done(self.all_reduce(t, op)))
+    }
+
+    /// [`all_gather`](Self::all_gather), started without waiting for it
+    /// (FSDP prefetches the next unit's parameters with it).
+    fn all_gather_async(&self, t: &Tensor) -> Result<Work> {
+        Ok(Work::done(self.all_gather(t)))
+    }
+
+    /// [`reduce_scatter`](Self::reduce_scatter), started without waiting for it.
+    fn reduce_scatter_async(&self, t: &Tensor, op: ReduceOp) -> Result<Work> {
+        Ok(Work::done(self.reduce_scatter(t, op)))
+    }
 
     /// Tells the other ranks that this one is busy with long work outside
     /// the collectives, such as writing a checkpoint (`None`: no longer). A

@@ -419,3 +419,17 @@ fn recv_of_the_wrong_shape_and_a_missing_send_are_errors() {
     .to_string();
     assert!(err.contains("rank 0 finished without sending"), "a recv whose sender finished must fail at once: {err}");
 }
+
+#[test]
+fn thread_ranks_finish_async_calls_before_returning_them() {
+    let results = spawn_with_timeout(2, TIMEOUT, |pg| {
+        let t = Tensor::new(&[pg.rank() as f32 + 1.0, 10.0], &Device::Cpu)?;
+        let work = pg.all_reduce_async(&t, ReduceOp::Sum)?;
+        Ok((pg.properties().overlaps, work.wait()?.to_vec1::<f32>()?))
+    })
+    .unwrap();
+    for (overlaps, sum) in results {
+        assert!(!overlaps, "thread ranks say their async calls overlap, which they do not");
+        assert_eq!(sum, [3.0, 20.0]);
+    }
+}

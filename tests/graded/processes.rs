@@ -259,3 +259,39 @@ fn signal(signal: &str, pid: u32) {
     let status = Command::new("kill").args([&format!("-{signal}"), &pid.to_string()]).status();
     assert!(status.is_ok_and(|s| s.success()), "kill -{signal} {pid} failed");
 }
+
+/// An `_async` call returns before its peers have even joined it, the ring
+/// runs while the caller computes, and calls complete in the order they were
+/// issued whatever order they are waited on.
+#[test]
+fn async_collectives_run_while_the_caller_computes() {
+    let results: Vec<(f64, Vec<Vec<f32>>)> = on_processes(2, |pg| {
+        assert!(pg.properties().overlaps);
+        if pg.rank() == 1 {
+            std::thread::sleep(std::time::Duration::from_millis(1500)); // joins late
+        }
+        let start = std::time::Instant::now();
+        let t = input(pg.rank(), 10, DType::F32);
+        let works = vec![
+            pg.all_reduce_async(&t, ReduceOp::Sum)?,
+            pg.all_gather_async(&t)?,
+            pg.reduce_scatter_async(&t, ReduceOp::Sum)?,
+        ];
+        let returned_after = start.elapsed().as_secs_f64();
+        let mut got: Vec<Vec<f32>> = vec![];
+        for work in works.into_iter().rev() {
+            got.push(as_f32(&work.wait()?));
+        }
+        got.reverse();
+        Ok((returned_after, got))
+    });
+    let (returned_after, _) = results[0];
+    assert!(returned_after < 0.5, "rank 0's async calls took {returned_after:.2} s to return: they waited for rank 1");
+    let sum = sum_in_order(0..2, 10, DType::F32);
+    let gathered: Vec<f32> = (0..2).flat_map(|r| as_f32(&input(r, 10, DType::F32))).collect();
+    for (rank, (_, got)) in results.iter().enumerate() {
+        assert_eq!(got[0], sum, "rank {rank}: all_reduce_async");
+        assert_eq!(got[1], gathered, "rank {rank}: all_gather_async");
+        assert_eq!(got[2], sum[rank * 5..rank * 5 + 5].to_vec(), "rank {rank}: reduce_scatter_async");
+    }
+}

@@ -253,11 +253,6 @@ impl Mesh {
             .and_then(Option::as_ref)
             .ok_or_else(|| Error::Msg(format!("rank {} has no connection to rank {rank}", self.rank)))
     }
-
-    /// The longest a read waits for a peer.
-    pub fn timeout(&self) -> Duration {
-        self.timeout
-    }
 }
 
 impl Drop for Mesh {

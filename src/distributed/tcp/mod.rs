@@ -24,9 +24,12 @@ mod wire;
 
 use std::cell::{Cell, RefCell};
 use std::fmt;
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
-use candle_core::{Result, Tensor};
+use candle_core::{Error, Result, Tensor};
 
 use self::mesh::{local_address_towards, Mesh};
 use self::ring::{chunks, Ring};
@@ -34,7 +37,7 @@ use self::wire::Header;
 use super::collective::{check_peer, Call};
 use super::reduce_op::finish;
 use super::store::StoreServer;
-use super::{Collective, CommStats, ProcessGroup, Properties, ReduceOp};
+use super::{Collective, CommStats, ProcessGroup, Properties, ReduceOp, Work};
 use crate::error::io_context;
 use crate::kernels::buffers::Elements;
 
@@ -53,10 +56,18 @@ pub struct Rendezvous {
 }
 
 /// One rank's handle on a group of processes connected over TCP.
+///
+/// Its connections belong to a communication thread of its own (the
+/// [`Lane`]), which runs the rank's calls one at a time in the order they
+/// were issued. A blocking call hands its work over and waits; an `_async`
+/// one returns at once with a [`Work`] to wait on, and the ring runs while
+/// the caller computes.
 pub struct TcpProcessGroup {
     rank: usize,
     world_size: usize,
-    mesh: Mesh,
+    timeout: Duration,
+    /// Dropped first: its thread sends what is queued before the sockets close.
+    lane: Lane,
     /// Kept by rank 0 for as long as the group lives: the others may still be joining.
     _store: Option<StoreServer>,
     /// How many collectives this rank has issued: the number of its next one.
@@ -64,7 +75,8 @@ pub struct TcpProcessGroup {
     /// Point-to-point messages sent to and received from each rank so far.
     sent_to: RefCell<Vec<u64>>,
     received_from: RefCell<Vec<u64>>,
-    stats: RefCell<CommStats>,
+    /// Updated by the communication thread as each call completes.
+    stats: Arc<Mutex<CommStats>>,
 }
 
 impl TcpProcessGroup {
@@ -80,41 +92,41 @@ impl TcpProcessGroup {
         Ok(Self {
             rank,
             world_size,
-            mesh,
+            timeout: rv.timeout,
+            lane: Lane::start(mesh, rank)?,
             _store: store.server,
             issued: Cell::new(0),
             sent_to: RefCell::new(vec![0; world_size]),
             received_from: RefCell::new(vec![0; world_size]),
-            stats: RefCell::default(),
+            stats: Arc::default(),
         })
     }
 
-    /// Runs `call` on `t` (none for a barrier): checks and counts it, then
-    /// hands the ring the tensor's elements and returns what it made of them.
+    /// Issues `call` on `t` (none for a barrier): checks and numbers it here,
+    /// then hands the ring the tensor's elements on the communication thread,
+    /// which counts it once done. Returns where the ring's result will arrive.
     fn collective(
         &self,
         call: Call,
         t: Option<&Tensor>,
-        run: impl FnOnce(&mut Ring, Elements) -> Result<Elements>,
-    ) -> Result<Elements> {
+        run: impl FnOnce(&mut Ring, Elements) -> Result<Elements> + Send + 'static,
+    ) -> Result<Receiver<Result<Elements>>> {
         call.check(t, self.world_size)?;
         let seq = self.issued.replace(self.issued.get() + 1);
         let elements = match t {
             Some(t) => Elements::of(t)?,
             None => Elements::U8(vec![]),
         };
-        let mut ring = Ring {
-            mesh: &self.mesh,
-            rank: self.rank,
-            world_size: self.world_size,
-            header: Header::collective(seq, call, t, 0),
-            sent: 0,
-        };
-        let result = if self.world_size > 1 { run(&mut ring, elements)? } else { elements };
-        let mut stats = self.stats.borrow_mut();
-        stats.record(call.kind(), call.payload_bytes(t, self.world_size));
-        stats.record_wire(call.kind(), ring.sent);
-        Ok(result)
+        let (rank, world_size, header) = (self.rank, self.world_size, Header::collective(seq, call, t, 0));
+        let (kind, payload, stats) = (call.kind(), call.payload_bytes(t, world_size), Arc::clone(&self.stats));
+        self.lane.submit(move |mesh| {
+            let mut ring = Ring { mesh, rank, world_size, header, sent: 0 };
+            let result = if world_size > 1 { run(&mut ring, elements)? } else { elements };
+            let mut stats = stats.lock().unwrap_or_else(PoisonError::into_inner);
+            stats.record(kind, payload);
+            stats.record_wire(kind, ring.sent);
+            Ok(result)
+        })
     }
 }
 
@@ -132,101 +144,180 @@ impl ProcessGroup for TcpProcessGroup {
             // With two ranks every chunk is a + b, and a + b = b + a exactly.
             rank_order_reduction: self.world_size <= 2,
             detects_dead_peers: true,
+            overlaps: true,
         }
     }
 
     fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
-        let dtype = t.dtype();
-        let sum = self.collective(Call::AllReduce(op), Some(t), |ring, mut buf| {
-            let parts = chunks(t.elem_count(), ring.world_size, dtype.size_in_bytes());
+        self.all_reduce_async(t, op)?.wait()
+    }
+
+    fn all_reduce_async(&self, t: &Tensor, op: ReduceOp) -> Result<Work> {
+        let (len, dtype, n) = (t.elem_count(), t.dtype(), self.world_size);
+        let sum = self.collective(Call::AllReduce(op), Some(t), move |ring, mut buf| {
+            let parts = chunks(len, ring.world_size, dtype.size_in_bytes());
             ring.reduce_scatter(buf.bytes_mut(), &parts, dtype)?;
             ring.all_gather(buf.bytes_mut(), &parts)?;
             Ok(buf)
         })?;
-        finish(sum.into_tensor(t.dims(), t.device())?, op, self.world_size)
+        let (dims, device) = (t.dims().to_vec(), t.device().clone());
+        Ok(Work::pending(move || finish(received(sum)?.into_tensor(&dims, &device)?, op, n)))
     }
 
     fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor> {
-        let buf = self.collective(Call::Broadcast { root }, Some(t), |ring, mut buf| {
+        let buf = self.collective(Call::Broadcast { root }, Some(t), move |ring, mut buf| {
             ring.broadcast(buf.bytes_mut(), root)?;
             Ok(buf)
         })?;
-        buf.into_tensor(t.dims(), t.device())
+        received(buf)?.into_tensor(t.dims(), t.device())
     }
 
     fn all_gather(&self, t: &Tensor) -> Result<Tensor> {
-        let n = self.world_size;
+        self.all_gather_async(t)?.wait()
+    }
+
+    fn all_gather_async(&self, t: &Tensor) -> Result<Work> {
+        let (n, dtype, len) = (self.world_size, t.dtype(), t.elem_count());
         let mut dims = t.dims().to_vec();
         match dims.first_mut() {
             Some(rows) => *rows *= n,
             None => dims.push(n), // a scalar gathers as shape [1] per rank
         }
-        let buf = self.collective(Call::AllGather, Some(t), |ring, own| {
-            let mut all = Elements::zeros(t.dtype(), t.elem_count() * n)?;
+        let buf = self.collective(Call::AllGather, Some(t), move |ring, own| {
+            let mut all = Elements::zeros(dtype, len * n)?;
             let parts = chunks(own.bytes().len() * n, n, 1);
             all.bytes_mut()[parts[ring.rank].clone()].copy_from_slice(own.bytes());
             ring.all_gather(all.bytes_mut(), &parts)?;
             Ok(all)
         })?;
-        buf.into_tensor(&dims, t.device())
+        let device = t.device().clone();
+        Ok(Work::pending(move || received(buf)?.into_tensor(&dims, &device)))
     }
 
     fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
-        let (n, dtype) = (self.world_size, t.dtype());
+        self.reduce_scatter_async(t, op)?.wait()
+    }
+
+    fn reduce_scatter_async(&self, t: &Tensor, op: ReduceOp) -> Result<Work> {
+        let (n, dtype, len) = (self.world_size, t.dtype(), t.elem_count());
         let mut dims = t.dims().to_vec();
-        dims[0] /= n; // checked to divide
-        let mine = self.collective(Call::ReduceScatter(op), Some(t), |ring, mut buf| {
-            let parts = chunks(t.elem_count(), n, dtype.size_in_bytes());
+        if let Some(rows) = dims.first_mut() {
+            *rows /= n; // checked to divide before the call is issued
+        }
+        let mine = self.collective(Call::ReduceScatter(op), Some(t), move |ring, mut buf| {
+            let parts = chunks(len, n, dtype.size_in_bytes());
             ring.reduce_scatter(buf.bytes_mut(), &parts, dtype)?;
-            let mut mine = Elements::zeros(dtype, t.elem_count() / n)?;
+            let mut mine = Elements::zeros(dtype, len / n)?;
             mine.bytes_mut().copy_from_slice(&buf.bytes()[parts[ring.rank].clone()]);
             Ok(mine)
         })?;
-        finish(mine.into_tensor(&dims, t.device())?, op, n)
+        let device = t.device().clone();
+        Ok(Work::pending(move || finish(received(mine)?.into_tensor(&dims, &device)?, op, n)))
     }
 
     fn barrier(&self) -> Result<()> {
-        self.collective(Call::Barrier, None, |ring, nothing| {
+        let done = self.collective(Call::Barrier, None, |ring, nothing| {
             ring.barrier()?;
             Ok(nothing)
-        })
-        .map(drop)
+        })?;
+        received(done).map(drop)
     }
 
     fn send(&self, t: &Tensor, dst: usize) -> Result<()> {
         check_peer(Collective::Send, dst, self.rank, self.world_size)?;
         let elements = Elements::of(t)?;
-        let bytes = elements.bytes();
-        let seq = next(&self.sent_to, dst);
-        self.mesh.send(dst, &Header::point_to_point(seq, t, bytes.len()), bytes)?;
-        let mut stats = self.stats.borrow_mut();
-        stats.record(Collective::Send, bytes.len() as u64);
-        stats.record_wire(Collective::Send, bytes.len() as u64);
-        Ok(())
+        let header = Header::point_to_point(next(&self.sent_to, dst), t, elements.bytes().len());
+        let stats = Arc::clone(&self.stats);
+        let sent = self.lane.submit(move |mesh| {
+            let bytes = elements.bytes();
+            mesh.send(dst, &header, bytes)?;
+            let mut stats = stats.lock().unwrap_or_else(PoisonError::into_inner);
+            stats.record(Collective::Send, bytes.len() as u64);
+            stats.record_wire(Collective::Send, bytes.len() as u64);
+            Ok(())
+        })?;
+        received(sent)
     }
 
     fn recv(&self, like: &Tensor, src: usize) -> Result<Tensor> {
         check_peer(Collective::Recv, src, self.rank, self.world_size)?;
-        let mut buf = Elements::zeros(like.dtype(), like.elem_count())?;
-        let len = buf.bytes().len();
-        let seq = next(&self.received_from, src);
-        self.mesh.recv(src, &Header::point_to_point(seq, like, len), buf.bytes_mut())?;
-        self.stats.borrow_mut().record(Collective::Recv, len as u64);
-        buf.into_tensor(like.dims(), like.device())
+        let (dtype, count) = (like.dtype(), like.elem_count());
+        let header = Header::point_to_point(next(&self.received_from, src), like, count * dtype.size_in_bytes());
+        let stats = Arc::clone(&self.stats);
+        let buf = self.lane.submit(move |mesh| {
+            let mut buf = Elements::zeros(dtype, count)?;
+            mesh.recv(src, &header, buf.bytes_mut())?;
+            stats.lock().unwrap_or_else(PoisonError::into_inner).record(Collective::Recv, buf.bytes().len() as u64);
+            Ok(buf)
+        })?;
+        received(buf)?.into_tensor(like.dims(), like.device())
     }
 
     fn set_busy(&self, what: Option<&str>) {
-        self.mesh.set_busy(what);
+        let what = what.map(str::to_string);
+        // Not waited for: it only queues heartbeats.
+        let _ = self.lane.submit(move |mesh| {
+            mesh.set_busy(what.as_deref());
+            Ok(())
+        });
     }
 
     fn stats(&self) -> CommStats {
-        self.stats.borrow().clone()
+        self.stats.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
+}
+
+/// The communication thread: it owns the rank's connections and runs the
+/// work handed to it, one piece at a time, in the order it was handed over.
+struct Lane {
+    jobs: Option<Sender<Job>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+type Job = Box<dyn FnOnce(&Mesh) + Send>;
+
+impl Lane {
+    fn start(mesh: Mesh, rank: usize) -> Result<Self> {
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let thread = thread::Builder::new().name(format!("comm-rank-{rank}")).spawn(move || {
+            for job in queue {
+                job(&mesh);
+            }
+        })?;
+        Ok(Self { jobs: Some(jobs), thread: Some(thread) })
+    }
+
+    /// Queues `work`; its result arrives on the returned channel.
+    fn submit<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&Mesh) -> Result<T> + Send + 'static,
+    ) -> Result<Receiver<Result<T>>> {
+        let (result, receiver) = mpsc::channel();
+        let job: Job = Box::new(move |mesh| drop(result.send(work(mesh))));
+        let stopped = || Error::Msg("the communication thread has stopped".into());
+        self.jobs.as_ref().ok_or_else(stopped)?.send(job).map_err(|_| stopped())?;
+        Ok(receiver)
+    }
+}
+
+impl Drop for Lane {
+    /// Lets the thread finish what was queued, then closes the connections.
+    fn drop(&mut self) {
+        self.jobs = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Waits for a result from the communication thread.
+fn received<T>(receiver: Receiver<Result<T>>) -> Result<T> {
+    receiver.recv().map_err(|_| Error::Msg("the communication thread stopped before it answered".into()))?
 }
 
 impl fmt::Debug for TcpProcessGroup {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "TcpProcessGroup(rank {} of {}, timeout {:?})", self.rank, self.world_size, self.mesh.timeout())
+        write!(f, "TcpProcessGroup(rank {} of {}, timeout {:?})", self.rank, self.world_size, self.timeout)
     }
 }
 
