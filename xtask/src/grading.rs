@@ -45,6 +45,9 @@ pub struct TestRun {
 pub struct Runner {
     pub root: PathBuf,
     pub solutions: bool,
+    /// Keep cargo's build output to ourselves unless the build fails (for
+    /// verify's planted builds, whose warnings are the plants' own).
+    pub quiet_build: bool,
 }
 
 impl Runner {
@@ -76,14 +79,16 @@ impl Runner {
         command.stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child = command.spawn().context("cannot run cargo")?;
         let stderr = child.stderr.take().expect("stderr is piped");
-        let relay = std::thread::spawn(move || relay_build_output(stderr));
+        let quiet = self.quiet_build;
+        let relay = std::thread::spawn(move || relay_build_output(stderr, quiet));
         let mut stdout = String::new();
         let read = child.stdout.take().expect("stdout is piped").read_to_string(&mut stdout);
         let status = child.wait().context("cannot wait for cargo")?;
-        let _ = relay.join();
+        let held_back = relay.join().unwrap_or_default();
         read.context("cannot read the test output")?;
         let run = parse(&stdout);
         if !status.success() && !stdout.lines().any(|line| line.starts_with("running ")) {
+            held_back.iter().for_each(|line| eprintln!("{line}"));
             bail!(
                 "the workbook did not build (cargo's errors are above); fix them and run this again, \
                  or run `{}` to see the build on its own",
@@ -104,13 +109,19 @@ impl Runner {
 
 /// Passes cargo's build output through to the learner as it comes, minus
 /// its closing "test failed" lines: the verdicts we print say that better.
-fn relay_build_output(stderr: impl Read) {
+/// With `quiet`, holds it back instead and returns it, for a failed build.
+fn relay_build_output(stderr: impl Read, quiet: bool) -> Vec<String> {
     let mut filter = ClosingNoise::default();
+    let mut held_back = Vec::new();
     for line in BufReader::new(stderr).split(b'\n').map_while(std::io::Result::ok) {
         for shown in filter.pass(&String::from_utf8_lossy(&line)) {
-            eprintln!("{shown}");
+            match quiet {
+                true => held_back.push(shown),
+                false => eprintln!("{shown}"),
+            }
         }
     }
+    held_back
 }
 
 /// Drops cargo's `error: test failed, to rerun pass ...` and `error: 1 target
