@@ -21,6 +21,7 @@ mod exercise_13;
 mod exercise_14;
 mod exercise_15;
 mod exercise_16;
+mod exercise_17;
 // END exercise modules
 mod data;
 mod distributed;

@@ -1,0 +1,58 @@
+//! # Exercise 17: AdamW with its state sharded (ZeRO stages 1 and 2)
+//!
+//! Under DDP every rank holds the whole optimizer state: AdamW's two f32
+//! moments are 8 of the 16 bytes per parameter, the largest share of the
+//! model states. Yet after the all-reduce every rank computes the *same*
+//! update for every parameter: N copies of the same work on N copies of the
+//! same state. ZeRO's first insight removes the copies: rank r keeps the
+//! moments of its own 1/N of the parameters, updates only that shard, and
+//! the ranks swap updated shards.
+//!
+//! ```text
+//! params (P), the same on every rank; grad (P), this rank's own
+//! pad both to N·S elements, S = ⌈P / N⌉, so they cut into N equal shards
+//!
+//! grad_shard  = reduce_scatter(grad, avg)      (S)  the average gradient of shard r
+//! param_shard = params[r·S .. (r+1)·S]          (S)
+//! AdamW on the shard, with this rank's moments (S each), step t + 1:
+//!   p ← p · (1 − lr · wd)
+//!   m ← β₁ m + (1 − β₁) g,   v ← β₂ v + (1 − β₂) g²
+//!   p ← p − lr · (m / (1 − β₁ᵗ)) / (sqrt(v / (1 − β₂ᵗ)) + ε)
+//! params ← all_gather(new shards)[.. P]         (P)  the whole parameters again
+//! ```
+//!
+//! Optimizer state per rank: 8Ψ/N bytes instead of 8Ψ. Traffic per rank: a
+//! reduce-scatter (Ψ) and an all-gather (Ψ), exactly what DDP's all-reduce
+//! sends (2Ψ): ZeRO-1 and ZeRO-2 save memory for free. (Stage 2 also frees
+//! the gradient outside the shard as soon as it is reduced; here the
+//! caller's whole gradient is simply not kept.)
+//!
+//! Read first: Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward
+//! Training Trillion Parameter Models", sections 5.1 and 7.1; PyTorch's
+//! `ZeroRedundancyOptimizer`.
+//! Guide: `guide/src/phase4/17-sharded-adamw.md`. Test: `cargo test exercise_17`.
+
+use candle_core::{Result, Tensor};
+
+use crate::distributed::ProcessGroup;
+use crate::parallel::zero::ShardedAdamW;
+
+impl ShardedAdamW {
+    /// One optimizer step of data-parallel AdamW with the state sharded, as
+    /// above. `params` (P) is the whole flat parameter vector, the same on
+    /// every rank; `grad` (P) is this rank's gradient of its own data. Returns
+    /// the updated parameters (P), the same on every rank, and keeps in
+    /// `self.moments` the moments of this rank's shard only.
+    ///
+    /// Pieces: `pg.rank()`, `pg.world_size()`, `usize::div_ceil`,
+    /// `Tensor::pad_with_zeros(0, 0, extra)`, `pg.reduce_scatter(&t, ReduceOp::Avg)`
+    /// (`crate::distributed::ReduceOp`), `Tensor::narrow`, `pg.all_gather`.
+    /// `self.moments` is an `Option<crate::train::Moments>` (`exp_avg`,
+    /// `exp_avg_sq`; `Moments::zeros_like(&shard)`); `self.steps` counts steps;
+    /// `self.config.update(t, lr, &decayed, &grad, moments)` is AdamW's update
+    /// of already-decayed parameters, returning the new ones and the new moments.
+    pub fn step(&mut self, pg: &dyn ProcessGroup, params: &Tensor, grad: &Tensor, lr: f64) -> Result<Tensor> {
+        let _ = (&pg, &params, &grad, &lr);
+        todo!("Exercise 17: AdamW with its state sharded; run `cargo xtask hint 17`")
+    }
+}

@@ -1,0 +1,196 @@
+//! Exercise 17: AdamW with its state sharded (ZeRO stages 1 and 2). The
+//! expected parameters come from AdamW written out here on plain f64 numbers
+//! (PyTorch's `torch.optim.AdamW` step), applied to the average of the
+//! ranks' gradients: sharding must change where the work is done, not what
+//! it computes. A wrong result is compared with what each typical mistake
+//! computes on the same numbers, and named only when it matches.
+
+use std::time::Duration;
+
+use candle_core::{Device, Tensor};
+use rstest::rstest;
+use workbook::distributed::{spawn_with_timeout, Collective, ProcessGroup};
+use workbook::parallel::zero::ShardedAdamW;
+use workbook::train::AdamWConfig;
+
+use crate::process_ranks::on_processes;
+use crate::support::{cause, mistake, number};
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+const STEPS: usize = 3;
+/// Off the defaults, so that a constant typed in place of a setting shows.
+const CONFIG: AdamWConfig = AdamWConfig { beta1: 0.85, beta2: 0.97, eps: 3e-8 };
+const LR: f64 = 2e-2;
+const WEIGHT_DECAY: f64 = 0.07;
+
+fn initial_params(len: usize) -> Vec<f64> {
+    (0..len).map(|i| ((i * 5) % 9) as f64 * 0.3 - 1.1).collect()
+}
+
+/// Rank `rank`'s gradient at step `step`: differs per rank, step and element.
+fn grad(rank: usize, step: usize, len: usize) -> Vec<f64> {
+    (0..len).map(|i| (((rank * 3 + step * 7 + i * 2) % 13) as f64 - 6.0) * 0.05 + rank as f64 * 0.02).collect()
+}
+
+/// The ways of computing the step that this test can recognise.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Adam {
+    Textbook,
+    /// Moments recreated as zeros at every step.
+    FreshMoments,
+    /// Every rank updates shard 0 of the parameters with its own gradient shard.
+    FirstShard,
+}
+
+/// The parameters after `STEPS` steps of `kind` on `world` ranks, on plain numbers.
+fn expected(kind: Adam, world: usize, len: usize) -> Vec<f64> {
+    let shard = len.div_ceil(world);
+    let padded = |v: Vec<f64>| [v, vec![0.0; shard * world - len]].concat();
+    let mut params = padded(initial_params(len));
+    let (mut m, mut v) = (vec![0.0; params.len()], vec![0.0; params.len()]);
+    for step in 0..STEPS {
+        let grads: Vec<Vec<f64>> = (0..world).map(|r| padded(grad(r, step, len))).collect();
+        let mean: Vec<f64> =
+            (0..params.len()).map(|i| grads.iter().map(|g| g[i]).sum::<f64>() / world as f64).collect();
+        if kind == Adam::FreshMoments {
+            (m, v) = (vec![0.0; params.len()], vec![0.0; params.len()]);
+        }
+        let t = step as i32 + 1;
+        let (c1, c2) = (1.0 - CONFIG.beta1.powi(t), 1.0 - CONFIG.beta2.powi(t));
+        let mut next = params.clone();
+        for i in 0..params.len() {
+            // The element whose parameter rank (i / shard) updates into slot i.
+            let source = if kind == Adam::FirstShard { i % shard } else { i };
+            m[i] = CONFIG.beta1 * m[i] + (1.0 - CONFIG.beta1) * mean[i];
+            v[i] = CONFIG.beta2 * v[i] + (1.0 - CONFIG.beta2) * mean[i] * mean[i];
+            let decayed = params[source] * (1.0 - LR * WEIGHT_DECAY);
+            next[i] = decayed - LR * (m[i] / c1) / ((v[i] / c2).sqrt() + CONFIG.eps);
+        }
+        params = next;
+    }
+    params.truncate(len);
+    params
+}
+
+/// What one rank ends with: its parameters after `STEPS` steps, the state it
+/// holds, and the collectives of its last step.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct RankRun {
+    params: Vec<f32>,
+    state_elements: usize,
+    last_step: [u64; 3],
+}
+
+/// The learner's `ShardedAdamW` for `STEPS` steps on rank `pg`.
+fn train(pg: &dyn ProcessGroup, len: usize) -> candle_core::Result<RankRun> {
+    let mut optimizer = ShardedAdamW::new(CONFIG, WEIGHT_DECAY);
+    let as_tensor = |v: Vec<f64>| Tensor::from_vec(v.iter().map(|&x| x as f32).collect::<Vec<_>>(), len, &Device::Cpu);
+    let mut params = as_tensor(initial_params(len))?;
+    let mut last_step = [0; 3];
+    for step in 0..STEPS {
+        let before = pg.stats();
+        params = optimizer.step(pg, &params, &as_tensor(grad(pg.rank(), step, len))?, LR)?;
+        if params.elem_count() != len {
+            let padded = (params.elem_count() == len.div_ceil(pg.world_size()) * pg.world_size())
+                .then(|| mistake(17, "padding_not_stripped"));
+            candle_core::bail!(
+                "the step returned {} elements for {len} parameters{}",
+                params.elem_count(),
+                cause(padded)
+            );
+        }
+        let used = pg.stats().since(&before);
+        last_step = [Collective::ReduceScatter, Collective::AllGather, Collective::AllReduce].map(|c| used.calls(c));
+    }
+    Ok(RankRun { params: params.flatten_all()?.to_vec1()?, state_elements: optimizer.state_elements(), last_step })
+}
+
+fn run(world: usize, len: usize) -> Vec<RankRun> {
+    spawn_with_timeout(world, TIMEOUT, |pg| train(&pg, len))
+        .unwrap_or_else(|e| panic!("ShardedAdamW::step on {world} ranks failed: {e}"))
+}
+
+fn close(got: &[f32], want: &[f64]) -> bool {
+    got.len() == want.len() && got.iter().zip(want).all(|(&g, &w)| (g as f64 - w).abs() <= 1e-5 + 1e-5 * w.abs())
+}
+
+/// Which typical mistake gives exactly `got`, if one does.
+fn diagnose(got: &[f32], world: usize, len: usize) -> Option<&'static str> {
+    if got.iter().any(|x| !x.is_finite()) {
+        return Some(mistake(17, "step_not_counted"));
+    }
+    [(Adam::FreshMoments, "moments_not_kept"), (Adam::FirstShard, "wrong_shard")]
+        .into_iter()
+        .find(|(kind, _)| close(got, &expected(*kind, world, len)))
+        .map(|(_, id)| mistake(17, id))
+}
+
+/// 12 elements shard evenly on 1–4 ranks; 10 need padding on 3 and 4.
+#[rstest]
+fn sharded_steps_reach_what_adamw_reaches_on_the_average_gradient(
+    #[values(1, 2, 3, 4)] world: usize,
+    #[values(12, 10)] len: usize,
+) {
+    let want = expected(Adam::Textbook, world, len);
+    for (rank, got) in run(world, len).iter().enumerate() {
+        if close(&got.params, &want) {
+            continue;
+        }
+        let detail = match got.params.iter().zip(&want).position(|(&g, &w)| !close(&[g], &[w])) {
+            Some(i) => format!(
+                "element {i} (shard {}) is {}, expected {}",
+                i / len.div_ceil(world),
+                number(got.params[i] as f64),
+                number(want[i])
+            ),
+            None => String::new(),
+        };
+        panic!(
+            "after {STEPS} steps on {world} ranks, rank {rank}'s parameters differ from AdamW on the average \
+             gradient: {detail}{}",
+            cause(diagnose(&got.params, world, len))
+        );
+    }
+}
+
+#[rstest]
+fn each_rank_keeps_the_moments_of_its_shard_only(#[values(2, 3, 4)] world: usize) {
+    let len: usize = 10;
+    let shard = len.div_ceil(world);
+    for (rank, got) in run(world, len).iter().enumerate() {
+        let whole = (got.state_elements >= 2 * len).then(|| mistake(17, "whole_state_kept"));
+        assert!(
+            got.state_elements == 2 * shard,
+            "rank {rank} of {world} holds {} elements of optimizer state; its two moments of a {shard}-element \
+             shard are {}{}",
+            got.state_elements,
+            2 * shard,
+            cause(whole)
+        );
+    }
+}
+
+#[rstest]
+fn a_step_is_one_reduce_scatter_and_one_all_gather(#[values(2, 3)] world: usize) {
+    for (rank, got) in run(world, 10).iter().enumerate() {
+        let [reduce_scatters, all_gathers, all_reduces] = got.last_step;
+        let whole = (all_reduces > 0).then(|| mistake(17, "all_reduce_used"));
+        assert!(
+            (reduce_scatters, all_gathers, all_reduces) == (1, 1, 0),
+            "rank {rank}'s step made {reduce_scatters} reduce-scatter(s), {all_gathers} all-gather(s) and \
+             {all_reduces} all-reduce(s); ZeRO's step is one reduce-scatter and one all-gather{}",
+            cause(whole)
+        );
+    }
+}
+
+/// Each rank a process, the shards over TCP.
+#[test]
+fn it_runs_across_processes_over_tcp() {
+    let (world, len) = (2, 10);
+    let runs: Vec<RankRun> = on_processes(world, |pg| train(&pg, len));
+    let want = expected(Adam::Textbook, world, len);
+    for (rank, got) in runs.iter().enumerate() {
+        assert!(close(&got.params, &want), "rank {rank}'s process got {:?}", got.params);
+    }
+}
