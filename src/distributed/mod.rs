@@ -71,6 +71,7 @@ mod env;
 pub mod launch;
 #[cfg(feature = "nccl")]
 mod nccl;
+mod own_ring;
 mod process_group;
 mod reduce_op;
 mod rendezvous_store;
@@ -86,6 +87,7 @@ pub use env::{init_from_env, DistEnv};
 pub use launch::{launch, relaunch_self, LaunchConfig};
 #[cfg(feature = "nccl")]
 pub use nccl::NcclProcessGroup;
+pub use own_ring::OwnRing;
 pub use process_group::{while_busy, ProcessGroup, Properties};
 pub use reduce_op::ReduceOp;
 pub use single::SingleProcess;

@@ -8,7 +8,7 @@ use candle_core::{Device, Tensor};
 use indicatif::{ProgressBar, ProgressStyle};
 use workbook::data::{DataConfig, Dataset, DistributedSampler};
 use workbook::distributed::{
-    spawn_with_timeout, while_busy, DistEnv, ProcessGroup, ReduceOp, SingleProcess, TcpProcessGroup,
+    spawn_with_timeout, while_busy, DistEnv, OwnRing, ProcessGroup, ReduceOp, SingleProcess, TcpProcessGroup,
 };
 use workbook::parallel::ddp::Ddp;
 use workbook::parallel::fsdp::FsdpTrainer;
@@ -42,6 +42,8 @@ pub struct RunOptions {
     pub activation_checkpointing: bool,
     /// DDP, or FSDP with its sharding and precision.
     pub strategy: Strategy,
+    /// All-reduce with exercise 16's ring (the learner's code) instead of the backend's.
+    pub own_ring: bool,
     /// Print a line every this many steps when no progress bar is shown.
     pub log_every: usize,
     /// The longest a rank waits for another in a collective, when ranks are threads
@@ -115,6 +117,7 @@ pub fn open_dataset(config: &DataConfig) -> Result<Dataset> {
 
 /// One rank's run: its trainer, by strategy, driven by [`drive`].
 fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>) -> Result<Summary> {
+    let pg: Box<dyn ProcessGroup> = if options.own_ring { Box::new(OwnRing::new(pg)) } else { pg };
     let model_config = options.config.model.clone();
     let params = match &options.init_from {
         Some(dir) => ParamStore::from_tensors(ModelDir::open(dir)?.params)?,
@@ -315,6 +318,9 @@ fn print_plan(options: &RunOptions, dataset: &Dataset, num_params: usize) {
         memory as f64 / (1 << 20) as f64
     );
     println!("data: {dataset:?}");
+    if options.own_ring {
+        println!("all-reduce: your ring from exercise 16 (--allreduce ring)");
+    }
     println!(
         "batch: {} sequences x {} tokens x {} micro-batches = {} tokens per step, on {} rank(s)",
         c.batch_size,

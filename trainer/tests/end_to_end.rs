@@ -41,6 +41,7 @@ fn options(out_dir: PathBuf, max_steps: usize, nproc: usize) -> RunOptions {
         init_from: None,
         activation_checkpointing: false,
         strategy: Strategy::Ddp,
+        own_ring: false,
         log_every: 10,
         timeout: workbook::distributed::DEFAULT_TIMEOUT,
     }

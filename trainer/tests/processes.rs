@@ -160,3 +160,15 @@ fn a_checkpoint_write_slower_than_the_timeout_does_not_end_the_job() {
     assert!(start.elapsed() > Duration::from_secs(5), "the injected slow save did not happen");
     assert_eq!(checkpoints::steps(&dir).unwrap(), [3]);
 }
+
+/// `--allreduce ring` runs exercise 16 inside every DDP step; on two ranks
+/// (a + b = b + a) it must train to the bit as the backend's ring does.
+#[test]
+fn your_ring_all_reduce_trains_as_the_backends_does() {
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (yours, backend) = (scratch("own-ring"), scratch("backend-ring"));
+    let output = succeed(&mut train(&yours, 3, &["--nproc", "2", "--allreduce", "ring"]));
+    assert!(String::from_utf8_lossy(&output.stdout).contains("your ring from exercise 16"), "the ring is not in use");
+    succeed(&mut train(&backend, 3, &["--nproc", "2"]));
+    assert!(final_weights(&yours, 3) == final_weights(&backend, 3), "exercise 16's ring trained to other weights");
+}

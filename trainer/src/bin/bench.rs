@@ -99,6 +99,7 @@ fn run(args: Args) -> Result<()> {
         init_from: None,
         activation_checkpointing: false,
         strategy: Strategy::Ddp,
+        own_ring: false,
         log_every: usize::MAX,
         timeout: DEFAULT_TIMEOUT,
     };

@@ -92,6 +92,9 @@ struct Args {
     /// With --strategy fsdp: fp32 (the default), bf16 or fp16.
     #[arg(long)]
     precision: Option<String>,
+    /// `ring` all-reduces with your exercise 16 instead of the backend's own ring.
+    #[arg(long, value_parser = ["backend", "ring"], default_value = "backend")]
+    allreduce: String,
     /// Without a terminal, print a line every this many steps.
     #[arg(long, default_value_t = 10)]
     log_every: usize,
@@ -171,6 +174,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         init_from: args.init_from,
         activation_checkpointing: args.activation_checkpointing,
         strategy: strategy(&args.strategy, args.sharding.as_deref(), args.precision.as_deref())?,
+        own_ring: args.allreduce == "ring",
         log_every: args.log_every.max(1),
         timeout: args.launch.timeout.map_or(DEFAULT_TIMEOUT, std::time::Duration::from_secs),
     };
