@@ -6,10 +6,12 @@
 //!   optimizer state, and gathers what a unit needs just before using it
 //!   (PyTorch's `FullyShardedDataParallel`, the ZeRO stages).
 //! - [`zero`]: the sharded optimizer on its own (ZeRO stages 1 and 2), exercise 17.
+//! - [`powersgd`]: gradients compressed to low rank before they are averaged, exercise 18.
 //!
 //! Each strategy keeps its communication in its own `comm` file; every
 //! collective goes through a [`ProcessGroup`](crate::distributed::ProcessGroup).
 
 pub mod ddp;
 pub mod fsdp;
+pub mod powersgd;
 pub mod zero;

@@ -22,6 +22,7 @@ mod exercise_14;
 mod exercise_15;
 mod exercise_16;
 mod exercise_17;
+mod exercise_18;
 // END exercise modules
 mod data;
 mod distributed;

@@ -1,0 +1,275 @@
+//! Exercise 18: PowerSGD. The expected estimates come from the algorithm
+//! written out here on plain f64 matrices (Vogels et al. 2019, algorithm 1),
+//! started from the same seeded Q; a rank-r gradient must come through
+//! exactly, which needs no reference at all. A wrong estimate is compared
+//! with what each typical mistake computes on the same numbers, and named
+//! only when it matches.
+
+use std::time::Duration;
+
+use candle_core::{Device, Tensor};
+use rstest::rstest;
+use workbook::distributed::{spawn_with_timeout, Collective, ProcessGroup};
+use workbook::parallel::powersgd::PowerSgd;
+
+use crate::process_ranks::on_processes;
+use crate::support::{cause, mistake};
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+/// A (6, 5) gradient at rank 2: two all-reduces of 12 and 10 numbers instead of one of 30.
+const N: usize = 6;
+const M: usize = 5;
+const R: usize = 2;
+const SEED: u64 = 11;
+const STEPS: usize = 3;
+
+type Matrix = Vec<Vec<f64>>;
+
+fn matmul(a: &Matrix, b: &Matrix) -> Matrix {
+    let inner = b.len();
+    a.iter().map(|row| (0..b[0].len()).map(|j| (0..inner).map(|k| row[k] * b[k][j]).sum()).collect()).collect()
+}
+
+fn transpose(a: &Matrix) -> Matrix {
+    (0..a[0].len()).map(|j| a.iter().map(|row| row[j]).collect()).collect()
+}
+
+fn combine(a: &Matrix, b: &Matrix, f: impl Fn(f64, f64) -> f64) -> Matrix {
+    a.iter().zip(b).map(|(x, y)| x.iter().zip(y).map(|(&x, &y)| f(x, y)).collect()).collect()
+}
+
+fn mean(ms: &[Matrix]) -> Matrix {
+    let sum = ms[1..].iter().fold(ms[0].clone(), |acc, m| combine(&acc, m, |a, b| a + b));
+    sum.iter().map(|row| row.iter().map(|x| x / ms.len() as f64).collect()).collect()
+}
+
+/// Gram-Schmidt on the columns, in order, each against the updated earlier ones.
+fn orthonormal(p: &Matrix) -> Matrix {
+    let mut columns: Vec<Vec<f64>> = vec![];
+    for j in 0..p[0].len() {
+        let mut column: Vec<f64> = p.iter().map(|row| row[j]).collect();
+        for earlier in &columns {
+            let projection: f64 = earlier.iter().zip(&column).map(|(e, c)| e * c).sum();
+            column.iter_mut().zip(earlier).for_each(|(c, e)| *c -= projection * e);
+        }
+        let length = column.iter().map(|c| c * c).sum::<f64>().sqrt();
+        columns.push(column.iter().map(|c| if length > 1e-12 { c / length } else { 0.0 }).collect());
+    }
+    transpose(&columns)
+}
+
+/// Rank `rank`'s gradient at step `step`: full rank, different per rank and step.
+fn grad(rank: usize, step: usize) -> Matrix {
+    (0..N)
+        .map(|i| (0..M).map(|j| (((i * 7 + j * 3 + rank * 5 + step * 11) % 17) as f64 - 8.0) * 0.1).collect())
+        .collect()
+}
+
+fn initial_q() -> Matrix {
+    let q = PowerSgd::new(R, SEED).initial_q(M, &Device::Cpu).unwrap();
+    q.to_vec2::<f32>().unwrap().iter().map(|row| row.iter().map(|&x| x as f64).collect()).collect()
+}
+
+/// The ways of computing a step that this test can recognise.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Scheme {
+    Textbook,
+    NoErrorFeedback,
+    NoWarmStart,
+    NotOrthogonalized,
+    PNotAveraged,
+}
+
+/// Every rank's estimate at every step when all run `scheme` on `grads[step][rank]`.
+fn powersgd(scheme: Scheme, grads: &[Vec<Matrix>]) -> Vec<Vec<Matrix>> {
+    let world = grads[0].len();
+    let mut errors: Vec<Option<Matrix>> = vec![None; world];
+    let mut q = initial_q();
+    let mut out = vec![];
+    for step_grads in grads {
+        if scheme == Scheme::NoWarmStart {
+            q = initial_q();
+        }
+        let ms: Vec<Matrix> = (0..world)
+            .map(|r| match (&errors[r], scheme) {
+                (Some(e), s) if s != Scheme::NoErrorFeedback => combine(&step_grads[r], e, |a, b| a + b),
+                _ => step_grads[r].clone(),
+            })
+            .collect();
+        let own_ps: Vec<Matrix> = ms.iter().map(|m| matmul(m, &q)).collect();
+        let shared_p = mean(&own_ps);
+        let p_of = |r: usize| {
+            let p = if scheme == Scheme::PNotAveraged { own_ps[r].clone() } else { shared_p.clone() };
+            if scheme == Scheme::NotOrthogonalized {
+                p
+            } else {
+                orthonormal(&p)
+            }
+        };
+        q = mean(&(0..world).map(|r| matmul(&transpose(&ms[r]), &p_of(r))).collect::<Vec<_>>());
+        let approx: Vec<Matrix> = (0..world).map(|r| matmul(&p_of(r), &transpose(&q))).collect();
+        for r in 0..world {
+            errors[r] = Some(combine(&ms[r], &approx[r], |a, b| a - b));
+        }
+        out.push(approx);
+    }
+    out
+}
+
+/// What one rank saw: its estimate at every step, its error after the last
+/// step, and its last step's all-reduces as (calls, payload bytes).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct RankRun {
+    estimates: Vec<Vec<Vec<f32>>>,
+    error: Option<Vec<Vec<f32>>>,
+    /// The shape of the Q kept for the next step.
+    kept_q: Option<Vec<usize>>,
+    all_reduces: (u64, u64),
+}
+
+fn as_tensor(m: &Matrix) -> candle_core::Result<Tensor> {
+    let flat: Vec<f32> = m.iter().flatten().map(|&x| x as f32).collect();
+    Tensor::from_vec(flat, (m.len(), m[0].len()), &Device::Cpu)
+}
+
+/// The learner's PowerSGD on rank `pg` over `grads[step][rank]`.
+fn compress(pg: &dyn ProcessGroup, grads: &[Vec<Matrix>]) -> candle_core::Result<RankRun> {
+    let mut state = PowerSgd::new(R, SEED);
+    let mut estimates = vec![];
+    let mut all_reduces = (0, 0);
+    for step_grads in grads {
+        let before = pg.stats();
+        estimates.push(state.all_reduce(pg, &as_tensor(&step_grads[pg.rank()])?)?.to_vec2::<f32>()?);
+        let used = pg.stats().since(&before);
+        all_reduces = (used.calls(Collective::AllReduce), used.bytes(Collective::AllReduce));
+    }
+    let error = state.error().map(|e| e.to_vec2::<f32>()).transpose()?;
+    let kept_q = state.q().map(|q| q.dims().to_vec());
+    Ok(RankRun { estimates, error, kept_q, all_reduces })
+}
+
+fn run(grads: &[Vec<Matrix>]) -> Vec<RankRun> {
+    let world = grads[0].len();
+    spawn_with_timeout(world, TIMEOUT, |pg| compress(&pg, grads))
+        .unwrap_or_else(|e| panic!("PowerSgd::all_reduce on {world} ranks failed: {e}"))
+}
+
+fn close(got: &[Vec<f32>], want: &Matrix) -> bool {
+    got.len() == want.len()
+        && got.iter().zip(want).all(|(g, w)| {
+            g.len() == w.len() && g.iter().zip(w).all(|(&g, &w)| (g as f64 - w).abs() <= 1e-4 + 1e-4 * w.abs())
+        })
+}
+
+fn steps_of(world: usize) -> Vec<Vec<Matrix>> {
+    (0..STEPS).map(|step| (0..world).map(|r| grad(r, step)).collect()).collect()
+}
+
+/// Which scheme the ranks' estimates equal, if one of the mistakes'.
+fn diagnose(runs: &[RankRun], grads: &[Vec<Matrix>]) -> Option<&'static str> {
+    [
+        (Scheme::NoErrorFeedback, "no_error_feedback"),
+        (Scheme::NoWarmStart, "no_warm_start"),
+        (Scheme::NotOrthogonalized, "not_orthogonalized"),
+        (Scheme::PNotAveraged, "p_not_averaged"),
+    ]
+    .into_iter()
+    .find(|(scheme, _)| {
+        let want = powersgd(*scheme, grads);
+        runs.iter().enumerate().all(|(r, run)| run.estimates.iter().zip(&want).all(|(got, step)| close(got, &step[r])))
+    })
+    .map(|(_, id)| mistake(18, id))
+}
+
+/// Gradients G_k = A B_kᵀ share their column space, so their average has
+/// rank r: one power-iteration step recovers it exactly, whatever Q starts as.
+#[rstest]
+fn a_rank_r_gradient_comes_through_exactly(#[values(2, 3)] world: usize) {
+    let a: Matrix = (0..N).map(|i| (0..R).map(|k| ((i * 3 + k * 5) % 7) as f64 * 0.2 - 0.5).collect()).collect();
+    let b = |rank: usize| -> Matrix {
+        (0..M).map(|j| (0..R).map(|k| ((j * 2 + k * 3 + rank * 4) % 5) as f64 * 0.3 - 0.4).collect()).collect()
+    };
+    let grads: Vec<Matrix> = (0..world).map(|r| matmul(&a, &transpose(&b(r)))).collect();
+    let average = mean(&grads);
+    for (rank, run) in run(&[grads]).iter().enumerate() {
+        assert!(
+            close(&run.estimates[0], &average),
+            "rank {rank}: a gradient of rank {R} did not come through exactly: got {:?}, expected {average:?}",
+            run.estimates[0]
+        );
+    }
+}
+
+#[rstest]
+fn estimates_match_powersgd_on_the_same_numbers(#[values(1, 2, 3)] world: usize) {
+    let grads = steps_of(world);
+    let want = powersgd(Scheme::Textbook, &grads);
+    let runs = run(&grads);
+    for (rank, run) in runs.iter().enumerate() {
+        if let Some(step) = (0..STEPS).find(|&s| !close(&run.estimates[s], &want[s][rank])) {
+            let agree = runs.iter().all(|other| other.estimates[step] == runs[0].estimates[step]);
+            panic!(
+                "on {world} ranks, rank {rank}'s estimate at step {step} differs from PowerSGD's{}{}",
+                if agree { "" } else { "; the ranks do not even agree with each other" },
+                cause(diagnose(&runs, &grads))
+            );
+        }
+    }
+}
+
+#[test]
+fn the_error_feedback_is_what_compression_left_out() {
+    let grads = steps_of(2);
+    let want = powersgd(Scheme::Textbook, &grads);
+    for (rank, run) in run(&grads).iter().enumerate() {
+        let Some(error) = &run.error else {
+            panic!(
+                "rank {rank} keeps no error feedback after {STEPS} steps{}",
+                cause(Some(mistake(18, "no_error_feedback")))
+            );
+        };
+        // e = M − estimate, with M = this step's gradient plus the last error.
+        let last = STEPS - 1;
+        let previous = combine(&grads[last][rank], &grads[last][rank], |_, _| 0.0);
+        let m = (0..STEPS).fold(previous, |e, s| {
+            let m = combine(&grads[s][rank], &e, |a, b| a + b);
+            combine(&m, &want[s][rank], |a, b| a - b)
+        });
+        assert!(close(error, &m), "rank {rank}'s error feedback after {STEPS} steps is not M − P̂Qᵀ: got {error:?}");
+        let no_warm_start = run.kept_q.is_none().then(|| mistake(18, "no_warm_start"));
+        assert!(
+            run.kept_q.as_deref() == Some(&[M, R][..]),
+            "rank {rank} keeps Q of shape {:?} for its next step, expected [{M}, {R}]{}",
+            run.kept_q,
+            cause(no_warm_start)
+        );
+    }
+}
+
+#[rstest]
+fn a_step_all_reduces_two_thin_factors(#[values(2, 3)] world: usize) {
+    let want_bytes = ((N + M) * R * 4) as u64;
+    for (rank, run) in run(&steps_of(world)).iter().enumerate() {
+        let (calls, bytes) = run.all_reduces;
+        let whole = (bytes >= (N * M * 4) as u64).then(|| mistake(18, "whole_gradient_reduced"));
+        assert!(
+            (calls, bytes) == (2, want_bytes),
+            "rank {rank}'s step all-reduced {calls} tensor(s) of {bytes} bytes; PowerSGD all-reduces P ({N}×{R}) \
+             and Q ({M}×{R}): 2 of {want_bytes} bytes together{}",
+            cause(whole)
+        );
+    }
+}
+
+/// Each rank a process, the factors over TCP.
+#[test]
+fn it_runs_across_processes_over_tcp() {
+    let grads = steps_of(2);
+    let runs: Vec<RankRun> = on_processes(2, |pg| compress(&pg, &grads));
+    let want = powersgd(Scheme::Textbook, &grads);
+    for (rank, run) in runs.iter().enumerate() {
+        for (step, (got, want)) in run.estimates.iter().zip(&want).enumerate() {
+            assert!(close(got, &want[rank]), "rank {rank}'s process, step {step}");
+        }
+    }
+}
