@@ -13,6 +13,7 @@
 //! | [`distributed`]   | process groups and their backends, the launcher, `env://`           |
 //! | [`data`]          | tokenizer, token files, datasets, the distributed sampler            |
 //! | [`memory`]        | heap accounting per thread, allocator tuning                          |
+//! | [`timeline`]      | what each rank did when, as a Chrome trace                            |
 //!
 //! The exercise files are wired in as [`phase1_model`], [`phase2_training`],
 //! [`phase3_fsdp`] and [`phase4_under_the_hood`] (see `src/exercises.rs`).
@@ -29,6 +30,7 @@ pub mod hf;
 pub mod memory;
 pub mod model;
 pub mod parallel;
+pub mod timeline;
 pub mod train;
 
 pub use exercises::{phase1_model, phase2_training, phase3_fsdp, phase4_under_the_hood};

@@ -12,6 +12,7 @@ use workbook::distributed::{
 };
 use workbook::parallel::ddp::Ddp;
 use workbook::parallel::fsdp::FsdpTrainer;
+use workbook::timeline;
 use workbook::train::{DataPosition, StepStats, Train, Trainer};
 use workbook::{init_params, ParamStore};
 
@@ -44,6 +45,9 @@ pub struct RunOptions {
     pub strategy: Strategy,
     /// All-reduce with exercise 16's ring (the learner's code) instead of the backend's.
     pub own_ring: bool,
+    /// Record a timeline of every rank's steps and communication into
+    /// `out_dir/trace.json` (a Chrome trace, see `workbook::timeline`).
+    pub trace: bool,
     /// Print a line every this many steps when no progress bar is shown.
     pub log_every: usize,
     /// The longest a rank waits for another in a collective, when ranks are threads
@@ -142,6 +146,13 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>) 
 fn drive(options: &RunOptions, dataset: &Dataset, mut trainer: impl Train, num_params: usize) -> Result<Summary> {
     let (rank, world) = (trainer.process_group().rank(), trainer.process_group().world_size());
     let is_logger = rank == 0;
+    if options.trace {
+        // Thread ranks share this process, and so its timeline: one track each.
+        match DistEnv::from_env()?.is_none() && world > 1 {
+            true => timeline::enable(0, format!("{world} ranks as threads")),
+            false => timeline::enable(rank, format!("rank {rank}")),
+        }
+    }
     let config = &options.config;
     let mut sampler = DistributedSampler::new(dataset.num_windows(), world, rank, options.seed)?;
     if let Some(resume) = &options.resume {
@@ -181,7 +192,9 @@ fn drive(options: &RunOptions, dataset: &Dataset, mut trainer: impl Train, num_p
             .map(|_| dataset.batch(&sampler.next_batch(per_rank_batch), &Device::Cpu))
             .collect::<candle_core::Result<Vec<Tensor>>>()?;
         let skipped_before = trainer.counters().skipped_steps;
+        let step_span = timeline::span("compute", format!("step {}", trainer.counters().step + 1));
         let stats = trainer.train_step(&batches).map_err(|e| anyhow!("step {}: {e}", trainer.counters().step))?;
+        drop(step_span);
         let loss = mean_over_ranks(trainer.process_group(), stats.loss)?;
         let counters = trainer.counters();
         let step = counters.step;
@@ -215,6 +228,9 @@ fn drive(options: &RunOptions, dataset: &Dataset, mut trainer: impl Train, num_p
         }
     }
     bar.finish_and_clear();
+    if options.trace {
+        write_trace(trainer.process_group(), &options.out_dir)?;
+    }
     if is_logger {
         let records = read_log(&options.out_dir.join("metrics.jsonl"))?;
         std::fs::write(options.out_dir.join("loss.svg"), loss_curve_svg(&records))?;
@@ -238,6 +254,7 @@ fn save(trainer: &impl Train, options: &RunOptions, sampler: &DistributedSampler
     let dir = checkpoints::step_dir(&options.out_dir, trainer.counters().step);
     let position = DataPosition { config: options.data.clone(), sampler: sampler.state() };
     let pg = trainer.process_group();
+    let _span = timeline::span("io", format!("save {}", dir.display()));
     while_busy(pg, &format!("saving {}", dir.display()), || {
         trainer
             .save_checkpoint(&dir, Some(position))
@@ -247,6 +264,34 @@ fn save(trainer: &impl Train, options: &RunOptions, sampler: &DistributedSampler
         }
         Ok(())
     })
+}
+
+/// Writes the timeline to `out_dir/trace.json`. Ranks that are processes
+/// each write their own part; rank 0 puts the parts of this machine's ranks
+/// together once all are written (other nodes' parts stay on their nodes).
+fn write_trace(pg: &dyn ProcessGroup, out_dir: &Path) -> Result<()> {
+    let whole = out_dir.join("trace.json");
+    let ranks = if DistEnv::from_env()?.is_none() {
+        // One process: its timeline holds every rank, threads included.
+        if pg.rank() == 0 {
+            timeline::write(&whole)?;
+        }
+        pg.world_size()
+    } else {
+        let part = |rank: usize| out_dir.join(format!("trace-rank{rank}.json"));
+        timeline::write(&part(pg.rank()))?;
+        pg.barrier()?;
+        let parts: Vec<PathBuf> = (0..pg.world_size()).map(part).filter(|p| p.exists()).collect();
+        if pg.rank() == 0 {
+            timeline::merge(&parts.iter().map(PathBuf::as_path).collect::<Vec<_>>(), &whole)?;
+            parts.iter().for_each(|p| drop(std::fs::remove_file(p)));
+        }
+        parts.len()
+    };
+    if pg.rank() == 0 {
+        println!("timeline of {ranks} rank(s): {} (open it in https://ui.perfetto.dev)", whole.display());
+    }
+    Ok(())
 }
 
 /// What a failed save leaves: the staged files are gone, earlier checkpoints untouched.

@@ -172,3 +172,25 @@ fn your_ring_all_reduce_trains_as_the_backends_does() {
     succeed(&mut train(&backend, 3, &["--nproc", "2"]));
     assert!(final_weights(&yours, 3) == final_weights(&backend, 3), "exercise 16's ring trained to other weights");
 }
+
+/// `--trace` leaves one Chrome trace of every rank: its steps on the main
+/// thread, its collectives on its communication thread.
+#[test]
+fn a_traced_run_leaves_one_timeline_of_every_rank() {
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("trace");
+    succeed(&mut train(&dir, 3, &["--nproc", "2", "--trace"]));
+    let trace: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("trace.json")).expect("trace.json")).unwrap();
+    let events = trace["traceEvents"].as_array().unwrap();
+    let spans = |rank: u64, category: &str| -> Vec<String> {
+        let of = |e: &&serde_json::Value| e["pid"] == rank && e["cat"] == category && e["ph"] == "X";
+        events.iter().filter(of).map(|e| e["name"].as_str().unwrap().to_string()).collect()
+    };
+    for rank in 0..2 {
+        assert_eq!(spans(rank, "compute"), ["step 1", "step 2", "step 3"], "rank {rank}'s steps");
+        assert!(spans(rank, "comm").iter().any(|name| name.starts_with("all_reduce")), "rank {rank}'s all-reduces");
+        assert_eq!(spans(rank, "io").len(), 1, "rank {rank}'s one save");
+    }
+    assert!(!dir.join("trace-rank1.json").exists(), "the per-rank parts are merged and removed");
+}

@@ -9,6 +9,7 @@ use candle_core::{Device, Result, Tensor};
 use super::rendezvous::Rendezvous;
 use crate::distributed::collective::{check_peer, Call, Outcome};
 use crate::distributed::{Collective, CommStats, ProcessGroup, Properties, ReduceOp};
+use crate::timeline;
 
 /// A rank of a group whose ranks are threads of this process, started by
 /// [`spawn`](super::spawn). The tensors meet on the host (like PyTorch's Gloo
@@ -29,6 +30,7 @@ impl CpuProcessGroup {
 
     /// Issues one collective and waits for the other ranks to issue it too.
     fn run(&self, call: Call, input: Option<&Tensor>) -> Result<Arc<Outcome>> {
+        let _span = timeline::span("comm", call.kind().to_string());
         let world_size = self.world_size();
         call.check(input, world_size)?;
         let mut stats = self.stats.borrow_mut();

@@ -40,6 +40,7 @@ use super::store::StoreServer;
 use super::{Collective, CommStats, ProcessGroup, Properties, ReduceOp, Work};
 use crate::error::io_context;
 use crate::kernels::buffers::Elements;
+use crate::timeline;
 
 /// Where a rank finds the others, and who it is: what the launcher passes in
 /// the environment (see [`DistEnv`](crate::distributed::DistEnv)).
@@ -119,7 +120,7 @@ impl TcpProcessGroup {
         };
         let (rank, world_size, header) = (self.rank, self.world_size, Header::collective(seq, call, t, 0));
         let (kind, payload, stats) = (call.kind(), call.payload_bytes(t, world_size), Arc::clone(&self.stats));
-        self.lane.submit(move |mesh| {
+        self.lane.submit(format!("{kind} #{seq}, {payload} bytes"), move |mesh| {
             let mut ring = Ring { mesh, rank, world_size, header, sent: 0 };
             let result = if world_size > 1 { run(&mut ring, elements)? } else { elements };
             let mut stats = stats.lock().unwrap_or_else(PoisonError::into_inner);
@@ -228,7 +229,7 @@ impl ProcessGroup for TcpProcessGroup {
         let elements = Elements::of(t)?;
         let header = Header::point_to_point(next(&self.sent_to, dst), t, elements.bytes().len());
         let stats = Arc::clone(&self.stats);
-        let sent = self.lane.submit(move |mesh| {
+        let sent = self.lane.submit(format!("send to rank {dst}: {header}"), move |mesh| {
             let bytes = elements.bytes();
             mesh.send(dst, &header, bytes)?;
             let mut stats = stats.lock().unwrap_or_else(PoisonError::into_inner);
@@ -244,7 +245,7 @@ impl ProcessGroup for TcpProcessGroup {
         let (dtype, count) = (like.dtype(), like.elem_count());
         let header = Header::point_to_point(next(&self.received_from, src), like, count * dtype.size_in_bytes());
         let stats = Arc::clone(&self.stats);
-        let buf = self.lane.submit(move |mesh| {
+        let buf = self.lane.submit(format!("recv from rank {src}: {header}"), move |mesh| {
             let mut buf = Elements::zeros(dtype, count)?;
             mesh.recv(src, &header, buf.bytes_mut())?;
             stats.lock().unwrap_or_else(PoisonError::into_inner).record(Collective::Recv, buf.bytes().len() as u64);
@@ -255,8 +256,9 @@ impl ProcessGroup for TcpProcessGroup {
 
     fn set_busy(&self, what: Option<&str>) {
         let what = what.map(str::to_string);
+        let label = format!("busy: {}", what.as_deref().unwrap_or("no longer"));
         // Not waited for: it only queues heartbeats.
-        let _ = self.lane.submit(move |mesh| {
+        let _ = self.lane.submit(label, move |mesh| {
             mesh.set_busy(what.as_deref());
             Ok(())
         });
@@ -287,13 +289,18 @@ impl Lane {
         Ok(Self { jobs: Some(jobs), thread: Some(thread) })
     }
 
-    /// Queues `work`; its result arrives on the returned channel.
+    /// Queues `work`, called `what` on the timeline; its result arrives on
+    /// the returned channel.
     fn submit<T: Send + 'static>(
         &self,
+        what: String,
         work: impl FnOnce(&Mesh) -> Result<T> + Send + 'static,
     ) -> Result<Receiver<Result<T>>> {
         let (result, receiver) = mpsc::channel();
-        let job: Job = Box::new(move |mesh| drop(result.send(work(mesh))));
+        let job: Job = Box::new(move |mesh| {
+            let _span = timeline::span("comm", what);
+            drop(result.send(work(mesh)))
+        });
         let stopped = || Error::Msg("the communication thread has stopped".into());
         self.jobs.as_ref().ok_or_else(stopped)?.send(job).map_err(|_| stopped())?;
         Ok(receiver)

@@ -100,6 +100,7 @@ fn run(args: Args) -> Result<()> {
         activation_checkpointing: false,
         strategy: Strategy::Ddp,
         own_ring: false,
+        trace: false,
         log_every: usize::MAX,
         timeout: DEFAULT_TIMEOUT,
     };

@@ -95,6 +95,10 @@ struct Args {
     /// `ring` all-reduces with your exercise 16 instead of the backend's own ring.
     #[arg(long, value_parser = ["backend", "ring"], default_value = "backend")]
     allreduce: String,
+    /// Record what every rank did when into <checkpoint-dir>/trace.json, a
+    /// Chrome trace (open it in https://ui.perfetto.dev).
+    #[arg(long)]
+    trace: bool,
     /// Without a terminal, print a line every this many steps.
     #[arg(long, default_value_t = 10)]
     log_every: usize,
@@ -175,6 +179,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         activation_checkpointing: args.activation_checkpointing,
         strategy: strategy(&args.strategy, args.sharding.as_deref(), args.precision.as_deref())?,
         own_ring: args.allreduce == "ring",
+        trace: args.trace,
         log_every: args.log_every.max(1),
         timeout: args.launch.timeout.map_or(DEFAULT_TIMEOUT, std::time::Duration::from_secs),
     };
