@@ -79,6 +79,10 @@ mod ex17_sharded_adamw;
 #[cfg_attr(feature = "solutions", path = "../solutions/phase4_under_the_hood/ex18_powersgd.rs")]
 mod ex18_powersgd;
 
+#[cfg_attr(not(feature = "solutions"), path = "../exercises/phase4_under_the_hood/ex19_overlapped_ddp.rs")]
+#[cfg_attr(feature = "solutions", path = "../solutions/phase4_under_the_hood/ex19_overlapped_ddp.rs")]
+mod ex19_overlapped_ddp;
+
 /// Phase 1: Model (exercises 1–7).
 pub mod phase1_model {
     pub use super::ex02_rotate_half::rotate_half;
@@ -101,7 +105,8 @@ pub mod phase3_fsdp {
     pub use super::ex14_wrap_policy::wrap_policy;
 }
 
-/// Phase 4: Under the hood (exercises 16–18).
+/// Phase 4: Under the hood (exercises 16–19).
 pub mod phase4_under_the_hood {
     pub use super::ex16_ring_all_reduce::ring_all_reduce;
+    pub use super::ex19_overlapped_ddp::overlapped_all_reduce;
 }

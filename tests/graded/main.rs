@@ -23,6 +23,7 @@ mod exercise_15;
 mod exercise_16;
 mod exercise_17;
 mod exercise_18;
+mod exercise_19;
 // END exercise modules
 mod data;
 mod distributed;

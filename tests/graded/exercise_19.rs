@@ -1,0 +1,217 @@
+//! Exercise 19: DDP buckets that overlap with backward. The gradients come
+//! from an iterator that counts what it has handed out, standing for
+//! backward; the process group records every all-reduce: when it was started
+//! (how far backward had got), its size, whether it blocked, and when its
+//! result was waited for. Expected averages are added up here directly.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use candle_core::{Device, Result, Tensor};
+use workbook::distributed::{spawn_with_timeout, CommStats, CpuProcessGroup, ProcessGroup, Properties, ReduceOp, Work};
+use workbook::phase4_under_the_hood::overlapped_all_reduce;
+
+use crate::process_ranks::on_processes;
+use crate::support::{cause, mistake, number};
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+/// The gradients in the order backward produces them, by element count (f32).
+const SIZES: [usize; 6] = [6, 10, 4, 8, 12, 2];
+/// 60 bytes: buckets of 6+10 (64 bytes), 4+8+12 (96 bytes), then the last 2 elements.
+const CAP: usize = 60;
+const BUCKETS: [usize; 3] = [16, 24, 2];
+/// How many gradients backward has produced when each bucket is full.
+const FULL_AFTER: [usize; 3] = [2, 5, 6];
+
+fn grad(rank: usize, index: usize) -> Vec<f32> {
+    (0..SIZES[index]).map(|i| ((rank * 5 + index * 3 + i) % 7) as f32 * 0.5 - 1.0 + rank as f32).collect()
+}
+
+/// What the recorder saw.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+enum Event {
+    Started { produced: usize, elements: usize, blocking: bool },
+    Waited { produced: usize },
+}
+
+/// A process group that records its all-reduces against backward's progress.
+struct Recorder {
+    inner: Box<dyn ProcessGroup>,
+    produced: Arc<AtomicUsize>,
+    events: Arc<Mutex<Vec<Event>>>,
+}
+
+impl Recorder {
+    fn started(&self, t: &Tensor, blocking: bool) {
+        let produced = self.produced.load(Ordering::SeqCst);
+        self.events.lock().unwrap().push(Event::Started { produced, elements: t.elem_count(), blocking });
+    }
+}
+
+impl ProcessGroup for Recorder {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    fn world_size(&self) -> usize {
+        self.inner.world_size()
+    }
+    fn properties(&self) -> Properties {
+        self.inner.properties()
+    }
+    fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
+        self.started(t, true);
+        self.inner.all_reduce(t, op)
+    }
+    fn all_reduce_async(&self, t: &Tensor, op: ReduceOp) -> Result<Work> {
+        self.started(t, false);
+        let result = self.inner.all_reduce(t, op);
+        let (produced, events) = (Arc::clone(&self.produced), Arc::clone(&self.events));
+        Ok(Work::pending(move || {
+            events.lock().unwrap().push(Event::Waited { produced: produced.load(Ordering::SeqCst) });
+            result
+        }))
+    }
+    fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor> {
+        self.inner.broadcast(t, root)
+    }
+    fn all_gather(&self, t: &Tensor) -> Result<Tensor> {
+        self.inner.all_gather(t)
+    }
+    fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
+        self.inner.reduce_scatter(t, op)
+    }
+    fn send(&self, t: &Tensor, dst: usize) -> Result<()> {
+        self.inner.send(t, dst)
+    }
+    fn recv(&self, like: &Tensor, src: usize) -> Result<Tensor> {
+        self.inner.recv(like, src)
+    }
+    fn barrier(&self) -> Result<()> {
+        self.inner.barrier()
+    }
+    fn stats(&self) -> CommStats {
+        self.inner.stats()
+    }
+}
+
+/// What one rank got back and what its recorder saw.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct RankRun {
+    averaged: Vec<(String, Vec<usize>, Vec<f32>)>,
+    events: Vec<Event>,
+}
+
+/// The learner's function on `pg`, fed this rank's gradients one by one as backward would.
+fn backward_and_sync(pg: Box<dyn ProcessGroup>) -> Result<RankRun> {
+    let rank = pg.rank();
+    let produced = Arc::new(AtomicUsize::new(0));
+    let recorder = Recorder { inner: pg, produced: Arc::clone(&produced), events: Arc::default() };
+    let backward = (0..SIZES.len()).map(|i| {
+        produced.fetch_add(1, Ordering::SeqCst);
+        let shape = if SIZES[i] % 2 == 0 { vec![2, SIZES[i] / 2] } else { vec![SIZES[i]] };
+        (format!("layer{}.weight", SIZES.len() - i), Tensor::from_vec(grad(rank, i), shape, &Device::Cpu).unwrap())
+    });
+    let averaged = overlapped_all_reduce(&recorder, backward, CAP)?
+        .into_iter()
+        .map(|(name, t)| Ok((name, t.dims().to_vec(), t.flatten_all()?.to_vec1::<f32>()?)))
+        .collect::<Result<Vec<_>>>()?;
+    let events = recorder.events.lock().unwrap().clone();
+    Ok(RankRun { averaged, events })
+}
+
+fn run(world: usize) -> Vec<RankRun> {
+    spawn_with_timeout(world, TIMEOUT, |pg: CpuProcessGroup| backward_and_sync(Box::new(pg)))
+        .unwrap_or_else(|e| panic!("overlapped_all_reduce on {world} ranks failed: {e}"))
+}
+
+fn starts(events: &[Event]) -> Vec<(usize, usize, bool)> {
+    events
+        .iter()
+        .filter_map(|e| match *e {
+            Event::Started { produced, elements, blocking } => Some((produced, elements, blocking)),
+            Event::Waited { .. } => None,
+        })
+        .collect()
+}
+
+#[test]
+fn every_gradient_comes_back_averaged_with_its_name_and_shape() {
+    let world = 3;
+    for (rank, run) in run(world).iter().enumerate() {
+        let names: Vec<&str> = run.averaged.iter().map(|(n, _, _)| n.as_str()).collect();
+        let want_names: Vec<String> = (0..SIZES.len()).map(|i| format!("layer{}.weight", SIZES.len() - i)).collect();
+        assert_eq!(names, want_names, "rank {rank}: the gradients must come back by name, in the order they came");
+        for (i, (name, dims, values)) in run.averaged.iter().enumerate() {
+            let want_dims = if SIZES[i] % 2 == 0 { vec![2, SIZES[i] / 2] } else { vec![SIZES[i]] };
+            assert_eq!(dims, &want_dims, "rank {rank}: `{name}` must keep its shape");
+            let sum: Vec<f32> = (0..SIZES[i]).map(|j| (0..world).map(|r| grad(r, i)[j]).sum()).collect();
+            let mean: Vec<f32> = sum.iter().map(|s| s / world as f32).collect();
+            if let Some(j) = (0..SIZES[i]).find(|&j| (values[j] - mean[j]).abs() > 1e-5) {
+                let summed = values.iter().zip(&sum).all(|(v, s)| (v - s).abs() <= 1e-5);
+                panic!(
+                    "rank {rank}: `{name}`[{j}] is {}, expected the mean over {world} ranks, {}{}",
+                    number(values[j] as f64),
+                    number(mean[j] as f64),
+                    cause(summed.then(|| mistake(19, "not_averaged")))
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn buckets_follow_the_cap_in_the_order_gradients_arrive() {
+    for (rank, run) in run(2).iter().enumerate() {
+        let sizes: Vec<usize> = starts(&run.events).iter().map(|&(_, elements, _)| elements).collect();
+        let why = if sizes.len() == SIZES.len() {
+            Some(mistake(19, "one_all_reduce_per_gradient"))
+        } else {
+            (sizes.iter().sum::<usize>() == SIZES.iter().sum::<usize>()).then(|| mistake(19, "bucket_cap_ignored"))
+        };
+        assert!(
+            sizes == BUCKETS,
+            "rank {rank}: all-reduces of {sizes:?} elements; gradients of {SIZES:?} f32 elements with a cap of {CAP} \
+             bytes make buckets of {BUCKETS:?}{}",
+            cause(why)
+        );
+    }
+}
+
+#[test]
+fn each_bucket_starts_as_soon_as_it_is_full_and_is_waited_for_after_backward() {
+    for (rank, run) in run(2).iter().enumerate() {
+        let started = starts(&run.events);
+        if started.iter().any(|&(_, _, blocking)| blocking) {
+            panic!("rank {rank} used the blocking all_reduce{}", cause(Some(mistake(19, "blocking_all_reduce"))));
+        }
+        let early_wait = run.events.iter().any(|e| matches!(*e, Event::Waited { produced } if produced < SIZES.len()));
+        assert!(
+            !early_wait,
+            "rank {rank} waited for a bucket before backward had produced every gradient{}",
+            cause(Some(mistake(19, "blocking_all_reduce")))
+        );
+        let when: Vec<usize> = started.iter().map(|&(produced, _, _)| produced).collect();
+        let all_at_end = when.iter().all(|&p| p == SIZES.len()) && when.len() > 1;
+        assert!(
+            when == FULL_AFTER,
+            "rank {rank} started its all-reduces after {when:?} gradients; each bucket starts as soon as it is \
+             full, after {FULL_AFTER:?}{}",
+            cause(all_at_end.then(|| mistake(19, "launched_after_backward")))
+        );
+    }
+}
+
+/// Each rank a process, the buckets over TCP, where the all-reduces really
+/// run while the caller goes on.
+#[test]
+fn it_runs_across_processes_over_tcp() {
+    let world = 2;
+    let runs: Vec<RankRun> = on_processes(world, |pg| backward_and_sync(Box::new(pg)));
+    for (rank, run) in runs.iter().enumerate() {
+        for (i, (name, _, values)) in run.averaged.iter().enumerate() {
+            let mean: Vec<f32> = (0..SIZES[i]).map(|j| (grad(0, i)[j] + grad(1, i)[j]) / 2.0).collect();
+            assert!(values.iter().zip(&mean).all(|(v, m)| (v - m).abs() <= 1e-5), "rank {rank}'s process: `{name}`");
+        }
+    }
+}
