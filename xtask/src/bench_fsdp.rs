@@ -12,7 +12,7 @@ use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
 use crate::bench::{cpu_model, replace_section, RESULTS};
-use crate::estimate::{count_params, estimate, Optimizer, Precision, Setup, Strategy};
+use crate::estimate::{estimate, model_params, Optimizer, Precision, Setup, Strategy};
 use crate::render;
 use crate::workspace::Workspace;
 
@@ -133,13 +133,14 @@ fn config_params(root: &Path, model_size: &str) -> Result<f64> {
     struct Model {
         num_layers: usize,
         hidden_size: usize,
+        intermediate_size: usize,
         vocab_size: usize,
     }
     let path = root.join("configs").join(format!("{model_size}.toml"));
     let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
     let Config { model } =
         toml::from_str(&text).with_context(|| format!("{} is not a model config", path.display()))?;
-    Ok(count_params(model.num_layers, model.hidden_size, model.vocab_size))
+    Ok(model_params(model.num_layers, model.hidden_size, model.intermediate_size, model.vocab_size))
 }
 
 /// The ZeRO formula's model-state bytes per rank for `psi` parameters.
@@ -148,6 +149,7 @@ fn states(psi: f64, precision: Precision, stage: u8, world_size: usize) -> Resul
         params: psi,
         layers: 1,
         hidden: 1,
+        intermediate: 1,
         heads: 1,
         vocab: 1,
         seq_len: 1,

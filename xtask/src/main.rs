@@ -126,13 +126,17 @@ enum BenchKind {
 /// `cargo xtask estimate`'s options; the model is given by its size or its shape.
 #[derive(clap::Args)]
 struct EstimateArgs {
-    /// Parameters, e.g. 7e9 (default: counted from --layers, --hidden and --vocab).
+    /// Parameters, e.g. 7e9 (default: counted exactly from the shape below, the workbook's Llama-style GPT).
     #[arg(long)]
     params: Option<f64>,
     #[arg(long, default_value_t = 32)]
     layers: usize,
     #[arg(long, default_value_t = 4096)]
     hidden: usize,
+    /// The SwiGLU MLP's width (default: Llama's, 8·hidden/3 rounded up to a multiple of 256;
+    /// the tiny config uses 352).
+    #[arg(long)]
+    intermediate: Option<usize>,
     #[arg(long, default_value_t = 32)]
     heads: usize,
     #[arg(long, default_value_t = 32000)]
@@ -159,11 +163,17 @@ struct EstimateArgs {
 }
 
 impl EstimateArgs {
+    fn intermediate(&self) -> usize {
+        self.intermediate.unwrap_or_else(|| estimate::llama_intermediate(self.hidden))
+    }
+
     fn setup(&self) -> estimate::Setup {
+        let counted = || estimate::model_params(self.layers, self.hidden, self.intermediate(), self.vocab);
         estimate::Setup {
-            params: self.params.unwrap_or_else(|| estimate::count_params(self.layers, self.hidden, self.vocab)),
+            params: self.params.unwrap_or_else(counted),
             layers: self.layers,
             hidden: self.hidden,
+            intermediate: self.intermediate(),
             heads: self.heads,
             vocab: self.vocab,
             seq_len: self.seq_len,
