@@ -109,7 +109,7 @@ fn backward_and_sync(pg: Box<dyn ProcessGroup>) -> Result<RankRun> {
     let recorder = Recorder { inner: pg, produced: Arc::clone(&produced), events: Arc::default() };
     let backward = (0..SIZES.len()).map(|i| {
         produced.fetch_add(1, Ordering::SeqCst);
-        let shape = if SIZES[i] % 2 == 0 { vec![2, SIZES[i] / 2] } else { vec![SIZES[i]] };
+        let shape = if SIZES[i].is_multiple_of(2) { vec![2, SIZES[i] / 2] } else { vec![SIZES[i]] };
         (format!("layer{}.weight", SIZES.len() - i), Tensor::from_vec(grad(rank, i), shape, &Device::Cpu).unwrap())
     });
     let averaged = overlapped_all_reduce(&recorder, backward, CAP)?
@@ -143,7 +143,7 @@ fn every_gradient_comes_back_averaged_with_its_name_and_shape() {
         let want_names: Vec<String> = (0..SIZES.len()).map(|i| format!("layer{}.weight", SIZES.len() - i)).collect();
         assert_eq!(names, want_names, "rank {rank}: the gradients must come back by name, in the order they came");
         for (i, (name, dims, values)) in run.averaged.iter().enumerate() {
-            let want_dims = if SIZES[i] % 2 == 0 { vec![2, SIZES[i] / 2] } else { vec![SIZES[i]] };
+            let want_dims = if SIZES[i].is_multiple_of(2) { vec![2, SIZES[i] / 2] } else { vec![SIZES[i]] };
             assert_eq!(dims, &want_dims, "rank {rank}: `{name}` must keep its shape");
             let sum: Vec<f32> = (0..SIZES[i]).map(|j| (0..world).map(|r| grad(r, i)[j]).sum()).collect();
             let mean: Vec<f32> = sum.iter().map(|s| s / world as f32).collect();
