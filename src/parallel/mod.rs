@@ -7,6 +7,7 @@
 //!   (PyTorch's `FullyShardedDataParallel`, the ZeRO stages).
 //! - [`zero`]: the sharded optimizer on its own (ZeRO stages 1 and 2), exercise 17.
 //! - [`powersgd`]: gradients compressed to low rank before they are averaged, exercise 18.
+//! - [`tensor`]: one layer's weights split across the ranks (Megatron), exercise 20.
 //!
 //! Each strategy keeps its communication in its own `comm` file; every
 //! collective goes through a [`ProcessGroup`](crate::distributed::ProcessGroup).
@@ -14,4 +15,5 @@
 pub mod ddp;
 pub mod fsdp;
 pub mod powersgd;
+pub mod tensor;
 pub mod zero;

@@ -24,6 +24,7 @@ mod exercise_16;
 mod exercise_17;
 mod exercise_18;
 mod exercise_19;
+mod exercise_20;
 // END exercise modules
 mod data;
 mod distributed;
