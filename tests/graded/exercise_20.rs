@@ -76,15 +76,15 @@ struct RankRun {
     collectives: (u64, u64, u64),
 }
 
-fn rank_run(pg: &dyn ProcessGroup) -> candle_core::Result<RankRun> {
+/// The learner's shard of the test's MLP for rank `pg`.
+fn shard_for(pg: &dyn ProcessGroup) -> candle_core::Result<TensorParallelMlp> {
     let (gate, up, down) = weights();
-    let shard = TensorParallelMlp::shard(
-        &as_tensor(&gate, &[I, C])?,
-        &as_tensor(&up, &[I, C])?,
-        &as_tensor(&down, &[C, I])?,
-        pg.rank(),
-        pg.world_size(),
-    )?;
+    let (gate, up, down) = (as_tensor(&gate, &[I, C])?, as_tensor(&up, &[I, C])?, as_tensor(&down, &[C, I])?);
+    TensorParallelMlp::shard(&gate, &up, &down, pg.rank(), pg.world_size())
+}
+
+fn rank_run(pg: &dyn ProcessGroup) -> candle_core::Result<RankRun> {
+    let shard = shard_for(pg)?;
     let shapes = [&shard.gate_proj, &shard.up_proj, &shard.down_proj].map(|t| t.dims().to_vec());
     let before = pg.stats();
     let output = shard.forward(pg, &as_tensor(&x(), &[2, 3, C])?).and_then(|y| y.flatten_all()?.to_vec1::<f32>());
@@ -178,18 +178,7 @@ fn forward_is_one_all_reduce_of_the_output(#[values(2, 4)] world: usize) {
 
 #[test]
 fn a_width_the_ranks_do_not_divide_is_an_error() {
-    let results = spawn_with_timeout(5, TIMEOUT, |pg| {
-        let (gate, up, down) = weights();
-        let shard = TensorParallelMlp::shard(
-            &as_tensor(&gate, &[I, C])?,
-            &as_tensor(&up, &[I, C])?,
-            &as_tensor(&down, &[C, I])?,
-            pg.rank(),
-            pg.world_size(),
-        );
-        Ok(shard.err().map(|e| e.to_string()))
-    })
-    .unwrap();
+    let results = spawn_with_timeout(5, TIMEOUT, |pg| Ok(shard_for(&pg).err().map(|e| e.to_string()))).unwrap();
     assert!(results.iter().all(Option::is_some), "splitting {I} hidden units across 5 ranks must be an error");
 }
 
