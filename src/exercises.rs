@@ -87,6 +87,10 @@ mod ex19_overlapped_ddp;
 #[cfg_attr(feature = "solutions", path = "../solutions/phase4_under_the_hood/ex20_tensor_parallel_mlp.rs")]
 mod ex20_tensor_parallel_mlp;
 
+#[cfg_attr(not(feature = "solutions"), path = "../exercises/phase4_under_the_hood/ex21_gpipe.rs")]
+#[cfg_attr(feature = "solutions", path = "../solutions/phase4_under_the_hood/ex21_gpipe.rs")]
+mod ex21_gpipe;
+
 /// Phase 1: Model (exercises 1–7).
 pub mod phase1_model {
     pub use super::ex02_rotate_half::rotate_half;
@@ -109,8 +113,9 @@ pub mod phase3_fsdp {
     pub use super::ex14_wrap_policy::wrap_policy;
 }
 
-/// Phase 4: Under the hood (exercises 16–20).
+/// Phase 4: Under the hood (exercises 16–21).
 pub mod phase4_under_the_hood {
     pub use super::ex16_ring_all_reduce::ring_all_reduce;
     pub use super::ex19_overlapped_ddp::overlapped_all_reduce;
+    pub use super::ex21_gpipe::gpipe_step;
 }

@@ -138,6 +138,13 @@ impl ParamStore {
         self.vars.iter().map(|(name, var)| (name.as_str(), var))
     }
 
+    /// The parameters whose names `keep` accepts, sharing their variables
+    /// (and so their gradients) with this store.
+    pub fn subset(&self, keep: impl Fn(&str) -> bool) -> Self {
+        let vars = self.vars.iter().filter(|(name, _)| keep(name)).map(|(n, v)| (n.clone(), v.clone())).collect();
+        Self { vars }
+    }
+
     /// The total number of scalars.
     pub fn num_params(&self) -> usize {
         self.vars.values().map(|v| v.elem_count()).sum()

@@ -8,12 +8,14 @@
 //! - [`zero`]: the sharded optimizer on its own (ZeRO stages 1 and 2), exercise 17.
 //! - [`powersgd`]: gradients compressed to low rank before they are averaged, exercise 18.
 //! - [`tensor`]: one layer's weights split across the ranks (Megatron), exercise 20.
+//! - [`pipeline`]: the blocks split into stages, one per rank, exercise 21.
 //!
 //! Each strategy keeps its communication in its own `comm` file; every
 //! collective goes through a [`ProcessGroup`](crate::distributed::ProcessGroup).
 
 pub mod ddp;
 pub mod fsdp;
+pub mod pipeline;
 pub mod powersgd;
 pub mod tensor;
 pub mod zero;

@@ -25,6 +25,7 @@ mod exercise_17;
 mod exercise_18;
 mod exercise_19;
 mod exercise_20;
+mod exercise_21;
 // END exercise modules
 mod data;
 mod distributed;
