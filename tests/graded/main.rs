@@ -33,6 +33,7 @@ mod fsdp_runs;
 mod kernels;
 mod phase_2;
 mod phase_3;
+mod phase_4;
 mod process_ranks;
 mod processes;
 mod scaffolding;
