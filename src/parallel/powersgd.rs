@@ -3,9 +3,14 @@
 //! left. Its all-reduce is exercise 18
 //! (`exercises/phase4_under_the_hood/ex18_powersgd.rs`).
 
+use std::collections::BTreeMap;
+
 use candle_core::{bail, Device, Result, Tensor};
 
+use crate::autograd::Gradients;
+use crate::distributed::ProcessGroup;
 use crate::model::InitRng;
+use crate::parallel::ddp::average_in_buckets;
 
 /// One rank's PowerSGD state for one (n, m) gradient, compressed to rank r.
 #[derive(Debug, Clone)]
@@ -64,4 +69,56 @@ pub fn orthonormal_columns(p: &Tensor) -> Result<Tensor> {
         columns.push(if length > 1e-12 { (column / length as f64)? } else { column.zeros_like()? });
     }
     Tensor::cat(&columns, 1)
+}
+
+/// PowerSGD as DDP's gradient average (PyTorch's `powerSGD_hook`): every
+/// matrix gradient that rank-r factors make smaller goes through its own
+/// [`PowerSgd`] (exercise 18); the others (norm weights, small matrices) are
+/// averaged whole, in buckets. Each rank's error feedback lives here, for the
+/// run: it is not part of a checkpoint, so a resumed run starts it afresh.
+#[derive(Debug, Clone)]
+pub struct PowerSgdHook {
+    approx_rank: usize,
+    states: BTreeMap<String, PowerSgd>,
+}
+
+impl PowerSgdHook {
+    pub fn new(approx_rank: usize) -> Self {
+        Self { approx_rank, states: BTreeMap::new() }
+    }
+
+    pub fn approx_rank(&self) -> usize {
+        self.approx_rank
+    }
+
+    /// Whether a gradient of `dims` is compressed: a matrix whose factors,
+    /// (n + m)·r numbers, are fewer than its n·m.
+    pub fn compresses(&self, dims: &[usize]) -> bool {
+        matches!(dims, [n, m] if (n + m) * self.approx_rank < n * m)
+    }
+
+    /// Replaces `grads` by their average over the ranks of `pg`: the
+    /// compressed ones by their rank-r estimate, the rest exactly.
+    pub fn average(&mut self, pg: &dyn ProcessGroup, grads: &mut Gradients, bucket_bytes: usize) -> Result<()> {
+        if pg.world_size() == 1 {
+            return Ok(());
+        }
+        let mut whole = Gradients::default();
+        let mut estimates = vec![];
+        // Name order: the same on every rank, and so are the seeds.
+        for (index, (name, grad)) in grads.iter().enumerate() {
+            if !self.compresses(grad.dims()) {
+                whole.insert(name, grad.clone());
+                continue;
+            }
+            let state =
+                self.states.entry(name.to_string()).or_insert_with(|| PowerSgd::new(self.approx_rank, index as u64));
+            estimates.push((name.to_string(), state.all_reduce(pg, grad)?));
+        }
+        average_in_buckets(pg, &mut whole, bucket_bytes)?;
+        for (name, grad) in whole.iter().map(|(n, g)| (n.to_string(), g.clone())).chain(estimates) {
+            grads.insert(&name, grad);
+        }
+        Ok(())
+    }
 }

@@ -45,6 +45,8 @@ pub struct RunOptions {
     pub strategy: Strategy,
     /// All-reduce with exercise 16's ring (the learner's code) instead of the backend's.
     pub own_ring: bool,
+    /// Under DDP, average matrix gradients as rank-R PowerSGD estimates (exercise 18).
+    pub powersgd_rank: Option<usize>,
     /// Record a timeline of every rank's steps and communication into
     /// `out_dir/trace.json` (a Chrome trace, see `workbook::timeline`).
     pub trace: bool,
@@ -132,7 +134,11 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>) 
     let train_config = options.config.train_config(options.activation_checkpointing);
     match options.strategy {
         Strategy::Ddp => {
-            let trainer = Trainer::new(&model_config, params, train_config, Ddp::new(pg))?;
+            let ddp = match options.powersgd_rank {
+                Some(rank) => Ddp::new(pg).with_powersgd(rank),
+                None => Ddp::new(pg),
+            };
+            let trainer = Trainer::new(&model_config, params, train_config, ddp)?;
             drive(options, dataset, trainer, num_params)
         }
         Strategy::Fsdp(fsdp) => {
@@ -365,6 +371,9 @@ fn print_plan(options: &RunOptions, dataset: &Dataset, num_params: usize) {
     println!("data: {dataset:?}");
     if options.own_ring {
         println!("all-reduce: your ring from exercise 16 (--allreduce ring)");
+    }
+    if let Some(rank) = options.powersgd_rank {
+        println!("gradients: matrices averaged as rank-{rank} PowerSGD estimates, your exercise 18 (--powersgd-rank)");
     }
     println!(
         "batch: {} sequences x {} tokens x {} micro-batches = {} tokens per step, on {} rank(s)",

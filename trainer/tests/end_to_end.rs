@@ -42,6 +42,7 @@ fn options(out_dir: PathBuf, max_steps: usize, nproc: usize) -> RunOptions {
         activation_checkpointing: false,
         strategy: Strategy::Ddp,
         own_ring: false,
+        powersgd_rank: None,
         trace: false,
         log_every: 10,
         timeout: workbook::distributed::DEFAULT_TIMEOUT,

@@ -19,6 +19,7 @@ use candle_core::Result;
 use crate::autograd::Gradients;
 use crate::distributed::{ProcessGroup, SingleProcess};
 use crate::model::ParamStore;
+use crate::parallel::powersgd::PowerSgdHook;
 pub use comm::{average_in_buckets, broadcast_parameters};
 
 /// PyTorch DDP's default bucket size.
@@ -27,12 +28,14 @@ pub const DEFAULT_BUCKET_BYTES: usize = 25 * 1024 * 1024;
 pub struct Ddp {
     pg: Box<dyn ProcessGroup>,
     bucket_bytes: usize,
+    /// Gradients compressed to low rank before they are averaged (exercise 18).
+    powersgd: Option<PowerSgdHook>,
     syncs: u64,
 }
 
 impl Ddp {
     pub fn new(pg: Box<dyn ProcessGroup>) -> Self {
-        Self { pg, bucket_bytes: DEFAULT_BUCKET_BYTES, syncs: 0 }
+        Self { pg, bucket_bytes: DEFAULT_BUCKET_BYTES, powersgd: None, syncs: 0 }
     }
 
     /// One process, no communication.
@@ -42,6 +45,13 @@ impl Ddp {
 
     pub fn with_bucket_bytes(mut self, bytes: usize) -> Self {
         self.bucket_bytes = bytes.max(1);
+        self
+    }
+
+    /// Averages matrix gradients as rank-`approx_rank` PowerSGD estimates,
+    /// through the learner's exercise 18.
+    pub fn with_powersgd(mut self, approx_rank: usize) -> Self {
+        self.powersgd = Some(PowerSgdHook::new(approx_rank));
         self
     }
 
@@ -66,7 +76,10 @@ impl Ddp {
     /// after the last micro-batch's backward.
     pub fn sync_gradients(&mut self, grads: &mut Gradients) -> Result<()> {
         self.syncs += 1;
-        average_in_buckets(self.pg.as_ref(), grads, self.bucket_bytes)
+        match &mut self.powersgd {
+            Some(hook) => hook.average(self.pg.as_ref(), grads, self.bucket_bytes),
+            None => average_in_buckets(self.pg.as_ref(), grads, self.bucket_bytes),
+        }
     }
 
     /// How many times [`Ddp::sync_gradients`] ran: one per optimizer step when accumulation is right.

@@ -44,6 +44,12 @@ struct Args {
     /// Ranks as processes (through the launcher) or as threads of this one.
     #[arg(long, value_enum, default_value_t = RankKind::Processes)]
     ranks: RankKind,
+    /// `ring`: DDP all-reduces with exercise 16's ring (needs --features solutions or your code).
+    #[arg(long, value_parser = ["backend", "ring"], default_value = "backend")]
+    allreduce: String,
+    /// Average matrix gradients as rank-R PowerSGD estimates (exercise 18).
+    #[arg(long, value_name = "R")]
+    powersgd_rank: Option<usize>,
 }
 
 /// The allocator `train` runs with, so that the bench measures what it runs.
@@ -99,7 +105,8 @@ fn run(args: Args) -> Result<()> {
         init_from: None,
         activation_checkpointing: false,
         strategy: Strategy::Ddp,
-        own_ring: false,
+        own_ring: args.allreduce == "ring",
+        powersgd_rank: args.powersgd_rank,
         trace: false,
         log_every: usize::MAX,
         timeout: DEFAULT_TIMEOUT,
@@ -121,15 +128,27 @@ fn report(args: &Args, config: &RunConfig, out_dir: &Path) -> Result<()> {
     let tokens = (end.step - start.step) * config.batch_size * config.grad_accum_steps * config.seq_len;
     let tokens_per_s = tokens as f64 / (end.elapsed_s - start.elapsed_s);
     let nproc = args.nproc;
-    let setup = match (nproc, args.ranks) {
+    let mut setup = match (nproc, args.ranks) {
         (1, _) => "workbook, single process".to_string(),
         (_, RankKind::Processes) => format!("workbook, DDP on {nproc} processes"),
         (_, RankKind::Threads) => format!("workbook, DDP on {nproc} thread ranks"),
     };
+    if args.allreduce == "ring" {
+        setup.push_str(", your ring all-reduce");
+    }
+    if let Some(rank) = args.powersgd_rank {
+        setup.push_str(&format!(", PowerSGD rank {rank}"));
+    }
     let threads = nproc * trainer::kernel_threads();
     println!(
         "{}",
-        serde_json::json!({ "setup": setup, "nproc": nproc, "threads": threads, "tokens_per_s": tokens_per_s })
+        serde_json::json!({
+            "setup": setup,
+            "nproc": nproc,
+            "threads": threads,
+            "tokens_per_s": tokens_per_s,
+            "final_loss": end.loss,
+        })
     );
     Ok(())
 }

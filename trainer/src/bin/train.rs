@@ -95,6 +95,10 @@ struct Args {
     /// `ring` all-reduces with your exercise 16 instead of the backend's own ring.
     #[arg(long, value_parser = ["backend", "ring"], default_value = "backend")]
     allreduce: String,
+    /// With --strategy ddp: average each matrix gradient as a rank-R PowerSGD
+    /// estimate (your exercise 18) instead of whole.
+    #[arg(long, value_name = "R", value_parser = clap::value_parser!(u64).range(1..))]
+    powersgd_rank: Option<u64>,
     /// Record what every rank did when into <checkpoint-dir>/trace.json, a
     /// Chrome trace (open it in https://ui.perfetto.dev).
     #[arg(long)]
@@ -148,6 +152,9 @@ fn run(args: Args) -> anyhow::Result<()> {
     if args.lr.is_some() {
         config.optimizer.min_lr = config.optimizer.lr / 10.0;
     }
+    if args.powersgd_rank.is_some() && args.strategy != "ddp" {
+        anyhow::bail!("--powersgd-rank applies to --strategy ddp only: FSDP reduce-scatters whole gradients");
+    }
     let kind: DatasetKind = args.dataset.parse()?;
     if kind == DatasetKind::Dummy && args.data_path.is_some() {
         anyhow::bail!("--data-path is not read with --dataset dummy (random tokens); drop one of the two");
@@ -179,6 +186,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         activation_checkpointing: args.activation_checkpointing,
         strategy: strategy(&args.strategy, args.sharding.as_deref(), args.precision.as_deref())?,
         own_ring: args.allreduce == "ring",
+        powersgd_rank: args.powersgd_rank.map(|r| r as usize),
         trace: args.trace,
         log_every: args.log_every.max(1),
         timeout: args.launch.timeout.map_or(DEFAULT_TIMEOUT, std::time::Duration::from_secs),
