@@ -60,8 +60,37 @@ struct Setup {
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Framework {
-    Workbook { processes: bool },
+    Workbook { processes: bool, gradients: Averaging },
     PyTorch,
+}
+
+/// How the workbook's DDP averages gradients: the backend's all-reduce, or
+/// the reference solution of a Phase 4 exercise inside the trainer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Averaging {
+    Backend,
+    /// Exercise 16's ring (`--allreduce ring`).
+    OwnRing,
+    /// Exercise 18 at this rank (`--powersgd-rank`).
+    PowerSgd(usize),
+}
+
+impl Averaging {
+    fn flags(&self) -> Vec<String> {
+        match self {
+            Averaging::Backend => vec![],
+            Averaging::OwnRing => vec!["--allreduce".into(), "ring".into()],
+            Averaging::PowerSgd(rank) => vec!["--powersgd-rank".into(), rank.to_string()],
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Averaging::Backend => String::new(),
+            Averaging::OwnRing => ", exercise 16's ring all-reduce".into(),
+            Averaging::PowerSgd(rank) => format!(", PowerSGD rank {rank} (exercise 18)"),
+        }
+    }
 }
 
 impl Setup {
@@ -77,8 +106,12 @@ impl Setup {
         let n = self.nproc;
         match (self.framework, n) {
             (Framework::Workbook { .. }, 1) => "workbook, single process".into(),
-            (Framework::Workbook { processes: true }, _) => format!("workbook, DDP on {n} processes"),
-            (Framework::Workbook { processes: false }, _) => format!("workbook, DDP on {n} thread ranks"),
+            (Framework::Workbook { processes: true, gradients }, _) => {
+                format!("workbook, DDP on {n} processes{}", gradients.describe())
+            }
+            (Framework::Workbook { processes: false, gradients }, _) => {
+                format!("workbook, DDP on {n} thread ranks{}", gradients.describe())
+            }
             (Framework::PyTorch, 1) => "PyTorch, single process".into(),
             (Framework::PyTorch, _) => format!("PyTorch DDP (gloo, torchrun), {n} processes"),
         }
@@ -90,8 +123,10 @@ impl Setup {
     }
 }
 
-const WORKBOOK_THREADS: Framework = Framework::Workbook { processes: false };
-const WORKBOOK: Framework = Framework::Workbook { processes: true };
+const WORKBOOK_THREADS: Framework = Framework::Workbook { processes: false, gradients: Averaging::Backend };
+const WORKBOOK: Framework = Framework::Workbook { processes: true, gradients: Averaging::Backend };
+const WORKBOOK_OWN_RING: Framework = Framework::Workbook { processes: true, gradients: Averaging::OwnRing };
+const WORKBOOK_POWERSGD: Framework = Framework::Workbook { processes: true, gradients: Averaging::PowerSgd(2) };
 
 /// One setup's tokens/s, one value per round.
 struct Samples {
@@ -116,6 +151,8 @@ pub fn bench(ws: &Workspace, model_size: &str, steps: usize, large_steps: usize,
             Setup::new(WORKBOOK, 1, 2),
             Setup::new(WORKBOOK_THREADS, 2, 1),
             Setup::new(WORKBOOK, 2, 1),
+            Setup::new(WORKBOOK_OWN_RING, 2, 1),
+            Setup::new(WORKBOOK_POWERSGD, 2, 1),
         ],
     }];
     if large_steps > 0 {
@@ -136,8 +173,9 @@ pub fn bench(ws: &Workspace, model_size: &str, steps: usize, large_steps: usize,
          tokens; DDP splits the batch across the ranks. tokens/s counts every rank's tokens, and threads\n\
          every rank's kernel threads. Each workbook row is compared with its PyTorch peer (one process,\n\
          or DDP on gloo with as many processes) on as many threads in the same round; the table gives\n\
-         the median over rounds and the range of the ratios. README.md beside this file says where the\n\
-         time goes.\n",
+         the median over rounds and the range of the ratios. Rows naming an exercise run its reference\n\
+         solution inside the trainer's DDP, compared with PyTorch's plain DDP. README.md beside this\n\
+         file says where the time goes.\n",
         cpu = cpu_model()
     );
     for shape in &mut shapes {
@@ -164,8 +202,8 @@ pub fn bench(ws: &Workspace, model_size: &str, steps: usize, large_steps: usize,
             println!("  round {round} of {rounds}");
             for sample in &mut samples {
                 let tokens_per_s = match sample.setup.framework {
-                    Framework::Workbook { processes } => {
-                        workbook_throughput(&ws.root, shape, &sample.setup, processes)?
+                    Framework::Workbook { processes, gradients } => {
+                        workbook_throughput(&ws.root, shape, &sample.setup, processes, gradients)?
                     }
                     Framework::PyTorch => pytorch_throughput(
                         &ws.root,
@@ -249,7 +287,13 @@ fn bandwidths(command: &mut Command, what: &str) -> Result<Vec<Bandwidth>> {
 }
 
 /// One process per setup (its kernel thread pool is sized once per process).
-fn workbook_throughput(root: &Path, shape: &Shape, setup: &Setup, processes: bool) -> Result<f64> {
+fn workbook_throughput(
+    root: &Path,
+    shape: &Shape,
+    setup: &Setup,
+    processes: bool,
+    gradients: Averaging,
+) -> Result<f64> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut command = Command::new(&cargo);
     command
@@ -264,7 +308,8 @@ fn workbook_throughput(root: &Path, shape: &Shape, setup: &Setup, processes: boo
             "--warmup",
             &shape.warmup.to_string(),
         ])
-        .args(["--nproc", &setup.nproc.to_string(), "--ranks", if processes { "processes" } else { "threads" }]);
+        .args(["--nproc", &setup.nproc.to_string(), "--ranks", if processes { "processes" } else { "threads" }])
+        .args(gradients.flags());
     shape_flags(&mut command, shape);
     let output = command.output().context("cannot run cargo")?;
     if !output.status.success() {
