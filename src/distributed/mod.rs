@@ -87,7 +87,7 @@ pub use env::{init_from_env, DistEnv};
 pub use launch::{launch, relaunch_self, LaunchConfig};
 #[cfg(feature = "nccl")]
 pub use nccl::NcclProcessGroup;
-pub use own_ring::OwnRing;
+pub use own_ring::{AllReduceOverride, OwnRing, WithAllReduce};
 pub use process_group::{while_busy, ProcessGroup, Properties};
 pub use reduce_op::ReduceOp;
 pub use single::SingleProcess;

@@ -1,26 +1,64 @@
-//! A process group whose all-reduce is yours: exercise 16's ring, built
-//! from the group's own `send` and `recv`. Everything else is the group's.
-//! `train --allreduce ring` trains with it, so the all-reduce of every DDP
-//! step runs the code you wrote.
+//! A process group whose all-reduce is replaced while everything else is
+//! the inner group's: exercise 16's ring in the trainer (`train --allreduce
+//! ring`, so the all-reduce of every DDP step runs the code you wrote), a
+//! recorder of all-reduces in the tests. One wrapper forwards the rest, so
+//! no replacement can forget a method.
 
 use candle_core::{Result, Tensor};
 
 use super::reduce_op::finish;
-use super::{CommStats, ProcessGroup, Properties, ReduceOp};
+use super::{CommStats, ProcessGroup, Properties, ReduceOp, Work};
 use crate::phase4_under_the_hood::ring_all_reduce;
 
-/// `inner`, with [`ProcessGroup::all_reduce`] replaced by exercise 16's ring.
-pub struct OwnRing {
-    inner: Box<dyn ProcessGroup>,
-}
+/// The all-reduce a [`WithAllReduce`] puts in place of its inner group's.
+pub trait AllReduceOverride: Send {
+    fn all_reduce(&self, inner: &dyn ProcessGroup, t: &Tensor, op: ReduceOp) -> Result<Tensor>;
 
-impl OwnRing {
-    pub fn new(inner: Box<dyn ProcessGroup>) -> Self {
-        Self { inner }
+    /// The replacement started without waiting; by default it is done at once.
+    fn all_reduce_async(&self, inner: &dyn ProcessGroup, t: &Tensor, op: ReduceOp) -> Result<Work> {
+        Ok(Work::done(self.all_reduce(inner, t, op)))
+    }
+
+    /// What the group guarantees with the replacement; by default the inner group's.
+    fn properties(&self, inner: &dyn ProcessGroup) -> Properties {
+        inner.properties()
     }
 }
 
-impl ProcessGroup for OwnRing {
+/// `inner`, with its all-reduce replaced by `replacement`.
+pub struct WithAllReduce<R> {
+    inner: Box<dyn ProcessGroup>,
+    replacement: R,
+}
+
+impl<R: AllReduceOverride> WithAllReduce<R> {
+    pub fn new(inner: Box<dyn ProcessGroup>, replacement: R) -> Self {
+        Self { inner, replacement }
+    }
+}
+
+/// Exercise 16's ring, built from the inner group's own `send` and `recv`.
+pub struct OwnRing;
+
+impl OwnRing {
+    /// `inner` with exercise 16's ring as its all-reduce.
+    pub fn around(inner: Box<dyn ProcessGroup>) -> WithAllReduce<OwnRing> {
+        WithAllReduce::new(inner, OwnRing)
+    }
+}
+
+impl AllReduceOverride for OwnRing {
+    fn all_reduce(&self, inner: &dyn ProcessGroup, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
+        finish(ring_all_reduce(inner, t)?, op, inner.world_size())
+    }
+
+    fn properties(&self, inner: &dyn ProcessGroup) -> Properties {
+        // Your ring adds each chunk in ring order: exact only for two ranks.
+        Properties { rank_order_reduction: inner.world_size() <= 2, overlaps: false, ..inner.properties() }
+    }
+}
+
+impl<R: AllReduceOverride> ProcessGroup for WithAllReduce<R> {
     fn rank(&self) -> usize {
         self.inner.rank()
     }
@@ -30,12 +68,15 @@ impl ProcessGroup for OwnRing {
     }
 
     fn properties(&self) -> Properties {
-        // Your ring adds each chunk in ring order: exact only for two ranks.
-        Properties { rank_order_reduction: self.world_size() <= 2, overlaps: false, ..self.inner.properties() }
+        self.replacement.properties(self.inner.as_ref())
     }
 
     fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
-        finish(ring_all_reduce(self.inner.as_ref(), t)?, op, self.world_size())
+        self.replacement.all_reduce(self.inner.as_ref(), t, op)
+    }
+
+    fn all_reduce_async(&self, t: &Tensor, op: ReduceOp) -> Result<Work> {
+        self.replacement.all_reduce_async(self.inner.as_ref(), t, op)
     }
 
     fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor> {

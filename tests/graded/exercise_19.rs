@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use candle_core::{Device, Result, Tensor};
-use workbook::distributed::{spawn_with_timeout, CommStats, CpuProcessGroup, ProcessGroup, Properties, ReduceOp, Work};
+use workbook::distributed::{
+    spawn_with_timeout, AllReduceOverride, CpuProcessGroup, ProcessGroup, ReduceOp, WithAllReduce, Work,
+};
 use workbook::phase4_under_the_hood::overlapped_all_reduce;
 
 use crate::process_ranks::on_processes;
@@ -35,9 +37,8 @@ enum Event {
     Waited { produced: usize },
 }
 
-/// A process group that records its all-reduces against backward's progress.
+/// Records a process group's all-reduces against backward's progress.
 struct Recorder {
-    inner: Box<dyn ProcessGroup>,
     produced: Arc<AtomicUsize>,
     events: Arc<Mutex<Vec<Event>>>,
 }
@@ -49,49 +50,19 @@ impl Recorder {
     }
 }
 
-impl ProcessGroup for Recorder {
-    fn rank(&self) -> usize {
-        self.inner.rank()
-    }
-    fn world_size(&self) -> usize {
-        self.inner.world_size()
-    }
-    fn properties(&self) -> Properties {
-        self.inner.properties()
-    }
-    fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
+impl AllReduceOverride for Recorder {
+    fn all_reduce(&self, inner: &dyn ProcessGroup, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
         self.started(t, true);
-        self.inner.all_reduce(t, op)
+        inner.all_reduce(t, op)
     }
-    fn all_reduce_async(&self, t: &Tensor, op: ReduceOp) -> Result<Work> {
+    fn all_reduce_async(&self, inner: &dyn ProcessGroup, t: &Tensor, op: ReduceOp) -> Result<Work> {
         self.started(t, false);
-        let result = self.inner.all_reduce(t, op);
+        let result = inner.all_reduce(t, op);
         let (produced, events) = (Arc::clone(&self.produced), Arc::clone(&self.events));
         Ok(Work::pending(move || {
             events.lock().unwrap().push(Event::Waited { produced: produced.load(Ordering::SeqCst) });
             result
         }))
-    }
-    fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor> {
-        self.inner.broadcast(t, root)
-    }
-    fn all_gather(&self, t: &Tensor) -> Result<Tensor> {
-        self.inner.all_gather(t)
-    }
-    fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
-        self.inner.reduce_scatter(t, op)
-    }
-    fn send(&self, t: &Tensor, dst: usize) -> Result<()> {
-        self.inner.send(t, dst)
-    }
-    fn recv(&self, like: &Tensor, src: usize) -> Result<Tensor> {
-        self.inner.recv(like, src)
-    }
-    fn barrier(&self) -> Result<()> {
-        self.inner.barrier()
-    }
-    fn stats(&self) -> CommStats {
-        self.inner.stats()
     }
 }
 
@@ -106,7 +77,8 @@ struct RankRun {
 fn backward_and_sync(pg: Box<dyn ProcessGroup>) -> Result<RankRun> {
     let rank = pg.rank();
     let produced = Arc::new(AtomicUsize::new(0));
-    let recorder = Recorder { inner: pg, produced: Arc::clone(&produced), events: Arc::default() };
+    let events = Arc::default();
+    let recorder = WithAllReduce::new(pg, Recorder { produced: Arc::clone(&produced), events: Arc::clone(&events) });
     let backward = (0..SIZES.len()).map(|i| {
         produced.fetch_add(1, Ordering::SeqCst);
         let shape = if SIZES[i].is_multiple_of(2) { vec![2, SIZES[i] / 2] } else { vec![SIZES[i]] };
@@ -116,7 +88,7 @@ fn backward_and_sync(pg: Box<dyn ProcessGroup>) -> Result<RankRun> {
         .into_iter()
         .map(|(name, t)| Ok((name, t.dims().to_vec(), t.flatten_all()?.to_vec1::<f32>()?)))
         .collect::<Result<Vec<_>>>()?;
-    let events = recorder.events.lock().unwrap().clone();
+    let events = events.lock().unwrap().clone();
     Ok(RankRun { averaged, events })
 }
 

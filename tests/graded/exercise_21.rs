@@ -15,6 +15,7 @@ use workbook::parallel::pipeline::{bubble_fraction, PipelineStage, StageOp};
 use workbook::phase4_under_the_hood::gpipe_step;
 use workbook::{init_params, Gpt, GptConfig, InitRng};
 
+use crate::fsdp_runs::as_values;
 use crate::process_ranks::on_processes;
 use crate::support::{cause, explain_error, mistake, number};
 
@@ -61,10 +62,6 @@ fn micro_batches() -> Vec<Tensor> {
         .collect()
 }
 
-fn as_values(grads: &Gradients) -> Grads {
-    grads.iter().map(|(name, g)| (name.to_string(), g.flatten_all().unwrap().to_vec1().unwrap())).collect()
-}
-
 fn scaled(grads: &Grads, factor: f32) -> Grads {
     grads.iter().map(|(name, g)| (name.clone(), g.iter().map(|v| v * factor).collect())).collect()
 }
@@ -72,7 +69,7 @@ fn scaled(grads: &Grads, factor: f32) -> Grads {
 /// One process: each micro-batch's loss and gradients, through the whole model.
 struct Reference {
     losses: Vec<f32>,
-    grads: Vec<Grads>,
+    grads: Vec<Gradients>,
 }
 
 impl Reference {
@@ -83,7 +80,7 @@ impl Reference {
         for tokens in micro_batches() {
             let pass = model.forward(&tokens, Some(&tokens)).unwrap();
             losses.push(pass.loss.as_ref().unwrap().to_scalar::<f32>().unwrap());
-            grads.push(as_values(&Gradients::from_store(&params, &pass.backward().unwrap()).unwrap()));
+            grads.push(Gradients::from_store(&params, &pass.backward().unwrap()).unwrap());
         }
         Self { losses, grads }
     }
@@ -94,13 +91,17 @@ impl Reference {
 
     /// The gradients of the step's loss, the mean over the micro-batches.
     fn mean_grads(&self) -> Grads {
-        let mut sum = self.grads[0].clone();
-        for grads in &self.grads[1..] {
-            for (name, g) in grads {
-                sum.get_mut(name).unwrap().iter_mut().zip(g).for_each(|(s, v)| *s += v);
-            }
+        let mut mean = Gradients::default();
+        for grads in &self.grads {
+            mean.accumulate(grads).unwrap();
         }
-        scaled(&sum, 1.0 / M as f32)
+        mean.scale(1.0 / M as f64).unwrap();
+        as_values(mean.iter())
+    }
+
+    /// The gradients of micro-batch `m`'s loss alone.
+    fn of_micro_batch(&self, m: usize) -> Grads {
+        as_values(self.grads[m].iter())
     }
 }
 
@@ -118,7 +119,7 @@ fn stage_run(pg: &dyn ProcessGroup) -> candle_core::Result<StageRun> {
     let params = init_params(&config(), 21, &Device::Cpu)?;
     let stage = PipelineStage::new(&config(), &params, pg.rank(), pg.world_size())?;
     let before = pg.stats();
-    let step = gpipe_step(pg, &stage, &micro_batches()).map(|s| (s.loss, as_values(&s.grads)));
+    let step = gpipe_step(pg, &stage, &micro_batches()).map(|s| (s.loss, as_values(s.grads.iter())));
     let used = pg.stats().since(&before);
     Ok(StageRun {
         step: step.map_err(|e| explain_error(&e)),
@@ -185,7 +186,7 @@ fn every_stage_gets_its_gradients_of_the_mean_loss(#[values(1, 2, 3, 4)] stages:
     let grads = &got[bad].1;
     let want_here = of_stage(&want, grads);
     let one_micro_batch = [0, M - 1].iter().any(|&m| {
-        let alone = of_stage(&reference.grads[m], grads);
+        let alone = of_stage(&reference.of_micro_batch(m), grads);
         matches(grads, &alone) || matches(grads, &scaled(&alone, 1.0 / M as f32))
     });
     let why = if matches(grads, &scaled(&want_here, M as f32)) {

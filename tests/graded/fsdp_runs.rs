@@ -178,8 +178,9 @@ pub fn ddp_rank(
     Ok(trainer.params.iter().map(|(n, v)| (n.to_string(), v.as_tensor().clone())).collect())
 }
 
-/// Parameters as plain numbers, to send from a rank's process to the test.
-pub fn as_values(params: &HashMap<String, Tensor>) -> BTreeMap<String, Vec<f32>> {
+/// Named tensors (parameters, gradients) as plain numbers, to compare or to
+/// send from a rank's process to the test.
+pub fn as_values<'a, N: AsRef<str>>(named: impl IntoIterator<Item = (N, &'a Tensor)>) -> BTreeMap<String, Vec<f32>> {
     let values = |t: &Tensor| t.flatten_all().and_then(|t| t.to_dtype(DType::F32)).and_then(|t| t.to_vec1());
-    params.iter().map(|(name, t)| (name.clone(), values(t).unwrap())).collect()
+    named.into_iter().map(|(name, t)| (name.as_ref().to_string(), values(t).unwrap())).collect()
 }

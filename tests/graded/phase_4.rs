@@ -15,13 +15,14 @@ use candle_core::{Device, Result, Tensor};
 use workbook::autograd::Gradients;
 use workbook::distributed::{OwnRing, ProcessGroup};
 use workbook::model::ParamStore;
+use workbook::parallel::fsdp::FlatLayout;
 use workbook::parallel::pipeline::PipelineStage;
 use workbook::parallel::zero::ShardedAdamW;
 use workbook::phase4_under_the_hood::{gpipe_step, overlapped_all_reduce};
 use workbook::train::{AdamW, AdamWConfig, ParamGroup};
 use workbook::{init_params, Gpt};
 
-use crate::fsdp_runs::{global_batches, max_relative_difference, model_config, rows_of};
+use crate::fsdp_runs::{as_values, global_batches, max_relative_difference, model_config, rows_of};
 use crate::process_ranks::on_processes;
 
 const STEPS: usize = 3;
@@ -32,8 +33,8 @@ const BUCKET_BYTES: usize = 16 * 1024;
 
 type Values = BTreeMap<String, Vec<f32>>;
 
-fn values(params: &ParamStore) -> Result<Values> {
-    params.iter().map(|(name, var)| Ok((name.to_string(), var.as_tensor().flatten_all()?.to_vec1()?))).collect()
+fn values(params: &ParamStore) -> Values {
+    as_values(params.iter().map(|(name, var)| (name, var.as_tensor())))
 }
 
 /// The mean over `micro_batches` of the loss's gradients, through the whole model.
@@ -61,14 +62,17 @@ fn one_process() -> Values {
         let grads = mean_gradients(&params, &global_batches(step)).unwrap();
         optimizer.step(&params, &grads, LR).unwrap();
     }
-    values(&params).unwrap()
+    values(&params)
 }
 
 /// One data-parallel rank: its rows, your buckets over your ring, your sharded AdamW.
 fn data_parallel_rank(pg: Box<dyn ProcessGroup>) -> Result<Values> {
-    let pg = OwnRing::new(pg);
+    let pg = OwnRing::around(pg);
     let params = init_params(&model_config(), 7, &Device::Cpu)?;
     let mut optimizer = ShardedAdamW::new(AdamWConfig::default(), WEIGHT_DECAY);
+    // One buffer in name order; the sharded AdamW pads it for the ranks itself.
+    let names: Vec<String> = params.iter().map(|(name, _)| name.to_string()).collect();
+    let layout = FlatLayout::new(&model_config(), &names, 1)?;
     for step in 0..STEPS {
         let mine: Vec<Tensor> = global_batches(step).iter().map(|b| rows_of(b, pg.rank(), pg.world_size())).collect();
         let grads = mean_gradients(&params, &mine)?;
@@ -77,24 +81,15 @@ fn data_parallel_rank(pg: Box<dyn ProcessGroup>) -> Result<Values> {
         backward_order.reverse();
         let averaged: HashMap<String, Tensor> =
             overlapped_all_reduce(&pg, backward_order.into_iter(), BUCKET_BYTES)?.into_iter().collect();
-        let flat = |of: &dyn Fn(&str) -> Result<Tensor>| -> Result<Tensor> {
-            let parts = params.iter().map(|(name, _)| of(name)?.flatten_all()).collect::<Result<Vec<_>>>()?;
-            Tensor::cat(&parts, 0)
-        };
-        let grad = flat(&|name| {
-            averaged
-                .get(name)
-                .cloned()
-                .ok_or_else(|| candle_core::Error::Msg(format!("`{name}` came back from your buckets missing")))
-        })?;
-        let updated = optimizer.step(&pg, &flat(&|name| Ok(params.get(name)?.as_tensor().clone()))?, &grad, LR)?;
-        let mut offset = 0;
-        for (_, var) in params.iter() {
-            var.set(&updated.narrow(0, offset, var.elem_count())?.reshape(var.shape())?)?;
-            offset += var.elem_count();
+        let current: HashMap<String, Tensor> =
+            params.iter().map(|(name, var)| (name.to_string(), var.as_tensor().clone())).collect();
+        let flat = |tensors| layout.flatten(tensors, &Device::Cpu);
+        let updated = optimizer.step(&pg, &flat(&current)?, &flat(&averaged)?, LR)?;
+        for (name, tensor) in layout.unflatten(&updated)? {
+            params.get(&name)?.set(&tensor)?;
         }
     }
-    values(&params)
+    Ok(values(&params))
 }
 
 /// One pipeline stage: your GPipe step on the whole batch, AdamW on the stage's parameters.
@@ -106,7 +101,7 @@ fn pipeline_stage(pg: Box<dyn ProcessGroup>) -> Result<Values> {
         let grads = gpipe_step(pg.as_ref(), &stage, &global_batches(step))?.grads;
         optimizer.step(stage.params(), &grads, LR)?;
     }
-    values(stage.params())
+    Ok(values(stage.params()))
 }
 
 fn expect_as_one_process(per_rank: &[Values], what: &str) {

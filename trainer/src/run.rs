@@ -123,7 +123,7 @@ pub fn open_dataset(config: &DataConfig) -> Result<Dataset> {
 
 /// One rank's run: its trainer, by strategy, driven by [`drive`].
 fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>) -> Result<Summary> {
-    let pg: Box<dyn ProcessGroup> = if options.own_ring { Box::new(OwnRing::new(pg)) } else { pg };
+    let pg: Box<dyn ProcessGroup> = if options.own_ring { Box::new(OwnRing::around(pg)) } else { pg };
     let model_config = options.config.model.clone();
     let params = match &options.init_from {
         Some(dir) => ParamStore::from_tensors(ModelDir::open(dir)?.params)?,
