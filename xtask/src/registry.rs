@@ -97,7 +97,10 @@ fn exercises_rs(workbook: &Workbook) -> Result<String> {
                 writeln!(out, "#[cfg_attr({cfg}, path = \"../{}\")]", slashes(file))?;
             }
             writeln!(out, "mod {module};")?;
-            for function in exercise.free_functions() {
+            // In rustfmt's order, so that `cargo fmt` leaves the file as written.
+            let mut functions: Vec<&str> = exercise.free_functions().collect();
+            functions.sort_unstable();
+            for function in functions {
                 writeln!(phases, "    pub use super::{module}::{function};")?;
             }
         }
