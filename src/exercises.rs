@@ -91,6 +91,10 @@ mod ex20_tensor_parallel_mlp;
 #[cfg_attr(feature = "solutions", path = "../solutions/phase4_under_the_hood/ex21_gpipe.rs")]
 mod ex21_gpipe;
 
+#[cfg_attr(not(feature = "solutions"), path = "../exercises/phase4_under_the_hood/ex22_fsdp_unit_step.rs")]
+#[cfg_attr(feature = "solutions", path = "../solutions/phase4_under_the_hood/ex22_fsdp_unit_step.rs")]
+mod ex22_fsdp_unit_step;
+
 /// Phase 1: Model (exercises 1–7).
 pub mod phase1_model {
     pub use super::ex02_rotate_half::rotate_half;
@@ -113,9 +117,11 @@ pub mod phase3_fsdp {
     pub use super::ex14_wrap_policy::wrap_policy;
 }
 
-/// Phase 4: Under the hood (exercises 16–21).
+/// Phase 4: Under the hood (exercises 16–22).
 pub mod phase4_under_the_hood {
     pub use super::ex16_ring_all_reduce::ring_all_reduce;
     pub use super::ex19_overlapped_ddp::overlapped_all_reduce;
     pub use super::ex21_gpipe::gpipe_step;
+    pub use super::ex22_fsdp_unit_step::fsdp_backward;
+    pub use super::ex22_fsdp_unit_step::fsdp_forward;
 }

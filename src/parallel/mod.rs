@@ -5,6 +5,7 @@
 //! - [`fsdp`]: every rank holds a shard of the parameters, gradients and
 //!   optimizer state, and gathers what a unit needs just before using it
 //!   (PyTorch's `FullyShardedDataParallel`, the ZeRO stages).
+//! - [`fsdp_unit`]: one block as an FSDP unit, gathered and freed by exercise 22.
 //! - [`zero`]: the sharded optimizer on its own (ZeRO stages 1 and 2), exercise 17.
 //! - [`powersgd`]: gradients compressed to low rank before they are averaged, exercise 18.
 //! - [`tensor`]: one layer's weights split across the ranks (Megatron), exercise 20.
@@ -15,6 +16,7 @@
 
 pub mod ddp;
 pub mod fsdp;
+pub mod fsdp_unit;
 pub mod pipeline;
 pub mod powersgd;
 pub mod tensor;

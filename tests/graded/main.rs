@@ -26,6 +26,7 @@ mod exercise_18;
 mod exercise_19;
 mod exercise_20;
 mod exercise_21;
+mod exercise_22;
 // END exercise modules
 mod data;
 mod distributed;

@@ -1,0 +1,284 @@
+//! Exercise 22: the FSDP unit step. Each rank runs the blocks on its own
+//! batch; the expected values are one process's: the same blocks, resident,
+//! run forward and backward on each rank's batch, their gradients averaged
+//! over the ranks and cut into the ranks' shards. The process group counts
+//! the collectives, the units count the bytes they held whole at once, and a
+//! wrong result is compared with what each typical mistake gives.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use candle_core::{Device, Tensor, Var};
+use rstest::rstest;
+use workbook::autograd::vjp;
+use workbook::distributed::{spawn_with_timeout, Collective, ProcessGroup};
+use workbook::parallel::fsdp_unit::BlockUnit;
+use workbook::phase4_under_the_hood::{fsdp_backward, fsdp_forward};
+use workbook::{init_params, Block, GptConfig, InitRng, ParamStore, RotaryCache};
+
+use crate::process_ranks::on_processes;
+use crate::support::{cause, explain_error, mistake, number};
+
+const TIMEOUT: Duration = Duration::from_secs(20);
+const B: usize = 2;
+const T: usize = 6;
+const HIDDEN: usize = 20;
+const UNITS: usize = 3;
+
+/// A block holds 4·20² + 3·20·28 + 2·20 = 3,320 parameters: three ranks pad it.
+fn config() -> GptConfig {
+    GptConfig {
+        vocab_size: 16,
+        hidden_size: HIDDEN,
+        num_layers: UNITS,
+        num_heads: 2,
+        num_kv_heads: None,
+        intermediate_size: 28,
+        max_seq_len: T,
+        rope_theta: 10_000.0,
+        norm_eps: 1e-5,
+        bias: false,
+        tie_word_embeddings: false,
+    }
+}
+
+fn params() -> ParamStore {
+    init_params(&config(), 22, &Device::Cpu).unwrap()
+}
+
+/// Rank `rank`'s batch (B, T, C) and the gradient of its loss with respect to
+/// the last block's output: different on every rank, as data parallelism has it.
+fn batch(rank: usize) -> (Tensor, Tensor) {
+    let mut rng = InitRng::from_seed(220 + rank as u64);
+    let shape = (B, T, HIDDEN).into();
+    (rng.normal(&shape, 1.0, &Device::Cpu).unwrap(), rng.normal(&shape, 0.1, &Device::Cpu).unwrap())
+}
+
+/// One process, the blocks resident, on rank `rank`'s batch: the output, each
+/// unit's gradient laid out as its flat buffer (padded for `world`), and ∂L/∂x.
+struct Reference {
+    output: Vec<f32>,
+    unit_grads: Vec<Vec<f32>>,
+    grad_input: Vec<f32>,
+}
+
+impl Reference {
+    fn of_rank(rank: usize, world: usize) -> Self {
+        let (config, params) = (config(), params());
+        let rotary = RotaryCache::new(config.head_dim(), T, config.rope_theta, &Device::Cpu).unwrap();
+        let (x, grad_output) = batch(rank);
+        let x = Var::from_tensor(&x).unwrap();
+        let mut h = x.as_tensor().clone();
+        for layer in 0..UNITS {
+            h = candle_core::Module::forward(&Block::new(&config, &params, layer, &rotary).unwrap(), &h).unwrap();
+        }
+        let grads = vjp(&h, &grad_output).unwrap();
+        // The blocks' parameters have gradients; the embedding and the head do not take part.
+        let by_name: HashMap<String, Tensor> = params
+            .iter()
+            .filter_map(|(name, var)| Some((name.to_string(), grads.get(var.as_tensor())?.clone())))
+            .collect();
+        let units = BlockUnit::shard_blocks(&config, &params, 0, world).unwrap();
+        let unit_grads =
+            units.iter().map(|unit| values(&unit.layout().flatten(&by_name, &Device::Cpu).unwrap())).collect();
+        Self { output: values(&h), unit_grads, grad_input: values(grads.get(x.as_tensor()).unwrap()) }
+    }
+}
+
+/// Unit `unit`'s gradient shard that rank `rank` of `world` should hold: the
+/// mean over the ranks' batches, times `factor`, cut to the rank's elements.
+fn expected_shard(unit: usize, rank: usize, world: usize, factor: f32) -> Vec<f32> {
+    let references: Vec<Reference> = (0..world).map(|r| Reference::of_rank(r, world)).collect();
+    let len = references[0].unit_grads[unit].len() / world;
+    (rank * len..(rank + 1) * len)
+        .map(|i| factor * references.iter().map(|r| r.unit_grads[unit][i]).sum::<f32>() / world as f32)
+        .collect()
+}
+
+fn values(t: &Tensor) -> Vec<f32> {
+    t.flatten_all().unwrap().to_vec1().unwrap()
+}
+
+/// What one rank ends its step with.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct RankRun {
+    step: Result<Step, String>,
+    /// (all-gather, reduce-scatter, all-reduce) calls.
+    collectives: (u64, u64, u64),
+    /// The most bytes this rank's units held whole at once, and one unit's.
+    peak_gathered: u64,
+    unit_bytes: u64,
+}
+
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct Step {
+    output: Vec<f32>,
+    /// Whether the output, and each kept input, carry a graph.
+    graphs: Vec<bool>,
+    unit_grads: Vec<Option<Vec<f32>>>,
+    grad_input: Vec<f32>,
+}
+
+fn rank_run(pg: &dyn ProcessGroup) -> candle_core::Result<RankRun> {
+    let (x, grad_output) = batch(pg.rank());
+    let mut units = BlockUnit::shard_blocks(&config(), &params(), pg.rank(), pg.world_size())?;
+    let before = pg.stats();
+    let step = fsdp_forward(pg, &mut units, &x).and_then(|forward| {
+        let graphs = std::iter::once(&forward.output).chain(&forward.inputs).map(Tensor::track_op).collect();
+        let grad_input = fsdp_backward(pg, &mut units, &forward.inputs, &grad_output)?;
+        Ok(Step {
+            output: values(&forward.output),
+            graphs,
+            unit_grads: units.iter().map(|u| u.grad().map(values)).collect(),
+            grad_input: values(&grad_input),
+        })
+    });
+    let used = pg.stats().since(&before);
+    Ok(RankRun {
+        step: step.map_err(|e| explain_error(&e)),
+        collectives: (
+            used.calls(Collective::AllGather),
+            used.calls(Collective::ReduceScatter),
+            used.calls(Collective::AllReduce),
+        ),
+        peak_gathered: units[0].peak_gathered_bytes(),
+        unit_bytes: (units[0].layout().padded_len() * 4) as u64,
+    })
+}
+
+fn run(world: usize) -> Vec<RankRun> {
+    spawn_with_timeout(world, TIMEOUT, |pg| rank_run(&pg))
+        .unwrap_or_else(|e| panic!("the FSDP step on {world} rank(s) failed: {}", explain_error(&e)))
+}
+
+/// Every rank's step, or a failure naming the ranks that failed.
+fn steps(runs: &[RankRun]) -> Vec<Step> {
+    let failed: Vec<String> = runs
+        .iter()
+        .enumerate()
+        .filter_map(|(r, run)| run.step.as_ref().err().map(|e| format!("  rank {r}: {e}")))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "the FSDP step failed on {} rank(s) of {}:\n{}",
+        failed.len(),
+        runs.len(),
+        failed.join("\n")
+    );
+    runs.iter().map(|run| run.step.clone().unwrap()).collect()
+}
+
+/// Where `got` first differs from `want`, relative to `want`'s largest magnitude.
+fn first_difference(got: &[f32], want: &[f32]) -> Option<String> {
+    if got.len() != want.len() {
+        return Some(format!("it has {} elements, expected {}", got.len(), want.len()));
+    }
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let i = got.iter().zip(want).position(|(g, w)| g.is_nan() || (g - w).abs() > 1e-4 * scale + 1e-7)?;
+    Some(format!("element {i} is {}, expected {}", number(got[i] as f64), number(want[i] as f64)))
+}
+
+#[rstest]
+fn each_rank_keeps_its_shard_of_the_gradient_averaged_over_ranks(#[values(1, 2, 3)] world: usize) {
+    let got = steps(&run(world));
+    for (rank, step) in got.iter().enumerate() {
+        let reference = Reference::of_rank(rank, world);
+        if let Some(difference) = first_difference(&step.output, &reference.output) {
+            panic!("rank {rank} of {world}: the last unit's output differs from the unsharded blocks': {difference}");
+        }
+        // Backward runs from the last unit to the first: the last one that is wrong is where it starts.
+        for unit in (0..UNITS).rev() {
+            let Some(grad) = &step.unit_grads[unit] else {
+                panic!("rank {rank} of {world}: unit {unit} has no gradient after backward: add its shard with unit.add_grad");
+            };
+            let want = expected_shard(unit, rank, world, 1.0);
+            let Some(difference) = first_difference(grad, &want) else { continue };
+            let summed =
+                world > 1 && first_difference(grad, &expected_shard(unit, rank, world, world as f32)).is_none();
+            panic!(
+                "rank {rank} of {world}: unit {unit}'s gradient shard (elements {}..{} of the flat buffer): \
+                 {difference}{}",
+                rank * want.len(),
+                (rank + 1) * want.len(),
+                cause(summed.then(|| mistake(22, "gradient_summed")))
+            );
+        }
+        if let Some(difference) = first_difference(&step.grad_input, &reference.grad_input) {
+            panic!(
+                "rank {rank} of {world}: the gradient of the first unit's input, for this rank's batch alone: \
+                 {difference}"
+            );
+        }
+    }
+}
+
+#[rstest]
+fn each_unit_is_gathered_twice_and_reduce_scattered_once(#[values(2, 3)] world: usize) {
+    let runs = run(world);
+    steps(&runs);
+    for (rank, run) in runs.iter().enumerate() {
+        let (gathers, scatters, all_reduces) = run.collectives;
+        let once_kept = gathers == UNITS as u64 && run.peak_gathered == UNITS as u64 * run.unit_bytes;
+        assert!(
+            run.collectives == (2 * UNITS as u64, UNITS as u64, 0),
+            "rank {rank} of {world} issued {gathers} all-gather(s), {scatters} reduce-scatter(s) and {all_reduces} \
+             all-reduce(s) for {UNITS} units; FULL_SHARD issues, per unit, an all-gather before its forward, another \
+             before its backward and one reduce-scatter of its gradient: {}, {UNITS} and 0{}",
+            2 * UNITS,
+            cause(once_kept.then(|| mistake(22, "no_second_gather")))
+        );
+    }
+}
+
+#[rstest]
+fn only_one_unit_is_whole_at_a_time(#[values(2, 3)] world: usize) {
+    let runs = run(world);
+    steps(&runs);
+    for (rank, run) in runs.iter().enumerate() {
+        let at_once = run.peak_gathered as f64 / run.unit_bytes as f64;
+        let all_kept = run.peak_gathered == UNITS as u64 * run.unit_bytes;
+        let gathered_twice = run.collectives.0 == 2 * UNITS as u64;
+        assert!(
+            run.peak_gathered == run.unit_bytes,
+            "rank {rank} of {world}: its units held {} bytes whole at once ({at_once:.1} units of {} bytes); FSDP holds \
+             one unit whole at a time, on top of 1/{world} of each{}",
+            run.peak_gathered,
+            run.unit_bytes,
+            cause(match (all_kept, gathered_twice) {
+                (true, true) => Some(mistake(22, "never_resharded")),
+                (true, false) => Some(mistake(22, "no_second_gather")),
+                _ => None,
+            })
+        );
+    }
+}
+
+#[test]
+fn the_forward_keeps_no_graph() {
+    let got = steps(&run(2));
+    for (rank, step) in got.iter().enumerate() {
+        let Some(i) = step.graphs.iter().position(|&tracked| tracked) else { continue };
+        let what = match i {
+            0 => "the last unit's output".to_string(),
+            i => format!("the input kept for unit {}", i - 1),
+        };
+        panic!("rank {rank}: {what} carries a graph{}", cause(Some(mistake(22, "forward_kept_graph"))));
+    }
+}
+
+/// Each rank a process, the shards gathered and the gradients scattered over TCP.
+#[test]
+fn it_runs_across_processes_over_tcp() {
+    let runs: Vec<RankRun> = on_processes(2, |pg| rank_run(&pg));
+    for (rank, step) in steps(&runs).iter().enumerate() {
+        for unit in 0..UNITS {
+            let grad = step.unit_grads[unit].as_deref().unwrap_or_default();
+            let difference = first_difference(grad, &expected_shard(unit, rank, 2, 1.0));
+            assert!(
+                difference.is_none(),
+                "rank {rank}'s process, unit {unit}'s gradient shard: {}",
+                difference.unwrap()
+            );
+        }
+    }
+}
