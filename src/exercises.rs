@@ -95,6 +95,10 @@ mod ex21_gpipe;
 #[cfg_attr(feature = "solutions", path = "../solutions/phase4_under_the_hood/ex22_fsdp_unit_step.rs")]
 mod ex22_fsdp_unit_step;
 
+#[cfg_attr(not(feature = "solutions"), path = "../exercises/phase4_under_the_hood/ex23_tensor_parallel_block.rs")]
+#[cfg_attr(feature = "solutions", path = "../solutions/phase4_under_the_hood/ex23_tensor_parallel_block.rs")]
+mod ex23_tensor_parallel_block;
+
 /// Phase 1: Model (exercises 1–7).
 pub mod phase1_model {
     pub use super::ex02_rotate_half::rotate_half;
@@ -117,11 +121,12 @@ pub mod phase3_fsdp {
     pub use super::ex14_wrap_policy::wrap_policy;
 }
 
-/// Phase 4: Under the hood (exercises 16–22).
+/// Phase 4: Under the hood (exercises 16–23).
 pub mod phase4_under_the_hood {
     pub use super::ex16_ring_all_reduce::ring_all_reduce;
     pub use super::ex19_overlapped_ddp::overlapped_all_reduce;
     pub use super::ex21_gpipe::gpipe_step;
     pub use super::ex22_fsdp_unit_step::fsdp_backward;
     pub use super::ex22_fsdp_unit_step::fsdp_forward;
+    pub use super::ex23_tensor_parallel_block::tensor_parallel_step;
 }

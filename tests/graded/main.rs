@@ -27,6 +27,7 @@ mod exercise_19;
 mod exercise_20;
 mod exercise_21;
 mod exercise_22;
+mod exercise_23;
 // END exercise modules
 mod data;
 mod distributed;

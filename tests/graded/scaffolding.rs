@@ -241,3 +241,15 @@ fn an_io_error_keeps_its_kind_and_source_under_its_description() {
     assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
     assert!(io.get_ref().and_then(|e| e.source()).is_some(), "the original io::Error is the source");
 }
+
+#[test]
+fn a_tensor_parallel_block_refuses_heads_the_ranks_do_not_divide() {
+    let config = tiny();
+    let zeros = param_specs(&config)
+        .into_iter()
+        .map(|spec| (spec.name, Tensor::zeros(spec.shape, candle_core::DType::F32, &Device::Cpu).unwrap()));
+    let params = ParamStore::from_tensors(zeros).unwrap();
+    let refused = workbook::parallel::tensor::TensorParallelBlock::shard(&config, &params, 0, 0, 3);
+    let err = refused.err().expect("4 heads cannot be split across 3 ranks; shard should refuse");
+    assert!(err.to_string().contains("do not split evenly across 3 ranks"), "unexpected error: {err}");
+}

@@ -1,0 +1,69 @@
+//! # Exercise 23: a tensor-parallel block, forward and backward
+//!
+//! Exercise 20 split the MLP so that its forward costs one all-reduce. A
+//! whole decoder block splits the same way twice: attention by **heads**
+//! (each head reads only its own rows of q, k, v, and o_proj's columns for
+//! those heads turn its output into a partial sum) and the MLP by hidden
+//! units. The norms are small and stay whole on every rank.
+//!
+//! ```text
+//! h = x + g(attn_r(f(norm₁(x))))        y = h + g(mlp_r(f(norm₂(h))))
+//!
+//! f: forward the identity (every rank already holds the whole input);
+//!    backward an all-reduce (each rank's heads or units give a part of ∂L/∂input)
+//! g: forward an all-reduce (the shares sum to the sublayer's output);
+//!    backward the identity (every rank needs the whole ∂L/∂output, and has it)
+//! ```
+//!
+//! Megatron's f and g (Shoeybi et al. 2019, figure 3) are conjugate: one
+//! all-reduce per sublayer in forward (g) and one in backward (f), four per
+//! block in all, each of a (B, T, C) activation. The weight shards' gradients
+//! need no communication: each rank's shard is used by that rank only. And
+//! because ∂L/∂norm-output is summed *before* it enters the norm's backward,
+//! the norm weights' gradients come out whole and equal on every rank.
+//!
+//! candle's autograd does not see through a collective (the result of an
+//! all-reduce carries no graph), so the backward is written by hand: replay
+//! or keep each piece's graph, cut where f and g sit, and carry the gradient
+//! across each cut yourself with `crate::autograd::vjp` (∂L/∂inputs of a
+//! piece from ∂L/∂its-output), summing it over the ranks at f.
+//!
+//! ```text
+//! backward, last piece first         ∂L/∂y
+//!   mlp_r        ─► ∂/∂mlp shards, a part of ∂L/∂n₂        (n₂ = norm₂(h))
+//!   f            ─► all-reduce: ∂L/∂n₂
+//!   norm₂        ─► ∂/∂norm₂ weight, + ∂L/∂y (the residual) = ∂L/∂h
+//!   attn_r, f, norm₁ the same way, + ∂L/∂h                  = ∂L/∂x
+//! ```
+//!
+//! Read first: Shoeybi et al. 2019, "Megatron-LM: Training Multi-Billion
+//! Parameter Language Models Using Model Parallelism", section 3 and figures
+//! 3 and 4. Guide: `guide/src/phase4/23-tensor-parallel-block.md`.
+//! Test: `cargo test exercise_23`.
+
+use candle_core::{Result, Tensor};
+
+use crate::distributed::ProcessGroup;
+use crate::parallel::tensor::{TensorParallelBlock, TensorParallelStep};
+
+/// One step of `block`, this rank's shard of a decoder block, on `x`
+/// (B, T, C), whole on every rank: the block's output, whole on every rank,
+/// then the backward from `grad_output` (∂L/∂y, (B, T, C), whole on every
+/// rank): the gradients of this rank's parameters and ∂L/∂x.
+///
+/// Pieces: `block.input_layernorm` and `block.post_attention_layernorm`
+/// (`Module::forward`), `block.attention_share(n)` and `block.mlp_share(n)`
+/// (this rank's part of each sublayer's output), `block.params()`,
+/// `pg.all_reduce(t, ReduceOp::Sum)` (`crate::distributed::ReduceOp`),
+/// `candle_core::Var::from_tensor`, `Tensor::detach`,
+/// `crate::autograd::vjp(y, grad_y)` (a `GradStore`), `store.get(t)`,
+/// `crate::autograd::Gradients::from_store(params, &store)` and `accumulate`.
+pub fn tensor_parallel_step(
+    pg: &dyn ProcessGroup,
+    block: &TensorParallelBlock,
+    x: &Tensor,
+    grad_output: &Tensor,
+) -> Result<TensorParallelStep> {
+    let _ = (&pg, &block, &x, &grad_output);
+    todo!("Exercise 23: A tensor-parallel block, forward and backward; run `cargo xtask hint 23`")
+}
