@@ -17,7 +17,7 @@ use workbook::{init_params, Gpt, GptConfig, InitRng};
 
 use crate::fsdp_runs::as_values;
 use crate::process_ranks::on_processes;
-use crate::support::{cause, explain_error, mistake, number};
+use crate::support::{cause, every_rank, explain_error, first_scaled_difference, mistake, number};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 /// Micro-batches per step, each (B, T) tokens.
@@ -128,35 +128,21 @@ fn stage_run(pg: &dyn ProcessGroup) -> candle_core::Result<StageRun> {
     })
 }
 
+/// Every stage's step, or a failure naming the stages that failed.
+fn steps(runs: &[StageRun]) -> Vec<(Option<f32>, Grads)> {
+    every_rank(runs.iter().map(|run| &run.step), "gpipe_step", "stage")
+}
+
 fn run(stages: usize) -> Vec<StageRun> {
     spawn_with_timeout(stages, TIMEOUT, |pg| stage_run(&pg))
         .unwrap_or_else(|e| panic!("the pipeline of {stages} stages failed: {}", explain_error(&e)))
-}
-
-/// Every stage's step, or a failure naming the stages that failed.
-fn steps(runs: &[StageRun]) -> Vec<(Option<f32>, Grads)> {
-    let failed: Vec<String> = runs
-        .iter()
-        .enumerate()
-        .filter_map(|(s, run)| run.step.as_ref().err().map(|e| format!("  stage {s}: {e}")))
-        .collect();
-    assert!(
-        failed.is_empty(),
-        "gpipe_step failed on {} stage(s) of {}:\n{}",
-        failed.len(),
-        runs.len(),
-        failed.join("\n")
-    );
-    runs.iter().map(|run| run.step.clone().unwrap()).collect()
 }
 
 /// The first parameter of `want` that `got` lacks or holds different values for.
 fn first_difference(got: &Grads, want: &Grads) -> Option<String> {
     want.iter().find_map(|(name, w)| {
         let Some(g) = got.get(name) else { return Some(format!("`{name}` has no gradient")) };
-        let scale = w.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let i = g.iter().zip(w).position(|(g, w)| g.is_nan() || (g - w).abs() > 1e-4 * scale + 1e-7)?;
-        Some(format!("`{name}`'s gradient element {i} is {}, expected {}", number(g[i] as f64), number(w[i] as f64)))
+        first_scaled_difference(g, w).map(|d| format!("`{name}`'s gradient: {d}"))
     })
 }
 

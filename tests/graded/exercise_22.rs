@@ -17,7 +17,7 @@ use workbook::phase4_under_the_hood::{fsdp_backward, fsdp_forward};
 use workbook::{init_params, Block, GptConfig, InitRng, ParamStore, RotaryCache};
 
 use crate::process_ranks::on_processes;
-use crate::support::{cause, explain_error, mistake, number};
+use crate::support::{cause, every_rank, explain_error, first_scaled_difference, mistake};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 const B: usize = 2;
@@ -146,36 +146,14 @@ fn rank_run(pg: &dyn ProcessGroup) -> candle_core::Result<RankRun> {
     })
 }
 
+/// Every rank's step, or a failure naming the ranks that failed.
+fn steps(runs: &[RankRun]) -> Vec<Step> {
+    every_rank(runs.iter().map(|run| &run.step), "the FSDP step", "rank")
+}
+
 fn run(world: usize) -> Vec<RankRun> {
     spawn_with_timeout(world, TIMEOUT, |pg| rank_run(&pg))
         .unwrap_or_else(|e| panic!("the FSDP step on {world} rank(s) failed: {}", explain_error(&e)))
-}
-
-/// Every rank's step, or a failure naming the ranks that failed.
-fn steps(runs: &[RankRun]) -> Vec<Step> {
-    let failed: Vec<String> = runs
-        .iter()
-        .enumerate()
-        .filter_map(|(r, run)| run.step.as_ref().err().map(|e| format!("  rank {r}: {e}")))
-        .collect();
-    assert!(
-        failed.is_empty(),
-        "the FSDP step failed on {} rank(s) of {}:\n{}",
-        failed.len(),
-        runs.len(),
-        failed.join("\n")
-    );
-    runs.iter().map(|run| run.step.clone().unwrap()).collect()
-}
-
-/// Where `got` first differs from `want`, relative to `want`'s largest magnitude.
-fn first_difference(got: &[f32], want: &[f32]) -> Option<String> {
-    if got.len() != want.len() {
-        return Some(format!("it has {} elements, expected {}", got.len(), want.len()));
-    }
-    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let i = got.iter().zip(want).position(|(g, w)| g.is_nan() || (g - w).abs() > 1e-4 * scale + 1e-7)?;
-    Some(format!("element {i} is {}, expected {}", number(got[i] as f64), number(want[i] as f64)))
 }
 
 #[rstest]
@@ -183,7 +161,7 @@ fn each_rank_keeps_its_shard_of_the_gradient_averaged_over_ranks(#[values(1, 2, 
     let got = steps(&run(world));
     for (rank, step) in got.iter().enumerate() {
         let reference = Reference::of_rank(rank, world);
-        if let Some(difference) = first_difference(&step.output, &reference.output) {
+        if let Some(difference) = first_scaled_difference(&step.output, &reference.output) {
             panic!("rank {rank} of {world}: the last unit's output differs from the unsharded blocks': {difference}");
         }
         // Backward runs from the last unit to the first: the last one that is wrong is where it starts.
@@ -192,9 +170,9 @@ fn each_rank_keeps_its_shard_of_the_gradient_averaged_over_ranks(#[values(1, 2, 
                 panic!("rank {rank} of {world}: unit {unit} has no gradient after backward: add its shard with unit.add_grad");
             };
             let want = expected_shard(unit, rank, world, 1.0);
-            let Some(difference) = first_difference(grad, &want) else { continue };
+            let Some(difference) = first_scaled_difference(grad, &want) else { continue };
             let summed =
-                world > 1 && first_difference(grad, &expected_shard(unit, rank, world, world as f32)).is_none();
+                world > 1 && first_scaled_difference(grad, &expected_shard(unit, rank, world, world as f32)).is_none();
             panic!(
                 "rank {rank} of {world}: unit {unit}'s gradient shard (elements {}..{} of the flat buffer): \
                  {difference}{}",
@@ -203,7 +181,7 @@ fn each_rank_keeps_its_shard_of_the_gradient_averaged_over_ranks(#[values(1, 2, 
                 cause(summed.then(|| mistake(22, "gradient_summed")))
             );
         }
-        if let Some(difference) = first_difference(&step.grad_input, &reference.grad_input) {
+        if let Some(difference) = first_scaled_difference(&step.grad_input, &reference.grad_input) {
             panic!(
                 "rank {rank} of {world}: the gradient of the first unit's input, for this rank's batch alone: \
                  {difference}"
@@ -273,7 +251,7 @@ fn it_runs_across_processes_over_tcp() {
     for (rank, step) in steps(&runs).iter().enumerate() {
         for unit in 0..UNITS {
             let grad = step.unit_grads[unit].as_deref().unwrap_or_default();
-            let difference = first_difference(grad, &expected_shard(unit, rank, 2, 1.0));
+            let difference = first_scaled_difference(grad, &expected_shard(unit, rank, 2, 1.0));
             assert!(
                 difference.is_none(),
                 "rank {rank}'s process, unit {unit}'s gradient shard: {}",

@@ -20,7 +20,7 @@ use workbook::{init_params, CausalSelfAttention, GptConfig, InitRng, Mlp, ParamS
 
 use crate::fsdp_runs::as_values;
 use crate::process_ranks::on_processes;
-use crate::support::{cause, explain_error, mistake, number};
+use crate::support::{cause, every_rank, explain_error, first_scaled_difference, mistake};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 const B: usize = 2;
@@ -158,40 +158,19 @@ fn rank_run(pg: Box<dyn ProcessGroup>) -> Result<RankRun> {
     Ok(RankRun { step: step.map_err(|e| explain_error(&e)), all_reduces, others })
 }
 
+fn steps(runs: &[RankRun]) -> Vec<Outcome> {
+    every_rank(runs.iter().map(|run| &run.step), "tensor_parallel_step", "rank")
+}
+
 fn run(world: usize) -> Vec<RankRun> {
     spawn_with_timeout(world, TIMEOUT, |pg| rank_run(Box::new(pg)))
         .unwrap_or_else(|e| panic!("the tensor-parallel step on {world} rank(s) failed: {}", explain_error(&e)))
 }
 
-fn steps(runs: &[RankRun]) -> Vec<Outcome> {
-    let failed: Vec<String> = runs
-        .iter()
-        .enumerate()
-        .filter_map(|(r, run)| run.step.as_ref().err().map(|e| format!("  rank {r}: {e}")))
-        .collect();
-    assert!(
-        failed.is_empty(),
-        "tensor_parallel_step failed on {} rank(s) of {}:\n{}",
-        failed.len(),
-        runs.len(),
-        failed.join("\n")
-    );
-    runs.iter().map(|run| run.step.clone().unwrap()).collect()
-}
-
-fn first_difference(got: &[f32], want: &[f32]) -> Option<String> {
-    if got.len() != want.len() {
-        return Some(format!("it has {} elements, expected {}", got.len(), want.len()));
-    }
-    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let i = got.iter().zip(want).position(|(g, w)| g.is_nan() || (g - w).abs() > 1e-4 * scale + 1e-7)?;
-    Some(format!("element {i} is {}, expected {}", number(got[i] as f64), number(want[i] as f64)))
-}
-
 /// Where `got` first differs from `want`, in the order backward computes:
 /// the output, the MLP's pieces, attention's, then ∂L/∂x.
 fn outcome_difference(got: &Outcome, want: &Outcome) -> Option<String> {
-    if let Some(d) = first_difference(&got.output, &want.output) {
+    if let Some(d) = first_scaled_difference(&got.output, &want.output) {
         return Some(format!("the block's output: {d}"));
     }
     let order = ["mlp.down_proj", "mlp.gate_proj", "mlp.up_proj", "post_attention_layernorm", "self_attn.o_proj"]
@@ -200,11 +179,11 @@ fn outcome_difference(got: &Outcome, want: &Outcome) -> Option<String> {
     for piece in order {
         let name = format!("{P}.{piece}.weight");
         let Some(got_grad) = got.grads.get(&name) else { return Some(format!("`{name}` has no gradient")) };
-        if let Some(d) = first_difference(got_grad, &want.grads[&name]) {
+        if let Some(d) = first_scaled_difference(got_grad, &want.grads[&name]) {
             return Some(format!("the gradient of this rank's `{name}`: {d}"));
         }
     }
-    first_difference(&got.grad_input, &want.grad_input).map(|d| format!("∂L/∂x: {d}"))
+    first_scaled_difference(&got.grad_input, &want.grad_input).map(|d| format!("∂L/∂x: {d}"))
 }
 
 fn matches(got: &Outcome, want: &Outcome) -> bool {
@@ -218,8 +197,8 @@ fn norm_gradients_are_parts(got: &[Outcome], want: &Outcome) -> bool {
             let name = format!("{P}.{piece}.weight");
             let sum: Vec<f32> =
                 (0..want.grads[&name].len()).map(|i| got.iter().map(|o| o.grads[&name][i]).sum()).collect();
-            first_difference(&got[0].grads[&name], &want.grads[&name]).is_some()
-                && first_difference(&sum, &want.grads[&name]).is_none()
+            first_scaled_difference(&got[0].grads[&name], &want.grads[&name]).is_some()
+                && first_scaled_difference(&sum, &want.grads[&name]).is_none()
         })
 }
 
@@ -233,7 +212,7 @@ fn every_rank_gets_the_whole_output_its_shards_gradients_and_the_whole_input_gra
         let run = &runs[rank];
         let why = if run.all_reduces.iter().any(|op| op != "Sum") {
             Some(mistake(23, "averaged_not_summed"))
-        } else if run.all_reduces.len() == 2 && first_difference(&outcome.output, &want.output).is_none() {
+        } else if run.all_reduces.len() == 2 && first_scaled_difference(&outcome.output, &want.output).is_none() {
             Some(mistake(23, "no_backward_all_reduce"))
         } else if norm_gradients_are_parts(&got, &reference(0, world, true)) {
             Some(mistake(23, "norm_gradient_partial"))

@@ -363,3 +363,38 @@ pub fn bit_equal(a: &Tensor, b: &Tensor) -> bool {
         && a.dtype() == b.dtype()
         && values(a).iter().zip(values(b)).all(|(x, y)| x.to_bits() == y.to_bits())
 }
+
+/// Every rank's result, or a failure listing each `rank` (or stage) whose
+/// `what` returned an error, with the error.
+pub fn every_rank<'a, T: Clone + 'a>(
+    results: impl IntoIterator<Item = &'a Result<T, String>>,
+    what: &str,
+    rank: &str,
+) -> Vec<T> {
+    let results: Vec<&Result<T, String>> = results.into_iter().collect();
+    let failed: Vec<String> = results
+        .iter()
+        .enumerate()
+        .filter_map(|(r, result)| result.as_ref().err().map(|e| format!("  {rank} {r}: {e}")))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{what} failed on {} {rank}(s) of {}:\n{}",
+        failed.len(),
+        results.len(),
+        failed.join("\n")
+    );
+    results.into_iter().map(|result| result.clone().unwrap()).collect()
+}
+
+/// Where `got` first differs from `want` by more than 1e-4 of `want`'s
+/// largest magnitude (f32 arithmetic in another order), or holds a NaN: for
+/// gradients, whose small elements carry the rounding of the large ones.
+pub fn first_scaled_difference(got: &[f32], want: &[f32]) -> Option<String> {
+    if got.len() != want.len() {
+        return Some(format!("it has {} elements, expected {}", got.len(), want.len()));
+    }
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let i = got.iter().zip(want).position(|(g, w)| g.is_nan() || (g - w).abs() > 1e-4 * scale + 1e-7)?;
+    Some(format!("element {i} is {}, expected {}", number(got[i] as f64), number(want[i] as f64)))
+}
