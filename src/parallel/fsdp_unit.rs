@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use candle_core::{bail, DType, Result, Tensor, Var};
 
-use super::fsdp::{block_unit_name, FlatLayout, FlatView};
+use super::fsdp::{block_unit_name, bytes, FlatLayout, FlatView};
 use crate::model::{param_specs, GptConfig, Layers, ParamStore, RotaryCache};
 use crate::timeline;
 
@@ -125,10 +125,11 @@ impl BlockUnit {
                 whole.dims()
             );
         }
-        let bytes = (whole.elem_count() * whole.dtype().size_in_bytes()) as u64;
-        let now = self.gathered.now.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        let whole = Var::from_tensor(&whole.to_dtype(DType::F32)?)?;
+        let held = bytes(whole.as_tensor());
+        let now = self.gathered.now.fetch_add(held, Ordering::Relaxed) + held;
         self.gathered.peak.fetch_max(now, Ordering::Relaxed);
-        self.whole = Some(Var::from_tensor(&whole.to_dtype(DType::F32)?)?);
+        self.whole = Some(whole);
         Ok(())
     }
 
@@ -136,8 +137,7 @@ impl BlockUnit {
     /// (a graph that read them, say) holds them. The shard stays.
     pub fn reshard(&mut self) {
         if let Some(whole) = self.whole.take() {
-            let bytes = (whole.elem_count() * whole.dtype().size_in_bytes()) as u64;
-            self.gathered.now.fetch_sub(bytes, Ordering::Relaxed);
+            self.gathered.now.fetch_sub(bytes(whole.as_tensor()), Ordering::Relaxed);
         }
     }
 

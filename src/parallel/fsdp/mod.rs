@@ -30,6 +30,7 @@ mod units;
 pub use flat::{FlatLayout, FlatView};
 pub use ledger::{MemoryLedger, StepLedger};
 pub use precision::{LossScaler, MixedPrecisionPolicy, Precision};
+pub(crate) use shard::bytes;
 pub use shard::{LocalState, ShardedUnit};
 pub use strategy::{ShardingPlan, ShardingStrategy};
 pub use trainer::{FsdpConfig, FsdpTrainer};
