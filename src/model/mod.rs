@@ -22,5 +22,5 @@ pub use init::{init_params, InitRng};
 pub use linear::Linear;
 pub use mlp::Mlp;
 pub use norm::RmsNorm;
-pub use params::{param_specs, ParamKind, ParamSpec, ParamStore, Weights};
+pub use params::{layer_of, param_specs, ParamKind, ParamSpec, ParamStore, Weights};
 pub use rope::RotaryCache;

@@ -33,6 +33,12 @@ impl ParamSpec {
     }
 }
 
+/// The block a parameter belongs to: `Some(3)` for
+/// `model.layers.3.mlp.up_proj.weight`, `None` outside the blocks.
+pub fn layer_of(name: &str) -> Option<usize> {
+    name.strip_prefix("model.layers.")?.split('.').next()?.parse().ok()
+}
+
 /// Every parameter of the model described by `config`, in module order.
 pub fn param_specs(config: &GptConfig) -> Vec<ParamSpec> {
     let (v, c, i) = (config.vocab_size, config.hidden_size, config.intermediate_size);

@@ -16,8 +16,8 @@ use std::sync::Arc;
 
 use candle_core::{bail, DType, Result, Tensor, Var};
 
-use super::fsdp::{block_unit_name, bytes, FlatLayout, FlatView};
-use crate::model::{param_specs, GptConfig, Layers, ParamStore, RotaryCache};
+use super::fsdp::{bytes, FlatLayout, FlatView};
+use crate::model::{layer_of, param_specs, GptConfig, Layers, ParamStore, RotaryCache};
 use crate::timeline;
 
 /// Block `layer` as an FSDP unit on one rank.
@@ -68,11 +68,11 @@ impl BlockUnit {
         let device = any.device().clone();
         let rotary = RotaryCache::new(config.head_dim(), config.max_seq_len, config.rope_theta, &device)?;
         let gathered = Arc::new(GatheredBytes::default());
+        let specs = param_specs(config);
         (0..config.num_layers)
             .map(|layer| {
-                let prefix = format!("{}.", block_unit_name(layer));
                 let names: Vec<String> =
-                    param_specs(config).into_iter().map(|s| s.name).filter(|n| n.starts_with(&prefix)).collect();
+                    specs.iter().map(|s| s.name.clone()).filter(|n| layer_of(n) == Some(layer)).collect();
                 let layout = FlatLayout::new(config, &names, world_size)?;
                 let range = layout.shard_range(rank, world_size);
                 let shard =

@@ -15,7 +15,7 @@ use candle_core::{bail, DType, Module, Result, Tensor};
 use candle_nn::Embedding;
 
 use crate::autograd::{vjp, Gradients};
-use crate::model::{Block, GptConfig, Linear, ParamStore, RmsNorm, RotaryCache, Weights};
+use crate::model::{layer_of, Block, GptConfig, Linear, ParamStore, RmsNorm, RotaryCache, Weights};
 use crate::phase1_model::next_token_loss;
 use crate::timeline;
 
@@ -216,11 +216,6 @@ impl PipelineStage {
     fn record(&self, op: StageOp) {
         self.schedule.lock().unwrap_or_else(PoisonError::into_inner).push(op);
     }
-}
-
-/// `Some(3)` for `model.layers.3.mlp.up_proj.weight`.
-fn layer_of(name: &str) -> Option<usize> {
-    name.strip_prefix("model.layers.")?.split('.').next()?.parse().ok()
 }
 
 /// The share of time the stages sit idle when stage s ran `schedules[s]`,

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use candle_core::{bail, Result};
 
-use crate::model::{param_specs, GptConfig};
+use crate::model::{layer_of, param_specs, GptConfig};
 
 /// The name of the unit holding every parameter outside the blocks.
 pub const ROOT_UNIT: &str = "root";
@@ -47,10 +47,8 @@ pub fn check_units(config: &GptConfig, units: &[FsdpUnit]) -> Result<()> {
         if holds.len() != unit.params.len() {
             bail!("unit `{}` lists a parameter twice", unit.name);
         }
-        let belongs = |name: &str| match i {
-            0 => !name.starts_with("model.layers."),
-            _ => name.starts_with(&format!("{expected_name}.")),
-        };
+        // The root holds what is in no block; unit i holds block i − 1.
+        let belongs = |name: &str| layer_of(name) == i.checked_sub(1);
         let expected: BTreeSet<&str> = specs.iter().map(|s| s.name.as_str()).filter(|n| belongs(n)).collect();
         if let Some(missing) = expected.difference(&holds).next() {
             bail!("unit `{}` lacks `{missing}`", unit.name);
