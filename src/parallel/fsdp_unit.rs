@@ -177,6 +177,26 @@ impl BlockUnit {
         self.grad.as_ref()
     }
 
+    /// The gradient shards added so far, summed, leaving none: what an
+    /// optimizer step consumes.
+    pub fn take_grad(&mut self) -> Option<Tensor> {
+        self.grad.take()
+    }
+
+    /// Replaces this rank's shard, with what an optimizer step made of it.
+    pub fn set_shard(&mut self, shard: &Tensor) -> Result<()> {
+        if shard.dims() != self.shard.dims() {
+            bail!(
+                "unit {} keeps a shard of {} elements, got a tensor of shape {:?}",
+                self.layer,
+                self.shard.elem_count(),
+                shard.dims()
+            );
+        }
+        self.shard = shard.detach().to_dtype(DType::F32)?;
+        Ok(())
+    }
+
     /// The most bytes the slots of this rank's units held at once.
     pub fn peak_gathered_bytes(&self) -> u64 {
         self.gathered.peak.load(Ordering::Relaxed)

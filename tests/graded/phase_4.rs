@@ -1,4 +1,4 @@
-//! Phase 4's whole-phase checks, run once exercises 16-21 pass: training
+//! Phase 4's whole-phase checks, run once exercises 16-23 pass: training
 //! steps built from your own pieces, every rank a process of its own (the
 //! process backend over TCP, see `process_ranks.rs`), reach the parameters
 //! one process reaches with the runtime's AdamW.
@@ -8,17 +8,29 @@
 //!   by your sharded AdamW (exercise 17).
 //! - Pipeline parallel: your GPipe step (exercise 21) on two stages, each
 //!   stage updating its own parameters.
+//! - Fully sharded: the blocks as FSDP units stepped by your exercise 22,
+//!   each rank updating only its shards.
+//! - Tensor parallel: every block split across the ranks and stepped by your
+//!   exercise 23, each rank updating only its shards.
+//!
+//! In the last two the model's root (embedding, final norm, head) stays
+//! whole on every rank, as the FSDP trainer keeps its root unit.
 
 use std::collections::{BTreeMap, HashMap};
 
-use candle_core::{Device, Result, Tensor};
-use workbook::autograd::Gradients;
-use workbook::distributed::{OwnRing, ProcessGroup};
-use workbook::model::ParamStore;
+use candle_core::{bail, Device, Module, Result, Tensor, Var};
+use workbook::autograd::{vjp, Gradients};
+use workbook::distributed::{OwnRing, ProcessGroup, ReduceOp};
+use workbook::model::{layer_of, Outer, ParamStore};
 use workbook::parallel::fsdp::FlatLayout;
+use workbook::parallel::fsdp_unit::BlockUnit;
 use workbook::parallel::pipeline::PipelineStage;
+use workbook::parallel::tensor::TensorParallelBlock;
 use workbook::parallel::zero::ShardedAdamW;
-use workbook::phase4_under_the_hood::{gpipe_step, overlapped_all_reduce};
+use workbook::phase1_model::next_token_loss;
+use workbook::phase4_under_the_hood::{
+    fsdp_backward, fsdp_forward, gpipe_step, overlapped_all_reduce, tensor_parallel_step,
+};
 use workbook::train::{AdamW, AdamWConfig, ParamGroup};
 use workbook::{init_params, Gpt};
 
@@ -55,14 +67,14 @@ fn adamw(params: &ParamStore) -> Result<AdamW> {
 }
 
 /// One process: the whole global batch, the runtime's AdamW.
-fn one_process() -> Values {
+fn one_process() -> ParamStore {
     let params = init_params(&model_config(), 7, &Device::Cpu).unwrap();
     let mut optimizer = adamw(&params).unwrap();
     for step in 0..STEPS {
         let grads = mean_gradients(&params, &global_batches(step)).unwrap();
         optimizer.step(&params, &grads, LR).unwrap();
     }
-    values(&params)
+    params
 }
 
 /// One data-parallel rank: its rows, your buckets over your ring, your sharded AdamW.
@@ -104,12 +116,168 @@ fn pipeline_stage(pg: Box<dyn ProcessGroup>) -> Result<Values> {
     Ok(values(stage.params()))
 }
 
+/// The model's root, whole on every rank: the parameters outside the blocks.
+struct Root {
+    params: ParamStore,
+    outer: Outer,
+}
+
+impl Root {
+    fn of(whole: &ParamStore) -> Result<Self> {
+        let params = ParamStore::from_tensors(
+            whole.iter().filter(|(name, _)| layer_of(name).is_none()).map(|(n, v)| (n, v.as_tensor().clone())),
+        )?;
+        let outer = Outer::new(&model_config(), &params)?;
+        Ok(Self { params, outer })
+    }
+
+    /// The blocks' input for `tokens`, with its graph back to the embedding.
+    fn embed(&self, tokens: &Tensor) -> Result<Tensor> {
+        self.outer.embed_tokens.forward(tokens)
+    }
+
+    /// Back-propagates the loss from the blocks' output `top`: the gradients
+    /// of the final norm and the head, and ∂L/∂top.
+    fn head_backward(&self, top: &Tensor, tokens: &Tensor) -> Result<(Gradients, Tensor)> {
+        let top = Var::from_tensor(&top.detach())?;
+        let logits = self.outer.lm_head.forward(&self.outer.norm.forward(top.as_tensor())?)?;
+        let grads = next_token_loss(&logits, tokens)?.backward()?;
+        let Some(grad_top) = grads.get(top.as_tensor()).cloned() else { bail!("the loss did not read the blocks") };
+        Ok((Gradients::from_store(&self.params, &grads)?, grad_top))
+    }
+
+    /// The embedding's gradient from ∂L/∂x, `x` being what [`Root::embed`] gave.
+    fn embedding_backward(&self, embedded: &Tensor, grad_x: &Tensor) -> Result<Gradients> {
+        Gradients::from_store(&self.params, &vjp(embedded, grad_x)?)
+    }
+}
+
+/// The name under which the optimizer keeps unit `layer`'s shard.
+fn shard_name(layer: usize) -> String {
+    format!("unit{layer}.shard")
+}
+
+/// One FSDP rank: its rows, the blocks as units stepped by your exercise 22,
+/// the root's gradient averaged over the ranks, AdamW on the root and on this
+/// rank's shards only.
+fn fsdp_rank(pg: Box<dyn ProcessGroup>) -> Result<Values> {
+    let (rank, world) = (pg.rank(), pg.world_size());
+    let whole = init_params(&model_config(), 7, &Device::Cpu)?;
+    let root = Root::of(&whole)?;
+    let mut units = BlockUnit::shard_blocks(&model_config(), &whole, rank, world)?;
+    drop(whole);
+    let shards = ParamStore::from_tensors(units.iter().map(|u| (shard_name(u.layer()), u.shard().clone())))?;
+    let (mut root_optimizer, mut shard_optimizer) = (adamw(&root.params)?, adamw(&shards)?);
+    for step in 0..STEPS {
+        let batches = global_batches(step);
+        let mut root_grads = Gradients::default();
+        for batch in &batches {
+            let tokens = rows_of(batch, rank, world);
+            let embedded = root.embed(&tokens)?;
+            let forward = fsdp_forward(pg.as_ref(), &mut units, &embedded)?;
+            let (head, grad_top) = root.head_backward(&forward.output, &tokens)?;
+            let grad_x = fsdp_backward(pg.as_ref(), &mut units, &forward.inputs, &grad_top)?;
+            root_grads.accumulate(&head)?;
+            root_grads.accumulate(&root.embedding_backward(&embedded, &grad_x)?)?;
+        }
+        let micro_batches = batches.len() as f64;
+        let mut averaged = Gradients::default();
+        for (name, grad) in root_grads.iter() {
+            averaged.insert(name, (pg.all_reduce(grad, ReduceOp::Avg)? / micro_batches)?);
+        }
+        root_optimizer.step(&root.params, &averaged, LR)?;
+        let mut shard_grads = Gradients::default();
+        for unit in units.iter_mut() {
+            let Some(grad) = unit.take_grad() else { bail!("unit {} has no gradient after backward", unit.layer()) };
+            shard_grads.insert(&shard_name(unit.layer()), (grad / micro_batches)?);
+        }
+        shard_optimizer.step(&shards, &shard_grads, LR)?;
+        for unit in units.iter_mut() {
+            unit.set_shard(shards.get(&shard_name(unit.layer()))?.as_tensor())?;
+        }
+    }
+    let mut held = values(&root.params);
+    for unit in &units {
+        let whole = pg.all_gather(unit.shard())?;
+        held.extend(as_values(unit.layout().unflatten(&whole)?.iter().map(|(n, t)| (n.as_str(), t))));
+    }
+    Ok(held)
+}
+
+/// One tensor-parallel rank: the whole batch, every block split across the
+/// ranks and stepped by your exercise 23, AdamW on the root and on this
+/// rank's shards.
+///
+/// Exercise 23 takes a block's forward and backward in one call, so the
+/// forward pass runs each block once for its output and the backward pass
+/// runs it again with its output's gradient, as activation checkpointing does.
+fn tensor_parallel_rank(pg: Box<dyn ProcessGroup>) -> Result<Values> {
+    let config = model_config();
+    let whole = init_params(&config, 7, &Device::Cpu)?;
+    let root = Root::of(&whole)?;
+    let blocks = (0..config.num_layers)
+        .map(|layer| TensorParallelBlock::shard(&config, &whole, layer, pg.rank(), pg.world_size()))
+        .collect::<Result<Vec<_>>>()?;
+    let mut optimizers = std::iter::once(&root.params)
+        .chain(blocks.iter().map(TensorParallelBlock::params))
+        .map(adamw)
+        .collect::<Result<Vec<_>>>()?;
+    for step in 0..STEPS {
+        let batches = global_batches(step);
+        let mut grads = vec![Gradients::default(); blocks.len() + 1];
+        for tokens in &batches {
+            let embedded = root.embed(tokens)?;
+            let mut inputs = vec![];
+            let mut h = embedded.detach();
+            for block in &blocks {
+                let output = tensor_parallel_step(pg.as_ref(), block, &h, &h.zeros_like()?)?.output;
+                inputs.push(std::mem::replace(&mut h, output));
+            }
+            let (head, mut grad) = root.head_backward(&h, tokens)?;
+            grads[0].accumulate(&head)?;
+            for (i, (block, input)) in blocks.iter().zip(&inputs).enumerate().rev() {
+                let step = tensor_parallel_step(pg.as_ref(), block, input, &grad)?;
+                grads[i + 1].accumulate(&step.grads)?;
+                grad = step.grad_input;
+            }
+            grads[0].accumulate(&root.embedding_backward(&embedded, &grad)?)?;
+        }
+        let stores = std::iter::once(&root.params).chain(blocks.iter().map(TensorParallelBlock::params));
+        for ((optimizer, params), mut grads) in optimizers.iter_mut().zip(stores).zip(grads) {
+            grads.scale(1.0 / batches.len() as f64)?;
+            optimizer.step(params, &grads, LR)?;
+        }
+    }
+    let mut held = values(&root.params);
+    blocks.iter().for_each(|block| held.extend(values(block.params())));
+    Ok(held)
+}
+
+/// What rank `rank` of `world` holds of `whole` when every block is split
+/// as exercise 23's blocks are.
+fn tensor_parallel_shares(whole: &ParamStore, rank: usize, world: usize) -> Values {
+    let mut held = values(&Root::of(whole).unwrap().params);
+    for layer in 0..model_config().num_layers {
+        held.extend(values(TensorParallelBlock::shard(&model_config(), whole, layer, rank, world).unwrap().params()));
+    }
+    held
+}
+
+/// Checks every rank's parameters against one process's.
 fn expect_as_one_process(per_rank: &[Values], what: &str) {
-    let want: HashMap<String, Tensor> =
-        one_process().into_iter().map(|(name, v)| (name, Tensor::new(v, &Device::Cpu).unwrap())).collect();
+    let one = values(&one_process());
+    expect_shares_of_one_process(per_rank, what, |_| one.clone());
+}
+
+/// Checks every rank's parameters against `want(rank)`, what that rank
+/// should hold of one process's.
+fn expect_shares_of_one_process(per_rank: &[Values], what: &str, want: impl Fn(usize) -> Values) {
     for (rank, got) in per_rank.iter().enumerate() {
-        let got: HashMap<String, Tensor> =
-            got.iter().map(|(name, v)| (name.clone(), Tensor::new(v.as_slice(), &Device::Cpu).unwrap())).collect();
+        let as_tensors = |values: &Values| -> HashMap<String, Tensor> {
+            values.iter().map(|(name, v)| (name.clone(), Tensor::new(v.as_slice(), &Device::Cpu).unwrap())).collect()
+        };
+        let want = as_tensors(&want(rank));
+        let got = as_tensors(got);
         let want: HashMap<String, Tensor> = got.keys().map(|name| (name.clone(), want[name].clone())).collect();
         let (worst, name) = max_relative_difference(&got, &want);
         assert!(
@@ -131,6 +299,25 @@ fn your_pipeline_of_two_processes_trains_as_one_process() {
     let per_stage = on_processes(2, |pg| pipeline_stage(Box::new(pg)));
     let mut held: Vec<&String> = per_stage.iter().flat_map(|v| v.keys()).collect();
     held.sort();
-    assert_eq!(held.len(), one_process().len(), "the two stages together should hold every parameter once: {held:?}");
+    assert_eq!(
+        held.len(),
+        one_process().iter().count(),
+        "the two stages together should hold every parameter once: {held:?}"
+    );
     expect_as_one_process(&per_stage, "the pipeline of exercise 21");
+}
+
+#[test]
+fn your_fsdp_units_on_two_processes_train_as_one_process() {
+    let per_rank = on_processes(2, |pg| fsdp_rank(Box::new(pg)));
+    expect_as_one_process(&per_rank, "FSDP units stepped by exercise 22");
+}
+
+#[test]
+fn your_tensor_parallel_blocks_on_two_processes_train_as_one_process() {
+    let per_rank = on_processes(2, |pg| tensor_parallel_rank(Box::new(pg)));
+    let one = one_process();
+    expect_shares_of_one_process(&per_rank, "tensor-parallel blocks stepped by exercise 23", |rank| {
+        tensor_parallel_shares(&one, rank, 2)
+    });
 }
