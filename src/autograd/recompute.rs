@@ -11,9 +11,14 @@
 //! A module whose weights are made whole only while it runs (FSDP's blocks)
 //! learns through [`Checkpointed`]'s hooks when its forward kept no graph and
 //! when its replay's gradients are ready, so one engine serves both trainers.
+//!
+//! A module may also keep its graph ([`Checkpointed::keeps_graph`]): it is
+//! then not recomputed, but backward still visits it alone, module by module
+//! ([`Recompute::backward_through`]), which is what DDP needs to start each
+//! block's all-reduce as soon as that block's gradients are final.
 
 use candle_core::backprop::GradStore;
-use candle_core::{Module, Result, Tensor, Var};
+use candle_core::{bail, Module, Result, Tensor, Var};
 
 /// A module that can run under activation checkpointing, with two hooks for
 /// modules whose weights are gathered on demand; both do nothing by default.
@@ -25,6 +30,12 @@ pub trait Checkpointed: Module + Send + Sync {
     /// the others: FSDP takes its unit's gradient out and reduce-scatters it.
     fn after_backward(&self, _grads: &mut GradStore) -> Result<()> {
         Ok(())
+    }
+
+    /// Keep the forward's graph and back-propagate through it, instead of
+    /// recomputing: the graph is still cut at the module's edges.
+    fn keeps_graph(&self) -> bool {
+        false
     }
 }
 
@@ -40,6 +51,14 @@ struct Record {
     input: Tensor,
     /// The output handed downstream: a leaf, so backward stops (and reports) here.
     output: Var,
+    /// The forward's own graph when the module keeps it.
+    kept: Option<Replay>,
+}
+
+/// One forward of a module with its graph: from a leaf input to the output.
+struct Replay {
+    input: Var,
+    output: Tensor,
 }
 
 impl std::fmt::Debug for Recompute {
@@ -51,12 +70,18 @@ impl std::fmt::Debug for Recompute {
 impl Recompute {
     /// Runs `module` on `x` without keeping its activations; it is recomputed in backward.
     pub fn checkpoint<M: Checkpointed + Clone + 'static>(&mut self, module: &M, x: &Tensor) -> Result<Tensor> {
-        let y = module.forward(&x.detach())?;
-        let output = Var::from_tensor(&y.detach())?;
-        drop(y);
-        module.after_forward();
+        let (output, kept) = if module.keeps_graph() {
+            let replay = Replay::run(module, x)?;
+            (Var::from_tensor(&replay.output.detach())?, Some(replay))
+        } else {
+            let y = module.forward(&x.detach())?;
+            let output = Var::from_tensor(&y.detach())?;
+            drop(y);
+            module.after_forward();
+            (output, None)
+        };
         let handed_on = output.as_tensor().clone();
-        self.records.push(Record { module: Box::new(module.clone()), input: x.clone(), output });
+        self.records.push(Record { module: Box::new(module.clone()), input: x.clone(), output, kept });
         Ok(handed_on)
     }
 
@@ -72,30 +97,52 @@ impl Recompute {
     /// Completes `grads` (from `loss.backward()`) with the gradients that flow
     /// through the checkpointed modules, last module first.
     pub fn backward(&self, grads: &mut GradStore) -> Result<()> {
-        for (i, record) in self.records.iter().enumerate().rev() {
-            let Some(grad_y) = grads.remove(record.output.as_tensor()) else {
-                continue; // the output did not reach the loss
-            };
-            let x = Var::from_tensor(&record.input.detach())?;
-            let y = record.module.forward(x.as_tensor())?;
-            let mut local = vjp(&y, &grad_y)?;
-            drop(y);
-            let grad_x = local.remove(x.as_tensor());
-            record.module.after_backward(&mut local)?;
-            grads.extend(local)?;
-            // A variable's gradient can still hold graph (e.g. `grad · wᵀ` keeps w):
-            // detach it, or pushing it further back would count w's gradient twice.
-            let Some(grad_x) = grad_x.map(|g| g.detach()) else { continue };
-            let fed_by_previous = i > 0 && self.records[i - 1].output.id() == record.input.id();
-            if fed_by_previous {
-                accumulate(grads, &record.input, grad_x)?;
-            } else if record.input.track_op() {
-                // The input came from ordinary graph (e.g. the embedding): push the
-                // gradient through it the same way.
-                grads.extend(vjp(&record.input, &grad_x)?)?;
-            }
+        (0..self.records.len()).rev().try_for_each(|i| self.backward_through(i, grads))
+    }
+
+    /// Back-propagates through module `i` (in the order they were
+    /// checkpointed) alone: its parameters' gradients join `grads`, which then
+    /// hold their final values, and the gradient of its input goes on to the
+    /// module before it. Call it for every module, last first, after
+    /// `loss.backward()`; [`Recompute::backward`] does exactly that.
+    pub fn backward_through(&self, i: usize, grads: &mut GradStore) -> Result<()> {
+        let Some(record) = self.records.get(i) else {
+            bail!("module {i} was not checkpointed: this forward checkpointed {}", self.records.len());
+        };
+        let Some(grad_y) = grads.remove(record.output.as_tensor()) else {
+            return Ok(()); // the output did not reach the loss
+        };
+        let recomputed = match record.kept {
+            Some(_) => None,
+            None => Some(Replay::run(record.module.as_ref(), &record.input)?),
+        };
+        let Some(replay) = record.kept.as_ref().or(recomputed.as_ref()) else { unreachable!("one of the two is set") };
+        let mut local = vjp(&replay.output, &grad_y)?;
+        let grad_x = local.remove(replay.input.as_tensor());
+        drop(recomputed); // its activations are no longer needed
+        record.module.after_backward(&mut local)?;
+        grads.extend(local)?;
+        // A variable's gradient can still hold graph (e.g. `grad · wᵀ` keeps w):
+        // detach it, or pushing it further back would count w's gradient twice.
+        let Some(grad_x) = grad_x.map(|g| g.detach()) else { return Ok(()) };
+        let fed_by_previous = i > 0 && self.records[i - 1].output.id() == record.input.id();
+        if fed_by_previous {
+            accumulate(grads, &record.input, grad_x)?;
+        } else if record.input.track_op() {
+            // The input came from ordinary graph (e.g. the embedding): push the
+            // gradient through it the same way.
+            grads.extend(vjp(&record.input, &grad_x)?)?;
         }
         Ok(())
+    }
+}
+
+impl Replay {
+    /// `module` on a leaf copy of `x`, keeping the graph in between.
+    fn run(module: &(impl Module + ?Sized), x: &Tensor) -> Result<Self> {
+        let input = Var::from_tensor(&x.detach())?;
+        let output = module.forward(input.as_tensor())?;
+        Ok(Self { input, output })
     }
 }
 

@@ -62,6 +62,8 @@ impl Module for Layers {
 #[derive(Clone)]
 pub struct Block {
     weights: BlockWeights,
+    /// Under the recompute engine, keep the forward's graph instead of recomputing it.
+    keeps_graph: bool,
 }
 
 #[derive(Clone)]
@@ -85,12 +87,19 @@ pub trait OnDemand: Send + Sync {
 impl Block {
     /// Block `layer` of a model, its weights read from `params` and kept.
     pub fn new(config: &GptConfig, params: &dyn Weights, layer: usize, rotary: &RotaryCache) -> Result<Self> {
-        Ok(Self { weights: BlockWeights::Resident(Arc::new(Layers::new(config, params, layer, rotary)?)) })
+        let layers = Layers::new(config, params, layer, rotary)?;
+        Ok(Self { weights: BlockWeights::Resident(Arc::new(layers)), keeps_graph: false })
     }
 
     /// A block whose weights `source` makes whole each time it runs.
     pub fn on_demand(source: Arc<dyn OnDemand>) -> Self {
-        Self { weights: BlockWeights::OnDemand(source) }
+        Self { weights: BlockWeights::OnDemand(source), keeps_graph: false }
+    }
+
+    /// This block, run through the recompute engine with its graph kept:
+    /// backward visits it alone but recomputes nothing (see `Gpt::with_blockwise_backward`).
+    pub fn keeping_graph(self) -> Self {
+        Self { keeps_graph: true, ..self }
     }
 }
 
@@ -124,5 +133,9 @@ impl Checkpointed for Block {
             BlockWeights::Resident(_) => Ok(()),
             BlockWeights::OnDemand(source) => source.take_gradient(grads),
         }
+    }
+
+    fn keeps_graph(&self) -> bool {
+        self.keeps_graph
     }
 }

@@ -50,6 +50,18 @@ impl Gpt {
         self
     }
 
+    /// Runs every block through the recompute engine, so that backward can
+    /// be taken one block at a time ([`Recompute::backward_through`]): DDP
+    /// starts each block's all-reduce between two of them. Blocks keep their
+    /// graph, so nothing is recomputed unless activation checkpointing was on.
+    pub fn with_blockwise_backward(mut self) -> Self {
+        if !self.activation_checkpointing {
+            self.blocks = self.blocks.into_iter().map(Block::keeping_graph).collect();
+            self.activation_checkpointing = true;
+        }
+        self
+    }
+
     pub fn config(&self) -> &GptConfig {
         &self.config
     }

@@ -59,6 +59,8 @@ impl Trainer {
         }
         ddp.broadcast_parameters(&params)?;
         let model = Gpt::new(model_config, &params)?.with_activation_checkpointing(config.activation_checkpointing);
+        // Overlapping DDP takes backward a block at a time.
+        let model = if ddp.overlaps() { model.with_blockwise_backward() } else { model };
         let groups = param_groups(&params, config.optimizer.weight_decay);
         ParamGroup::decay_by_name(&groups, &params)?;
         let optimizer = AdamW::new(groups, config.optimizer.adamw)?;
@@ -69,7 +71,10 @@ impl Trainer {
 /// The loop's view of the trainer: its step and checkpoints are exercises 10 and 11.
 impl Train for Trainer {
     fn train_step(&mut self, micro_batches: &[Tensor]) -> Result<StepStats> {
-        Trainer::train_step(self, micro_batches)
+        match self.ddp.overlaps() {
+            true => self.overlapped_train_step(micro_batches),
+            false => Trainer::train_step(self, micro_batches),
+        }
     }
     fn save_checkpoint(&self, dir: &Path, data: Option<DataPosition>) -> Result<()> {
         Trainer::save_checkpoint(self, dir, data)
@@ -88,7 +93,8 @@ impl Train for Trainer {
         self.ddp.process_group()
     }
     fn layout(&self) -> String {
-        format!("DDP over {} ranks", self.ddp.world_size())
+        let overlap = if self.ddp.overlaps() { ", buckets all-reduced during backward" } else { "" };
+        format!("DDP over {} ranks{overlap}", self.ddp.world_size())
     }
     fn report(&self) -> Option<String> {
         None

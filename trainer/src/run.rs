@@ -47,6 +47,8 @@ pub struct RunOptions {
     pub own_ring: bool,
     /// Under DDP, average matrix gradients as rank-R PowerSGD estimates (exercise 18).
     pub powersgd_rank: Option<usize>,
+    /// Under DDP, all-reduce buckets during backward (exercise 19).
+    pub ddp_overlap: bool,
     /// Record a timeline of every rank's steps and communication into
     /// `out_dir/trace.json` (a Chrome trace, see `workbook::timeline`).
     pub trace: bool,
@@ -138,6 +140,7 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>) 
                 Some(rank) => Ddp::new(pg).with_powersgd(rank),
                 None => Ddp::new(pg),
             };
+            let ddp = if options.ddp_overlap { ddp.with_overlap() } else { ddp };
             let trainer = Trainer::new(&model_config, params, train_config, ddp)?;
             drive(options, dataset, trainer, num_params)
         }
@@ -371,6 +374,9 @@ fn print_plan(options: &RunOptions, dataset: &Dataset, num_params: usize) {
     println!("data: {dataset:?}");
     if options.own_ring {
         println!("all-reduce: your ring from exercise 16 (--allreduce ring)");
+    }
+    if options.ddp_overlap {
+        println!("gradients: buckets all-reduced during backward, your exercise 19 (--ddp-overlap)");
     }
     if let Some(rank) = options.powersgd_rank {
         println!("gradients: matrices averaged as rank-{rank} PowerSGD estimates, your exercise 18 (--powersgd-rank)");

@@ -43,6 +43,7 @@ fn options(out_dir: PathBuf, max_steps: usize, nproc: usize) -> RunOptions {
         strategy: Strategy::Ddp,
         own_ring: false,
         powersgd_rank: None,
+        ddp_overlap: false,
         trace: false,
         log_every: 10,
         timeout: workbook::distributed::DEFAULT_TIMEOUT,
@@ -112,4 +113,30 @@ fn fsdp_trains_on_two_ranks_in_bf16_and_its_checkpoint_resumes_under_ddp() {
     more.resume = Some(dir.clone());
     let resumed = train(&more).unwrap();
     assert_eq!(resumed.first.unwrap().step, 21);
+}
+
+/// `--ddp-overlap` takes the same steps as DDP that all-reduces after
+/// backward: only when the buckets travel changes.
+#[test]
+fn ddp_overlapped_with_backward_reaches_the_parameters_of_ddp_after_backward() {
+    let run = |name: &str, overlap: bool| {
+        let dir = scratch(name);
+        let mut options = options(dir.clone(), 3, 2);
+        options.config.grad_accum_steps = 2;
+        options.ddp_overlap = overlap;
+        train(&options).unwrap();
+        candle_core::safetensors::load(
+            checkpoints::step_dir(&dir, 3).join("model.safetensors"),
+            &candle_core::Device::Cpu,
+        )
+        .unwrap()
+    };
+    let (after, during) = (run("ddp-after", false), run("ddp-during", true));
+    assert_eq!(after.len(), during.len());
+    for (name, want) in &after {
+        let got = &during[name];
+        let diff = (got - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        let scale = want.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        assert!(diff <= 1e-5 * scale.max(1.0), "`{name}` differs by {diff:e} after 3 overlapped steps");
+    }
 }

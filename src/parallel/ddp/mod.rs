@@ -13,6 +13,7 @@
 //! all ranks must issue the same collectives in the same order.
 
 mod comm;
+mod overlap;
 
 use candle_core::Result;
 
@@ -30,12 +31,14 @@ pub struct Ddp {
     bucket_bytes: usize,
     /// Gradients compressed to low rank before they are averaged (exercise 18).
     powersgd: Option<PowerSgdHook>,
+    /// Buckets all-reduced during backward (exercise 19), not after it.
+    overlap: bool,
     syncs: u64,
 }
 
 impl Ddp {
     pub fn new(pg: Box<dyn ProcessGroup>) -> Self {
-        Self { pg, bucket_bytes: DEFAULT_BUCKET_BYTES, powersgd: None, syncs: 0 }
+        Self { pg, bucket_bytes: DEFAULT_BUCKET_BYTES, powersgd: None, overlap: false, syncs: 0 }
     }
 
     /// One process, no communication.
@@ -53,6 +56,19 @@ impl Ddp {
     pub fn with_powersgd(mut self, approx_rank: usize) -> Self {
         self.powersgd = Some(PowerSgdHook::new(approx_rank));
         self
+    }
+
+    /// All-reduces each bucket during backward, as soon as backward has made
+    /// its gradients, through the learner's exercise 19 (the trainer then
+    /// takes its step with `Trainer::overlapped_train_step`).
+    pub fn with_overlap(mut self) -> Self {
+        self.overlap = true;
+        self
+    }
+
+    /// Whether buckets are all-reduced during backward.
+    pub fn overlaps(&self) -> bool {
+        self.overlap
     }
 
     pub fn rank(&self) -> usize {

@@ -50,6 +50,9 @@ struct Args {
     /// Average matrix gradients as rank-R PowerSGD estimates (exercise 18).
     #[arg(long, value_name = "R")]
     powersgd_rank: Option<usize>,
+    /// All-reduce gradient buckets during backward (exercise 19).
+    #[arg(long)]
+    ddp_overlap: bool,
 }
 
 /// The allocator `train` runs with, so that the bench measures what it runs.
@@ -107,6 +110,7 @@ fn run(args: Args) -> Result<()> {
         strategy: Strategy::Ddp,
         own_ring: args.allreduce == "ring",
         powersgd_rank: args.powersgd_rank,
+        ddp_overlap: args.ddp_overlap,
         trace: false,
         log_every: usize::MAX,
         timeout: DEFAULT_TIMEOUT,
@@ -138,6 +142,9 @@ fn report(args: &Args, config: &RunConfig, out_dir: &Path) -> Result<()> {
     }
     if let Some(rank) = args.powersgd_rank {
         setup.push_str(&format!(", PowerSGD rank {rank}"));
+    }
+    if args.ddp_overlap {
+        setup.push_str(", buckets overlapped with backward");
     }
     let threads = nproc * trainer::kernel_threads();
     println!(

@@ -99,6 +99,10 @@ struct Args {
     /// estimate (your exercise 18) instead of whole.
     #[arg(long, value_name = "R", value_parser = clap::value_parser!(u64).range(1..))]
     powersgd_rank: Option<u64>,
+    /// With --strategy ddp: all-reduce gradient buckets during backward, with
+    /// your exercise 19, instead of after it.
+    #[arg(long, conflicts_with = "powersgd_rank")]
+    ddp_overlap: bool,
     /// Record what every rank did when into <checkpoint-dir>/trace.json, a
     /// Chrome trace (open it in https://ui.perfetto.dev).
     #[arg(long)]
@@ -155,6 +159,11 @@ fn run(args: Args) -> anyhow::Result<()> {
     if args.powersgd_rank.is_some() && args.strategy != "ddp" {
         anyhow::bail!("--powersgd-rank applies to --strategy ddp only: FSDP reduce-scatters whole gradients");
     }
+    if args.ddp_overlap && args.strategy != "ddp" {
+        anyhow::bail!(
+            "--ddp-overlap applies to --strategy ddp only: FSDP reduce-scatters each unit in its own backward"
+        );
+    }
     let kind: DatasetKind = args.dataset.parse()?;
     if kind == DatasetKind::Dummy && args.data_path.is_some() {
         anyhow::bail!("--data-path is not read with --dataset dummy (random tokens); drop one of the two");
@@ -187,6 +196,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         strategy: strategy(&args.strategy, args.sharding.as_deref(), args.precision.as_deref())?,
         own_ring: args.allreduce == "ring",
         powersgd_rank: args.powersgd_rank.map(|r| r as usize),
+        ddp_overlap: args.ddp_overlap,
         trace: args.trace,
         log_every: args.log_every.max(1),
         timeout: args.launch.timeout.map_or(DEFAULT_TIMEOUT, std::time::Duration::from_secs),

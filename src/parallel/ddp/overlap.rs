@@ -1,0 +1,172 @@
+//! DDP with its all-reduce overlapped with backward (`train --ddp-overlap`):
+//! the learner's exercise 19 buckets the gradients as backward makes them.
+//!
+//! candle's `backward` computes every gradient in one call, so the model runs
+//! its blocks through the recompute engine with their graphs kept
+//! ([`Gpt::with_blockwise_backward`](crate::model::Gpt::with_blockwise_backward))
+//! and backward is taken one stage at a time: the loss down to the last
+//! block's output (the head's and final norm's gradients are then final),
+//! each block, last first (its gradients are final), and the embedding's with
+//! the first block. Backward runs on a thread of its own and hands over each
+//! gradient as soon as it is final; the rank's thread all-reduces the buckets
+//! meanwhile (a process group is not shared between threads).
+//!
+//! Only the last micro-batch's backward overlaps: the earlier ones only
+//! accumulate, as under PyTorch's `no_sync()`.
+
+use std::sync::mpsc::{channel, Sender};
+
+use candle_core::backprop::GradStore;
+use candle_core::{bail, Result, Tensor};
+
+use super::Ddp;
+use crate::autograd::Gradients;
+use crate::model::{layer_of, param_specs, ForwardPass, GptConfig, ParamStore};
+use crate::phase4_under_the_hood::overlapped_all_reduce;
+use crate::train::{StepStats, Trainer};
+
+/// What backward has finished at one point of its course.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// The loss's own backward: the final norm and the head.
+    Head,
+    /// Block `i`'s backward.
+    Block(usize),
+    /// The first block's input, pushed through the embedding.
+    Embedding,
+}
+
+/// The stage after which `name`'s gradient is final.
+fn final_after(name: &str) -> Stage {
+    match layer_of(name) {
+        Some(layer) => Stage::Block(layer),
+        None if name == "model.embed_tokens.weight" => Stage::Embedding,
+        None => Stage::Head,
+    }
+}
+
+/// Runs `pass`'s backward stage by stage and sends each parameter's gradient
+/// as soon as it is final, as `earlier + scale · gradient` (what earlier
+/// micro-batches accumulated plus this one's share): parameters in reverse
+/// model order, as backward reaches them. Stops early if the receiver is gone.
+fn send_when_final(
+    config: &GptConfig,
+    pass: &ForwardPass,
+    params: &ParamStore,
+    earlier: &Gradients,
+    scale: f64,
+    ready: Sender<(String, Tensor)>,
+) -> Result<()> {
+    let Some(loss) = &pass.loss else { bail!("backward needs a loss: call forward with labels") };
+    if pass.recompute.len() != config.num_layers {
+        bail!(
+            "overlapping DDP takes backward one block at a time, but the forward ran {} of {} blocks through the \
+             recompute engine: build the model with `with_blockwise_backward`",
+            pass.recompute.len(),
+            config.num_layers
+        );
+    }
+    let in_backward_order: Vec<String> = param_specs(config).into_iter().rev().map(|spec| spec.name).collect();
+    let send = |grads: &GradStore, stage: Stage| -> Result<bool> {
+        for name in in_backward_order.iter().filter(|name| final_after(name) == stage) {
+            let var = params.get(name)?;
+            let this = match grads.get(var) {
+                Some(g) => (g.to_dtype(candle_core::DType::F32)? * scale)?,
+                None => var.zeros_like()?.to_dtype(candle_core::DType::F32)?,
+            };
+            let total = match earlier.get(name) {
+                Some(sum) => (sum + this)?,
+                None => this,
+            };
+            if ready.send((name.clone(), total.detach())).is_err() {
+                return Ok(false); // the all-reduce stopped: its error is the one to report
+            }
+        }
+        Ok(true)
+    };
+    let mut grads = loss.backward()?;
+    if !send(&grads, Stage::Head)? {
+        return Ok(());
+    }
+    for layer in (0..config.num_layers).rev() {
+        pass.recompute.backward_through(layer, &mut grads)?;
+        if !send(&grads, Stage::Block(layer))? {
+            return Ok(());
+        }
+    }
+    send(&grads, Stage::Embedding).map(drop)
+}
+
+impl Ddp {
+    /// Averages across ranks the gradients `backward` sends, with the
+    /// learner's exercise 19, while `backward` is still computing the next:
+    /// `backward` runs on a thread of its own.
+    fn average_during(
+        &mut self,
+        names: usize,
+        backward: impl FnOnce(Sender<(String, Tensor)>) -> Result<()> + Send,
+    ) -> Result<Gradients> {
+        if self.powersgd.is_some() {
+            bail!("PowerSGD compression and overlapped buckets do not combine: choose one of the two");
+        }
+        self.syncs += 1;
+        let (ready, arriving) = channel();
+        let (averaged, backward) = std::thread::scope(|scope| {
+            let backward = scope.spawn(move || backward(ready));
+            let averaged = overlapped_all_reduce(self.pg.as_ref(), arriving.into_iter(), self.bucket_bytes);
+            (averaged, backward.join())
+        });
+        let Ok(backward) = backward else { bail!("the backward thread panicked") };
+        backward?;
+        let averaged = averaged?;
+        if averaged.len() != names {
+            bail!(
+                "exercise 19's overlapped_all_reduce returned {} gradients for the {names} it was given: return every one",
+                averaged.len()
+            );
+        }
+        let mut grads = Gradients::default();
+        for (name, grad) in averaged {
+            grads.insert(&name, grad);
+        }
+        Ok(grads)
+    }
+}
+
+impl Trainer {
+    /// Exercise 10's step with DDP's all-reduce overlapped with the last
+    /// micro-batch's backward: the earlier micro-batches accumulate their
+    /// gradients (each divided by their count) without communicating.
+    pub fn overlapped_train_step(&mut self, micro_batches: &[Tensor]) -> Result<StepStats> {
+        let Some((last, earlier)) = micro_batches.split_last() else {
+            bail!("train_step needs at least one micro-batch");
+        };
+        let k = micro_batches.len() as f64;
+        let mut loss_sum = 0.0;
+        let mut forward = |batch: &Tensor| -> Result<ForwardPass> {
+            let pass = self.model.forward(batch, Some(batch))?;
+            let Some(loss) = &pass.loss else { bail!("forward with labels returned no loss") };
+            loss_sum += loss.to_scalar::<f32>()? as f64;
+            Ok(pass)
+        };
+        for batch in earlier {
+            let pass = forward(batch)?;
+            let mut grads = Gradients::from_store(&self.params, &pass.backward()?)?;
+            grads.scale(1.0 / k)?;
+            self.grads.accumulate(&grads)?;
+        }
+        let pass = forward(last)?;
+        let (config, params, accumulated) = (self.model.config(), &self.params, &self.grads);
+        let names = params.iter().count();
+        self.grads = self
+            .ddp
+            .average_during(names, |ready| send_when_final(config, &pass, params, accumulated, 1.0 / k, ready))?;
+        let grad_norm = self.grads.clip_global_norm(self.config.max_grad_norm)?;
+        let lr = self.config.schedule.lr(self.step);
+        self.optimizer.step(&self.params, &self.grads, lr)?;
+        self.grads.clear();
+        self.step += 1;
+        let tokens = micro_batches.iter().map(Tensor::elem_count).sum();
+        Ok(StepStats { loss: loss_sum / k, grad_norm, lr, tokens })
+    }
+}
