@@ -12,6 +12,7 @@ use workbook::distributed::{
 };
 use workbook::parallel::ddp::Ddp;
 use workbook::parallel::fsdp::FsdpTrainer;
+use workbook::parallel::pipeline::PipelineTrainer;
 use workbook::timeline;
 use workbook::train::{DataPosition, StepStats, Train, Trainer};
 use workbook::{init_params, ParamStore};
@@ -49,6 +50,8 @@ pub struct RunOptions {
     pub powersgd_rank: Option<usize>,
     /// Under DDP, all-reduce buckets during backward (exercise 19).
     pub ddp_overlap: bool,
+    /// Under DDP, the most bytes of gradients one all-reduce carries.
+    pub bucket_bytes: usize,
     /// Record a timeline of every rank's steps and communication into
     /// `out_dir/trace.json` (a Chrome trace, see `workbook::timeline`).
     pub trace: bool,
@@ -84,7 +87,7 @@ pub fn train(options: &RunOptions) -> Result<Summary> {
             );
         }
     }
-    options.config.validate(options.nproc)?;
+    options.config.validate(options.strategy.data_parallel_size(options.nproc))?;
     // A rank started by a launcher finds the directory already taken by it.
     let _lock = match launched {
         None => Some(checkpoints::take(&options.out_dir, options.resume.is_some(), options.overwrite)?),
@@ -140,12 +143,18 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>) 
                 Some(rank) => Ddp::new(pg).with_powersgd(rank),
                 None => Ddp::new(pg),
             };
+            let ddp = ddp.with_bucket_bytes(options.bucket_bytes);
             let ddp = if options.ddp_overlap { ddp.with_overlap() } else { ddp };
             let trainer = Trainer::new(&model_config, params, train_config, ddp)?;
             drive(options, dataset, trainer, num_params)
         }
         Strategy::Fsdp(fsdp) => {
             let trainer = FsdpTrainer::new(&model_config, params, train_config, fsdp, pg)?;
+            drive(options, dataset, trainer, num_params)
+        }
+        Strategy::Pipeline => {
+            let trainer = PipelineTrainer::new(&model_config, &params, train_config, pg)?;
+            drop(params); // each stage keeps only its own parameters
             drive(options, dataset, trainer, num_params)
         }
     }
@@ -155,6 +164,7 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>) 
 fn drive(options: &RunOptions, dataset: &Dataset, mut trainer: impl Train, num_params: usize) -> Result<Summary> {
     let (rank, world) = (trainer.process_group().rank(), trainer.process_group().world_size());
     let is_logger = rank == 0;
+    let (data_rank, data_ranks) = trainer.data_parallel();
     if options.trace {
         // Thread ranks share this process, and so its timeline: one track each.
         match DistEnv::from_env()?.is_none() && world > 1 {
@@ -163,7 +173,7 @@ fn drive(options: &RunOptions, dataset: &Dataset, mut trainer: impl Train, num_p
         }
     }
     let config = &options.config;
-    let mut sampler = DistributedSampler::new(dataset.num_windows(), world, rank, options.seed)?;
+    let mut sampler = DistributedSampler::new(dataset.num_windows(), data_ranks, data_rank, options.seed)?;
     if let Some(resume) = &options.resume {
         let dir = checkpoints::resolve(resume)?;
         let position = trainer.load_checkpoint(&dir).map_err(|e| anyhow!("resuming from {}: {e}", dir.display()))?;
@@ -191,7 +201,7 @@ fn drive(options: &RunOptions, dataset: &Dataset, mut trainer: impl Train, num_p
     }
     let mut log = if is_logger { Some(MetricsLog::append_to(&options.out_dir.join("metrics.jsonl"))?) } else { None };
     let bar = progress_bar(is_logger, trainer.counters().step, config.max_steps);
-    let per_rank_batch = config.batch_size / world;
+    let per_rank_batch = config.batch_size / data_ranks;
     let tokens_per_step = config.batch_size * config.grad_accum_steps * config.seq_len;
     let start = Instant::now();
     let (mut first, mut last, mut loss_ema) = (None, None, None::<f64>);
@@ -377,6 +387,17 @@ fn print_plan(options: &RunOptions, dataset: &Dataset, num_params: usize) {
     }
     if options.ddp_overlap {
         println!("gradients: buckets all-reduced during backward, your exercise 19 (--ddp-overlap)");
+    }
+    if options.strategy == Strategy::Pipeline {
+        let (stages, micro_batches) = (options.nproc, c.grad_accum_steps);
+        let layers: Vec<String> = (0..stages)
+            .map(|s| format!("{:?}", workbook::parallel::pipeline::stage_layers(c.model.num_layers, stages, s)))
+            .collect();
+        println!(
+            "pipeline: {stages} stages (layers {}), your GPipe step from exercise 21 over {micro_batches} micro-batches: bubble (S-1)/(M+S-1) = {:.0}%",
+            layers.join(", "),
+            100.0 * (stages - 1) as f64 / (micro_batches + stages - 1) as f64
+        );
     }
     if let Some(rank) = options.powersgd_rank {
         println!("gradients: matrices averaged as rank-{rank} PowerSGD estimates, your exercise 18 (--powersgd-rank)");

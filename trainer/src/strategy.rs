@@ -1,4 +1,4 @@
-//! The two ways a run trains across ranks; the loop sees either through
+//! The ways a run trains across ranks; the loop sees each through
 //! [`workbook::train::Train`].
 
 use workbook::parallel::fsdp::FsdpConfig;
@@ -10,4 +10,17 @@ pub enum Strategy {
     Ddp,
     /// Phase 3: sharded units.
     Fsdp(FsdpConfig),
+    /// Phase 4: the blocks cut into one pipeline stage per rank (exercise 21).
+    Pipeline,
+}
+
+impl Strategy {
+    /// How many ranks split the data among them, of `nproc`: all of them,
+    /// except in a pipeline, whose stages all read the same batch.
+    pub fn data_parallel_size(self, nproc: usize) -> usize {
+        match self {
+            Strategy::Pipeline => 1,
+            Strategy::Ddp | Strategy::Fsdp(_) => nproc,
+        }
+    }
 }

@@ -77,6 +77,18 @@ fn flags_that_do_not_apply_are_refused() {
         train(&dir, &["--dataset", "dummy", "--data-path", "stories.txt"]),
         "--data-path is not read with --dataset dummy",
     );
+    refused(
+        train(&dir, &["--dataset", "dummy", "--pipeline-stages", "2"]),
+        "--pipeline-stages 2 needs one rank per stage: run it with --nproc 2",
+    );
+    refused(
+        train(&dir, &["--dataset", "dummy", "--pipeline-stages", "2", "--nproc", "2", "--strategy", "fsdp"]),
+        "--pipeline-stages cuts the model into stages; it does not combine with --strategy fsdp",
+    );
+    refused(
+        train(&dir, &["--dataset", "dummy", "--ddp-overlap", "--strategy", "fsdp"]),
+        "--ddp-overlap applies to --strategy ddp only",
+    );
 }
 
 /// Resuming at or past --max-steps has nothing to do, and says so instead of exiting 0.

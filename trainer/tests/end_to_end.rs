@@ -44,6 +44,7 @@ fn options(out_dir: PathBuf, max_steps: usize, nproc: usize) -> RunOptions {
         own_ring: false,
         powersgd_rank: None,
         ddp_overlap: false,
+        bucket_bytes: workbook::parallel::ddp::DEFAULT_BUCKET_BYTES,
         trace: false,
         log_every: 10,
         timeout: workbook::distributed::DEFAULT_TIMEOUT,
@@ -124,6 +125,7 @@ fn ddp_overlapped_with_backward_reaches_the_parameters_of_ddp_after_backward() {
         let mut options = options(dir.clone(), 3, 2);
         options.config.grad_accum_steps = 2;
         options.ddp_overlap = overlap;
+        options.bucket_bytes = 256 * 1024; // several buckets, so that they can overlap
         train(&options).unwrap();
         candle_core::safetensors::load(
             checkpoints::step_dir(&dir, 3).join("model.safetensors"),
@@ -139,4 +141,39 @@ fn ddp_overlapped_with_backward_reaches_the_parameters_of_ddp_after_backward() {
         let scale = want.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
         assert!(diff <= 1e-5 * scale.max(1.0), "`{name}` differs by {diff:e} after 3 overlapped steps");
     }
+}
+
+/// `--pipeline-stages 2` takes the steps one process takes, and its
+/// checkpoint, written whole by rank 0, resumes on one process.
+#[test]
+fn a_pipeline_of_two_stages_trains_as_one_process_and_resumes_under_ddp() {
+    let run = |name: &str, nproc: usize, strategy: Strategy| {
+        let dir = scratch(name);
+        let mut options = options(dir.clone(), 3, nproc);
+        options.config.grad_accum_steps = 4; // the pipeline's micro-batches
+        options.strategy = strategy;
+        let summary = train(&options).unwrap();
+        let params = candle_core::safetensors::load(
+            checkpoints::step_dir(&dir, 3).join("model.safetensors"),
+            &candle_core::Device::Cpu,
+        )
+        .unwrap();
+        (dir, summary, params)
+    };
+    let (_, one, want) = run("one-process", 1, Strategy::Ddp);
+    let (dir, pipelined, got) = run("pipeline", 2, Strategy::Pipeline);
+    let (a, b) = (one.last.unwrap().loss, pipelined.last.unwrap().loss);
+    assert!((a - b).abs() <= 1e-5 * a.abs(), "the pipeline's loss at step 3 is {b}, one process's {a}");
+    assert_eq!(got.len(), want.len(), "rank 0 should write every stage's parameters");
+    for (name, want) in &want {
+        let got = &got[name];
+        let diff = (got - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        let scale = want.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        assert!(diff <= 1e-5 * scale.max(1.0), "`{name}` differs by {diff:e} after 3 pipelined steps");
+    }
+
+    let mut more = options(dir.clone(), 5, 1);
+    more.config.grad_accum_steps = 4;
+    more.resume = Some(dir.clone());
+    assert_eq!(train(&more).unwrap().first.unwrap().step, 4, "one process continues the pipeline's run");
 }

@@ -19,6 +19,9 @@ use crate::model::{layer_of, Block, GptConfig, Linear, ParamStore, RmsNorm, Rota
 use crate::phase1_model::next_token_loss;
 use crate::timeline;
 
+mod trainer;
+pub use trainer::PipelineTrainer;
+
 /// One rank's stage: the embedding on the first stage, a run of blocks, and
 /// the final norm, head and next-token loss on the last.
 pub struct PipelineStage {
@@ -58,6 +61,17 @@ pub fn stage_layers(num_layers: usize, stages: usize, index: usize) -> Range<usi
     start..start + base + usize::from(index < extra)
 }
 
+/// The stage of `stages` that holds parameter `name`: its block's stage; the
+/// embedding on the first, the final norm and the head on the last.
+pub fn stage_holding(config: &GptConfig, stages: usize, name: &str) -> usize {
+    match layer_of(name) {
+        Some(layer) => (0..stages).find(|&s| stage_layers(config.num_layers, stages, s).contains(&layer)),
+        None if name.starts_with("model.embed_tokens.") => Some(0),
+        None => None,
+    }
+    .unwrap_or(stages - 1)
+}
+
 impl PipelineStage {
     /// Stage `index` of `stages` of the model `params` holds. The stage keeps
     /// only its own parameters, sharing their variables with `params`.
@@ -78,11 +92,7 @@ impl PipelineStage {
         }
         let layers = stage_layers(config.num_layers, stages, index);
         let (first, last) = (index == 0, index + 1 == stages);
-        let params = params.subset(|name| match layer_of(name) {
-            Some(layer) => layers.contains(&layer),
-            None if name.starts_with("model.embed_tokens.") => first,
-            None => last,
-        });
+        let params = params.subset(|name| stage_holding(config, stages, name) == index);
         // Every stage holds at least one block, so at least one parameter.
         let Some((_, any)) = params.iter().next() else { bail!("stage {index} holds no parameters") };
         let (device, dtype) = (any.device().clone(), any.dtype());

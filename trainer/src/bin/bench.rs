@@ -53,6 +53,9 @@ struct Args {
     /// All-reduce gradient buckets during backward (exercise 19).
     #[arg(long)]
     ddp_overlap: bool,
+    /// The most megabytes of gradients one all-reduce carries.
+    #[arg(long, default_value_t = 25.0)]
+    bucket_cap_mb: f64,
 }
 
 /// The allocator `train` runs with, so that the bench measures what it runs.
@@ -111,6 +114,7 @@ fn run(args: Args) -> Result<()> {
         own_ring: args.allreduce == "ring",
         powersgd_rank: args.powersgd_rank,
         ddp_overlap: args.ddp_overlap,
+        bucket_bytes: (args.bucket_cap_mb * 1024.0 * 1024.0) as usize,
         trace: false,
         log_every: usize::MAX,
         timeout: DEFAULT_TIMEOUT,
@@ -145,6 +149,9 @@ fn report(args: &Args, config: &RunConfig, out_dir: &Path) -> Result<()> {
     }
     if args.ddp_overlap {
         setup.push_str(", buckets overlapped with backward");
+    }
+    if args.bucket_cap_mb != 25.0 {
+        setup.push_str(&format!(", {} MB buckets", args.bucket_cap_mb));
     }
     let threads = nproc * trainer::kernel_threads();
     println!(

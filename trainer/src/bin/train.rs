@@ -99,10 +99,18 @@ struct Args {
     /// estimate (your exercise 18) instead of whole.
     #[arg(long, value_name = "R", value_parser = clap::value_parser!(u64).range(1..))]
     powersgd_rank: Option<u64>,
+    /// Cut the blocks into S pipeline stages, one per rank (S must be the
+    /// number of ranks), stepped by your exercise 21 on GPipe's schedule; the
+    /// micro-batches are --grad-accum's.
+    #[arg(long, value_name = "S", conflicts_with_all = ["sharding", "precision", "powersgd_rank", "ddp_overlap"])]
+    pipeline_stages: Option<usize>,
     /// With --strategy ddp: all-reduce gradient buckets during backward, with
     /// your exercise 19, instead of after it.
     #[arg(long, conflicts_with = "powersgd_rank")]
     ddp_overlap: bool,
+    /// With --strategy ddp: the most megabytes of gradients one all-reduce carries (PyTorch's bucket_cap_mb).
+    #[arg(long, default_value_t = 25.0, value_parser = positive_megabytes)]
+    bucket_cap_mb: f64,
     /// Record what every rank did when into <checkpoint-dir>/trace.json, a
     /// Chrome trace (open it in https://ui.perfetto.dev).
     #[arg(long)]
@@ -181,10 +189,11 @@ fn run(args: Args) -> anyhow::Result<()> {
     let data =
         DataConfig { kind, path: data_path, tokenizer: config.tokenizer, seq_len: config.seq_len, seed: args.seed };
     let resume = args.resume.map(|p| p.unwrap_or_else(|| args.checkpoint_dir.clone()));
+    let world_size = launched.as_ref().map_or(args.launch.world_size(), |env| env.world_size);
     let options = RunOptions {
         config,
         data,
-        nproc: launched.as_ref().map_or(args.launch.world_size(), |env| env.world_size),
+        nproc: world_size,
         seed: args.seed,
         out_dir: args.checkpoint_dir,
         checkpoint_every: args.checkpoint_every.max(1),
@@ -193,17 +202,21 @@ fn run(args: Args) -> anyhow::Result<()> {
         overwrite: args.overwrite,
         init_from: args.init_from,
         activation_checkpointing: args.activation_checkpointing,
-        strategy: strategy(&args.strategy, args.sharding.as_deref(), args.precision.as_deref())?,
+        strategy: match args.pipeline_stages {
+            Some(stages) => pipeline(stages, &args.strategy, world_size)?,
+            None => strategy(&args.strategy, args.sharding.as_deref(), args.precision.as_deref())?,
+        },
         own_ring: args.allreduce == "ring",
         powersgd_rank: args.powersgd_rank.map(|r| r as usize),
         ddp_overlap: args.ddp_overlap,
+        bucket_bytes: (args.bucket_cap_mb * 1024.0 * 1024.0) as usize,
         trace: args.trace,
         log_every: args.log_every.max(1),
         timeout: args.launch.timeout.map_or(DEFAULT_TIMEOUT, std::time::Duration::from_secs),
     };
     if starts_ranks {
         // Tokenise once here, not in every rank at the same time.
-        options.config.validate(options.nproc)?;
+        options.config.validate(options.strategy.data_parallel_size(options.nproc))?;
         // Rank 0, which writes the checkpoints, runs on node 0: its launcher
         // takes the directory (other nodes may share its filesystem).
         let _lock = match args.launch.node_rank {
@@ -255,6 +268,25 @@ fn strategy(name: &str, sharding: Option<&str>, precision: Option<&str>) -> anyh
             precision: precision.unwrap_or("fp32").parse()?,
         })),
         other => anyhow::bail!("unknown --strategy `{other}`: use ddp or fsdp"),
+    }
+}
+
+fn pipeline(stages: usize, strategy: &str, world_size: usize) -> anyhow::Result<Strategy> {
+    if strategy != "ddp" {
+        anyhow::bail!("--pipeline-stages cuts the model into stages; it does not combine with --strategy {strategy}");
+    }
+    if stages != world_size {
+        anyhow::bail!(
+            "--pipeline-stages {stages} needs one rank per stage: run it with --nproc {stages} (this job has {world_size} rank(s); a pipeline combined with data parallelism is not supported)"
+        );
+    }
+    Ok(Strategy::Pipeline)
+}
+
+fn positive_megabytes(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(mb) if mb.is_finite() && mb * 1024.0 * 1024.0 >= 1.0 => Ok(mb),
+        _ => Err(format!("`{text}` is not a size in megabytes above zero (e.g. 25 or 0.5)")),
     }
 }
 

@@ -1,0 +1,178 @@
+//! The pipeline trainer (`train --pipeline-stages S`): one stage per rank,
+//! each step the learner's GPipe schedule (exercise 21) over the step's
+//! micro-batches, each stage updating only its own parameters.
+//!
+//! Every stage sees the same batch (there is no data parallelism), so the
+//! loop samples as one rank does. What needs the whole model goes through the
+//! process group: the gradient norm for clipping is the square root of the
+//! stages' sums of squares added up (they hold disjoint parameters); the loss,
+//! which only the last stage computes, is broadcast from it; a checkpoint is
+//! sent to rank 0, which writes it whole, in the format every trainer reads,
+//! so a pipelined run resumes under DDP or FSDP and the other way round.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use candle_core::{bail, DType, Device, Result, Tensor};
+
+use super::{stage_holding, PipelineStage};
+use crate::autograd::{clip_factor, sum_of_squares};
+use crate::distributed::{ProcessGroup, ReduceOp};
+use crate::model::{param_specs, GptConfig, ParamStore};
+use crate::phase2_training::param_groups;
+use crate::phase4_under_the_hood::gpipe_step;
+use crate::train::{
+    AdamW, Checkpoint, DataPosition, ParamGroup, StepCounters, StepStats, Train, TrainConfig, TrainerState,
+};
+
+pub struct PipelineTrainer {
+    model_config: GptConfig,
+    stage: PipelineStage,
+    /// AdamW over this stage's parameters, grouped as exercise 8 groups them.
+    optimizer: AdamW,
+    config: TrainConfig,
+    pg: Box<dyn ProcessGroup>,
+    step: usize,
+}
+
+/// The moments of `name` as AdamW names them in a checkpoint.
+fn moment_names(name: &str) -> [String; 2] {
+    [format!("exp_avg.{name}"), format!("exp_avg_sq.{name}")]
+}
+
+impl PipelineTrainer {
+    /// Rank `pg.rank()`'s stage of the model `params` holds, as one of
+    /// `pg.world_size()` stages; the rest of `params` can be dropped.
+    pub fn new(
+        model_config: &GptConfig,
+        params: &ParamStore,
+        config: TrainConfig,
+        pg: Box<dyn ProcessGroup>,
+    ) -> Result<Self> {
+        if config.activation_checkpointing {
+            bail!(
+                "the pipeline keeps every micro-batch's activations until its backward (GPipe); activation \
+                 checkpointing is not combined with it here: drop --activation-checkpointing"
+            );
+        }
+        let stage = PipelineStage::new(model_config, params, pg.rank(), pg.world_size())?;
+        let groups = param_groups(stage.params(), config.optimizer.weight_decay);
+        ParamGroup::decay_by_name(&groups, stage.params())?;
+        let optimizer = AdamW::new(groups, config.optimizer.adamw)?;
+        Ok(Self { model_config: model_config.clone(), stage, optimizer, config, pg, step: 0 })
+    }
+
+    /// The stage this rank runs.
+    pub fn stage(&self) -> &PipelineStage {
+        &self.stage
+    }
+
+    /// The parameters stage `index` holds, in model order, with their shapes.
+    fn names_of_stage(&self, index: usize) -> Vec<(String, candle_core::Shape)> {
+        param_specs(&self.model_config)
+            .into_iter()
+            .filter(|spec| stage_holding(&self.model_config, self.pg.world_size(), &spec.name) == index)
+            .map(|spec| (spec.name, spec.shape))
+            .collect()
+    }
+}
+
+impl Train for PipelineTrainer {
+    fn train_step(&mut self, micro_batches: &[Tensor]) -> Result<StepStats> {
+        let pg = self.pg.as_ref();
+        let last = pg.world_size() - 1;
+        let step = gpipe_step(pg, &self.stage, micro_batches)?;
+        let mut grads = step.grads;
+        let local = Tensor::new(&[sum_of_squares(grads.iter().map(|(_, g)| g))? as f32], &Device::Cpu)?;
+        let grad_norm = (pg.all_reduce(&local, ReduceOp::Sum)?.to_vec1::<f32>()?[0] as f64).sqrt();
+        let lr = self.config.schedule.lr(self.step);
+        if grad_norm.is_finite() {
+            if let Some(factor) = clip_factor(grad_norm, self.config.max_grad_norm) {
+                grads.scale(factor)?;
+            }
+            self.optimizer.step(self.stage.params(), &grads, lr)?;
+        } else {
+            self.optimizer.skip_step(); // on every stage, not only the one that saw it
+        }
+        let loss = Tensor::new(&[step.loss.unwrap_or(0.0)], &Device::Cpu)?;
+        let loss = pg.broadcast(&loss, last)?.to_vec1::<f32>()?[0] as f64;
+        self.step += 1;
+        Ok(StepStats { loss, grad_norm, lr, tokens: micro_batches.iter().map(Tensor::elem_count).sum() })
+    }
+
+    /// Every stage sends its parameters and moments to rank 0, which writes
+    /// them as one whole checkpoint.
+    fn save_checkpoint(&self, dir: &Path, data: Option<DataPosition>) -> Result<()> {
+        let pg = self.pg.as_ref();
+        let has_moments = self.optimizer.steps() > 0;
+        let mut moments: HashMap<String, Tensor> = self.optimizer.state_tensors().into_iter().collect();
+        if pg.rank() != 0 {
+            // In the order rank 0 receives them: this stage's parameters in model order.
+            for (name, _) in self.names_of_stage(pg.rank()) {
+                pg.send(self.stage.params().get(&name)?.as_tensor(), 0)?;
+                if has_moments {
+                    for moment in moment_names(&name) {
+                        pg.send(&moments[&moment], 0)?;
+                    }
+                }
+            }
+            return pg.barrier();
+        }
+        let mut params: HashMap<String, Tensor> =
+            self.stage.params().iter().map(|(name, var)| (name.to_string(), var.as_tensor().clone())).collect();
+        for stage in 1..pg.world_size() {
+            for (name, shape) in self.names_of_stage(stage) {
+                let like = Tensor::zeros(shape, DType::F32, &Device::Cpu)?;
+                params.insert(name.clone(), pg.recv(&like, stage)?);
+                if has_moments {
+                    for moment in moment_names(&name) {
+                        moments.insert(moment, pg.recv(&like, stage)?);
+                    }
+                }
+            }
+        }
+        let state = TrainerState::new(self.step, self.optimizer.steps(), self.model_config.clone(), self.config, data);
+        Checkpoint { params, optimizer: moments, state }.write(dir)?;
+        pg.barrier()
+    }
+
+    /// Every stage reads the whole checkpoint and keeps its own part.
+    fn load_checkpoint(&mut self, dir: &Path) -> Result<Option<DataPosition>> {
+        let checkpoint = Checkpoint::read(dir)?;
+        checkpoint.ensure_fits(&self.model_config)?;
+        for (name, var) in self.stage.params().iter() {
+            let Some(saved) = checkpoint.params.get(name) else {
+                bail!("the checkpoint in {} has no parameter `{name}`", dir.display());
+            };
+            var.set(&saved.to_dtype(var.dtype())?)?;
+        }
+        self.optimizer.load_state(checkpoint.state.optimizer_steps, &checkpoint.optimizer, self.stage.params())?;
+        self.step = checkpoint.state.step;
+        Ok(checkpoint.state.data)
+    }
+
+    fn counters(&self) -> StepCounters {
+        StepCounters {
+            step: self.step,
+            optimizer_steps: self.optimizer.steps(),
+            skipped_steps: self.optimizer.skipped_steps(),
+        }
+    }
+
+    fn process_group(&self) -> &dyn ProcessGroup {
+        self.pg.as_ref()
+    }
+
+    /// One rank: the whole batch is its data, whichever stage it runs.
+    fn data_parallel(&self) -> (usize, usize) {
+        (0, 1)
+    }
+
+    fn layout(&self) -> String {
+        format!("a GPipe pipeline of {} stages, one per rank", self.pg.world_size())
+    }
+
+    fn report(&self) -> Option<String> {
+        None
+    }
+}
