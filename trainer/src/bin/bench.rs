@@ -37,6 +37,9 @@ struct Args {
     /// Sequences per step over all ranks (default: the config's).
     #[arg(long)]
     batch_size: Option<usize>,
+    /// Micro-batches per step (default: the config's).
+    #[arg(long)]
+    grad_accum: Option<usize>,
     /// Data-parallel ranks. The kernel thread pool is sized once per process,
     /// so `cargo xtask bench` runs one setup per process.
     #[arg(long, default_value_t = 1)]
@@ -53,6 +56,9 @@ struct Args {
     /// All-reduce gradient buckets during backward (exercise 19).
     #[arg(long)]
     ddp_overlap: bool,
+    /// One pipeline stage per rank (exercise 21) instead of DDP.
+    #[arg(long, conflicts_with_all = ["powersgd_rank", "ddp_overlap"])]
+    pipeline: bool,
     /// The most megabytes of gradients one all-reduce carries.
     #[arg(long, default_value_t = 25.0)]
     bucket_cap_mb: f64,
@@ -75,6 +81,9 @@ fn run(args: Args) -> Result<()> {
     }
     if let Some(b) = args.batch_size {
         config.batch_size = b;
+    }
+    if let Some(k) = args.grad_accum {
+        config.grad_accum_steps = k;
     }
     let launched = DistEnv::from_env()?;
     let out_dir = std::env::var_os(BENCH_DIR)
@@ -110,7 +119,7 @@ fn run(args: Args) -> Result<()> {
         overwrite: true,
         init_from: None,
         activation_checkpointing: false,
-        strategy: Strategy::Ddp,
+        strategy: if args.pipeline { Strategy::Pipeline } else { Strategy::Ddp },
         own_ring: args.allreduce == "ring",
         powersgd_rank: args.powersgd_rank,
         ddp_overlap: args.ddp_overlap,
@@ -138,8 +147,8 @@ fn report(args: &Args, config: &RunConfig, out_dir: &Path) -> Result<()> {
     let nproc = args.nproc;
     let mut setup = match (nproc, args.ranks) {
         (1, _) => "workbook, single process".to_string(),
-        (_, RankKind::Processes) => format!("workbook, DDP on {nproc} processes"),
-        (_, RankKind::Threads) => format!("workbook, DDP on {nproc} thread ranks"),
+        (_, RankKind::Processes) => format!("workbook, {} on {nproc} processes", parallelism(args)),
+        (_, RankKind::Threads) => format!("workbook, {} on {nproc} thread ranks", parallelism(args)),
     };
     if args.allreduce == "ring" {
         setup.push_str(", your ring all-reduce");
@@ -165,4 +174,12 @@ fn report(args: &Args, config: &RunConfig, out_dir: &Path) -> Result<()> {
         })
     );
     Ok(())
+}
+
+fn parallelism(args: &Args) -> &'static str {
+    if args.pipeline {
+        "a GPipe pipeline"
+    } else {
+        "DDP"
+    }
 }
