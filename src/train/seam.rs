@@ -10,7 +10,7 @@ use std::path::Path;
 
 use candle_core::{Result, Tensor};
 
-use super::{DataPosition, StepStats};
+use super::{AdamW, DataPosition, StepStats};
 use crate::distributed::ProcessGroup;
 
 /// How far a run has come, in one place.
@@ -22,6 +22,13 @@ pub struct StepCounters {
     pub optimizer_steps: u64,
     /// Updates skipped because a gradient was not finite.
     pub skipped_steps: u64,
+}
+
+impl StepCounters {
+    /// The counters of a trainer at `step` whose one optimizer is `optimizer`.
+    pub fn of(step: usize, optimizer: &AdamW) -> Self {
+        Self { step, optimizer_steps: optimizer.steps(), skipped_steps: optimizer.skipped_steps() }
+    }
 }
 
 /// What a training loop needs of a trainer.

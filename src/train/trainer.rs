@@ -83,11 +83,7 @@ impl Train for Trainer {
         Trainer::load_checkpoint(self, dir)
     }
     fn counters(&self) -> StepCounters {
-        StepCounters {
-            step: self.step,
-            optimizer_steps: self.optimizer.steps(),
-            skipped_steps: self.optimizer.skipped_steps(),
-        }
+        StepCounters::of(self.step, &self.optimizer)
     }
     fn process_group(&self) -> &dyn ProcessGroup {
         self.ddp.process_group()

@@ -152,11 +152,7 @@ impl Train for PipelineTrainer {
     }
 
     fn counters(&self) -> StepCounters {
-        StepCounters {
-            step: self.step,
-            optimizer_steps: self.optimizer.steps(),
-            skipped_steps: self.optimizer.skipped_steps(),
-        }
+        StepCounters::of(self.step, &self.optimizer)
     }
 
     fn process_group(&self) -> &dyn ProcessGroup {
