@@ -88,7 +88,7 @@ pub use launch::{launch, relaunch_self, LaunchConfig};
 #[cfg(feature = "nccl")]
 pub use nccl::NcclProcessGroup;
 pub use own_ring::{AllReduceOverride, OwnRing, WithAllReduce};
-pub use process_group::{while_busy, ProcessGroup, Properties};
+pub use process_group::{all_reduce_scalar, while_busy, ProcessGroup, Properties};
 pub use reduce_op::ReduceOp;
 pub use single::SingleProcess;
 pub use stats::CommStats;

@@ -1,6 +1,6 @@
 //! The one interface between a trainer and its ranks.
 
-use candle_core::{Result, Tensor};
+use candle_core::{Device, Result, Tensor};
 
 use super::{CommStats, ReduceOp, Work};
 
@@ -161,6 +161,14 @@ pub trait ProcessGroup: Send {
     /// payload bytes of each collective. Take a snapshot before a step and
     /// compare with [`CommStats::since`].
     fn stats(&self) -> CommStats;
+}
+
+/// `value` reduced over the ranks of `pg` with `op`, carried as one f32 on
+/// `device` (the one the group's tensors live on): a loss to log, the parts
+/// of a gradient norm that ranks holding different parameters add up.
+pub fn all_reduce_scalar(pg: &dyn ProcessGroup, value: f64, op: ReduceOp, device: &Device) -> Result<f64> {
+    let mine = Tensor::new(&[value as f32], device)?;
+    Ok(pg.all_reduce(&mine, op)?.to_vec1::<f32>()?[0] as f64)
 }
 
 /// Runs `work` with `pg` marked busy with `what` (see [`ProcessGroup::set_busy`]).

@@ -8,7 +8,8 @@ use candle_core::{Device, Tensor};
 use indicatif::{ProgressBar, ProgressStyle};
 use workbook::data::{DataConfig, Dataset, DistributedSampler};
 use workbook::distributed::{
-    spawn_with_timeout, while_busy, DistEnv, OwnRing, ProcessGroup, ReduceOp, SingleProcess, TcpProcessGroup,
+    all_reduce_scalar, spawn_with_timeout, while_busy, DistEnv, OwnRing, ProcessGroup, ReduceOp, SingleProcess,
+    TcpProcessGroup,
 };
 use workbook::parallel::ddp::Ddp;
 use workbook::parallel::fsdp::FsdpTrainer;
@@ -214,7 +215,8 @@ fn drive(options: &RunOptions, dataset: &Dataset, mut trainer: impl Train, num_p
         let step_span = timeline::span("compute", format!("step {}", trainer.counters().step + 1));
         let stats = trainer.train_step(&batches).map_err(|e| anyhow!("step {}: {e}", trainer.counters().step))?;
         drop(step_span);
-        let loss = mean_over_ranks(trainer.process_group(), stats.loss)?;
+        // Each rank saw only its own batches.
+        let loss = all_reduce_scalar(trainer.process_group(), stats.loss, ReduceOp::Avg, &Device::Cpu)?;
         let counters = trainer.counters();
         let step = counters.step;
         let record = StepRecord {
@@ -321,12 +323,6 @@ fn after_failed_save(options: &RunOptions) -> String {
         ),
         None => "no earlier checkpoint exists: fix the cause (free disk space?) and start again".to_string(),
     }
-}
-
-/// The loss averaged over ranks, for the log (each rank only sees its own batches).
-fn mean_over_ranks(pg: &dyn ProcessGroup, loss: f64) -> Result<f64> {
-    let t = Tensor::new(&[loss as f32], &Device::Cpu)?;
-    Ok(pg.all_reduce(&t, ReduceOp::Avg)?.to_vec1::<f32>()?[0] as f64)
 }
 
 /// Says so when a step was skipped for a non-finite gradient or its loss jumped.

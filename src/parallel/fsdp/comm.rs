@@ -40,10 +40,3 @@ pub(crate) fn reduce_step(pg: &dyn ProcessGroup, grad: Tensor, plan: &ShardingPl
         (false, false) => pg.all_reduce(&grad, ReduceOp::Avg),
     }
 }
-
-/// The sum of every rank's `local` value (each rank holding a different part
-/// of the gradient, say), in f32 on `like`'s device.
-pub(crate) fn sum_over_ranks(pg: &dyn ProcessGroup, local: f64, like: &Tensor) -> Result<f64> {
-    let mine = Tensor::new(&[local as f32], like.device())?;
-    Ok(pg.all_reduce(&mine, ReduceOp::Sum)?.to_vec1::<f32>()?[0] as f64)
-}

@@ -31,7 +31,6 @@ use std::sync::Arc;
 use candle_core::{bail, Result, Tensor};
 use serde::{Deserialize, Serialize};
 
-use super::comm;
 use super::step::{self, Gathered, ShardedBlock, Step};
 use super::units::check_units;
 use super::{
@@ -39,7 +38,7 @@ use super::{
     ShardingPlan, ShardingStrategy, StepLedger,
 };
 use crate::autograd::{clip_factor, sum_of_squares};
-use crate::distributed::ProcessGroup;
+use crate::distributed::{all_reduce_scalar, ProcessGroup, ReduceOp};
 use crate::memory::held_after;
 use crate::model::{Block, ForwardPass, Gpt, GptConfig, Outer, ParamStore, RotaryCache};
 use crate::parallel::ddp::broadcast_parameters;
@@ -261,7 +260,7 @@ impl FsdpTrainer {
         let mut sum_sq = sum_of_squares(grads)?;
         if self.plan.optimizer_state && self.pg.world_size() > 1 {
             // Each rank holds a different part of the gradient: add up the parts.
-            sum_sq = comm::sum_over_ranks(self.pg.as_ref(), sum_sq, &grads[0])?;
+            sum_sq = all_reduce_scalar(self.pg.as_ref(), sum_sq, ReduceOp::Sum, grads[0].device())?;
         }
         Ok(sum_sq.sqrt())
     }

@@ -17,7 +17,7 @@ use candle_core::{bail, DType, Device, Result, Tensor};
 
 use super::{stage_holding, PipelineStage};
 use crate::autograd::{clip_factor, sum_of_squares};
-use crate::distributed::{ProcessGroup, ReduceOp};
+use crate::distributed::{all_reduce_scalar, ProcessGroup, ReduceOp};
 use crate::model::{param_specs, GptConfig, ParamStore};
 use crate::phase2_training::param_groups;
 use crate::phase4_under_the_hood::gpipe_step;
@@ -83,8 +83,9 @@ impl Train for PipelineTrainer {
         let last = pg.world_size() - 1;
         let step = gpipe_step(pg, &self.stage, micro_batches)?;
         let mut grads = step.grads;
-        let local = Tensor::new(&[sum_of_squares(grads.iter().map(|(_, g)| g))? as f32], &Device::Cpu)?;
-        let grad_norm = (pg.all_reduce(&local, ReduceOp::Sum)?.to_vec1::<f32>()?[0] as f64).sqrt();
+        // The stages hold different parameters: their sums of squares add up.
+        let sum_sq = sum_of_squares(grads.iter().map(|(_, g)| g))?;
+        let grad_norm = all_reduce_scalar(pg, sum_sq, ReduceOp::Sum, &Device::Cpu)?.sqrt();
         let lr = self.config.schedule.lr(self.step);
         if grad_norm.is_finite() {
             if let Some(factor) = clip_factor(grad_norm, self.config.max_grad_norm) {
