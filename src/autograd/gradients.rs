@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use candle_core::backprop::GradStore;
-use candle_core::{DType, Result, Tensor};
+use candle_core::{DType, Result, Tensor, Var};
 
 use crate::model::ParamStore;
 
@@ -22,11 +22,7 @@ impl Gradients {
     pub fn from_store(params: &ParamStore, store: &GradStore) -> Result<Self> {
         let mut by_name = BTreeMap::new();
         for (name, var) in params.iter() {
-            let grad = match store.get(var) {
-                Some(g) => g.to_dtype(DType::F32)?,
-                None => var.zeros_like()?.to_dtype(DType::F32)?,
-            };
-            by_name.insert(name.to_string(), grad.detach());
+            by_name.insert(name.to_string(), gradient_of(var, store)?);
         }
         Ok(Self { by_name })
     }
@@ -98,6 +94,16 @@ impl Gradients {
         }
         Ok(norm)
     }
+}
+
+/// The gradient of `var` in `store` as f32, detached; zero when `var` did not
+/// reach the loss.
+pub fn gradient_of(var: &Var, store: &GradStore) -> Result<Tensor> {
+    let grad = match store.get(var) {
+        Some(g) => g.to_dtype(DType::F32)?,
+        None => var.zeros_like()?.to_dtype(DType::F32)?,
+    };
+    Ok(grad.detach())
 }
 
 /// The sum of the squares of every element of `grads` (f32 tensors), each

@@ -20,7 +20,7 @@ use candle_core::backprop::GradStore;
 use candle_core::{bail, Result, Tensor};
 
 use super::Ddp;
-use crate::autograd::Gradients;
+use crate::autograd::{gradient_of, Gradients};
 use crate::model::{layer_of, param_specs, ForwardPass, GptConfig, ParamStore};
 use crate::phase4_under_the_hood::overlapped_all_reduce;
 use crate::train::{StepStats, Trainer};
@@ -69,16 +69,12 @@ fn send_when_final(
     let in_backward_order: Vec<String> = param_specs(config).into_iter().rev().map(|spec| spec.name).collect();
     let send = |grads: &GradStore, stage: Stage| -> Result<bool> {
         for name in in_backward_order.iter().filter(|name| final_after(name) == stage) {
-            let var = params.get(name)?;
-            let this = match grads.get(var) {
-                Some(g) => (g.to_dtype(candle_core::DType::F32)? * scale)?,
-                None => var.zeros_like()?.to_dtype(candle_core::DType::F32)?,
-            };
+            let this = (gradient_of(params.get(name)?, grads)? * scale)?;
             let total = match earlier.get(name) {
                 Some(sum) => (sum + this)?,
                 None => this,
             };
-            if ready.send((name.clone(), total.detach())).is_err() {
+            if ready.send((name.clone(), total)).is_err() {
                 return Ok(false); // the all-reduce stopped: its error is the one to report
             }
         }
