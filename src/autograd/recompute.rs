@@ -112,11 +112,11 @@ impl Recompute {
         let Some(grad_y) = grads.remove(record.output.as_tensor()) else {
             return Ok(()); // the output did not reach the loss
         };
-        let recomputed = match record.kept {
-            Some(_) => None,
-            None => Some(Replay::run(record.module.as_ref(), &record.input)?),
+        let mut recomputed = None;
+        let replay = match &record.kept {
+            Some(kept) => kept,
+            None => recomputed.insert(Replay::run(record.module.as_ref(), &record.input)?),
         };
-        let Some(replay) = record.kept.as_ref().or(recomputed.as_ref()) else { unreachable!("one of the two is set") };
         let mut local = vjp(&replay.output, &grad_y)?;
         let grad_x = local.remove(replay.input.as_tensor());
         drop(recomputed); // its activations are no longer needed
