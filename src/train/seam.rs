@@ -39,12 +39,6 @@ pub trait Train {
     fn load_checkpoint(&mut self, dir: &Path) -> Result<Option<DataPosition>>;
     fn counters(&self) -> StepCounters;
     fn process_group(&self) -> &dyn ProcessGroup;
-    /// This rank's place among the ranks that split the data, and their
-    /// number: every rank of the process group, unless the ranks split the
-    /// model instead (a pipeline's stages all read the same batch).
-    fn data_parallel(&self) -> (usize, usize) {
-        (self.process_group().rank(), self.process_group().world_size())
-    }
     /// How the trainer splits the work across ranks, in words.
     fn layout(&self) -> String;
     /// What the run should print at its end about how it used memory and the network.

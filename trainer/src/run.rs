@@ -165,7 +165,9 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>) 
 fn drive(options: &RunOptions, dataset: &Dataset, mut trainer: impl Train, num_params: usize) -> Result<Summary> {
     let (rank, world) = (trainer.process_group().rank(), trainer.process_group().world_size());
     let is_logger = rank == 0;
-    let (data_rank, data_ranks) = trainer.data_parallel();
+    // The ranks that split the data: all of them, or one in a pipeline, whose stages read the same batch.
+    let data_ranks = options.strategy.data_parallel_size(world);
+    let data_rank = rank % data_ranks;
     if options.trace {
         // Thread ranks share this process, and so its timeline: one track each.
         match DistEnv::from_env()?.is_none() && world > 1 {

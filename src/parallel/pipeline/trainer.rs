@@ -160,11 +160,6 @@ impl Train for PipelineTrainer {
         self.pg.as_ref()
     }
 
-    /// One rank: the whole batch is its data, whichever stage it runs.
-    fn data_parallel(&self) -> (usize, usize) {
-        (0, 1)
-    }
-
     fn layout(&self) -> String {
         format!("a GPipe pipeline of {} stages, one per rank", self.pg.world_size())
     }
