@@ -62,6 +62,15 @@ impl OptimizerSettings {
     }
 }
 
+/// `--bucket-cap-mb`: a size in megabytes (0.5 allowed, as PyTorch's
+/// `bucket_cap_mb`), as bytes; at least one.
+pub fn bucket_cap_bytes(text: &str) -> Result<usize, String> {
+    match text.parse::<f64>() {
+        Ok(mb) if mb.is_finite() && mb * 1024.0 * 1024.0 >= 1.0 => Ok((mb * 1024.0 * 1024.0) as usize),
+        _ => Err(format!("`{text}` is not a size in megabytes above zero (e.g. 25 or 0.5)")),
+    }
+}
+
 /// The workbook's directory: where `configs/` and `datasets/` are. Found when
 /// the program runs, not fixed when it is built, so a moved or copied workbook
 /// works: `WORKBOOK_ROOT` if set, else the nearest directory holding

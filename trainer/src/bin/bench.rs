@@ -9,13 +9,14 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Result};
 use clap::Parser;
-use trainer::config::RunConfig;
+use trainer::config::{bucket_cap_bytes, RunConfig};
 use trainer::launching::RankKind;
 use trainer::metrics::read_log;
 use trainer::run::{train, RunOptions};
 use trainer::strategy::Strategy;
 use workbook::data::{DataConfig, DatasetKind};
 use workbook::distributed::{relaunch_self, DistEnv, LaunchConfig, DEFAULT_TIMEOUT};
+use workbook::parallel::ddp::DEFAULT_BUCKET_BYTES;
 
 /// Where the ranks of a multi-process bench write their metrics, for the
 /// process that started them to read.
@@ -60,8 +61,8 @@ struct Args {
     #[arg(long, conflicts_with_all = ["powersgd_rank", "ddp_overlap"])]
     pipeline: bool,
     /// The most megabytes of gradients one all-reduce carries.
-    #[arg(long, default_value_t = 25.0)]
-    bucket_cap_mb: f64,
+    #[arg(long = "bucket-cap-mb", value_name = "MB", default_value = "25", value_parser = bucket_cap_bytes)]
+    bucket_bytes: usize,
 }
 
 /// The allocator `train` runs with, so that the bench measures what it runs.
@@ -123,7 +124,7 @@ fn run(args: Args) -> Result<()> {
         own_ring: args.allreduce == "ring",
         powersgd_rank: args.powersgd_rank,
         ddp_overlap: args.ddp_overlap,
-        bucket_bytes: (args.bucket_cap_mb * 1024.0 * 1024.0) as usize,
+        bucket_bytes: args.bucket_bytes,
         trace: false,
         log_every: usize::MAX,
         timeout: DEFAULT_TIMEOUT,
@@ -159,8 +160,8 @@ fn report(args: &Args, config: &RunConfig, out_dir: &Path) -> Result<()> {
     if args.ddp_overlap {
         setup.push_str(", buckets overlapped with backward");
     }
-    if args.bucket_cap_mb != 25.0 {
-        setup.push_str(&format!(", {} MB buckets", args.bucket_cap_mb));
+    if args.bucket_bytes != DEFAULT_BUCKET_BYTES {
+        setup.push_str(&format!(", {} MB buckets", args.bucket_bytes as f64 / (1024.0 * 1024.0)));
     }
     let threads = nproc * trainer::kernel_threads();
     println!(

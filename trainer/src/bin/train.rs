@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use trainer::checkpoints;
 use trainer::config::workbook_root;
-use trainer::config::RunConfig;
+use trainer::config::{bucket_cap_bytes, RunConfig};
 use trainer::launching::{LaunchArgs, RankKind};
 use trainer::model_dir::ModelDir;
 use trainer::run::{open_dataset, peak_memory_mib, recorded_data_path, train, RunOptions};
@@ -109,8 +109,8 @@ struct Args {
     #[arg(long, conflicts_with = "powersgd_rank")]
     ddp_overlap: bool,
     /// With --strategy ddp: the most megabytes of gradients one all-reduce carries (PyTorch's bucket_cap_mb).
-    #[arg(long, default_value_t = 25.0, value_parser = positive_megabytes)]
-    bucket_cap_mb: f64,
+    #[arg(long = "bucket-cap-mb", value_name = "MB", default_value = "25", value_parser = bucket_cap_bytes)]
+    bucket_bytes: usize,
     /// Record what every rank did when into <checkpoint-dir>/trace.json, a
     /// Chrome trace (open it in https://ui.perfetto.dev).
     #[arg(long)]
@@ -209,7 +209,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         own_ring: args.allreduce == "ring",
         powersgd_rank: args.powersgd_rank.map(|r| r as usize),
         ddp_overlap: args.ddp_overlap,
-        bucket_bytes: (args.bucket_cap_mb * 1024.0 * 1024.0) as usize,
+        bucket_bytes: args.bucket_bytes,
         trace: args.trace,
         log_every: args.log_every.max(1),
         timeout: args.launch.timeout.map_or(DEFAULT_TIMEOUT, std::time::Duration::from_secs),
@@ -281,13 +281,6 @@ fn pipeline(stages: usize, strategy: &str, world_size: usize) -> anyhow::Result<
         );
     }
     Ok(Strategy::Pipeline)
-}
-
-fn positive_megabytes(text: &str) -> Result<f64, String> {
-    match text.parse::<f64>() {
-        Ok(mb) if mb.is_finite() && mb * 1024.0 * 1024.0 >= 1.0 => Ok(mb),
-        _ => Err(format!("`{text}` is not a size in megabytes above zero (e.g. 25 or 0.5)")),
-    }
 }
 
 fn override_with<T>(slot: &mut T, value: Option<T>) {
