@@ -198,7 +198,8 @@ impl AdamW {
     pub fn load_state(&mut self, steps: u64, tensors: &HashMap<String, Tensor>, params: &ParamStore) -> Result<()> {
         let mut moments = HashMap::new();
         for name in self.groups.iter().flat_map(|g| &g.names) {
-            let shape = params.get(name)?.shape().clone();
+            let param = params.get(name)?;
+            let shape = param.shape().clone();
             let read = |kind: &str| -> Result<Tensor> {
                 let key = format!("{kind}.{name}");
                 let Some(t) = tensors.get(&key) else {
@@ -207,7 +208,8 @@ impl AdamW {
                 if t.shape() != &shape {
                     bail!("optimizer state `{key}` has shape {:?}, the parameter has {:?}", t.shape(), shape);
                 }
-                t.to_dtype(DType::F32)
+                // Checkpoints are read onto the CPU; the moments live beside their parameter.
+                t.to_dtype(DType::F32)?.to_device(param.device())
             };
             if steps > 0 {
                 moments.insert(name.clone(), Moments { exp_avg: read("exp_avg")?, exp_avg_sq: read("exp_avg_sq")? });

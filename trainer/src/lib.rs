@@ -5,6 +5,7 @@
 //! `train` and `infer` (in `src/bin/`) are thin command lines over this library.
 
 pub mod checkpoints;
+pub mod compute;
 pub mod config;
 pub mod generate;
 pub mod launching;

@@ -9,7 +9,6 @@ use indicatif::{ProgressBar, ProgressStyle};
 use workbook::data::{DataConfig, Dataset, DistributedSampler};
 use workbook::distributed::{
     all_reduce_scalar, spawn_with_timeout, while_busy, DistEnv, OwnRing, ProcessGroup, ReduceOp, SingleProcess,
-    TcpProcessGroup,
 };
 use workbook::parallel::ddp::Ddp;
 use workbook::parallel::fsdp::FsdpTrainer;
@@ -19,6 +18,7 @@ use workbook::train::{DataPosition, StepStats, Train, Trainer};
 use workbook::{init_params, ParamStore};
 
 use crate::checkpoints;
+use crate::compute::{self, Backend, DeviceKind};
 use crate::config::{workbook_root, RunConfig};
 use crate::metrics::{self, loss_curve_svg, read_log, MetricsLog, StepRecord};
 use crate::model_dir::ModelDir;
@@ -30,6 +30,10 @@ pub struct RunOptions {
     pub config: RunConfig,
     pub data: DataConfig,
     pub nproc: usize,
+    /// The CPU, or one GPU per rank.
+    pub device: DeviceKind,
+    /// What carries the collectives when ranks are processes.
+    pub backend: Backend,
     pub seed: u64,
     /// Where checkpoints, `metrics.jsonl` and `loss.svg` go.
     pub out_dir: PathBuf,
@@ -89,6 +93,10 @@ pub fn train(options: &RunOptions) -> Result<Summary> {
         }
     }
     options.config.validate(options.strategy.data_parallel_size(options.nproc))?;
+    options.backend.check(options.device)?;
+    if options.backend == Backend::Nccl && launched.is_none() && options.nproc > 1 {
+        bail!("NCCL's ranks are processes, one per GPU: drop --ranks threads, or use --backend tcp");
+    }
     // A rank started by a launcher finds the directory already taken by it.
     let _lock = match launched {
         None => Some(checkpoints::take(&options.out_dir, options.resume.is_some(), options.overwrite)?),
@@ -98,15 +106,20 @@ pub fn train(options: &RunOptions) -> Result<Summary> {
         .with_context(|| format!("cannot create {}", options.out_dir.display()))?;
     let dataset = open_dataset(&options.data)?;
     if let Some(env) = launched {
-        let pg =
-            TcpProcessGroup::init(&env.rendezvous()).map_err(|e| anyhow!("rank {} joining the job: {e}", env.rank))?;
-        return run_rank(options, &dataset, Box::new(pg));
+        let device = compute::rank_device(options.device, env.local_rank, options.backend)?;
+        let pg = compute::join(&env, options.backend, &device)?;
+        return run_rank(options, &dataset, pg, &device);
     }
     if options.nproc == 1 {
-        return run_rank(options, &dataset, Box::new(SingleProcess::new()));
+        let device = compute::rank_device(options.device, 0, options.backend)?;
+        return run_rank(options, &dataset, Box::new(SingleProcess::new()), &device);
     }
     let mut summaries = spawn_with_timeout(options.nproc, options.timeout, |pg| {
-        run_rank(options, &dataset, Box::new(pg)).map_err(|e| candle_core::Error::Msg(format!("{e:#}")))
+        let run = || {
+            let device = compute::rank_device(options.device, pg.rank(), options.backend)?;
+            run_rank(options, &dataset, Box::new(pg), &device)
+        };
+        run().map_err(|e| candle_core::Error::Msg(format!("{e:#}")))
     })?;
     Ok(summaries.swap_remove(0))
 }
@@ -127,14 +140,17 @@ pub fn open_dataset(config: &DataConfig) -> Result<Dataset> {
     Ok(dataset)
 }
 
-/// One rank's run: its trainer, by strategy, driven by [`drive`].
-fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>) -> Result<Summary> {
+/// One rank's run on `device`: its trainer, by strategy, driven by [`drive`].
+fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>, device: &Device) -> Result<Summary> {
     let pg: Box<dyn ProcessGroup> = if options.own_ring { Box::new(OwnRing::around(pg)) } else { pg };
     let model_config = options.config.model.clone();
     let params = match &options.init_from {
-        Some(dir) => ParamStore::from_tensors(ModelDir::open(dir)?.params)?,
-        None => init_params(&model_config, options.seed, &Device::Cpu)
-            .map_err(|e| anyhow!("initialising the model: {e}"))?,
+        Some(dir) => {
+            let params = ModelDir::open(dir)?.params.into_iter().map(|(name, t)| Ok((name, t.to_device(device)?)));
+            ParamStore::from_tensors(params.collect::<Result<Vec<_>>>()?)?
+        }
+        // The same numbers on every device: drawn on the CPU, then copied.
+        None => init_params(&model_config, options.seed, device).map_err(|e| anyhow!("initialising the model: {e}"))?,
     };
     let num_params = params.num_params();
     let train_config = options.config.train_config(options.activation_checkpointing);
@@ -147,22 +163,28 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>) 
             let ddp = ddp.with_bucket_bytes(options.bucket_bytes);
             let ddp = if options.ddp_overlap { ddp.with_overlap() } else { ddp };
             let trainer = Trainer::new(&model_config, params, train_config, ddp)?;
-            drive(options, dataset, trainer, num_params)
+            drive(options, dataset, trainer, device, num_params)
         }
         Strategy::Fsdp(fsdp) => {
             let trainer = FsdpTrainer::new(&model_config, params, train_config, fsdp, pg)?;
-            drive(options, dataset, trainer, num_params)
+            drive(options, dataset, trainer, device, num_params)
         }
         Strategy::Pipeline => {
             let trainer = PipelineTrainer::new(&model_config, &params, train_config, pg)?;
             drop(params); // each stage keeps only its own parameters
-            drive(options, dataset, trainer, num_params)
+            drive(options, dataset, trainer, device, num_params)
         }
     }
 }
 
-/// The loop one rank runs; rank 0 also logs and writes checkpoints.
-fn drive(options: &RunOptions, dataset: &Dataset, mut trainer: impl Train, num_params: usize) -> Result<Summary> {
+/// The loop one rank runs on `device`; rank 0 also logs and writes checkpoints.
+fn drive(
+    options: &RunOptions,
+    dataset: &Dataset,
+    mut trainer: impl Train,
+    device: &Device,
+    num_params: usize,
+) -> Result<Summary> {
     let (rank, world) = (trainer.process_group().rank(), trainer.process_group().world_size());
     let is_logger = rank == 0;
     // The ranks that split the data: all of them, or one in a pipeline, whose stages read the same batch.
@@ -200,7 +222,7 @@ fn drive(options: &RunOptions, dataset: &Dataset, mut trainer: impl Train, num_p
         }
     }
     if is_logger {
-        print_plan(options, dataset, num_params);
+        print_plan(options, dataset, device, num_params);
     }
     let mut log = if is_logger { Some(MetricsLog::append_to(&options.out_dir.join("metrics.jsonl"))?) } else { None };
     let bar = progress_bar(is_logger, trainer.counters().step, config.max_steps);
@@ -211,14 +233,14 @@ fn drive(options: &RunOptions, dataset: &Dataset, mut trainer: impl Train, num_p
     while trainer.counters().step < config.max_steps {
         let step_start = Instant::now();
         let batches = (0..config.grad_accum_steps)
-            .map(|_| dataset.batch(&sampler.next_batch(per_rank_batch), &Device::Cpu))
+            .map(|_| dataset.batch(&sampler.next_batch(per_rank_batch), device))
             .collect::<candle_core::Result<Vec<Tensor>>>()?;
         let skipped_before = trainer.counters().skipped_steps;
         let step_span = timeline::span("compute", format!("step {}", trainer.counters().step + 1));
         let stats = trainer.train_step(&batches).map_err(|e| anyhow!("step {}: {e}", trainer.counters().step))?;
         drop(step_span);
         // Each rank saw only its own batches.
-        let loss = all_reduce_scalar(trainer.process_group(), stats.loss, ReduceOp::Avg, &Device::Cpu)?;
+        let loss = all_reduce_scalar(trainer.process_group(), stats.loss, ReduceOp::Avg, device)?;
         let counters = trainer.counters();
         let step = counters.step;
         let record = StepRecord {
@@ -369,7 +391,7 @@ fn progress_bar(visible: bool, position: usize, len: usize) -> ProgressBar {
     bar
 }
 
-fn print_plan(options: &RunOptions, dataset: &Dataset, num_params: usize) {
+fn print_plan(options: &RunOptions, dataset: &Dataset, device: &Device, num_params: usize) {
     let c = &options.config;
     let memory = num_params * (4 + 4 + 8); // f32 parameters, gradients, two moments
     println!(
@@ -380,6 +402,14 @@ fn print_plan(options: &RunOptions, dataset: &Dataset, num_params: usize) {
         memory as f64 / (1 << 20) as f64
     );
     println!("data: {dataset:?}");
+    if device.is_cuda() {
+        let carrier = match options.backend {
+            Backend::Nccl => "collectives over NCCL",
+            Backend::Tcp => "collectives over TCP through the host",
+        };
+        let carrier = if options.nproc > 1 { format!(", {carrier}") } else { String::new() };
+        println!("device: one CUDA GPU per rank (rank 0 on {:?}){carrier}", device.location());
+    }
     if options.own_ring {
         println!("all-reduce: your ring from exercise 16 (--allreduce ring)");
     }

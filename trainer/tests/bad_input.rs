@@ -91,6 +91,21 @@ fn flags_that_do_not_apply_are_refused() {
     );
 }
 
+/// A GPU asked of a build without CUDA says how to get one; NCCL needs GPUs.
+/// (This suite builds without the `cuda` feature.)
+#[test]
+fn gpu_flags_say_what_they_need() {
+    let dir = scratch("gpu-flags");
+    refused(
+        train(&dir, &["--dataset", "dummy", "--device", "cuda"]),
+        "this build has no CUDA; rebuild with `--features cuda`",
+    );
+    refused(
+        train(&dir, &["--dataset", "dummy", "--backend", "nccl"]),
+        "--backend nccl moves tensors between GPUs: add --device cuda",
+    );
+}
+
 /// Resuming at or past --max-steps has nothing to do, and says so instead of exiting 0.
 #[test]
 fn resuming_with_nothing_left_to_train_says_so() {

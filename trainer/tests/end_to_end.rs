@@ -8,6 +8,7 @@ use common::scratch;
 use std::path::PathBuf;
 
 use trainer::checkpoints;
+use trainer::compute::{Backend, DeviceKind};
 use trainer::config::workbook_root;
 use trainer::config::RunConfig;
 use trainer::run::{train, RunOptions};
@@ -32,6 +33,8 @@ fn options(out_dir: PathBuf, max_steps: usize, nproc: usize) -> RunOptions {
         config,
         data,
         nproc,
+        device: DeviceKind::Cpu,
+        backend: Backend::Tcp,
         seed: 7,
         out_dir,
         checkpoint_every: 10,

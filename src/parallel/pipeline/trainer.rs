@@ -32,6 +32,8 @@ pub struct PipelineTrainer {
     optimizer: AdamW,
     config: TrainConfig,
     pg: Box<dyn ProcessGroup>,
+    /// Where this stage computes: the scalars and buffers it exchanges live there too.
+    device: Device,
     step: usize,
 }
 
@@ -59,7 +61,8 @@ impl PipelineTrainer {
         let groups = param_groups(stage.params(), config.optimizer.weight_decay);
         ParamGroup::decay_by_name(&groups, stage.params())?;
         let optimizer = AdamW::new(groups, config.optimizer.adamw)?;
-        Ok(Self { model_config: model_config.clone(), stage, optimizer, config, pg, step: 0 })
+        let device = params.iter().next().map_or(Device::Cpu, |(_, var)| var.device().clone());
+        Ok(Self { model_config: model_config.clone(), stage, optimizer, config, pg, device, step: 0 })
     }
 
     /// The stage this rank runs.
@@ -85,7 +88,7 @@ impl Train for PipelineTrainer {
         let mut grads = step.grads;
         // The stages hold different parameters: their sums of squares add up.
         let sum_sq = sum_of_squares(grads.iter().map(|(_, g)| g))?;
-        let grad_norm = all_reduce_scalar(pg, sum_sq, ReduceOp::Sum, &Device::Cpu)?.sqrt();
+        let grad_norm = all_reduce_scalar(pg, sum_sq, ReduceOp::Sum, &self.device)?.sqrt();
         let lr = self.config.schedule.lr(self.step);
         if grad_norm.is_finite() {
             if let Some(factor) = clip_factor(grad_norm, self.config.max_grad_norm) {
@@ -95,7 +98,7 @@ impl Train for PipelineTrainer {
         } else {
             self.optimizer.skip_step(); // on every stage, not only the one that saw it
         }
-        let loss = Tensor::new(&[step.loss.unwrap_or(0.0)], &Device::Cpu)?;
+        let loss = Tensor::new(&[step.loss.unwrap_or(0.0)], &self.device)?;
         let loss = pg.broadcast(&loss, last)?.to_vec1::<f32>()?[0] as f64;
         self.step += 1;
         Ok(StepStats { loss, grad_norm, lr, tokens: micro_batches.iter().map(Tensor::elem_count).sum() })
@@ -123,7 +126,7 @@ impl Train for PipelineTrainer {
             self.stage.params().iter().map(|(name, var)| (name.to_string(), var.as_tensor().clone())).collect();
         for stage in 1..pg.world_size() {
             for (name, shape) in self.names_of_stage(stage) {
-                let like = Tensor::zeros(shape, DType::F32, &Device::Cpu)?;
+                let like = Tensor::zeros(shape, DType::F32, &self.device)?;
                 params.insert(name.clone(), pg.recv(&like, stage)?);
                 if has_moments {
                     for moment in moment_names(&name) {
@@ -145,7 +148,7 @@ impl Train for PipelineTrainer {
             let Some(saved) = checkpoint.params.get(name) else {
                 bail!("the checkpoint in {} has no parameter `{name}`", dir.display());
             };
-            var.set(&saved.to_dtype(var.dtype())?)?;
+            var.set(&saved.to_dtype(var.dtype())?.to_device(var.device())?)?;
         }
         self.optimizer.load_state(checkpoint.state.optimizer_steps, &checkpoint.optimizer, self.stage.params())?;
         self.step = checkpoint.state.step;

@@ -1,0 +1,107 @@
+//! Where a rank computes (the CPU or one GPU) and which backend carries its
+//! collectives: PyTorch's `torch.cuda.set_device(local_rank)` and the
+//! `backend=` of `init_process_group`.
+
+use anyhow::{anyhow, bail, Result};
+use candle_core::Device;
+use clap::ValueEnum;
+use workbook::distributed::{DistEnv, ProcessGroup, TcpProcessGroup};
+
+/// What a rank computes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DeviceKind {
+    Cpu,
+    /// One NVIDIA GPU per rank, picked by `LOCAL_RANK` (needs a build with `--features cuda`).
+    Cuda,
+}
+
+/// What carries the collectives between ranks that are processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    /// The workbook's TCP rings (Gloo's role): any device; GPU tensors pass through the host.
+    Tcp,
+    /// NVIDIA's NCCL, GPU to GPU: one GPU per rank (needs a build with `--features nccl`).
+    Nccl,
+}
+
+impl Backend {
+    /// PyTorch's choice: NCCL for GPUs when it is built in, the TCP rings otherwise.
+    pub fn default_for(device: DeviceKind) -> Self {
+        match device {
+            DeviceKind::Cuda if cfg!(feature = "nccl") => Self::Nccl,
+            _ => Self::Tcp,
+        }
+    }
+
+    /// Refuses a backend that cannot serve `device`.
+    pub fn check(self, device: DeviceKind) -> Result<()> {
+        if self == Self::Nccl && device != DeviceKind::Cuda {
+            bail!("--backend nccl moves tensors between GPUs: add --device cuda, or use --backend tcp on the CPU");
+        }
+        if self == Self::Nccl && !cfg!(feature = "nccl") {
+            bail!(
+                "this build has no NCCL: rebuild with `--features nccl` (it needs CUDA's nvcc), or use --backend tcp"
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The device of the rank with `local_rank` on its machine. NCCL drives
+/// exactly one GPU per rank; the TCP backend lets ranks share GPUs in turn
+/// (rank `r` takes GPU `r mod count`), so two ranks can train on one GPU.
+pub fn rank_device(kind: DeviceKind, local_rank: usize, backend: Backend) -> Result<Device> {
+    if kind == DeviceKind::Cpu {
+        return Ok(Device::Cpu);
+    }
+    let count = cuda_device_count()?;
+    if count == 0 {
+        bail!("--device cuda: no CUDA device is visible (check nvidia-smi and CUDA_VISIBLE_DEVICES)");
+    }
+    let ordinal = match backend {
+        Backend::Nccl if local_rank >= count => bail!(
+            "NCCL drives one GPU per rank, but the rank with LOCAL_RANK {local_rank} finds only {count} GPU(s) on \
+             its machine: run at most {count} rank(s) per node, or share the GPUs with --backend tcp"
+        ),
+        Backend::Nccl => local_rank,
+        Backend::Tcp => local_rank % count,
+    };
+    Device::new_cuda(ordinal).map_err(|e| anyhow!("opening GPU {ordinal}: {e}"))
+}
+
+/// Joins the job this process was started in, over `backend`, with this
+/// rank's `device`.
+pub fn join(env: &DistEnv, backend: Backend, device: &Device) -> Result<Box<dyn ProcessGroup>> {
+    let joining = |e: candle_core::Error| anyhow!("rank {} joining the job: {e}", env.rank);
+    match backend {
+        Backend::Tcp => Ok(Box::new(TcpProcessGroup::init(&env.rendezvous()).map_err(joining)?)),
+        Backend::Nccl => join_nccl(env, device).map_err(joining),
+    }
+}
+
+#[cfg(feature = "nccl")]
+fn join_nccl(env: &DistEnv, device: &Device) -> candle_core::Result<Box<dyn ProcessGroup>> {
+    let group = workbook::distributed::NcclProcessGroup::init(&env.rendezvous(), device.as_cuda_device()?)?;
+    Ok(Box::new(group))
+}
+
+#[cfg(not(feature = "nccl"))]
+fn join_nccl(_: &DistEnv, _: &Device) -> candle_core::Result<Box<dyn ProcessGroup>> {
+    candle_core::bail!("this build has no NCCL: rebuild with `--features nccl`")
+}
+
+/// How many CUDA devices this process sees.
+#[cfg(feature = "cuda")]
+fn cuda_device_count() -> Result<usize> {
+    use candle_core::cuda_backend::cudarc::driver::CudaContext;
+    let count = CudaContext::device_count().map_err(|e| anyhow!("asking the CUDA driver for its devices: {e:?}"))?;
+    Ok(count.max(0) as usize)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_device_count() -> Result<usize> {
+    bail!(
+        "--device cuda: this build has no CUDA; rebuild with `--features cuda` (or `nccl` for NCCL too), which \
+         needs CUDA's nvcc (see the guide's chapter on launching)"
+    )
+}
