@@ -32,6 +32,8 @@ mod exercise_23;
 mod data;
 mod distributed;
 mod fsdp_runs;
+#[cfg(feature = "cuda")]
+mod gpu;
 mod kernels;
 mod phase_2;
 mod phase_3;

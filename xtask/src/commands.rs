@@ -6,7 +6,7 @@ use std::io::{IsTerminal, Write};
 
 use anyhow::{bail, Context, Result};
 
-use crate::grading::{phase_filter, Outcome, TestResult, TestRun, TEST_BINARY};
+use crate::grading::{phase_filter, Outcome, Runner, TestResult, TestRun, TEST_BINARY};
 use crate::metadata::{Exercise, Hint};
 use crate::progress::{Progress, State, PROGRESS_FILE};
 use crate::render::{self, bold, dim, green, red};
@@ -184,13 +184,35 @@ fn check_whole_phase(ws: &Workspace, number: u32, exercises_pass: bool) -> Resul
         false => red(&format!("{passed}/{total} checks passed (`cargo test {filter}` shows why)")),
     };
     println!("      {label}  {verdict}");
-    if crate::doctor::cuda_devices().is_some_and(|gpus| !gpus.is_empty()) {
-        println!(
-            "      {}",
-            dim("CUDA devices found: the NCCL backend is not wired into these checks yet; they ran on CPU ranks")
-        );
-    }
-    Ok(Some(passed == total && total > 0))
+    let gpu_passes = match crate::doctor::gpu_build() {
+        Some(feature) => check_on_gpu(ws, feature)?,
+        None => true,
+    };
+    Ok(Some(passed == total && total > 0 && gpu_passes))
+}
+
+/// Runs the single-GPU checks (`tests/graded/gpu.rs`) in a build with the
+/// GPU `feature`: your model and train step on GPU 0 against PyTorch's
+/// numbers, and with NCCL a one-rank NCCL group.
+fn check_on_gpu(ws: &Workspace, feature: &'static str) -> Result<bool> {
+    let label = "single-GPU checks (GPU 0)";
+    println!(
+        "      {}",
+        dim(&format!(
+            "a CUDA device is here: building with --features {feature} (the first build compiles candle's CUDA kernels, minutes)"
+        ))
+    );
+    let filter = "gpu::".to_string();
+    let run = Runner { gpu: Some(feature), ..ws.runner() }.run(std::slice::from_ref(&filter))?;
+    let (passed, total) = count(run.under(&filter));
+    let verdict = match passed == total && total > 0 {
+        true => green(&format!("{passed}/{total} checks passed")),
+        false => red(&format!(
+            "{passed}/{total} checks passed (`cargo test --test graded --features {feature} gpu::` shows why)"
+        )),
+    };
+    println!("      {label}  {verdict}");
+    Ok(passed == total && total > 0)
 }
 
 /// Prints the hint's tiers read so far (at least the first; with `more`, one

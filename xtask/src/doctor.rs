@@ -7,9 +7,17 @@ use std::process::Command;
 
 use crate::render::{bold, dim};
 
-/// The libraries a GPU build links or loads, by the name the loader looks for.
-const GPU_LIBRARIES: [(&str, &str); 3] =
-    [("CUDA driver", "libcuda.so.1"), ("CUDA runtime", "libcudart.so"), ("NCCL", "libnccl.so")];
+/// The libraries a GPU build links, by the name the loader looks for; NCCL
+/// only with the `nccl` feature.
+const CUDA_LIBRARIES: [(&str, &str); 6] = [
+    ("CUDA driver", "libcuda.so.1"),
+    ("CUDA runtime", "libcudart.so"),
+    ("cuBLAS", "libcublas.so"),
+    ("cuBLASLt", "libcublasLt.so"),
+    ("cuRAND", "libcurand.so"),
+    ("NVRTC", "libnvrtc.so"),
+];
+const NCCL_LIBRARY: (&str, &str) = ("NCCL", "libnccl.so");
 
 pub fn doctor() -> anyhow::Result<bool> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -21,7 +29,7 @@ pub fn doctor() -> anyhow::Result<bool> {
         Some(_) => row("CUDA devices", "none (nvidia-smi lists no GPU)"),
         None => row("CUDA devices", "none (no nvidia-smi)"),
     }
-    for (what, name) in GPU_LIBRARIES {
+    for (what, name) in CUDA_LIBRARIES.iter().chain([&NCCL_LIBRARY]) {
         let found = find_library(name).map_or_else(|| "not found".to_string(), |p| p.display().to_string());
         row(&format!("{what} ({name})"), &found);
     }
@@ -35,18 +43,44 @@ pub fn doctor() -> anyhow::Result<bool> {
         "multi-rank checks",
         "CPU ranks: threads in the graded tests, one process per rank in the process tests and `cargo train --nproc N`",
     );
-    let gpu = match gpus.as_ref().is_some_and(|l| !l.is_empty()) {
-        true => {
-            "not used yet: the NCCL backend (--features nccl) is type-checked but not wired into train or the checks"
-        }
-        false => "none here; the NCCL backend (--features nccl) needs CUDA devices, the CUDA toolkit and NCCL",
+    let gpu = match (gpu_build(), gpus.as_ref().is_some_and(|l| !l.is_empty())) {
+        (Some(feature), _) => format!(
+            "`check-phase` also builds with --features {feature} and runs the GPU checks (`gpu::`) on GPU 0; \
+             train on GPUs with `cargo train --device cuda` (--nproc N: NCCL, one GPU per rank)"
+        ),
+        (None, true) => format!("not used: {}", gpu_missing().join(", ")),
+        (None, false) => "none here; train and the GPU checks run on CUDA devices with the CUDA toolkit".to_string(),
     };
-    row("GPUs", gpu);
+    row("GPUs", &gpu);
     Ok(true)
 }
 
+/// The GPU feature a build can have here (`nccl`, or `cuda` where NCCL is
+/// missing), or `None` when a CUDA device, nvcc or a CUDA library is missing.
+pub fn gpu_build() -> Option<&'static str> {
+    if !gpu_missing().is_empty() {
+        return None;
+    }
+    Some(if find_library(NCCL_LIBRARY.1).is_some() { "nccl" } else { "cuda" })
+}
+
+/// What this machine lacks for a CUDA build that runs, in words.
+fn gpu_missing() -> Vec<String> {
+    let mut missing = Vec::new();
+    if cuda_devices().is_none_or(|gpus| gpus.is_empty()) {
+        missing.push("no CUDA device".to_string());
+    }
+    if find_on_path("nvcc").is_none() {
+        missing.push("no nvcc on the PATH (candle compiles its CUDA kernels with it)".to_string());
+    }
+    missing.extend(
+        CUDA_LIBRARIES.iter().filter(|(_, name)| find_library(name).is_none()).map(|(_, name)| format!("no {name}")),
+    );
+    missing
+}
+
 /// The GPUs `nvidia-smi -L` lists, or `None` when it cannot be run.
-pub fn cuda_devices() -> Option<Vec<String>> {
+fn cuda_devices() -> Option<Vec<String>> {
     let out = Command::new("nvidia-smi").arg("-L").output().ok()?;
     let text = String::from_utf8_lossy(&out.stdout);
     Some(text.lines().filter(|l| l.starts_with("GPU")).map(str::to_string).collect())

@@ -48,13 +48,24 @@ pub struct Runner {
     /// Keep cargo's build output to ourselves unless the build fails (for
     /// verify's planted builds, whose warnings are the plants' own).
     pub quiet_build: bool,
+    /// A GPU feature to build with as well (`cuda` or `nccl`), for the GPU checks.
+    pub gpu: Option<&'static str>,
 }
 
 impl Runner {
     /// The cargo command, without test filters, as a learner would type it.
     pub fn command_line(&self) -> String {
-        let features = if self.solutions { " --features solutions" } else { "" };
+        let features = match self.features() {
+            Some(features) => format!(" --features {features}"),
+            None => String::new(),
+        };
         format!("cargo test --test {TEST_BINARY}{features} --no-fail-fast")
+    }
+
+    /// The cargo features of the build, comma-separated, if any.
+    fn features(&self) -> Option<String> {
+        let features: Vec<&str> = self.solutions.then_some("solutions").into_iter().chain(self.gpu).collect();
+        (!features.is_empty()).then(|| features.join(","))
     }
 
     /// Runs the tests whose names contain any of `filters` (all when empty).
@@ -63,8 +74,8 @@ impl Runner {
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let mut command = Command::new(cargo);
         command.current_dir(&self.root).args(["test", "--test", TEST_BINARY, "--no-fail-fast"]);
-        if self.solutions {
-            command.args(["--features", "solutions"]);
+        if let Some(features) = self.features() {
+            command.args(["--features", &features]);
         }
         let colour_unset = ["NO_COLOR", "CARGO_TERM_COLOR"].iter().all(|var| std::env::var_os(var).is_none());
         if colour_unset && std::io::stderr().is_terminal() {

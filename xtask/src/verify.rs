@@ -297,7 +297,7 @@ fn exists(ws: &Workspace, path: &Path, what: &str, tally: &mut Tally) {
 /// Opens a section titled `title`, runs the whole graded binary on the
 /// solutions or the stubs, and checks that the run finished.
 fn run_section(ws: &Workspace, solutions: bool, title: &str, tally: &mut Tally) -> Option<TestRun> {
-    let runner = Runner { root: ws.root.clone(), solutions, quiet_build: false };
+    let runner = Runner { root: ws.root.clone(), solutions, quiet_build: false, gpu: None };
     tally.section(&format!("{title} ({})", runner.command_line()));
     let run = match runner.run(&[]) {
         Ok(run) => run,
@@ -399,7 +399,7 @@ fn planted_mistakes(ws: &Workspace, tally: &mut Tally) {
         };
         let filters: Vec<String> = exercises.iter().map(|e| e.test_filter()).collect();
         let run = planted::Planted::write(ws, &build).and_then(|planted| {
-            let run = Runner { root: ws.root.clone(), solutions: true, quiet_build: true }.run(&filters);
+            let run = Runner { root: ws.root.clone(), solutions: true, quiet_build: true, gpu: None }.run(&filters);
             drop(planted);
             run
         });

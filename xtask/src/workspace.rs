@@ -31,7 +31,7 @@ impl Workspace {
 
     /// Runs the graded tests on the code this workspace grades.
     pub fn runner(&self) -> Runner {
-        Runner { root: self.root.clone(), solutions: self.solutions, quiet_build: false }
+        Runner { root: self.root.clone(), solutions: self.solutions, quiet_build: false, gpu: None }
     }
 
     /// Whether there is something to grade: always with `--solutions`,

@@ -1,0 +1,129 @@
+//! The single-GPU checks (a build with `--features cuda`, on a machine with an
+//! NVIDIA GPU; `cargo xtask check-phase` runs them when `doctor` finds one).
+//! Your model and train step computed on GPU 0 must give PyTorch's numbers,
+//! as they do on the CPU: the same fixtures as exercises 7 and 10, moved to
+//! the GPU. With `--features nccl`, a one-rank NCCL group must hand back what
+//! it is given (NCCL refuses two ranks on one GPU, so a single GPU can show no
+//! more of it).
+
+use candle_core::{DType, Device, Tensor};
+use workbook::parallel::ddp::Ddp;
+use workbook::train::Trainer;
+use workbook::{param_specs, Gpt, ParamStore};
+
+use crate::exercise_10::{micro_batch, model_config, train_config};
+use crate::support::{expect_close, expect_update_close, fixture, ok, Fixture, Tol};
+
+/// cuBLAS sums in another order than the CPU's kernels; float32 throughout.
+const LOGITS: Tol = Tol { atol: 1e-4, rtol: 1e-4 };
+const GRADS: Tol = Tol { atol: 1e-5, rtol: 1e-3 };
+/// Relative L2 error of a parameter's update over two steps, as exercise 10 allows.
+const UPDATE: f64 = 1e-3;
+
+fn gpu() -> Device {
+    match Device::new_cuda(0) {
+        Ok(device) => device,
+        Err(e) => panic!("these checks need CUDA device 0, and opening it failed: {e}"),
+    }
+}
+
+/// The fixture's parameters of `names`, on `device`.
+fn params_on(f: &Fixture, names: impl Iterator<Item = (String, String)>, device: &Device) -> ParamStore {
+    let tensors = names.map(|(name, key)| (name, f.get(&key).to_device(device).unwrap()));
+    ParamStore::from_tensors(tensors).unwrap()
+}
+
+fn on_cpu(t: &Tensor) -> Tensor {
+    t.to_device(&Device::Cpu).unwrap()
+}
+
+#[test]
+fn the_model_on_the_gpu_gives_pytorchs_logits_loss_and_gradients() {
+    let (f, device) = (fixture(7), gpu());
+    let config = f.model_config();
+    let params = params_on(&f, param_specs(&config).into_iter().map(|s| (s.name.clone(), s.name)), &device);
+    let gpt = ok(Gpt::new(&config, &params), "Gpt::new on the GPU");
+    let (idx, labels) = (f.get("idx").to_device(&device).unwrap(), f.get("labels").to_device(&device).unwrap());
+    let pass = ok(gpt.forward(&idx, Some(&labels)), "Gpt::forward on the GPU");
+    assert!(pass.logits.device().is_cuda(), "the logits were computed on {:?}, not on the GPU", pass.logits.device());
+    expect_close(&on_cpu(&pass.logits), &f.get("logits"), LOGITS, "logits on the GPU", &[]);
+    let loss = pass.loss.as_ref().expect("forward with labels returns a loss");
+    let loss = loss.to_dtype(DType::F64).unwrap().flatten_all().unwrap().to_vec1::<f64>().unwrap()[0];
+    assert!((loss - f.scalar("loss")).abs() <= 1e-4, "the loss on the GPU is {loss}, PyTorch's {}", f.scalar("loss"));
+    let grads = ok(pass.backward(), "ForwardPass::backward on the GPU");
+    for (name, var) in params.iter() {
+        let Some(g) = grads.get(var) else { panic!("no gradient reached {name} on the GPU") };
+        expect_close(
+            &on_cpu(g),
+            &f.get(&format!("grad.{name}")),
+            GRADS,
+            &format!("gradient of {name} on the GPU"),
+            &[],
+        );
+    }
+}
+
+#[test]
+fn two_train_steps_on_the_gpu_match_pytorch() {
+    let (f, device) = (fixture(10), gpu());
+    let names = param_specs(&model_config(&f)).into_iter().map(|s| (s.name.clone(), format!("param.{}", s.name)));
+    let params = params_on(&f, names, &device);
+    let mut trainer = ok(Trainer::new(&model_config(&f), params, train_config(&f), Ddp::single()), "Trainer::new");
+    let k = train_config(&f).grad_accum_steps;
+    let losses = f.get("loss").to_vec1::<f64>().unwrap();
+    for (s, want) in losses.iter().enumerate().take(2) {
+        let batches: Vec<Tensor> = (0..k).map(|j| micro_batch(&f, s, j).to_device(&device).unwrap()).collect();
+        let stats = ok(trainer.train_step(&batches), "Trainer::train_step on the GPU");
+        assert!(
+            (stats.loss - want).abs() <= 1e-4 * want.abs(),
+            "step {s}: loss {} on the GPU, PyTorch's {want}",
+            stats.loss
+        );
+    }
+    for (name, var) in trainer.params.iter() {
+        assert!(var.device().is_cuda(), "`{name}` left the GPU during the step: it is on {:?}", var.device());
+        let before = f.get(&format!("param.{name}"));
+        let want = f.get(&format!("after.{name}"));
+        expect_update_close(&before, &on_cpu(var), &want, UPDATE, &format!("`{name}` after two steps on the GPU"));
+    }
+}
+
+#[cfg(feature = "nccl")]
+#[test]
+fn a_one_rank_nccl_group_hands_back_what_it_is_given() {
+    use std::time::Duration;
+    use workbook::distributed::{launch::free_port, Collective, NcclProcessGroup, ProcessGroup, ReduceOp, Rendezvous};
+
+    let device = gpu();
+    let port = free_port("127.0.0.1").unwrap();
+    let rv = Rendezvous {
+        rank: 0,
+        world_size: 1,
+        master: format!("127.0.0.1:{port}"),
+        token: "gpu-check".into(),
+        timeout: Duration::from_secs(30),
+    };
+    let pg = ok(NcclProcessGroup::init(&rv, device.as_cuda_device().unwrap()), "NcclProcessGroup::init");
+    let t = Tensor::arange(0f32, 6.0, &pg.device()).unwrap().reshape((3, 2)).unwrap();
+    let want = on_cpu(&t);
+    let results = [
+        ("all_reduce(Sum)", pg.all_reduce(&t, ReduceOp::Sum)),
+        ("all_reduce(Avg)", pg.all_reduce(&t, ReduceOp::Avg)),
+        ("broadcast", pg.broadcast(&t, 0)),
+        ("all_gather", pg.all_gather(&t)),
+        ("reduce_scatter", pg.reduce_scatter(&t, ReduceOp::Sum)),
+        ("all_reduce of bf16", pg.all_reduce(&t.to_dtype(DType::BF16).unwrap(), ReduceOp::Sum)),
+    ];
+    for (call, result) in results {
+        let got = ok(result, call);
+        assert!(got.device().is_cuda(), "{call}: the result is on {:?}, not on the GPU", got.device());
+        let got = on_cpu(&got.to_dtype(DType::F32).unwrap());
+        assert_eq!(got.dims(), want.dims(), "{call}: shape");
+        let diff = (got - &want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        assert!(diff == 0.0, "{call} on one rank must return its input, differs by {diff}");
+    }
+    ok(pg.barrier(), "barrier");
+    let stats = pg.stats();
+    assert_eq!(stats.calls(Collective::AllReduce), 3, "every all-reduce counted");
+    assert_eq!(stats.calls(Collective::Barrier), 1, "the barrier counted");
+}
