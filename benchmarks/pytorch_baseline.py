@@ -1,4 +1,4 @@
-"""PyTorch baseline for `cargo xtask bench`: the workbook's training step, in PyTorch on the CPU.
+"""PyTorch baseline for `cargo xtask bench`: the workbook's training step, in PyTorch on the CPU (or one GPU).
 
 Trains the same Llama-style GPT (RMSNorm, RoPE, SwiGLU, causal attention,
 untied head) as the workbook, with the same config file, batch, AdamW
@@ -9,6 +9,9 @@ Run: python benchmarks/pytorch_baseline.py --config configs/tiny.toml --threads 
 DDP on the gloo backend, each rank a process started by torchrun:
      python -m torch.distributed.run --nproc_per_node 2 benchmarks/pytorch_baseline.py --threads 1
 (the global batch is split across the ranks, as the workbook splits it; rank 0 prints).
+On a GPU, beside the workbook's `train --device cuda`:
+     python benchmarks/pytorch_baseline.py --device cuda --config configs/small.toml
+(f32 weights and matrix products, no TF32, as the workbook computes them on CUDA).
 Needs: pip install torch (CPU wheels are fine). It is not a CI dependency;
 `cargo xtask bench` runs it when `python3` can import torch (or the
 interpreter named by WORKBOOK_PYTHON).
@@ -87,12 +90,18 @@ class Gpt(nn.Module):
 
     def forward(self, idx):
         t = idx.shape[1]
-        mask = torch.full((t, t), float("-inf")).triu(1)
+        mask = torch.full((t, t), float("-inf"), device=idx.device).triu(1)
         x = self.embed_tokens(idx)
         for layer in self.layers:
             x = layer(x, self.cos[:t], self.sin[:t], mask)
         logits = self.lm_head(self.norm(x))
         return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), idx[:, 1:].reshape(-1))
+
+
+def synchronize(device):
+    """Waits for the GPU's queued kernels, so that the clock measures them."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def main():
@@ -103,7 +112,10 @@ def main():
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--seq-len", type=int, help="default: the config's")
     parser.add_argument("--batch-size", type=int, help="sequences per step over all ranks; default: the config's")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda for one GPU")
     args = parser.parse_args()
+    device = torch.device(args.device)
+    torch.backends.cuda.matmul.allow_tf32 = False
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     with open(args.config, "rb") as f:
@@ -114,7 +126,7 @@ def main():
     if world > 1:
         dist.init_process_group("gloo")
     vocab, o = VOCAB[cfg["tokenizer"]], cfg["optimizer"]
-    model = Gpt(vocab, cfg["model"])
+    model = Gpt(vocab, cfg["model"]).to(device)
     params = list(model.parameters())
     step_model = nn.parallel.DistributedDataParallel(model) if world > 1 else model
     opt = torch.optim.AdamW(
@@ -126,9 +138,10 @@ def main():
     start = None
     for step in range(args.warmup + args.steps):
         if step == args.warmup:
+            synchronize(device)
             start = time.perf_counter()
         for micro in range(k):
-            idx = torch.randint(0, vocab, (b // world, t))
+            idx = torch.randint(0, vocab, (b // world, t), device=device)
             if world > 1 and micro < k - 1:
                 with step_model.no_sync():  # all-reduce once per step, as the workbook does
                     (step_model(idx) / k).backward()
@@ -137,6 +150,7 @@ def main():
         torch.nn.utils.clip_grad_norm_(params, o["max_grad_norm"])
         opt.step()
         opt.zero_grad(set_to_none=True)
+    synchronize(device)
     seconds = time.perf_counter() - start
     if world > 1:
         dist.destroy_process_group()
