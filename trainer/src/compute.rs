@@ -105,3 +105,18 @@ fn cuda_device_count() -> Result<usize> {
          needs CUDA's nvcc (see the guide's chapter on launching)"
     )
 }
+
+/// The memory in use on `device`'s GPU (by every process on it, as
+/// nvidia-smi counts it) and its total, in MiB; `None` on the CPU.
+#[cfg(feature = "cuda")]
+pub fn gpu_memory_mib(device: &Device) -> Option<(f64, f64)> {
+    let Device::Cuda(gpu) = device else { return None };
+    let (free, total) = gpu.cuda_stream().context().mem_get_info().ok()?;
+    let mib = |bytes: usize| bytes as f64 / (1 << 20) as f64;
+    Some((mib(total - free), mib(total)))
+}
+
+#[cfg(not(feature = "cuda"))]
+pub fn gpu_memory_mib(_: &Device) -> Option<(f64, f64)> {
+    None
+}

@@ -76,6 +76,8 @@ pub struct Summary {
     pub skipped_updates: u64,
     pub seconds: f64,
     pub num_params: usize,
+    /// MiB in use on this rank's GPU at the end, and the GPU's total.
+    pub gpu_memory_mib: Option<(f64, f64)>,
 }
 
 /// Trains as `options` says: as one rank of a job when this process was
@@ -290,6 +292,7 @@ fn drive(
         skipped_updates: trainer.counters().skipped_steps,
         seconds: start.elapsed().as_secs_f64(),
         num_params,
+        gpu_memory_mib: compute::gpu_memory_mib(device),
     })
 }
 

@@ -72,7 +72,7 @@ impl fmt::Display for StepLedger {
         writeln!(f, "  gathered units, peak   {:>10.2}", mib(m.gathered_peak))?;
         match m.activations_peak {
             Some(bytes) => writeln!(f, "  activations, peak      {:>10.2}", mib(bytes))?,
-            None => writeln!(f, "  activations, peak      not measured (no CountingAllocator installed)")?,
+            None => writeln!(f, "  activations, peak      not measured (the host's CountingAllocator counts it: not installed, or the model is on a GPU)")?,
         }
         writeln!(f, "communication per step:")?;
         for line in self.comm.to_string().lines() {

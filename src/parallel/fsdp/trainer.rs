@@ -283,7 +283,11 @@ fn forward_and_backward(step: &Step<'_>, batch: &Tensor, recompute: bool, loss_s
     // Activations: what the forward leaves allocated for its backward, less the
     // gathered buffers its kept graph holds (the ledger counts those apart).
     let gathered_before = step.gathered_bytes();
-    let (pass, held) = held_after(|| model.forward(batch, Some(batch)));
+    // The counting allocator sees host memory only: on a GPU there is nothing to count.
+    let (pass, held) = match batch.device().is_cpu() {
+        true => held_after(|| model.forward(batch, Some(batch))),
+        false => (model.forward(batch, Some(batch)), None),
+    };
     let pass = pass?;
     let kept = step.gathered_bytes() - gathered_before;
     {

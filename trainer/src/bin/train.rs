@@ -258,7 +258,11 @@ fn run(args: Args) -> anyhow::Result<()> {
         println!("{} update(s) skipped for non-finite gradients", summary.skipped_updates);
     }
     if let Some(mib) = peak_memory_mib() {
-        println!("peak memory: {mib:.0} MiB");
+        let host = if summary.gpu_memory_mib.is_some() { " on the host" } else { "" };
+        println!("peak memory{host}: {mib:.0} MiB");
+    }
+    if let Some((used, total)) = summary.gpu_memory_mib {
+        println!("GPU memory in use at the end: {used:.0} of {total:.0} MiB (every process's on this GPU)");
     }
     println!("checkpoints, metrics.jsonl and loss.svg are in {}", options.out_dir.display());
     Ok(())
