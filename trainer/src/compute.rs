@@ -7,6 +7,25 @@ use candle_core::Device;
 use clap::ValueEnum;
 use workbook::distributed::{DistEnv, ProcessGroup, TcpProcessGroup};
 
+/// The flags `train` and `bench` share: where ranks compute, what connects them.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ComputeArgs {
+    /// cpu, or cuda: one GPU per rank, GPU LOCAL_RANK of its machine (a build with --features cuda).
+    #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
+    pub device: DeviceKind,
+    /// What carries the collectives between processes: tcp (any device), or nccl
+    /// (GPUs, one per rank). Default: nccl with --device cuda in a build with NCCL, else tcp.
+    #[arg(long, value_enum)]
+    backend: Option<Backend>,
+}
+
+impl ComputeArgs {
+    /// The backend asked for, or the device's default.
+    pub fn backend(&self) -> Backend {
+        self.backend.unwrap_or(Backend::default_for(self.device))
+    }
+}
+
 /// What a rank computes on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum DeviceKind {

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Result};
 use clap::Parser;
-use trainer::compute::{Backend, DeviceKind};
+use trainer::compute::{Backend, ComputeArgs, DeviceKind};
 use trainer::config::{bucket_cap_bytes, RunConfig};
 use trainer::launching::RankKind;
 use trainer::metrics::read_log;
@@ -64,12 +64,9 @@ struct Args {
     /// The most megabytes of gradients one all-reduce carries.
     #[arg(long = "bucket-cap-mb", value_name = "MB", default_value = "25", value_parser = bucket_cap_bytes)]
     bucket_bytes: usize,
-    /// cpu, or cuda: one GPU per rank (a build with --features cuda).
-    #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
-    device: DeviceKind,
-    /// tcp or nccl (default: nccl with --device cuda in a build with NCCL, else tcp).
-    #[arg(long, value_enum)]
-    backend: Option<Backend>,
+    /// --device and --backend.
+    #[command(flatten)]
+    compute: ComputeArgs,
 }
 
 /// The allocator `train` runs with, so that the bench measures what it runs.
@@ -119,8 +116,8 @@ fn run(args: Args) -> Result<()> {
         config: config.clone(),
         data,
         nproc: args.nproc,
-        device: args.device,
-        backend: args.backend.unwrap_or(Backend::default_for(args.device)),
+        device: args.compute.device,
+        backend: args.compute.backend(),
         seed: 0,
         out_dir: out_dir.clone(),
         checkpoint_every: usize::MAX,
@@ -160,8 +157,8 @@ fn report(args: &Args, config: &RunConfig, out_dir: &Path) -> Result<()> {
         (_, RankKind::Processes) => format!("workbook, {} on {nproc} processes", parallelism(args)),
         (_, RankKind::Threads) => format!("workbook, {} on {nproc} thread ranks", parallelism(args)),
     };
-    if args.device == DeviceKind::Cuda {
-        let backend = args.backend.unwrap_or(Backend::default_for(args.device));
+    if args.compute.device == DeviceKind::Cuda {
+        let backend = args.compute.backend();
         setup.push_str(if nproc == 1 { ", on a GPU" } else { ", GPUs" });
         if nproc > 1 {
             setup.push_str(if backend == Backend::Nccl { " over NCCL" } else { " over TCP" });

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use trainer::checkpoints;
-use trainer::compute::{Backend, DeviceKind};
+use trainer::compute::ComputeArgs;
 use trainer::config::workbook_root;
 use trainer::config::{bucket_cap_bytes, RunConfig};
 use trainer::launching::{LaunchArgs, RankKind};
@@ -61,13 +61,9 @@ struct Args {
     /// Run the ranks as processes (the default) or as threads of this one.
     #[arg(long, value_enum, default_value_t = RankKind::Processes)]
     ranks: RankKind,
-    /// cpu, or cuda: one GPU per rank, GPU LOCAL_RANK of its machine (a build with --features cuda).
-    #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
-    device: DeviceKind,
-    /// What carries the collectives between processes: tcp (any device), or nccl
-    /// (GPUs, one per rank). Default: nccl with --device cuda in a build with NCCL, else tcp.
-    #[arg(long, value_enum)]
-    backend: Option<Backend>,
+    /// --device and --backend.
+    #[command(flatten)]
+    compute: ComputeArgs,
     /// Continue from the newest checkpoint in --checkpoint-dir, or from the one given.
     #[arg(long, num_args = 0..=1)]
     resume: Option<Option<PathBuf>>,
@@ -202,8 +198,8 @@ fn run(args: Args) -> anyhow::Result<()> {
         config,
         data,
         nproc: world_size,
-        device: args.device,
-        backend: args.backend.unwrap_or(Backend::default_for(args.device)),
+        device: args.compute.device,
+        backend: args.compute.backend(),
         seed: args.seed,
         out_dir: args.checkpoint_dir,
         checkpoint_every: args.checkpoint_every.max(1),
