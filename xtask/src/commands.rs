@@ -178,17 +178,12 @@ fn check_whole_phase(ws: &Workspace, number: u32, exercises_pass: bool) -> Resul
     }
     let filter = phase_filter(number);
     let run = ws.runner().run(std::slice::from_ref(&filter))?;
-    let (passed, total) = count(run.under(&filter));
-    let verdict = match passed == total && total > 0 {
-        true => green(&format!("{passed}/{total} checks passed")),
-        false => red(&format!("{passed}/{total} checks passed (`cargo test {filter}` shows why)")),
-    };
-    println!("      {label}  {verdict}");
+    let cpu_passes = print_verdict(label, &run, &filter, &format!("cargo test {filter}"));
     let gpu_passes = match crate::doctor::gpu_build() {
         Some(feature) => check_on_gpu(ws, feature)?,
         None => true,
     };
-    Ok(Some(passed == total && total > 0 && gpu_passes))
+    Ok(Some(cpu_passes && gpu_passes))
 }
 
 /// Runs the single-GPU checks (`tests/graded/gpu.rs`) in a build with the
@@ -203,16 +198,23 @@ fn check_on_gpu(ws: &Workspace, feature: &'static str) -> Result<bool> {
         ))
     );
     let filter = "gpu::".to_string();
-    let run = Runner { gpu: Some(feature), ..ws.runner() }.run(std::slice::from_ref(&filter))?;
-    let (passed, total) = count(run.under(&filter));
-    let verdict = match passed == total && total > 0 {
+    let runner = Runner { gpu: Some(feature), ..ws.runner() };
+    let run = runner.run(std::slice::from_ref(&filter))?;
+    Ok(print_verdict(label, &run, &filter, &format!("{} {filter}", runner.command_line())))
+}
+
+/// Prints `label` with how many of `run`'s tests under `filter` passed, and
+/// the `rerun` command that shows why when some failed; returns whether all
+/// (and at least one) passed.
+fn print_verdict(label: &str, run: &TestRun, filter: &str, rerun: &str) -> bool {
+    let (passed, total) = count(run.under(filter));
+    let passes = passed == total && total > 0;
+    let verdict = match passes {
         true => green(&format!("{passed}/{total} checks passed")),
-        false => red(&format!(
-            "{passed}/{total} checks passed (`cargo test --test graded --features {feature} gpu::` shows why)"
-        )),
+        false => red(&format!("{passed}/{total} checks passed (`{rerun}` shows why)")),
     };
     println!("      {label}  {verdict}");
-    Ok(passed == total && total > 0)
+    passes
 }
 
 /// Prints the hint's tiers read so far (at least the first; with `more`, one

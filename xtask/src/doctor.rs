@@ -21,21 +21,24 @@ const NCCL_LIBRARY: (&str, &str) = ("NCCL", "libnccl.so");
 
 pub fn doctor() -> anyhow::Result<bool> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let gpus = cuda_devices();
+    let machine = Machine::probe();
     println!("{}", bold("This machine"));
     row("CPU cores", &format!("{cores} (with --nproc N, each rank gets {cores}/N kernel threads)"));
-    match &gpus {
+    match &machine.gpus {
         Some(list) if !list.is_empty() => row("CUDA devices", &list.join("; ")),
         Some(_) => row("CUDA devices", "none (nvidia-smi lists no GPU)"),
         None => row("CUDA devices", "none (no nvidia-smi)"),
     }
-    for (what, name) in CUDA_LIBRARIES.iter().chain([&NCCL_LIBRARY]) {
-        let found = find_library(name).map_or_else(|| "not found".to_string(), |p| p.display().to_string());
+    let found = machine.cuda_libraries.iter().chain([&machine.nccl]);
+    for ((what, name), found) in CUDA_LIBRARIES.iter().chain([&NCCL_LIBRARY]).zip(found) {
+        let found = found.as_ref().map_or_else(|| "not found".to_string(), |p| p.display().to_string());
         row(&format!("{what} ({name})"), &found);
     }
-    let nvcc = find_on_path("nvcc")
-        .map_or_else(|| "not found (the cuda feature needs it to build)".to_string(), |p| p.display().to_string());
-    row("nvcc", &nvcc);
+    let nvcc = machine.nvcc.as_ref();
+    row(
+        "nvcc",
+        &nvcc.map_or_else(|| "not found (the cuda feature needs it to build)".to_string(), |p| p.display().to_string()),
+    );
     println!();
     println!("{}", bold("Where the checks run"));
     row("exercise tests", "this machine's CPU");
@@ -43,12 +46,17 @@ pub fn doctor() -> anyhow::Result<bool> {
         "multi-rank checks",
         "CPU ranks: threads in the graded tests, one process per rank in the process tests and `cargo train --nproc N`",
     );
-    let gpu = match (gpu_build(), gpus.as_ref().is_some_and(|l| !l.is_empty())) {
-        (Some(feature), _) => format!(
-            "`check-phase` also builds with --features {feature} and runs the GPU checks (`gpu::`) on GPU 0; \
-             train on GPUs with `cargo train --device cuda` (--nproc N: NCCL, one GPU per rank)"
-        ),
-        (None, true) => format!("not used: {}", gpu_missing().join(", ")),
+    let gpu = match (machine.gpu_build(), machine.has_gpu()) {
+        (Some(feature), _) => {
+            let ranks =
+                if feature == "nccl" { "NCCL, one GPU per rank" } else { "over TCP: NCCL's library is missing" };
+            format!(
+                "`check-phase` also builds with --features {feature} and runs the GPU checks (`gpu::`) on GPU 0; \
+                 train on GPUs with `cargo run --release -p trainer --features {feature} --bin train -- --device cuda` \
+                 (--nproc N: {ranks})"
+            )
+        }
+        (None, true) => format!("not used: {}", machine.gpu_missing().join(", ")),
         (None, false) => "none here; train and the GPU checks run on CUDA devices with the CUDA toolkit".to_string(),
     };
     row("GPUs", &gpu);
@@ -58,32 +66,59 @@ pub fn doctor() -> anyhow::Result<bool> {
 /// The GPU feature a build can have here (`nccl`, or `cuda` where NCCL is
 /// missing), or `None` when a CUDA device, nvcc or a CUDA library is missing.
 pub fn gpu_build() -> Option<&'static str> {
-    if !gpu_missing().is_empty() {
-        return None;
-    }
-    Some(if find_library(NCCL_LIBRARY.1).is_some() { "nccl" } else { "cuda" })
+    Machine::probe().gpu_build()
 }
 
-/// What this machine lacks for a CUDA build that runs, in words.
-fn gpu_missing() -> Vec<String> {
-    let mut missing = Vec::new();
-    if cuda_devices().is_none_or(|gpus| gpus.is_empty()) {
-        missing.push("no CUDA device".to_string());
-    }
-    if find_on_path("nvcc").is_none() {
-        missing.push("no nvcc on the PATH (candle compiles its CUDA kernels with it)".to_string());
-    }
-    missing.extend(
-        CUDA_LIBRARIES.iter().filter(|(_, name)| find_library(name).is_none()).map(|(_, name)| format!("no {name}")),
-    );
-    missing
+/// What `doctor` looks at, probed once.
+struct Machine {
+    /// The GPUs `nvidia-smi -L` lists, or `None` when it cannot be run.
+    gpus: Option<Vec<String>>,
+    /// Where each of [`CUDA_LIBRARIES`] is, in that order.
+    cuda_libraries: Vec<Option<PathBuf>>,
+    nccl: Option<PathBuf>,
+    nvcc: Option<PathBuf>,
 }
 
-/// The GPUs `nvidia-smi -L` lists, or `None` when it cannot be run.
-fn cuda_devices() -> Option<Vec<String>> {
-    let out = Command::new("nvidia-smi").arg("-L").output().ok()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    Some(text.lines().filter(|l| l.starts_with("GPU")).map(str::to_string).collect())
+impl Machine {
+    fn probe() -> Self {
+        let gpus = Command::new("nvidia-smi").arg("-L").output().ok().map(|out| {
+            let text = String::from_utf8_lossy(&out.stdout);
+            text.lines().filter(|l| l.starts_with("GPU")).map(str::to_string).collect()
+        });
+        let cache = Command::new("ldconfig").arg("-p").output().map(|out| out.stdout).unwrap_or_default();
+        let cache = String::from_utf8_lossy(&cache);
+        Self {
+            gpus,
+            cuda_libraries: CUDA_LIBRARIES.iter().map(|(_, name)| find_library(name, &cache)).collect(),
+            nccl: find_library(NCCL_LIBRARY.1, &cache),
+            nvcc: find_on_path("nvcc"),
+        }
+    }
+
+    fn has_gpu(&self) -> bool {
+        self.gpus.as_ref().is_some_and(|gpus| !gpus.is_empty())
+    }
+
+    fn gpu_build(&self) -> Option<&'static str> {
+        if !self.gpu_missing().is_empty() {
+            return None;
+        }
+        Some(if self.nccl.is_some() { "nccl" } else { "cuda" })
+    }
+
+    /// What this machine lacks for a CUDA build that runs, in words.
+    fn gpu_missing(&self) -> Vec<String> {
+        let mut missing = Vec::new();
+        if !self.has_gpu() {
+            missing.push("no CUDA device".to_string());
+        }
+        if self.nvcc.is_none() {
+            missing.push("no nvcc on the PATH (candle compiles its CUDA kernels with it)".to_string());
+        }
+        let absent = CUDA_LIBRARIES.iter().zip(&self.cuda_libraries).filter(|(_, found)| found.is_none());
+        missing.extend(absent.map(|((_, name), _)| format!("no {name}")));
+        missing
+    }
 }
 
 fn row(label: &str, value: &str) {
@@ -91,15 +126,14 @@ fn row(label: &str, value: &str) {
 }
 
 /// Where the dynamic loader would find `name` (or a versioned `name.N`):
-/// `LD_LIBRARY_PATH`, then the loader's cache.
-fn find_library(name: &str) -> Option<PathBuf> {
+/// `LD_LIBRARY_PATH`, then the loader's `cache` (what `ldconfig -p` prints).
+fn find_library(name: &str, cache: &str) -> Option<PathBuf> {
     let dirs =
         std::env::var_os("LD_LIBRARY_PATH").map(|p| std::env::split_paths(&p).collect::<Vec<_>>()).unwrap_or_default();
     if let Some(found) = dirs.iter().find_map(|dir| versioned(dir, name)) {
         return Some(found);
     }
-    let cache = Command::new("ldconfig").arg("-p").output().ok()?;
-    String::from_utf8_lossy(&cache.stdout)
+    cache
         .lines()
         .filter(|line| line.trim_start().starts_with(name))
         .find_map(|line| line.rsplit("=> ").next().map(|p| PathBuf::from(p.trim())))
