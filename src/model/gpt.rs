@@ -26,7 +26,7 @@ impl Gpt {
     pub fn new(config: &GptConfig, params: &ParamStore) -> Result<Self> {
         config.validate()?;
         params.check_matches(config)?;
-        let device = params.get("model.embed_tokens.weight")?.device().clone();
+        let device = params.device()?;
         let rotary = RotaryCache::new(config.head_dim(), config.max_seq_len, config.rope_theta, &device)?;
         let blocks =
             (0..config.num_layers).map(|layer| Block::new(config, params, layer, &rotary)).collect::<Result<_>>()?;

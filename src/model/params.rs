@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use super::{GptConfig, Linear};
-use candle_core::{bail, DType, Result, Shape, Tensor, Var};
+use candle_core::{bail, DType, Device, Result, Shape, Tensor, Var};
 
 /// What kind of module a parameter belongs to: the Rust counterpart of
 /// PyTorch's `isinstance(module, nn.Linear)` checks in an init function.
@@ -149,6 +149,12 @@ impl ParamStore {
     pub fn subset(&self, keep: impl Fn(&str) -> bool) -> Self {
         let vars = self.vars.iter().filter(|(name, _)| keep(name)).map(|(n, v)| (n.clone(), v.clone())).collect();
         Self { vars }
+    }
+
+    /// The device the model computes on: its embedding's (a model keeps its
+    /// parameters together).
+    pub fn device(&self) -> Result<Device> {
+        Ok(self.get("model.embed_tokens.weight")?.device().clone())
     }
 
     /// The total number of scalars.

@@ -26,6 +26,10 @@ impl ComputeArgs {
     }
 }
 
+/// What a build without the `nccl` feature answers when NCCL is asked of it.
+const NO_NCCL: &str =
+    "this build has no NCCL: rebuild with `--features nccl` (it needs CUDA's nvcc), or use --backend tcp";
+
 /// What a rank computes on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum DeviceKind {
@@ -58,9 +62,7 @@ impl Backend {
             bail!("--backend nccl moves tensors between GPUs: add --device cuda, or use --backend tcp on the CPU");
         }
         if self == Self::Nccl && !cfg!(feature = "nccl") {
-            bail!(
-                "this build has no NCCL: rebuild with `--features nccl` (it needs CUDA's nvcc), or use --backend tcp"
-            );
+            bail!("{NO_NCCL}");
         }
         Ok(())
     }
@@ -106,7 +108,7 @@ fn join_nccl(env: &DistEnv, device: &Device) -> candle_core::Result<Box<dyn Proc
 
 #[cfg(not(feature = "nccl"))]
 fn join_nccl(_: &DistEnv, _: &Device) -> candle_core::Result<Box<dyn ProcessGroup>> {
-    candle_core::bail!("this build has no NCCL: rebuild with `--features nccl`")
+    candle_core::bail!("{NO_NCCL}")
 }
 
 /// How many CUDA devices this process sees.

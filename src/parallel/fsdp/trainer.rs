@@ -107,7 +107,7 @@ impl FsdpTrainer {
         let decay = ParamGroup::decay_by_name(&param_groups(&params, config.optimizer.weight_decay), &params)?;
         let named: HashMap<String, Tensor> =
             params.iter().map(|(n, v)| (n.to_string(), v.as_tensor().clone())).collect();
-        let device = params.get("model.embed_tokens.weight")?.device().clone();
+        let device = params.device()?;
         let units = units
             .into_iter()
             .map(|unit| {

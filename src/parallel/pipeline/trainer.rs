@@ -61,7 +61,7 @@ impl PipelineTrainer {
         let groups = param_groups(stage.params(), config.optimizer.weight_decay);
         ParamGroup::decay_by_name(&groups, stage.params())?;
         let optimizer = AdamW::new(groups, config.optimizer.adamw)?;
-        let device = params.iter().next().map_or(Device::Cpu, |(_, var)| var.device().clone());
+        let device = params.device()?;
         Ok(Self { model_config: model_config.clone(), stage, optimizer, config, pg, device, step: 0 })
     }
 

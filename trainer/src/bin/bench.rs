@@ -158,11 +158,11 @@ fn report(args: &Args, config: &RunConfig, out_dir: &Path) -> Result<()> {
         (_, RankKind::Threads) => format!("workbook, {} on {nproc} thread ranks", parallelism(args)),
     };
     if args.compute.device == DeviceKind::Cuda {
-        let backend = args.compute.backend();
-        setup.push_str(if nproc == 1 { ", on a GPU" } else { ", GPUs" });
-        if nproc > 1 {
-            setup.push_str(if backend == Backend::Nccl { " over NCCL" } else { " over TCP" });
-        }
+        setup.push_str(match (nproc, args.compute.backend()) {
+            (1, _) => ", on a GPU",
+            (_, Backend::Nccl) => ", GPUs over NCCL",
+            (_, Backend::Tcp) => ", GPUs over TCP",
+        });
     }
     if args.allreduce == "ring" {
         setup.push_str(", your ring all-reduce");
