@@ -76,6 +76,9 @@ pub struct Summary {
     pub skipped_updates: u64,
     pub seconds: f64,
     pub num_params: usize,
+    /// The tensor bytes this rank sent to other ranks per optimizer step, on
+    /// average over the steps this run trained (the loss it logs left out).
+    pub sent_bytes_per_step: f64,
     /// MiB in use on this rank's GPU at the end, and the GPU's total.
     pub gpu_memory_mib: Option<(f64, f64)>,
 }
@@ -232,6 +235,7 @@ fn drive(
     let tokens_per_step = config.batch_size * config.grad_accum_steps * config.seq_len;
     let start = Instant::now();
     let (mut first, mut last, mut loss_ema) = (None, None, None::<f64>);
+    let (mut sent_bytes, mut steps_trained) = (0u64, 0usize);
     while trainer.counters().step < config.max_steps {
         let step_start = Instant::now();
         let batches = (0..config.grad_accum_steps)
@@ -239,7 +243,10 @@ fn drive(
             .collect::<candle_core::Result<Vec<Tensor>>>()?;
         let skipped_before = trainer.counters().skipped_steps;
         let step_span = timeline::span("compute", format!("step {}", trainer.counters().step + 1));
+        let comm_before = trainer.process_group().stats();
         let stats = trainer.train_step(&batches).map_err(|e| anyhow!("step {}: {e}", trainer.counters().step))?;
+        sent_bytes += trainer.process_group().stats().since(&comm_before).total_wire_bytes();
+        steps_trained += 1;
         drop(step_span);
         // Each rank saw only its own batches.
         let loss = all_reduce_scalar(trainer.process_group(), stats.loss, ReduceOp::Avg, device)?;
@@ -292,6 +299,7 @@ fn drive(
         skipped_updates: trainer.counters().skipped_steps,
         seconds: start.elapsed().as_secs_f64(),
         num_params,
+        sent_bytes_per_step: sent_bytes as f64 / steps_trained.max(1) as f64,
         gpu_memory_mib: compute::gpu_memory_mib(device),
     })
 }

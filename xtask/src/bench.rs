@@ -27,9 +27,17 @@ const GLOO_ALLREDUCE: &str = "benchmarks/allreduce_gloo.py";
 /// All-reduce payloads in MB, as nccl-tests sweeps them.
 const ALLREDUCE_SIZES_MB: &str = "1,4,16,64,256";
 
+/// One run's figures, as the trainer's `bench` prints them (PyTorch's baseline
+/// prints tokens/s only).
 #[derive(Debug, Deserialize)]
-struct Measurement {
-    tokens_per_s: f64,
+pub struct Measurement {
+    pub tokens_per_s: f64,
+    /// The most tensor bytes one rank sent per optimizer step.
+    #[serde(default)]
+    pub sent_bytes_per_step: Option<f64>,
+    /// The largest peak resident memory of one rank, where ranks are processes.
+    #[serde(default)]
+    pub peak_memory_mib: Option<f64>,
 }
 
 /// One payload's all-reduce timing, as `allreduce` and the gloo script print it.
@@ -39,14 +47,20 @@ struct Bandwidth {
     busbw_gbs: f64,
 }
 
-/// A model shape to measure at.
+/// What is trained and for how long: a config at a shape.
+pub struct Workload {
+    pub title: String,
+    pub model_size: String,
+    pub seq_len: Option<usize>,
+    pub batch_size: Option<usize>,
+    pub grad_accum: Option<usize>,
+    pub steps: usize,
+    pub warmup: usize,
+}
+
+/// A workload and the setups measured on it.
 struct Shape {
-    title: String,
-    model_size: String,
-    seq_len: Option<usize>,
-    batch_size: Option<usize>,
-    steps: usize,
-    warmup: usize,
+    workload: Workload,
     setups: Vec<Setup>,
 }
 
@@ -60,37 +74,8 @@ struct Setup {
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Framework {
-    Workbook { processes: bool, gradients: Averaging },
+    Workbook { processes: bool },
     PyTorch,
-}
-
-/// How the workbook's DDP averages gradients: the backend's all-reduce, or
-/// the reference solution of a Phase 4 exercise inside the trainer.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Averaging {
-    Backend,
-    /// Exercise 16's ring (`--allreduce ring`).
-    OwnRing,
-    /// Exercise 18 at this rank (`--powersgd-rank`).
-    PowerSgd(usize),
-}
-
-impl Averaging {
-    fn flags(&self) -> Vec<String> {
-        match self {
-            Averaging::Backend => vec![],
-            Averaging::OwnRing => vec!["--allreduce".into(), "ring".into()],
-            Averaging::PowerSgd(rank) => vec!["--powersgd-rank".into(), rank.to_string()],
-        }
-    }
-
-    fn describe(&self) -> String {
-        match self {
-            Averaging::Backend => String::new(),
-            Averaging::OwnRing => ", exercise 16's ring all-reduce".into(),
-            Averaging::PowerSgd(rank) => format!(", PowerSGD rank {rank} (exercise 18)"),
-        }
-    }
 }
 
 impl Setup {
@@ -106,12 +91,8 @@ impl Setup {
         let n = self.nproc;
         match (self.framework, n) {
             (Framework::Workbook { .. }, 1) => "workbook, single process".into(),
-            (Framework::Workbook { processes: true, gradients }, _) => {
-                format!("workbook, DDP on {n} processes{}", gradients.describe())
-            }
-            (Framework::Workbook { processes: false, gradients }, _) => {
-                format!("workbook, DDP on {n} thread ranks{}", gradients.describe())
-            }
+            (Framework::Workbook { processes: true }, _) => format!("workbook, DDP on {n} processes"),
+            (Framework::Workbook { processes: false }, _) => format!("workbook, DDP on {n} thread ranks"),
             (Framework::PyTorch, 1) => "PyTorch, single process".into(),
             (Framework::PyTorch, _) => format!("PyTorch DDP (gloo, torchrun), {n} processes"),
         }
@@ -123,10 +104,8 @@ impl Setup {
     }
 }
 
-const WORKBOOK_THREADS: Framework = Framework::Workbook { processes: false, gradients: Averaging::Backend };
-const WORKBOOK: Framework = Framework::Workbook { processes: true, gradients: Averaging::Backend };
-const WORKBOOK_OWN_RING: Framework = Framework::Workbook { processes: true, gradients: Averaging::OwnRing };
-const WORKBOOK_POWERSGD: Framework = Framework::Workbook { processes: true, gradients: Averaging::PowerSgd(2) };
+const WORKBOOK_THREADS: Framework = Framework::Workbook { processes: false };
+const WORKBOOK: Framework = Framework::Workbook { processes: true };
 
 /// One setup's tokens/s, one value per round.
 struct Samples {
@@ -140,30 +119,29 @@ pub fn bench(ws: &Workspace, model_size: &str, steps: usize, large_steps: usize,
     }
     let python = python_with_torch();
     let mut shapes = vec![Shape {
-        title: format!("`{model_size}` config"),
-        model_size: model_size.into(),
-        seq_len: None,
-        batch_size: None,
-        steps,
-        warmup: 5,
+        workload: Workload {
+            title: format!("`{model_size}` config"),
+            model_size: model_size.into(),
+            seq_len: None,
+            batch_size: None,
+            grad_accum: None,
+            steps,
+            warmup: 5,
+        },
         setups: vec![
             Setup::new(WORKBOOK, 1, 1),
             Setup::new(WORKBOOK, 1, 2),
             Setup::new(WORKBOOK_THREADS, 2, 1),
             Setup::new(WORKBOOK, 2, 1),
-            Setup::new(WORKBOOK_OWN_RING, 2, 1),
-            Setup::new(WORKBOOK_POWERSGD, 2, 1),
         ],
     }];
     if large_steps > 0 {
         // Each step is seconds at this size: few steps, and only the setups that use both cores.
         shapes.push(Shape {
-            title: "GPT-2 124M shape (`small` config, T 256, batch 2)".into(),
-            model_size: "small".into(),
-            seq_len: Some(256),
-            batch_size: Some(2),
-            steps: large_steps,
-            warmup: 1,
+            workload: Workload {
+                steps: large_steps,
+                ..Workload::gpt2_small("GPT-2 124M shape (`small` config, T 256, batch 2)")
+            },
             setups: vec![Setup::new(WORKBOOK, 1, 2), Setup::new(WORKBOOK, 2, 1)],
         });
     }
@@ -173,9 +151,8 @@ pub fn bench(ws: &Workspace, model_size: &str, steps: usize, large_steps: usize,
          tokens; DDP splits the batch across the ranks. tokens/s counts every rank's tokens, and threads\n\
          every rank's kernel threads. Each workbook row is compared with its PyTorch peer (one process,\n\
          or DDP on gloo with as many processes) on as many threads in the same round; the table gives\n\
-         the median over rounds and the range of the ratios. Rows naming an exercise run its reference\n\
-         solution inside the trainer's DDP, compared with PyTorch's plain DDP. README.md beside this\n\
-         file says where the time goes.\n",
+         the median over rounds and the range of the ratios. README.md beside this file says where the\n\
+         time goes.\n",
         cpu = cpu_model()
     );
     for shape in &mut shapes {
@@ -191,7 +168,7 @@ pub fn bench(ws: &Workspace, model_size: &str, steps: usize, large_steps: usize,
             "{}",
             render::bold(&format!(
                 "Training throughput, {}, {} timed steps, {rounds} rounds",
-                shape.title, shape.steps
+                shape.workload.title, shape.workload.steps
             ))
         );
         let mut samples: Vec<Samples> =
@@ -201,16 +178,16 @@ pub fn bench(ws: &Workspace, model_size: &str, steps: usize, large_steps: usize,
         for round in 1..=rounds {
             println!("  round {round} of {rounds}");
             for sample in &mut samples {
-                let tokens_per_s = match sample.setup.framework {
-                    Framework::Workbook { processes, gradients } => {
-                        workbook_throughput(&ws.root, shape, &sample.setup, processes, gradients)?
+                let setup = &sample.setup;
+                let tokens_per_s = match setup.framework {
+                    Framework::Workbook { processes } => {
+                        let ranks = Ranks { nproc: setup.nproc, threads_per_rank: setup.threads_per_rank, processes };
+                        workbook_bench(&ws.root, &shape.workload, ranks, &[])?.tokens_per_s
                     }
-                    Framework::PyTorch => pytorch_throughput(
-                        &ws.root,
-                        python.as_deref().expect("peers need torch"),
-                        shape,
-                        &sample.setup,
-                    )?,
+                    Framework::PyTorch => {
+                        let python = python.as_deref().expect("peers need torch");
+                        pytorch_throughput(&ws.root, python, &shape.workload, setup)?
+                    }
                 };
                 sample.tokens_per_s.push(tokens_per_s);
             }
@@ -219,7 +196,7 @@ pub fn bench(ws: &Workspace, model_size: &str, steps: usize, large_steps: usize,
         println!("{table}");
         report += &format!(
             "\n### {}\n\n{} timed optimizer steps after {} warm-up steps.\n\n{table}",
-            shape.title, shape.steps, shape.warmup
+            shape.workload.title, shape.workload.steps, shape.workload.warmup
         );
     }
     report += &allreduce_bandwidth(&ws.root, python.as_deref())?;
@@ -286,31 +263,55 @@ fn bandwidths(command: &mut Command, what: &str) -> Result<Vec<Bandwidth>> {
         .collect()
 }
 
-/// One process per setup (its kernel thread pool is sized once per process).
-fn workbook_throughput(
-    root: &Path,
-    shape: &Shape,
-    setup: &Setup,
-    processes: bool,
-    gradients: Averaging,
-) -> Result<f64> {
+impl Workload {
+    /// GPT-2 124M's shape: the `small` config at T 256, batch 2, one micro-batch, 3 timed steps.
+    pub fn gpt2_small(title: &str) -> Self {
+        Workload {
+            title: title.into(),
+            model_size: "small".into(),
+            seq_len: Some(256),
+            batch_size: Some(2),
+            grad_accum: None,
+            steps: 3,
+            warmup: 1,
+        }
+    }
+
+    /// The flags that give a program this workload's shape.
+    fn shape_flags(&self, command: &mut Command) {
+        let flags = [("--seq-len", self.seq_len), ("--batch-size", self.batch_size), ("--grad-accum", self.grad_accum)];
+        for (flag, value) in flags {
+            if let Some(value) = value {
+                command.args([flag, &value.to_string()]);
+            }
+        }
+    }
+}
+
+/// How the workbook's ranks run.
+#[derive(Debug, Clone, Copy)]
+pub struct Ranks {
+    pub nproc: usize,
+    pub threads_per_rank: usize,
+    /// Processes started by the launcher, or threads of one process.
+    pub processes: bool,
+}
+
+/// One run of the trainer's `bench` with the reference solutions, in a
+/// process of its own (its kernel thread pool is sized once per process);
+/// `flags` choose what the DDP or pipeline runs with.
+pub fn workbook_bench(root: &Path, workload: &Workload, ranks: Ranks, flags: &[&str]) -> Result<Measurement> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut command = Command::new(&cargo);
     command
         .current_dir(root)
-        .env("RAYON_NUM_THREADS", setup.threads_per_rank.to_string())
+        .env("RAYON_NUM_THREADS", ranks.threads_per_rank.to_string())
         .args(["run", "--quiet", "--package", "trainer", "--features", "solutions", "--bin", "bench", "--"])
-        .args([
-            "--model-size",
-            &shape.model_size,
-            "--steps",
-            &shape.steps.to_string(),
-            "--warmup",
-            &shape.warmup.to_string(),
-        ])
-        .args(["--nproc", &setup.nproc.to_string(), "--ranks", if processes { "processes" } else { "threads" }])
-        .args(gradients.flags());
-    shape_flags(&mut command, shape);
+        .args(["--model-size", &workload.model_size])
+        .args(["--steps", &workload.steps.to_string(), "--warmup", &workload.warmup.to_string()])
+        .args(["--nproc", &ranks.nproc.to_string(), "--ranks", if ranks.processes { "processes" } else { "threads" }])
+        .args(flags);
+    workload.shape_flags(&mut command);
     let output = command.output().context("cannot run cargo")?;
     if !output.status.success() {
         bail!("the trainer's bench failed:\n{}", String::from_utf8_lossy(&output.stderr));
@@ -319,8 +320,8 @@ fn workbook_throughput(
 }
 
 /// PyTorch's tokens/s: one process, or DDP on gloo started by torchrun.
-fn pytorch_throughput(root: &Path, python: &str, shape: &Shape, setup: &Setup) -> Result<f64> {
-    let config = root.join("configs").join(format!("{}.toml", shape.model_size));
+fn pytorch_throughput(root: &Path, python: &str, workload: &Workload, setup: &Setup) -> Result<f64> {
+    let config = root.join("configs").join(format!("{}.toml", workload.model_size));
     let mut command = Command::new(python);
     command.current_dir(root);
     if setup.nproc > 1 {
@@ -330,30 +331,20 @@ fn pytorch_throughput(root: &Path, python: &str, shape: &Shape, setup: &Setup) -
     command
         .arg(BASELINE)
         .args(["--config", &config.to_string_lossy(), "--threads", &setup.threads_per_rank.to_string()])
-        .args(["--steps", &shape.steps.to_string(), "--warmup", &shape.warmup.to_string()])
+        .args(["--steps", &workload.steps.to_string(), "--warmup", &workload.warmup.to_string()])
         .env("OMP_NUM_THREADS", setup.threads_per_rank.to_string());
-    shape_flags(&mut command, shape);
+    workload.shape_flags(&mut command);
     let output = command.output().context("cannot run the PyTorch baseline")?;
     if !output.status.success() {
         bail!("the PyTorch baseline failed:\n{}", String::from_utf8_lossy(&output.stderr));
     }
-    last_json_line(&output.stdout)
+    Ok(last_json_line(&output.stdout)?.tokens_per_s)
 }
 
-fn shape_flags(command: &mut Command, shape: &Shape) {
-    if let Some(t) = shape.seq_len {
-        command.args(["--seq-len", &t.to_string()]);
-    }
-    if let Some(b) = shape.batch_size {
-        command.args(["--batch-size", &b.to_string()]);
-    }
-}
-
-fn last_json_line(stdout: &[u8]) -> Result<f64> {
+fn last_json_line(stdout: &[u8]) -> Result<Measurement> {
     let text = String::from_utf8_lossy(stdout);
     let line = text.lines().rev().find(|l| l.starts_with('{')).unwrap_or_default();
-    let parsed: Measurement = serde_json::from_str(line).with_context(|| format!("unexpected bench output: {text}"))?;
-    Ok(parsed.tokens_per_s)
+    serde_json::from_str(line).with_context(|| format!("unexpected bench output: {text}"))
 }
 
 fn free_port() -> Result<u16> {
@@ -365,7 +356,7 @@ fn python_with_torch() -> Option<String> {
     python_that_imports("torch").map_err(|why| println!("  PyTorch baseline skipped: {why}")).ok()
 }
 
-fn median(values: &[f64]) -> f64 {
+pub fn median(values: &[f64]) -> f64 {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
     let mid = sorted.len() / 2;

@@ -6,6 +6,7 @@
 
 mod bench;
 mod bench_fsdp;
+mod bench_phase4;
 mod commands;
 mod doctor;
 mod estimate;
@@ -96,9 +97,10 @@ enum Task {
     /// Needs a Python with torch and transformers (WORKBOOK_PYTHON).
     Interop,
     /// Measure the reference trainer's tokens/s beside PyTorch's (or, with `fsdp`, each ZeRO
-    /// stage's memory and traffic per rank beside the formulas) and write benchmarks/results.md.
+    /// stage's memory and traffic per rank beside the formulas; with `phase4`, what each Phase 4
+    /// exercise buys inside the trainer) and write benchmarks/results.md.
     Bench {
-        /// `throughput` (the default) or `fsdp`.
+        /// `throughput` (the default), `fsdp` or `phase4`.
         #[arg(value_enum, default_value = "throughput")]
         what: BenchKind,
         /// A config in configs/: tiny, small or medium.
@@ -121,6 +123,7 @@ enum Task {
 enum BenchKind {
     Throughput,
     Fsdp,
+    Phase4,
 }
 
 /// `cargo xtask estimate`'s options; the model is given by its size or its shape.
@@ -224,5 +227,8 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
             bench::bench(&ws, &model_size, steps, large_steps, rounds)
         }
         Task::Bench { what: BenchKind::Fsdp, .. } => bench_fsdp::bench_fsdp(&ws),
+        Task::Bench { what: BenchKind::Phase4, model_size, steps, large_steps, rounds } => {
+            bench_phase4::bench_phase4(&ws, &model_size, steps, large_steps, rounds)
+        }
     }
 }

@@ -1,19 +1,23 @@
 //! `bench`: training throughput of the workbook on a config, single process and DDP.
 //!
-//! Prints one JSON line per setup: `{"setup": "...", "nproc": N, "threads": T, "tokens_per_s": ...}`,
-//! where T counts the kernel threads of all ranks together.
+//! Prints one JSON line per setup: `{"setup": "...", "nproc": N, "threads": T, "tokens_per_s": ...,
+//! "sent_bytes_per_step": ..., "peak_memory_mib": ...}`, where T counts the kernel threads of all
+//! ranks together, and the bytes one rank sent per step and its peak resident memory are the
+//! largest over the ranks (the memory is absent where ranks share a process or the OS does not
+//! report it).
 //! `cargo xtask bench` runs it beside the PyTorch baseline and writes the comparison.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Parser;
+use serde::{Deserialize, Serialize};
 use trainer::compute::{Backend, ComputeArgs, DeviceKind};
 use trainer::config::{bucket_cap_bytes, RunConfig};
 use trainer::launching::RankKind;
 use trainer::metrics::read_log;
-use trainer::run::{train, RunOptions};
+use trainer::run::{peak_memory_mib, train, RunOptions};
 use trainer::strategy::Strategy;
 use workbook::data::{DataConfig, DatasetKind};
 use workbook::distributed::{relaunch_self, DistEnv, LaunchConfig, DEFAULT_TIMEOUT};
@@ -67,6 +71,14 @@ struct Args {
     /// --device and --backend.
     #[command(flatten)]
     compute: ComputeArgs,
+}
+
+/// What one rank used, written by each rank for the process that reports.
+#[derive(Serialize, Deserialize)]
+struct RankUsage {
+    sent_bytes_per_step: f64,
+    /// This process's peak resident memory; `None` where ranks are threads of one process.
+    peak_memory_mib: Option<f64>,
 }
 
 /// The allocator `train` runs with, so that the bench measures what it runs.
@@ -135,17 +147,41 @@ fn run(args: Args) -> Result<()> {
         log_every: usize::MAX,
         timeout: DEFAULT_TIMEOUT,
     };
-    train(&options)?;
+    let summary = train(&options)?;
+    let shares_process = launched.is_none() && args.nproc > 1;
+    let usage = RankUsage {
+        sent_bytes_per_step: summary.sent_bytes_per_step,
+        peak_memory_mib: if shares_process { None } else { peak_memory_mib() },
+    };
+    let rank = launched.as_ref().map_or(0, |env| env.rank);
+    std::fs::write(usage_path(&out_dir, rank), serde_json::to_string(&usage)?)?;
     match launched {
         Some(_) => Ok(()), // the process that started the ranks reports
         None => report(&args, &config, &out_dir),
     }
 }
 
-/// Prints the setup's tokens/s, from the metrics rank 0 wrote, as one JSON line.
+fn usage_path(out_dir: &Path, rank: usize) -> PathBuf {
+    out_dir.join(format!("usage-rank{rank}.json"))
+}
+
+/// Prints the setup's tokens/s, from the metrics rank 0 wrote, and the
+/// busiest rank's traffic and memory, as one JSON line.
 fn report(args: &Args, config: &RunConfig, out_dir: &Path) -> Result<()> {
     let records = read_log(&out_dir.join("metrics.jsonl"))?;
+    // Thread ranks share one process, which wrote rank 0's usage only.
+    let ranks = if args.ranks == RankKind::Processes { args.nproc } else { 1 };
+    let usages = (0..ranks)
+        .map(|rank| {
+            let path = usage_path(out_dir, rank);
+            let text =
+                std::fs::read_to_string(&path).with_context(|| format!("rank {rank} left no {}", path.display()))?;
+            Ok(serde_json::from_str::<RankUsage>(&text)?)
+        })
+        .collect::<Result<Vec<_>>>()?;
     let _ = std::fs::remove_dir_all(out_dir);
+    let sent_bytes_per_step = usages.iter().map(|u| u.sent_bytes_per_step).fold(0.0, f64::max);
+    let peak_memory_mib = usages.iter().map(|u| u.peak_memory_mib).try_fold(0.0, |most, m| Some(f64::max(most, m?)));
     let (Some(start), Some(end)) = (records.get(args.warmup.saturating_sub(1)), records.last()) else {
         bail!("the run logged {} steps, too few to time", records.len());
     };
@@ -184,6 +220,8 @@ fn report(args: &Args, config: &RunConfig, out_dir: &Path) -> Result<()> {
             "nproc": nproc,
             "threads": threads,
             "tokens_per_s": tokens_per_s,
+            "sent_bytes_per_step": sent_bytes_per_step,
+            "peak_memory_mib": peak_memory_mib,
             "final_loss": end.loss,
         })
     );

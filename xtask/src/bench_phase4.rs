@@ -1,0 +1,169 @@
+//! `bench phase4`: what each Phase 4 exercise buys inside the trainer, on
+//! CPU ranks: tokens/s, the bytes the busiest rank sends per step and the
+//! peak memory of one rank, beside plain DDP on the same ranks.
+//!
+//! Runs `trainer`'s `bench` with the reference solutions once per variant
+//! and round, interleaved, at the tiny config and at GPT-2 124M's shape, and
+//! writes the tables into `benchmarks/results.md` under their own heading.
+
+use anyhow::{bail, Result};
+
+use crate::bench::{cpu_model, median, replace_section, workbook_bench, Measurement, Ranks, Workload, RESULTS};
+use crate::render;
+use crate::workspace::Workspace;
+
+const HEADING: &str = "## Phase 4 inside the trainer: what each exercise buys";
+
+/// One way of training on the ranks, and the trainer flags that pick it.
+struct Variant {
+    name: &'static str,
+    exercise: Option<u8>,
+    ranks: Ranks,
+    flags: &'static [&'static str],
+}
+
+const TWO_PROCESSES: Ranks = Ranks { nproc: 2, threads_per_rank: 1, processes: true };
+
+/// What is compared; the ratios are to the first two-process variant, plain DDP.
+const VARIANTS: [Variant; 6] = [
+    Variant {
+        name: "single process, 2 threads",
+        exercise: None,
+        ranks: Ranks { nproc: 1, threads_per_rank: 2, processes: true },
+        flags: &[],
+    },
+    Variant { name: "DDP, the backend's all-reduce after backward", exercise: None, ranks: TWO_PROCESSES, flags: &[] },
+    Variant {
+        name: "DDP, your ring all-reduce",
+        exercise: Some(16),
+        ranks: TWO_PROCESSES,
+        flags: &["--allreduce", "ring"],
+    },
+    Variant {
+        name: "DDP, PowerSGD rank 2",
+        exercise: Some(18),
+        ranks: TWO_PROCESSES,
+        flags: &["--powersgd-rank", "2"],
+    },
+    Variant {
+        name: "DDP, buckets all-reduced during backward",
+        exercise: Some(19),
+        ranks: TWO_PROCESSES,
+        flags: &["--ddp-overlap"],
+    },
+    Variant { name: "GPipe pipeline, 2 stages", exercise: Some(21), ranks: TWO_PROCESSES, flags: &["--pipeline"] },
+];
+
+/// The variant the others are compared with.
+const PLAIN_DDP: usize = 1;
+
+pub fn bench_phase4(ws: &Workspace, model_size: &str, steps: usize, large_steps: usize, rounds: usize) -> Result<bool> {
+    if rounds == 0 {
+        bail!("--rounds must be at least 1");
+    }
+    // Several micro-batches per step, so that the pipeline has some to overlap
+    // (its bubble is (S - 1) / (M + S - 1)); every variant trains the same batch.
+    let mut workloads = vec![Workload {
+        title: format!("`{model_size}` config, 4 micro-batches per step"),
+        model_size: model_size.into(),
+        seq_len: None,
+        batch_size: None,
+        grad_accum: Some(4),
+        steps,
+        warmup: 3,
+    }];
+    if large_steps > 0 {
+        let title = "GPT-2 124M shape (`small` config, T 256, batch 2), 2 micro-batches per step";
+        workloads.push(Workload { grad_accum: Some(2), steps: large_steps, ..Workload::gpt2_small(title) });
+    }
+    let mut report = format!(
+        "Written by `cargo xtask bench phase4` ({rounds} interleaved rounds; {cpu}). The trainer runs\n\
+         each Phase 4 exercise's reference solution on 2 single-threaded CPU processes over TCP, on\n\
+         random tokens, with the same global batch as plain DDP. *Sent per step* is the tensor bytes\n\
+         the busiest rank sent to the other per optimizer step, counted by the process group;\n\
+         *peak memory* is the largest peak resident set (VmHWM) of one rank's process. tokens/s and\n\
+         memory are medians over rounds; the ratios are taken within a round.\n\n\
+         Expected traffic at N = 2: a ring all-reduce sends 2(N−1)/N · 4Ψ bytes per rank, 4Ψ for Ψ\n\
+         f32 gradients; PowerSGD sends (n + m)·r floats for each n×m matrix instead of n·m, and the\n\
+         vectors whole; a pipeline stage sends each micro-batch's activations forward (B·T·H floats)\n\
+         and their gradients back, with a bubble of (S−1)/(M+S−1) of the step idle.\n",
+        cpu = cpu_model()
+    );
+    for workload in &workloads {
+        println!("{}", render::bold(&format!("Phase 4 variants, {}, {} timed steps", workload.title, workload.steps)));
+        let mut runs: Vec<Vec<Measurement>> = VARIANTS.iter().map(|_| vec![]).collect();
+        for round in 1..=rounds {
+            println!("  round {round} of {rounds}");
+            for (variant, samples) in VARIANTS.iter().zip(&mut runs) {
+                samples.push(workbook_bench(&ws.root, workload, variant.ranks, variant.flags)?);
+            }
+        }
+        let table = table(&runs);
+        println!("{table}");
+        report += &format!(
+            "\n### {}\n\n{} timed optimizer steps after {} warm-up steps.\n\n{table}",
+            workload.title, workload.steps, workload.warmup
+        );
+    }
+    replace_section(&ws.root.join(RESULTS), HEADING, &report)?;
+    println!("written to {RESULTS}");
+    Ok(true)
+}
+
+/// One row per variant, `runs[v]` holding variant v's measurement of each round.
+fn table(runs: &[Vec<Measurement>]) -> String {
+    let mut out = String::from(
+        "| setup | exercise | tokens/s | vs DDP | sent per step, busiest rank | vs DDP | peak memory per rank |\n\
+         |---|---:|---:|---:|---:|---:|---:|\n",
+    );
+    let plain = &runs[PLAIN_DDP];
+    for (variant, samples) in VARIANTS.iter().zip(runs) {
+        let tokens_per_s = median(&samples.iter().map(|m| m.tokens_per_s).collect::<Vec<_>>());
+        let speed_ratios: Vec<f64> = samples.iter().zip(plain).map(|(m, p)| m.tokens_per_s / p.tokens_per_s).collect();
+        let sent = samples[0].sent_bytes_per_step.unwrap_or(0.0);
+        let plain_sent = plain[0].sent_bytes_per_step.unwrap_or(0.0);
+        let two_ranks = variant.ranks.nproc > 1;
+        let memory: Option<Vec<f64>> = samples.iter().map(|m| m.peak_memory_mib).collect();
+        out += &format!(
+            "| {} | {} | {tokens_per_s:.0} | {} | {} | {} | {} |\n",
+            variant.name,
+            variant.exercise.map(|n| n.to_string()).unwrap_or_default(),
+            if two_ranks { format!("{:.2}x", median(&speed_ratios)) } else { String::new() },
+            if two_ranks { megabytes(sent) } else { "none".into() },
+            if two_ranks && plain_sent > 0.0 { format!("{:.3}x", sent / plain_sent) } else { String::new() },
+            memory.map(|m| format!("{:.0} MiB", median(&m))).unwrap_or_default(),
+        );
+    }
+    out
+}
+
+fn megabytes(bytes: f64) -> String {
+    format!("{:.3} MB", bytes / 1e6)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{table, Measurement, VARIANTS};
+
+    fn run(tokens_per_s: f64, sent: f64, memory: Option<f64>) -> Measurement {
+        Measurement { tokens_per_s, sent_bytes_per_step: Some(sent), peak_memory_mib: memory }
+    }
+
+    #[test]
+    fn each_variant_is_compared_with_plain_ddp_of_its_round() {
+        let mut runs: Vec<Vec<Measurement>> =
+            VARIANTS.iter().map(|_| vec![run(100.0, 4e6, Some(200.0)), run(300.0, 4e6, Some(220.0))]).collect();
+        runs[0] = vec![run(50.0, 0.0, Some(400.0)), run(60.0, 0.0, Some(400.0))];
+        runs[3] = vec![run(90.0, 1e5, Some(210.0)), run(330.0, 1e5, None)];
+        let text = table(&runs);
+        assert!(text.contains("| single process, 2 threads |  | 55 |  | none |  | 400 MiB |"), "{text}");
+        assert!(
+            text.contains(
+                "| DDP, the backend's all-reduce after backward |  | 200 | 1.00x | 4.000 MB | 1.000x | 210 MiB |"
+            ),
+            "{text}"
+        );
+        // Ratios 0.9 and 1.1 within the rounds; a round without memory leaves it blank.
+        assert!(text.contains("| DDP, PowerSGD rank 2 | 18 | 210 | 1.00x | 0.100 MB | 0.025x |  |"), "{text}");
+    }
+}
