@@ -84,14 +84,26 @@ pub fn single_process(steps: usize, max_grad_norm: f64) -> HashMap<String, Tenso
 
 /// A fresh FSDP trainer on `pg`, from the same initial parameters as [`single_process`].
 pub fn fsdp_trainer(pg: Box<dyn ProcessGroup>, fsdp: FsdpConfig, config: TrainConfig) -> FsdpTrainer {
-    let params = init_params(&model_config(), 7, &Device::Cpu).unwrap();
+    fsdp_trainer_on(pg, fsdp, config, &Device::Cpu)
+}
+
+/// [`fsdp_trainer`] with its parameters on `device`, the one `pg`'s tensors live on.
+pub fn fsdp_trainer_on(
+    pg: Box<dyn ProcessGroup>,
+    fsdp: FsdpConfig,
+    config: TrainConfig,
+    device: &Device,
+) -> FsdpTrainer {
+    let params = init_params(&model_config(), 7, device).unwrap();
     ok(FsdpTrainer::new(&model_config(), params, config, fsdp, pg), "FsdpTrainer::new")
 }
 
 /// One step of `trainer` on its rows of step `step`'s global batches.
 pub fn fsdp_step(trainer: &mut FsdpTrainer, step: usize) -> StepStats {
     let (rank, world) = (trainer.process_group().rank(), trainer.process_group().world_size());
-    let mine: Vec<Tensor> = global_batches(step).iter().map(|b| rows_of(b, rank, world)).collect();
+    let device = trainer.units[0].device().clone();
+    let mine: Vec<Tensor> =
+        global_batches(step).iter().map(|b| rows_of(b, rank, world).to_device(&device).unwrap()).collect();
     ok(trainer.train_step(&mine), "FsdpTrainer::train_step")
 }
 
@@ -118,20 +130,22 @@ pub fn fsdp_run(
     steps: usize,
 ) -> (HashMap<String, Tensor>, Vec<FsdpTrainer>) {
     let fsdp = FsdpConfig { sharding: strategy, precision };
-    let mut results = ok(spawn(world_size, |pg| Ok(fsdp_rank(Box::new(pg), fsdp, config, steps))), "the FSDP ranks");
+    let mut results =
+        ok(spawn(world_size, |pg| Ok(fsdp_rank(Box::new(pg), fsdp, config, steps, &Device::Cpu))), "the FSDP ranks");
     let params = results[0].0.clone();
     (params, results.drain(..).map(|(_, t)| t).collect())
 }
 
-/// One FSDP rank's part of [`fsdp_run`]: the whole parameters after `steps`
-/// steps, and its trainer.
+/// One FSDP rank's part of [`fsdp_run`], on `device`: the whole parameters
+/// after `steps` steps, and its trainer.
 pub fn fsdp_rank(
     pg: Box<dyn ProcessGroup>,
     fsdp: FsdpConfig,
     config: TrainConfig,
     steps: usize,
+    device: &Device,
 ) -> (HashMap<String, Tensor>, FsdpTrainer) {
-    let mut trainer = fsdp_trainer(pg, fsdp, config);
+    let mut trainer = fsdp_trainer_on(pg, fsdp, config, device);
     for s in 0..steps {
         fsdp_step(&mut trainer, s);
     }
@@ -158,21 +172,24 @@ fn l2(t: &Tensor) -> f64 {
 
 /// Rank 0's parameters after `steps` steps of Phase 2's DDP trainer on `world_size` CPU ranks.
 pub fn ddp_run(world_size: usize, config: TrainConfig, steps: usize) -> HashMap<String, Tensor> {
-    let mut results = ok(spawn(world_size, |pg| ddp_rank(Box::new(pg), config, steps)), "the DDP ranks");
+    let mut results = ok(spawn(world_size, |pg| ddp_rank(Box::new(pg), config, steps, &Device::Cpu)), "the DDP ranks");
     results.swap_remove(0)
 }
 
-/// One DDP rank's part of [`ddp_run`]: its parameters after `steps` steps.
+/// One DDP rank's part of [`ddp_run`], on `device`: its parameters after `steps` steps.
 pub fn ddp_rank(
     pg: Box<dyn ProcessGroup>,
     config: TrainConfig,
     steps: usize,
+    device: &Device,
 ) -> candle_core::Result<HashMap<String, Tensor>> {
     let world_size = pg.world_size();
-    let params = init_params(&model_config(), 7, &Device::Cpu)?;
+    let params = init_params(&model_config(), 7, device)?;
     let mut trainer = Trainer::new(&model_config(), params, config, Ddp::new(pg))?;
     for s in 0..steps {
-        let mine: Vec<Tensor> = global_batches(s).iter().map(|b| rows_of(b, trainer.ddp.rank(), world_size)).collect();
+        let global = global_batches(s);
+        let mine = global.iter().map(|b| rows_of(b, trainer.ddp.rank(), world_size).to_device(device));
+        let mine = mine.collect::<candle_core::Result<Vec<Tensor>>>()?;
         trainer.train_step(&mine)?;
     }
     Ok(trainer.params.iter().map(|(n, v)| (n.to_string(), v.as_tensor().clone())).collect())

@@ -34,6 +34,8 @@ mod distributed;
 mod fsdp_runs;
 #[cfg(feature = "cuda")]
 mod gpu;
+#[cfg(feature = "nccl")]
+mod gpu_ranks;
 mod kernels;
 mod phase_2;
 mod phase_3;

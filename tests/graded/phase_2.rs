@@ -3,6 +3,8 @@
 //! see `process_ranks.rs`), trains bit for bit as DDP on thread ranks and
 //! reaches what one process reaches. Each rank's process runs your exercises.
 
+use candle_core::Device;
+
 use crate::fsdp_runs::{as_values, ddp_rank, ddp_run, max_relative_difference, single_process, train_config};
 use crate::process_ranks::on_processes;
 
@@ -12,7 +14,8 @@ const CLIP: f64 = 0.5;
 
 #[test]
 fn ddp_on_two_processes_trains_as_on_two_thread_ranks_and_as_one_process() {
-    let per_rank = on_processes(2, |pg| Ok(as_values(&ddp_rank(Box::new(pg), train_config(CLIP), STEPS)?)));
+    let per_rank =
+        on_processes(2, |pg| Ok(as_values(&ddp_rank(Box::new(pg), train_config(CLIP), STEPS, &Device::Cpu)?)));
     // Two ranks add a + b = b + a: the ring's average is the threads' to the bit.
     let threads = as_values(&ddp_run(2, train_config(CLIP), STEPS));
     for (rank, params) in per_rank.iter().enumerate() {

@@ -21,6 +21,7 @@
 //!   drifts exactly as much (4.8e-6 here), so this is data parallelism's
 //!   rounding, not sharding's.
 
+use candle_core::Device;
 use rstest::rstest;
 use workbook::distributed::spawn;
 use workbook::parallel::fsdp::{FsdpConfig, LossScaler, Precision, ShardingStrategy};
@@ -216,7 +217,8 @@ fn fp16_skips_overflowing_steps_instead_of_producing_nan() {
 #[test]
 fn full_shard_on_two_processes_trains_as_on_two_thread_ranks() {
     let fsdp = FsdpConfig { sharding: ShardingStrategy::FullShard, precision: Precision::Fp32 };
-    let per_rank = on_processes(2, |pg| Ok(as_values(&fsdp_rank(Box::new(pg), fsdp, train_config(CLIP), STEPS).0)));
+    let per_rank =
+        on_processes(2, |pg| Ok(as_values(&fsdp_rank(Box::new(pg), fsdp, train_config(CLIP), STEPS, &Device::Cpu).0)));
     let (threads, _) = fsdp_run(2, ShardingStrategy::FullShard, Precision::Fp32, train_config(CLIP), STEPS);
     let threads = as_values(&threads);
     for (rank, params) in per_rank.iter().enumerate() {

@@ -1,6 +1,7 @@
 //! The harness of multi-rank tests on real processes: this test binary
 //! starts itself again once per rank, with only the running test selected
-//! and the `env://` variables set, and each copy joins a [`TcpProcessGroup`].
+//! and the `env://` variables set, and each copy joins a [`TcpProcessGroup`]
+//! (or, with `--features nccl`, an NCCL group on GPU `LOCAL_RANK`).
 //!
 //! [`on_processes`] is the harness: in the parent it starts the ranks and
 //! returns what each rank's body returned (sent back as JSON); in a rank it
@@ -37,12 +38,13 @@ pub fn on_processes<T: Serialize + DeserializeOwned>(
     world: usize,
     body: impl FnOnce(TcpProcessGroup) -> candle_core::Result<T>,
 ) -> Vec<T> {
-    let results = on_processes_some_may_exit(world, body);
-    results
-        .into_iter()
-        .enumerate()
-        .map(|(rank, r)| r.unwrap_or_else(|| panic!("rank {rank} exited without a result")))
-        .collect()
+    every_rank(on_processes_some_may_exit(world, body))
+}
+
+/// Every rank's result, where none may be missing.
+fn every_rank<T>(results: Vec<Option<T>>) -> Vec<T> {
+    let with_rank = results.into_iter().enumerate();
+    with_rank.map(|(rank, r)| r.unwrap_or_else(|| panic!("rank {rank} exited without a result"))).collect()
 }
 
 /// [`on_processes`] for tests in which a rank exits on purpose: its result is `None`.
@@ -59,9 +61,30 @@ pub fn on_processes_timing_out_after<T: Serialize + DeserializeOwned>(
     seconds: u64,
     body: impl FnOnce(TcpProcessGroup) -> candle_core::Result<T>,
 ) -> Vec<Option<T>> {
+    on_processes_joining(world, seconds, init_from_env, body)
+}
+
+/// [`on_processes`] with every rank on its own GPU (GPU `LOCAL_RANK`), its
+/// collectives over NCCL.
+#[cfg(feature = "nccl")]
+pub fn on_gpu_processes<T: Serialize + DeserializeOwned>(
+    world: usize,
+    body: impl FnOnce(workbook::distributed::NcclProcessGroup) -> candle_core::Result<T>,
+) -> Vec<T> {
+    every_rank(on_processes_joining(world, TIMEOUT_S, workbook::distributed::NcclProcessGroup::init_from_env, body))
+}
+
+/// The harness itself: in a rank, `join` its group and run `body`; in the
+/// test, start the ranks and collect their results.
+fn on_processes_joining<G, T: Serialize + DeserializeOwned>(
+    world: usize,
+    seconds: u64,
+    join: impl FnOnce() -> candle_core::Result<Option<G>>,
+    body: impl FnOnce(G) -> candle_core::Result<T>,
+) -> Vec<Option<T>> {
     let test = this_test();
     if std::env::var(RANK_OF).as_deref() == Ok(test.as_str()) {
-        run_rank(body);
+        run_rank(join, body);
     }
     collect(start_ranks(world, &test, seconds), world)
 }
@@ -71,11 +94,14 @@ fn this_test() -> String {
 }
 
 /// The rank's side: join the group, run `body`, write its result, exit.
-fn run_rank<T: Serialize>(body: impl FnOnce(TcpProcessGroup) -> candle_core::Result<T>) -> ! {
-    let pg = init_from_env()
+fn run_rank<G, T: Serialize>(
+    join: impl FnOnce() -> candle_core::Result<Option<G>>,
+    body: impl FnOnce(G) -> candle_core::Result<T>,
+) -> ! {
+    let pg = join()
         .and_then(|pg| pg.ok_or_else(|| candle_core::Error::Msg("RANK is not set".into())))
         .unwrap_or_else(|e| fail(&format!("joining the group: {e}")));
-    let rank = workbook::distributed::ProcessGroup::rank(&pg);
+    let rank: usize = std::env::var("RANK").ok().and_then(|r| r.parse().ok()).expect("set by the harness");
     match body(pg) {
         Ok(result) => {
             let path =

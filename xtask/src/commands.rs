@@ -6,6 +6,7 @@ use std::io::{IsTerminal, Write};
 
 use anyhow::{bail, Context, Result};
 
+use crate::doctor::GpuBuild;
 use crate::grading::{phase_filter, Outcome, Runner, TestResult, TestRun, TEST_BINARY};
 use crate::metadata::{Exercise, Hint};
 use crate::progress::{Progress, State, PROGRESS_FILE};
@@ -180,27 +181,37 @@ fn check_whole_phase(ws: &Workspace, number: u32, exercises_pass: bool) -> Resul
     let run = ws.runner().run(std::slice::from_ref(&filter))?;
     let cpu_passes = print_verdict(label, &run, &filter, &format!("cargo test {filter}"));
     let gpu_passes = match crate::doctor::gpu_build() {
-        Some(feature) => check_on_gpu(ws, feature)?,
+        Some(build) => check_on_gpu(ws, number, &build)?,
         None => true,
     };
     Ok(Some(cpu_passes && gpu_passes))
 }
 
-/// Runs the single-GPU checks (`tests/graded/gpu.rs`) in a build with the
-/// GPU `feature`: your model and train step on GPU 0 against PyTorch's
-/// numbers, and with NCCL a one-rank NCCL group.
-fn check_on_gpu(ws: &Workspace, feature: &'static str) -> Result<bool> {
-    let label = "single-GPU checks (GPU 0)";
+/// Runs the GPU checks in a build with the GPU feature: the single-GPU ones
+/// (`tests/graded/gpu.rs`: your model and train step on GPU 0 against
+/// PyTorch's numbers, with NCCL a one-rank NCCL group) and, on two GPUs or
+/// more, phase `number`'s multi-rank checks over NCCL (`tests/graded/gpu_ranks.rs`).
+fn check_on_gpu(ws: &Workspace, number: u32, build: &GpuBuild) -> Result<bool> {
     println!(
         "      {}",
         dim(&format!(
-            "a CUDA device is here: building with --features {feature} (the first build compiles candle's CUDA kernels, minutes)"
+            "a CUDA device is here: building with --features {} (the first build compiles candle's CUDA kernels, minutes)",
+            build.feature
         ))
     );
-    let filter = "gpu::".to_string();
-    let runner = Runner { gpu: Some(feature), ..ws.runner() };
-    let run = runner.run(std::slice::from_ref(&filter))?;
-    Ok(print_verdict(label, &run, &filter, &format!("{} {filter}", runner.command_line())))
+    let runner = Runner { gpu: Some(build.feature), ..ws.runner() };
+    let single = "gpu::".to_string();
+    let ranks = build.multi_rank().then(|| format!("gpu_ranks::phase_{number}_"));
+    let filters: Vec<String> = std::iter::once(single.clone()).chain(ranks.clone()).collect();
+    let run = runner.run(&filters)?;
+    let rerun = |filter: &str| format!("{} {filter}", runner.command_line());
+    let mut passes = print_verdict("single-GPU checks (GPU 0)", &run, &single, &rerun(&single));
+    // Phase 4 has no multi-rank checks on GPUs: no test runs under its filter.
+    if let Some(filter) = ranks.filter(|filter| count(run.under(filter)).1 > 0) {
+        let label = format!("multi-rank checks on {} GPUs (one process per GPU, NCCL)", build.gpus);
+        passes &= print_verdict(&label, &run, &filter, &rerun(&filter));
+    }
+    Ok(passes)
 }
 
 /// Prints `label` with how many of `run`'s tests under `filter` passed, and

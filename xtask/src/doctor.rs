@@ -42,11 +42,19 @@ pub fn doctor() -> anyhow::Result<bool> {
     println!();
     println!("{}", bold("Where the checks run"));
     row("exercise tests", "this machine's CPU");
-    row(
-        "multi-rank checks",
-        "CPU ranks: threads in the graded tests, one process per rank in the process tests and `cargo train --nproc N`",
-    );
-    let gpu = match (machine.gpu_build(), machine.has_gpu()) {
+    let on_cpu =
+        "CPU ranks: threads in the graded tests, one process per rank in the process tests and `cargo train --nproc N`";
+    match machine.gpu_build() {
+        Some(build) if build.multi_rank() => row(
+            "multi-rank checks",
+            &format!(
+                "{on_cpu}; `check-phase 2|3` also on {} GPUs, one process each over NCCL (`gpu_ranks::`)",
+                build.gpus
+            ),
+        ),
+        _ => row("multi-rank checks", on_cpu),
+    }
+    let gpu = match (machine.gpu_build().map(|build| build.feature), machine.has_gpu()) {
         (Some(feature), _) => {
             let ranks =
                 if feature == "nccl" { "NCCL, one GPU per rank" } else { "over TCP: NCCL's library is missing" };
@@ -63,10 +71,24 @@ pub fn doctor() -> anyhow::Result<bool> {
     Ok(true)
 }
 
-/// The GPU feature a build can have here (`nccl`, or `cuda` where NCCL is
-/// missing), or `None` when a CUDA device, nvcc or a CUDA library is missing.
-pub fn gpu_build() -> Option<&'static str> {
+/// The GPU build this machine can run, or `None` when a CUDA device, nvcc
+/// or a CUDA library is missing.
+pub fn gpu_build() -> Option<GpuBuild> {
     Machine::probe().gpu_build()
+}
+
+pub struct GpuBuild {
+    /// `nccl`, or `cuda` where NCCL's library is missing.
+    pub feature: &'static str,
+    /// The CUDA devices `nvidia-smi` lists.
+    pub gpus: usize,
+}
+
+impl GpuBuild {
+    /// Whether the multi-rank checks can run on GPUs: NCCL and a GPU per rank.
+    pub fn multi_rank(&self) -> bool {
+        self.feature == "nccl" && self.gpus >= 2
+    }
 }
 
 /// What `doctor` looks at, probed once.
@@ -99,11 +121,12 @@ impl Machine {
         self.gpus.as_ref().is_some_and(|gpus| !gpus.is_empty())
     }
 
-    fn gpu_build(&self) -> Option<&'static str> {
+    fn gpu_build(&self) -> Option<GpuBuild> {
         if !self.gpu_missing().is_empty() {
             return None;
         }
-        Some(if self.nccl.is_some() { "nccl" } else { "cuda" })
+        let feature = if self.nccl.is_some() { "nccl" } else { "cuda" };
+        Some(GpuBuild { feature, gpus: self.gpus.as_ref().map_or(0, Vec::len) })
     }
 
     /// What this machine lacks for a CUDA build that runs, in words.
