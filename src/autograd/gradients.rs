@@ -99,7 +99,17 @@ impl Gradients {
 /// The gradient of `var` in `store` as f32, detached; zero when `var` did not
 /// reach the loss.
 pub fn gradient_of(var: &Var, store: &GradStore) -> Result<Tensor> {
-    let grad = match store.get(var) {
+    as_f32_gradient(var, store.get(var).cloned())
+}
+
+/// [`gradient_of`], taken out of `store`: once it is final, the store need
+/// not hold a second copy while backward goes on.
+pub fn take_gradient_of(var: &Var, store: &mut GradStore) -> Result<Tensor> {
+    as_f32_gradient(var, store.remove(var))
+}
+
+fn as_f32_gradient(var: &Var, grad: Option<Tensor>) -> Result<Tensor> {
+    let grad = match grad {
         Some(g) => g.to_dtype(DType::F32)?,
         None => var.zeros_like()?.to_dtype(DType::F32)?,
     };

@@ -4,5 +4,5 @@
 mod gradients;
 mod recompute;
 
-pub use gradients::{clip_factor, gradient_of, sum_of_squares, Gradients};
+pub use gradients::{clip_factor, gradient_of, sum_of_squares, take_gradient_of, Gradients};
 pub use recompute::{accumulate, vjp, Checkpointed, Recompute};

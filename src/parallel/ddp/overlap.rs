@@ -20,7 +20,7 @@ use candle_core::backprop::GradStore;
 use candle_core::{bail, Result, Tensor};
 
 use super::Ddp;
-use crate::autograd::{gradient_of, Gradients};
+use crate::autograd::{take_gradient_of, Gradients};
 use crate::model::{layer_of, param_specs, ForwardPass, GptConfig, ParamStore};
 use crate::phase4_under_the_hood::overlapped_all_reduce;
 use crate::train::{StepStats, Trainer};
@@ -48,7 +48,9 @@ fn final_after(name: &str) -> Stage {
 /// Runs `pass`'s backward stage by stage and sends each parameter's gradient
 /// as soon as it is final, as `earlier + scale · gradient` (what earlier
 /// micro-batches accumulated plus this one's share): parameters in reverse
-/// model order, as backward reaches them. Stops early if the receiver is gone.
+/// model order, as backward reaches them. A sent gradient leaves the store,
+/// which would otherwise hold a second copy of every gradient until backward
+/// ends. Stops early if the receiver is gone.
 fn send_when_final(
     config: &GptConfig,
     pass: &ForwardPass,
@@ -67,9 +69,9 @@ fn send_when_final(
         );
     }
     let in_backward_order: Vec<String> = param_specs(config).into_iter().rev().map(|spec| spec.name).collect();
-    let send = |grads: &GradStore, stage: Stage| -> Result<bool> {
+    let send = |grads: &mut GradStore, stage: Stage| -> Result<bool> {
         for name in in_backward_order.iter().filter(|name| final_after(name) == stage) {
-            let this = (gradient_of(params.get(name)?, grads)? * scale)?;
+            let this = (take_gradient_of(params.get(name)?, grads)? * scale)?;
             let total = match earlier.get(name) {
                 Some(sum) => (sum + this)?,
                 None => this,
@@ -81,16 +83,16 @@ fn send_when_final(
         Ok(true)
     };
     let mut grads = loss.backward()?;
-    if !send(&grads, Stage::Head)? {
+    if !send(&mut grads, Stage::Head)? {
         return Ok(());
     }
     for layer in (0..config.num_layers).rev() {
         pass.recompute.backward_through(layer, &mut grads)?;
-        if !send(&grads, Stage::Block(layer))? {
+        if !send(&mut grads, Stage::Block(layer))? {
             return Ok(());
         }
     }
-    send(&grads, Stage::Embedding).map(drop)
+    send(&mut grads, Stage::Embedding).map(drop)
 }
 
 impl Ddp {
