@@ -16,7 +16,7 @@ use std::thread;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use workbook::distributed::launch::free_port;
-use workbook::distributed::{init_from_env, LaunchConfig, TcpProcessGroup};
+use workbook::distributed::{init_from_env, LaunchConfig, ProcessGroup, TcpProcessGroup};
 
 /// Set in a rank's environment: the test it runs, and where its result goes.
 const RANK_OF: &str = "WORKBOOK_TEST_RANK_OF";
@@ -76,7 +76,7 @@ pub fn on_gpu_processes<T: Serialize + DeserializeOwned>(
 
 /// The harness itself: in a rank, `join` its group and run `body`; in the
 /// test, start the ranks and collect their results.
-fn on_processes_joining<G, T: Serialize + DeserializeOwned>(
+fn on_processes_joining<G: ProcessGroup, T: Serialize + DeserializeOwned>(
     world: usize,
     seconds: u64,
     join: impl FnOnce() -> candle_core::Result<Option<G>>,
@@ -94,14 +94,14 @@ fn this_test() -> String {
 }
 
 /// The rank's side: join the group, run `body`, write its result, exit.
-fn run_rank<G, T: Serialize>(
+fn run_rank<G: ProcessGroup, T: Serialize>(
     join: impl FnOnce() -> candle_core::Result<Option<G>>,
     body: impl FnOnce(G) -> candle_core::Result<T>,
 ) -> ! {
     let pg = join()
         .and_then(|pg| pg.ok_or_else(|| candle_core::Error::Msg("RANK is not set".into())))
         .unwrap_or_else(|e| fail(&format!("joining the group: {e}")));
-    let rank: usize = std::env::var("RANK").ok().and_then(|r| r.parse().ok()).expect("set by the harness");
+    let rank = pg.rank();
     match body(pg) {
         Ok(result) => {
             let path =

@@ -44,7 +44,8 @@ pub fn doctor() -> anyhow::Result<bool> {
     row("exercise tests", "this machine's CPU");
     let on_cpu =
         "CPU ranks: threads in the graded tests, one process per rank in the process tests and `cargo train --nproc N`";
-    match machine.gpu_build() {
+    let build = machine.gpu_build();
+    match &build {
         Some(build) if build.multi_rank() => row(
             "multi-rank checks",
             &format!(
@@ -54,7 +55,7 @@ pub fn doctor() -> anyhow::Result<bool> {
         ),
         _ => row("multi-rank checks", on_cpu),
     }
-    let gpu = match (machine.gpu_build().map(|build| build.feature), machine.has_gpu()) {
+    let gpu = match (build.map(|build| build.feature), machine.has_gpu()) {
         (Some(feature), _) => {
             let ranks =
                 if feature == "nccl" { "NCCL, one GPU per rank" } else { "over TCP: NCCL's library is missing" };
