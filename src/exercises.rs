@@ -99,6 +99,10 @@ mod ex22_fsdp_unit_step;
 #[cfg_attr(feature = "solutions", path = "../solutions/phase4_under_the_hood/ex23_tensor_parallel_block.rs")]
 mod ex23_tensor_parallel_block;
 
+#[cfg_attr(not(feature = "solutions"), path = "../exercises/phase4_under_the_hood/ex24_one_f_one_b.rs")]
+#[cfg_attr(feature = "solutions", path = "../solutions/phase4_under_the_hood/ex24_one_f_one_b.rs")]
+mod ex24_one_f_one_b;
+
 /// Phase 1: Model (exercises 1–7).
 pub mod phase1_model {
     pub use super::ex02_rotate_half::rotate_half;
@@ -121,7 +125,7 @@ pub mod phase3_fsdp {
     pub use super::ex14_wrap_policy::wrap_policy;
 }
 
-/// Phase 4: Under the hood (exercises 16–23).
+/// Phase 4: Under the hood (exercises 16–24).
 pub mod phase4_under_the_hood {
     pub use super::ex16_ring_all_reduce::ring_all_reduce;
     pub use super::ex19_overlapped_ddp::overlapped_all_reduce;
@@ -129,4 +133,5 @@ pub mod phase4_under_the_hood {
     pub use super::ex22_fsdp_unit_step::fsdp_backward;
     pub use super::ex22_fsdp_unit_step::fsdp_forward;
     pub use super::ex23_tensor_parallel_block::tensor_parallel_step;
+    pub use super::ex24_one_f_one_b::one_f_one_b_step;
 }

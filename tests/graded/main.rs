@@ -28,6 +28,7 @@ mod exercise_20;
 mod exercise_21;
 mod exercise_22;
 mod exercise_23;
+mod exercise_24;
 // END exercise modules
 mod data;
 mod distributed;
@@ -40,6 +41,7 @@ mod kernels;
 mod phase_2;
 mod phase_3;
 mod phase_4;
+mod pipeline_runs;
 mod process_ranks;
 mod processes;
 mod scaffolding;

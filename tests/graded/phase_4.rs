@@ -1,4 +1,4 @@
-//! Phase 4's whole-phase checks, run once exercises 16-23 pass: training
+//! Phase 4's whole-phase checks, run once exercises 16-24 pass: training
 //! steps built from your own pieces, every rank a process of its own (the
 //! process backend over TCP, see `process_ranks.rs`), reach the parameters
 //! one process reaches with the runtime's AdamW.
@@ -6,8 +6,8 @@
 //! - Data parallel: each rank's gradients averaged by your buckets
 //!   (exercise 19) over your ring all-reduce (exercise 16), the update taken
 //!   by your sharded AdamW (exercise 17).
-//! - Pipeline parallel: your GPipe step (exercise 21) on two stages, each
-//!   stage updating its own parameters.
+//! - Pipeline parallel: your GPipe step (exercise 21) and your 1F1B step
+//!   (exercise 24) on two stages, each stage updating its own parameters.
 //! - Fully sharded: the blocks as FSDP units stepped by your exercise 22,
 //!   each rank updating only its shards.
 //! - Tensor parallel: every block split across the ranks and stepped by your
@@ -19,18 +19,17 @@
 use std::collections::{BTreeMap, HashMap};
 
 use candle_core::{bail, Device, Module, Result, Tensor, Var};
+use rstest::rstest;
 use workbook::autograd::{vjp, Gradients};
 use workbook::distributed::{OwnRing, ProcessGroup, ReduceOp};
 use workbook::model::{layer_of, Outer, ParamStore};
 use workbook::parallel::fsdp::FlatLayout;
 use workbook::parallel::fsdp_unit::BlockUnit;
-use workbook::parallel::pipeline::PipelineStage;
+use workbook::parallel::pipeline::{PipelineSchedule, PipelineStage};
 use workbook::parallel::tensor::TensorParallelBlock;
 use workbook::parallel::zero::ShardedAdamW;
 use workbook::phase1_model::next_token_loss;
-use workbook::phase4_under_the_hood::{
-    fsdp_backward, fsdp_forward, gpipe_step, overlapped_all_reduce, tensor_parallel_step,
-};
+use workbook::phase4_under_the_hood::{fsdp_backward, fsdp_forward, overlapped_all_reduce, tensor_parallel_step};
 use workbook::train::{AdamW, AdamWConfig, ParamGroup};
 use workbook::{init_params, Gpt};
 
@@ -104,13 +103,13 @@ fn data_parallel_rank(pg: Box<dyn ProcessGroup>) -> Result<Values> {
     Ok(values(&params))
 }
 
-/// One pipeline stage: your GPipe step on the whole batch, AdamW on the stage's parameters.
-fn pipeline_stage(pg: Box<dyn ProcessGroup>) -> Result<Values> {
+/// One pipeline stage: your step on `schedule` over the whole batch, AdamW on the stage's parameters.
+fn pipeline_stage(pg: Box<dyn ProcessGroup>, schedule: PipelineSchedule) -> Result<Values> {
     let params = init_params(&model_config(), 7, &Device::Cpu)?;
     let stage = PipelineStage::new(&model_config(), &params, pg.rank(), pg.world_size())?;
     let mut optimizer = adamw(stage.params())?;
     for step in 0..STEPS {
-        let grads = gpipe_step(pg.as_ref(), &stage, &global_batches(step))?.grads;
+        let grads = schedule.step(pg.as_ref(), &stage, &global_batches(step))?.grads;
         optimizer.step(stage.params(), &grads, LR)?;
     }
     Ok(values(stage.params()))
@@ -294,9 +293,11 @@ fn your_buckets_ring_and_sharded_adamw_train_on_two_processes_as_one_process() {
     expect_as_one_process(&per_rank, "data parallel from exercises 16, 17 and 19");
 }
 
-#[test]
-fn your_pipeline_of_two_processes_trains_as_one_process() {
-    let per_stage = on_processes(2, |pg| pipeline_stage(Box::new(pg)));
+#[rstest]
+fn your_pipeline_of_two_processes_trains_as_one_process(
+    #[values(PipelineSchedule::GPipe, PipelineSchedule::OneFOneB)] schedule: PipelineSchedule,
+) {
+    let per_stage = on_processes(2, |pg| pipeline_stage(Box::new(pg), schedule));
     let mut held: Vec<&String> = per_stage.iter().flat_map(|v| v.keys()).collect();
     held.sort();
     assert_eq!(
@@ -304,7 +305,7 @@ fn your_pipeline_of_two_processes_trains_as_one_process() {
         one_process().iter().count(),
         "the two stages together should hold every parameter once: {held:?}"
     );
-    expect_as_one_process(&per_stage, "the pipeline of exercise 21");
+    expect_as_one_process(&per_stage, &format!("the {schedule} pipeline of exercise {}", schedule.exercise()));
 }
 
 #[test]

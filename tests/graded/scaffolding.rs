@@ -253,3 +253,124 @@ fn a_tensor_parallel_block_refuses_heads_the_ranks_do_not_divide() {
     let err = refused.err().expect("4 heads cannot be split across 3 ranks; shard should refuse");
     assert!(err.to_string().contains("do not split evenly across 3 ranks"), "unexpected error: {err}");
 }
+
+/// The pipeline's stages and its bubble arithmetic.
+mod pipeline {
+    use candle_core::{DType, Device, Tensor};
+    use workbook::parallel::pipeline::StageOp::{Backward, Forward};
+    use workbook::parallel::pipeline::{bubble_fraction, stage_layers, PipelineSchedule, PipelineStage};
+    use workbook::{param_specs, GptConfig, ParamStore};
+
+    use crate::pipeline_runs::{gpipe, one_f_one_b};
+
+    fn model(num_layers: usize, tie_word_embeddings: bool) -> (GptConfig, ParamStore) {
+        let config = GptConfig {
+            vocab_size: 16,
+            hidden_size: 8,
+            num_layers,
+            num_heads: 2,
+            num_kv_heads: None,
+            intermediate_size: 16,
+            max_seq_len: 4,
+            rope_theta: 10_000.0,
+            norm_eps: 1e-5,
+            bias: false,
+            tie_word_embeddings,
+        };
+        let zeros = param_specs(&config)
+            .into_iter()
+            .map(|spec| (spec.name, Tensor::zeros(spec.shape, DType::F32, &Device::Cpu).unwrap()));
+        (config.clone(), ParamStore::from_tensors(zeros).unwrap())
+    }
+
+    #[test]
+    fn each_stage_holds_its_blocks_and_the_ends_hold_the_rest() {
+        let (config, params) = model(3, false);
+        let names = |index| -> Vec<String> {
+            let stage = PipelineStage::new(&config, &params, index, 2).unwrap();
+            stage.params().iter().map(|(name, _)| name.to_string()).filter(|n| !n.contains(".layers.")).collect()
+        };
+        assert_eq!(names(0), ["model.embed_tokens.weight"]);
+        assert_eq!(names(1), ["lm_head.weight", "model.norm.weight"]);
+        assert_eq!(PipelineStage::new(&config, &params, 1, 2).unwrap().layers(), 2..3);
+    }
+
+    #[test]
+    fn a_pipeline_longer_than_the_model_or_with_tied_ends_is_an_error() {
+        let (config, params) = model(2, false);
+        let error = PipelineStage::new(&config, &params, 0, 3).err().unwrap().to_string();
+        assert!(error.contains("2 layers cannot fill 3 pipeline stages"), "{error}");
+        let (config, params) = model(2, true);
+        let error = PipelineStage::new(&config, &params, 0, 2).err().unwrap().to_string();
+        assert!(error.contains("tie_word_embeddings = false"), "{error}");
+    }
+
+    #[test]
+    fn layers_split_into_even_runs_the_first_stages_taking_the_rest() {
+        let split: Vec<_> = (0..3).map(|i| stage_layers(8, 3, i)).collect();
+        assert_eq!(split, [0..3, 3..6, 6..8]);
+        assert_eq!(stage_layers(4, 4, 3), 3..4);
+    }
+
+    #[test]
+    fn gpipe_idles_s_minus_one_over_m_plus_s_minus_one() {
+        for (stages, micro_batches) in [(2, 4), (4, 4), (4, 8), (3, 1)] {
+            let bubble = bubble_fraction(&vec![gpipe(micro_batches); stages], 1.0, 2.0).unwrap();
+            let want = (stages - 1) as f64 / (micro_batches + stages - 1) as f64;
+            assert!((bubble - want).abs() < 1e-12, "S {stages}, M {micro_batches}: {bubble} vs {want}");
+        }
+    }
+
+    /// Starting backwards early changes the memory, not the idle time.
+    #[test]
+    fn one_f_one_b_idles_as_long_as_gpipe() {
+        for (stages, micro_batches) in [(2, 4), (4, 4), (4, 8), (4, 2), (3, 1)] {
+            for backward in [1.0, 2.0] {
+                let gpipe = bubble_fraction(&vec![gpipe(micro_batches); stages], 1.0, backward).unwrap();
+                let one_f_one_b = bubble_fraction(&one_f_one_b(stages, micro_batches), 1.0, backward).unwrap();
+                assert!((gpipe - one_f_one_b).abs() < 1e-12, "S {stages}, M {micro_batches}: {one_f_one_b} vs {gpipe}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_most_in_flight_is_what_each_schedule_holds() {
+        let (stages, micro_batches) = (4, 6);
+        let most = |ops: &[_]| {
+            let mut in_flight = 0isize;
+            ops.iter()
+                .map(|op| {
+                    in_flight += if *op == Forward { 1 } else { -1 };
+                    in_flight as usize
+                })
+                .max()
+                .unwrap()
+        };
+        for (s, ops) in one_f_one_b(stages, micro_batches).iter().enumerate() {
+            assert_eq!(PipelineSchedule::OneFOneB.most_in_flight(s, stages, micro_batches), most(ops), "stage {s}");
+            assert_eq!(PipelineSchedule::GPipe.most_in_flight(s, stages, micro_batches), most(&gpipe(micro_batches)));
+        }
+    }
+
+    #[test]
+    fn one_micro_batch_at_a_time_idles_all_but_one_stage() {
+        let one_by_one = [Forward, Backward].repeat(4);
+        let bubble = bubble_fraction(&vec![one_by_one; 4], 1.0, 2.0).unwrap();
+        assert!((bubble - 0.75).abs() < 1e-12, "{bubble}");
+    }
+
+    #[test]
+    fn schedules_that_wait_on_each_other_are_an_error() {
+        // Stage 0 waits for a gradient of a micro-batch it has not sent yet.
+        let crossed = vec![vec![Backward, Forward], vec![Forward, Backward]];
+        assert!(bubble_fraction(&crossed, 1.0, 1.0).is_err());
+    }
+
+    #[test]
+    fn a_schedule_is_named_gpipe_or_1f1b() {
+        assert_eq!("1f1b".parse::<PipelineSchedule>().unwrap(), PipelineSchedule::OneFOneB);
+        assert_eq!("gpipe".parse::<PipelineSchedule>().unwrap(), PipelineSchedule::GPipe);
+        let error = "pipedream".parse::<PipelineSchedule>().unwrap_err().to_string();
+        assert!(error.contains("use gpipe or 1f1b"), "{error}");
+    }
+}

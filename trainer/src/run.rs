@@ -174,8 +174,8 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>, 
             let trainer = FsdpTrainer::new(&model_config, params, train_config, fsdp, pg)?;
             drive(options, dataset, trainer, device, num_params)
         }
-        Strategy::Pipeline => {
-            let trainer = PipelineTrainer::new(&model_config, &params, train_config, pg)?;
+        Strategy::Pipeline(schedule) => {
+            let trainer = PipelineTrainer::new(&model_config, &params, train_config, pg, schedule)?;
             drop(params); // each stage keeps only its own parameters
             drive(options, dataset, trainer, device, num_params)
         }
@@ -427,15 +427,17 @@ fn print_plan(options: &RunOptions, dataset: &Dataset, device: &Device, num_para
     if options.ddp_overlap {
         println!("gradients: buckets all-reduced during backward, your exercise 19 (--ddp-overlap)");
     }
-    if options.strategy == Strategy::Pipeline {
+    if let Strategy::Pipeline(schedule) = options.strategy {
         let (stages, micro_batches) = (options.nproc, c.grad_accum_steps);
         let layers: Vec<String> = (0..stages)
             .map(|s| format!("{:?}", workbook::parallel::pipeline::stage_layers(c.model.num_layers, stages, s)))
             .collect();
         println!(
-            "pipeline: {stages} stages (layers {}), your GPipe step from exercise 21 over {micro_batches} micro-batches: bubble (S-1)/(M+S-1) = {:.0}%",
+            "pipeline: {stages} stages (layers {}), your {schedule} step from exercise {} over {micro_batches} micro-batches: bubble (S-1)/(M+S-1) = {:.0}%, at most {} micro-batch(es) in flight on stage 0",
             layers.join(", "),
-            100.0 * (stages - 1) as f64 / (micro_batches + stages - 1) as f64
+            schedule.exercise(),
+            100.0 * (stages - 1) as f64 / (micro_batches + stages - 1) as f64,
+            schedule.most_in_flight(0, stages, micro_batches)
         );
     }
     if let Some(rank) = options.powersgd_rank {

@@ -2,6 +2,7 @@
 //! [`workbook::train::Train`].
 
 use workbook::parallel::fsdp::FsdpConfig;
+use workbook::parallel::pipeline::PipelineSchedule;
 
 /// How a run spreads over its ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -10,8 +11,9 @@ pub enum Strategy {
     Ddp,
     /// Phase 3: sharded units.
     Fsdp(FsdpConfig),
-    /// Phase 4: the blocks cut into one pipeline stage per rank (exercise 21).
-    Pipeline,
+    /// Phase 4: the blocks cut into one pipeline stage per rank, stepped on
+    /// GPipe's schedule (exercise 21) or 1F1B's (exercise 24).
+    Pipeline(PipelineSchedule),
 }
 
 impl Strategy {
@@ -19,7 +21,7 @@ impl Strategy {
     /// except in a pipeline, whose stages all read the same batch.
     pub fn data_parallel_size(self, nproc: usize) -> usize {
         match self {
-            Strategy::Pipeline => 1,
+            Strategy::Pipeline(_) => 1,
             Strategy::Ddp | Strategy::Fsdp(_) => nproc,
         }
     }

@@ -15,6 +15,7 @@ use trainer::run::{train, RunOptions};
 use trainer::strategy::Strategy;
 use workbook::data::{DataConfig, DatasetKind, SAMPLE_PATH};
 use workbook::parallel::fsdp::{FsdpConfig, Precision, ShardingStrategy};
+use workbook::parallel::pipeline::PipelineSchedule;
 
 fn options(out_dir: PathBuf, max_steps: usize, nproc: usize) -> RunOptions {
     let mut config = RunConfig::load("tiny").unwrap();
@@ -146,8 +147,9 @@ fn ddp_overlapped_with_backward_reaches_the_parameters_of_ddp_after_backward() {
     }
 }
 
-/// `--pipeline-stages 2` takes the steps one process takes, and its
-/// checkpoint, written whole by rank 0, resumes on one process.
+/// `--pipeline-stages 2` takes the steps one process takes on either
+/// schedule, and its checkpoint, written whole by rank 0, resumes on one
+/// process.
 #[test]
 fn a_pipeline_of_two_stages_trains_as_one_process_and_resumes_under_ddp() {
     let run = |name: &str, nproc: usize, strategy: Strategy| {
@@ -164,16 +166,19 @@ fn a_pipeline_of_two_stages_trains_as_one_process_and_resumes_under_ddp() {
         (dir, summary, params)
     };
     let (_, one, want) = run("one-process", 1, Strategy::Ddp);
-    let (dir, pipelined, got) = run("pipeline", 2, Strategy::Pipeline);
-    let (a, b) = (one.last.unwrap().loss, pipelined.last.unwrap().loss);
-    assert!((a - b).abs() <= 1e-5 * a.abs(), "the pipeline's loss at step 3 is {b}, one process's {a}");
-    assert_eq!(got.len(), want.len(), "rank 0 should write every stage's parameters");
-    for (name, want) in &want {
-        let got = &got[name];
-        let diff = (got - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
-        let scale = want.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
-        assert!(diff <= 1e-5 * scale.max(1.0), "`{name}` differs by {diff:e} after 3 pipelined steps");
-    }
+    let [_, dir] = [PipelineSchedule::GPipe, PipelineSchedule::OneFOneB].map(|schedule| {
+        let (dir, pipelined, got) = run(&format!("pipeline-{schedule}"), 2, Strategy::Pipeline(schedule));
+        let (a, b) = (one.last.unwrap().loss, pipelined.last.unwrap().loss);
+        assert!((a - b).abs() <= 1e-5 * a.abs(), "the {schedule} pipeline's loss at step 3 is {b}, one process's {a}");
+        assert_eq!(got.len(), want.len(), "rank 0 should write every stage's parameters");
+        for (name, want) in &want {
+            let got = &got[name];
+            let diff = (got - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+            let scale = want.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+            assert!(diff <= 1e-5 * scale.max(1.0), "`{name}` differs by {diff:e} after 3 {schedule} steps");
+        }
+        dir
+    });
 
     let mut more = options(dir.clone(), 5, 1);
     more.config.grad_accum_steps = 4;

@@ -25,7 +25,7 @@ struct Variant {
 const TWO_PROCESSES: Ranks = Ranks { nproc: 2, threads_per_rank: 1, processes: true };
 
 /// What is compared; the ratios are to the first two-process variant, plain DDP.
-const VARIANTS: [Variant; 6] = [
+const VARIANTS: [Variant; 7] = [
     Variant {
         name: "single process, 2 threads",
         exercise: None,
@@ -51,7 +51,18 @@ const VARIANTS: [Variant; 6] = [
         ranks: TWO_PROCESSES,
         flags: &["--ddp-overlap"],
     },
-    Variant { name: "GPipe pipeline, 2 stages", exercise: Some(21), ranks: TWO_PROCESSES, flags: &["--pipeline"] },
+    Variant {
+        name: "GPipe pipeline, 2 stages",
+        exercise: Some(21),
+        ranks: TWO_PROCESSES,
+        flags: &["--pipeline", "gpipe"],
+    },
+    Variant {
+        name: "1F1B pipeline, 2 stages",
+        exercise: Some(24),
+        ranks: TWO_PROCESSES,
+        flags: &["--pipeline", "1f1b"],
+    },
 ];
 
 /// The variant the others are compared with.
@@ -86,7 +97,9 @@ pub fn bench_phase4(ws: &Workspace, model_size: &str, steps: usize, large_steps:
          Expected traffic at N = 2: a ring all-reduce sends 2(N−1)/N · 4Ψ bytes per rank, 4Ψ for Ψ\n\
          f32 gradients; PowerSGD sends (n + m)·r floats for each n×m matrix instead of n·m, and the\n\
          vectors whole; a pipeline stage sends each micro-batch's activations forward (B·T·H floats)\n\
-         and their gradients back, with a bubble of (S−1)/(M+S−1) of the step idle.\n",
+         and their gradients back, with a bubble of (S−1)/(M+S−1) of the step idle. In memory a\n\
+         GPipe stage holds the activations of all M micro-batches at once, a 1F1B stage s at most\n\
+         S − s of them.\n",
         cpu = cpu_model()
     );
     for workload in &workloads {

@@ -1,13 +1,16 @@
 //! Pipeline parallelism: the model's blocks cut into consecutive stages, one
 //! per rank. A micro-batch's activations travel forward from stage to stage
-//! and their gradients travel back; the schedule that keeps the stages busy
-//! is exercise 21 (`exercises/phase4_under_the_hood/ex21_gpipe.rs`).
+//! and their gradients travel back; the schedules that keep the stages busy
+//! are exercises 21 (GPipe, `exercises/phase4_under_the_hood/ex21_gpipe.rs`)
+//! and 24 (1F1B, `ex24_one_f_one_b.rs`).
 //!
 //! A stage runs only its own part of the model and records the order in
 //! which it ran forwards and backwards, so a schedule can be checked and its
 //! idle time (the bubble) worked out.
 
+use std::fmt;
 use std::ops::Range;
+use std::str::FromStr;
 use std::sync::{Mutex, PoisonError};
 
 use candle_core::backprop::GradStore;
@@ -15,8 +18,10 @@ use candle_core::{bail, DType, Module, Result, Tensor};
 use candle_nn::Embedding;
 
 use crate::autograd::{vjp, Gradients};
+use crate::distributed::ProcessGroup;
 use crate::model::{layer_of, Block, GptConfig, Linear, ParamStore, RmsNorm, RotaryCache, Weights};
 use crate::phase1_model::next_token_loss;
+use crate::phase4_under_the_hood::{gpipe_step, one_f_one_b_step};
 use crate::timeline;
 
 mod trainer;
@@ -51,6 +56,68 @@ pub struct PipelineStep {
     pub loss: Option<f32>,
     /// The gradients of this stage's parameters for the step's loss.
     pub grads: Gradients,
+}
+
+/// The order in which a pipelined step runs its micro-batches' forwards and
+/// backwards. Both give the same gradients and idle the stages as long;
+/// they differ in how many micro-batches a stage holds in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PipelineSchedule {
+    /// All M forwards, then all M backwards (exercise 21).
+    #[default]
+    GPipe,
+    /// A warm-up of S − s − 1 forwards, then one forward and one backward in
+    /// turn (exercise 24).
+    OneFOneB,
+}
+
+impl PipelineSchedule {
+    /// One step of `stage` over `micro_batches`, with the learner's exercise.
+    pub fn step(self, pg: &dyn ProcessGroup, stage: &PipelineStage, micro_batches: &[Tensor]) -> Result<PipelineStep> {
+        match self {
+            Self::GPipe => gpipe_step(pg, stage, micro_batches),
+            Self::OneFOneB => one_f_one_b_step(pg, stage, micro_batches),
+        }
+    }
+
+    /// The exercise that writes this schedule.
+    pub fn exercise(self) -> u32 {
+        match self {
+            Self::GPipe => 21,
+            Self::OneFOneB => 24,
+        }
+    }
+
+    /// The most micro-batches stage `index` of `stages` holds between their
+    /// forward and their backward, of `micro_batches`: all of them under
+    /// GPipe, S − s under 1F1B.
+    pub fn most_in_flight(self, index: usize, stages: usize, micro_batches: usize) -> usize {
+        match self {
+            Self::GPipe => micro_batches,
+            Self::OneFOneB => (stages - index).min(micro_batches),
+        }
+    }
+}
+
+impl fmt::Display for PipelineSchedule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::GPipe => "GPipe",
+            Self::OneFOneB => "1F1B",
+        })
+    }
+}
+
+impl FromStr for PipelineSchedule {
+    type Err = candle_core::Error;
+
+    fn from_str(name: &str) -> Result<Self> {
+        match name {
+            "gpipe" => Ok(Self::GPipe),
+            "1f1b" => Ok(Self::OneFOneB),
+            other => bail!("unknown pipeline schedule `{other}`: use gpipe or 1f1b"),
+        }
+    }
 }
 
 /// The layers stage `index` of `stages` holds: consecutive runs as even as
@@ -272,86 +339,4 @@ pub fn bubble_fraction(schedules: &[Vec<StageOp>], forward: f64, backward: f64) 
     let makespan = free.iter().copied().fold(0.0, f64::max);
     let busy: f64 = schedules.iter().flatten().map(|op| if *op == StageOp::Forward { forward } else { backward }).sum();
     Ok(if makespan == 0.0 { 0.0 } else { 1.0 - busy / (stages as f64 * makespan) })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::model::param_specs;
-
-    fn model(num_layers: usize, tie_word_embeddings: bool) -> (GptConfig, ParamStore) {
-        let config = GptConfig {
-            vocab_size: 16,
-            hidden_size: 8,
-            num_layers,
-            num_heads: 2,
-            num_kv_heads: None,
-            intermediate_size: 16,
-            max_seq_len: 4,
-            rope_theta: 10_000.0,
-            norm_eps: 1e-5,
-            bias: false,
-            tie_word_embeddings,
-        };
-        let zeros = param_specs(&config)
-            .into_iter()
-            .map(|spec| (spec.name, Tensor::zeros(spec.shape, DType::F32, &candle_core::Device::Cpu).unwrap()));
-        (config.clone(), ParamStore::from_tensors(zeros).unwrap())
-    }
-
-    #[test]
-    fn each_stage_holds_its_blocks_and_the_ends_hold_the_rest() {
-        let (config, params) = model(3, false);
-        let names = |index| -> Vec<String> {
-            let stage = PipelineStage::new(&config, &params, index, 2).unwrap();
-            stage.params().iter().map(|(name, _)| name.to_string()).filter(|n| !n.contains(".layers.")).collect()
-        };
-        assert_eq!(names(0), ["model.embed_tokens.weight"]);
-        assert_eq!(names(1), ["lm_head.weight", "model.norm.weight"]);
-        assert_eq!(PipelineStage::new(&config, &params, 1, 2).unwrap().layers(), 2..3);
-    }
-
-    #[test]
-    fn a_pipeline_longer_than_the_model_or_with_tied_ends_is_an_error() {
-        let (config, params) = model(2, false);
-        let error = PipelineStage::new(&config, &params, 0, 3).err().unwrap().to_string();
-        assert!(error.contains("2 layers cannot fill 3 pipeline stages"), "{error}");
-        let (config, params) = model(2, true);
-        let error = PipelineStage::new(&config, &params, 0, 2).err().unwrap().to_string();
-        assert!(error.contains("tie_word_embeddings = false"), "{error}");
-    }
-
-    fn gpipe(micro_batches: usize) -> Vec<StageOp> {
-        [vec![StageOp::Forward; micro_batches], vec![StageOp::Backward; micro_batches]].concat()
-    }
-
-    #[test]
-    fn layers_split_into_even_runs_the_first_stages_taking_the_rest() {
-        let split: Vec<_> = (0..3).map(|i| stage_layers(8, 3, i)).collect();
-        assert_eq!(split, [0..3, 3..6, 6..8]);
-        assert_eq!(stage_layers(4, 4, 3), 3..4);
-    }
-
-    #[test]
-    fn gpipe_idles_s_minus_one_over_m_plus_s_minus_one() {
-        for (stages, micro_batches) in [(2, 4), (4, 4), (4, 8), (3, 1)] {
-            let bubble = bubble_fraction(&vec![gpipe(micro_batches); stages], 1.0, 2.0).unwrap();
-            let want = (stages - 1) as f64 / (micro_batches + stages - 1) as f64;
-            assert!((bubble - want).abs() < 1e-12, "S {stages}, M {micro_batches}: {bubble} vs {want}");
-        }
-    }
-
-    #[test]
-    fn one_micro_batch_at_a_time_idles_all_but_one_stage() {
-        let one_by_one = [StageOp::Forward, StageOp::Backward].repeat(4);
-        let bubble = bubble_fraction(&vec![one_by_one; 4], 1.0, 2.0).unwrap();
-        assert!((bubble - 0.75).abs() < 1e-12, "{bubble}");
-    }
-
-    #[test]
-    fn schedules_that_wait_on_each_other_are_an_error() {
-        // Stage 0 waits for a gradient of a micro-batch it has not sent yet.
-        let crossed = vec![vec![StageOp::Backward, StageOp::Forward], vec![StageOp::Forward, StageOp::Backward]];
-        assert!(bubble_fraction(&crossed, 1.0, 1.0).is_err());
-    }
 }

@@ -1,6 +1,7 @@
 //! The pipeline trainer (`train --pipeline-stages S`): one stage per rank,
-//! each step the learner's GPipe schedule (exercise 21) over the step's
-//! micro-batches, each stage updating only its own parameters.
+//! each step the learner's GPipe (exercise 21) or 1F1B (exercise 24)
+//! schedule over the step's micro-batches, each stage updating only its own
+//! parameters.
 //!
 //! Every stage sees the same batch (there is no data parallelism), so the
 //! loop samples as one rank does. What needs the whole model goes through the
@@ -15,12 +16,11 @@ use std::path::Path;
 
 use candle_core::{bail, DType, Device, Result, Tensor};
 
-use super::{stage_holding, PipelineStage};
+use super::{stage_holding, PipelineSchedule, PipelineStage};
 use crate::autograd::{clip_factor, sum_of_squares};
 use crate::distributed::{all_reduce_scalar, ProcessGroup, ReduceOp};
 use crate::model::{param_specs, GptConfig, ParamStore};
 use crate::phase2_training::param_groups;
-use crate::phase4_under_the_hood::gpipe_step;
 use crate::train::{
     AdamW, Checkpoint, DataPosition, ParamGroup, StepCounters, StepStats, Train, TrainConfig, TrainerState,
 };
@@ -28,6 +28,7 @@ use crate::train::{
 pub struct PipelineTrainer {
     model_config: GptConfig,
     stage: PipelineStage,
+    schedule: PipelineSchedule,
     /// AdamW over this stage's parameters, grouped as exercise 8 groups them.
     optimizer: AdamW,
     config: TrainConfig,
@@ -44,16 +45,18 @@ fn moment_names(name: &str) -> [String; 2] {
 
 impl PipelineTrainer {
     /// Rank `pg.rank()`'s stage of the model `params` holds, as one of
-    /// `pg.world_size()` stages; the rest of `params` can be dropped.
+    /// `pg.world_size()` stages stepped on `schedule`; the rest of `params`
+    /// can be dropped.
     pub fn new(
         model_config: &GptConfig,
         params: &ParamStore,
         config: TrainConfig,
         pg: Box<dyn ProcessGroup>,
+        schedule: PipelineSchedule,
     ) -> Result<Self> {
         if config.activation_checkpointing {
             bail!(
-                "the pipeline keeps every micro-batch's activations until its backward (GPipe); activation \
+                "the pipeline keeps each micro-batch's activations from its forward to its backward; activation \
                  checkpointing is not combined with it here: drop --activation-checkpointing"
             );
         }
@@ -62,7 +65,7 @@ impl PipelineTrainer {
         ParamGroup::decay_by_name(&groups, stage.params())?;
         let optimizer = AdamW::new(groups, config.optimizer.adamw)?;
         let device = params.device()?;
-        Ok(Self { model_config: model_config.clone(), stage, optimizer, config, pg, device, step: 0 })
+        Ok(Self { model_config: model_config.clone(), stage, schedule, optimizer, config, pg, device, step: 0 })
     }
 
     /// The stage this rank runs.
@@ -84,7 +87,7 @@ impl Train for PipelineTrainer {
     fn train_step(&mut self, micro_batches: &[Tensor]) -> Result<StepStats> {
         let pg = self.pg.as_ref();
         let last = pg.world_size() - 1;
-        let step = gpipe_step(pg, &self.stage, micro_batches)?;
+        let step = self.schedule.step(pg, &self.stage, micro_batches)?;
         let mut grads = step.grads;
         // The stages hold different parameters: their sums of squares add up.
         let sum_sq = sum_of_squares(grads.iter().map(|(_, g)| g))?;

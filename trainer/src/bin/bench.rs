@@ -22,6 +22,7 @@ use trainer::strategy::Strategy;
 use workbook::data::{DataConfig, DatasetKind};
 use workbook::distributed::{relaunch_self, DistEnv, LaunchConfig, DEFAULT_TIMEOUT};
 use workbook::parallel::ddp::DEFAULT_BUCKET_BYTES;
+use workbook::parallel::pipeline::PipelineSchedule;
 
 /// Where the ranks of a multi-process bench write their metrics, for the
 /// process that started them to read.
@@ -62,9 +63,10 @@ struct Args {
     /// All-reduce gradient buckets during backward (exercise 19).
     #[arg(long)]
     ddp_overlap: bool,
-    /// One pipeline stage per rank (exercise 21) instead of DDP.
-    #[arg(long, conflicts_with_all = ["powersgd_rank", "ddp_overlap"])]
-    pipeline: bool,
+    /// One pipeline stage per rank instead of DDP, on the schedule `gpipe`
+    /// (exercise 21) or `1f1b` (exercise 24).
+    #[arg(long, value_name = "SCHEDULE", conflicts_with_all = ["powersgd_rank", "ddp_overlap"])]
+    pipeline: Option<PipelineSchedule>,
     /// The most megabytes of gradients one all-reduce carries.
     #[arg(long = "bucket-cap-mb", value_name = "MB", default_value = "25", value_parser = bucket_cap_bytes)]
     bucket_bytes: usize,
@@ -138,7 +140,7 @@ fn run(args: Args) -> Result<()> {
         overwrite: true,
         init_from: None,
         activation_checkpointing: false,
-        strategy: if args.pipeline { Strategy::Pipeline } else { Strategy::Ddp },
+        strategy: args.pipeline.map_or(Strategy::Ddp, Strategy::Pipeline),
         own_ring: args.allreduce == "ring",
         powersgd_rank: args.powersgd_rank,
         ddp_overlap: args.ddp_overlap,
@@ -228,10 +230,9 @@ fn report(args: &Args, config: &RunConfig, out_dir: &Path) -> Result<()> {
     Ok(())
 }
 
-fn parallelism(args: &Args) -> &'static str {
-    if args.pipeline {
-        "a GPipe pipeline"
-    } else {
-        "DDP"
+fn parallelism(args: &Args) -> String {
+    match args.pipeline {
+        Some(schedule) => format!("a {schedule} pipeline"),
+        None => "DDP".to_string(),
     }
 }

@@ -21,6 +21,7 @@ use trainer::strategy::Strategy;
 use workbook::data::{DataConfig, DatasetKind, SAMPLE_PATH};
 use workbook::distributed::{DistEnv, DEFAULT_TIMEOUT};
 use workbook::parallel::fsdp::FsdpConfig;
+use workbook::parallel::pipeline::PipelineSchedule;
 
 /// Train a GPT. Defaults come from configs/<model-size>.toml; flags override them.
 #[derive(Parser)]
@@ -104,10 +105,15 @@ struct Args {
     #[arg(long, value_name = "R", value_parser = clap::value_parser!(u64).range(1..))]
     powersgd_rank: Option<u64>,
     /// Cut the blocks into S pipeline stages, one per rank (S must be the
-    /// number of ranks), stepped by your exercise 21 on GPipe's schedule; the
+    /// number of ranks), stepped by your exercise 21 on GPipe's schedule or
+    /// by your exercise 24 on 1F1B's (--pipeline-schedule); the
     /// micro-batches are --grad-accum's.
     #[arg(long, value_name = "S", conflicts_with_all = ["sharding", "precision", "powersgd_rank", "ddp_overlap"])]
     pipeline_stages: Option<usize>,
+    /// With --pipeline-stages: `gpipe` (all forwards, then all backwards) or
+    /// `1f1b` (one forward, one backward in turn after a warm-up).
+    #[arg(long, value_name = "SCHEDULE", default_value = "gpipe", requires = "pipeline_stages")]
+    pipeline_schedule: PipelineSchedule,
     /// With --strategy ddp: all-reduce gradient buckets during backward, with
     /// your exercise 19, instead of after it.
     #[arg(long, conflicts_with = "powersgd_rank")]
@@ -209,7 +215,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         init_from: args.init_from,
         activation_checkpointing: args.activation_checkpointing,
         strategy: match args.pipeline_stages {
-            Some(stages) => pipeline(stages, &args.strategy, world_size)?,
+            Some(stages) => pipeline(stages, args.pipeline_schedule, &args.strategy, world_size)?,
             None => strategy(&args.strategy, args.sharding.as_deref(), args.precision.as_deref())?,
         },
         own_ring: args.allreduce == "ring",
@@ -281,7 +287,7 @@ fn strategy(name: &str, sharding: Option<&str>, precision: Option<&str>) -> anyh
     }
 }
 
-fn pipeline(stages: usize, strategy: &str, world_size: usize) -> anyhow::Result<Strategy> {
+fn pipeline(stages: usize, schedule: PipelineSchedule, strategy: &str, world_size: usize) -> anyhow::Result<Strategy> {
     if strategy != "ddp" {
         anyhow::bail!("--pipeline-stages cuts the model into stages; it does not combine with --strategy {strategy}");
     }
@@ -290,7 +296,7 @@ fn pipeline(stages: usize, strategy: &str, world_size: usize) -> anyhow::Result<
             "--pipeline-stages {stages} needs one rank per stage: run it with --nproc {stages} (this job has {world_size} rank(s); a pipeline combined with data parallelism is not supported)"
         );
     }
-    Ok(Strategy::Pipeline)
+    Ok(Strategy::Pipeline(schedule))
 }
 
 fn override_with<T>(slot: &mut T, value: Option<T>) {
