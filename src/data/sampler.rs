@@ -10,9 +10,12 @@
 //! takes positions `r, r+W, r+2W, ...` of the order.
 //!
 //! So within an epoch the ranks' windows are disjoint and together cover every
-//! kept window once; the next epoch reshuffles. The sampler's position is two
-//! numbers, [`SamplerState`], saved in a checkpoint so a resumed run reads on
-//! exactly where the interrupted one stopped.
+//! kept window once; the next epoch reshuffles. The sampler's position,
+//! [`SamplerState`], is saved in a checkpoint so a resumed run reads on
+//! exactly where the interrupted one stopped, on any number of ranks: after
+//! c windows each, W ranks have read positions `0..c·W` of the epoch's order
+//! between them, and W' ranks that have read `c·W / W'` each stand at the same
+//! point, so the next global batch is the same windows.
 
 use candle_core::{bail, Result};
 use rand::seq::SliceRandom;
@@ -21,11 +24,22 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 /// Where a sampler stands: the epoch, and how many of this rank's windows of
-/// that epoch it has handed out.
+/// that epoch it has handed out, as one of `world_size` ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct SamplerState {
     pub epoch: u64,
     pub cursor: usize,
+    /// The ranks the cursor counts for; absent from checkpoints that did not
+    /// record it, which restore on as many ranks as restore them.
+    #[serde(default)]
+    pub world_size: Option<usize>,
+}
+
+impl SamplerState {
+    /// Window `cursor` of epoch `epoch`, counted for each of `world_size` ranks.
+    pub fn at(epoch: u64, cursor: usize, world_size: usize) -> Self {
+        Self { epoch, cursor, world_size: Some(world_size) }
+    }
 }
 
 /// Hands one rank its share of the windows, batch after batch, across epochs.
@@ -57,7 +71,7 @@ impl DistributedSampler {
             );
         }
         let mut sampler =
-            Self { num_windows, world_size, rank, seed, state: SamplerState::default(), order: Vec::new() };
+            Self { num_windows, world_size, rank, seed, state: SamplerState::at(0, 0, world_size), order: Vec::new() };
         sampler.order = sampler.epoch_order(0);
         Ok(sampler)
     }
@@ -79,7 +93,7 @@ impl DistributedSampler {
         let mut batch = Vec::with_capacity(batch_size);
         while batch.len() < batch_size {
             if self.state.cursor == self.order.len() {
-                self.state = SamplerState { epoch: self.state.epoch + 1, cursor: 0 };
+                self.state = SamplerState::at(self.state.epoch + 1, 0, self.world_size);
                 self.order = self.epoch_order(self.state.epoch);
             }
             let take = (batch_size - batch.len()).min(self.order.len() - self.state.cursor);
@@ -94,19 +108,35 @@ impl DistributedSampler {
         self.state
     }
 
-    /// Moves to a saved position: the next batch is the one that followed it.
+    /// Moves to a saved position: the next global batch is the one that
+    /// followed it, whatever the world size it was saved with.
     pub fn restore(&mut self, state: SamplerState) -> Result<()> {
-        if state.cursor > self.windows_per_rank() {
+        let cursor = match state.world_size {
+            Some(saved) if saved != self.world_size => {
+                let read = state.cursor * saved; // the windows of this epoch the saved ranks read together
+                if !read.is_multiple_of(self.world_size) {
+                    bail!(
+                        "sampler state {state:?}: {saved} ranks had read {read} windows of epoch {}, which {} ranks \
+                         cannot have read in equal shares: resume with a world size that divides the global batch",
+                        state.epoch,
+                        self.world_size
+                    );
+                }
+                read / self.world_size
+            }
+            _ => state.cursor,
+        };
+        if cursor > self.windows_per_rank() {
             bail!(
                 "sampler state {state:?} is past the {} windows this rank reads per epoch: \
-                 it was saved for a different dataset, seq_len or world size",
+                 it was saved for a different dataset or seq_len",
                 self.windows_per_rank()
             );
         }
         if state.epoch != self.state.epoch {
             self.order = self.epoch_order(state.epoch);
         }
-        self.state = state;
+        self.state = SamplerState::at(state.epoch, cursor, self.world_size);
         Ok(())
     }
 

@@ -404,7 +404,7 @@ fn batches_stream_across_the_epoch_boundary() {
     let mut want = epoch_of(10, 1, 0, 3, 0);
     want.extend(&epoch_of(10, 1, 0, 3, 1)[..5]);
     assert_eq!(seen, want);
-    assert_eq!(sampler.state(), SamplerState { epoch: 1, cursor: 5 });
+    assert_eq!(sampler.state(), SamplerState::at(1, 5, 1));
 }
 
 #[test]
@@ -429,6 +429,47 @@ fn sampler_rejects_impossible_setups() {
     let err = DistributedSampler::new(3, 4, 0, 0).unwrap_err().to_string();
     assert!(err.contains("3 windows cannot be shared among 4 ranks"), "{err}");
     let mut sampler = DistributedSampler::new(10, 2, 0, 0).unwrap();
-    let err = sampler.restore(SamplerState { epoch: 0, cursor: 6 }).unwrap_err().to_string();
-    assert!(err.contains("different dataset, seq_len or world size"), "{err}");
+    let err = sampler.restore(SamplerState::at(0, 6, 2)).unwrap_err().to_string();
+    assert!(err.contains("different dataset or seq_len"), "{err}");
+}
+/// W ranks that each read c windows have read the epoch's first c·W between
+/// them; restored on W' ranks, the next global batch is the same windows.
+#[test]
+fn a_position_saved_by_some_ranks_restores_on_another_number_of_them() {
+    let (windows, seed, batch) = (101, 7, 12);
+    let mut two: Vec<DistributedSampler> =
+        (0..2).map(|r| DistributedSampler::new(windows, 2, r, seed).unwrap()).collect();
+    for _ in 0..3 {
+        two.iter_mut().for_each(|s| drop(s.next_batch(batch / 2)));
+    }
+    let saved = two[0].state();
+    let mut want: Vec<usize> = two.iter_mut().flat_map(|s| s.next_batch(batch / 2)).collect();
+    want.sort_unstable();
+    for world_size in [1, 3, 4] {
+        let mut got: Vec<usize> = (0..world_size)
+            .flat_map(|r| {
+                let mut sampler = DistributedSampler::new(windows, world_size, r, seed).unwrap();
+                sampler.restore(saved).unwrap();
+                sampler.next_batch(batch / world_size)
+            })
+            .collect();
+        got.sort_unstable();
+        assert_eq!(got, want, "restored on {world_size} rank(s), the next global batch should be the same windows");
+    }
+}
+
+#[test]
+fn a_position_other_ranks_cannot_share_evenly_is_refused() {
+    let mut sampler = DistributedSampler::new(100, 4, 0, 0).unwrap();
+    let err = sampler.restore(SamplerState::at(0, 3, 2)).unwrap_err().to_string();
+    assert!(err.contains("2 ranks had read 6 windows") && err.contains("4 ranks"), "{err}");
+}
+
+/// A checkpoint written before positions recorded their world size restores
+/// its cursor as it is.
+#[test]
+fn a_position_without_its_world_size_restores_as_saved() {
+    let mut sampler = DistributedSampler::new(100, 2, 1, 0).unwrap();
+    sampler.restore(serde_json::from_str(r#"{"epoch": 1, "cursor": 9}"#).unwrap()).unwrap();
+    assert_eq!(sampler.state(), SamplerState::at(1, 9, 2));
 }

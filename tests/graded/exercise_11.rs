@@ -47,7 +47,7 @@ fn round_trip_restores_every_piece_of_state() {
     let trained = trained_for(&f, 1);
     let position = DataPosition {
         config: DataConfig { kind: DatasetKind::Dummy, path: None, tokenizer: Tokenizer::Bytes, seq_len: 8, seed: 3 },
-        sampler: SamplerState { epoch: 2, cursor: 7 },
+        sampler: SamplerState::at(2, 7, 3),
     };
     ok(trained.save_checkpoint(&dir, Some(position.clone())), "save_checkpoint");
 
