@@ -29,6 +29,8 @@
 //! ([`Properties::rank_order_reduction`] is false). And a peer that dies is
 //! not noticed: the others wait in their collective until NCCL's watchdog or
 //! the job's scheduler ends them ([`Properties::detects_dead_peers`] is false).
+//! A send completes only once its receive is posted
+//! ([`Properties::buffered_sends`] is false).
 //!
 //! This file is type-checked in CI against the real candle and cudarc APIs,
 //! through a stand-in `nvcc` (`.ci/fake-nvcc/nvcc`). On one GPU (an H100,
@@ -212,7 +214,7 @@ impl ProcessGroup for NcclProcessGroup {
     }
 
     fn properties(&self) -> Properties {
-        Properties { rank_order_reduction: false, detects_dead_peers: false, overlaps: false }
+        Properties { rank_order_reduction: false, detects_dead_peers: false, overlaps: false, buffered_sends: false }
     }
 
     fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {

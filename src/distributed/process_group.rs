@@ -20,6 +20,12 @@ pub struct Properties {
     /// The `_async` calls run while the caller goes on computing; without
     /// it they are done by the time they return.
     pub overlaps: bool,
+    /// `send` returns before `dst` receives: the message waits at the
+    /// receiver, so two ranks may both send before either receives (a ring
+    /// step, a pipeline stage sending on while it waits for a gradient).
+    /// Without it (NCCL) a send completes only once its receive is posted,
+    /// and code written that way deadlocks.
+    pub buffered_sends: bool,
 }
 
 /// A group of ranks that exchange tensors through collectives.
@@ -117,7 +123,8 @@ pub trait ProcessGroup: Send {
     ///   rank 2: recv(like [0, 0], src 0)  ->  [1, 2]
     /// ```
     ///
-    /// A backend may return before `dst` has received the tensor.
+    /// A backend may return before `dst` has received the tensor; whether it
+    /// always does is [`Properties::buffered_sends`].
     fn send(&self, t: &Tensor, dst: usize) -> Result<()>;
 
     /// Receives the tensor rank `src` sends to this rank, of `like`'s shape

@@ -44,7 +44,7 @@ impl ProcessGroup for SingleProcess {
     }
 
     fn properties(&self) -> Properties {
-        Properties { rank_order_reduction: true, detects_dead_peers: true, overlaps: false }
+        Properties { rank_order_reduction: true, detects_dead_peers: true, overlaps: false, buffered_sends: true }
     }
 
     fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {

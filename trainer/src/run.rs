@@ -147,6 +147,13 @@ pub fn open_dataset(config: &DataConfig) -> Result<Dataset> {
 
 /// One rank's run on `device`: its trainer, by strategy, driven by [`drive`].
 fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>, device: &Device) -> Result<Summary> {
+    if options.own_ring && !pg.properties().buffered_sends {
+        bail!(
+            "--allreduce ring: exercise 16's ring sends before it receives, and this backend's send waits for \
+             its receive (NCCL), so every rank would wait for the next one forever: use the backend's all-reduce, \
+             or --backend tcp"
+        );
+    }
     let pg: Box<dyn ProcessGroup> = if options.own_ring { Box::new(OwnRing::around(pg)) } else { pg };
     let model_config = options.config.model.clone();
     let params = match &options.init_from {

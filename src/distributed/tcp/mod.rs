@@ -146,6 +146,8 @@ impl ProcessGroup for TcpProcessGroup {
             rank_order_reduction: self.world_size <= 2,
             detects_dead_peers: true,
             overlaps: true,
+            // A writer thread per peer takes each message: see `mesh.rs`.
+            buffered_sends: true,
         }
     }
 

@@ -60,6 +60,13 @@ impl PipelineTrainer {
                  checkpointing is not combined with it here: drop --activation-checkpointing"
             );
         }
+        if schedule == PipelineSchedule::OneFOneB && !pg.properties().buffered_sends {
+            bail!(
+                "the 1F1B schedule (exercise 24) sends an activation on and then waits for a gradient back, and \
+                 this backend's send waits for its receive (NCCL), so neighbouring stages would wait for each \
+                 other forever: use --pipeline-schedule gpipe, or --backend tcp"
+            );
+        }
         let stage = PipelineStage::new(model_config, params, pg.rank(), pg.world_size())?;
         let groups = param_groups(stage.params(), config.optimizer.weight_decay);
         ParamGroup::decay_by_name(&groups, stage.params())?;
