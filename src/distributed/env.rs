@@ -11,6 +11,7 @@
 //! | `MASTER_PORT`      | the store's port                                    |
 //! | `WORKBOOK_JOB_TOKEN` | a secret shared by the job's ranks (the launcher makes one) |
 //! | `WORKBOOK_TIMEOUT_S` | how long a rank waits for another (default 60)   |
+//! | `WORKBOOK_ELASTIC_ROUND` | in an [elastic](super::launch) job, its round: 0, then one more at every restart |
 //!
 //! A cluster scheduler's script sets the first six from its own variables
 //! (Slurm: `SLURM_PROCID`, `SLURM_LOCALID`, `SLURM_NTASKS`, ...) and starts one
@@ -41,6 +42,9 @@ pub struct DistEnv {
     pub master_port: u16,
     pub token: String,
     pub timeout: Duration,
+    /// In an elastic job, how many times its ranks have been started before
+    /// this round: from 1 on, the program continues the job.
+    pub elastic_round: Option<usize>,
 }
 
 impl DistEnv {
@@ -69,6 +73,7 @@ impl DistEnv {
                 .map_err(|_| candle_core::Error::Msg("MASTER_PORT must be a port number, below 65536".into()))?,
             token: env::var("WORKBOOK_JOB_TOKEN").unwrap_or_else(|_| NO_TOKEN.to_string()),
             timeout,
+            elastic_round: optional_number("WORKBOOK_ELASTIC_ROUND")?,
         }))
     }
 

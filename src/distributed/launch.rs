@@ -1,5 +1,6 @@
 //! The launcher: starts one process per rank with the `env://` variables set,
-//! as `torchrun` does, and ends the job as soon as one of them fails.
+//! as `torchrun` does, and ends the job as soon as one of them fails, or,
+//! in an [elastic](elastic) job, starts the ranks again.
 //!
 //! ```text
 //!   launch --nproc-per-node 2 -- train --model-size tiny
@@ -15,6 +16,7 @@
 //! It uses only the standard library, so it runs wherever cargo does; on
 //! Linux the ranks are also killed if the launcher itself is killed.
 
+use std::convert::Infallible;
 use std::ffi::OsString;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
@@ -27,14 +29,21 @@ use candle_core::{bail, Result};
 
 use crate::error::io_context;
 
+mod elastic;
+
 /// How a job is laid out over machines and processes (torchrun's flags).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LaunchConfig {
     /// Ranks on this machine.
     pub nproc_per_node: usize,
-    /// Machines in the job.
+    /// Machines in the job; in an elastic job, the most it admits.
     pub nnodes: usize,
-    /// This machine's number, in `0..nnodes`; node 0 runs rank 0, which hosts the store.
+    /// The fewest machines an elastic job goes on with (torchrun's `--nnodes
+    /// MIN:MAX`); `nnodes` when the membership is fixed.
+    pub min_nnodes: usize,
+    /// This machine's number, in `0..nnodes`; node 0 runs rank 0, which hosts
+    /// the store (in an elastic job node 0's launcher hosts the rendezvous,
+    /// and the other nodes are numbered in the order they join each round).
     pub node_rank: usize,
     /// The address of node 0 as the other nodes reach it.
     pub master_addr: String,
@@ -42,6 +51,12 @@ pub struct LaunchConfig {
     pub master_port: Option<u16>,
     /// Seconds a rank waits for another (`WORKBOOK_TIMEOUT_S`); `None` keeps the default.
     pub timeout_s: Option<u64>,
+    /// How many times a job starts its ranks again after one fails
+    /// (torchrun's `--max-restarts`); 0 ends the job at the first failure.
+    pub max_restarts: usize,
+    /// How long an elastic rendezvous waits for more machines once
+    /// `min_nnodes` have joined.
+    pub last_call: Duration,
 }
 
 impl Default for LaunchConfig {
@@ -49,18 +64,27 @@ impl Default for LaunchConfig {
         Self {
             nproc_per_node: 1,
             nnodes: 1,
+            min_nnodes: 1,
             node_rank: 0,
             master_addr: "127.0.0.1".to_string(),
             master_port: None,
             timeout_s: None,
+            max_restarts: 0,
+            last_call: Duration::from_secs(10),
         }
     }
 }
 
 impl LaunchConfig {
-    /// Ranks in the whole job.
+    /// Ranks in the whole job (the most, in an elastic job).
     pub fn world_size(&self) -> usize {
         self.nproc_per_node * self.nnodes
+    }
+
+    /// Whether the job outlives a failed rank or a lost machine: it restarts,
+    /// or its membership may change.
+    pub fn is_elastic(&self) -> bool {
+        self.max_restarts > 0 || self.min_nnodes < self.nnodes
     }
 
     /// The `env://` variables of this node's rank `local_rank`, for a job
@@ -83,8 +107,11 @@ impl LaunchConfig {
     }
 
     fn check(&self) -> Result<()> {
-        if self.nproc_per_node == 0 || self.nnodes == 0 {
+        if self.nproc_per_node == 0 || self.min_nnodes == 0 {
             bail!("launch: --nproc-per-node and --nnodes must be at least 1");
+        }
+        if self.min_nnodes > self.nnodes {
+            bail!("launch: --nnodes {}:{} asks for more machines at least than at most", self.min_nnodes, self.nnodes);
         }
         if self.node_rank >= self.nnodes {
             bail!("launch: --node-rank {} is not below --nnodes {}", self.node_rank, self.nnodes);
@@ -93,6 +120,11 @@ impl LaunchConfig {
             bail!("launch: with --nnodes {} every node needs the same --master-port (and --master-addr: node 0's address)", self.nnodes);
         }
         Ok(())
+    }
+
+    /// How long a launcher waits for the others to join.
+    fn timeout(&self) -> Duration {
+        self.timeout_s.map_or(crate::distributed::DEFAULT_TIMEOUT, Duration::from_secs)
     }
 }
 
@@ -106,30 +138,18 @@ pub fn launch(config: &LaunchConfig, program: &Path, args: &[OsString]) -> Resul
         None => free_port(&config.master_addr)?,
     };
     let token = job_token(config, port);
-    let threads = kernel_threads(config.nproc_per_node);
-    let mut ranks = Vec::with_capacity(config.nproc_per_node);
-    for local_rank in 0..config.nproc_per_node {
-        let rank = config.node_rank * config.nproc_per_node + local_rank;
-        let mut command = Command::new(program);
-        command
-            .args(args)
-            .envs(config.rank_environment(local_rank, port, &token))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        if let Some(threads) = &threads {
-            command.env("RAYON_NUM_THREADS", threads);
-        }
-        die_with_launcher(&mut command);
-        match command.spawn() {
-            Ok(child) => ranks.push(Rank::start(rank, child)),
-            Err(e) => {
-                stop(&mut ranks);
-                bail!("launch: cannot start {} for rank {rank}: {e}", program.display());
-            }
-        }
+    if config.is_elastic() {
+        return elastic::run(config, port, &token, &Job { program, args });
     }
-    Ok(supervise(ranks))
+    let ranks = Job { program, args }.start(config, port, &token, &[])?;
+    Ok(match supervise(ranks, || None::<Infallible>) {
+        Ended::Succeeded => 0,
+        Ended::Failed { code, report } => {
+            eprintln!("{report}");
+            code
+        }
+        Ended::Interrupted(never) => match never {},
+    })
 }
 
 /// Runs this very program again, with the same arguments, as this node's
@@ -140,6 +160,44 @@ pub fn relaunch_self(config: &LaunchConfig) -> Result<i32> {
         std::env::current_exe().map_err(|e| io_context("launch: cannot find this program to start its ranks", e))?;
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
     launch(config, &program, &args)
+}
+
+/// The program every rank runs.
+struct Job<'a> {
+    program: &'a Path,
+    args: &'a [OsString],
+}
+
+impl Job<'_> {
+    /// Starts this node's ranks of `config`'s job, whose store is at `port`,
+    /// with `extra` variables beside the `env://` ones.
+    fn start(&self, config: &LaunchConfig, port: u16, token: &str, extra: &[(&str, String)]) -> Result<Vec<Rank>> {
+        let threads = kernel_threads(config.nproc_per_node);
+        let mut ranks = Vec::with_capacity(config.nproc_per_node);
+        for local_rank in 0..config.nproc_per_node {
+            let rank = config.node_rank * config.nproc_per_node + local_rank;
+            let mut command = Command::new(self.program);
+            command
+                .args(self.args)
+                .envs(config.rank_environment(local_rank, port, token))
+                .envs(extra.iter().map(|(name, value)| (name, value)))
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            if let Some(threads) = &threads {
+                command.env("RAYON_NUM_THREADS", threads);
+            }
+            die_with_launcher(&mut command);
+            match command.spawn() {
+                Ok(child) => ranks.push(Rank::start(rank, child)),
+                Err(e) => {
+                    stop(&mut ranks);
+                    bail!("launch: cannot start {} for rank {rank}: {e}", self.program.display());
+                }
+            }
+        }
+        Ok(ranks)
+    }
 }
 
 /// One running rank and the threads that copy its output.
@@ -163,8 +221,20 @@ impl Rank {
     }
 }
 
-/// Waits for every rank; at the first failure stops the others.
-fn supervise(mut ranks: Vec<Rank>) -> i32 {
+/// How this node's ranks ended.
+enum Ended<Why> {
+    /// Every one exited with 0.
+    Succeeded,
+    /// One failed and the others were stopped: the code to exit with, and
+    /// a line that says which ranks failed how.
+    Failed { code: i32, report: String },
+    /// They were stopped from outside, for this reason.
+    Interrupted(Why),
+}
+
+/// Waits for every rank; at the first failure, or as soon as `interrupt`
+/// gives a reason, stops the others.
+fn supervise<Why>(mut ranks: Vec<Rank>, mut interrupt: impl FnMut() -> Option<Why>) -> Ended<Why> {
     loop {
         for rank in ranks.iter_mut().filter(|r| r.status.is_none()) {
             rank.status = rank.child.try_wait().unwrap_or(None);
@@ -185,12 +255,15 @@ fn supervise(mut ranks: Vec<Rank>) -> i32 {
             if running > 0 {
                 report += &format!("; stopped the {running} rank(s) still running");
             }
-            eprintln!("{report}");
-            return exit_code(status);
+            return Ended::Failed { code: exit_code(status), report };
         }
         if ranks.iter().all(|r| r.status.is_some()) {
             finish_output(&mut ranks);
-            return 0;
+            return Ended::Succeeded;
+        }
+        if let Some(why) = interrupt() {
+            stop(&mut ranks);
+            return Ended::Interrupted(why);
         }
         thread::sleep(Duration::from_millis(20));
     }

@@ -5,6 +5,9 @@
 //! |-------------------------|-----------------------------------------------------------------------|
 //! | `save-delay-ms=N`       | each checkpoint write first sleeps N ms: a slow disk                   |
 //! | `disk-full-on-save=K`   | this process's K-th checkpoint write (from 1) fails with "No space left on device" once its model file is written: a full disk |
+//! | `abort-at-step=N`       | rank `fault-rank` aborts as step N begins, in an elastic job's first round only: a crash |
+//! | `kill-launcher-at-step=N` | rank `fault-rank` kills its launcher (and with it every rank of its machine) as step N begins, in the first round only: a lost machine |
+//! | `fault-rank=R`          | the rank the two above strike (default 1)                             |
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,6 +22,9 @@ const VARIABLE: &str = "WORKBOOK_INJECT";
 struct Faults {
     save_delay: Option<Duration>,
     disk_full_on_save: Option<u64>,
+    abort_at_step: Option<u64>,
+    kill_launcher_at_step: Option<u64>,
+    fault_rank: Option<u64>,
 }
 
 fn faults() -> Result<&'static Faults> {
@@ -37,7 +43,15 @@ fn parse(text: &str) -> std::result::Result<Faults, String> {
         match name {
             "save-delay-ms" => faults.save_delay = Some(Duration::from_millis(number)),
             "disk-full-on-save" => faults.disk_full_on_save = Some(number),
-            _ => return Err(format!("unknown fault `{name}`: save-delay-ms or disk-full-on-save")),
+            "abort-at-step" => faults.abort_at_step = Some(number),
+            "kill-launcher-at-step" => faults.kill_launcher_at_step = Some(number),
+            "fault-rank" => faults.fault_rank = Some(number),
+            _ => {
+                return Err(format!(
+                    "unknown fault `{name}`: save-delay-ms, disk-full-on-save, abort-at-step, kill-launcher-at-step \
+                     or fault-rank"
+                ))
+            }
         }
     }
     Ok(faults)
@@ -59,5 +73,34 @@ pub(crate) fn disk_full_check(number: u64) -> io::Result<()> {
     match faults().ok().and_then(|f| f.disk_full_on_save) {
         Some(k) if k == number => Err(io::Error::from(io::ErrorKind::StorageFull)),
         _ => Ok(()),
+    }
+}
+
+/// Rank `rank` begins step `step` (from 1): it crashes, or takes its machine
+/// down, if injected to, in the first round of its job (a restarted job
+/// passes the step again and must get through it).
+pub fn step_begins(rank: usize, step: usize) -> Result<()> {
+    let faults = faults()?;
+    let first_round = std::env::var("WORKBOOK_ELASTIC_ROUND").map_or(true, |round| round == "0");
+    if !first_round || faults.fault_rank.unwrap_or(1) != rank as u64 {
+        return Ok(());
+    }
+    let now = Some(step as u64);
+    if faults.kill_launcher_at_step == now {
+        kill_launcher();
+    }
+    if faults.abort_at_step == now || faults.kill_launcher_at_step == now {
+        eprintln!("injected fault: rank {rank} aborts at step {step}");
+        std::process::abort();
+    }
+    Ok(())
+}
+
+/// Kills this process's parent, the launcher, as a power cut would.
+fn kill_launcher() {
+    #[cfg(unix)]
+    {
+        let launcher = std::os::unix::process::parent_id().to_string();
+        let _ = std::process::Command::new("kill").args(["-9", &launcher]).status();
     }
 }

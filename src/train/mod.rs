@@ -4,7 +4,7 @@
 
 mod adamw;
 mod checkpoint;
-mod faults;
+pub mod faults;
 mod optimizer;
 mod schedule;
 mod seam;

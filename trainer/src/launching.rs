@@ -14,10 +14,12 @@ pub struct LaunchArgs {
     /// Ranks on this machine.
     #[arg(long = "nproc-per-node", visible_alias = "nproc", default_value_t = 1)]
     pub nproc_per_node: usize,
-    /// Machines in the job; start one launcher per machine.
-    #[arg(long, default_value_t = 1)]
-    pub nnodes: usize,
-    /// This machine's number, in 0..nnodes.
+    /// Machines in the job, or MIN:MAX for an elastic job that goes on with as
+    /// few as MIN; start one launcher per machine.
+    #[arg(long, value_name = "N|MIN:MAX", default_value = "1", value_parser = node_range)]
+    pub nnodes: NodeRange,
+    /// This machine's number, in 0..nnodes (in an elastic job, 0 marks the
+    /// machine that hosts the rendezvous; the others are numbered as they join).
     #[arg(long, default_value_t = 0)]
     pub node_rank: usize,
     /// Node 0's address, as every node reaches it.
@@ -29,6 +31,37 @@ pub struct LaunchArgs {
     /// Seconds a rank waits for another before the job fails (default 60).
     #[arg(long)]
     pub timeout: Option<u64>,
+    /// When a rank fails, start every rank again, up to this many times; the
+    /// job continues from its newest checkpoint (torchrun's --max-restarts).
+    #[arg(long, value_name = "K", default_value_t = 0)]
+    pub max_restarts: usize,
+    /// With --nnodes MIN:MAX: seconds the rendezvous waits for more machines
+    /// once MIN have joined.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10)]
+    pub last_call: u64,
+}
+
+/// How many machines a job runs on: `min == max` unless it is elastic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeRange {
+    pub min: usize,
+    pub max: usize,
+}
+
+/// `N` or `MIN:MAX`, as torchrun's `--nnodes` takes it.
+fn node_range(text: &str) -> Result<NodeRange, String> {
+    let number = |part: &str| match part.trim().parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("`{part}` is not a number of machines (1 or more)")),
+    };
+    let (min, max) = match text.split_once(':') {
+        Some((min, max)) => (number(min)?, number(max)?),
+        None => (number(text)?, number(text)?),
+    };
+    if min > max {
+        return Err(format!("{min}:{max} asks for more machines at least ({min}) than at most ({max})"));
+    }
+    Ok(NodeRange { min, max })
 }
 
 /// What a rank is.
@@ -44,24 +77,33 @@ impl LaunchArgs {
     pub fn config(&self) -> LaunchConfig {
         LaunchConfig {
             nproc_per_node: self.nproc_per_node,
-            nnodes: self.nnodes,
+            nnodes: self.nnodes.max,
+            min_nnodes: self.nnodes.min,
             node_rank: self.node_rank,
             master_addr: self.master_addr.clone(),
             master_port: self.master_port,
             timeout_s: self.timeout,
+            max_restarts: self.max_restarts,
+            last_call: std::time::Duration::from_secs(self.last_call),
         }
     }
 
-    /// Ranks in the whole job.
+    /// Ranks in the whole job (the most, in an elastic job).
     pub fn world_size(&self) -> usize {
-        self.nproc_per_node * self.nnodes
+        self.nproc_per_node * self.nnodes.max
+    }
+
+    /// Every world size the job may run at: one, unless it is elastic.
+    pub fn world_sizes(&self) -> impl Iterator<Item = usize> + '_ {
+        (self.nnodes.min..=self.nnodes.max).map(|nodes| nodes * self.nproc_per_node)
     }
 
     /// Whether this process should start ranks of `kind` as processes rather
-    /// than be one (or run them as threads).
+    /// than be one (or run them as threads): for a job of several ranks, or
+    /// one a launcher restarts.
     pub fn starts_processes(&self, kind: RankKind) -> Result<bool> {
         let is_rank = DistEnv::from_env()?.is_some();
-        Ok(!is_rank && self.world_size() > 1 && kind == RankKind::Processes)
+        Ok(!is_rank && (self.world_size() > 1 || self.config().is_elastic()) && kind == RankKind::Processes)
     }
 
     /// Starts `program args` as this node's ranks; returns the job's exit code.

@@ -14,7 +14,7 @@ use workbook::parallel::ddp::Ddp;
 use workbook::parallel::fsdp::FsdpTrainer;
 use workbook::parallel::pipeline::PipelineTrainer;
 use workbook::timeline;
-use workbook::train::{DataPosition, StepStats, Train, Trainer};
+use workbook::train::{faults, DataPosition, StepStats, Train, Trainer};
 use workbook::{init_params, ParamStore};
 
 use crate::checkpoints;
@@ -244,6 +244,7 @@ fn drive(
     let (mut first, mut last, mut loss_ema) = (None, None, None::<f64>);
     let (mut sent_bytes, mut steps_trained) = (0u64, 0usize);
     while trainer.counters().step < config.max_steps {
+        faults::step_begins(rank, trainer.counters().step + 1)?;
         let step_start = Instant::now();
         let batches = (0..config.grad_accum_steps)
             .map(|_| dataset.batch(&sampler.next_batch(per_rank_batch), device))

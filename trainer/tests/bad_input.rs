@@ -91,6 +91,20 @@ fn flags_that_do_not_apply_are_refused() {
     );
 }
 
+/// An elastic job's node range must make sense, and its batch must divide
+/// across every world size the job may shrink or grow to.
+#[test]
+fn an_elastic_job_that_could_not_run_at_some_size_is_refused() {
+    let dir = scratch("elastic-flags");
+    let output = train(&dir, &["--dataset", "dummy", "--nnodes", "3:2"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "--nnodes 3:2 should be refused");
+    assert!(stderr.contains("3:2 asks for more machines at least (3) than at most (2)"), "{stderr}");
+    // The batch of 4 fits 1, 2 and 4 machines, not 3.
+    let elastic = ["--dataset", "dummy", "--nnodes", "1:4", "--nproc", "1", "--master-port", "29599"];
+    refused(train(&dir, &elastic), "batch size 4 does not divide across 3 ranks");
+}
+
 /// A GPU asked of a build without CUDA says how to get one; NCCL needs GPUs.
 /// (This suite builds without the `cuda` feature.)
 #[test]

@@ -1,6 +1,7 @@
 //! Ranks as processes: `train --nproc N` starts itself as N processes through
-//! the launcher, two launchers with `--nnodes 2` form one job, and a rank that
-//! dies ends the job at once with its name.
+//! the launcher, two launchers with `--nnodes 2` form one job, a rank that
+//! dies ends the job at once with its name, and an elastic job restarts from
+//! its checkpoint, on the machines it has left.
 //! Needs finished exercises: run with `cargo test -p trainer --features solutions`.
 
 mod common;
@@ -16,11 +17,17 @@ use trainer::checkpoints;
 /// Process tests start several processes each: one at a time on a small machine.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-/// `train` on dummy data for `steps` steps into `dir`, with `extra` flags.
+/// `train` on dummy data for `steps` steps into `dir`, with `extra` flags,
+/// saving only at the end.
 fn train(dir: &Path, steps: usize, extra: &[&str]) -> Command {
+    train_saving_every(dir, steps, 1000, extra)
+}
+
+/// [`train`], saving a checkpoint every `every` steps.
+fn train_saving_every(dir: &Path, steps: usize, every: usize, extra: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_train"));
     command.args(["--model-size", "tiny", "--dataset", "dummy", "--seq-len", "32", "--batch-size", "4"]);
-    command.args(["--warmup-steps", "2", "--max-steps", &steps.to_string(), "--checkpoint-every", "1000"]);
+    command.args(["--warmup-steps", "2", "--max-steps", &steps.to_string(), "--checkpoint-every", &every.to_string()]);
     command.arg("--checkpoint-dir").arg(dir).args(extra).env("RAYON_NUM_THREADS", "1");
     command
 }
@@ -193,4 +200,130 @@ fn a_traced_run_leaves_one_timeline_of_every_rank() {
         assert_eq!(spans(rank, "io").len(), 1, "rank {rank}'s one save");
     }
     assert!(!dir.join("trace-rank1.json").exists(), "the per-rank parts are merged and removed");
+}
+
+/// `--max-restarts`: when a rank fails, the launcher starts every rank again
+/// as the job's next round, while restarts are left; each rank learns its
+/// round, and the last failure's code ends the job once none are left.
+#[cfg(unix)]
+#[test]
+fn a_failed_rank_restarts_the_job_while_restarts_are_left() {
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let launch = |restarts: &str, script: &str| {
+        Command::new(env!("CARGO_BIN_EXE_launch"))
+            .args(["--nproc-per-node", "2", "--max-restarts", restarts, "--", "sh", "-c", script])
+            .output()
+            .expect("launch starts")
+    };
+    let once = r#"echo "round $WORKBOOK_ELASTIC_ROUND: $RANK of $WORLD_SIZE"; [ "$WORKBOOK_ELASTIC_ROUND$RANK" = 01 ] && exit 3; exit 0"#;
+    let output = launch("1", once);
+    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "the second round succeeds, and so does the job:\n{stderr}");
+    assert!(stderr.contains("rank 1 exited with code 3"), "the launcher names the failed rank:\n{stderr}");
+    assert!(stderr.contains("round 1: 1 node, 2 ranks") && stderr.contains("(restart 1 of 1)"), "{stderr}");
+    for rank in 0..2 {
+        assert!(stdout.contains(&format!("[rank {rank}] round 1: {rank} of 2")), "rank {rank} runs again:\n{stdout}");
+    }
+
+    let always = r#"[ "$RANK" = 1 ] && exit 3; sleep 60"#;
+    let start = Instant::now();
+    let output = launch("2", always);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(3), "the job ends with the last failure's code:\n{stderr}");
+    assert!(stderr.contains("round 2:") && !stderr.contains("round 3:"), "three rounds, no more:\n{stderr}");
+    assert!(stderr.contains("no restarts left (--max-restarts 2)"), "{stderr}");
+    assert!(start.elapsed() < Duration::from_secs(30), "rank 0 must be stopped at each failure, not waited for");
+}
+
+/// A rank that crashes mid-run, under `--max-restarts 1`: the job starts
+/// again from its newest checkpoint and ends with the weights an
+/// uninterrupted run reaches, to the bit.
+#[cfg(unix)]
+#[test]
+fn a_job_restarted_after_a_crash_continues_from_its_checkpoint_to_the_same_weights() {
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (restarted, whole) = (scratch("restarted"), scratch("uninterrupted"));
+    let mut job = train_saving_every(&restarted, 8, 4, &["--nproc", "2", "--max-restarts", "1"]);
+    let output = succeed(job.env("WORKBOOK_INJECT", "abort-at-step=6,fault-rank=1"));
+    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(stderr.contains("rank 1 was killed by signal 6"), "rank 1 should crash at step 6:\n{stderr}");
+    assert!(stdout.contains("resumed from") && stdout.contains("at step 4"), "the restart resumes:\n{stdout}");
+    succeed(&mut train(&whole, 8, &["--nproc", "2"]));
+    assert!(final_weights(&restarted, 8) == final_weights(&whole, 8), "the restarted job trained to other weights");
+}
+
+/// `--nnodes 1:2`: two machines (launchers on loopback) train as one job
+/// until machine 1 is lost at step 6; machine 0 goes on alone from the
+/// checkpoint of step 4, at world size 1, with the same global batch, and
+/// reaches the weights of a job that was never interrupted, up to the order
+/// of additions.
+#[cfg(target_os = "linux")]
+#[test]
+fn an_elastic_job_that_loses_a_machine_goes_on_with_the_rest_from_its_checkpoint() {
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (elastic, whole) = (scratch("elastic"), scratch("elastic-uninterrupted"));
+    let port = workbook::distributed::launch::free_port("127.0.0.1").unwrap().to_string();
+    let node = |rank: &str, inject: &str| {
+        let flags = ["--nnodes", "1:2", "--node-rank", rank, "--nproc", "1", "--master-port", &port];
+        let more = ["--max-restarts", "1", "--last-call", "1"];
+        train_saving_every(&elastic, 8, 4, &[&flags[..], &more].concat())
+            .env("WORKBOOK_INJECT", inject)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("a node starts")
+    };
+    let (lost, kept) = (node("1", "kill-launcher-at-step=6,fault-rank=1"), node("0", ""));
+    let lost = lost.wait_with_output().unwrap();
+    assert!(!lost.status.success(), "machine 1's launcher should have been killed");
+    let kept = kept.wait_with_output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&kept.stdout), String::from_utf8_lossy(&kept.stderr));
+    assert!(kept.status.success(), "machine 0 should finish the job alone:\n{stderr}");
+    assert!(stderr.contains("round 1: 1 node, 1 rank;"), "machine 0 restarts alone:\n{stderr}");
+    assert!(stdout.contains("at step 4"), "and resumes from the checkpoint of step 4:\n{stdout}");
+
+    succeed(&mut train(&whole, 8, &["--nproc", "2"]));
+    let load = |dir: &Path| {
+        candle_core::safetensors::load(
+            checkpoints::step_dir(dir, 8).join("model.safetensors"),
+            &candle_core::Device::Cpu,
+        )
+        .unwrap()
+    };
+    let (got, want) = (load(&elastic), load(&whole));
+    for (name, want) in &want {
+        let diff = (&got[name] - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        let scale = want.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        assert!(diff <= 1e-4 * scale.max(1.0), "`{name}` differs by {diff:e} from the uninterrupted job's");
+    }
+}
+
+/// `--nnodes 1:2`: a job that started on machine 0 alone takes machine 1 in
+/// when its launcher starts: the ranks start again as two, from the newest
+/// checkpoint, and no restart is spent on it.
+#[test]
+fn a_machine_that_starts_later_joins_the_elastic_job_at_its_next_round() {
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("elastic-grows");
+    let port = workbook::distributed::launch::free_port("127.0.0.1").unwrap().to_string();
+    let node = |rank: &str| {
+        let flags =
+            ["--nnodes", "1:2", "--node-rank", rank, "--nproc", "1", "--master-port", &port, "--last-call", "1"];
+        train_saving_every(&dir, 300, 20, &flags)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("a node starts")
+    };
+    let first = node("0");
+    let saved = wait_for(|| checkpoints::steps(&dir).ok().filter(|s| !s.is_empty()), Duration::from_secs(60));
+    assert!(saved.is_some(), "machine 0 alone should have saved a checkpoint");
+    let second = node("1");
+    let (first, second) = (first.wait_with_output().unwrap(), second.wait_with_output().unwrap());
+    let stderr = |o: &Output| String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(first.status.success() && second.status.success(), "{}\n{}", stderr(&first), stderr(&second));
+    assert!(stderr(&first).contains("a node is waiting to join"), "{}", stderr(&first));
+    assert!(stderr(&second).contains("2 nodes, 2 ranks; this node runs rank 1"), "{}", stderr(&second));
+    assert!(String::from_utf8_lossy(&first.stdout).contains("resumed from"), "the two continue from the checkpoint");
+    assert_eq!(checkpoints::steps(&dir).unwrap().last(), Some(&300));
 }

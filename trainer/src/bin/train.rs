@@ -198,7 +198,12 @@ fn run(args: Args) -> anyhow::Result<()> {
     };
     let data =
         DataConfig { kind, path: data_path, tokenizer: config.tokenizer, seq_len: config.seq_len, seed: args.seed };
-    let resume = args.resume.map(|p| p.unwrap_or_else(|| args.checkpoint_dir.clone()));
+    // From its second round on, an elastic job continues from its newest checkpoint.
+    let continuing = launched.as_ref().and_then(|env| env.elastic_round).is_some_and(|round| round > 0);
+    let resume = match continuing && !checkpoints::steps(&args.checkpoint_dir)?.is_empty() {
+        true => Some(args.checkpoint_dir.clone()),
+        false => args.resume.map(|p| p.unwrap_or_else(|| args.checkpoint_dir.clone())),
+    };
     let world_size = launched.as_ref().map_or(args.launch.world_size(), |env| env.world_size);
     let options = RunOptions {
         config,
@@ -228,7 +233,9 @@ fn run(args: Args) -> anyhow::Result<()> {
     };
     if starts_ranks {
         // Tokenise once here, not in every rank at the same time.
-        options.config.validate(options.strategy.data_parallel_size(options.nproc))?;
+        for world_size in args.launch.world_sizes() {
+            options.config.validate(options.strategy.data_parallel_size(world_size))?;
+        }
         // Rank 0, which writes the checkpoints, runs on node 0: its launcher
         // takes the directory (other nodes may share its filesystem).
         let _lock = match args.launch.node_rank {
