@@ -327,3 +327,16 @@ fn a_machine_that_starts_later_joins_the_elastic_job_at_its_next_round() {
     assert!(String::from_utf8_lossy(&first.stdout).contains("resumed from"), "the two continue from the checkpoint");
     assert_eq!(checkpoints::steps(&dir).unwrap().last(), Some(&300));
 }
+
+/// A rank that fails after the job's last save makes the launcher restart a
+/// job that is done: the restarted rank says so and succeeds.
+#[test]
+fn a_restart_after_the_last_save_has_nothing_to_train() {
+    let dir = scratch("restart-when-done");
+    succeed(&mut train(&dir, 3, &[]));
+    let port = workbook::distributed::launch::free_port("127.0.0.1").unwrap().to_string();
+    let rank = [("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("WORKBOOK_ELASTIC_ROUND", "1")];
+    let output = succeed(train(&dir, 3, &[]).envs(rank).env("MASTER_PORT", &port));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("the job reached step 3 before this restart: nothing is left to train"), "{stdout}");
+}

@@ -200,7 +200,15 @@ fn run(args: Args) -> anyhow::Result<()> {
         DataConfig { kind, path: data_path, tokenizer: config.tokenizer, seq_len: config.seq_len, seed: args.seed };
     // From its second round on, an elastic job continues from its newest checkpoint.
     let continuing = launched.as_ref().and_then(|env| env.elastic_round).is_some_and(|round| round > 0);
-    let resume = match continuing && !checkpoints::steps(&args.checkpoint_dir)?.is_empty() {
+    let newest = checkpoints::steps(&args.checkpoint_dir)?.last().copied();
+    if let Some(step) = newest.filter(|&step| continuing && step >= config.max_steps) {
+        // A rank failed after the last save: the job is done, not to be trained again.
+        if is_logger {
+            println!("the job reached step {step} before this restart: nothing is left to train");
+        }
+        return Ok(());
+    }
+    let resume = match continuing && newest.is_some() {
         true => Some(args.checkpoint_dir.clone()),
         false => args.resume.map(|p| p.unwrap_or_else(|| args.checkpoint_dir.clone())),
     };
