@@ -14,7 +14,13 @@ use crate::pipeline_runs::{
 };
 use crate::support::{cause, mistake};
 
-const ONE_F_ONE_B: Schedule = Schedule { exercise: 24, name: "one_f_one_b_step", step: one_f_one_b_step };
+const ONE_F_ONE_B: Schedule = Schedule {
+    exercise: 24,
+    name: "one_f_one_b_step",
+    step: one_f_one_b_step,
+    loss_summed: "loss_summed",
+    gradients_not_accumulated: "gradients_not_accumulated",
+};
 
 /// The typical mistake whose schedules `got` are, when exactly one mistake gives them.
 fn schedule_mistake(got: &[Vec<StageOp>], m: usize) -> Option<&'static str> {

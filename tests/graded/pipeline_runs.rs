@@ -30,12 +30,18 @@ const LAYERS: usize = 4;
 
 type Grads = BTreeMap<String, Vec<f32>>;
 
-/// A learner's pipelined step: which exercise, what it is called, the function.
+/// A learner's pipelined step: which exercise, what it is called, the
+/// function, and the ids under which the exercise lists the two mistakes
+/// these shared checks name.
 #[derive(Clone, Copy)]
 pub struct Schedule {
     pub exercise: u32,
     pub name: &'static str,
     pub step: fn(&dyn ProcessGroup, &PipelineStage, &[Tensor]) -> candle_core::Result<PipelineStep>,
+    /// The micro-batches' losses summed, not averaged.
+    pub loss_summed: &'static str,
+    /// Each micro-batch's gradients replacing the previous ones'.
+    pub gradients_not_accumulated: &'static str,
 }
 
 /// Four layers: one to four stages of whole blocks.
@@ -194,9 +200,9 @@ pub fn expect_gradients_of_the_mean_loss(schedule: Schedule, stages: usize, micr
         matches(grads, &alone) || matches(grads, &scaled(&alone, 1.0 / m as f32))
     });
     let why = if matches(grads, &scaled(&want_here, m as f32)) {
-        Some(mistake(schedule.exercise, "loss_summed"))
+        Some(mistake(schedule.exercise, schedule.loss_summed))
     } else {
-        one_micro_batch.then(|| mistake(schedule.exercise, "gradients_not_accumulated"))
+        one_micro_batch.then(|| mistake(schedule.exercise, schedule.gradients_not_accumulated))
     };
     let cut = match (why, bad + 1 < stages) {
         (None, true) => format!(
@@ -230,7 +236,7 @@ pub fn expect_the_mean_loss_on_the_last_stage(schedule: Schedule, stages: usize)
         "the last stage reports a loss of {}, expected the mean over the {M} micro-batches, {}{}",
         number(loss as f64),
         number(want as f64),
-        cause(summed.then(|| mistake(schedule.exercise, "loss_summed")))
+        cause(summed.then(|| mistake(schedule.exercise, schedule.loss_summed)))
     );
 }
 
