@@ -75,6 +75,11 @@ struct Agent<'a> {
     id: String,
 }
 
+/// A launcher's report without its `launch: `, to quote it in another line.
+fn without_prefix(report: &str) -> &str {
+    report.strip_prefix("launch: ").unwrap_or(report)
+}
+
 /// `n` things, in words: "1 node", "2 nodes".
 fn count(n: usize, thing: &str) -> String {
     format!("{n} {thing}{}", if n == 1 { "" } else { "s" })
@@ -136,7 +141,10 @@ impl Agent<'_> {
                     let _ = self.store.set(&key(round, "restart"), format!("{FAILED}{report}").as_bytes());
                     Some((code, report))
                 }
-                Ended::Interrupted(Stop::Failed(report)) => Some((1, report)),
+                Ended::Interrupted(Stop::Failed(report)) => {
+                    eprintln!("launch: stopped this node's ranks: on another node, {}", without_prefix(&report));
+                    Some((1, report))
+                }
                 Ended::Interrupted(Stop::Joining) => None,
                 Ended::Interrupted(Stop::HostGone(why)) => {
                     bail!("launch: node 0's launcher is gone ({why}): the job cannot go on without its rendezvous")
@@ -145,7 +153,8 @@ impl Agent<'_> {
             match failure {
                 Some((code, report)) if restarts == self.config.max_restarts => {
                     if self.config.max_restarts > 0 {
-                        eprintln!("launch: no restarts left (--max-restarts {}): {report}", self.config.max_restarts);
+                        let last = without_prefix(&report);
+                        eprintln!("launch: no restarts left (--max-restarts {}): {last}", self.config.max_restarts);
                     }
                     self.leave(round, "stopped", members.len());
                     return Ok(code);
