@@ -4,13 +4,13 @@
 //! typical mistake gives.
 
 use rstest::rstest;
-use workbook::parallel::pipeline::StageOp::{self, Forward};
+use workbook::parallel::pipeline::StageOp;
 use workbook::phase4_under_the_hood::one_f_one_b_step;
 
 use crate::pipeline_runs::{
     bubble, expect_gradients_of_the_mean_loss, expect_one_send_per_micro_batch_and_cut,
-    expect_the_mean_loss_on_the_last_stage, expect_the_same_across_processes, one_f_one_b, run, with_warmups, Schedule,
-    M,
+    expect_the_mean_loss_on_the_last_stage, expect_the_same_across_processes, most_in_flight, one_f_one_b, run,
+    with_warmups, Schedule, M,
 };
 use crate::support::{cause, mistake};
 
@@ -36,17 +36,6 @@ fn schedule_mistake(got: &[Vec<StageOp>], m: usize) -> Option<&'static str> {
         (Some((id, _)), None) => Some(mistake(24, id)),
         _ => None,
     }
-}
-
-/// The most micro-batches `schedule` holds between their forward and their backward.
-fn most_in_flight(schedule: &[StageOp]) -> usize {
-    let mut in_flight: isize = 0;
-    let mut most = 0;
-    for op in schedule {
-        in_flight += if *op == Forward { 1 } else { -1 };
-        most = most.max(in_flight);
-    }
-    most as usize
 }
 
 #[rstest]

@@ -292,6 +292,17 @@ pub fn one_f_one_b(stages: usize, m: usize) -> Vec<Vec<StageOp>> {
     with_warmups(stages, m, |s| stages - s - 1)
 }
 
+/// The most micro-batches `schedule` holds between their forward and their backward.
+pub fn most_in_flight(schedule: &[StageOp]) -> usize {
+    let mut in_flight: isize = 0;
+    let mut most = 0;
+    for op in schedule {
+        in_flight += if *op == Forward { 1 } else { -1 };
+        most = most.max(in_flight);
+    }
+    most as usize
+}
+
 /// The stages' idle share when they run `schedules`, a backward costing two
 /// forwards, for a failure message.
 pub fn bubble(schedules: &[Vec<StageOp>]) -> String {

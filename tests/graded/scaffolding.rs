@@ -261,7 +261,7 @@ mod pipeline {
     use workbook::parallel::pipeline::{bubble_fraction, stage_layers, PipelineSchedule, PipelineStage};
     use workbook::{param_specs, GptConfig, ParamStore};
 
-    use crate::pipeline_runs::{gpipe, one_f_one_b};
+    use crate::pipeline_runs::{gpipe, most_in_flight, one_f_one_b};
 
     fn model(num_layers: usize, tie_word_embeddings: bool) -> (GptConfig, ParamStore) {
         let config = GptConfig {
@@ -336,19 +336,11 @@ mod pipeline {
     #[test]
     fn the_most_in_flight_is_what_each_schedule_holds() {
         let (stages, micro_batches) = (4, 6);
-        let most = |ops: &[_]| {
-            let mut in_flight = 0isize;
-            ops.iter()
-                .map(|op| {
-                    in_flight += if *op == Forward { 1 } else { -1 };
-                    in_flight as usize
-                })
-                .max()
-                .unwrap()
-        };
         for (s, ops) in one_f_one_b(stages, micro_batches).iter().enumerate() {
-            assert_eq!(PipelineSchedule::OneFOneB.most_in_flight(s, stages, micro_batches), most(ops), "stage {s}");
-            assert_eq!(PipelineSchedule::GPipe.most_in_flight(s, stages, micro_batches), most(&gpipe(micro_batches)));
+            let one_f_one_b = PipelineSchedule::OneFOneB.most_in_flight(s, stages, micro_batches);
+            assert_eq!(one_f_one_b, most_in_flight(ops), "stage {s}");
+            let gpipe_holds = PipelineSchedule::GPipe.most_in_flight(s, stages, micro_batches);
+            assert_eq!(gpipe_holds, most_in_flight(&gpipe(micro_batches)), "stage {s}");
         }
     }
 
