@@ -23,8 +23,12 @@ use std::time::Duration;
 
 use candle_core::{bail, Result};
 
+use super::store;
 use super::tcp::{Rendezvous, TcpProcessGroup};
 use super::DEFAULT_TIMEOUT;
+
+/// The variable in which an elastic job's launcher tells its ranks their round.
+pub(crate) const ELASTIC_ROUND: &str = "WORKBOOK_ELASTIC_ROUND";
 
 /// The token a rank uses when none is in its environment: a job without one
 /// accepts any process that knows the address, so use it only on a machine
@@ -73,21 +77,16 @@ impl DistEnv {
                 .map_err(|_| candle_core::Error::Msg("MASTER_PORT must be a port number, below 65536".into()))?,
             token: env::var("WORKBOOK_JOB_TOKEN").unwrap_or_else(|_| NO_TOKEN.to_string()),
             timeout,
-            elastic_round: optional_number("WORKBOOK_ELASTIC_ROUND")?,
+            elastic_round: optional_number(ELASTIC_ROUND)?,
         }))
     }
 
     /// The rendezvous this environment describes.
     pub fn rendezvous(&self) -> Rendezvous {
-        // An IPv6 literal needs brackets before its port.
-        let host = match self.master_addr.contains(':') {
-            true => format!("[{}]", self.master_addr),
-            false => self.master_addr.clone(),
-        };
         Rendezvous {
             rank: self.rank,
             world_size: self.world_size,
-            master: format!("{host}:{}", self.master_port),
+            master: store::address(&self.master_addr, self.master_port),
             token: self.token.clone(),
             timeout: self.timeout,
         }

@@ -122,8 +122,8 @@ impl LaunchConfig {
         Ok(())
     }
 
-    /// How long a launcher waits for the others to join.
-    fn timeout(&self) -> Duration {
+    /// How long a rank waits for another, and a launcher for the others to join.
+    pub fn timeout(&self) -> Duration {
         self.timeout_s.map_or(crate::distributed::DEFAULT_TIMEOUT, Duration::from_secs)
     }
 }
@@ -145,7 +145,7 @@ pub fn launch(config: &LaunchConfig, program: &Path, args: &[OsString]) -> Resul
     Ok(match supervise(ranks, || None::<Infallible>) {
         Ended::Succeeded => 0,
         Ended::Failed { code, report } => {
-            eprintln!("{report}");
+            eprintln!("launch: {report}");
             code
         }
         Ended::Interrupted(never) => match never {},
@@ -226,7 +226,7 @@ enum Ended<Why> {
     /// Every one exited with 0.
     Succeeded,
     /// One failed and the others were stopped: the code to exit with, and
-    /// a line that says which ranks failed how.
+    /// what happened (which ranks failed how), for a line of the launcher's.
     Failed { code: i32, report: String },
     /// They were stopped from outside, for this reason.
     Interrupted(Why),
@@ -248,7 +248,7 @@ fn supervise<Why>(mut ranks: Vec<Rank>, mut interrupt: impl FnMut() -> Option<Wh
             let running = ranks.iter().filter(|r| r.status.is_none()).count();
             stop(&mut ranks);
             let (who, status) = failed[0];
-            let mut report = format!("launch: rank {who} {}", describe(status));
+            let mut report = format!("rank {who} {}", describe(status));
             for &(rank, status) in &failed[1..] {
                 report += &format!("; rank {rank} {}", describe(status));
             }

@@ -67,6 +67,14 @@ const NOT_FOUND: u8 = 1;
 const REFUSED: u8 = 2;
 const ERROR: u8 = 3;
 
+/// The `host:port` a store listens on, with brackets around an IPv6 host.
+pub fn address(host: &str, port: u16) -> String {
+    match host.contains(':') {
+        true => format!("[{host}]:{port}"),
+        false => format!("{host}:{port}"),
+    }
+}
+
 /// Hosts the store: accepts clients on its own threads until dropped.
 ///
 /// Dropping it closes every connection, as the exit of rank 0 would, so the

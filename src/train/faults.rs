@@ -16,6 +16,8 @@ use std::time::Duration;
 
 use candle_core::{bail, Result};
 
+use crate::distributed::DistEnv;
+
 const VARIABLE: &str = "WORKBOOK_INJECT";
 
 #[derive(Debug, Default)]
@@ -81,8 +83,11 @@ pub(crate) fn disk_full_check(number: u64) -> io::Result<()> {
 /// passes the step again and must get through it).
 pub fn step_begins(rank: usize, step: usize) -> Result<()> {
     let faults = faults()?;
-    let first_round = std::env::var("WORKBOOK_ELASTIC_ROUND").map_or(true, |round| round == "0");
-    if !first_round || faults.fault_rank.unwrap_or(1) != rank as u64 {
+    let striking = faults.abort_at_step.or(faults.kill_launcher_at_step).is_some();
+    if !striking || faults.fault_rank.unwrap_or(1) != rank as u64 {
+        return Ok(());
+    }
+    if DistEnv::from_env()?.and_then(|env| env.elastic_round).is_some_and(|round| round > 0) {
         return Ok(());
     }
     let now = Some(step as u64);

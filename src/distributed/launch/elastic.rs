@@ -34,7 +34,8 @@ use std::time::{Duration, Instant};
 use candle_core::{bail, Result};
 
 use super::{free_port, supervise, Ended, Job, LaunchConfig};
-use crate::distributed::store::{StoreClient, StoreServer};
+use crate::distributed::env::ELASTIC_ROUND;
+use crate::distributed::store::{self, StoreClient, StoreServer};
 use crate::error::io_context;
 
 /// How often an agent whose ranks run asks the store whether to stop them.
@@ -56,7 +57,7 @@ const JOINING: &str = "joining";
 
 /// Runs this node's agent until the job ends; returns the code to exit with.
 pub(super) fn run(config: &LaunchConfig, port: u16, token: &str, job: &Job) -> Result<i32> {
-    let address = store_address(&config.master_addr, port);
+    let address = store::address(&config.master_addr, port);
     let _server = match config.node_rank {
         0 => Some(StoreServer::bind(&address, token).map_err(|e| io_context("launch: the rendezvous", e))?),
         _ => None,
@@ -75,11 +76,6 @@ struct Agent<'a> {
     id: String,
 }
 
-/// A launcher's report without its `launch: `, to quote it in another line.
-fn without_prefix(report: &str) -> &str {
-    report.strip_prefix("launch: ").unwrap_or(report)
-}
-
 /// `n` things, in words: "1 node", "2 nodes".
 fn count(n: usize, thing: &str) -> String {
     format!("{n} {thing}{}", if n == 1 { "" } else { "s" })
@@ -87,14 +83,6 @@ fn count(n: usize, thing: &str) -> String {
 
 fn key(round: usize, name: &str) -> String {
     format!("rdzv/{round}/{name}")
-}
-
-/// `host:port`, with brackets around an IPv6 host.
-fn store_address(host: &str, port: u16) -> String {
-    match host.contains(':') {
-        true => format!("[{host}]:{port}"),
-        false => format!("{host}:{port}"),
-    }
 }
 
 impl Agent<'_> {
@@ -121,7 +109,7 @@ impl Agent<'_> {
                 if first == last { format!("rank {first}") } else { format!("ranks {first} to {last}") },
             );
             let extra = [
-                ("WORKBOOK_ELASTIC_ROUND", round.to_string()),
+                (ELASTIC_ROUND, round.to_string()),
                 ("TORCHELASTIC_RESTART_COUNT", restarts.to_string()),
                 ("TORCHELASTIC_MAX_RESTARTS", self.config.max_restarts.to_string()),
             ];
@@ -136,13 +124,13 @@ impl Agent<'_> {
             let failure = match ended {
                 Ended::Succeeded => return self.finish(round, members.len()),
                 Ended::Failed { code, report } => {
-                    eprintln!("{report}");
+                    eprintln!("launch: {report}");
                     // Tell the other agents; this one may be the last to know the job is over.
                     let _ = self.store.set(&key(round, "restart"), format!("{FAILED}{report}").as_bytes());
                     Some((code, report))
                 }
                 Ended::Interrupted(Stop::Failed(report)) => {
-                    eprintln!("launch: stopped this node's ranks: on another node, {}", without_prefix(&report));
+                    eprintln!("launch: stopped this node's ranks: on another node, {report}");
                     Some((1, report))
                 }
                 Ended::Interrupted(Stop::Joining) => None,
@@ -153,8 +141,7 @@ impl Agent<'_> {
             match failure {
                 Some((code, report)) if restarts == self.config.max_restarts => {
                     if self.config.max_restarts > 0 {
-                        let last = without_prefix(&report);
-                        eprintln!("launch: no restarts left (--max-restarts {}): {last}", self.config.max_restarts);
+                        eprintln!("launch: no restarts left (--max-restarts {}): {report}", self.config.max_restarts);
                     }
                     self.leave(round, "stopped", members.len());
                     return Ok(code);

@@ -19,7 +19,7 @@ use trainer::model_dir::ModelDir;
 use trainer::run::{open_dataset, peak_memory_mib, recorded_data_path, train, RunOptions};
 use trainer::strategy::Strategy;
 use workbook::data::{DataConfig, DatasetKind, SAMPLE_PATH};
-use workbook::distributed::{DistEnv, DEFAULT_TIMEOUT};
+use workbook::distributed::DistEnv;
 use workbook::parallel::fsdp::FsdpConfig;
 use workbook::parallel::pipeline::PipelineSchedule;
 
@@ -237,7 +237,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         bucket_bytes: args.bucket_bytes,
         trace: args.trace,
         log_every: args.log_every.max(1),
-        timeout: args.launch.timeout.map_or(DEFAULT_TIMEOUT, std::time::Duration::from_secs),
+        timeout: args.launch.config().timeout(),
     };
     if starts_ranks {
         // Tokenise once here, not in every rank at the same time.
