@@ -8,14 +8,15 @@
 //!   model.safetensors       parameters by their Hugging Face names
 //!   optimizer.safetensors   AdamW's moments: exp_avg.<name>, exp_avg_sq.<name>
 //!   trainer_state.json      step, configs, data position
-//!   checksums.json          the CRC-32 of each tensor file, checked on every read
+//!   checksums.json          the CRC-32 of every other file, checked on every read
 //!   config.json, generation_config.json, tokenizer*.json
 //!                           the same model as a Hugging Face directory (see [`crate::hf`])
 //! ```
 //!
-//! It is written into a temporary sibling directory and renamed into place
-//! only when complete; a rename within one filesystem is atomic, so a reader
-//! sees either the old checkpoint or the new one, never half of one.
+//! It is written into a temporary sibling directory, flushed to the disk, and
+//! renamed into place only when complete; a rename within one filesystem is
+//! atomic, so a reader sees either the old checkpoint or the new one, never
+//! half of one, even after a power loss.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
@@ -34,9 +35,12 @@ use crate::model::GptConfig;
 const MODEL_FILE: &str = "model.safetensors";
 const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 const STATE_FILE: &str = "trainer_state.json";
-/// The CRC-32 of each tensor file, checked on every read. Checkpoints from
-/// before it existed have none and load unchecked.
+/// The CRC-32 of every other file, checked on every read. Checkpoints from
+/// before it existed have none, and those from before it covered every file
+/// list the tensor files only: what is not listed loads unchecked.
 const CHECKSUM_FILE: &str = "checksums.json";
+/// The files a checkpoint cannot do without.
+const ESSENTIAL_FILES: [&str; 3] = [MODEL_FILE, OPTIMIZER_FILE, STATE_FILE];
 const FORMAT_VERSION: u32 = 1;
 
 /// Everything besides tensors that a resumed run needs.
@@ -114,7 +118,7 @@ impl Checkpoint {
         written
     }
 
-    /// Every file of the checkpoint, into `staging`.
+    /// Every file of the checkpoint, into `staging`, each flushed to the disk.
     fn write_files(&self, staging: &Path, number: u64) -> Result<()> {
         candle_core::safetensors::save(&self.params, staging.join(MODEL_FILE))?;
         faults::disk_full_check(number).map_err(|e| io_path("write", &staging.join(OPTIMIZER_FILE), e))?;
@@ -122,55 +126,52 @@ impl Checkpoint {
         let dtype = self.params.values().next().map_or(candle_core::DType::F32, Tensor::dtype);
         let tokenizer = self.state.data.as_ref().map(|d| d.config.tokenizer);
         crate::hf::write_model_files(staging, &self.state.model, dtype, tokenizer)?;
-        let checksums = [MODEL_FILE, OPTIMIZER_FILE]
-            .into_iter()
-            .map(|file| Ok((file.to_string(), crc32_of(&staging.join(file))?)))
-            .collect::<Result<BTreeMap<String, u32>>>()?;
+        let json = serde_json::to_string_pretty(&self.state).map_err(candle_core::Error::wrap)?;
+        fs::write(staging.join(STATE_FILE), json).map_err(|e| io_path("write", staging, e))?;
+        let mut checksums = BTreeMap::new();
+        for entry in fs::read_dir(staging).map_err(|e| io_path("list", staging, e))? {
+            let path = entry.map_err(|e| io_path("list", staging, e))?.path();
+            checksums.insert(file_name(&path), crc32_of(&path)?);
+            sync_file(&path)?;
+        }
         let json = serde_json::to_string_pretty(&checksums).map_err(candle_core::Error::wrap)?;
         fs::write(staging.join(CHECKSUM_FILE), json).map_err(|e| io_path("write", staging, e))?;
-        let json = serde_json::to_string_pretty(&self.state).map_err(candle_core::Error::wrap)?;
-        fs::write(staging.join(STATE_FILE), json).map_err(|e| io_path("write", staging, e))
+        sync_file(&staging.join(CHECKSUM_FILE))?;
+        sync_file(staging)
     }
 
     /// Whether `dir` holds every file of a checkpoint: a directory that lost
     /// one (or a stray `step_*` made by hand) is never taken for one.
     pub fn is_complete(dir: &Path) -> bool {
-        [MODEL_FILE, OPTIMIZER_FILE, STATE_FILE].iter().all(|file| dir.join(file).is_file())
+        Self::missing_files(dir).is_empty()
     }
 
-    /// Fails if a tensor file in `dir` is not what was written (see `checksums.json`).
-    pub fn verify(dir: &Path) -> Result<()> {
-        verify_checksums(dir, &[MODEL_FILE, OPTIMIZER_FILE])
+    /// The files a checkpoint cannot do without that `dir` lacks.
+    pub fn missing_files(dir: &Path) -> Vec<&'static str> {
+        ESSENTIAL_FILES.into_iter().filter(|file| !dir.join(file).is_file()).collect()
+    }
+
+    /// Fails unless every file of the checkpoint in `dir` is what was written
+    /// (each file `checksums.json` lists matches its checksum) and its state
+    /// reads. Returns the essential files it had no checksum for, which a
+    /// checkpoint from an older workbook lacks, for the caller to warn of.
+    pub fn verify(dir: &Path) -> Result<Vec<&'static str>> {
+        let unchecked = verify_checksums(dir, None)?;
+        read_state(dir)?;
+        Ok(unchecked)
     }
 
     /// Reads the checkpoint in `dir`, with errors that say what is wrong with it.
     pub fn read(dir: &Path) -> Result<Self> {
         let (state, params) = Self::read_model(dir)?;
-        verify_checksums(dir, &[OPTIMIZER_FILE])?;
+        verify_checksums(dir, Some(OPTIMIZER_FILE))?;
         Ok(Self { params, optimizer: load_tensors(dir, OPTIMIZER_FILE)?, state })
     }
 
     /// The state and the parameters only: what inference needs.
     pub fn read_model(dir: &Path) -> Result<(TrainerState, HashMap<String, Tensor>)> {
-        if !dir.join(STATE_FILE).exists() {
-            bail!(
-                "{} is not a checkpoint (no {STATE_FILE}): point --resume at a step_NNNNNN directory written by train",
-                dir.display()
-            );
-        }
-        let text = fs::read_to_string(dir.join(STATE_FILE)).map_err(|e| io_path("read", dir, e))?;
-        let state: TrainerState = match serde_json::from_str(&text) {
-            Ok(state) => state,
-            Err(e) => bail!("{} is corrupt: {e}; resume from an earlier checkpoint", dir.join(STATE_FILE).display()),
-        };
-        if state.format_version != FORMAT_VERSION {
-            bail!(
-                "{} has format version {}, this workbook reads version {FORMAT_VERSION}",
-                dir.display(),
-                state.format_version
-            );
-        }
-        verify_checksums(dir, &[MODEL_FILE])?;
+        let state = read_state(dir)?;
+        verify_checksums(dir, Some(MODEL_FILE))?;
         Ok((state, load_tensors(dir, MODEL_FILE)?))
     }
 
@@ -208,24 +209,81 @@ fn load_tensors(dir: &Path, file: &str) -> Result<HashMap<String, Tensor>> {
     }
 }
 
-/// Fails if one of the tensor `files` of the checkpoint in `dir` is not what was written.
-fn verify_checksums(dir: &Path, files: &[&str]) -> Result<()> {
+/// The state of the checkpoint in `dir`, checked against its checksum.
+fn read_state(dir: &Path) -> Result<TrainerState> {
+    if !dir.join(STATE_FILE).exists() {
+        bail!(
+            "{} is not a checkpoint (no {STATE_FILE}): point --resume at a step_NNNNNN directory written by train",
+            dir.display()
+        );
+    }
+    verify_checksums(dir, Some(STATE_FILE))?;
+    let text = fs::read_to_string(dir.join(STATE_FILE)).map_err(|e| io_path("read", dir, e))?;
+    let state: TrainerState = match serde_json::from_str(&text) {
+        Ok(state) => state,
+        Err(e) => bail!("{} is corrupt: {e}; resume from an earlier checkpoint", dir.join(STATE_FILE).display()),
+    };
+    if state.format_version != FORMAT_VERSION {
+        bail!(
+            "{} has format version {}, this workbook reads version {FORMAT_VERSION}",
+            dir.display(),
+            state.format_version
+        );
+    }
+    Ok(state)
+}
+
+/// Fails if a file of the checkpoint in `dir` that `checksums.json` lists
+/// (only `only`, when given) is missing or not what was written. Returns the
+/// essential files (of those asked for) that it lists no checksum for.
+fn verify_checksums(dir: &Path, only: Option<&str>) -> Result<Vec<&'static str>> {
+    let asked = |file: &str| only.is_none_or(|only| only == file);
+    let unlisted = |listed: &BTreeMap<String, u32>| {
+        ESSENTIAL_FILES.into_iter().filter(|&f| asked(f) && !listed.contains_key(f)).collect()
+    };
     let path = dir.join(CHECKSUM_FILE);
-    let Ok(text) = fs::read_to_string(&path) else { return Ok(()) };
+    let Ok(text) = fs::read_to_string(&path) else { return Ok(unlisted(&BTreeMap::new())) };
     let expected: BTreeMap<String, u32> = match serde_json::from_str(&text) {
         Ok(expected) => expected,
         Err(e) => bail!("{} is corrupt: {e}; resume from an earlier checkpoint", path.display()),
     };
-    for (file, want) in expected.into_iter().filter(|(file, _)| files.contains(&file.as_str())) {
-        if crc32_of(&dir.join(&file))? != want {
+    for (file, want) in expected.iter().filter(|(file, _)| asked(file)) {
+        // Names of files beside it, never a path elsewhere.
+        if file.is_empty() || file.contains(['/', '\\']) || file.starts_with('.') {
+            bail!("{} is corrupt: it lists `{file}`, which is not a file of a checkpoint", path.display());
+        }
+        let listed = dir.join(file);
+        if !listed.is_file() {
             bail!(
-                "{} is corrupt: its checksum does not match the one saved with it (a bit changed on disk, or a \
-                 copy was cut short); resume from an earlier checkpoint",
-                dir.join(&file).display()
+                "{} is missing (it is listed in {CHECKSUM_FILE}); resume from an earlier checkpoint",
+                listed.display()
+            );
+        }
+        if crc32_of(&listed)? != *want {
+            bail!(
+                "{} is corrupt: its checksum does not match the one in {CHECKSUM_FILE} (a bit changed on disk, a \
+                 copy was cut short, or the file was edited); resume from an earlier checkpoint",
+                listed.display()
             );
         }
     }
-    Ok(())
+    Ok(unlisted(&expected))
+}
+
+/// The last component of `path`, as text.
+fn file_name(path: &Path) -> String {
+    path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+/// Flushes the file or directory at `path` to the disk, so that a power loss
+/// after the rename that follows cannot leave a checkpoint whose files are
+/// empty (a rename can reach the disk before the data it names).
+fn sync_file(path: &Path) -> Result<()> {
+    // Directories open only on Unix; elsewhere their entries are not synced.
+    if path.is_dir() && !cfg!(unix) {
+        return Ok(());
+    }
+    fs::File::open(path).and_then(|f| f.sync_all()).map_err(|e| io_path("flush to disk", path, e))
 }
 
 /// Moves the complete `staging` directory to `dir`; an existing `dir` is kept
@@ -237,6 +295,9 @@ fn replace_dir(staging: &Path, dir: &Path) -> Result<()> {
         fs::rename(dir, &old).map_err(|e| io_path("move aside", dir, e))?;
     }
     fs::rename(staging, dir).map_err(|e| io_path("move into place", dir, e))?;
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        sync_file(parent)?;
+    }
     if had_old {
         fs::remove_dir_all(&old).map_err(|e| io_path("remove", &old, e))?;
     }

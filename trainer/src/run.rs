@@ -322,7 +322,7 @@ fn save(trainer: &impl Train, options: &RunOptions, sampler: &DistributedSampler
     while_busy(pg, &format!("saving {}", dir.display()), || {
         trainer
             .save_checkpoint(&dir, Some(position))
-            .map_err(|e| anyhow!("saving {}: {e}; {}", dir.display(), after_failed_save(options)))?;
+            .map_err(|e| anyhow!("saving {}: {e}; {}", dir.display(), after_failed_save(options, &e)))?;
         if pg.rank() == 0 {
             checkpoints::prune(&options.out_dir, options.keep_checkpoints)?;
         }
@@ -358,14 +358,28 @@ fn write_trace(pg: &dyn ProcessGroup, out_dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// What a failed save leaves: the staged files are gone, earlier checkpoints untouched.
-fn after_failed_save(options: &RunOptions) -> String {
+/// What a failed save leaves: the staged files are gone, earlier checkpoints
+/// untouched. Suggests freeing disk space only when the disk said it was full.
+fn after_failed_save(options: &RunOptions, error: &candle_core::Error) -> String {
+    let fix = match is_disk_full(error) {
+        true => "free disk space",
+        false => "fix the cause",
+    };
     match checkpoints::steps(&options.out_dir).ok().and_then(|steps| steps.last().copied()) {
-        Some(step) => format!(
-            "the checkpoint of step {step} is intact: fix the cause (free disk space?) and continue with --resume"
-        ),
-        None => "no earlier checkpoint exists: fix the cause (free disk space?) and start again".to_string(),
+        Some(step) => format!("the checkpoint of step {step} is intact: {fix} and continue with --resume"),
+        None => format!("no earlier checkpoint exists: {fix} and start again"),
     }
+}
+
+/// Whether `error` is the disk's (or the user's quota's) being full.
+fn is_disk_full(error: &candle_core::Error) -> bool {
+    let full =
+        |e: &std::io::Error| matches!(e.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded);
+    // Errors that reach here as text (from a tensor library's own I/O) keep the OS's number.
+    let text = error.to_string();
+    matches!(error, candle_core::Error::Io(e) if full(e))
+        || text.contains("os error 28")
+        || text.contains("os error 122")
 }
 
 /// Says so when a step was skipped for a non-finite gradient or its loss jumped.

@@ -130,7 +130,7 @@ fn a_full_disk_during_a_save_keeps_the_last_checkpoint_and_leaves_nothing_behind
     let failed = full.env("WORKBOOK_INJECT", "disk-full-on-save=2").env("RAYON_NUM_THREADS", "1").output().unwrap();
     assert_eq!(failed.status.code(), Some(1));
     let message = stderr(&failed);
-    assert!(message.contains("step 2 is intact") && message.contains("--resume"), "{message}");
+    assert!(message.contains("step 2 is intact: free disk space") && message.contains("--resume"), "{message}");
     let left: Vec<String> =
         std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     assert!(!left.iter().any(|name| name.contains("partial")), "the failed save left its staging behind: {left:?}");
@@ -152,4 +152,123 @@ fn a_corrupt_newest_checkpoint_is_skipped_for_the_one_before() {
     succeeded(&resumed);
     assert!(stderr(&resumed).contains("skipping") && stderr(&resumed).contains("step_000004"), "{}", stderr(&resumed));
     assert!(String::from_utf8_lossy(&resumed.stdout).contains("at step 2"), "it resumes from step 2");
+}
+
+/// Every file under `dir` with its contents, for telling what a run changed.
+fn snapshot(dir: &Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
+    let mut files = vec![];
+    for entry in std::fs::read_dir(dir).unwrap().map(Result::unwrap) {
+        match entry.file_type().unwrap().is_dir() {
+            true => files.extend(snapshot(&entry.path())),
+            false => files.push((entry.path(), std::fs::read(entry.path()).unwrap())),
+        }
+    }
+    files.sort();
+    files
+}
+
+/// Names that look like the trainer's debris but that it did not write are
+/// the user's: a failed run, a run, and a run with --overwrite leave them be.
+#[test]
+fn a_run_touches_no_file_it_did_not_write() {
+    let dir = scratch("not-ours");
+    let user = dir.join("user");
+    for name in ["notes", ".notes.old", "step_2", ".step_2.old", ".step_000002.partial-x", ".step_000002.old"] {
+        std::fs::create_dir_all(user.join(name)).unwrap();
+        std::fs::write(user.join(name).join("important.txt"), format!("precious: {name}")).unwrap();
+    }
+    std::fs::write(user.join(".bashrc.old"), "alias ll='ls -l'").unwrap();
+    let ours = |path: &Path| {
+        let name = path.strip_prefix(&user).unwrap().iter().next().unwrap().to_string_lossy().into_owned();
+        name.starts_with("step_0") || ["metrics.jsonl", "loss.svg", ".lock"].contains(&name.as_str())
+    };
+    let theirs = || -> Vec<_> { snapshot(&user).into_iter().filter(|(path, _)| !ours(path)).collect() };
+    let before = theirs();
+    let failed = train(&user, 2, &["--dataset", "tinystories", "--data-path", "/nonexistent/stories.txt"]);
+    assert!(!failed.status.success(), "a run on a missing file must fail");
+    assert_eq!(theirs(), before, "a failed run changed files it did not write");
+    succeeded(&train(&user, 2, &[]));
+    succeeded(&train(&user, 2, &["--overwrite"]));
+    assert_eq!(theirs(), before, "two runs changed files they did not write");
+    assert!(!user.join("bashrc").exists() && !user.join("step_000002").join("important.txt").exists());
+}
+
+/// A kill while the oldest checkpoint was being deleted leaves it under the
+/// trainer's own debris name, never as a half-deleted `step_N`; the next run
+/// finishes the deletion.
+#[test]
+fn what_a_killed_prune_left_is_finished_by_the_next_run() {
+    let dir = scratch("pruned");
+    succeeded(&train(&dir, 4, &[]));
+    let pruned = dir.join(".step_000002.pruned");
+    std::fs::rename(checkpoints::step_dir(&dir, 2), &pruned).unwrap();
+    std::fs::remove_file(pruned.join("optimizer.safetensors")).unwrap(); // deleted halfway
+    succeeded(&train(&dir, 6, &["--resume", "--keep-checkpoints", "2"]));
+    assert!(!pruned.exists(), "the half-deleted checkpoint is removed");
+    assert_eq!(checkpoints::steps(&dir).unwrap(), [4, 6]);
+}
+
+/// The state, the checksums and the Hugging Face files are checked like the
+/// tensors: an edited, cut or damaged one, or a missing file, makes resume
+/// and infer fall back to the checkpoint before, saying why.
+#[test]
+fn a_damaged_or_edited_newest_checkpoint_falls_back_to_the_one_before() {
+    let dir = scratch("damaged");
+    succeeded(&train(&dir, 4, &[]));
+    let newest = checkpoints::step_dir(&dir, 4);
+    let pristine = snapshot(&newest);
+    let restore = || pristine.iter().for_each(|(path, bytes)| std::fs::write(path, bytes).unwrap());
+    let edit = |file: &str, change: &dyn Fn(String) -> String| {
+        let path = newest.join(file);
+        std::fs::write(&path, change(std::fs::read_to_string(&path).unwrap())).unwrap();
+    };
+    let falls_back = |what: &str, expected: &str| {
+        let infer = Command::new(env!("CARGO_BIN_EXE_infer"))
+            .args(["--max-new-tokens", "2", "--checkpoint"])
+            .arg(&dir)
+            .output()
+            .unwrap();
+        assert!(infer.status.success(), "{what}: infer failed:\n{}", stderr(&infer));
+        assert!(
+            stderr(&infer).contains("skipping") && stderr(&infer).contains(expected),
+            "{what}:\n{}",
+            stderr(&infer)
+        );
+    };
+    edit("trainer_state.json", &|s| s.replacen("\"step\": 4", "\"step\": 5", 1));
+    falls_back("an edited step", "trainer_state.json is corrupt");
+    restore();
+    edit("trainer_state.json", &|s| s[..s.len() / 2].to_string());
+    falls_back("a cut-short state", "trainer_state.json is corrupt");
+    restore();
+    edit("config.json", &|s| s.replace("\"num_hidden_layers\": 4", "\"num_hidden_layers\": 3"));
+    falls_back("an edited config.json", "config.json is corrupt");
+    restore();
+    edit("checksums.json", &|s| s[..s.len() - 3].to_string());
+    falls_back("a cut-short checksums.json", "checksums.json is corrupt");
+    restore();
+    std::fs::remove_file(newest.join("optimizer.safetensors")).unwrap();
+    falls_back("a missing file", "lacks optimizer.safetensors");
+    restore();
+    let resumed = train(&dir, 6, &["--resume"]);
+    succeeded(&resumed);
+    assert!(String::from_utf8_lossy(&resumed.stdout).contains("at step 4"), "the restored checkpoint resumes");
+}
+
+/// A checkpoint from before every file had a checksum still resumes, and
+/// says that its state was read unchecked.
+#[test]
+fn a_checkpoint_from_before_full_checksums_resumes_with_a_warning() {
+    let dir = scratch("older");
+    succeeded(&train(&dir, 4, &[]));
+    let sums = checkpoints::step_dir(&dir, 4).join("checksums.json");
+    let all: std::collections::BTreeMap<String, u32> =
+        serde_json::from_str(&std::fs::read_to_string(&sums).unwrap()).unwrap();
+    let tensors: std::collections::BTreeMap<_, _> =
+        all.into_iter().filter(|(f, _)| f.ends_with(".safetensors")).collect();
+    std::fs::write(&sums, serde_json::to_string(&tensors).unwrap()).unwrap();
+    let resumed = train(&dir, 6, &["--resume"]);
+    succeeded(&resumed);
+    assert!(String::from_utf8_lossy(&resumed.stdout).contains("at step 4"), "it resumes from step 4");
+    assert!(stderr(&resumed).contains("trainer_state.json: read unchecked"), "{}", stderr(&resumed));
 }
