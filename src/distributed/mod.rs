@@ -65,6 +65,7 @@
 //! # Ok::<(), candle_core::Error>(())
 //! ```
 
+pub mod auth;
 mod collective;
 mod cpu;
 mod env;

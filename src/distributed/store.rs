@@ -23,9 +23,10 @@
 //! ## Protocol
 //!
 //! Every message is a frame: a `u32` little-endian length, then that many
-//! bytes. A connection's first frame is the job token; the server answers a
-//! wrong one with `REFUSED` (2) and closes. Then each request frame is an opcode
-//! byte and its fields, each reply frame a status byte and its payload:
+//! bytes. A connection opens with the [handshake](super::auth) in which each
+//! side proves it knows the job token without sending it; the server closes
+//! a connection that fails it. Then each request frame is an opcode byte and
+//! its fields, each reply frame a status byte and its payload:
 //!
 //! | request                                  | reply                                |
 //! |------------------------------------------|--------------------------------------|
@@ -43,14 +44,16 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
+use super::auth::{self, Purpose};
+
 /// The longest frame either side accepts. Store values are small (addresses,
 /// a 128-byte NCCL id); the bound keeps a stray connection from making the
 /// host allocate without limit.
 const MAX_FRAME: usize = 16 << 20;
-/// The longest job token: a stranger's first frame is bounded tighter still.
+/// The longest job token.
 const MAX_TOKEN: usize = 64 << 10;
-/// How long a new connection may take to present its token, so a silent
-/// stray connection holds only its own thread, and not for long.
+/// How long a new connection may take to prove it knows the token, so a
+/// silent stray connection holds only its own thread, and not for long.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How much longer than a request's own timeout a client waits for the reply
 /// before it concludes the server is gone.
@@ -63,8 +66,6 @@ const ADD: u8 = 3;
 
 const OK: u8 = 0;
 const NOT_FOUND: u8 = 1;
-/// The reply to a wrong job token, sent before the server closes the connection.
-const REFUSED: u8 = 2;
 const ERROR: u8 = 3;
 
 /// The `host:port` a store listens on, with brackets around an IPv6 host.
@@ -86,7 +87,7 @@ pub struct StoreServer {
 }
 
 struct Shared {
-    token: Vec<u8>,
+    token: String,
     state: Mutex<State>,
     /// Signalled when a key is set or the server closes, for blocked `GET`s.
     changed: Condvar,
@@ -117,8 +118,7 @@ impl StoreServer {
             io::Error::new(e.kind(), format!("cannot host the store at {addr}: {e}; {hint}"))
         })?;
         let addr = listener.local_addr()?;
-        let shared =
-            Arc::new(Shared { token: token.as_bytes().to_vec(), state: Mutex::default(), changed: Condvar::new() });
+        let shared = Arc::new(Shared { token: token.to_string(), state: Mutex::default(), changed: Condvar::new() });
         let accepting = Arc::clone(&shared);
         let accept =
             thread::Builder::new().name("store-accept".into()).spawn(move || accept_loop(listener, accepting))?;
@@ -192,8 +192,7 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
 fn serve(mut stream: TcpStream, shared: &Shared) -> io::Result<()> {
     stream.set_nodelay(true)?;
     stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
-    if read_frame(&mut stream, MAX_TOKEN)? != shared.token {
-        write_frame(&mut stream, &[REFUSED])?;
+    if !auth::accept(&mut stream, &shared.token, Purpose::Store)? {
         // Drain what the client already sent before closing: closing with
         // unread data sends a reset, which could destroy the refusal in flight.
         stream.shutdown(Shutdown::Write)?;
@@ -276,8 +275,9 @@ struct Conn {
 impl StoreClient {
     /// Connects to `addr` (`"host:port"`), retrying every 50 ms until
     /// `timeout` passes, because rank 0 may start hosting later than this
-    /// rank starts. Sends `token` first; a wrong one makes the first request
-    /// fail with [`ErrorKind::PermissionDenied`].
+    /// rank starts. Then each side proves it knows `token` (without sending
+    /// it): a wrong one, or a server that is not of this job, fails with
+    /// [`ErrorKind::PermissionDenied`].
     pub fn connect(addr: &str, token: &str, timeout: Duration) -> io::Result<StoreClient> {
         if token.len() > MAX_TOKEN {
             return Err(io::Error::new(ErrorKind::InvalidInput, "job token over 64 KiB"));
@@ -301,7 +301,15 @@ impl StoreClient {
             }
         };
         stream.set_nodelay(true)?;
-        write_frame(&mut stream, token.as_bytes())?;
+        stream.set_read_timeout(Some(timeout.max(HANDSHAKE_TIMEOUT)))?;
+        let peer = format!("the store at {addr}");
+        auth::dial(&mut stream, token, Purpose::Store, &peer).map_err(|e| match e.kind() {
+            ErrorKind::PermissionDenied => e,
+            _ => io::Error::new(
+                e.kind(),
+                format!("{peer} broke off the handshake ({e}): is MASTER_PORT another program's?"),
+            ),
+        })?;
         Ok(StoreClient { addr: addr.to_string(), conn: Mutex::new(Conn { stream, broken: None }) })
     }
 
@@ -388,11 +396,6 @@ impl StoreClient {
             .and_then(|()| read_frame(stream, MAX_FRAME))
             .map_err(|e| self.explain(e, limit))
             .and_then(|mut reply| match reply.first() {
-                Some(&REFUSED) => {
-                    let message = format!("the store at {} refused this rank's job token", self.addr);
-                    let hint = "WORKBOOK_JOB_TOKEN differs from rank 0's; give every rank the same";
-                    Err(io::Error::new(ErrorKind::PermissionDenied, format!("{message}: {hint}")))
-                }
                 Some(_) => Ok((reply.remove(0), reply)),
                 None => Err(invalid("empty reply")),
             });

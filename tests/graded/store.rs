@@ -7,6 +7,7 @@ use std::net::{TcpListener, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use workbook::distributed::auth::{self, Purpose};
 use workbook::distributed::store::{StoreClient, StoreServer};
 
 const TOKEN: &str = "job-token";
@@ -121,41 +122,76 @@ fn barrier_with_a_missing_rank_times_out() {
 #[test]
 fn wrong_token_is_refused_while_the_right_one_is_served() {
     let (_server, addr) = server();
-    let intruder = StoreClient::connect(&addr, "other-job", TIMEOUT).unwrap();
-    let err = intruder.set("key", b"value").unwrap_err();
+    let err = StoreClient::connect(&addr, "other-job", TIMEOUT).err().expect("a wrong token must be refused");
     assert_eq!(err.kind(), ErrorKind::PermissionDenied, "a wrong token must be refused: {err}");
     assert!(err.to_string().contains("WORKBOOK_JOB_TOKEN"), "the error must name the variable: {err}");
     assert_serves(&addr, "refusing a wrong token");
 }
 
+/// A process squatting on the store's port never sees the token: it gets a
+/// proof bound to its own nonce, and the rank refuses it for knowing nothing.
+#[test]
+fn a_squatter_on_the_port_learns_nothing_and_is_refused() {
+    let squatter = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = squatter.local_addr().unwrap().to_string();
+    let heard = thread::spawn(move || {
+        let (mut rank, _) = squatter.accept().unwrap();
+        rank.write_all(&[0; 32]).unwrap(); // a challenge
+        let mut answer = vec![0; 64];
+        rank.read_exact(&mut answer).unwrap();
+        rank.write_all(&[0; 33]).unwrap(); // "accepted", with a made-up proof
+        answer
+    });
+    let err = StoreClient::connect(&addr, TOKEN, TIMEOUT).err().expect("a squatter must not pass for the store");
+    let answer = heard.join().unwrap();
+    assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}");
+    assert!(err.to_string().contains("does not know the job token"), "{err}");
+    let sent = answer.windows(TOKEN.len()).any(|w| w == TOKEN.as_bytes());
+    assert!(!sent, "the token itself crossed the wire: {answer:?}");
+}
+
 #[test]
 fn stray_connections_do_not_disturb_the_store() {
     let (_server, addr) = server();
-    // A 4 GiB length prefix: the server must close this connection, not allocate.
+    // A 4 GiB length prefix and garbage where the handshake's answer belongs:
+    // the server must refuse and close this connection, not allocate.
     let mut huge = TcpStream::connect(&addr).unwrap();
-    huge.write_all(&u32::MAX.to_le_bytes()).unwrap();
+    huge.write_all(&[&u32::MAX.to_le_bytes()[..], &[0xAB; 60]].concat()).unwrap();
     // Garbage, then gone.
     TcpStream::connect(&addr).unwrap().write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
     assert_serves(&addr, "two stray connections");
     huge.set_read_timeout(Some(TIMEOUT)).unwrap();
-    let read = huge.read(&mut [0; 16]);
+    let mut heard = vec![];
+    let read = huge.read_to_end(&mut heard);
     assert!(
-        matches!(read, Ok(0)) || read.as_ref().is_err_and(|e| e.kind() == ErrorKind::ConnectionReset),
-        "the server must close a connection announcing a 4 GiB frame, got {read:?}"
+        read.is_ok() || read.as_ref().is_err_and(|e| e.kind() == ErrorKind::ConnectionReset),
+        "the server must close a connection that fails the handshake, got {read:?}"
     );
+    assert!(heard.len() <= 33, "the server said more than a challenge and a refusal: {} bytes", heard.len());
 }
 
 #[test]
 fn protocol_violation_closes_only_that_connection() {
     let (_server, addr) = server();
     let mut raw = TcpStream::connect(&addr).unwrap();
-    let token = [&(TOKEN.len() as u32).to_le_bytes()[..], TOKEN.as_bytes()].concat();
-    raw.write_all(&token).unwrap();
-    raw.write_all(&[1, 0, 0, 0, 99]).unwrap(); // a one-byte request with opcode 99
     raw.set_read_timeout(Some(TIMEOUT)).unwrap();
+    auth::dial(&mut raw, TOKEN, Purpose::Store, "the store").expect("the handshake with the right token");
+    raw.write_all(&[1, 0, 0, 0, 99]).unwrap(); // a one-byte request with opcode 99
     let read = raw.read(&mut [0; 16]);
     assert!(matches!(read, Ok(0)), "an unknown opcode must close the connection, got {read:?}");
     assert_serves(&addr, "an unknown opcode");
+}
+
+/// Strangers that connect and say nothing hold no one up: each waits out
+/// its handshake on a thread of its own.
+#[test]
+fn silent_connections_do_not_delay_the_ranks() {
+    let (_server, addr) = server();
+    let silent: Vec<TcpStream> = (0..20).map(|_| TcpStream::connect(&addr).unwrap()).collect();
+    let started = Instant::now();
+    assert_serves(&addr, "20 silent connections");
+    assert!(started.elapsed() < TIMEOUT, "the store took {:?} to serve a rank", started.elapsed());
+    drop(silent);
 }
 
 #[test]
@@ -187,4 +223,41 @@ fn connect_retries_until_the_server_binds() {
     let _server = host.join().unwrap();
     let store = store.expect("connect must retry until the server starts");
     store.set("key", b"v").expect("the late server must serve the early client");
+}
+
+/// A rank's mesh listener greets newcomers side by side: twenty strangers
+/// that connect and say nothing cannot hold the job past its start-up, and
+/// one with the wrong token is not taken for a rank.
+#[test]
+fn silent_strangers_on_a_ranks_port_do_not_stall_the_job() {
+    use workbook::distributed::{ProcessGroup, ReduceOp, Rendezvous, TcpProcessGroup};
+    let master = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let rendezvous = |rank| Rendezvous {
+        rank,
+        world_size: 2,
+        master: master.clone(),
+        token: TOKEN.to_string(),
+        timeout: Duration::from_secs(30),
+    };
+    let started = Instant::now();
+    let rank = |rank| {
+        let pg = TcpProcessGroup::init(&rendezvous(rank)).expect("the job forms");
+        let one = candle_core::Tensor::new(&[1f32], &candle_core::Device::Cpu).unwrap();
+        pg.all_reduce(&one, ReduceOp::Sum).unwrap().to_vec1::<f32>().unwrap()[0]
+    };
+    let sums: Vec<f32> = thread::scope(|s| {
+        let rank0 = s.spawn(|| rank(0));
+        let store = StoreClient::connect(&master, TOKEN, TIMEOUT).unwrap();
+        let addr = String::from_utf8(store.get("addr/0", TIMEOUT).unwrap()).unwrap();
+        let _silent: Vec<TcpStream> = (0..20).map(|_| TcpStream::connect(&addr).unwrap()).collect();
+        let mut impostor = TcpStream::connect(&addr).unwrap();
+        impostor.write_all(b"WBRK\x01\x00\x00\x00").unwrap(); // claims to be rank 1
+        impostor.set_read_timeout(Some(TIMEOUT)).unwrap();
+        let refused = auth::dial(&mut impostor, "other-job", Purpose::Mesh, "rank 0");
+        assert_eq!(refused.unwrap_err().kind(), ErrorKind::PermissionDenied, "a wrong token must be refused");
+        let rank1 = s.spawn(|| rank(1));
+        [rank0, rank1].map(|r| r.join().unwrap()).to_vec()
+    });
+    assert!(started.elapsed() < Duration::from_secs(10), "the job took {:?} to form", started.elapsed());
+    assert_eq!(sums, [2.0, 2.0]);
 }

@@ -3,8 +3,10 @@
 //! Each rank listens on an ephemeral port of its own address and publishes
 //! `addr/<rank>` in the store. Rank `r` then connects to every lower rank and
 //! accepts a connection from every higher one, so each pair has exactly one
-//! socket. A connection opens with the job token and the connecting rank's
-//! number; anything else on the port is closed unread.
+//! socket. A connection opens with the connecting rank's number and the
+//! [handshake](crate::distributed::auth) in which each side proves it knows
+//! the job token; anything else on the port is closed. Newcomers are greeted
+//! each on a thread of its own, so silent strangers cannot hold up the ranks.
 //!
 //! Reading is done by the rank's own thread. Writing goes through one thread
 //! per peer, so that a send returns at once: in a ring every rank sends before
@@ -29,12 +31,14 @@ use std::time::{Duration, Instant};
 use candle_core::{Error, Result};
 
 use super::wire::{Frame, Header, HEADER_BYTES, MAX_REASON};
+use crate::distributed::auth::{self, Purpose};
 use crate::distributed::store::StoreClient;
 use crate::error::io_context;
 
 const HELLO: &[u8; 4] = b"WBRK";
-/// A stranger's token is read only up to this length.
-const MAX_TOKEN: usize = 1024;
+/// Connections greeted at once; more newcomers than this are closed unread
+/// until some greeting ends (a flood of strangers costs no more threads).
+const MAX_GREETING: usize = 64;
 
 /// This rank's connections to the others.
 pub(super) struct Mesh {
@@ -324,24 +328,26 @@ pub(super) fn local_address_towards(master: SocketAddr) -> io::Result<IpAddr> {
     Ok(probe.local_addr()?.ip())
 }
 
-/// Connects to rank `peer` at `addr` and says who is calling.
+/// Connects to rank `peer` at `addr`, says who is calling and proves it is of the job.
 fn dial(addr: &[u8], rank: usize, peer: usize, token: &str, timeout: Duration) -> Result<TcpStream> {
     let text = String::from_utf8_lossy(addr);
     let target: SocketAddr = text
         .parse()
         .map_err(|_| Error::Msg(format!("rank {peer} published `{text}` as its address, which is not one")))?;
+    let who = format!("rank {peer} at {target}");
     let mut stream = TcpStream::connect_timeout(&target, timeout)
-        .map_err(|e| io_context(format!("rank {rank} cannot connect to rank {peer} at {target}"), e))?;
-    let mut hello = HELLO.to_vec();
-    hello.extend_from_slice(&(token.len() as u32).to_le_bytes());
-    hello.extend_from_slice(token.as_bytes());
-    hello.extend_from_slice(&(rank as u32).to_le_bytes());
-    stream.write_all(&hello)?;
+        .map_err(|e| io_context(format!("rank {rank} cannot connect to {who}"), e))?;
     stream.set_read_timeout(Some(timeout))?;
+    let hello = [&HELLO[..], &(rank as u32).to_le_bytes()].concat();
+    stream
+        .write_all(&hello)
+        .and_then(|()| auth::dial(&mut stream, token, Purpose::Mesh, &who))
+        .map_err(|e| io_context(format!("rank {rank} cannot join {who}"), e))?;
     Ok(stream)
 }
 
 /// Accepts one connection from each rank above `rank`, ignoring strangers.
+/// Each newcomer is greeted on its own thread, all against one deadline.
 fn accept_higher(
     listener: &TcpListener,
     streams: &mut [Option<TcpStream>],
@@ -351,16 +357,24 @@ fn accept_higher(
 ) -> Result<()> {
     let deadline = Instant::now() + timeout;
     listener.set_nonblocking(true)?;
+    let (greeted, arrivals) = mpsc::channel::<Option<(usize, TcpStream)>>();
+    let mut greeting = 0;
     while let Some(missing) = (rank + 1..streams.len()).find(|&r| streams[r].is_none()) {
-        match listener.accept() {
-            Ok((stream, _)) => {
-                if let Some(peer) = greet(&stream, token, rank, streams.len()) {
-                    if streams[peer].is_none() {
-                        stream.set_read_timeout(Some(timeout))?;
-                        streams[peer] = Some(stream);
-                    }
-                }
+        while let Ok(arrival) = arrivals.try_recv() {
+            greeting -= 1;
+            if let Some((peer, stream)) = arrival {
+                streams[peer].get_or_insert(stream);
             }
+        }
+        match listener.accept() {
+            Ok((stream, _)) if greeting < MAX_GREETING => {
+                let (greeted, token, world_size) = (greeted.clone(), token.to_string(), streams.len());
+                greeting += 1;
+                thread::spawn(move || {
+                    let _ = greeted.send(greet(stream, &token, rank, world_size, deadline));
+                });
+            }
+            Ok(_) => {} // closed unread: too many greetings at once
             Err(e) if e.kind() == ErrorKind::WouldBlock => {
                 if Instant::now() >= deadline {
                     return Err(Error::Msg(format!(
@@ -375,19 +389,26 @@ fn accept_higher(
     Ok(())
 }
 
-/// The rank a new connection speaks for, if it is one of this job's ranks above `rank`.
-fn greet(stream: &TcpStream, token: &str, rank: usize, world_size: usize) -> Option<usize> {
+/// The rank a new connection speaks for, with the connection, if it is one
+/// of this job's ranks above `rank` and proves it knows `token` by `deadline`.
+fn greet(
+    mut stream: TcpStream,
+    token: &str,
+    rank: usize,
+    world_size: usize,
+    deadline: Instant,
+) -> Option<(usize, TcpStream)> {
+    let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
     stream.set_nonblocking(false).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    let mut reader = stream;
-    let mut head = [0u8; 8];
-    reader.read_exact(&mut head).ok()?;
-    let len = u32::from_le_bytes(head[4..8].try_into().ok()?) as usize;
-    if &head[..4] != HELLO || len != token.len() || len > MAX_TOKEN {
+    stream.set_read_timeout(Some(left)).ok()?;
+    stream.set_write_timeout(Some(left)).ok()?;
+    let mut hello = [0u8; 8];
+    stream.read_exact(&mut hello).ok()?;
+    let peer = u32::from_le_bytes(hello[4..].try_into().ok()?) as usize;
+    if &hello[..4] != HELLO || peer <= rank || peer >= world_size {
         return None;
     }
-    let mut rest = vec![0u8; len + 4];
-    reader.read_exact(&mut rest).ok()?;
-    let peer = u32::from_le_bytes(rest[len..].try_into().ok()?) as usize;
-    (&rest[..len] == token.as_bytes() && peer > rank && peer < world_size).then_some(peer)
+    auth::accept(&mut stream, token, Purpose::Mesh).ok()?.then_some(())?;
+    stream.set_write_timeout(None).ok()?;
+    Some((peer, stream))
 }
