@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use candle_core::{bail, Result};
 
+use super::launch::TOKEN_VARIABLE;
 use super::store;
 use super::tcp::{Rendezvous, TcpProcessGroup};
 use super::DEFAULT_TIMEOUT;
@@ -30,9 +31,9 @@ use super::DEFAULT_TIMEOUT;
 /// The variable in which an elastic job's launcher tells its ranks their round.
 pub(crate) const ELASTIC_ROUND: &str = "WORKBOOK_ELASTIC_ROUND";
 
-/// The token a rank uses when none is in its environment: a job without one
-/// accepts any process that knows the address, so use it only on a machine
-/// you alone can reach.
+/// The token a rank uses when none is in its environment, allowed only when
+/// the job meets on this machine's loopback: a job without a secret accepts
+/// any process that knows the address.
 const NO_TOKEN: &str = "workbook-no-token";
 
 /// Who this rank is and where its job meets, read from the environment.
@@ -65,17 +66,33 @@ impl DistEnv {
         }
         let local_world_size = optional_number("LOCAL_WORLD_SIZE")?.unwrap_or(world_size);
         let local_rank = optional_number("LOCAL_RANK")?.unwrap_or(rank % local_world_size.max(1));
-        let timeout = optional_number("WORKBOOK_TIMEOUT_S")?.map_or(DEFAULT_TIMEOUT, |s| Duration::from_secs(s as u64));
+        let timeout = match optional_number("WORKBOOK_TIMEOUT_S")? {
+            Some(0) => {
+                bail!("WORKBOOK_TIMEOUT_S is 0: every wait for another rank would fail at once; give at least 1")
+            }
+            seconds => seconds.map_or(DEFAULT_TIMEOUT, |s| Duration::from_secs(s as u64)),
+        };
+        let master_addr = text("MASTER_ADDR")?;
+        let token = match env::var(TOKEN_VARIABLE) {
+            Ok(token) => token,
+            Err(_) if is_loopback(&master_addr) => NO_TOKEN.to_string(),
+            Err(_) => bail!(
+                "{TOKEN_VARIABLE} is not set, and the job meets at {master_addr}, which other machines can reach: \
+                 set it to the same random secret on every rank (the launcher does this for its ranks)"
+            ),
+        };
         Ok(Some(Self {
             rank,
             local_rank,
             world_size,
             local_world_size,
-            master_addr: text("MASTER_ADDR")?,
+            master_addr,
             master_port: number("MASTER_PORT")?
                 .try_into()
-                .map_err(|_| candle_core::Error::Msg("MASTER_PORT must be a port number, below 65536".into()))?,
-            token: env::var("WORKBOOK_JOB_TOKEN").unwrap_or_else(|_| NO_TOKEN.to_string()),
+                .ok()
+                .filter(|&port| port != 0)
+                .ok_or_else(|| candle_core::Error::Msg("MASTER_PORT must be a port number, from 1 to 65535".into()))?,
+            token,
             timeout,
             elastic_round: optional_number(ELASTIC_ROUND)?,
         }))
@@ -91,6 +108,11 @@ impl DistEnv {
             timeout: self.timeout,
         }
     }
+}
+
+/// Whether `host` names this machine's loopback, which no other machine reaches.
+fn is_loopback(host: &str) -> bool {
+    host == "localhost" || host.trim_matches(['[', ']']).parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Joins the job this process was started in (`init_process_group("gloo",

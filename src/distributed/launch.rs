@@ -20,7 +20,7 @@ use std::convert::Infallible;
 use std::ffi::OsString;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
@@ -30,6 +30,9 @@ use candle_core::{bail, Result};
 use crate::error::io_context;
 
 mod elastic;
+mod token;
+
+pub use token::TOKEN_VARIABLE;
 
 /// How a job is laid out over machines and processes (torchrun's flags).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,6 +60,9 @@ pub struct LaunchConfig {
     /// How long an elastic rendezvous waits for more machines once
     /// `min_nnodes` have joined.
     pub last_call: Duration,
+    /// Where the job's secret is kept when it spans machines (see
+    /// [`token`]); node 0 writes a fresh one there if there is none.
+    pub token_file: Option<PathBuf>,
 }
 
 impl Default for LaunchConfig {
@@ -71,6 +77,7 @@ impl Default for LaunchConfig {
             timeout_s: None,
             max_restarts: 0,
             last_call: Duration::from_secs(10),
+            token_file: None,
         }
     }
 }
@@ -100,7 +107,7 @@ impl LaunchConfig {
             ("GROUP_RANK", self.node_rank.to_string()),
             ("MASTER_ADDR", self.master_addr.clone()),
             ("MASTER_PORT", port.to_string()),
-            ("WORKBOOK_JOB_TOKEN", token.to_string()),
+            (TOKEN_VARIABLE, token.to_string()),
         ];
         env.extend(timeout);
         env
@@ -137,7 +144,7 @@ pub fn launch(config: &LaunchConfig, program: &Path, args: &[OsString]) -> Resul
         Some(port) => port,
         None => free_port(&config.master_addr)?,
     };
-    let token = job_token(config, port);
+    let token = token::job_token(config)?;
     if config.is_elastic() {
         return elastic::run(config, port, &token, &Job { program, args });
     }
@@ -346,21 +353,6 @@ pub fn free_port(addr: &str) -> Result<u16> {
     let listener = TcpListener::bind((addr, 0))
         .map_err(|e| io_context(format!("launch: cannot find a free port on {addr}"), e))?;
     Ok(listener.local_addr()?.port())
-}
-
-/// The job's secret: the user's `WORKBOOK_JOB_TOKEN` if set; on one node a
-/// fresh random one; on several nodes one every launcher derives alike.
-fn job_token(config: &LaunchConfig, port: u16) -> String {
-    if let Ok(token) = std::env::var("WORKBOOK_JOB_TOKEN") {
-        return token;
-    }
-    if config.nnodes == 1 {
-        return format!("{:032x}", rand::random::<u128>());
-    }
-    if config.node_rank == 0 {
-        eprintln!("launch: WORKBOOK_JOB_TOKEN is not set; set the same secret on every node to keep other processes out of the job");
-    }
-    format!("workbook-{}-{port}", config.master_addr)
 }
 
 /// `cores / nproc_per_node` kernel threads per rank, unless the user chose

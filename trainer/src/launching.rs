@@ -26,10 +26,10 @@ pub struct LaunchArgs {
     #[arg(long, default_value = "127.0.0.1")]
     pub master_addr: String,
     /// The port of the store rank 0 hosts (default: a free one; required with --nnodes > 1).
-    #[arg(long)]
+    #[arg(long, value_parser = port)]
     pub master_port: Option<u16>,
     /// Seconds a rank waits for another before the job fails (default 60).
-    #[arg(long)]
+    #[arg(long, value_parser = seconds)]
     pub timeout: Option<u64>,
     /// When a rank fails, start every rank again, up to this many times; the
     /// job continues from its newest checkpoint (torchrun's --max-restarts).
@@ -39,6 +39,12 @@ pub struct LaunchArgs {
     /// once MIN have joined.
     #[arg(long, value_name = "SECONDS", default_value_t = 10)]
     pub last_call: u64,
+    /// A file with the job's secret, for a job that spans machines (or set
+    /// WORKBOOK_JOB_TOKEN on every node): node 0 writes a fresh one there,
+    /// readable only by you, if the file does not exist; give the other
+    /// nodes the same file.
+    #[arg(long, value_name = "PATH")]
+    pub token_file: Option<std::path::PathBuf>,
 }
 
 /// How many machines a job runs on: `min == max` unless it is elastic.
@@ -64,6 +70,26 @@ fn node_range(text: &str) -> Result<NodeRange, String> {
     Ok(NodeRange { min, max })
 }
 
+/// A port other machines can reach: 0 would make every node pick its own.
+fn port(text: &str) -> Result<u16, String> {
+    match text.trim().parse::<u16>() {
+        Ok(0) => Err("0 is not a port the other nodes can reach: give the port node 0's store listens on \
+                      (1 to 65535), or leave --master-port out on one machine to pick a free one"
+            .into()),
+        Ok(port) => Ok(port),
+        Err(_) => Err(format!("`{text}` is not a port number (1 to 65535)")),
+    }
+}
+
+/// A wait of at least a second: with 0, every wait would fail at once.
+fn seconds(text: &str) -> Result<u64, String> {
+    match text.trim().parse::<u64>() {
+        Ok(0) => Err("0 seconds would fail every wait for another rank at once: give at least 1".into()),
+        Ok(seconds) => Ok(seconds),
+        Err(_) => Err(format!("`{text}` is not a whole number of seconds")),
+    }
+}
+
 /// What a rank is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum RankKind {
@@ -85,6 +111,7 @@ impl LaunchArgs {
             timeout_s: self.timeout,
             max_restarts: self.max_restarts,
             last_call: std::time::Duration::from_secs(self.last_call),
+            token_file: self.token_file.clone(),
         }
     }
 

@@ -59,20 +59,37 @@ fn two_processes_train_exactly_as_two_thread_ranks() {
 }
 
 /// Two launchers on loopback, one per "node", form one job of two ranks.
+/// Their secret comes from a token file that node 0 writes, readable by its
+/// owner only, and node 1 (started first) waits for, as on a shared
+/// filesystem; the secret itself is never printed.
 #[test]
 fn two_nodes_on_loopback_train_as_one_job_of_two_ranks() {
     let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let (nodes, single) = (scratch("two-nodes"), scratch("one-node"));
     let port = workbook::distributed::launch::free_port("127.0.0.1").unwrap().to_string();
+    std::fs::create_dir_all(&nodes).unwrap();
+    let token_file = nodes.join("job.token");
     let node = |rank: &str| {
-        train(&nodes, 4, &["--nnodes", "2", "--node-rank", rank, "--nproc", "1", "--master-port", &port])
-            .spawn()
-            .expect("a node starts")
+        let mut node =
+            train(&nodes, 4, &["--nnodes", "2", "--node-rank", rank, "--nproc", "1", "--master-port", &port]);
+        node.arg("--token-file").arg(&token_file).env_remove("WORKBOOK_JOB_TOKEN");
+        node.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().expect("a node starts")
     };
     let (first, second) = (node("1"), node("0"));
+    let mut printed = String::new();
     for node in [first, second] {
         let output = node.wait_with_output().expect("the node finishes");
         assert!(output.status.success(), "a node failed:\n{}", String::from_utf8_lossy(&output.stderr));
+        printed += &String::from_utf8_lossy(&output.stdout);
+        printed += &String::from_utf8_lossy(&output.stderr);
+    }
+    let token = std::fs::read_to_string(&token_file).expect("node 0 wrote the token file");
+    assert!(token.len() >= 32 && !printed.contains(token.trim()), "the token must be long and never printed");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&token_file).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "the token file must be readable by its owner only");
     }
     succeed(&mut train(&single, 4, &["--nproc", "2"]));
     assert!(final_weights(&nodes, 4) == final_weights(&single, 4), "--nnodes 2 x --nproc 1 must train as --nproc 2");
@@ -267,6 +284,7 @@ fn an_elastic_job_that_loses_a_machine_goes_on_with_the_rest_from_its_checkpoint
         let flags = ["--nnodes", "1:2", "--node-rank", rank, "--nproc", "1", "--master-port", &port];
         let more = ["--max-restarts", "1", "--last-call", "1"];
         train_saving_every(&elastic, 8, 4, &[&flags[..], &more].concat())
+            .env("WORKBOOK_JOB_TOKEN", "a secret of this test's own")
             .env("WORKBOOK_INJECT", inject)
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
@@ -310,6 +328,7 @@ fn a_machine_that_starts_later_joins_the_elastic_job_at_its_next_round() {
         let flags =
             ["--nnodes", "1:2", "--node-rank", rank, "--nproc", "1", "--master-port", &port, "--last-call", "1"];
         train_saving_every(&dir, 300, 20, &flags)
+            .env("WORKBOOK_JOB_TOKEN", "a secret of this test's own")
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
@@ -339,4 +358,23 @@ fn a_restart_after_the_last_save_has_nothing_to_train() {
     let output = succeed(train(&dir, 3, &[]).envs(rank).env("MASTER_PORT", &port));
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(stdout.contains("the job reached step 3 before this restart: nothing is left to train"), "{stdout}");
+}
+
+/// `--nnodes MIN:MAX` without `--max-restarts`: as under torchrun, the first
+/// failure (a lost machine is one for the others' ranks) ends the job, and
+/// the launcher says what lets the job go on instead.
+#[test]
+fn an_elastic_range_without_restarts_ends_at_a_failure_and_says_why() {
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("elastic-no-restarts");
+    let port = workbook::distributed::launch::free_port("127.0.0.1").unwrap().to_string();
+    let flags = ["--nnodes", "1:2", "--nproc", "1", "--master-port", &port, "--last-call", "1"];
+    let output = train(&dir, 6, &flags)
+        .env("WORKBOOK_JOB_TOKEN", "a secret of this test's own")
+        .env("WORKBOOK_INJECT", "abort-at-step=3,fault-rank=0")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "the crash should end the job:\n{stderr}");
+    assert!(stderr.contains("--max-restarts is 0") && stderr.contains("give --max-restarts K"), "{stderr}");
 }

@@ -140,8 +140,12 @@ impl Agent<'_> {
             };
             match failure {
                 Some((code, report)) if restarts == self.config.max_restarts => {
-                    if self.config.max_restarts > 0 {
-                        eprintln!("launch: no restarts left (--max-restarts {}): {report}", self.config.max_restarts);
+                    match self.config.max_restarts {
+                        0 => eprintln!(
+                            "launch: the job ends: --max-restarts is 0, and a lost machine fails the other machines' \
+                             ranks like any failure; give --max-restarts K for the job to go on without it"
+                        ),
+                        k => eprintln!("launch: no restarts left (--max-restarts {k}): {report}"),
                     }
                     self.leave(round, "stopped", members.len());
                     return Ok(code);
