@@ -19,18 +19,31 @@ pub struct Footprint {
 
 impl Footprint {
     pub fn of(config: &GptConfig, micro_batch: usize, seq_len: usize) -> Self {
-        let params: f64 = param_specs(config).iter().map(|s| s.shape.elem_count() as f64).sum();
+        let params = param_count(config);
         let f32_bytes = 4.0;
         Self {
             model_states: 4.0 * f32_bytes * params,
-            rotary: 2.0 * f32_bytes * (config.max_seq_len * config.head_dim()) as f64,
-            attention: 2.0 * f32_bytes * (micro_batch * config.num_heads) as f64 * (seq_len as f64).powi(2),
+            rotary: 2.0 * f32_bytes * config.max_seq_len as f64 * config.head_dim() as f64,
+            attention: 2.0 * f32_bytes * micro_batch as f64 * config.num_heads as f64 * (seq_len as f64).powi(2),
         }
     }
 
     pub fn total(&self) -> f64 {
         self.model_states + self.rotary + self.attention
     }
+}
+
+/// How many parameters a model of `config`'s shape has, counted without
+/// listing them: one layer's count times the layers, so that an absurd
+/// `num_layers` costs nothing to check (its list would not fit in memory),
+/// and in `f64`, so that absurd widths cannot overflow.
+fn param_count(config: &GptConfig) -> f64 {
+    let with_layers = |num_layers| {
+        let specs = param_specs(&GptConfig { num_layers, ..config.clone() });
+        specs.iter().map(|s| s.shape.dims().iter().map(|&d| d as f64).product::<f64>()).sum::<f64>()
+    };
+    let (one, two) = (with_layers(1), with_layers(2));
+    one + (two - one) * (config.num_layers as f64 - 1.0)
 }
 
 /// The memory the operating system says new allocations can have, in bytes

@@ -110,6 +110,15 @@ pub fn train(options: &RunOptions) -> Result<Summary> {
     std::fs::create_dir_all(&options.out_dir)
         .with_context(|| format!("cannot create {}", options.out_dir.display()))?;
     let dataset = open_dataset(&options.data)?;
+    if dataset.num_windows() < options.config.batch_size {
+        bail!(
+            "the data makes {} windows of {} tokens, fewer than one batch of {}: every batch would repeat \
+             windows; use more text, a smaller --batch-size or a shorter --seq-len",
+            dataset.num_windows(),
+            dataset.seq_len(),
+            options.config.batch_size
+        );
+    }
     if let Some(env) = launched {
         let device = compute::rank_device(options.device, env.local_rank, options.backend)?;
         let pg = compute::join(&env, options.backend, &device)?;

@@ -55,6 +55,8 @@ fn a_config_file_out_of_range_is_refused() {
     if workbook::memory::available_memory().is_some() {
         cases.push(("hidden_size", "1000000", "for parameters, gradients and AdamW state"));
         cases.push(("max_seq_len", "1000000000", "for the rotary tables of max_seq_len 1000000000"));
+        // Counted without listing a hundred million layers' tensors first.
+        cases.push(("num_layers", "100000000", "for parameters, gradients and AdamW state"));
     }
     for (key, bad, message) in cases {
         let line =
@@ -130,4 +132,50 @@ fn resuming_with_nothing_left_to_train_says_so() {
         train(&dir, &["--dataset", "dummy", "--max-steps", "2", "--resume"]),
         "is at step 2 and --max-steps is 2: nothing to train; raise --max-steps to continue",
     );
+}
+
+/// Runs `command`, expects clap to refuse an argument (exit 2) with `message`, and no panic.
+fn refused_argument(mut command: Command, message: &str) {
+    let output = command.output().expect("the program starts");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "expected an argument error for `{message}`:\n{stderr}");
+    assert!(stderr.contains(message), "expected `{message}` in the error, got:\n{stderr}");
+}
+
+/// Waits of 0 s, a port of 0 and a job across machines without a secret
+/// cannot work: they are refused before anything starts.
+#[test]
+fn launcher_settings_that_cannot_work_are_refused() {
+    let dir = scratch("launcher");
+    refused_argument(train(&dir, &["--dataset", "dummy", "--timeout", "0"]), "0 seconds would fail every wait");
+    refused_argument(
+        train(&dir, &["--dataset", "dummy", "--master-port", "0"]),
+        "0 is not a port the other nodes can reach",
+    );
+    let mut two_machines = train(&dir, &["--dataset", "dummy", "--nnodes", "2", "--master-port", "29597"]);
+    two_machines.env_remove("WORKBOOK_JOB_TOKEN");
+    refused(two_machines, "needs a secret that only its nodes know");
+}
+
+/// A batch needs that many different windows.
+#[test]
+fn a_batch_larger_than_the_data_is_refused() {
+    let dir = scratch("small-data");
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = dir.join("short.txt");
+    std::fs::write(&text, "Once upon a time there was a tiny story. ".repeat(2)).unwrap(); // 82 bytes
+    let mut command = train(&dir, &["--dataset", "tinystories", "--max-steps", "2"]);
+    command.arg("--data-path").arg(&text);
+    refused(command, "the data makes 2 windows of 32 tokens, fewer than one batch of 4");
+}
+
+/// Temperatures that would sample uniformly, invert the distribution or
+/// mean nothing are refused by name.
+#[test]
+fn a_temperature_that_is_not_one_is_refused() {
+    for bad in ["inf", "NaN", "-0.5"] {
+        let mut infer = Command::new(env!("CARGO_BIN_EXE_infer"));
+        infer.arg(format!("--temperature={bad}"));
+        refused_argument(infer, &format!("`{bad}` is not a temperature"));
+    }
 }

@@ -130,24 +130,24 @@ enum BenchKind {
 #[derive(clap::Args)]
 struct EstimateArgs {
     /// Parameters, e.g. 7e9 (default: counted exactly from the shape below, the workbook's Llama-style GPT).
-    #[arg(long)]
+    #[arg(long, value_parser = positive)]
     params: Option<f64>,
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, value_parser = at_least_one)]
     layers: usize,
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, value_parser = at_least_one)]
     hidden: usize,
     /// The SwiGLU MLP's width (default: Llama's, 8·hidden/3 rounded up to a multiple of 256;
     /// the tiny config uses 352).
-    #[arg(long)]
+    #[arg(long, value_parser = at_least_one)]
     intermediate: Option<usize>,
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, value_parser = at_least_one)]
     heads: usize,
-    #[arg(long, default_value_t = 32000)]
+    #[arg(long, default_value_t = 32000, value_parser = at_least_one)]
     vocab: usize,
-    #[arg(long, default_value_t = 2048)]
+    #[arg(long, default_value_t = 2048, value_parser = at_least_one)]
     seq_len: usize,
     /// Sequences per GPU per micro-batch.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = at_least_one)]
     micro_batch: usize,
     #[arg(long, value_enum, default_value = "bf16")]
     precision: estimate::Precision,
@@ -156,13 +156,30 @@ struct EstimateArgs {
     /// ddp, zero1, zero2 or zero3 (FSDP's no_shard, shard_grad_op, full_shard also work).
     #[arg(long, value_enum, default_value = "ddp")]
     strategy: estimate::Strategy,
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = at_least_one)]
     gpus: usize,
     #[arg(long)]
     activation_checkpointing: bool,
     /// The GPU's memory in GB: say whether the run fits (exit 1 if not).
-    #[arg(long)]
+    #[arg(long, value_parser = positive)]
     gpu_memory: Option<f64>,
+}
+
+/// A size or a count: 0 of anything makes no model and no job.
+fn at_least_one(text: &str) -> Result<usize, String> {
+    match text.trim().parse::<usize>() {
+        Ok(0) => Err("must be at least 1".to_string()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("`{text}` is not a whole number")),
+    }
+}
+
+/// A positive, finite amount (parameters, gigabytes).
+fn positive(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
+        _ => Err(format!("`{text}` is not a positive number")),
+    }
 }
 
 impl EstimateArgs {
@@ -230,5 +247,29 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
         Task::Bench { what: BenchKind::Phase4, model_size, steps, large_steps, rounds } => {
             bench_phase4::bench_phase4(&ws, &model_size, steps, large_steps, rounds)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::Cli;
+
+    /// NaN, infinite or zero sizes would print nonsense: they are refused by name.
+    #[test]
+    fn estimate_refuses_sizes_that_make_no_model() {
+        for (flag, bad, says) in [
+            ("--params", "NaN", "`NaN` is not a positive number"),
+            ("--params", "inf", "`inf` is not a positive number"),
+            ("--gpu-memory", "0", "`0` is not a positive number"),
+            ("--hidden", "0", "must be at least 1"),
+            ("--gpus", "0", "must be at least 1"),
+            ("--seq-len", "0", "must be at least 1"),
+        ] {
+            let error = Cli::try_parse_from(["xtask", "estimate", flag, bad]).err().expect("refused");
+            assert!(error.to_string().contains(says), "{flag} {bad}: {error}");
+        }
+        assert!(Cli::try_parse_from(["xtask", "estimate", "--params", "7e9", "--gpus", "8"]).is_ok());
     }
 }

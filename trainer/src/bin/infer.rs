@@ -26,7 +26,7 @@ struct Args {
     #[arg(long, default_value_t = 200)]
     max_new_tokens: usize,
     /// 0 is greedy: always the most likely token.
-    #[arg(long, default_value_t = 0.8)]
+    #[arg(long, default_value_t = 0.8, value_parser = temperature)]
     temperature: f64,
     /// Sample among the k most likely tokens only (0: all).
     #[arg(long, default_value_t = 40)]
@@ -41,6 +41,15 @@ struct Args {
     /// another implementation.
     #[arg(long)]
     save_logits: Option<PathBuf>,
+}
+
+/// 0 (greedy) or a positive, finite number: a negative one would invert
+/// the distribution, and inf or NaN would make it uniform or meaningless.
+fn temperature(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(t) if t.is_finite() && t >= 0.0 => Ok(t),
+        _ => Err(format!("`{text}` is not a temperature: give 0 (greedy) or a positive number such as 0.8")),
+    }
 }
 
 fn main() -> ExitCode {
