@@ -99,6 +99,16 @@ pub fn train(options: &RunOptions) -> Result<Summary> {
     }
     options.config.validate(options.strategy.data_parallel_size(options.nproc))?;
     options.backend.check(options.device)?;
+    if options.ddp_overlap && options.device == DeviceKind::Cuda {
+        // candle's CUDA device queues each host thread's work on that thread's
+        // own default stream: nothing would order the backward thread's
+        // gradient kernels before the reads (and frees) of the thread that
+        // sends them.
+        bail!(
+            "--ddp-overlap runs backward on a thread of its own, and on a GPU nothing yet orders that thread's \
+             kernels before the all-reduce reads their gradients: drop --ddp-overlap on --device cuda"
+        );
+    }
     if options.backend == Backend::Nccl && launched.is_none() && options.nproc > 1 {
         bail!("NCCL's ranks are processes, one per GPU: drop --ranks threads, or use --backend tcp");
     }

@@ -120,6 +120,11 @@ fn gpu_flags_say_what_they_need() {
         train(&dir, &["--dataset", "dummy", "--backend", "nccl"]),
         "--backend nccl moves tensors between GPUs: add --device cuda",
     );
+    // Backward on its own thread would race the all-reduce on a GPU's per-thread streams.
+    refused(
+        train(&dir, &["--dataset", "dummy", "--device", "cuda", "--backend", "tcp", "--ddp-overlap"]),
+        "drop --ddp-overlap on --device cuda",
+    );
 }
 
 /// Resuming at or past --max-steps has nothing to do, and says so instead of exiting 0.
