@@ -21,7 +21,8 @@ use std::ffi::OsString;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
@@ -148,10 +149,10 @@ pub fn launch(config: &LaunchConfig, program: &Path, args: &[OsString]) -> Resul
     if config.is_elastic() {
         return elastic::run(config, port, &token, &Job { program, args });
     }
-    let ranks = Job { program, args }.start(config, port, &token, &[])?;
-    Ok(match supervise(ranks, || None::<Infallible>) {
+    let mut ranks = Job { program, args }.start(config, port, &token, &[])?;
+    Ok(match supervise(&mut ranks, || None::<Infallible>) {
         Ended::Succeeded => 0,
-        Ended::Failed { code, report } => {
+        Ended::Failed { code, report, .. } => {
             eprintln!("launch: {report}");
             code
         }
@@ -196,7 +197,7 @@ impl Job<'_> {
             }
             die_with_launcher(&mut command);
             match command.spawn() {
-                Ok(child) => ranks.push(Rank::start(rank, child)),
+                Ok(child) => ranks.push(Rank::start(rank, child, Printed::Prefixed)),
                 Err(e) => {
                     stop(&mut ranks);
                     bail!("launch: cannot start {} for rank {rank}: {e}", self.program.display());
@@ -207,24 +208,88 @@ impl Job<'_> {
     }
 }
 
+/// How a job run by [`run_keeping_output`] went.
+pub struct KeptRun {
+    /// Each rank's exit status and output, in rank order.
+    pub outputs: Vec<Output>,
+    /// The rank whose failure stopped the others, if one failed.
+    pub first_failure: Option<usize>,
+}
+
+/// Runs `commands` as the ranks of a job (rank `i` is `commands[i]`) under
+/// the launcher's supervision: each dies with this process, and the first
+/// failure stops the others at once. Their output is kept, not printed, for
+/// a harness that shows a failing rank's output its own way.
+pub fn run_keeping_output(commands: Vec<Command>) -> Result<KeptRun> {
+    let mut ranks = Vec::with_capacity(commands.len());
+    for (rank, mut command) in commands.into_iter().enumerate() {
+        command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        die_with_launcher(&mut command);
+        match command.spawn() {
+            Ok(child) => ranks.push(Rank::start(rank, child, Printed::Kept)),
+            Err(e) => {
+                stop(&mut ranks);
+                bail!("cannot start rank {rank}: {e}");
+            }
+        }
+    }
+    let first_failure = match supervise(&mut ranks, || None::<Infallible>) {
+        Ended::Failed { first, .. } => Some(first),
+        Ended::Succeeded => None,
+        Ended::Interrupted(never) => match never {},
+    };
+    let outputs = ranks.into_iter().map(|rank| rank.into_output().map_err(|e| io_context("waiting for a rank", e)));
+    Ok(KeptRun { outputs: outputs.collect::<Result<_>>()?, first_failure })
+}
+
+/// What becomes of a rank's output.
+#[derive(Clone, Copy)]
+enum Printed {
+    /// Copied to this process's, each line prefixed `[rank N]`.
+    Prefixed,
+    /// Kept in memory, for [`Rank::into_output`].
+    Kept,
+}
+
 /// One running rank and the threads that copy its output.
 struct Rank {
     rank: usize,
     child: Child,
     copiers: Vec<JoinHandle<()>>,
     status: Option<ExitStatus>,
+    /// Its stdout and stderr so far, when they are kept.
+    kept: [Arc<Mutex<Vec<u8>>>; 2],
 }
 
 impl Rank {
-    fn start(rank: usize, mut child: Child) -> Self {
+    fn start(rank: usize, mut child: Child, printed: Printed) -> Self {
+        let kept: [Arc<Mutex<Vec<u8>>>; 2] = Default::default();
         let mut copiers = vec![];
         if let Some(out) = child.stdout.take() {
-            copiers.push(copy_lines(out, rank, io::stdout));
+            copiers.push(match printed {
+                Printed::Prefixed => copy_lines(out, rank, io::stdout),
+                Printed::Kept => keep(out, Arc::clone(&kept[0])),
+            });
         }
         if let Some(err) = child.stderr.take() {
-            copiers.push(copy_lines(err, rank, io::stderr));
+            copiers.push(match printed {
+                Printed::Prefixed => copy_lines(err, rank, io::stderr),
+                Printed::Kept => keep(err, Arc::clone(&kept[1])),
+            });
         }
-        Self { rank, child, copiers, status: None }
+        Self { rank, child, copiers, status: None, kept }
+    }
+
+    /// How it ended and what it printed, once [`supervise`] has returned.
+    fn into_output(mut self) -> io::Result<Output> {
+        let take =
+            |kept: &Arc<Mutex<Vec<u8>>>| std::mem::take(&mut *kept.lock().unwrap_or_else(PoisonError::into_inner));
+        let status = match self.status {
+            Some(status) => status,
+            None => self.child.wait()?,
+        };
+        let [stdout, stderr] = &self.kept;
+        Ok(Output { status, stdout: take(stdout), stderr: take(stderr) })
     }
 }
 
@@ -232,16 +297,17 @@ impl Rank {
 enum Ended<Why> {
     /// Every one exited with 0.
     Succeeded,
-    /// One failed and the others were stopped: the code to exit with, and
-    /// what happened (which ranks failed how), for a line of the launcher's.
-    Failed { code: i32, report: String },
+    /// One failed and the others were stopped: the rank that failed first,
+    /// the code to exit with, and what happened (which ranks failed how), for
+    /// a line of the launcher's.
+    Failed { first: usize, code: i32, report: String },
     /// They were stopped from outside, for this reason.
     Interrupted(Why),
 }
 
 /// Waits for every rank; at the first failure, or as soon as `interrupt`
 /// gives a reason, stops the others.
-fn supervise<Why>(mut ranks: Vec<Rank>, mut interrupt: impl FnMut() -> Option<Why>) -> Ended<Why> {
+fn supervise<Why>(ranks: &mut [Rank], mut interrupt: impl FnMut() -> Option<Why>) -> Ended<Why> {
     loop {
         for rank in ranks.iter_mut().filter(|r| r.status.is_none()) {
             rank.status = rank.child.try_wait().unwrap_or(None);
@@ -253,7 +319,7 @@ fn supervise<Why>(mut ranks: Vec<Rank>, mut interrupt: impl FnMut() -> Option<Wh
             // is the likelier cause of the others' errors.
             failed.sort_by_key(|&(rank, status)| (signal(status).is_none(), rank));
             let running = ranks.iter().filter(|r| r.status.is_none()).count();
-            stop(&mut ranks);
+            stop(ranks);
             let (who, status) = failed[0];
             let mut report = format!("rank {who} {}", describe(status));
             for &(rank, status) in &failed[1..] {
@@ -262,14 +328,14 @@ fn supervise<Why>(mut ranks: Vec<Rank>, mut interrupt: impl FnMut() -> Option<Wh
             if running > 0 {
                 report += &format!("; stopped the {running} rank(s) still running");
             }
-            return Ended::Failed { code: exit_code(status), report };
+            return Ended::Failed { first: who, code: exit_code(status), report };
         }
         if ranks.iter().all(|r| r.status.is_some()) {
-            finish_output(&mut ranks);
+            finish_output(ranks);
             return Ended::Succeeded;
         }
         if let Some(why) = interrupt() {
-            stop(&mut ranks);
+            stop(ranks);
             return Ended::Interrupted(why);
         }
         thread::sleep(Duration::from_millis(20));
@@ -316,6 +382,16 @@ fn copy_lines<W: Write + 'static>(from: impl Read + Send + 'static, rank: usize,
             }
             let _ = out.flush();
             line.clear();
+        }
+    })
+}
+
+/// Reads `from` to its end into `into`.
+fn keep(mut from: impl Read + Send + 'static, into: Arc<Mutex<Vec<u8>>>) -> JoinHandle<()> {
+    thread::spawn(move || {
+        let mut buffer = [0u8; 8192];
+        while let Ok(n @ 1..) = from.read(&mut buffer) {
+            into.lock().unwrap_or_else(PoisonError::into_inner).extend_from_slice(&buffer[..n]);
         }
     })
 }

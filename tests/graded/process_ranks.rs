@@ -9,13 +9,12 @@
 //! failure message, once.
 
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::Command;
 use std::sync::Mutex;
-use std::thread;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use workbook::distributed::launch::free_port;
+use workbook::distributed::launch::{free_port, run_keeping_output, KeptRun};
 use workbook::distributed::{init_from_env, LaunchConfig, ProcessGroup, TcpProcessGroup};
 
 /// Set in a rank's environment: the test it runs, and where its result goes.
@@ -119,42 +118,36 @@ fn fail(message: &str) -> ! {
     std::process::exit(1)
 }
 
-/// Starts `world` copies of this binary running `test` and waits for all of them.
-fn start_ranks(world: usize, test: &str, timeout_s: u64) -> (tempdir::Dir, Vec<Output>) {
+/// Starts `world` copies of this binary running `test` under the launcher's
+/// supervision (each dies with this process; the first to fail stops the
+/// others, so a rank stuck in a collective cannot hang the test) and waits.
+fn start_ranks(world: usize, test: &str, timeout_s: u64) -> (tempdir::Dir, KeptRun) {
     let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempdir::Dir::new();
     let config = LaunchConfig { nproc_per_node: world, ..LaunchConfig::default() };
     let port = free_port(&config.master_addr).expect("a free port");
     let exe = std::env::current_exe().expect("the test binary");
-    let children: Vec<_> = (0..world)
-        .map(|local_rank| {
-            Command::new(&exe)
-                .args([test, "--exact", "--nocapture", "--test-threads", "1"])
-                .envs(config.rank_environment(local_rank, port, "test-token"))
-                .env(RANK_OF, test)
-                .env(RESULT_DIR, dir.path())
-                .env("RAYON_NUM_THREADS", "1")
-                .env("WORKBOOK_TIMEOUT_S", timeout_s.to_string())
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("starting a rank")
-        })
-        .collect();
-    let outputs = thread::scope(|s| {
-        let waits: Vec<_> = children.into_iter().map(|c| s.spawn(move || c.wait_with_output())).collect();
-        waits.into_iter().map(|w| w.join().expect("waiter").expect("rank output")).collect()
+    let ranks = (0..world).map(|local_rank| {
+        let mut rank = Command::new(&exe);
+        rank.args([test, "--exact", "--nocapture", "--test-threads", "1"])
+            .envs(config.rank_environment(local_rank, port, "test-token"))
+            .env(RANK_OF, test)
+            .env(RESULT_DIR, dir.path())
+            .env("RAYON_NUM_THREADS", "1")
+            .env("WORKBOOK_TIMEOUT_S", timeout_s.to_string());
+        rank
     });
-    (dir, outputs)
+    let run = run_keeping_output(ranks.collect()).expect("starting the ranks");
+    (dir, run)
 }
 
 /// Each rank's result, or a failure showing the first failing rank's output.
-fn collect<T: DeserializeOwned>((dir, outputs): (tempdir::Dir, Vec<Output>), world: usize) -> Vec<Option<T>> {
-    if let Some((rank, out)) = outputs.iter().enumerate().find(|(_, o)| !o.status.success()) {
-        let others = outputs.iter().filter(|o| !o.status.success()).count() - 1;
+fn collect<T: DeserializeOwned>((dir, run): (tempdir::Dir, KeptRun), world: usize) -> Vec<Option<T>> {
+    if let Some(rank) = run.first_failure {
+        let out = &run.outputs[rank];
+        let others = run.outputs.iter().filter(|o| !o.status.success()).count() - 1;
         panic!(
-            "rank {rank} of {world} failed ({}; {others} other rank(s) failed after it):\n{}",
+            "rank {rank} of {world} failed ({}; {others} other rank(s) failed or were stopped after it):\n{}",
             out.status,
             String::from_utf8_lossy(&out.stderr).trim()
         );

@@ -297,3 +297,24 @@ fn async_collectives_run_while_the_caller_computes() {
         assert_eq!(got[2], sum[rank * 5..rank * 5 + 5].to_vec(), "rank {rank}: reduce_scatter_async");
     }
 }
+
+/// The harness stops every other rank as soon as one fails, as the launcher
+/// does: a rank that would otherwise wait a minute (over NCCL, a peer stuck
+/// in a collective waits forever) cannot hold the test.
+#[test]
+fn a_failing_rank_stops_the_others_at_once() {
+    let started = std::time::Instant::now();
+    let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        on_processes(2, |pg| {
+            if pg.rank() == 1 {
+                candle_core::bail!("rank 1 fails on purpose");
+            }
+            std::thread::sleep(std::time::Duration::from_secs(60));
+            Ok(())
+        })
+    }));
+    let panic = failed.expect_err("a failing rank must fail the test");
+    let message = panic.downcast_ref::<String>().map_or("", String::as_str);
+    assert!(message.contains("rank 1 of 2 failed") && message.contains("fails on purpose"), "{message}");
+    assert!(started.elapsed().as_secs() < 30, "the sleeping rank held the test for {:?}", started.elapsed());
+}

@@ -113,9 +113,9 @@ impl Agent<'_> {
                 ("TORCHELASTIC_RESTART_COUNT", restarts.to_string()),
                 ("TORCHELASTIC_MAX_RESTARTS", self.config.max_restarts.to_string()),
             ];
-            let ranks = job.start(&placed, port, self.token, &extra)?;
+            let mut ranks = job.start(&placed, port, self.token, &extra)?;
             let mut last_poll = Instant::now();
-            let ended = supervise(ranks, || {
+            let ended = supervise(&mut ranks, || {
                 (last_poll.elapsed() >= POLL_EVERY).then(|| {
                     last_poll = Instant::now();
                     self.should_stop(round, members.len())
@@ -123,7 +123,7 @@ impl Agent<'_> {
             });
             let failure = match ended {
                 Ended::Succeeded => return self.finish(round, members.len()),
-                Ended::Failed { code, report } => {
+                Ended::Failed { code, report, .. } => {
                     eprintln!("launch: {report}");
                     // Tell the other agents; this one may be the last to know the job is over.
                     let _ = self.store.set(&key(round, "restart"), format!("{FAILED}{report}").as_bytes());
