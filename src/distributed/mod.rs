@@ -80,6 +80,7 @@ mod single;
 mod stats;
 pub mod store;
 mod tcp;
+pub mod watchdog;
 mod work;
 
 pub use collective::{chunk_ranges, Collective};

@@ -26,29 +26,39 @@
 //! dictates (a ring starts each chunk at a different rank, a tree adds pairs),
 //! so a sum is the same on every rank but may differ in the last bits from
 //! one process adding in rank order: compare with a tolerance
-//! ([`Properties::rank_order_reduction`] is false). And a peer that dies is
-//! not noticed: the others wait in their collective until NCCL's watchdog or
-//! the job's scheduler ends them ([`Properties::detects_dead_peers`] is false).
-//! A send completes only once its receive is posted
-//! ([`Properties::buffered_sends`] is false).
+//! ([`Properties::rank_order_reduction`] is false). A peer that dies is not
+//! noticed by NCCL, which has no timeout: with two ranks or more a
+//! [watchdog](super::watchdog) watches every queued call through a CUDA
+//! event and ends the rank, with a message, when one has not completed
+//! within the rendezvous timeout, so the job ends instead of hanging
+//! ([`Properties::detects_dead_peers`] stays false: the others learn of it
+//! only by their own timeouts). A send completes only once its receive is
+//! posted ([`Properties::buffered_sends`] is false).
+//!
+//! **Blocking.** The communicator is NCCL's default, blocking kind
+//! (`ncclCommInitRank` without a config): a call returns once it is queued,
+//! and `ncclInProgress`, which only a non-blocking communicator may answer,
+//! is treated as the error it would be here. Every call's status is checked.
 //!
 //! This file is type-checked in CI against the real candle and cudarc APIs,
 //! through a stand-in `nvcc` (`.ci/fake-nvcc/nvcc`). On one GPU (an H100,
 //! NCCL 2.28) a group of one rank joined through the store and ran every
 //! collective and the barrier (`tests/graded/gpu.rs`); two or more ranks,
-//! which need as many GPUs, have not run.
+//! which need as many GPUs, have not run, and neither has the watchdog.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::ffi::c_char;
 use std::fmt;
 
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr, ValidAsZeroBits};
+use candle_core::cuda_backend::cudarc::nccl::result::NcclStatus;
 use candle_core::cuda_backend::cudarc::nccl::{self, Comm, Id, NcclType};
 use candle_core::cuda_backend::{CudaDType, CudaStorageSlice, WrapErr};
 use candle_core::op::BackpropOp;
 use candle_core::{bail, CudaDevice, CudaStorage, DType, Device, Error, Result, Storage, Tensor};
 
 use super::collective::{check_peer, Call};
+use super::watchdog::Watchdog;
 use super::{Collective, CommStats, DistEnv, ProcessGroup, Properties, ReduceOp, Rendezvous};
 
 /// The store key under which rank 0 publishes NCCL's unique id.
@@ -70,6 +80,10 @@ pub struct NcclProcessGroup {
     device: CudaDevice,
     comm: Comm,
     stats: RefCell<CommStats>,
+    /// Ends the rank when a queued call never completes (two ranks or more).
+    watchdog: Option<Watchdog>,
+    /// Calls queued so far, to name them in the watchdog's message.
+    queued: Cell<u64>,
 }
 
 // SAFETY: `Comm` holds NCCL's raw communicator pointer, so the compiler
@@ -105,7 +119,14 @@ impl NcclProcessGroup {
             .map_err(|e| nccl_error(&format!("rank {rank} joining the NCCL communicator"), e))?;
         // Every rank has read the id once ncclCommInitRank returns on rank 0,
         // so the store (dropped here) has done its work.
-        Ok(Self { rank, world_size, device: device.clone(), comm, stats: RefCell::default() })
+        let watchdog = (world_size > 1).then(|| {
+            Watchdog::start(rv.timeout, move |why| {
+                eprintln!("error: rank {rank}: {why}");
+                end_process()
+            })
+        });
+        let (device, stats, queued) = (device.clone(), RefCell::default(), Cell::new(0));
+        Ok(Self { rank, world_size, device, comm, stats, watchdog, queued })
     }
 
     /// Joins the job this process was started in on GPU `LOCAL_RANK`
@@ -186,21 +207,45 @@ impl NcclProcessGroup {
         self.device.cuda_stream().context().bind_to_thread().w()?;
         let comm = &self.comm;
         let queued = match (op, out.as_mut()) {
-            (Op::AllReduce(reduce), Some(out)) => comm.all_reduce(src, out, &nccl_op(reduce)).map(drop),
+            (Op::AllReduce(reduce), Some(out)) => comm.all_reduce(src, out, &nccl_op(reduce)),
             // Only the root's `src` is read; NCCL ignores it on the others.
-            (Op::Broadcast { root }, Some(out)) => comm.broadcast(Some(src), out, peer(root)).map(drop),
-            (Op::AllGather, Some(out)) => comm.all_gather(src, out).map(drop),
-            (Op::ReduceScatter(reduce), Some(out)) => comm.reduce_scatter(src, out, &nccl_op(reduce)).map(drop),
-            (Op::Send { dst }, None) => comm.send(src, peer(dst)),
+            (Op::Broadcast { root }, Some(out)) => comm.broadcast(Some(src), out, peer(root)),
+            (Op::AllGather, Some(out)) => comm.all_gather(src, out),
+            (Op::ReduceScatter(reduce), Some(out)) => comm.reduce_scatter(src, out, &nccl_op(reduce)),
+            (Op::Send { dst }, None) => comm.send(src, peer(dst)).map(|()| NcclStatus::Success),
             // Only `like`'s shape and dtype matter: its data is not sent.
-            (Op::Recv { src: from }, Some(out)) => comm.recv(out, peer(from)).map(drop),
+            (Op::Recv { src: from }, Some(out)) => comm.recv(out, peer(from)),
             _ => bail!("{op}: a result buffer where none belongs, or none where one does (a bug in the backend)"),
         };
-        queued.map_err(|e| nccl_error(&op.to_string(), e))?;
+        match queued.map_err(|e| nccl_error(&op.to_string(), e))? {
+            NcclStatus::Success => {}
+            NcclStatus::InProgress => bail!(
+                "{op}: NCCL answered ncclInProgress, which only a non-blocking communicator may; this one is \
+                 blocking, so the call's state is unknown (a bug in the backend)"
+            ),
+            NcclStatus::NumResults => bail!("{op}: NCCL answered ncclNumResults, which is no status (a bug in NCCL)"),
+        }
+        self.watch(op)?;
         Ok(out.zip(out_dims).map(|(slice, dims)| {
             let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(slice, self.device.clone()));
             Tensor::from_storage(storage, dims, BackpropOp::none(), false)
         }))
+    }
+
+    /// Hands the call just queued to the watchdog, through an event recorded
+    /// after it on the stream: the event completes when the call has.
+    fn watch(&self, op: Op) -> Result<()> {
+        let Some(watchdog) = &self.watchdog else { return Ok(()) };
+        let number = self.queued.replace(self.queued.get() + 1);
+        let event = self.device.cuda_stream().record_event(None).w()?;
+        watchdog.watch(
+            format!("NCCL call #{number} ({op})"),
+            Box::new(move || {
+                event.context().bind_to_thread().map_err(|e| format!("{e:?}"))?;
+                event.try_is_complete().map_err(|e| format!("{e:?}"))
+            }),
+        );
+        Ok(())
     }
 }
 
@@ -365,6 +410,20 @@ fn id_from_bytes(bytes: &[u8]) -> Result<Id> {
         *to = from as c_char;
     }
     Ok(Id::uninit(internal))
+}
+
+/// Ends this process at once: a rank whose collective never completes cannot
+/// unwind (its CUDA stream would wait forever in teardown), and the launcher
+/// then stops the job.
+fn end_process() -> ! {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `_exit` ends the process without running exit handlers, which
+    // is the point; it touches no memory of ours.
+    unsafe {
+        libc::_exit(1)
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    std::process::abort()
 }
 
 /// An NCCL failure as a candle error that says where it happened.

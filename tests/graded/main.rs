@@ -46,3 +46,4 @@ mod process_ranks;
 mod processes;
 mod scaffolding;
 mod store;
+mod watchdog;
