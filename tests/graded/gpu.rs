@@ -20,9 +20,16 @@ const GRADS: Tol = Tol { atol: 1e-5, rtol: 1e-3 };
 /// Relative L2 error of a parameter's update over two steps, as exercise 10 allows.
 const UPDATE: f64 = 1e-3;
 
-fn gpu() -> Device {
+/// CUDA device 0, or `None`, with the reason printed, where CUDA shows no
+/// GPU: the check is skipped, not failed. A GPU that fails to open fails it.
+fn gpu() -> Option<Device> {
+    use candle_core::cuda_backend::cudarc::driver::CudaContext;
+    if CudaContext::device_count().unwrap_or(0) < 1 {
+        eprintln!("skipped: this check needs a CUDA device, and CUDA shows none (see CUDA_VISIBLE_DEVICES)");
+        return None;
+    }
     match Device::new_cuda(0) {
-        Ok(device) => device,
+        Ok(device) => Some(device),
         Err(e) => panic!("these checks need CUDA device 0, and opening it failed: {e}"),
     }
 }
@@ -39,7 +46,8 @@ fn on_cpu(t: &Tensor) -> Tensor {
 
 #[test]
 fn the_model_on_the_gpu_gives_pytorchs_logits_loss_and_gradients() {
-    let (f, device) = (fixture(7), gpu());
+    let Some(device) = gpu() else { return };
+    let f = fixture(7);
     let config = f.model_config();
     let params = params_on(&f, param_specs(&config).into_iter().map(|s| (s.name.clone(), s.name)), &device);
     let gpt = ok(Gpt::new(&config, &params), "Gpt::new on the GPU");
@@ -65,7 +73,8 @@ fn the_model_on_the_gpu_gives_pytorchs_logits_loss_and_gradients() {
 
 #[test]
 fn two_train_steps_on_the_gpu_match_pytorch() {
-    let (f, device) = (fixture(10), gpu());
+    let Some(device) = gpu() else { return };
+    let f = fixture(10);
     let names = param_specs(&model_config(&f)).into_iter().map(|s| (s.name.clone(), format!("param.{}", s.name)));
     let params = params_on(&f, names, &device);
     let mut trainer = ok(Trainer::new(&model_config(&f), params, train_config(&f), Ddp::single()), "Trainer::new");
@@ -94,7 +103,7 @@ fn a_one_rank_nccl_group_hands_back_what_it_is_given() {
     use std::time::Duration;
     use workbook::distributed::{launch::free_port, Collective, NcclProcessGroup, ProcessGroup, ReduceOp, Rendezvous};
 
-    let device = gpu();
+    let Some(device) = gpu() else { return };
     let port = free_port("127.0.0.1").unwrap();
     let rv = Rendezvous {
         rank: 0,

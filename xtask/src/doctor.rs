@@ -17,6 +17,8 @@ const CUDA_LIBRARIES: [(&str, &str); 6] = [
     ("cuRAND", "libcurand.so"),
     ("NVRTC", "libnvrtc.so"),
 ];
+/// NCCL by the exact name the linker wants: cudarc links `-lnccl`, which
+/// NCCL's runtime package (`libnccl.so.2` alone) does not satisfy.
 const NCCL_LIBRARY: (&str, &str) = ("NCCL", "libnccl.so");
 
 pub fn doctor() -> anyhow::Result<bool> {
@@ -24,16 +26,34 @@ pub fn doctor() -> anyhow::Result<bool> {
     let machine = Machine::probe();
     println!("{}", bold("This machine"));
     row("CPU cores", &format!("{cores} (with --nproc N, each rank gets {cores}/N kernel threads)"));
+    let hidden = |listed: usize| match std::env::var("CUDA_VISIBLE_DEVICES") {
+        Ok(visible) => format!(" (CUDA_VISIBLE_DEVICES={visible:?} shows CUDA these of the {listed} nvidia-smi lists)"),
+        Err(_) => String::new(),
+    };
     match &machine.gpus {
-        Some(list) if !list.is_empty() => row("CUDA devices", &list.join("; ")),
+        Some(gpus) if !gpus.visible.is_empty() => {
+            row("CUDA devices", &format!("{}{}", gpus.visible.join("; "), hidden(gpus.listed)))
+        }
+        Some(gpus) if gpus.listed > 0 => row("CUDA devices", &format!("none{}", hidden(gpus.listed))),
         Some(_) => row("CUDA devices", "none (nvidia-smi lists no GPU)"),
         None => row("CUDA devices", "none (no nvidia-smi)"),
     }
-    let found = machine.cuda_libraries.iter().chain([&machine.nccl]);
-    for ((what, name), found) in CUDA_LIBRARIES.iter().chain([&NCCL_LIBRARY]).zip(found) {
+    for ((what, name), found) in CUDA_LIBRARIES.iter().zip(&machine.cuda_libraries) {
         let found = found.as_ref().map_or_else(|| "not found".to_string(), |p| p.display().to_string());
         row(&format!("{what} ({name})"), &found);
     }
+    let nccl = match (&machine.nccl, &machine.nccl_runtime) {
+        (Some(path), _) => path.display().to_string(),
+        (None, Some(runtime)) => format!(
+            "only {}: a build with --features nccl links {}; install NCCL's development package (libnccl-dev), \
+             or link {} to it",
+            runtime.display(),
+            NCCL_LIBRARY.1,
+            NCCL_LIBRARY.1
+        ),
+        (None, None) => "not found".to_string(),
+    };
+    row(&format!("{} ({})", NCCL_LIBRARY.0, NCCL_LIBRARY.1), &nccl);
     let nvcc = machine.nvcc.as_ref();
     row(
         "nvcc",
@@ -81,7 +101,7 @@ pub fn gpu_build() -> Option<GpuBuild> {
 pub struct GpuBuild {
     /// `nccl`, or `cuda` where NCCL's library is missing.
     pub feature: &'static str,
-    /// The CUDA devices `nvidia-smi` lists.
+    /// The CUDA devices this process's CUDA sees (`CUDA_VISIBLE_DEVICES` honoured).
     pub gpus: usize,
 }
 
@@ -94,32 +114,45 @@ impl GpuBuild {
 
 /// What `doctor` looks at, probed once.
 struct Machine {
-    /// The GPUs `nvidia-smi -L` lists, or `None` when it cannot be run.
-    gpus: Option<Vec<String>>,
+    /// The GPUs, or `None` when `nvidia-smi` cannot be run.
+    gpus: Option<Gpus>,
     /// Where each of [`CUDA_LIBRARIES`] is, in that order.
     cuda_libraries: Vec<Option<PathBuf>>,
+    /// NCCL under the name the linker wants.
     nccl: Option<PathBuf>,
+    /// NCCL under a versioned name only, which runs a build but cannot link one.
+    nccl_runtime: Option<PathBuf>,
     nvcc: Option<PathBuf>,
+}
+
+/// The GPUs `nvidia-smi -L` lists, and those of them CUDA shows this process.
+struct Gpus {
+    listed: usize,
+    visible: Vec<String>,
 }
 
 impl Machine {
     fn probe() -> Self {
         let gpus = Command::new("nvidia-smi").arg("-L").output().ok().map(|out| {
             let text = String::from_utf8_lossy(&out.stdout);
-            text.lines().filter(|l| l.starts_with("GPU")).map(str::to_string).collect()
+            let listed: Vec<String> = text.lines().filter(|l| l.starts_with("GPU")).map(str::to_string).collect();
+            let visible = visible_devices(&listed, std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref());
+            Gpus { listed: listed.len(), visible }
         });
         let cache = Command::new("ldconfig").arg("-p").output().map(|out| out.stdout).unwrap_or_default();
         let cache = String::from_utf8_lossy(&cache);
+        let nccl = find_exact(NCCL_LIBRARY.1, &cache);
         Self {
             gpus,
             cuda_libraries: CUDA_LIBRARIES.iter().map(|(_, name)| find_library(name, &cache)).collect(),
-            nccl: find_library(NCCL_LIBRARY.1, &cache),
+            nccl_runtime: nccl.is_none().then(|| find_library(NCCL_LIBRARY.1, &cache)).flatten(),
+            nccl,
             nvcc: find_on_path("nvcc"),
         }
     }
 
     fn has_gpu(&self) -> bool {
-        self.gpus.as_ref().is_some_and(|gpus| !gpus.is_empty())
+        self.gpus.as_ref().is_some_and(|gpus| !gpus.visible.is_empty())
     }
 
     fn gpu_build(&self) -> Option<GpuBuild> {
@@ -127,14 +160,14 @@ impl Machine {
             return None;
         }
         let feature = if self.nccl.is_some() { "nccl" } else { "cuda" };
-        Some(GpuBuild { feature, gpus: self.gpus.as_ref().map_or(0, Vec::len) })
+        Some(GpuBuild { feature, gpus: self.gpus.as_ref().map_or(0, |gpus| gpus.visible.len()) })
     }
 
     /// What this machine lacks for a CUDA build that runs, in words.
     fn gpu_missing(&self) -> Vec<String> {
         let mut missing = Vec::new();
         if !self.has_gpu() {
-            missing.push("no CUDA device".to_string());
+            missing.push("no CUDA device visible".to_string());
         }
         if self.nvcc.is_none() {
             missing.push("no nvcc on the PATH (candle compiles its CUDA kernels with it)".to_string());
@@ -163,6 +196,42 @@ fn find_library(name: &str, cache: &str) -> Option<PathBuf> {
         .find_map(|line| line.rsplit("=> ").next().map(|p| PathBuf::from(p.trim())))
 }
 
+/// The GPUs of `listed` (`nvidia-smi -L`'s lines, in CUDA's order) that CUDA
+/// shows a process whose `CUDA_VISIBLE_DEVICES` is `visible`: all of them
+/// when it is unset; else each entry in turn, an index or a UUID (or its
+/// start), until the first that names no GPU, since CUDA ignores the rest.
+fn visible_devices(listed: &[String], visible: Option<&str>) -> Vec<String> {
+    let Some(visible) = visible else { return listed.to_vec() };
+    let uuid = |line: &str| line.split("UUID: ").nth(1).map(|u| u.trim_end_matches(')').to_string());
+    let mut shown: Vec<String> = vec![];
+    for entry in visible.split(',').map(str::trim) {
+        let found = match entry.parse::<usize>() {
+            Ok(index) => listed.get(index),
+            Err(_) if entry.len() >= 4 => listed.iter().find(|l| uuid(l).is_some_and(|u| u.starts_with(entry))),
+            Err(_) => None,
+        };
+        match found {
+            Some(gpu) if !shown.contains(gpu) => shown.push(gpu.clone()),
+            _ => break,
+        }
+    }
+    shown
+}
+
+/// Where the linker would find exactly `name`: in `LD_LIBRARY_PATH`, or in
+/// the loader's `cache` under that very name (not a versioned one).
+fn find_exact(name: &str, cache: &str) -> Option<PathBuf> {
+    let dirs =
+        std::env::var_os("LD_LIBRARY_PATH").map(|p| std::env::split_paths(&p).collect::<Vec<_>>()).unwrap_or_default();
+    if let Some(found) = dirs.iter().map(|dir| dir.join(name)).find(|p| p.is_file()) {
+        return Some(found);
+    }
+    cache
+        .lines()
+        .filter(|line| line.trim_start().starts_with(&format!("{name} ")))
+        .find_map(|line| line.rsplit("=> ").next().map(|p| PathBuf::from(p.trim())))
+}
+
 /// `dir/name`, or the first `dir/name.*` there.
 fn versioned(dir: &Path, name: &str) -> Option<PathBuf> {
     let exact = dir.join(name);
@@ -183,7 +252,32 @@ fn find_on_path(program: &str) -> Option<PathBuf> {
 
 #[cfg(test)]
 mod tests {
-    use super::versioned;
+    use super::{find_exact, versioned, visible_devices};
+
+    fn listed() -> Vec<String> {
+        (0..3)
+            .map(|i| format!("GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i}a1b2c3d-0000-1111-2222-33334444555{i})"))
+            .collect()
+    }
+
+    #[test]
+    fn cuda_visible_devices_decides_which_gpus_count() {
+        let gpus = listed();
+        assert_eq!(visible_devices(&gpus, None), gpus, "unset: every GPU");
+        assert!(visible_devices(&gpus, Some("")).is_empty(), "empty: none");
+        assert_eq!(visible_devices(&gpus, Some("2,0")), [gpus[2].clone(), gpus[0].clone()], "in the order given");
+        assert_eq!(visible_devices(&gpus, Some("1,7,0")), [gpus[1].clone()], "CUDA stops at the first bad entry");
+        assert_eq!(visible_devices(&gpus, Some("GPU-2a1b")), [gpus[2].clone()], "a UUID's start names a GPU");
+        assert_eq!(visible_devices(&gpus, Some("0,0")), [gpus[0].clone()], "a repeated GPU ends the list");
+    }
+
+    #[test]
+    fn the_linker_wants_the_unversioned_nccl() {
+        let cache = "\tlibnccl.so.2 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libnccl.so.2\n";
+        assert_eq!(find_exact("libnccl.so", cache), None, "libnccl.so.2 alone cannot link -lnccl");
+        let cache = format!("{cache}\tlibnccl.so (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libnccl.so\n");
+        assert_eq!(find_exact("libnccl.so", &cache), Some("/usr/lib/x86_64-linux-gnu/libnccl.so".into()));
+    }
 
     #[test]
     fn a_library_is_found_under_its_name_or_a_versioned_one() {
