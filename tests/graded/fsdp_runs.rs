@@ -67,13 +67,22 @@ pub fn rows_of(batch: &Tensor, rank: usize, world_size: usize) -> Tensor {
 
 /// One process's trainer after `steps` steps on the global batches.
 pub fn single_process_trainer(steps: usize, max_grad_norm: f64) -> Trainer {
+    single_process_run(steps, max_grad_norm).0
+}
+
+/// One process's gradient norm (before clipping) at each of `steps` steps.
+pub fn single_process_norms(steps: usize, max_grad_norm: f64) -> Vec<f64> {
+    single_process_run(steps, max_grad_norm).1
+}
+
+/// One process's trainer after `steps` steps, and each step's gradient norm.
+fn single_process_run(steps: usize, max_grad_norm: f64) -> (Trainer, Vec<f64>) {
     let params = init_params(&model_config(), 7, &Device::Cpu).unwrap();
     let mut trainer =
         ok(Trainer::new(&model_config(), params, train_config(max_grad_norm), Ddp::single()), "Trainer::new");
-    for s in 0..steps {
-        ok(trainer.train_step(&global_batches(s)), "Trainer::train_step");
-    }
-    trainer
+    let norms = (0..steps).map(|s| ok(trainer.train_step(&global_batches(s)), "Trainer::train_step").grad_norm);
+    let norms = norms.collect();
+    (trainer, norms)
 }
 
 /// Parameters after `steps` steps of one process on the global batches.
@@ -183,16 +192,28 @@ pub fn ddp_rank(
     steps: usize,
     device: &Device,
 ) -> candle_core::Result<HashMap<String, Tensor>> {
+    ddp_rank_with_norms(pg, config, steps, device).map(|(params, _)| params)
+}
+
+/// [`ddp_rank`], with the gradient norm (before clipping) of each step: the
+/// norm of the averaged gradients, which Adam's scale-free update hides.
+pub fn ddp_rank_with_norms(
+    pg: Box<dyn ProcessGroup>,
+    config: TrainConfig,
+    steps: usize,
+    device: &Device,
+) -> candle_core::Result<(HashMap<String, Tensor>, Vec<f64>)> {
     let world_size = pg.world_size();
     let params = init_params(&model_config(), 7, device)?;
     let mut trainer = Trainer::new(&model_config(), params, config, Ddp::new(pg))?;
+    let mut norms = vec![];
     for s in 0..steps {
         let global = global_batches(s);
         let mine = global.iter().map(|b| rows_of(b, trainer.ddp.rank(), world_size).to_device(device));
         let mine = mine.collect::<candle_core::Result<Vec<Tensor>>>()?;
-        trainer.train_step(&mine)?;
+        norms.push(trainer.train_step(&mine)?.grad_norm);
     }
-    Ok(trainer.params.iter().map(|(n, v)| (n.to_string(), v.as_tensor().clone())).collect())
+    Ok((trainer.params.iter().map(|(n, v)| (n.to_string(), v.as_tensor().clone())).collect(), norms))
 }
 
 /// Named tensors (parameters, gradients) as plain numbers, to compare or to

@@ -12,7 +12,7 @@ use crate::process_ranks::{on_processes, on_processes_some_may_exit, on_processe
 
 /// Rank `rank`'s tensor: values that differ per rank and are not round, so
 /// the order of a sum shows in its bits.
-fn input(rank: usize, len: usize, dtype: DType) -> Tensor {
+pub fn input(rank: usize, len: usize, dtype: DType) -> Tensor {
     let values: Vec<f32> =
         (0..len).map(|i| ((rank * 31 + i * 7) % 17) as f32 * 0.37 - 2.9 + rank as f32 * 0.013).collect();
     Tensor::from_vec(values, len, &Device::Cpu).unwrap().to_dtype(dtype).unwrap()
