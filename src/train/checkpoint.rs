@@ -287,10 +287,20 @@ fn sync_file(path: &Path) -> Result<()> {
 }
 
 /// Moves the complete `staging` directory to `dir`; an existing `dir` is kept
-/// aside until the new one is in place.
+/// aside until the new one is in place. Only a checkpoint is replaced: a
+/// `dir` that holds none of a checkpoint's files is someone else's, and the
+/// save fails rather than delete it.
 fn replace_dir(staging: &Path, dir: &Path) -> Result<()> {
     let old = staging.with_extension("old");
     let had_old = dir.exists();
+    if had_old && !(dir.is_dir() && ESSENTIAL_FILES.iter().any(|file| dir.join(file).exists())) {
+        bail!(
+            "{} is in the way and is not a checkpoint (it holds none of {}): move it elsewhere; a save replaces \
+             only an earlier checkpoint",
+            dir.display(),
+            ESSENTIAL_FILES.join(", ")
+        );
+    }
     if had_old {
         fs::rename(dir, &old).map_err(|e| io_path("move aside", dir, e))?;
     }

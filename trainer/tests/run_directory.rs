@@ -272,3 +272,20 @@ fn a_checkpoint_from_before_full_checksums_resumes_with_a_warning() {
     assert!(String::from_utf8_lossy(&resumed.stdout).contains("at step 4"), "it resumes from step 4");
     assert!(stderr(&resumed).contains("trainer_state.json: read unchecked"), "{}", stderr(&resumed));
 }
+
+/// A directory that has a checkpoint's name but none of its files is not
+/// replaced by a save: the run fails, saying so, and leaves it as it was;
+/// the failure is not blamed on the disk.
+#[test]
+fn a_save_never_replaces_a_directory_that_is_not_a_checkpoint() {
+    let dir = scratch("in-the-way");
+    let theirs = checkpoints::step_dir(&dir, 2);
+    std::fs::create_dir_all(&theirs).unwrap();
+    std::fs::write(theirs.join("notes.txt"), "precious").unwrap();
+    let failed = train(&dir, 2, &[]);
+    assert_eq!(failed.status.code(), Some(1));
+    let message = stderr(&failed);
+    assert!(message.contains("is in the way and is not a checkpoint"), "{message}");
+    assert!(message.contains("fix the cause") && !message.contains("disk space"), "{message}");
+    assert_eq!(std::fs::read_to_string(theirs.join("notes.txt")).unwrap(), "precious");
+}
