@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# Every GPU check and benchmark of the workbook, in two halves, for a
+# maintainer who has one NVIDIA GPU for a few minutes and no Rust toolchain
+# on it (the binaries travel; the toolchain, its crates and the build stay).
+#
+#   scripts/gpu-check.sh build   on any x86-64 Linux machine with the Rust
+#                                toolchain: fetches CUDA 13.0's compiler and
+#                                libraries from PyPI into target/gpu-toolkit,
+#                                builds the GPU binaries with the real nvcc
+#                                and packs them, stripped, into
+#                                target/gpu-check.tar.xz (about 25 MiB: candle's
+#                                PTX kernels make each binary 60 MB, and text
+#                                packs well), to copy to the GPU machine.
+#   scripts/gpu-check.sh run     on the GPU machine, in a copy of the repo
+#                                holding target/gpu-check.tar.xz: the single-GPU
+#                                checks and the one-rank NCCL group, the
+#                                multi-GPU checks (they skip on one GPU), 60
+#                                steps of training on the GPU against the
+#                                CPU's loss, and the trainer's tokens/s beside
+#                                PyTorch's on the same GPU; writes
+#                                $OUT/gpu-report.md (or ./gpu-report.md).
+#
+# The GPU machine needs the NVIDIA driver, python3 with PyTorch, and CUDA's
+# libraries (cuBLAS, cuRAND, NVRTC, NCCL), as PyTorch's pip wheels bring.
+# `run` takes about five minutes on an H100; the first `build` about twenty
+# on two cores (candle's CUDA kernels), later ones a minute.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TOOLKIT=target/gpu-toolkit
+CHECK=target/gpu-check
+PACKED=$CHECK.tar.xz
+# CUDA 13.0 and NCCL 2.28, as the H100 and H200 machines this ran on have.
+WHEELS=(
+    nvidia-cuda-nvcc==13.0.88 nvidia-nvvm==13.0.88 nvidia-cuda-crt==13.0.88
+    nvidia-cuda-runtime==13.0.96 nvidia-cuda-nvrtc==13.0.88 nvidia-cublas==13.0.2.14
+    nvidia-curand==10.4.0.35 nvidia-nccl-cu13==2.28.9 nvidia-cuda-cccl==13.0.85
+)
+
+build() {
+    local cuda="$PWD/$TOOLKIT/nvidia/cu13" link="$PWD/$TOOLKIT/link"
+    if [ ! -x "$cuda/bin/nvcc" ]; then
+        mkdir -p "$TOOLKIT/wheels"
+        python3 -m pip download --quiet --no-deps --only-binary=:all: -d "$TOOLKIT/wheels" "${WHEELS[@]}"
+        for wheel in "$TOOLKIT"/wheels/*.whl; do
+            python3 -m zipfile -e "$wheel" "$TOOLKIT"
+        done
+        chmod +x "$cuda"/bin/* "$cuda"/nvvm/bin/*
+    fi
+    # The linker wants unversioned names (cudarc links -lcublas, -lnccl, ...).
+    mkdir -p "$link"
+    for lib in "$cuda"/lib/lib*.so.* "$PWD/$TOOLKIT"/nvidia/nccl/lib/libnccl.so.*; do
+        ln -sfn "$lib" "$link/$(basename "$lib" | sed 's/\.so\..*/.so/')"
+    done
+    cuda_stub "$link"
+    export PATH="$cuda/bin:$PATH" CUDA_HOME="$cuda" CUDA_COMPUTE_CAP=90 LIBRARY_PATH="$link"
+    # Both packages name their GPU and reference features alike.
+    local target=(--target-dir target/gpu --features nccl,solutions)
+    cargo build --release --quiet -p trainer "${target[@]}" --bin train --bin bench
+    local graded
+    graded=$(cargo test --quiet "${target[@]}" --test graded --no-run --message-format=json |
+        python3 -c 'import json,sys; print([m["executable"] for m in map(json.loads, sys.stdin) if m.get("executable") and "graded" in m["executable"]][-1])')
+    rm -rf "$CHECK" && mkdir -p "$CHECK"
+    cp target/gpu/release/train target/gpu/release/bench "$graded" "$CHECK/"
+    mv "$CHECK/$(basename "$graded")" "$CHECK/graded"
+    strip "$CHECK"/{train,bench,graded}
+    echo "$PWD" >"$CHECK/built-in"
+    # Python's tarfile packs and unpacks on both machines, whatever else they lack.
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1], "w:xz", preset=6).add(sys.argv[2], "gpu-check")' \
+        "$PACKED" "$CHECK"
+    du -h "$PACKED"
+    echo "carry $PACKED to the GPU machine and run: scripts/gpu-check.sh run"
+}
+
+# libcuda.so comes with the driver, which a build machine lacks: a stub that
+# exports every driver function cudarc declares lets the linker resolve them;
+# at run time the driver's own libcuda.so.1 is loaded in its place.
+cuda_stub() {
+    local link=$1 sys
+    sys=$(ls -d "$HOME"/.cargo/registry/src/*/cudarc-0.19.*/src/driver/sys | tail -1)
+    grep -hoE '^ +fn cu[A-Za-z0-9_]+' "$sys"/*.rs | sed 's/^ *fn //' | sort -u |
+        sed 's/.*/void &(void) {}/' >"$link/cuda_stub.c"
+    cc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$link/libcuda.so" "$link/cuda_stub.c"
+}
+
+run() {
+    local out=${OUT:-.} built
+    if [ ! -x "$CHECK/graded" ]; then
+        python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$PACKED" target
+    fi
+    built=$(cat "$CHECK/built-in")
+    # The test binary reads its fixtures where it was built.
+    if [ "$built" != "$PWD" ] && [ ! -e "$built" ]; then
+        mkdir -p "$(dirname "$built")" && ln -s "$PWD" "$built"
+    fi
+    # CUDA's libraries, where PyTorch's wheels put them.
+    local nvidia
+    nvidia=$(python3 -c 'import nvidia; print(next(iter(nvidia.__path__)))' 2>/dev/null || true)
+    if [ -n "$nvidia" ]; then
+        export LD_LIBRARY_PATH="$(ls -d "$nvidia"/*/lib | tr '\n' ':')${LD_LIBRARY_PATH:-}"
+    fi
+    local report="$out/gpu-report.md"
+    {
+        echo "# GPU checks, $(date -u +%Y-%m-%d)"
+        echo
+        echo '```text'
+        nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || echo "no nvidia-smi"
+        python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())' ||
+            echo "no PyTorch with CUDA"
+        echo '```'
+    } >"$report"
+    section "Single-GPU checks, the one-rank NCCL group, the multi-GPU checks (skip on one GPU)" \
+        "$CHECK/graded" gpu:: gpu_ranks:: watchdog:: --test-threads 1
+    local steps=(--model-size tiny --dataset dummy --max-steps 60 --warmup-steps 5 --log-every 60)
+    section "60 steps of the tiny config on the GPU" "$CHECK/train" "${steps[@]}" --device cuda \
+        --checkpoint-dir /tmp/gpu-check-cuda --overwrite
+    section "The same 60 steps on the CPU" "$CHECK/train" "${steps[@]}" --checkpoint-dir /tmp/gpu-check-cpu --overwrite
+    local shape=(--steps 5 --warmup 1)
+    section "Trainer tokens/s, GPT-2 124M shape, T 1024, f32" "$CHECK/bench" --model-size small "${shape[@]}" \
+        --device cuda --ranks threads
+    section "PyTorch tokens/s on the same GPU, same shape" python3 benchmarks/pytorch_baseline.py \
+        --config configs/small.toml "${shape[@]}" --device cuda
+    section "Trainer tokens/s, tiny config" "$CHECK/bench" --model-size tiny --steps 30 --device cuda --ranks threads
+    section "PyTorch tokens/s, tiny config" python3 benchmarks/pytorch_baseline.py --config configs/tiny.toml \
+        --steps 30 --device cuda
+    echo "report: $report"
+}
+
+# Runs a command, appending its heading, its output's end and its exit
+# status to the report; a failing step does not stop the others.
+section() {
+    local heading=$1 status=0
+    shift
+    echo "== $heading"
+    local log
+    log=$(mktemp)
+    "$@" >"$log" 2>&1 || status=$?
+    tail -n 40 "$log"
+    {
+        echo
+        echo "## $heading"
+        echo
+        echo "\`$*\` (exit $status)"
+        echo
+        echo '```text'
+        tail -n 40 "$log"
+        echo '```'
+    } >>"$report"
+}
+
+case "${1:-}" in
+build) build ;;
+run) run ;;
+*)
+    echo "usage: scripts/gpu-check.sh build|run (see the top of this file)" >&2
+    exit 2
+    ;;
+esac
