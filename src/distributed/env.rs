@@ -9,7 +9,7 @@
 //! | `LOCAL_WORLD_SIZE` | ranks on this node                                  |
 //! | `MASTER_ADDR`      | the host of rank 0, which hosts the store           |
 //! | `MASTER_PORT`      | the store's port                                    |
-//! | `WORKBOOK_JOB_TOKEN` | a secret shared by the job's ranks (the launcher makes one) |
+//! | `WORKBOOK_JOB_TOKEN` | a secret shared by the job's ranks (the launcher makes one); required unless `MASTER_ADDR` is loopback |
 //! | `WORKBOOK_TIMEOUT_S` | how long a rank waits for another (default 60)   |
 //! | `WORKBOOK_ELASTIC_ROUND` | in an [elastic](super::launch) job, its round: 0, then one more at every restart |
 //!

@@ -287,13 +287,17 @@ fn sync_file(path: &Path) -> Result<()> {
 }
 
 /// Moves the complete `staging` directory to `dir`; an existing `dir` is kept
-/// aside until the new one is in place. Only a checkpoint is replaced: a
-/// `dir` that holds none of a checkpoint's files is someone else's, and the
-/// save fails rather than delete it.
+/// aside until the new one is in place. Only a checkpoint, or an empty
+/// directory, is replaced: a `dir` that holds other things and none of a
+/// checkpoint's files is someone else's, and the save fails rather than
+/// delete it.
 fn replace_dir(staging: &Path, dir: &Path) -> Result<()> {
     let old = staging.with_extension("old");
     let had_old = dir.exists();
-    if had_old && !(dir.is_dir() && ESSENTIAL_FILES.iter().any(|file| dir.join(file).exists())) {
+    let replaceable = dir.is_dir()
+        && (ESSENTIAL_FILES.iter().any(|file| dir.join(file).exists())
+            || fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_none()));
+    if had_old && !replaceable {
         bail!(
             "{} is in the way and is not a checkpoint (it holds none of {}): move it elsewhere; a save replaces \
              only an earlier checkpoint",
