@@ -290,6 +290,54 @@ fn solution(ws: &Workspace, exercise: &Exercise, tally: &mut Tally) {
     }
 }
 
+/// Each `path` in backticks in a chapter that starts with one of the
+/// workbook's top-level folders (`src/parallel/pipeline/mod.rs`, with or
+/// without a `:line`) must exist; placeholders (`step_NNNNNN`, `*`, `<...>`)
+/// are not paths.
+fn cited_paths_exist(ws: &Workspace, tally: &mut Tally) {
+    let Ok(entries) = std::fs::read_dir(&ws.root) else { return };
+    let folders: Vec<String> = entries
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .map(|e| format!("{}/", e.file_name().to_string_lossy()))
+        .filter(|name| !name.starts_with('.') && name != "target/")
+        .collect();
+    for chapter in markdown_files(&ws.root.join("guide/src")) {
+        let text = std::fs::read_to_string(&chapter).unwrap_or_default();
+        let name = chapter.strip_prefix(&ws.root).unwrap_or(&chapter).display().to_string();
+        for path in cited_paths(&text, &folders) {
+            tally.check(ws.root.join(path).exists(), || format!("{name} cites `{path}`, which does not exist"));
+        }
+    }
+}
+
+/// The paths in backticks in `text` under one of `folders` (each ending in `/`).
+fn cited_paths<'a>(text: &'a str, folders: &'a [String]) -> impl Iterator<Item = &'a str> + 'a {
+    text.split('`').skip(1).step_by(2).filter_map(move |quoted| {
+        let path = quoted.split(':').next().unwrap_or_default();
+        let is_path = folders.iter().any(|f| path.starts_with(f.as_str()))
+            && !path.contains(char::is_whitespace)
+            && !path.contains(['*', '<', '{', '…'])
+            && !path.contains("NNN");
+        is_path.then_some(path)
+    })
+}
+
+/// The `.md` files under `dir`, in a stable order.
+fn markdown_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files = vec![];
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        match path.is_dir() {
+            true => files.extend(markdown_files(&path)),
+            false if path.extension().is_some_and(|e| e == "md") => files.push(path),
+            false => {}
+        }
+    }
+    files.sort();
+    files
+}
+
 fn exists(ws: &Workspace, path: &Path, what: &str, tally: &mut Tally) {
     tally.check(ws.root.join(path).is_file(), || format!("{what} {} does not exist", path.display()));
 }
@@ -449,9 +497,11 @@ fn no_warnings(ws: &Workspace, tally: &mut Tally) {
     }
 }
 
-/// Part 6: the guide builds, when mdbook is installed.
+/// Part 6: every path of the workbook a chapter cites exists, and the guide
+/// builds, when mdbook is installed.
 fn guide_builds(ws: &Workspace, tally: &mut Tally) {
-    tally.section("Guide builds (mdbook build guide)");
+    tally.section("Guide: cited paths exist, the book builds (mdbook build guide)");
+    cited_paths_exist(ws, tally);
     match Command::new("mdbook").args(["build", "guide"]).current_dir(&ws.root).status() {
         Err(error) if error.kind() == ErrorKind::NotFound => {
             println!("  skipped: mdbook is not on PATH (`cargo install mdbook` adds this check)");
@@ -460,4 +510,18 @@ fn guide_builds(ws: &Workspace, tally: &mut Tally) {
         Ok(status) => tally.check(status.success(), || "`mdbook build guide` failed (its errors are above)".into()),
     }
     tally.end_section();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cited_paths;
+
+    #[test]
+    fn a_chapter_cites_paths_under_the_workbooks_folders_not_placeholders() {
+        let folders = ["src/".to_string(), "tests/".to_string()];
+        let text = "see `src/parallel/pipeline/mod.rs:304`, `tests/graded/gpu.rs`, `step_NNNNNN`, \
+                    `src/*.rs`, `src/<your file>`, `cargo test exercise_05` and `trainer/src/run.rs`";
+        let cited: Vec<&str> = cited_paths(text, &folders).collect();
+        assert_eq!(cited, ["src/parallel/pipeline/mod.rs", "tests/graded/gpu.rs"]);
+    }
 }
