@@ -70,7 +70,9 @@ pub fn single_process_trainer(steps: usize, max_grad_norm: f64) -> Trainer {
     single_process_run(steps, max_grad_norm).0
 }
 
-/// One process's gradient norm (before clipping) at each of `steps` steps.
+/// One process's gradient norm (before clipping) at each of `steps` steps
+/// (the multi-GPU checks compare theirs with it).
+#[cfg(feature = "nccl")]
 pub fn single_process_norms(steps: usize, max_grad_norm: f64) -> Vec<f64> {
     single_process_run(steps, max_grad_norm).1
 }
