@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
-use candle_core::{bail, Result};
+use candle_core::{bail, Error, Result};
 
 use crate::error::io_context;
 
@@ -181,31 +181,44 @@ impl Job<'_> {
     /// with `extra` variables beside the `env://` ones.
     fn start(&self, config: &LaunchConfig, port: u16, token: &str, extra: &[(&str, String)]) -> Result<Vec<Rank>> {
         let threads = kernel_threads(config.nproc_per_node);
-        let mut ranks = Vec::with_capacity(config.nproc_per_node);
-        for local_rank in 0..config.nproc_per_node {
+        let commands = (0..config.nproc_per_node).map(|local_rank| {
             let rank = config.node_rank * config.nproc_per_node + local_rank;
             let mut command = Command::new(self.program);
             command
                 .args(self.args)
                 .envs(config.rank_environment(local_rank, port, token))
-                .envs(extra.iter().map(|(name, value)| (name, value)))
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
+                .envs(extra.iter().map(|(name, value)| (name, value)));
             if let Some(threads) = &threads {
                 command.env("RAYON_NUM_THREADS", threads);
             }
-            die_with_launcher(&mut command);
-            match command.spawn() {
-                Ok(child) => ranks.push(Rank::start(rank, child, Printed::Prefixed)),
-                Err(e) => {
-                    stop(&mut ranks);
-                    bail!("launch: cannot start {} for rank {rank}: {e}", self.program.display());
-                }
+            (rank, command)
+        });
+        spawn_ranks(commands, Printed::Prefixed).map_err(|(rank, e)| {
+            Error::Msg(format!("launch: cannot start {} for rank {rank}: {e}", self.program.display()))
+        })
+    }
+}
+
+/// Starts each `(rank, command)` as a rank whose output [`Rank`]'s copiers
+/// take as `printed` says, and which dies with this process. If one cannot
+/// start, stops those already started and says which rank and why.
+fn spawn_ranks(
+    commands: impl Iterator<Item = (usize, Command)>,
+    printed: Printed,
+) -> std::result::Result<Vec<Rank>, (usize, io::Error)> {
+    let mut ranks = vec![];
+    for (rank, mut command) in commands {
+        command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        die_with_launcher(&mut command);
+        match command.spawn() {
+            Ok(child) => ranks.push(Rank::start(rank, child, printed)),
+            Err(e) => {
+                stop(&mut ranks);
+                return Err((rank, e));
             }
         }
-        Ok(ranks)
     }
+    Ok(ranks)
 }
 
 /// How a job run by [`run_keeping_output`] went.
@@ -221,18 +234,8 @@ pub struct KeptRun {
 /// failure stops the others at once. Their output is kept, not printed, for
 /// a harness that shows a failing rank's output its own way.
 pub fn run_keeping_output(commands: Vec<Command>) -> Result<KeptRun> {
-    let mut ranks = Vec::with_capacity(commands.len());
-    for (rank, mut command) in commands.into_iter().enumerate() {
-        command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-        die_with_launcher(&mut command);
-        match command.spawn() {
-            Ok(child) => ranks.push(Rank::start(rank, child, Printed::Kept)),
-            Err(e) => {
-                stop(&mut ranks);
-                bail!("cannot start rank {rank}: {e}");
-            }
-        }
-    }
+    let mut ranks = spawn_ranks(commands.into_iter().enumerate(), Printed::Kept)
+        .map_err(|(rank, e)| Error::Msg(format!("cannot start rank {rank}: {e}")))?;
     let first_failure = match supervise(&mut ranks, || None::<Infallible>) {
         Ended::Failed { first, .. } => Some(first),
         Ended::Succeeded => None,
