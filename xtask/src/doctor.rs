@@ -141,11 +141,14 @@ impl Machine {
         });
         let cache = Command::new("ldconfig").arg("-p").output().map(|out| out.stdout).unwrap_or_default();
         let cache = String::from_utf8_lossy(&cache);
-        let nccl = find_exact(NCCL_LIBRARY.1, &cache);
+        let nccl = find_library(NCCL_LIBRARY.1, &cache, Names::Exact);
         Self {
             gpus,
-            cuda_libraries: CUDA_LIBRARIES.iter().map(|(_, name)| find_library(name, &cache)).collect(),
-            nccl_runtime: nccl.is_none().then(|| find_library(NCCL_LIBRARY.1, &cache)).flatten(),
+            cuda_libraries: CUDA_LIBRARIES
+                .iter()
+                .map(|(_, name)| find_library(name, &cache, Names::OrVersioned))
+                .collect(),
+            nccl_runtime: nccl.is_none().then(|| find_library(NCCL_LIBRARY.1, &cache, Names::OrVersioned)).flatten(),
             nccl,
             nvcc: find_on_path("nvcc"),
         }
@@ -182,21 +185,40 @@ fn row(label: &str, value: &str) {
     println!("  {label:<28} {}", dim(value));
 }
 
-/// Where the dynamic loader would find `name` (or a versioned `name.N`):
-/// `LD_LIBRARY_PATH`, then the loader's `cache` (what `ldconfig -p` prints).
-fn find_library(name: &str, cache: &str) -> Option<PathBuf> {
+/// Which files stand for a library `name`.
+#[derive(Clone, Copy)]
+enum Names {
+    /// `name` itself, as the linker wants it (`-lnccl` needs `libnccl.so`).
+    Exact,
+    /// `name` or a versioned `name.N`, as the loader takes it at run time.
+    OrVersioned,
+}
+
+/// Where library `name` is, under the `names` that count: in
+/// `LD_LIBRARY_PATH`, then in the loader's `cache` (what `ldconfig -p` prints).
+fn find_library(name: &str, cache: &str, names: Names) -> Option<PathBuf> {
     let dirs =
         std::env::var_os("LD_LIBRARY_PATH").map(|p| std::env::split_paths(&p).collect::<Vec<_>>()).unwrap_or_default();
-    if let Some(found) = dirs.iter().find_map(|dir| versioned(dir, name)) {
+    let in_dir = |dir: &PathBuf| match names {
+        Names::Exact => Some(dir.join(name)).filter(|p| p.is_file()),
+        Names::OrVersioned => versioned(dir, name),
+    };
+    if let Some(found) = dirs.iter().find_map(in_dir) {
         return Some(found);
     }
+    // The cache lists `libnccl.so.2 (libc6,x86-64) => /path`: a space ends the exact name.
+    let listed = match names {
+        Names::Exact => format!("{name} "),
+        Names::OrVersioned => name.to_string(),
+    };
     cache
         .lines()
-        .filter(|line| line.trim_start().starts_with(name))
+        .filter(|line| line.trim_start().starts_with(&listed))
         .find_map(|line| line.rsplit("=> ").next().map(|p| PathBuf::from(p.trim())))
 }
 
-/// The GPUs of `listed` (`nvidia-smi -L`'s lines, in CUDA's order) that CUDA
+/// The GPUs of `listed` (`nvidia-smi -L`'s lines, in PCI order, which is
+/// CUDA's with `CUDA_DEVICE_ORDER=PCI_BUS_ID`; the count holds either way) that CUDA
 /// shows a process whose `CUDA_VISIBLE_DEVICES` is `visible`: all of them
 /// when it is unset; else each entry in turn, an index or a UUID (or its
 /// start), until the first that names no GPU, since CUDA ignores the rest.
@@ -216,20 +238,6 @@ fn visible_devices(listed: &[String], visible: Option<&str>) -> Vec<String> {
         }
     }
     shown
-}
-
-/// Where the linker would find exactly `name`: in `LD_LIBRARY_PATH`, or in
-/// the loader's `cache` under that very name (not a versioned one).
-fn find_exact(name: &str, cache: &str) -> Option<PathBuf> {
-    let dirs =
-        std::env::var_os("LD_LIBRARY_PATH").map(|p| std::env::split_paths(&p).collect::<Vec<_>>()).unwrap_or_default();
-    if let Some(found) = dirs.iter().map(|dir| dir.join(name)).find(|p| p.is_file()) {
-        return Some(found);
-    }
-    cache
-        .lines()
-        .filter(|line| line.trim_start().starts_with(&format!("{name} ")))
-        .find_map(|line| line.rsplit("=> ").next().map(|p| PathBuf::from(p.trim())))
 }
 
 /// `dir/name`, or the first `dir/name.*` there.
@@ -252,7 +260,7 @@ fn find_on_path(program: &str) -> Option<PathBuf> {
 
 #[cfg(test)]
 mod tests {
-    use super::{find_exact, versioned, visible_devices};
+    use super::{find_library, versioned, visible_devices, Names};
 
     fn listed() -> Vec<String> {
         (0..3)
@@ -274,9 +282,10 @@ mod tests {
     #[test]
     fn the_linker_wants_the_unversioned_nccl() {
         let cache = "\tlibnccl.so.2 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libnccl.so.2\n";
-        assert_eq!(find_exact("libnccl.so", cache), None, "libnccl.so.2 alone cannot link -lnccl");
+        assert_eq!(find_library("libnccl.so", cache, Names::Exact), None, "libnccl.so.2 alone cannot link -lnccl");
         let cache = format!("{cache}\tlibnccl.so (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libnccl.so\n");
-        assert_eq!(find_exact("libnccl.so", &cache), Some("/usr/lib/x86_64-linux-gnu/libnccl.so".into()));
+        let exact = Some("/usr/lib/x86_64-linux-gnu/libnccl.so".into());
+        assert_eq!(find_library("libnccl.so", &cache, Names::Exact), exact);
     }
 
     #[test]
