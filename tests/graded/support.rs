@@ -29,10 +29,44 @@ fn readable_failures() {
             (true, false) if unfinished => {
                 let at = info.location().map(|at| at.to_string()).unwrap_or_default();
                 eprintln!("{}: {message}", at.trim_start_matches("src/../"));
+                blocked_note(&message).inspect(|note| eprintln!("{note}"));
             }
-            (true, false) => eprintln!("{message}"),
+            (true, false) => {
+                eprintln!("{message}");
+                blocked_note(&message).inspect(|note| eprintln!("{note}"));
+            }
         }
     }));
+}
+
+/// When a test of one exercise stops in another's `todo!`: which one blocks
+/// it and how to go on (the `todo!`'s own hint is for the other exercise).
+fn blocked_note(message: &str) -> Option<String> {
+    let test = std::thread::current().name()?.to_string();
+    let graded: u32 = test.strip_prefix("exercise_")?.get(..2)?.parse().ok()?;
+    let blocker: u32 = message.split("not yet implemented: Exercise ").nth(1)?.split(':').next()?.parse().ok()?;
+    (blocker != graded).then(|| {
+        format!(
+            "This check of exercise {graded} calls exercise {blocker}, not done yet: do exercise {blocker} first, or \
+             run its reference body with `cargo xtask lean {blocker}`."
+        )
+    })
+}
+
+/// A note before any test runs when the tests asked for grade an exercise
+/// whose reference body is compiled in place of the learner's (`cargo xtask lean`).
+#[ctor::ctor(unsafe)]
+fn say_which_bodies_run() {
+    let asked: Vec<String> = std::env::args().skip(1).filter(|arg| !arg.starts_with('-')).collect();
+    for &number in workbook::exercise_bodies::REFERENCE {
+        let module = format!("exercise_{number:02}");
+        if cfg!(not(feature = "solutions")) && asked.iter().any(|arg| arg.starts_with(&module)) {
+            eprintln!(
+                "note: exercise {number} is leaned on (exercises/lean.txt): these checks grade its reference body, \
+                 not your code; `cargo xtask lean --off {number}` grades yours."
+            );
+        }
+    }
 }
 
 fn panic_message(info: &PanicHookInfo) -> String {

@@ -8,26 +8,51 @@ use anyhow::{bail, Context, Result};
 
 use crate::doctor::GpuBuild;
 use crate::grading::{phase_filter, Outcome, Runner, TestResult, TestRun, TEST_BINARY};
+use crate::lean;
 use crate::metadata::{Exercise, Hint};
 use crate::progress::{Progress, State, PROGRESS_FILE};
 use crate::render::{self, bold, dim, green, red};
 use crate::stub;
 use crate::workspace::Workspace;
 
-/// Shows the first exercise whose graded tests do not all pass, and returns
-/// its number; `None` when every exercise passes.
-pub fn next(ws: &Workspace) -> Result<Option<u32>> {
+/// Where `next` starts looking.
+#[derive(Debug, Clone, Copy)]
+pub enum Start {
+    /// The first exercise.
+    First,
+    /// The first exercise of this phase.
+    Phase(u32),
+    /// This exercise, whatever its state.
+    Exercise(u32),
+}
+
+/// Shows the first exercise from `start` on whose graded tests do not all
+/// pass (leaned-on exercises skipped), and returns its number; `None` when
+/// every one passes.
+pub fn next(ws: &Workspace, start: Start) -> Result<Option<u32>> {
+    print_lean_note(ws);
+    let first = match start {
+        Start::First => 0,
+        Start::Phase(phase) => {
+            ws.workbook.exercises_in(ws.workbook.phase(phase)?.number).map(|e| e.number).min().unwrap_or(0)
+        }
+        Start::Exercise(number) => ws.workbook.exercise(number)?.number,
+    };
     // A shipped stub never passes, so the next exercise is at the latest the
     // first one still untouched: only the exercises up to it need grading.
     let mut candidates = Vec::new();
-    for exercise in &ws.workbook.exercises {
+    for exercise in ws.workbook.exercises.iter().filter(|e| e.number >= first && !ws.leans_on(e.number)) {
         candidates.push(exercise);
-        if !ws.started(exercise)? {
+        if !ws.started(exercise)? || matches!(start, Start::Exercise(_)) {
             break;
         }
     }
     let (states, run) = grade(ws, &candidates)?;
-    let Some((exercise, state)) = candidates.iter().zip(states).find(|(_, state)| *state != State::Done) else {
+    let shown = match start {
+        Start::Exercise(_) => candidates.iter().zip(states).next(),
+        _ => candidates.iter().zip(states).find(|(_, state)| *state != State::Done),
+    };
+    let Some((exercise, state)) = shown else {
         all_done(ws);
         return Ok(None);
     };
@@ -36,18 +61,53 @@ pub fn next(ws: &Workspace) -> Result<Option<u32>> {
         println!("{}", green(&format!("Phase {finished} is complete.")));
         println!("`cargo xtask check-phase {finished}` grades it as a whole.\n");
     }
-    render::exercise_card(&ws.workbook, exercise, &ws.position(exercise));
-    if state == State::Failing {
-        let (passed, total) = count(run.under(&exercise.test_filter()));
-        println!();
-        println!("{}", red(&format!("Started: {passed}/{total} checks pass so far.")));
-        println!("`cargo xtask check {}` shows which fail and why.", exercise.number);
+    let progress = Progress::load(&ws.root);
+    let chain: Vec<render::Link> = ws
+        .workbook
+        .chain(exercise.number)
+        .into_iter()
+        .map(|n| render::Link { number: n, state: link_state(ws, &progress, n) })
+        .collect();
+    render::exercise_card(&ws.workbook, exercise, &ws.position(exercise), &chain);
+    match state {
+        State::Failing => {
+            let (passed, total) = count(run.under(&exercise.test_filter()));
+            println!();
+            println!("{}", red(&format!("Started: {passed}/{total} checks pass so far.")));
+            println!("`cargo xtask check {}` shows which fail and why.", exercise.number);
+        }
+        State::Done => println!("\n{}", green(&format!("Exercise {} already passes.", exercise.number))),
+        _ => {}
     }
     Ok(Some(exercise.number))
 }
 
+/// Where exercise `number` stands as a link of another's chain: leaned on,
+/// or its last known state (a stub is not started, whatever was recorded).
+fn link_state(ws: &Workspace, progress: &Progress, number: u32) -> render::LinkState {
+    if ws.leans_on(number) {
+        return render::LinkState::Reference;
+    }
+    let started = ws.workbook.exercise(number).and_then(|e| ws.started(e)).unwrap_or(true);
+    match (started, progress.get(number)) {
+        (_, _) if ws.solutions => render::LinkState::Done,
+        (false, _) => render::LinkState::Unfinished(State::NotStarted),
+        (true, Some(State::Done)) => render::LinkState::Done,
+        (true, Some(state)) => render::LinkState::Unfinished(state),
+        (true, None) => render::LinkState::Unfinished(State::Unchecked),
+    }
+}
+
+/// The one line that says which exercises run their reference body, if any.
+fn print_lean_note(ws: &Workspace) {
+    if let Some(line) = lean::note(&ws.leaned) {
+        println!("{}", dim(&line));
+    }
+}
+
 /// All exercises, by phase, with their state and the progress per phase.
 pub fn list(ws: &Workspace, quick: bool) -> Result<bool> {
+    print_lean_note(ws);
     let exercises: Vec<&Exercise> = ws.workbook.exercises.iter().collect();
     let states: Vec<State> = if quick {
         let progress = record(ws, [])?;
@@ -73,6 +133,7 @@ pub fn list(ws: &Workspace, quick: bool) -> Result<bool> {
         );
         println!("  {}", dim(&render::wrap(&phase.summary, 2)));
         for (exercise, state) in in_phase {
+            let state = if ws.leans_on(exercise.number) { None } else { Some(state) };
             render::list_row(exercise, state, progress.hint_tiers(exercise.number), title_width);
         }
     }
@@ -90,6 +151,15 @@ pub fn check(ws: &Workspace, number: u32) -> Result<bool> {
     let exercise = ws.workbook.exercise(number)?;
     let started = ws.started(exercise)?;
     println!("{}", bold(&format!("Checking exercise {number}: {}", exercise.title)));
+    if ws.leans_on(number) {
+        println!(
+            "It is leaned on: the build compiles its reference body ({}), so its checks would grade the \
+             reference, not your code. `cargo xtask lean --off {number}` grades yours.",
+            lean::LEAN_FILE
+        );
+        return Ok(false);
+    }
+    print_lean_note(ws);
     let prefix = exercise.test_filter();
     let run = ws.runner().run(std::slice::from_ref(&prefix))?;
     if run.under(&prefix).next().is_none() {
@@ -103,7 +173,7 @@ pub fn check(ws: &Workspace, number: u32) -> Result<bool> {
         );
     }
     println!();
-    render::verdicts(run.under(&prefix), &prefix);
+    render::verdicts(&ws.workbook, exercise, run.under(&prefix));
     let (passed, total) = count(run.under(&prefix));
     let state = state_of(started, &run, exercise);
     record(ws, [(number, state)])?;
@@ -136,19 +206,24 @@ pub fn check_phase(ws: &Workspace, number: u32) -> Result<bool> {
         bail!("phase {number} ({}) has no exercises yet", phase.title);
     }
     println!("{}", bold(&format!("Checking phase {number}: {}", phase.title)));
+    print_lean_note(ws);
     let (states, run) = grade(ws, &exercises)?;
     println!();
     let title_width = exercises.iter().map(|e| e.title.chars().count()).max().unwrap_or(0);
     for (exercise, state) in exercises.iter().zip(&states) {
         let (passed, total) = count(run.under(&exercise.test_filter()));
         let verdict = match state {
+            _ if ws.leans_on(exercise.number) => dim("reference body (leaned on)"),
             State::Done => green(&format!("{passed}/{total} checks passed")),
             State::NotStarted => dim("not started"),
             _ => red(&format!("{passed}/{total} checks passed")),
         };
         println!("  {:>2}  {:<title_width$}  {verdict}", exercise.number, exercise.title);
     }
-    let mut passing = states.iter().filter(|s| **s == State::Done).count();
+    // A leaned-on exercise runs the reference, which passes: the phase's
+    // whole-run checks go ahead with it.
+    let mut passing =
+        exercises.iter().zip(&states).filter(|(e, s)| **s == State::Done || ws.leans_on(e.number)).count();
     let mut total = exercises.len();
     if let Some(whole_phase_passes) = check_whole_phase(ws, number, passing == total)? {
         total += 1;
@@ -319,14 +394,16 @@ fn phase_just_finished(ws: &Workspace, exercise: &Exercise) -> Option<u32> {
 }
 
 /// States of `exercises`: a stub is not started; the others are graded in one
-/// test run, which is also returned. The states are recorded.
+/// test run, which is also returned. The states are recorded, except those of
+/// exercises leaned on: their tests would grade the reference.
 fn grade(ws: &Workspace, exercises: &[&Exercise]) -> Result<(Vec<State>, TestRun)> {
     let started: Vec<bool> = exercises.iter().map(|e| ws.started(e)).collect::<Result<_>>()?;
-    let filters: Vec<String> =
-        exercises.iter().zip(&started).filter(|(_, s)| **s).map(|(e, _)| e.test_filter()).collect();
+    let graded = |(e, s): &(&&Exercise, &bool)| **s && !ws.leans_on(e.number);
+    let filters: Vec<String> = exercises.iter().zip(&started).filter(graded).map(|(e, _)| e.test_filter()).collect();
     let run = if filters.is_empty() { TestRun::default() } else { ws.runner().run(&filters)? };
     let states: Vec<State> = exercises.iter().zip(&started).map(|(e, s)| state_of(*s, &run, e)).collect();
-    record(ws, exercises.iter().map(|e| e.number).zip(states.iter().copied()))?;
+    let fresh = exercises.iter().zip(&states).filter(|(e, _)| !ws.leans_on(e.number));
+    record(ws, fresh.map(|(e, s)| (e.number, *s)))?;
     Ok((states, run))
 }
 

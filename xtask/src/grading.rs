@@ -12,8 +12,14 @@ use std::process::{Command, Stdio};
 
 use anyhow::{bail, Context, Result};
 
+use crate::lean::LEAN_VARIABLE;
+
 /// The test binary that holds every graded test.
 pub const TEST_BINARY: &str = "graded";
+
+/// Read by the workbook's build script: the exercises whose test modules the
+/// `graded` binary compiles.
+const ONLY_TESTS_VARIABLE: &str = "WORKBOOK_ONLY_TESTS_OF";
 
 /// How one test ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,10 +47,25 @@ pub struct TestRun {
     pub finished: bool,
 }
 
+/// Which body of each exercise a build compiles.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Bodies {
+    /// The learner's files, and the reference where they lean on it (`exercises/lean.txt`).
+    Learners,
+    /// Every reference body (`--features solutions`).
+    Reference,
+    /// The reference bodies of these exercises and the shipped stubs of the
+    /// others, whatever the learner leans on: the workbook's own checks.
+    ReferenceOf(Vec<u32>),
+}
+
 /// Runs the graded test binary, on the learner's code or on the solutions.
 pub struct Runner {
     pub root: PathBuf,
-    pub solutions: bool,
+    pub bodies: Bodies,
+    /// Compile only these exercises' test modules (every module when `None`):
+    /// builds that grade a few exercises link a fraction of the binary.
+    pub only_tests_of: Option<Vec<u32>>,
     /// Keep cargo's build output to ourselves unless the build fails (for
     /// verify's planted builds, whose warnings are the plants' own).
     pub quiet_build: bool,
@@ -59,12 +80,17 @@ impl Runner {
             Some(features) => format!(" --features {features}"),
             None => String::new(),
         };
-        format!("cargo test --test {TEST_BINARY}{features} --no-fail-fast")
+        let lean = match &self.bodies {
+            Bodies::ReferenceOf(numbers) => format!("{LEAN_VARIABLE}={} ", list(numbers)),
+            _ => String::new(),
+        };
+        format!("{lean}cargo test --test {TEST_BINARY}{features} --no-fail-fast")
     }
 
     /// The cargo features of the build, comma-separated, if any.
     fn features(&self) -> Option<String> {
-        let features: Vec<&str> = self.solutions.then_some("solutions").into_iter().chain(self.gpu).collect();
+        let solutions = (self.bodies == Bodies::Reference).then_some("solutions");
+        let features: Vec<&str> = solutions.into_iter().chain(self.gpu).collect();
         (!features.is_empty()).then(|| features.join(","))
     }
 
@@ -83,6 +109,14 @@ impl Runner {
             command.args(["--color", "always"]);
         }
         command.args(["--", "--color", "never"]).args(filters);
+        // Read by build/main.rs; set even when empty, so the learner's lean.txt does not count.
+        if let Bodies::ReferenceOf(numbers) = &self.bodies {
+            command.env(LEAN_VARIABLE, list(numbers));
+        }
+        match &self.only_tests_of {
+            Some(numbers) => command.env(ONLY_TESTS_VARIABLE, list(numbers)),
+            None => command.env_remove(ONLY_TESTS_VARIABLE),
+        };
         // A backtrace would bury the one-line verdict, and candle folds it into error strings.
         command.env("RUST_BACKTRACE", "0");
         // stdout carries libtest's report, which we parse; stderr carries
@@ -116,6 +150,17 @@ impl Runner {
         }
         Ok(run)
     }
+}
+
+/// The exercise whose shipped `todo!` a failure message comes from, if any.
+pub fn unfinished_exercise(message: &str) -> Option<u32> {
+    let rest = message.split("not yet implemented: Exercise ").nth(1)?;
+    rest.split(':').next()?.trim().parse().ok()
+}
+
+/// Exercise numbers as build/main.rs reads them: `1,2,7`.
+fn list(numbers: &[u32]) -> String {
+    numbers.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
 }
 
 /// Passes cargo's build output through to the learner as it comes, minus
@@ -405,6 +450,14 @@ test result: FAILED. 3 passed; 2 failed; 1 ignored; 0 measured; 0 filtered out; 
             .flat_map(|line| filter.pass(line))
             .collect();
         assert_eq!(shown, ["error: test failed, to rerun pass `--test graded`", "", "Caused by:", "  signal: 6"]);
+    }
+
+    #[test]
+    fn a_todo_names_its_exercise_wherever_it_sits_in_a_message() {
+        assert_eq!(unfinished_exercise("not yet implemented: Exercise 6: Weight initialisation; run"), Some(6));
+        let relayed = "DDP failed: rank 1 failed: panicked: not yet implemented: Exercise 8: AdamW parameter groups";
+        assert_eq!(unfinished_exercise(relayed), Some(8));
+        assert_eq!(unfinished_exercise("expected 6 got 7"), None);
     }
 
     #[test]

@@ -12,6 +12,7 @@ mod doctor;
 mod estimate;
 mod grading;
 mod interop;
+mod lean;
 mod metadata;
 mod migrate;
 mod planted;
@@ -46,7 +47,14 @@ struct Cli {
 #[derive(Subcommand)]
 enum Task {
     /// Show the first exercise that does not pass yet: what to write, where, and how to test it.
-    Next,
+    Next {
+        /// Show this exercise's card instead, e.g. 16.
+        #[arg(conflicts_with = "phase")]
+        exercise: Option<u32>,
+        /// Start looking at this phase, e.g. 4 (lean on the reference for what you skip: `lean`).
+        #[arg(long)]
+        phase: Option<u32>,
+    },
     /// List every exercise by phase: done, failing or not started.
     List {
         /// Show the last known states from the progress file instead of running the tests.
@@ -81,6 +89,15 @@ enum Task {
     },
     /// Grade the current exercise again whenever a file under exercises/ changes.
     Watch,
+    /// Run the reference body of exercises you skip (e.g. `lean 1-15` to start at Phase 4);
+    /// without a list, show which are leaned on.
+    Lean {
+        /// Exercises, like 6, 1-15 or 1-7,9 (`all` with --off).
+        exercises: Option<String>,
+        /// Stop leaning on them: compile your code again.
+        #[arg(long)]
+        off: bool,
+    },
     /// Say what this machine has (cores, CUDA devices, GPU libraries) and where each kind of check runs.
     Doctor,
     /// Check the exercise set itself: metadata, solutions pass, stubs fail, guide builds (for CI).
@@ -227,13 +244,21 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
     }
     migrate::carry_over(&ws)?;
     match cli.command {
-        Task::Next => commands::next(&ws).map(|_| true),
+        Task::Next { exercise, phase } => {
+            let start = match (exercise, phase) {
+                (Some(number), _) => commands::Start::Exercise(number),
+                (None, Some(phase)) => commands::Start::Phase(phase),
+                (None, None) => commands::Start::First,
+            };
+            commands::next(&ws, start).map(|_| true)
+        }
         Task::List { quick } => commands::list(&ws, quick),
         Task::Check { exercise } => commands::check(&ws, exercise),
         Task::CheckPhase { phase } => commands::check_phase(&ws, phase),
         Task::Hint { exercise, more } => commands::hint(&ws, exercise, more),
         Task::Reset { exercise, yes } => commands::reset(&ws, exercise, yes),
         Task::Watch => watch::watch(&ws),
+        Task::Lean { exercises, off } => lean::lean(&ws, exercises.as_deref(), off),
         Task::Verify => verify::verify(&ws),
         Task::Update => registry::update(&ws).map(|()| true),
         Task::SampleStories => stories::write_sample(&ws.root).map(|()| true),

@@ -4,6 +4,7 @@
 //! data in that one file; this module only reads it and derives the paths that
 //! follow from it by convention (solution file, test module, guide chapter).
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -159,6 +160,19 @@ impl Workbook {
         }
     }
 
+    /// Every exercise whose code exercise `number` calls, directly or through
+    /// another (per `depends`), in order; without `number` itself.
+    pub fn chain(&self, number: u32) -> BTreeSet<u32> {
+        let mut chain = BTreeSet::new();
+        let mut pending = vec![number];
+        while let Some(n) = pending.pop() {
+            let Ok(exercise) = self.exercise(n) else { continue };
+            pending.extend(exercise.depends.iter().filter(|d| chain.insert(**d)));
+        }
+        chain.remove(&number);
+        chain
+    }
+
     /// The exercises of one phase, in order.
     pub fn exercises_in(&self, phase: u32) -> impl Iterator<Item = &Exercise> {
         self.exercises.iter().filter(move |e| e.phase == phase)
@@ -256,6 +270,16 @@ mod tests {
     fn real() -> Workbook {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
         Workbook::load(root).expect("the real info.toml parses")
+    }
+
+    #[test]
+    fn a_chain_holds_what_an_exercise_calls_through_others_too() {
+        let workbook = real();
+        // 3 calls 2 directly; 5 calls 3, so 2 as well; 1 calls nothing.
+        assert_eq!(workbook.chain(3), [2].into());
+        assert!(workbook.chain(5).is_superset(&[2, 3].into()));
+        assert!(!workbook.chain(5).contains(&5));
+        assert!(workbook.chain(1).is_empty());
     }
 
     #[test]

@@ -14,7 +14,7 @@
 //! plant is written, and put back after its run, or by the next `cargo
 //! xtask` command if the run was interrupted.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -118,20 +118,7 @@ pub fn builds<'a>(workbook: &Workbook, plants: &'a [Plant]) -> Vec<Vec<&'a Plant
 
 /// Whether exercise `from` calls exercise `to`'s code, directly or not.
 fn calls(workbook: &Workbook, from: u32, to: u32) -> bool {
-    let mut pending = vec![from];
-    let mut seen = BTreeSet::new();
-    while let Some(n) = pending.pop() {
-        let Ok(exercise) = workbook.exercise(n) else { continue };
-        for &d in &exercise.depends {
-            if d == to {
-                return true;
-            }
-            if seen.insert(d) {
-                pending.push(d);
-            }
-        }
-    }
-    false
+    workbook.chain(from).contains(&to)
 }
 
 /// What went wrong with one plant in a run, if anything.

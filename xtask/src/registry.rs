@@ -3,8 +3,11 @@
 //! `verify` fails while one is stale.
 //!
 //! - `src/exercises.rs`: the phase modules, each exercise file read from
-//!   `exercises/` or, with `--features solutions`, from `solutions/`;
-//! - `tests/graded/main.rs`, between its markers: one test module per exercise;
+//!   `exercises/` or, with `--features solutions` or when the learner leans on
+//!   it (`cfg(reference = "N")`, set by `build/main.rs`), from `solutions/`;
+//! - `tests/graded/main.rs`, between its markers: one test module per exercise,
+//!   each compiled in every build but those that build a few exercises' tests
+//!   (`cfg(only_some_tests)`, set by `build/main.rs`);
 //! - `guide/src/SUMMARY.md`: the guide's table of contents.
 
 use std::fmt::Write as _;
@@ -12,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
-use crate::metadata::{Chapter, Workbook};
+use crate::metadata::{Chapter, Exercise, Workbook};
 use crate::workspace::Workspace;
 
 const EXERCISES_RS: &str = "src/exercises.rs";
@@ -32,7 +35,7 @@ pub fn generate(ws: &Workspace) -> Result<Vec<Generated>> {
     let graded_main = ws.read(Path::new(GRADED_MAIN))?;
     Ok(vec![
         Generated { path: EXERCISES_RS.into(), text: exercises_rs(&ws.workbook)? },
-        Generated { path: GRADED_MAIN.into(), text: graded_main_rs(&ws.workbook, &graded_main)? },
+        Generated { path: GRADED_MAIN.into(), text: graded_main_rs(&ws.root, &ws.workbook, &graded_main)? },
         Generated { path: SUMMARY.into(), text: summary_md(&ws.workbook) },
     ])
 }
@@ -61,9 +64,11 @@ fn exercises_rs(workbook: &Workbook) -> Result<String> {
         "//! The learner's exercise files, wired into the crate.\n\
          //!\n\
          //! Written by `cargo xtask update` from `exercises/info.toml`; edit that file,\n\
-         //! not this one. Each exercise module is read from `exercises/`, or with\n\
-         //! `--features solutions` from `solutions/`. Exercises are methods of the\n\
-         //! machinery's types or free functions; a phase module re-exports the latter.\n\
+         //! not this one. Each exercise module is read from `exercises/`, or from\n\
+         //! `solutions/` with `--features solutions` and for the exercises leaned on\n\
+         //! (`cargo xtask lean`): `build/main.rs` sets `cfg(reference = \"N\")` for those.\n\
+         //! Exercises are methods of the machinery's types or free functions; a phase\n\
+         //! module re-exports the latter.\n\
          //! No lint is silenced: a shipped stub borrows its arguments, so rustc's\n\
          //! warnings (an unused variable is often a dropped result) reach the learner.\n",
     );
@@ -91,9 +96,8 @@ fn exercises_rs(workbook: &Workbook) -> Result<String> {
             let solution = exercise.solution_file()?;
             out.push('\n');
             // Paths are relative to src/, where this file lies.
-            for (cfg, file) in
-                [("not(feature = \"solutions\")", &exercise.file), ("feature = \"solutions\"", &solution)]
-            {
+            let reference = format!("reference = \"{}\"", exercise.number);
+            for (cfg, file) in [(format!("not({reference})"), &exercise.file), (reference, &solution)] {
                 writeln!(out, "#[cfg_attr({cfg}, path = \"../{}\")]", slashes(file))?;
             }
             writeln!(out, "mod {module};")?;
@@ -107,15 +111,33 @@ fn exercises_rs(workbook: &Workbook) -> Result<String> {
         phases.push_str("}\n");
     }
     out.push_str(&phases);
+    out.push_str(
+        "\n/// Which body each exercise runs, as `build/main.rs` chose it.\npub mod bodies {\n    \
+         include!(concat!(env!(\"OUT_DIR\"), \"/exercise_bodies.rs\"));\n}\n",
+    );
     Ok(out)
 }
 
-fn graded_main_rs(workbook: &Workbook, current: &str) -> Result<String> {
+fn graded_main_rs(root: &Path, workbook: &Workbook, current: &str) -> Result<String> {
     let (Some(begin), Some(end)) = (current.find(BEGIN), current.find(END)) else {
         bail!("{GRADED_MAIN} has lost its markers: put back the lines\n{BEGIN}{END}where its exercise modules go");
     };
-    let modules: String = workbook.exercises.iter().map(|e| format!("mod {};\n", e.test_module())).collect();
+    let mut modules = String::new();
+    for exercise in &workbook.exercises {
+        // Built when its exercise is graded, or one whose tests use its helpers.
+        let users = workbook.exercises.iter().filter(|other| uses_helpers_of(root, other, exercise));
+        let wanted: Vec<String> =
+            std::iter::once(exercise).chain(users).map(|e| format!(", tests_of = \"{}\"", e.number)).collect();
+        writeln!(modules, "#[cfg(any(not(only_some_tests){}))]\nmod {};", wanted.concat(), exercise.test_module())?;
+    }
     Ok(format!("{}{BEGIN}{modules}{}", &current[..begin], &current[end..]))
+}
+
+/// Whether `user`'s test module calls into `helper`'s (`crate::exercise_NN`).
+fn uses_helpers_of(root: &Path, user: &Exercise, helper: &Exercise) -> bool {
+    let path = format!("crate::{}", helper.test_module());
+    user.number != helper.number
+        && std::fs::read_to_string(root.join(user.test_file())).is_ok_and(|source| source.contains(&path))
 }
 
 fn summary_md(workbook: &Workbook) -> String {

@@ -2,10 +2,12 @@
 //! test verdicts. Colour is plain ANSI and only used when stdout is a
 //! terminal (and `NO_COLOR` is unset), so piped output stays clean text.
 
+use std::collections::BTreeSet;
 use std::io::IsTerminal;
 use std::sync::OnceLock;
 
-use crate::grading::{Outcome, TestResult};
+use crate::grading::{unfinished_exercise, Outcome, TestResult};
+use crate::lean::ranges;
 use crate::metadata::{Exercise, Hint, Workbook};
 use crate::progress::State;
 
@@ -94,8 +96,24 @@ pub fn code_list(names: &[String]) -> String {
     }
 }
 
-/// The card `next` shows: what to write, where, and how to test it.
-pub fn exercise_card(workbook: &Workbook, exercise: &Exercise, position: &str) {
+/// An exercise of the chain another one calls, and where it stands.
+pub struct Link {
+    pub number: u32,
+    pub state: LinkState,
+}
+
+/// Where a link of the chain stands.
+pub enum LinkState {
+    Done,
+    /// Leaned on: its reference body runs.
+    Reference,
+    /// Not started, failing or not checked: calling it may panic.
+    Unfinished(State),
+}
+
+/// The card `next` shows: what to write, where, how to test it, and the
+/// exercises it calls (the whole chain), with those still to do first.
+pub fn exercise_card(workbook: &Workbook, exercise: &Exercise, position: &str, chain: &[Link]) {
     let total = workbook.exercises.len();
     let phase = workbook.phase(exercise.phase).map(|p| p.title.as_str()).unwrap_or("?");
     println!("{}", bold(&format!("Exercise {} of {total}: {}", exercise.number, exercise.title)));
@@ -107,35 +125,74 @@ pub fn exercise_card(workbook: &Workbook, exercise: &Exercise, position: &str) {
     field("difficulty", &exercise.difficulty);
     field("read", &exercise.read);
     field("insight", &exercise.insight);
-    field("depends on", &dependencies(workbook, exercise));
+    field("calls", &chain_in_words(workbook, chain));
     field("guide", &exercise.chapter_file().display().to_string());
     println!();
     field("test it", &format!("cargo test {}   (or: cargo xtask check {})", exercise.test_module(), exercise.number));
     field("stuck?", &format!("cargo xtask hint {}   (the idea; add --more for the next tier)", exercise.number));
-}
-
-fn dependencies(workbook: &Workbook, exercise: &Exercise) -> String {
-    if exercise.depends.is_empty() {
-        return "nothing: it stands on its own".to_string();
+    let unfinished: BTreeSet<u32> =
+        chain.iter().filter(|link| matches!(link.state, LinkState::Unfinished(_))).map(|link| link.number).collect();
+    if !unfinished.is_empty() {
+        let list = ranges(&unfinished);
+        println!();
+        println!(
+            "{}",
+            yellow(&wrap(
+                &format!(
+                    "Its checks call exercise{} {list}, not done yet: do {} first, or run the reference body in \
+                     {} place with `cargo xtask lean {list}`.",
+                    if unfinished.len() == 1 { "" } else { "s" },
+                    if unfinished.len() == 1 { "it" } else { "them" },
+                    if unfinished.len() == 1 { "its" } else { "their" },
+                ),
+                0
+            ))
+        );
     }
-    let named: Vec<String> = exercise
-        .depends
-        .iter()
-        .map(|&n| match workbook.exercise(n) {
-            Ok(dependency) => format!("{n} ({})", dependency.title),
-            Err(_) => n.to_string(),
-        })
-        .collect();
-    named.join(", ")
 }
 
-/// One row of `list`.
-pub fn list_row(exercise: &Exercise, state: State, hint_tiers: u8, title_width: usize) {
+/// `4 SwiGLU MLP (done), 20 Tensor-parallel MLP (not started)`; a longer
+/// chain by state: `1-5, 7 (done); 6 (not started); 8-10 (reference)`.
+fn chain_in_words(workbook: &Workbook, chain: &[Link]) -> String {
+    let word = |state: &LinkState| match state {
+        LinkState::Done => "done",
+        LinkState::Reference => "reference",
+        LinkState::Unfinished(State::NotStarted) => "not started",
+        LinkState::Unfinished(State::Failing) => "failing",
+        LinkState::Unfinished(_) => "not checked",
+    };
+    if chain.is_empty() {
+        return "no other exercise: it stands on its own".to_string();
+    }
+    if chain.len() <= 3 {
+        let named = chain.iter().map(|link| {
+            let title = workbook.exercise(link.number).map(|e| e.title.as_str()).unwrap_or("?");
+            format!("{} {title} ({})", link.number, word(&link.state))
+        });
+        return named.collect::<Vec<_>>().join(", ");
+    }
+    let mut by_state: Vec<(&str, BTreeSet<u32>)> = Vec::new();
+    for link in chain {
+        match by_state.iter_mut().find(|(state, _)| *state == word(&link.state)) {
+            Some((_, numbers)) => {
+                numbers.insert(link.number);
+            }
+            None => by_state.push((word(&link.state), [link.number].into())),
+        }
+    }
+    let groups: Vec<String> =
+        by_state.iter().map(|(state, numbers)| format!("{} ({state})", ranges(numbers))).collect();
+    format!("exercises {}", groups.join("; "))
+}
+
+/// One row of `list`; `state` is `None` for an exercise leaned on.
+pub fn list_row(exercise: &Exercise, state: Option<State>, hint_tiers: u8, title_width: usize) {
     let label = match state {
-        State::Done => green("done"),
-        State::Failing => red("failing"),
-        State::NotStarted => dim("not started"),
-        State::Unchecked => yellow("edited, not checked yet"),
+        None => dim("reference body (leaned on)"),
+        Some(State::Done) => green("done"),
+        Some(State::Failing) => red("failing"),
+        Some(State::NotStarted) => dim("not started"),
+        Some(State::Unchecked) => yellow("edited, not checked yet"),
     };
     let hints = match hint_tiers {
         0 => String::new(),
@@ -155,21 +212,28 @@ pub fn tally(done: usize, total: usize) -> String {
 }
 
 /// Each test's verdict, with the failure message under a failing test.
-/// A message identical to the one above it is not repeated.
-pub fn verdicts<'a>(results: impl Iterator<Item = &'a TestResult>, module_prefix: &str) {
-    let mut previous: Option<&str> = None;
+/// A message identical to the one above it is not repeated. A test stopped
+/// by another exercise's `todo!` says which exercise blocks it, and how to
+/// go on, instead of that exercise's own hint.
+pub fn verdicts<'a>(workbook: &Workbook, exercise: &Exercise, results: impl Iterator<Item = &'a TestResult>) {
+    let module_prefix = exercise.test_filter();
+    let mut previous: Option<String> = None;
     for result in results {
-        let name = result.name.strip_prefix(module_prefix).unwrap_or(&result.name);
+        let name = result.name.strip_prefix(&module_prefix).unwrap_or(&result.name);
         match result.outcome {
             Outcome::Passed => println!("  {} {name}", green("✓")),
             Outcome::Ignored => println!("  {} {name} {}", yellow("-"), dim("(ignored)")),
             Outcome::Failed => {
                 println!("  {} {name}", red("✗"));
                 let message = result.message.as_deref().unwrap_or("(no message)");
-                if previous == Some(message) {
+                let message = match unfinished_exercise(message).filter(|n| *n != exercise.number) {
+                    Some(blocker) => blocked_by(workbook, exercise.number, blocker),
+                    None => message.to_string(),
+                };
+                if previous.as_deref() == Some(message.as_str()) {
                     println!("{}", dim("      (same message as above)"));
                 } else {
-                    println!("{}", indented(message, 6));
+                    println!("{}", indented(&message, 6));
                 }
                 previous = Some(message);
             }
@@ -177,9 +241,52 @@ pub fn verdicts<'a>(results: impl Iterator<Item = &'a TestResult>, module_prefix
     }
 }
 
+/// Why exercise `number`'s check stopped in exercise `blocker`'s `todo!`.
+fn blocked_by(workbook: &Workbook, number: u32, blocker: u32) -> String {
+    let title = workbook.exercise(blocker).map(|e| e.title.as_str()).unwrap_or("?");
+    wrap(
+        &format!(
+            "This check calls exercise {blocker} ({title}), which still panics at its `todo!()`: do exercise \
+             {blocker} first (`cargo xtask next {blocker}`), or run its reference body with `cargo xtask lean \
+             {blocker}`. The check stopped there, so it says nothing yet about exercise {number}'s code."
+        ),
+        0,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn real() -> Workbook {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        Workbook::load(root).expect("the real info.toml parses")
+    }
+
+    #[test]
+    fn a_short_chain_is_named_and_a_long_one_grouped_by_state() {
+        let workbook = real();
+        let link = |number, state| Link { number, state };
+        let short = [link(4, LinkState::Done), link(20, LinkState::Unfinished(State::NotStarted))];
+        assert_eq!(chain_in_words(&workbook, &short), "4 SwiGLU MLP (done), 20 Tensor-parallel MLP (not started)");
+        let long: Vec<Link> = (1..=10)
+            .map(|n| match n {
+                6 => link(n, LinkState::Unfinished(State::Failing)),
+                8.. => link(n, LinkState::Reference),
+                _ => link(n, LinkState::Done),
+            })
+            .collect();
+        assert_eq!(chain_in_words(&workbook, &long), "exercises 1-5, 7 (done); 6 (failing); 8-10 (reference)");
+        assert_eq!(chain_in_words(&workbook, &[]), "no other exercise: it stands on its own");
+    }
+
+    #[test]
+    fn a_check_blocked_by_another_exercise_names_it_and_both_ways_on() {
+        let text = blocked_by(&real(), 18, 8).replace('\n', " ");
+        assert!(text.contains("exercise 8 (AdamW parameter groups)"), "{text}");
+        assert!(text.contains("`cargo xtask lean 8`") && text.contains("`cargo xtask next 8`"), "{text}");
+        assert!(text.contains("nothing yet about exercise 18's code"), "{text}");
+    }
 
     #[test]
     fn wraps_long_values_under_themselves() {

@@ -10,7 +10,10 @@ use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::grading::{graded_exercise, phase_check, Outcome, Runner, TestRun, TEST_BINARY};
+use crate::grading::{
+    graded_exercise, phase_check, unfinished_exercise, Bodies, Outcome, Runner, TestRun, TEST_BINARY,
+};
+use crate::lean;
 use crate::metadata::{self, Exercise};
 use crate::planted;
 use crate::registry;
@@ -26,6 +29,7 @@ pub fn verify(ws: &Workspace) -> anyhow::Result<bool> {
     solutions_pass(ws, &mut tally);
     stubs_fail(ws, &mut tally);
     planted_mistakes(ws, &mut tally);
+    dependencies_suffice(ws, &mut tally);
     no_warnings(ws, &mut tally);
     guide_builds(ws, &mut tally);
     println!();
@@ -96,8 +100,9 @@ fn metadata(ws: &Workspace, tally: &mut Tally) {
 /// `exercises/` holds the learner's files and info.toml, `solutions/` the same
 /// files with bodies and the planted mistakes: anything else is a leftover.
 fn only_exercise_files(ws: &Workspace, tally: &mut Tally) {
+    // The learner's choice of bodies (`cargo xtask lean`) is theirs, not a leftover.
     let mut expected: BTreeSet<PathBuf> =
-        [PathBuf::from(metadata::INFO_FILE), PathBuf::from(planted::PLANTS_FILE)].into();
+        [metadata::INFO_FILE, planted::PLANTS_FILE, lean::LEAN_FILE].into_iter().map(PathBuf::from).collect();
     for exercise in &ws.workbook.exercises {
         expected.insert(exercise.file.clone());
         expected.extend(exercise.solution_file().ok());
@@ -345,7 +350,9 @@ fn exists(ws: &Workspace, path: &Path, what: &str, tally: &mut Tally) {
 /// Opens a section titled `title`, runs the whole graded binary on the
 /// solutions or the stubs, and checks that the run finished.
 fn run_section(ws: &Workspace, solutions: bool, title: &str, tally: &mut Tally) -> Option<TestRun> {
-    let runner = Runner { root: ws.root.clone(), solutions, quiet_build: false, gpu: None };
+    // The stubs of every exercise, whatever a learner's clone leans on.
+    let bodies = if solutions { Bodies::Reference } else { Bodies::ReferenceOf(vec![]) };
+    let runner = Runner { root: ws.root.clone(), bodies, only_tests_of: None, quiet_build: false, gpu: None };
     tally.section(&format!("{title} ({})", runner.command_line()));
     let run = match runner.run(&[]) {
         Ok(run) => run,
@@ -447,7 +454,15 @@ fn planted_mistakes(ws: &Workspace, tally: &mut Tally) {
         };
         let filters: Vec<String> = exercises.iter().map(|e| e.test_filter()).collect();
         let run = planted::Planted::write(ws, &build).and_then(|planted| {
-            let run = Runner { root: ws.root.clone(), solutions: true, quiet_build: true, gpu: None }.run(&filters);
+            let only_tests_of = Some(build.iter().map(|p| p.exercise).collect());
+            let runner = Runner {
+                root: ws.root.clone(),
+                bodies: Bodies::Reference,
+                only_tests_of,
+                quiet_build: true,
+                gpu: None,
+            };
+            let run = runner.run(&filters);
             drop(planted);
             run
         });
@@ -461,7 +476,49 @@ fn planted_mistakes(ws: &Workspace, tally: &mut Tally) {
     }
 }
 
-/// Part 5: rustc's warnings reach the learner: nothing silences a lint in the
+/// Part 5: `depends` in info.toml is the truth: each exercise's tests pass
+/// with only its chain's reference bodies compiled in, every other exercise
+/// the shipped stub. A learner who leans on that chain can do the exercise,
+/// and the plants that share a build do not reach each other.
+fn dependencies_suffice(ws: &Workspace, tally: &mut Tally) {
+    tally.section("Each exercise needs only what its `depends` says (its chain's reference bodies, stubs elsewhere)");
+    for exercise in &ws.workbook.exercises {
+        let chain = ws.workbook.chain(exercise.number);
+        let bodies = Bodies::ReferenceOf(chain.iter().copied().chain([exercise.number]).collect());
+        let only_tests_of = Some(vec![exercise.number]);
+        let runner = Runner { root: ws.root.clone(), bodies, only_tests_of, quiet_build: true, gpu: None };
+        let filter = exercise.test_filter();
+        let run = match runner.run(std::slice::from_ref(&filter)) {
+            Ok(run) => run,
+            Err(error) => return tally.check(false, || format!("exercise {}: {error:#}", exercise.number)),
+        };
+        tally.check(run.finished && run.under(&filter).next().is_some(), || {
+            format!("exercise {}: the tests did not run to the end (`{}`)", exercise.number, runner.command_line())
+        });
+        for result in run.under(&filter) {
+            tally.check(result.outcome != Outcome::Failed, || {
+                let message = result.message.as_deref().unwrap_or("(no message)");
+                match unfinished_exercise(message).filter(|n| *n != exercise.number) {
+                    Some(called) => format!(
+                        "{} calls exercise {called}, which is not in exercise {}'s `depends` (nor in theirs): \
+                         add it in {}",
+                        result.name,
+                        exercise.number,
+                        metadata::INFO_FILE
+                    ),
+                    None => format!(
+                        "{} fails with only its chain {chain:?} compiled from the reference (`{}`):\n{}",
+                        result.name,
+                        runner.command_line(),
+                        indented(message, 6)
+                    ),
+                }
+            });
+        }
+    }
+}
+
+/// Part 6: rustc's warnings reach the learner: nothing silences a lint in the
 /// exercise wiring or files, and neither the stubs nor the references warn.
 fn no_warnings(ws: &Workspace, tally: &mut Tally) {
     tally.section("Warnings stay on (cargo build --lib, stubs and references)");
@@ -497,7 +554,7 @@ fn no_warnings(ws: &Workspace, tally: &mut Tally) {
     }
 }
 
-/// Part 6: every path of the workbook a chapter cites exists, and the guide
+/// Part 7: every path of the workbook a chapter cites exists, and the guide
 /// builds, when mdbook is installed.
 fn guide_builds(ws: &Workspace, tally: &mut Tally) {
     tally.section("Guide: cited paths exist, the book builds (mdbook build guide)");

@@ -1,6 +1,8 @@
-//! `watch`: re-grade the current exercise whenever a file under exercises/
-//! changes, and move on to the next one when it passes.
+//! `watch`: grade the exercise whose file was saved (or, for any other file
+//! under exercises/, the current one) whenever one changes, and move on to the
+//! next one when it passes.
 
+use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver};
 use std::time::Duration;
 
@@ -27,7 +29,7 @@ pub fn watch(ws: &Workspace) -> Result<bool> {
     let mut current = None;
     loop {
         match current {
-            None => match commands::next(ws) {
+            None => match commands::next(ws, commands::Start::First) {
                 Ok(Some(number)) => current = Some(number),
                 Ok(None) => return Ok(true),
                 Err(error) => eprintln!("{} {error:#}", red("error:")),
@@ -44,17 +46,37 @@ pub fn watch(ws: &Workspace) -> Result<bool> {
         }
         println!();
         println!("{}", dim("Watching exercises/ for changes; save a file to grade again, Ctrl-C to stop."));
-        wait_for_change(&changes)?;
+        let saved = wait_for_change(&changes)?;
+        if let Some(number) = saved.iter().find_map(|path| exercise_of(ws, path)) {
+            current = Some(number);
+        }
         render::clear_screen();
     }
 }
 
 /// Blocks until a Rust or TOML file is created, changed or removed, then
-/// until the burst of events it came with has passed.
-fn wait_for_change(changes: &Receiver<notify::Result<Event>>) -> Result<()> {
-    while !is_edit(&changes.recv().context("the file watcher stopped")?) {}
-    while changes.recv_timeout(DEBOUNCE).is_ok() {}
-    Ok(())
+/// until the burst of events it came with has passed; returns the files edited.
+fn wait_for_change(changes: &Receiver<notify::Result<Event>>) -> Result<Vec<PathBuf>> {
+    let mut edited = Vec::new();
+    loop {
+        let event = changes.recv().context("the file watcher stopped")?;
+        if is_edit(&event) {
+            edited.extend(event.into_iter().flat_map(|e| e.paths));
+            break;
+        }
+    }
+    while let Ok(event) = changes.recv_timeout(DEBOUNCE) {
+        if is_edit(&event) {
+            edited.extend(event.into_iter().flat_map(|e| e.paths));
+        }
+    }
+    Ok(edited)
+}
+
+/// The exercise whose file `path` is, unless it is leaned on (its checks would grade the reference).
+fn exercise_of(ws: &Workspace, path: &Path) -> Option<u32> {
+    let exercise = ws.workbook.exercises.iter().find(|e| path.ends_with(&e.file))?;
+    (!ws.leans_on(exercise.number)).then_some(exercise.number)
 }
 
 /// Reads (which the build itself causes) do not count; edits of source files do.

@@ -1,11 +1,13 @@
 //! The repository the tool works on: its root, its exercise list, and whether
 //! we grade the learner's code or the reference solutions.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
-use crate::grading::Runner;
+use crate::grading::{Bodies, Runner};
+use crate::lean;
 use crate::metadata::{Exercise, Workbook, INFO_FILE};
 use crate::stub;
 
@@ -14,6 +16,8 @@ pub struct Workspace {
     pub workbook: Workbook,
     /// `--solutions`: grade `solutions/` instead of `exercises/`.
     pub solutions: bool,
+    /// The exercises whose reference body is compiled in place of the learner's (`cargo xtask lean`).
+    pub leaned: BTreeSet<u32>,
 }
 
 impl Workspace {
@@ -21,7 +25,9 @@ impl Workspace {
     pub fn open(solutions: bool) -> Result<Self> {
         let root = find_root()?;
         let workbook = Workbook::load(&root)?;
-        Ok(Self { root, workbook, solutions })
+        let mut ws = Self { root, workbook, solutions, leaned: BTreeSet::new() };
+        ws.leaned = lean::leaned(&ws)?;
+        Ok(ws)
     }
 
     /// Reads a file given relative to the root.
@@ -31,7 +37,8 @@ impl Workspace {
 
     /// Runs the graded tests on the code this workspace grades.
     pub fn runner(&self) -> Runner {
-        Runner { root: self.root.clone(), solutions: self.solutions, quiet_build: false, gpu: None }
+        let bodies = if self.solutions { Bodies::Reference } else { Bodies::Learners };
+        Runner { root: self.root.clone(), bodies, only_tests_of: None, quiet_build: false, gpu: None }
     }
 
     /// Whether there is something to grade: always with `--solutions`,
@@ -45,6 +52,11 @@ impl Workspace {
         let source = self.read(&exercise.file)?;
         let shipped = stub::is_stub(&source, &exercise.fn_names(), &exercise.stub_line());
         Ok(!shipped.unwrap_or(false))
+    }
+
+    /// Whether the build compiles exercise `number`'s reference body in place of the learner's.
+    pub fn leans_on(&self, number: u32) -> bool {
+        self.leaned.contains(&number)
     }
 
     /// `exercises/phase1_model/ex05_causal_attention.rs:42`, pointing at the

@@ -1,0 +1,107 @@
+//! Chooses, per exercise, which body the crate compiles: the learner's file in
+//! `exercises/`, or the reference in `solutions/` for the exercises the learner
+//! leans on (`cargo xtask lean`, recorded in `exercises/lean.txt`).
+//!
+//! A build script, not RUSTFLAGS, so that the choice reaches plain `cargo test`
+//! and `cargo train`, and changing it rebuilds this crate alone, never candle.
+//! It sets `cfg(reference = "N")` for each exercise that compiles its reference
+//! body (read by `src/exercises.rs`) and writes `exercise_bodies.rs`: which exercises run the
+//! reference and which still hold their shipped `todo!`, so the trainer can say
+//! what a run needs before it starts.
+//!
+//! `WORKBOOK_LEAN`, when set, replaces the file (the workbook's own checks use
+//! it, so that a learner's choice never changes what they grade).
+//! `WORKBOOK_ONLY_TESTS_OF=5,7` compiles only those exercises' modules into
+//! the `graded` test binary (`cfg(tests_of = "5")`): the checks that
+//! rebuild it once per exercise link a fraction of it.
+
+use std::path::{Path, PathBuf};
+
+#[path = "lean_file.rs"]
+mod lean_file;
+
+use lean_file::{LEAN_FILE, LEAN_VARIABLE};
+
+const ONLY_TESTS_VARIABLE: &str = "WORKBOOK_ONLY_TESTS_OF";
+
+fn main() {
+    // The folder, not the file: a missing file would rebuild on every run, and
+    // every exercise edit must refresh the list of unfinished ones anyway.
+    println!("cargo::rerun-if-changed=exercises");
+    println!("cargo::rerun-if-env-changed={LEAN_VARIABLE}");
+    println!("cargo::rerun-if-env-changed={ONLY_TESTS_VARIABLE}");
+    println!("cargo::rustc-check-cfg=cfg(reference, values(any()))");
+    println!("cargo::rustc-check-cfg=cfg(only_some_tests)");
+    println!("cargo::rustc-check-cfg=cfg(tests_of, values(any()))");
+
+    let leaned = match std::env::var(LEAN_VARIABLE) {
+        Ok(list) => lean_file::parse(&list).unwrap_or_else(|bad| {
+            fail(&format!("{LEAN_VARIABLE}={list:?}: `{bad}` is not an exercise number or range"))
+        }),
+        Err(_) => lean_file::read(Path::new(".")).unwrap_or_else(|bad| {
+            fail(&format!(
+                "{LEAN_FILE}: `{bad}` is not an exercise number or range (like 6 or 1-15): fix the file, or \
+                 choose again with `cargo xtask lean`"
+            ))
+        }),
+    };
+    if let Ok(list) = std::env::var(ONLY_TESTS_VARIABLE) {
+        let numbers = lean_file::parse(&list)
+            .unwrap_or_else(|_| fail(&format!("{ONLY_TESTS_VARIABLE}={list:?} is not a list of exercise numbers")));
+        println!("cargo::rustc-cfg=only_some_tests");
+        for number in numbers {
+            println!("cargo::rustc-cfg=tests_of=\"{number}\"");
+        }
+    }
+
+    let exercises = exercise_files(Path::new("exercises"));
+    let all_reference = std::env::var_os("CARGO_FEATURE_SOLUTIONS").is_some();
+    let reference: Vec<u32> =
+        exercises.iter().map(|(n, _)| *n).filter(|n| all_reference || leaned.contains(n)).collect();
+    for number in &reference {
+        println!("cargo::rustc-cfg=reference=\"{number}\"");
+    }
+    let unfinished: Vec<u32> = exercises
+        .iter()
+        .filter(|(n, file)| !reference.contains(n) && holds_its_stub(*n, file))
+        .map(|(n, _)| *n)
+        .collect();
+
+    let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let text = format!(
+        "/// The exercises compiled from their reference body in `solutions/`: all of\n\
+         /// them with `--features solutions`, otherwise those leaned on (`cargo xtask lean`).\n\
+         pub const REFERENCE: &[u32] = &{reference:?};\n\
+         /// The exercises compiled from `exercises/` whose file still holds its\n\
+         /// shipped `todo!`: calling them panics.\n\
+         pub const UNFINISHED: &[u32] = &{unfinished:?};\n"
+    );
+    std::fs::write(out.join("exercise_bodies.rs"), text).expect("cannot write to OUT_DIR");
+}
+
+fn fail(problem: &str) -> ! {
+    eprintln!("{problem}");
+    std::process::exit(1);
+}
+
+/// `exercises/phase*/exNN_*.rs`, by number.
+fn exercise_files(dir: &Path) -> Vec<(u32, PathBuf)> {
+    let mut files = Vec::new();
+    let phases = std::fs::read_dir(dir).into_iter().flatten().flatten().filter(|e| e.path().is_dir());
+    for phase in phases {
+        for file in std::fs::read_dir(phase.path()).into_iter().flatten().flatten() {
+            let name = file.file_name().to_string_lossy().into_owned();
+            let number = name.strip_prefix("ex").and_then(|rest| rest.get(..2)).and_then(|n| n.parse().ok());
+            if let (Some(number), true) = (number, name.ends_with(".rs")) {
+                files.push((number, file.path()));
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+/// Whether exercise `number`'s shipped `todo!` line is still in its file.
+fn holds_its_stub(number: u32, file: &Path) -> bool {
+    std::fs::read_to_string(file).is_ok_and(|text| text.contains(&format!("todo!(\"Exercise {number}:")))
+}
