@@ -11,6 +11,7 @@ pub mod generate;
 pub mod launching;
 pub mod metrics;
 pub mod model_dir;
+pub mod needs;
 pub mod run;
 pub mod strategy;
 

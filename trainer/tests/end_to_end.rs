@@ -55,6 +55,26 @@ fn options(out_dir: PathBuf, max_steps: usize, nproc: usize) -> RunOptions {
     }
 }
 
+/// What `cargo train` checks is finished before it starts follows the flags:
+/// the strategy's own exercises, and no other's.
+#[test]
+fn a_run_calls_the_exercises_its_flags_choose() {
+    let called = |options: &RunOptions| trainer::needs::exercises_called(options).into_keys().collect::<Vec<_>>();
+    let mut ddp = options(PathBuf::from("unused"), 1, 2);
+    assert_eq!(called(&ddp), [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
+    ddp.own_ring = true;
+    ddp.powersgd_rank = Some(2);
+    ddp.ddp_overlap = true;
+    ddp.init_from = Some(PathBuf::from("weights"));
+    assert_eq!(called(&ddp), [1, 2, 3, 4, 5, 7, 8, 9, 11, 16, 18, 19]);
+    let mut fsdp = options(PathBuf::from("unused"), 1, 2);
+    fsdp.strategy = Strategy::Fsdp(FsdpConfig { sharding: ShardingStrategy::FullShard, precision: Precision::Fp32 });
+    assert_eq!(called(&fsdp), [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 14, 15]);
+    let mut pipeline = options(PathBuf::from("unused"), 1, 2);
+    pipeline.strategy = Strategy::Pipeline(PipelineSchedule::OneFOneB);
+    assert_eq!(called(&pipeline), [1, 2, 3, 4, 5, 6, 7, 8, 9, 24]);
+}
+
 #[test]
 fn loss_falls_on_the_bundled_stories_and_resume_continues() {
     let dir = scratch("loss-falls");

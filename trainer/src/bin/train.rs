@@ -239,6 +239,10 @@ fn run(args: Args) -> anyhow::Result<()> {
         log_every: args.log_every.max(1),
         timeout: args.launch.config().timeout(),
     };
+    trainer::needs::check_finished(&options)?;
+    if let Some(note) = trainer::needs::lean_note().filter(|_| is_logger || starts_ranks) {
+        println!("{note}");
+    }
     if starts_ranks {
         // Tokenise once here, not in every rank at the same time.
         for world_size in args.launch.world_sizes() {

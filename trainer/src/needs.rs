@@ -1,0 +1,121 @@
+//! The exercises a run calls, checked before it starts: an unfinished one
+//! would otherwise panic at its `todo!()` in the middle of the run (the first
+//! checkpoint save, twenty steps in), on every rank.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use anyhow::{bail, Result};
+use workbook::exercise_bodies::{REFERENCE, UNFINISHED};
+
+use workbook::parallel::pipeline::PipelineSchedule;
+
+use crate::run::RunOptions;
+use crate::strategy::Strategy;
+
+/// The list's format, shared with the build script that reads it.
+#[path = "../../build/lean_file.rs"]
+mod lean_file;
+
+/// Each exercise the run calls, with why.
+pub fn exercises_called(options: &RunOptions) -> BTreeMap<u32, &'static str> {
+    let mut called = BTreeMap::new();
+    for number in [1, 2, 3, 4, 5, 7] {
+        called.insert(number, "the model's forward pass");
+    }
+    if options.init_from.is_none() {
+        called.insert(6, "the weights' initialisation");
+    }
+    called.insert(8, "AdamW's parameter groups");
+    called.insert(9, "the learning-rate schedule");
+    match options.strategy {
+        Strategy::Ddp => {
+            match options.ddp_overlap {
+                true => called.insert(19, "--ddp-overlap"),
+                false => called.insert(10, "the train step"),
+            };
+            called.insert(11, "the checkpoint every run saves");
+            if options.powersgd_rank.is_some() {
+                called.insert(18, "--powersgd-rank");
+            }
+        }
+        Strategy::Fsdp(_) => {
+            called.insert(12, "--strategy fsdp");
+            called.insert(13, "--strategy fsdp");
+            called.insert(14, "--strategy fsdp");
+            called.insert(15, "the checkpoint every run saves");
+        }
+        Strategy::Pipeline(PipelineSchedule::GPipe) => {
+            called.insert(21, "--pipeline-schedule gpipe");
+        }
+        Strategy::Pipeline(PipelineSchedule::OneFOneB) => {
+            called.insert(24, "--pipeline-schedule 1f1b");
+        }
+    }
+    if options.own_ring {
+        called.insert(16, "--allreduce ring");
+    }
+    called
+}
+
+/// Refuses a run that would reach an unfinished exercise, naming each one
+/// and the two ways on.
+pub fn check_finished(options: &RunOptions) -> Result<()> {
+    match unfinished_called(&exercises_called(options), UNFINISHED) {
+        Some(problem) => bail!("{problem}"),
+        None => Ok(()),
+    }
+}
+
+/// What to say when some of `called` are `unfinished`: the missing exercises
+/// by what calls them, and the `lean` command that skips them.
+fn unfinished_called(called: &BTreeMap<u32, &str>, unfinished: &[u32]) -> Option<String> {
+    let missing: BTreeMap<u32, &str> =
+        called.iter().filter(|(number, _)| unfinished.contains(number)).map(|(n, why)| (*n, *why)).collect();
+    if missing.is_empty() {
+        return None;
+    }
+    let mut by_reason: Vec<(&str, BTreeSet<u32>)> = Vec::new();
+    for (&number, &why) in &missing {
+        match by_reason.iter_mut().find(|(reason, _)| *reason == why) {
+            Some((_, numbers)) => {
+                numbers.insert(number);
+            }
+            None => by_reason.push((why, [number].into())),
+        }
+    }
+    let lines: Vec<String> =
+        by_reason.iter().map(|(why, numbers)| format!("  {} ({why})", lean_file::ranges(numbers))).collect();
+    Some(format!(
+        "this run calls exercises whose `todo!()` is still there:\n{}\nfinish them (`cargo xtask next`), or run \
+         their reference bodies in their place: `cargo xtask lean {}`",
+        lines.join("\n"),
+        lean_file::ranges(&missing.into_keys().collect()).replace(' ', "")
+    ))
+}
+
+/// The one line that says which exercises run their reference body, when
+/// the learner leans on some (`None` with all of them: `--features solutions`).
+pub fn lean_note() -> Option<String> {
+    (!REFERENCE.is_empty() && !cfg!(feature = "solutions")).then(|| {
+        format!(
+            "exercises {} run their reference bodies (`cargo xtask lean`); your code everywhere else",
+            lean_file::ranges(&REFERENCE.iter().copied().collect())
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unfinished_exercise_is_named_with_what_calls_it() {
+        let called: BTreeMap<u32, &str> =
+            [(1, "the forward pass"), (2, "the forward pass"), (3, "the forward pass"), (16, "--allreduce ring")]
+                .into();
+        let problem = unfinished_called(&called, &[1, 2, 16, 20]).expect("refused");
+        assert!(problem.contains("  1-2 (the forward pass)\n  16 (--allreduce ring)"), "{problem}");
+        assert!(problem.ends_with("`cargo xtask lean 1-2,16`"), "{problem}");
+        assert_eq!(unfinished_called(&called, &[20]), None, "20 is not called");
+    }
+}
