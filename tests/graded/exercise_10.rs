@@ -128,19 +128,28 @@ fn accumulating_micro_batches_equals_one_large_batch() {
         let (a, b) = (micro_batch(&f, s, 0), micro_batch(&f, s, 1));
         let small = step(&mut accumulated, &[a.clone(), b.clone()]);
         let big = step(&mut large, &[Tensor::cat(&[&a, &b], 0).unwrap()]);
-        assert!(
-            close(small.grad_norm, big.grad_norm, 1e-4),
-            "step {s}: 2 micro-batches give gradient norm {:.6}, one batch of both gives {:.6}: {}",
+        // Two micro-batches: each mistake scales by exactly 2 or 1/2.
+        let scaled =
+            |got: f64, want: f64, by: f64, id: &'static str| close(got, want * by, 1e-4).then(|| mistake(10, id));
+        let norm_cause = scaled(small.grad_norm, big.grad_norm, 2.0, "not_divided").or(scaled(
             small.grad_norm,
             big.grad_norm,
-            mistake(10, "not_divided")
+            0.5,
+            "divided_twice",
+        ));
+        assert!(
+            close(small.grad_norm, big.grad_norm, 1e-4),
+            "step {s}: 2 micro-batches give gradient norm {:.6}, one batch of both gives {:.6}.{}",
+            small.grad_norm,
+            big.grad_norm,
+            cause(norm_cause)
         );
         assert!(
             close(small.loss, big.loss, 1e-4),
-            "step {s}: loss {:.6} vs {:.6}: {}",
+            "step {s}: 2 micro-batches report loss {:.6}, one batch of both {:.6}.{}",
             small.loss,
             big.loss,
-            mistake(10, "losses_summed")
+            cause(scaled(small.loss, big.loss, 2.0, "losses_summed"))
         );
     }
     for (name, var) in accumulated.params.iter() {
@@ -179,15 +188,32 @@ fn two_ranks_equal_one_process_on_the_union_of_their_data() {
         }),
         "two ranks training",
     );
+    // Step 0 starts from the same weights everywhere: a rank that took the
+    // norm of its own gradients reports what one process on its rows alone does.
+    let own_rows_norm = |rank: usize| {
+        let mut alone = trainer(&f, Ddp::single());
+        let mine: Vec<Tensor> = (0..2).map(|j| micro_batch(&f, 0, j).narrow(0, rank, 1).unwrap()).collect();
+        step(&mut alone, &mine).grad_norm
+    };
+    let ranks_agree = per_rank[0].1.iter().all(|(name, var)| {
+        let other = per_rank[1].1.get(name).unwrap();
+        (var.as_tensor() - other.as_tensor()).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap()
+            == 0.0
+    });
     for (rank, (stats, params)) in per_rank.iter().enumerate() {
         for s in 0..2 {
+            let own_norm = s == 0 && close(stats[s].grad_norm, own_rows_norm(rank), 1e-4);
+            let established = match (own_norm, ranks_agree) {
+                (true, true) => Some(mistake(10, "clip_before_sync")),
+                (true, false) => Some(mistake(10, "never_synced")),
+                (false, _) => None,
+            };
             assert!(
                 close(stats[s].grad_norm, want[s].grad_norm, 1e-4),
-                "rank {rank}, step {s}: gradient norm {:.6}, one process on both ranks' data gives {:.6}: average the \
-                 gradients across ranks (self.ddp.sync_gradients) before the norm and the clipping; a typical slip: {}",
+                "rank {rank}, step {s}: gradient norm {:.6}, one process on both ranks' data gives {:.6}.{}",
                 stats[s].grad_norm,
                 want[s].grad_norm,
-                mistake(10, "clip_before_sync")
+                cause(established)
             );
         }
         for (name, var) in params.iter() {

@@ -112,6 +112,8 @@ struct RankRun {
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 struct Step {
+    /// How many units were whole when `fsdp_forward` returned, and when `fsdp_backward` did.
+    whole_after: (usize, usize),
     output: Vec<f32>,
     /// Whether the output, and each kept input, carry a graph.
     graphs: Vec<bool>,
@@ -123,10 +125,13 @@ fn rank_run(pg: &dyn ProcessGroup) -> candle_core::Result<RankRun> {
     let (x, grad_output) = batch(pg.rank());
     let mut units = BlockUnit::shard_blocks(&config(), &params(), pg.rank(), pg.world_size())?;
     let before = pg.stats();
+    let whole = |units: &[BlockUnit]| units.iter().filter(|unit| unit.whole().is_some()).count();
     let step = fsdp_forward(pg, &mut units, &x).and_then(|forward| {
         let graphs = std::iter::once(&forward.output).chain(&forward.inputs).map(Tensor::track_op).collect();
+        let whole_after_forward = whole(&units);
         let grad_input = fsdp_backward(pg, &mut units, &forward.inputs, &grad_output)?;
         Ok(Step {
+            whole_after: (whole_after_forward, whole(&units)),
             output: values(&forward.output),
             graphs,
             unit_grads: units.iter().map(|u| u.grad().map(values)).collect(),
@@ -211,22 +216,27 @@ fn each_unit_is_gathered_twice_and_reduce_scattered_once(#[values(2, 3)] world: 
 #[rstest]
 fn only_one_unit_is_whole_at_a_time(#[values(2, 3)] world: usize) {
     let runs = run(world);
-    steps(&runs);
-    for (rank, run) in runs.iter().enumerate() {
+    let steps = steps(&runs);
+    for (rank, (run, step)) in runs.iter().zip(&steps).enumerate() {
         let at_once = run.peak_gathered as f64 / run.unit_bytes as f64;
-        let all_kept = run.peak_gathered == UNITS as u64 * run.unit_bytes;
         let gathered_twice = run.collectives.0 == 2 * UNITS as u64;
+        // What the units held when each half returned singles out the half that kept them.
+        let established = match step.whole_after {
+            (0, 0) => None,
+            (0, _) => Some(mistake(22, "kept_after_backward")),
+            (_, _) if gathered_twice => Some(mistake(22, "never_resharded")),
+            (_, _) => Some(mistake(22, "no_second_gather")),
+        };
         assert!(
             run.peak_gathered == run.unit_bytes,
             "rank {rank} of {world}: its units held {} bytes whole at once ({at_once:.1} units of {} bytes); FSDP holds \
-             one unit whole at a time, on top of 1/{world} of each{}",
+             one unit whole at a time, on top of 1/{world} of each; {} of {UNITS} units were whole when fsdp_forward \
+             returned, {} when fsdp_backward did{}",
             run.peak_gathered,
             run.unit_bytes,
-            cause(match (all_kept, gathered_twice) {
-                (true, true) => Some(mistake(22, "never_resharded")),
-                (true, false) => Some(mistake(22, "no_second_gather")),
-                _ => None,
-            })
+            step.whole_after.0,
+            step.whole_after.1,
+            cause(established)
         );
     }
 }
