@@ -197,13 +197,19 @@ impl AdamW {
     /// Restores the step count and the moments written by [`AdamW::state_tensors`].
     pub fn load_state(&mut self, steps: u64, tensors: &HashMap<String, Tensor>, params: &ParamStore) -> Result<()> {
         let mut moments = HashMap::new();
+        let needed = 2 * self.groups.iter().map(|g| g.names.len()).sum::<usize>();
         for name in self.groups.iter().flat_map(|g| &g.names) {
             let param = params.get(name)?;
             let shape = param.shape().clone();
             let read = |kind: &str| -> Result<Tensor> {
                 let key = format!("{kind}.{name}");
                 let Some(t) = tensors.get(&key) else {
-                    bail!("optimizer state has no `{key}`: the checkpoint does not belong to this model");
+                    // Not saved, or saved for another model: the count is what is known.
+                    bail!(
+                        "optimizer state has no `{key}`: it holds {} tensors, and this model's AdamW needs {needed} \
+                         (`exp_avg` and `exp_avg_sq` of every parameter)",
+                        tensors.len()
+                    );
                 };
                 if t.shape() != &shape {
                     bail!("optimizer state `{key}` has shape {:?}, the parameter has {:?}", t.shape(), shape);

@@ -13,7 +13,7 @@ use workbook::parallel::fsdp::{FsdpConfig, FsdpTrainer, Precision, ShardingStrat
 use workbook::train::{Checkpoint, Trainer};
 
 use crate::fsdp_runs::{fsdp_step, fsdp_trainer, gather_params, model_config, single_process_trainer, train_config};
-use crate::support::{bit_equal, cause, explain_error, mistake, ok, scratch_dir};
+use crate::support::{bit_equal, cause, explain_error, mistake, number, ok, scratch_dir, values};
 
 const FULL: FsdpConfig = FsdpConfig { sharding: ShardingStrategy::FullShard, precision: Precision::Fp32 };
 
@@ -126,11 +126,22 @@ fn two_ranks_save_the_gathered_whole(
             want.dims(),
             cause(a_shard.then(|| mistake(15, "local_shard_saved")))
         );
-        assert!(
-            bit_equal(got, want),
-            "`{name}` is not the gathered whole of the ranks' shards: {}",
-            mistake(15, "local_shard_saved")
-        );
+        // Whole-sized but other numbers. Right where one shard lies and zero
+        // elsewhere is a lone shard padded out; anything else (shards in
+        // another order, another step's values) is said by where it differs.
+        if !bit_equal(got, want) {
+            let (got_values, want_values) = (values(got), values(want));
+            let at = got_values.iter().zip(&want_values).position(|(g, w)| g.to_bits() != w.to_bits()).unwrap_or(0);
+            let padded_shard =
+                got_values.iter().zip(&want_values).all(|(g, w)| g.to_bits() == w.to_bits() || *g == 0.0);
+            panic!(
+                "{sharding}: `{name}` has the whole's shape but not the gathered whole of the ranks' shards: flat \
+                 element {at} is {}, the gathered whole holds {} there (the ranks' shards, in rank order).{}",
+                number(got_values[at] as f64),
+                number(want_values[at] as f64),
+                cause(padded_shard.then(|| mistake(15, "local_shard_saved")))
+            );
+        }
     }
 }
 

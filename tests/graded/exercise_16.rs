@@ -1,14 +1,18 @@
 //! Exercise 16: ring all-reduce from send and recv. The expected result is
 //! the sum of every rank's tensor, added here in f64 with no collective at
-//! all. A wrong result is compared with what each typical mistake produces,
-//! computed by running that mistake's ring on plain numbers (`ring`), and
-//! named only when it matches.
+//! all. Each rank's sends and receives are recorded on the way; a typical
+//! mistake is named only when that record shows it (a rank that passes on
+//! what it received without adding to it, a receive from a rank that never
+//! sends to it), otherwise the first wrong element is reported.
 
+use std::sync::Mutex;
 use std::time::Duration;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device, Result, Tensor};
 use rstest::rstest;
-use workbook::distributed::{chunk_ranges, spawn_with_timeout, Collective, ProcessGroup};
+use workbook::distributed::{
+    chunk_ranges, spawn_with_timeout, Collective, CommStats, ProcessGroup, Properties, ReduceOp,
+};
 use workbook::phase4_under_the_hood::ring_all_reduce;
 
 use crate::process_ranks::on_processes;
@@ -28,47 +32,67 @@ fn expected(world: usize, len: usize) -> Vec<f32> {
     (0..len).map(|i| (0..world).map(|r| input(r, len)[i] as f64).sum::<f64>() as f32).collect()
 }
 
-/// The typical mistakes this test can recognise from the numbers alone.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Ring {
-    Textbook,
-    ReduceScatterOnly,
-    ReceivedNotAdded,
-    ChunkIndexOffByOne,
+/// What one rank did on the wire, in order.
+#[derive(Debug, Default)]
+struct Trace {
+    /// Each send's values.
+    sent: Vec<Vec<f32>>,
+    /// Each send's destination.
+    sent_to: Vec<usize>,
+    /// Each receive's source, recorded as it starts: one that never ends is there too.
+    waited_on: Vec<usize>,
+    /// Each receive's values, once it ended.
+    received: Vec<Vec<f32>>,
 }
 
-/// What every rank ends with when all of them run `ring` on their `input`:
-/// the algorithm on plain numbers, one step at a time, all ranks together.
-fn ring(kind: Ring, world: usize, len: usize) -> Vec<Vec<f32>> {
-    let ranges = chunk_ranges(len, world);
-    let mut chunks: Vec<Vec<Vec<f32>>> =
-        (0..world).map(|r| ranges.iter().map(|c| input(r, len)[c.clone()].to_vec()).collect()).collect();
-    let n = world;
-    for s in 0..n - 1 {
-        let recv_index = |r: usize| (r + 2 * n - s - 1) % n;
-        let send_index = |r: usize| if kind == Ring::ChunkIndexOffByOne { recv_index(r) } else { (r + n - s) % n };
-        let sent: Vec<Vec<f32>> = (0..n).map(|r| chunks[r][send_index(r)].clone()).collect();
-        for (r, rank_chunks) in chunks.iter_mut().enumerate() {
-            let incoming = &sent[(r + n - 1) % n];
-            let own = &mut rank_chunks[recv_index(r)];
-            if incoming.len() != own.len() {
-                return vec![vec![f32::NAN; len]; n]; // a shape error in the real thing
-            }
-            match kind {
-                Ring::ReceivedNotAdded => own.clone_from(incoming),
-                _ => own.iter_mut().zip(incoming).for_each(|(o, i)| *o += i),
-            }
-        }
+/// `inner` as it is, with every send and receive written into `trace`.
+struct Recorded<'a, P> {
+    inner: P,
+    trace: &'a Mutex<Trace>,
+}
+
+impl<P: ProcessGroup> ProcessGroup for Recorded<'_, P> {
+    fn rank(&self) -> usize {
+        self.inner.rank()
     }
-    if kind != Ring::ReduceScatterOnly {
-        for s in 0..n - 1 {
-            let sent: Vec<Vec<f32>> = (0..n).map(|r| chunks[r][(r + 1 + n - s) % n].clone()).collect();
-            for (r, rank_chunks) in chunks.iter_mut().enumerate() {
-                rank_chunks[(r + n - s) % n].clone_from(&sent[(r + n - 1) % n]);
-            }
-        }
+    fn world_size(&self) -> usize {
+        self.inner.world_size()
     }
-    chunks.into_iter().map(|c| c.concat()).collect()
+    fn properties(&self) -> Properties {
+        self.inner.properties()
+    }
+    fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
+        self.inner.all_reduce(t, op)
+    }
+    fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor> {
+        self.inner.broadcast(t, root)
+    }
+    fn all_gather(&self, t: &Tensor) -> Result<Tensor> {
+        self.inner.all_gather(t)
+    }
+    fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
+        self.inner.reduce_scatter(t, op)
+    }
+    fn send(&self, t: &Tensor, dst: usize) -> Result<()> {
+        let values = t.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?;
+        let mut trace = self.trace.lock().unwrap();
+        trace.sent.push(values);
+        trace.sent_to.push(dst);
+        drop(trace);
+        self.inner.send(t, dst)
+    }
+    fn recv(&self, like: &Tensor, src: usize) -> Result<Tensor> {
+        self.trace.lock().unwrap().waited_on.push(src);
+        let got = self.inner.recv(like, src)?;
+        self.trace.lock().unwrap().received.push(got.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?);
+        Ok(got)
+    }
+    fn barrier(&self) -> Result<()> {
+        self.inner.barrier()
+    }
+    fn stats(&self) -> CommStats {
+        self.inner.stats()
+    }
 }
 
 /// Whether `got` equals `want` within f32 rounding of a sum in another order.
@@ -77,41 +101,74 @@ fn close(got: &[f32], want: &[f32]) -> bool {
 }
 
 /// Runs the learner's ring on `world` thread ranks, each on its `input` of
-/// `len` elements shaped `shape`; each rank's result as numbers, or the error.
-fn run(world: usize, len: usize, shape: &[usize]) -> Result<Vec<Vec<f32>>, String> {
+/// `len` elements shaped `shape`: each rank's result as numbers (or the
+/// error), and what each rank sent and received.
+fn run(world: usize, len: usize, shape: &[usize]) -> (std::result::Result<Vec<Vec<f32>>, String>, Vec<Trace>) {
+    let traces: Vec<Mutex<Trace>> = (0..world).map(|_| Mutex::default()).collect();
     let results = spawn_with_timeout(world, TIMEOUT, |pg| {
         let t = Tensor::from_vec(input(pg.rank(), len), shape, &Device::Cpu)?;
-        let out = ring_all_reduce(&pg, &t)?;
+        let recorded = Recorded { trace: &traces[pg.rank()], inner: pg };
+        let out = ring_all_reduce(&recorded, &t)?;
         if out.dims() != shape {
             candle_core::bail!("the result has shape {:?}, the input {shape:?}: keep the input's shape", out.dims());
         }
         out.flatten_all()?.to_vec1::<f32>()
     });
-    results.map_err(|e| e.to_string())
+    (results.map_err(|e| e.to_string()), traces.into_iter().map(|t| t.into_inner().unwrap()).collect())
 }
 
-/// Why a run that failed with `error` failed, when the error shows it.
-fn diagnose_error(error: &str, world: usize, len: usize) -> Option<&'static str> {
-    if error.contains("recv(src") && error.contains("timed out") {
+/// A typical mistake the record of sends and receives shows, if one does;
+/// `finished`: the ranks returned (with wrong numbers) rather than failing.
+fn diagnose(traces: &[Trace], world: usize, len: usize, finished: bool) -> Option<&'static str> {
+    // A rank waited for one that never sent to it.
+    let sends_to = |src: usize, dst: usize| traces.get(src).is_some_and(|t| t.sent_to.contains(&dst));
+    if traces.iter().enumerate().any(|(rank, t)| t.waited_on.iter().any(|&src| !sends_to(src, rank))) {
         return Some(mistake(16, "wrong_neighbour"));
     }
-    // Fails only where the length does not divide: the chunking drops the rest.
-    let divides_fine = !len.is_multiple_of(world)
-        && run(world, world * 3, &[world * 3])
-            .is_ok_and(|got| got.iter().all(|rank| close(rank, &expected(world, world * 3))));
-    divides_fine.then(|| mistake(16, "remainder_dropped"))
-}
-
-/// Which typical mistake gives exactly `got`, if one does.
-fn diagnose(got: &[Vec<f32>], world: usize, len: usize) -> Option<&'static str> {
-    [
-        (Ring::ReduceScatterOnly, "reduce_scatter_only"),
-        (Ring::ReceivedNotAdded, "received_not_added"),
-        (Ring::ChunkIndexOffByOne, "chunk_index_off_by_one"),
-    ]
-    .into_iter()
-    .find(|(kind, _)| ring(*kind, world, len).iter().zip(got).all(|(want, got)| close(got, want)))
-    .map(|(_, id)| mistake(16, id))
+    // Every message a whole len / N when N does not divide len: the rest was cut off.
+    let cut = len / world;
+    if !len.is_multiple_of(world) && traces.iter().all(|t| !t.sent.is_empty() && t.sent.iter().all(|v| v.len() == cut))
+    {
+        return Some(mistake(16, "remainder_dropped"));
+    }
+    let chunks = chunk_ranges(len, world);
+    // With one-number chunks a value could match another by chance.
+    if world < 2 || chunks.iter().any(|c| c.len() < 2) {
+        return None;
+    }
+    // After its first receive, a rank passes on a chunk it added that arrival to.
+    let second_send_is = |is: &dyn Fn(usize, &Trace, &[f32]) -> bool| {
+        traces.iter().enumerate().all(|(rank, t)| t.sent.get(1).is_some_and(|v| is(rank, t, v)))
+    };
+    if second_send_is(&|_, t, v| t.received.first().is_some_and(|arrived| close(v, arrived))) {
+        return Some(mistake(16, "received_not_added"));
+    }
+    let own_chunk = |rank: usize, v: &[f32]| chunks.iter().any(|c| close(v, &input(rank, len)[c.clone()]));
+    if world >= 3 && second_send_is(&|rank, _, v| own_chunk(rank, v)) {
+        return Some(mistake(16, "chunk_index_off_by_one"));
+    }
+    if finished && traces.iter().all(|t| t.sent.len() == world - 1) {
+        return Some(mistake(16, "reduce_scatter_only"));
+    }
+    // Through the reduce-scatter each send after a receive is one of the rank's
+    // own chunks plus that arrival; the all-gather starts from the chunk the
+    // last arrival finished. A rank that adds right but then sends another
+    // chunk passes on one that is not finished.
+    let adds_arrival = |rank: usize, t: &Trace, s: usize| match (t.sent.get(s), t.received.get(s - 1)) {
+        (Some(sent), Some(arrived)) => chunks.iter().any(|c| {
+            let own = &input(rank, len)[c.clone()];
+            own.len() == sent.len()
+                && own.len() == arrived.len()
+                && close(sent, &own.iter().zip(arrived).map(|(o, a)| o + a).collect::<Vec<f32>>())
+        }),
+        _ => false,
+    };
+    let scatter_adds = traces.iter().enumerate().all(|(rank, t)| (1..world - 1).all(|s| adds_arrival(rank, t, s)));
+    let gathers_another = traces.iter().enumerate().all(|(rank, t)| !adds_arrival(rank, t, world - 1));
+    if scatter_adds && gathers_another && traces.iter().all(|t| t.sent.len() >= world) {
+        return Some(mistake(16, "gather_not_reduced"));
+    }
+    None
 }
 
 /// 12 elements divide by 1–4; 10 do not divide by 3 or 4, so chunks differ
@@ -123,13 +180,12 @@ fn every_rank_gets_the_sum_of_every_ranks_tensor(
 ) {
     let len: usize = shape.iter().product();
     let want = expected(world, len);
-    // The mistakes' rings below are only as good as this one.
-    assert!(ring(Ring::Textbook, world, len).iter().all(|r| close(r, &want)), "the test's own ring is wrong");
-    let got = match run(world, len, shape) {
+    let (got, traces) = run(world, len, shape);
+    let got = match got {
         Ok(got) => got,
         Err(e) => panic!(
             "ring_all_reduce on {world} ranks, a tensor of shape {shape:?}, failed: {e}{}",
-            cause(diagnose_error(&e, world, len))
+            cause(diagnose(&traces, world, len, false))
         ),
     };
     for (rank, values) in got.iter().enumerate() {
@@ -143,7 +199,7 @@ fn every_rank_gets_the_sum_of_every_ranks_tensor(
              expected {} (the sum over the ranks){}",
             number(values[first] as f64),
             number(want[first] as f64),
-            cause(diagnose(&got, world, len))
+            cause(diagnose(&traces, world, len, true))
         );
     }
 }

@@ -216,7 +216,7 @@ pub fn explain_error(e: &candle_core::Error) -> String {
     format!("{}{meaning}", message.join("\n  "))
 }
 
-fn values(t: &Tensor) -> Vec<f32> {
+pub fn values(t: &Tensor) -> Vec<f32> {
     t.to_dtype(DType::F32).and_then(|t| t.flatten_all()).and_then(|t| t.to_vec1::<f32>()).expect("tensor to f32 values")
 }
 
