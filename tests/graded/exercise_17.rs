@@ -77,6 +77,8 @@ fn expected(kind: Adam, world: usize, len: usize) -> Vec<f64> {
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 struct RankRun {
     params: Vec<f32>,
+    /// The first moment after the first step: (1 − β₁) times the reduced gradient shard.
+    first_exp_avg: Option<Vec<f32>>,
     state_elements: usize,
     last_step: [u64; 3],
 }
@@ -87,6 +89,7 @@ fn train(pg: &dyn ProcessGroup, len: usize) -> candle_core::Result<RankRun> {
     let as_tensor = |v: Vec<f64>| Tensor::from_vec(v.iter().map(|&x| x as f32).collect::<Vec<_>>(), len, &Device::Cpu);
     let mut params = as_tensor(initial_params(len))?;
     let mut last_step = [0; 3];
+    let mut first_exp_avg = None;
     for step in 0..STEPS {
         let before = pg.stats();
         params = optimizer.step(pg, &params, &as_tensor(grad(pg.rank(), step, len))?, LR)?;
@@ -99,10 +102,14 @@ fn train(pg: &dyn ProcessGroup, len: usize) -> candle_core::Result<RankRun> {
                 cause(padded)
             );
         }
+        if step == 0 {
+            first_exp_avg = optimizer.exp_avg().map(|m| m.flatten_all()?.to_vec1()).transpose()?;
+        }
         let used = pg.stats().since(&before);
         last_step = [Collective::ReduceScatter, Collective::AllGather, Collective::AllReduce].map(|c| used.calls(c));
     }
-    Ok(RankRun { params: params.flatten_all()?.to_vec1()?, state_elements: optimizer.state_elements(), last_step })
+    let params = params.flatten_all()?.to_vec1()?;
+    Ok(RankRun { params, first_exp_avg, state_elements: optimizer.state_elements(), last_step })
 }
 
 fn run(world: usize, len: usize) -> Vec<RankRun> {
@@ -166,6 +173,37 @@ fn each_rank_keeps_the_moments_of_its_shard_only(#[values(2, 3, 4)] world: usize
             got.state_elements,
             2 * shard,
             cause(whole)
+        );
+    }
+}
+
+/// Adam's update is blind to a gradient's scale, its moments are not: the
+/// first moment after one step is (1 − β₁) times the reduced gradient shard.
+#[rstest]
+fn the_first_moment_holds_the_average_gradient_shard(#[values(2, 3)] world: usize) {
+    let len: usize = 10;
+    let shard = len.div_ceil(world);
+    let mean: Vec<f64> = (0..shard * world)
+        .map(|i| if i < len { (0..world).map(|r| grad(r, 0, len)[i]).sum::<f64>() / world as f64 } else { 0.0 })
+        .collect();
+    for (rank, got) in run(world, len).iter().enumerate() {
+        let Some(exp_avg) = &got.first_exp_avg else {
+            panic!("rank {rank} of {world} holds no moments after its first step: keep them in self.moments");
+        };
+        let want: Vec<f64> = mean[rank * shard..(rank + 1) * shard].iter().map(|g| (1.0 - CONFIG.beta1) * g).collect();
+        if close(exp_avg, &want) {
+            continue;
+        }
+        let scaled: Vec<f64> = want.iter().map(|w| w * world as f64).collect();
+        let summed = close(exp_avg, &scaled).then(|| mistake(17, "gradient_summed"));
+        let detail = match exp_avg.iter().zip(&want).position(|(&g, &w)| !close(&[g], &[w])) {
+            Some(i) => format!("element {i} is {}, expected {}", number(exp_avg[i] as f64), number(want[i])),
+            None => format!("it has {} elements, expected {shard}", exp_avg.len()),
+        };
+        panic!(
+            "rank {rank} of {world}: the first moment after one step is not (1 − β₁) times its shard of the \
+             average gradient: {detail}{}",
+            cause(summed)
         );
     }
 }

@@ -159,10 +159,24 @@ fn run(grads: &[Vec<Matrix>]) -> Vec<RankRun> {
 }
 
 fn close(got: &[Vec<f32>], want: &Matrix) -> bool {
-    got.len() == want.len()
-        && got.iter().zip(want).all(|(g, w)| {
-            g.len() == w.len() && g.iter().zip(w).all(|(&g, &w)| (g as f64 - w).abs() <= 1e-4 + 1e-4 * w.abs())
-        })
+    first_difference(got, want).is_none()
+}
+
+/// Where `got` first leaves `want`: `element [i, j] is x, expected y`, or the shapes.
+fn first_difference(got: &[Vec<f32>], want: &Matrix) -> Option<String> {
+    let shape = |rows: usize, cols: Option<usize>| format!("({rows}, {})", cols.unwrap_or(0));
+    if got.len() != want.len() || got.iter().zip(want).any(|(g, w)| g.len() != w.len()) {
+        return Some(format!(
+            "it is {}, expected {}",
+            shape(got.len(), got.first().map(Vec::len)),
+            shape(want.len(), want.first().map(Vec::len))
+        ));
+    }
+    let (i, j) = (0..got.len()).flat_map(|i| (0..got[i].len()).map(move |j| (i, j))).find(|&(i, j)| {
+        let (g, w) = (got[i][j] as f64, want[i][j]);
+        g.is_nan() || (g - w).abs() > 1e-4 + 1e-4 * w.abs()
+    })?;
+    Some(format!("element [{i}, {j}] is {}, expected {}", number(got[i][j] as f64), number(want[i][j])))
 }
 
 fn steps_of(world: usize) -> Vec<Vec<Matrix>> {
@@ -196,11 +210,9 @@ fn a_rank_r_gradient_comes_through_exactly(#[values(2, 3)] world: usize) {
     let grads: Vec<Matrix> = (0..world).map(|r| matmul(&a, &transpose(&b(r)))).collect();
     let average = mean(&grads);
     for (rank, run) in run(&[grads]).iter().enumerate() {
-        assert!(
-            close(&run.estimates[0], &average),
-            "rank {rank}: a gradient of rank {R} did not come through exactly: got {:?}, expected {average:?}",
-            run.estimates[0]
-        );
+        if let Some(difference) = first_difference(&run.estimates[0], &average) {
+            panic!("rank {rank}: a gradient of rank {R} did not come through exactly: {difference}");
+        }
     }
 }
 
@@ -210,10 +222,12 @@ fn estimates_match_powersgd_on_the_same_numbers(#[values(1, 2, 3)] world: usize)
     let want = powersgd(Scheme::Textbook, &grads);
     let runs = run(&grads);
     for (rank, run) in runs.iter().enumerate() {
-        if let Some(step) = (0..STEPS).find(|&s| !close(&run.estimates[s], &want[s][rank])) {
+        if let Some((step, difference)) =
+            (0..STEPS).find_map(|s| Some((s, first_difference(&run.estimates[s], &want[s][rank])?)))
+        {
             let agree = runs.iter().all(|other| other.estimates[step] == runs[0].estimates[step]);
             panic!(
-                "on {world} ranks, rank {rank}'s estimate at step {step} differs from PowerSGD's{}{}",
+                "on {world} ranks, rank {rank}'s estimate at step {step} differs from PowerSGD's: {difference}{}{}",
                 if agree { "" } else { "; the ranks do not even agree with each other" },
                 cause(diagnose(&runs, &grads))
             );
@@ -239,7 +253,9 @@ fn the_error_feedback_is_what_compression_left_out() {
             let m = combine(&grads[s][rank], &e, |a, b| a + b);
             combine(&m, &want[s][rank], |a, b| a - b)
         });
-        assert!(close(error, &m), "rank {rank}'s error feedback after {STEPS} steps is not M − P̂Qᵀ: got {error:?}");
+        if let Some(difference) = first_difference(error, &m) {
+            panic!("rank {rank}'s error feedback after {STEPS} steps is not M − P̂Qᵀ: {difference}");
+        }
         let no_warm_start = run.kept_q.is_none().then(|| mistake(18, "no_warm_start"));
         assert!(
             run.kept_q.as_deref() == Some(&[M, R][..]),
@@ -273,7 +289,9 @@ fn it_runs_across_processes_over_tcp() {
     let want = powersgd(Scheme::Textbook, &grads);
     for (rank, run) in runs.iter().enumerate() {
         for (step, (got, want)) in run.estimates.iter().zip(&want).enumerate() {
-            assert!(close(got, &want[rank]), "rank {rank}'s process, step {step}");
+            if let Some(difference) = first_difference(got, &want[rank]) {
+                panic!("rank {rank}'s process, step {step}: the estimate differs from PowerSGD's: {difference}");
+            }
         }
     }
 }

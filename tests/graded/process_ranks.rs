@@ -155,7 +155,15 @@ fn collect<T: DeserializeOwned>((dir, run): (tempdir::Dir, KeptRun), world: usiz
     (0..world)
         .map(|rank| {
             let bytes = std::fs::read(dir.path().join(format!("rank{rank}.json"))).ok()?;
-            Some(serde_json::from_slice(&bytes).expect("rank result as JSON"))
+            let read = serde_json::from_slice(&bytes);
+            Some(read.unwrap_or_else(|e| {
+                // JSON has no NaN or infinity: serde writes them as null, and a float reads null so.
+                let non_finite = e.to_string().starts_with("invalid type: null, expected f");
+                match non_finite {
+                    true => panic!("rank {rank} of {world} returned a non-finite number (NaN or infinity)"),
+                    false => panic!("rank {rank} of {world}'s result does not read back: {e}"),
+                }
+            }))
         })
         .collect()
 }

@@ -1,42 +1,114 @@
 //! Shared helpers: loading fixtures and comparing tensors with messages that
 //! say what is probably wrong.
 
+use std::backtrace::Backtrace;
 use std::collections::HashMap;
 use std::panic::PanicHookInfo;
 use std::path::PathBuf;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor};
 
-/// Failures read like `cargo xtask check`: a graded failure or an unfinished
-/// stub prints its message alone, without the backtrace `RUST_BACKTRACE=1`
-/// would add (nine `todo!()`s would print hundreds of lines). Inside a rank of
-/// a multi-rank test it prints nothing: `spawn` reports the rank's panic as
-/// the test's failure, so it is said once. Any other panic (an index out of
-/// bounds in the learner's code) keeps Rust's report, backtrace included.
+/// Failures read like `cargo xtask check`, one short block per failing case:
+/// - a graded failure prints its message alone; an unfinished stub, where it
+///   is and, when it is another exercise's, which one blocks the check;
+/// - any other panic (an overflow, an index out of bounds in the code under
+///   test) prints where in the workbook's own files it happened and its
+///   message on one line, with the rank inside a multi-rank test. The same
+///   panic again prints one line, or nothing in a rank (`spawn` reports it as
+///   the test's failure). With `RUST_BACKTRACE=1` the process's first such
+///   panic adds one backtrace, cut to the workbook's frames.
+///
+/// candle folds a backtrace into every error when `RUST_BACKTRACE` is set;
+/// `RUST_LIB_BACKTRACE=0` (unless set) keeps its errors to their message.
+/// Inside a rank, a graded or unfinished panic prints nothing: `spawn` reports
+/// it as the test's failure, so it is said once.
 #[ctor::ctor(unsafe)]
 fn readable_failures() {
-    let rust_report = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
+    if std::env::var_os("RUST_LIB_BACKTRACE").is_none() {
+        // Before main: no other thread reads the environment yet.
+        std::env::set_var("RUST_LIB_BACKTRACE", "0");
+    }
+    std::panic::set_hook(Box::new(|info| {
         let message = panic_message(info);
         let graded = info.location().is_some_and(|at| at.file().replace('\\', "/").starts_with("tests/graded/"));
         let unfinished = message.starts_with("not yet implemented");
-        let in_a_rank = std::thread::current().name().is_some_and(|name| name.starts_with("rank-"));
-        match (graded || unfinished, in_a_rank) {
-            (false, _) => rust_report(info),
-            (true, true) => {}
-            (true, false) if unfinished => {
+        let thread = std::thread::current();
+        let rank = thread.name().and_then(|name| name.strip_prefix("rank-"));
+        match (graded || unfinished, rank) {
+            (false, rank) => report_other_panic(info, &message, rank),
+            (true, Some(_)) => {}
+            (true, None) if unfinished => {
                 let at = info.location().map(|at| at.to_string()).unwrap_or_default();
                 eprintln!("{}: {message}", at.trim_start_matches("src/../"));
                 blocked_note(&message).inspect(|note| eprintln!("{note}"));
             }
-            (true, false) => {
+            (true, None) => {
                 eprintln!("{message}");
                 blocked_note(&message).inspect(|note| eprintln!("{note}"));
             }
         }
     }));
+}
+
+/// One line for a panic that is not a verdict: where and what (see [`readable_failures`]).
+fn report_other_panic(info: &PanicHookInfo, message: &str, rank: Option<&str>) {
+    static PRINTED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    static BACKTRACE_SHOWN: AtomicBool = AtomicBool::new(false);
+    let wants_backtrace = matches!(std::env::var("RUST_BACKTRACE").as_deref(), Ok("1" | "full"));
+    let here = info.location().map(|at| at.to_string()).filter(|at| workbook_path(at));
+    let backtrace = (here.is_none() || wants_backtrace).then(|| Backtrace::force_capture().to_string());
+    let at = here
+        .or_else(|| backtrace.as_deref().and_then(|b| workbook_frames(b).into_iter().map(|(_, at)| at).next()))
+        .or_else(|| info.location().map(|at| at.to_string()))
+        .unwrap_or_default();
+    let line = format!("{}: {message}", at.trim_start_matches("src/../"));
+    let first = {
+        let mut printed = PRINTED.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let first = !printed.contains(&line);
+        if first {
+            printed.push(line.clone());
+        }
+        first
+    };
+    match (first, rank) {
+        (false, Some(_)) => {}
+        (false, None) => eprintln!("{line} (the same panic as above)"),
+        (true, rank) => {
+            eprintln!("{}{line}", rank.map(|r| format!("rank {r}: ")).unwrap_or_default());
+            if let Some(backtrace) =
+                backtrace.filter(|_| wants_backtrace && !BACKTRACE_SHOWN.swap(true, Ordering::SeqCst))
+            {
+                eprintln!("backtrace, the workbook's frames only:");
+                for (function, at) in workbook_frames(&backtrace) {
+                    eprintln!("  {function}\n      at {}", at.trim_start_matches("src/../"));
+                }
+            }
+        }
+    }
+}
+
+/// Whether a source path is one of the workbook's own files (relative), not std's or a crate's.
+fn workbook_path(path: &str) -> bool {
+    let path = path.trim_start_matches("./");
+    ["exercises/", "solutions/", "src/", "tests/", "kernels/"].iter().any(|dir| path.starts_with(dir))
+}
+
+/// The frames of a printed backtrace that lie in the workbook's files, but
+/// for this file's (the hook's own): (function, file:line:column).
+fn workbook_frames(backtrace: &str) -> Vec<(String, String)> {
+    let lines: Vec<&str> = backtrace.lines().collect();
+    let mut frames = Vec::new();
+    for pair in lines.windows(2) {
+        let Some(at) = pair[1].trim().strip_prefix("at ") else { continue };
+        let function = pair[0].trim().split_once(": ").map_or(pair[0].trim(), |(_, name)| name);
+        if workbook_path(at) && !at.contains("graded/support.rs") && !pair[0].trim().starts_with("at ") {
+            frames.push((function.to_string(), at.trim_start_matches("./").to_string()));
+        }
+    }
+    frames
 }
 
 /// When a test of one exercise stops in another's `todo!`: which one blocks

@@ -14,8 +14,7 @@ pub fn broadcast_parameters(pg: &dyn ProcessGroup, params: &ParamStore) -> Resul
     Ok(())
 }
 
-/// Averages `grads` across the ranks of `pg`, one all-reduce per bucket of at
-/// most `bucket_bytes`.
+/// Averages `grads` across the ranks of `pg`, one all-reduce per bucket (see [`buckets`]).
 pub fn average_in_buckets(pg: &dyn ProcessGroup, grads: &mut Gradients, bucket_bytes: usize) -> Result<()> {
     if pg.world_size() == 1 {
         return Ok(());
@@ -33,19 +32,20 @@ pub fn average_in_buckets(pg: &dyn ProcessGroup, grads: &mut Gradients, bucket_b
     Ok(())
 }
 
-/// Consecutive gradients, in name order, grouped into buckets of at most `bucket_bytes`
-/// (a single gradient larger than that gets a bucket of its own).
+/// Consecutive gradients, in name order, grouped into buckets: a bucket closes
+/// once it holds `bucket_bytes` or more, the rule of PyTorch's DDP and of
+/// exercise 19's overlapped buckets, so both cut a model the same way.
 fn buckets(grads: &Gradients, bucket_bytes: usize) -> Vec<Vec<(String, Tensor)>> {
-    let mut buckets: Vec<Vec<(String, Tensor)>> = vec![];
+    let mut buckets: Vec<Vec<(String, Tensor)>> = vec![vec![]];
     let mut filled = 0;
     for (name, grad) in grads.iter() {
-        let bytes = grad.elem_count() * grad.dtype().size_in_bytes();
-        if buckets.is_empty() || filled + bytes > bucket_bytes {
+        buckets.last_mut().expect("there is always an open bucket").push((name.to_string(), grad.clone()));
+        filled += grad.elem_count() * grad.dtype().size_in_bytes();
+        if filled >= bucket_bytes {
             buckets.push(vec![]);
             filled = 0;
         }
-        buckets.last_mut().expect("a bucket was just pushed").push((name.to_string(), grad.clone()));
-        filled += bytes;
     }
+    buckets.retain(|bucket| !bucket.is_empty());
     buckets
 }
