@@ -45,6 +45,9 @@ pub struct TestRun {
     /// Whether libtest printed its final `test result:` line; a run that
     /// crashed (stack overflow, abort) stops without it.
     pub finished: bool,
+    /// cargo's `` `workbook` (lib) generated N warnings `` line, when the
+    /// library built with warnings (cargo repeats it for a cached build too).
+    pub lib_warnings: Option<String>,
 }
 
 /// Which body of each exercise a build compiles.
@@ -129,9 +132,9 @@ impl Runner {
         let mut stdout = String::new();
         let read = child.stdout.take().expect("stdout is piped").read_to_string(&mut stdout);
         let status = child.wait().context("cannot wait for cargo")?;
-        let held_back = relay.join().unwrap_or_default();
+        let (held_back, lib_warnings) = relay.join().unwrap_or_default();
         read.context("cannot read the test output")?;
-        let run = parse(&stdout);
+        let run = TestRun { lib_warnings, ..parse(&stdout) };
         if !status.success() && !stdout.lines().any(|line| line.starts_with("running ")) {
             held_back.iter().for_each(|line| eprintln!("{line}"));
             bail!(
@@ -166,18 +169,24 @@ fn list(numbers: &[u32]) -> String {
 /// Passes cargo's build output through to the learner as it comes, minus
 /// its closing "test failed" lines: the verdicts we print say that better.
 /// With `quiet`, holds it back instead and returns it, for a failed build.
-fn relay_build_output(stderr: impl Read, quiet: bool) -> Vec<String> {
+/// Also returns cargo's line saying the workbook library warned, if it did.
+fn relay_build_output(stderr: impl Read, quiet: bool) -> (Vec<String>, Option<String>) {
     let mut filter = ClosingNoise::default();
     let mut held_back = Vec::new();
+    let mut lib_warnings = None;
     for line in BufReader::new(stderr).split(b'\n').map_while(std::io::Result::ok) {
-        for shown in filter.pass(&String::from_utf8_lossy(&line)) {
+        let line = String::from_utf8_lossy(&line);
+        if line.contains("`workbook` (lib) generated") {
+            lib_warnings = Some(line.to_string());
+        }
+        for shown in filter.pass(&line) {
             match quiet {
                 true => held_back.push(shown),
                 false => eprintln!("{shown}"),
             }
         }
     }
-    held_back
+    (held_back, lib_warnings)
 }
 
 /// Drops cargo's `error: test failed, to rerun pass ...` and `error: 1 target

@@ -257,7 +257,7 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
         Task::CheckPhase { phase } => commands::check_phase(&ws, phase),
         Task::Hint { exercise, more } => commands::hint(&ws, exercise, more),
         Task::Reset { exercise, yes } => commands::reset(&ws, exercise, yes),
-        Task::Watch => watch::watch(&ws),
+        Task::Watch => watch::watch(ws),
         Task::Lean { exercises, off } => lean::lean(&ws, exercises.as_deref(), off),
         Task::Verify => verify::verify(&ws),
         Task::Update => registry::update(&ws).map(|()| true),

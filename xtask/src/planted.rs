@@ -290,6 +290,7 @@ mod tests {
                 })
                 .collect(),
             finished: true,
+            lib_warnings: None,
         };
         let typo = plant(1, "typo", &[]);
         assert!(judge(exercise, &typo, &run(&["", "wrong. Likely cause: a typo."])).is_empty());

@@ -10,6 +10,7 @@ use anyhow::{Context, Result};
 use notify::{Event, EventKind, RecursiveMode, Watcher};
 
 use crate::commands;
+use crate::lean;
 use crate::render::{self, dim, red};
 use crate::workspace::Workspace;
 
@@ -17,7 +18,7 @@ use crate::workspace::Workspace;
 /// quiet before grading.
 const DEBOUNCE: Duration = Duration::from_millis(300);
 
-pub fn watch(ws: &Workspace) -> Result<bool> {
+pub fn watch(mut ws: Workspace) -> Result<bool> {
     let (events, changes) = mpsc::channel();
     let mut watcher = notify::recommended_watcher(events).context("cannot start watching files")?;
     let exercises = ws.root.join("exercises");
@@ -29,12 +30,12 @@ pub fn watch(ws: &Workspace) -> Result<bool> {
     let mut current = None;
     loop {
         match current {
-            None => match commands::next(ws, commands::Start::First) {
+            None => match commands::next(&ws, commands::Start::First) {
                 Ok(Some(number)) => current = Some(number),
                 Ok(None) => return Ok(true),
                 Err(error) => eprintln!("{} {error:#}", red("error:")),
             },
-            Some(number) => match commands::check(ws, number) {
+            Some(number) => match commands::check(&ws, number) {
                 Ok(true) => {
                     current = None;
                     println!("\n{}\n", dim(&"-".repeat(40)));
@@ -47,7 +48,12 @@ pub fn watch(ws: &Workspace) -> Result<bool> {
         println!();
         println!("{}", dim("Watching exercises/ for changes; save a file to grade again, Ctrl-C to stop."));
         let saved = wait_for_change(&changes)?;
-        if let Some(number) = saved.iter().find_map(|path| exercise_of(ws, path)) {
+        // `cargo xtask lean` in another terminal changes what is graded: read the choice again.
+        match Workspace::open(ws.solutions) {
+            Ok(fresh) => ws = fresh,
+            Err(error) => eprintln!("{} {error:#}", red("error:")),
+        }
+        if let Some(number) = saved.iter().find_map(|path| exercise_of(&ws, path)) {
             current = Some(number);
         }
         render::clear_screen();
@@ -82,7 +88,9 @@ fn exercise_of(ws: &Workspace, path: &Path) -> Option<u32> {
 /// Reads (which the build itself causes) do not count; edits of source files do.
 fn is_edit(event: &notify::Result<Event>) -> bool {
     let Ok(event) = event else { return false };
-    let source = |path: &std::path::PathBuf| path.extension().is_some_and(|ext| ext == "rs" || ext == "toml");
+    let source = |path: &std::path::PathBuf| {
+        path.extension().is_some_and(|ext| ext == "rs" || ext == "toml") || path.ends_with(lean::LEAN_FILE)
+    };
     matches!(event.kind, EventKind::Create(_) | EventKind::Modify(_) | EventKind::Remove(_))
         && event.paths.iter().any(source)
 }
