@@ -8,22 +8,23 @@
 //!
 //! ```text
 //! ranks in a ring, each sends right and receives from the left:
-//!        0 ──▶ 1 ──▶ 2 ──▶ 3 ──▶ (back to 0)
+//!        0 ──▶ 1 ──▶ 2 ──▶ (back to 0)
 //!
-//! cut the tensor into N chunks c0 c1 c2 c3 (the same cut on every rank)
+//! cut the tensor into N chunks, the same cut on every rank; N = 3 and
+//! 7 elements give chunks a (3 elements), b (2) and c (2). Rank r starts
+//! with its own a_r b_r c_r. What each rank holds of the sum after each step:
 //!
-//! reduce-scatter, N−1 steps: each rank sends one chunk and adds the one
-//! that arrives into its own copy of it. The partial sum of chunk c starts
-//! at rank c and gains one rank's part per hop:
-//!   step 0: rank r sends chunk r        receives chunk r−1, adds
-//!   step s: rank r sends chunk r−s      receives chunk r−s−1, adds
-//!   after N−1 steps rank r holds the whole sum of chunk r+1
+//!                 rank 0          rank 1          rank 2
+//! start           a0  b0  c0      a1  b1  c1      a2  b2  c2
+//! reduce-scatter: each step, one chunk per rank goes right and is added there
+//!   step 1        a0  b0  c02     a01 b1  c1      a2  b12 c2
+//!   step 2        a0  b012 c02    a01 b1  c012    a012 b12 c2
+//! all-gather: finished chunks go right and replace the copy there
+//!   step 3        a012 b012 c02   a01 b012 c012   a012 b12 c012
+//!   step 4        a012 b012 c012  a012 b012 c012  a012 b012 c012
 //!
-//! all-gather, N−1 steps: the finished chunks go round once more, and
-//! each rank overwrites its copy with what arrives.
-//!   step s: rank r sends chunk r+1−s    receives chunk r−s, keeps it
-//!
-//! (chunk indices are mod N)
+//! (a01 = a0 + a1, and so on.) After the reduce-scatter every rank holds one
+//! chunk whole; after the all-gather, all of them.
 //! ```
 //!
 //! Each rank sends 2(N−1) chunks of P/N bytes: **2(N−1)/N · P**, under 2P
