@@ -1,18 +1,26 @@
 //! # Exercise 10: one training step, with gradient accumulation and DDP
 //!
 //! The step where everything meets. A batch too large for memory is split
-//! into k **micro-batches**; their gradients are summed, and one optimizer
-//! step follows — "a poor man's large batch":
+//! into k **micro-batches**, and one optimizer step follows — "a poor man's
+//! large batch": the step must be the one a single batch of all k would
+//! give. Under DDP, the W ranks' micro-batches together make that batch.
+//!
+//! What one step must compute (on every rank):
 //!
 //! ```text
-//! for each of the k micro-batches:
-//!     loss_i  = model(batch_i)                     mean next-token loss of the micro-batch
-//!     grads  += ∇(loss_i / k)                      /k: the step's loss is the MEAN over micro-batches
-//! DDP: average grads across ranks                  ONCE, after the last micro-batch
-//! norm  = clip grads to a global L2 norm           after averaging: every rank clips the same gradients
-//! lr    = schedule.lr(step)                        step counts optimizer steps from 0
-//! optimizer.step(grads, lr); grads.clear(); step += 1
+//! loss    the mean of this rank's k micro-batch losses
+//! g       the gradient of the mean loss over all k·W micro-batches: the same on every rank
+//! norm    ‖g‖₂, before clipping
+//! update  AdamW with g · min(1, max_grad_norm / ‖g‖₂), at lr = schedule(t),
+//!         t = the optimizer steps taken before this one (0 at the first)
+//! after   t + 1, and no gradient left over for the next step
+//! tokens  every token of every micro-batch
 //! ```
+//!
+//! Worked numbers, one weight, k = 2, W = 2: rank 0's micro-batches give
+//! gradients 0.6 and 1.0, rank 1's give 0.2 and 0.6. Each rank's mean is 0.8
+//! and 0.4, g = 0.6 on both, the norm reported is 0.6, and with
+//! max_grad_norm 0.5 AdamW is handed 0.5 on both ranks.
 //!
 //! Without the `/k`, k micro-batches give k times the gradient of one big
 //! batch. Synchronising inside the loop gives the right numbers but pays the
@@ -36,7 +44,7 @@ impl Trainer {
     /// `self.config.grad_accum_steps` of them). Returns the mean loss, the
     /// gradient norm before clipping, the learning rate used and the tokens seen.
     ///
-    /// The order is the algorithm's, in the module doc. The pieces, by owner:
+    /// The pieces, by owner:
     /// - `self.model.forward(idx, Some(labels))` gives a `ForwardPass`: its
     ///   `.loss` is `Some(scalar)` when labels are given, and its `.backward()`
     ///   gives candle's `GradStore`.
