@@ -58,6 +58,22 @@ pub fn ranges(numbers: &BTreeSet<u32>) -> String {
     words.join(", ")
 }
 
+/// Numbers gathered under their labels, in the order the labels first come,
+/// each group written as [`ranges`]: `[(1, "done"), (2, "done"), (6, "new")]`
+/// to `[("done", "1-2"), ("new", "6")]`.
+pub fn ranges_by<'a>(labelled: impl IntoIterator<Item = (u32, &'a str)>) -> Vec<(&'a str, String)> {
+    let mut groups: Vec<(&str, BTreeSet<u32>)> = Vec::new();
+    for (number, label) in labelled {
+        match groups.iter_mut().find(|(seen, _)| *seen == label) {
+            Some((_, numbers)) => {
+                numbers.insert(number);
+            }
+            None => groups.push((label, [number].into())),
+        }
+    }
+    groups.into_iter().map(|(label, numbers)| (label, ranges(&numbers))).collect()
+}
+
 /// The file's text for `numbers`.
 pub fn render(numbers: &BTreeSet<u32>) -> String {
     format!("{HEADER}{}\n", ranges(numbers))

@@ -13,6 +13,8 @@ use workbook::distributed::{
     spawn, spawn_with_timeout, while_busy, Collective, CpuProcessGroup, ProcessGroup, ReduceOp, SingleProcess,
 };
 
+use crate::support::values;
+
 /// A timeout no healthy test comes near, and short enough that a hang fails fast.
 const TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -37,10 +39,6 @@ fn reference_sum(world: usize, dims: &[usize]) -> Tensor {
         total = (total + input(rank, dims, DType::F32)).unwrap();
     }
     total
-}
-
-fn values(t: &Tensor) -> Vec<f32> {
-    t.flatten_all().unwrap().to_dtype(DType::F32).unwrap().to_vec1().unwrap()
 }
 
 fn bits(t: &Tensor) -> Vec<u32> {

@@ -8,7 +8,7 @@ use workbook::parallel::ddp::Ddp;
 use workbook::train::{AdamWConfig, CosineSchedule, LrSchedule, OptimizerConfig, StepStats, TrainConfig, Trainer};
 use workbook::{param_specs, GptConfig, ParamStore};
 
-use crate::support::{cause, expect_update_close, fixture, mistake, ok, value_failure, Fixture};
+use crate::support::{bit_equal, cause, expect_update_close, fixture, mistake, ok, value_failure, Fixture};
 
 /// Relative L2 error allowed on a parameter's update over two steps (see `expect_update_close`).
 const UPDATE: f64 = 1e-3;
@@ -195,11 +195,8 @@ fn two_ranks_equal_one_process_on_the_union_of_their_data() {
         let mine: Vec<Tensor> = (0..2).map(|j| micro_batch(&f, 0, j).narrow(0, rank, 1).unwrap()).collect();
         step(&mut alone, &mine).grad_norm
     };
-    let ranks_agree = per_rank[0].1.iter().all(|(name, var)| {
-        let other = per_rank[1].1.get(name).unwrap();
-        (var.as_tensor() - other.as_tensor()).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap()
-            == 0.0
-    });
+    let ranks_agree =
+        per_rank[0].1.iter().all(|(name, var)| bit_equal(var.as_tensor(), per_rank[1].1.get(name).unwrap()));
     for (rank, (stats, params)) in per_rank.iter().enumerate() {
         for s in 0..2 {
             let own_norm = s == 0 && close(stats[s].grad_norm, own_rows_norm(rank), 1e-4);

@@ -17,7 +17,7 @@ use workbook::phase4_under_the_hood::{fsdp_backward, fsdp_forward};
 use workbook::{init_params, Block, GptConfig, InitRng, ParamStore, RotaryCache};
 
 use crate::process_ranks::on_processes;
-use crate::support::{cause, every_rank, explain_error, first_scaled_difference, mistake};
+use crate::support::{cause, every_rank, explain_error, first_scaled_difference, mistake, values};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 const B: usize = 2;
@@ -93,10 +93,6 @@ fn expected_shard(unit: usize, rank: usize, world: usize, factor: f32) -> Vec<f3
     (rank * len..(rank + 1) * len)
         .map(|i| factor * references.iter().map(|r| r.unit_grads[unit][i]).sum::<f32>() / world as f32)
         .collect()
-}
-
-fn values(t: &Tensor) -> Vec<f32> {
-    t.flatten_all().unwrap().to_vec1().unwrap()
 }
 
 /// What one rank ends its step with.

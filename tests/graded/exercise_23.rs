@@ -20,7 +20,7 @@ use workbook::{init_params, CausalSelfAttention, GptConfig, InitRng, Mlp, ParamS
 
 use crate::fsdp_runs::as_values;
 use crate::process_ranks::on_processes;
-use crate::support::{cause, every_rank, explain_error, first_scaled_difference, mistake};
+use crate::support::{cause, every_rank, explain_error, first_scaled_difference, mistake, values};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 const B: usize = 2;
@@ -116,10 +116,6 @@ fn part_of(name: &str, rank: usize, world: usize, whole: &Tensor) -> Tensor {
         "mlp.down_proj" => columns(INTERMEDIATE / world),
         _ => whole.clone(),
     }
-}
-
-fn values(t: &Tensor) -> Vec<f32> {
-    t.flatten_all().unwrap().to_vec1().unwrap()
 }
 
 /// Notes every all-reduce's operation.

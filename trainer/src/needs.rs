@@ -2,7 +2,7 @@
 //! would otherwise panic at its `todo!()` in the middle of the run (the first
 //! checkpoint save, twenty steps in), on every rank.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use anyhow::{bail, Result};
 use workbook::exercise_bodies::{REFERENCE, UNFINISHED};
@@ -74,17 +74,8 @@ fn unfinished_called(called: &BTreeMap<u32, &str>, unfinished: &[u32]) -> Option
     if missing.is_empty() {
         return None;
     }
-    let mut by_reason: Vec<(&str, BTreeSet<u32>)> = Vec::new();
-    for (&number, &why) in &missing {
-        match by_reason.iter_mut().find(|(reason, _)| *reason == why) {
-            Some((_, numbers)) => {
-                numbers.insert(number);
-            }
-            None => by_reason.push((why, [number].into())),
-        }
-    }
-    let lines: Vec<String> =
-        by_reason.iter().map(|(why, numbers)| format!("  {} ({why})", lean_file::ranges(numbers))).collect();
+    let by_reason = lean_file::ranges_by(missing.iter().map(|(number, why)| (*number, *why)));
+    let lines: Vec<String> = by_reason.iter().map(|(why, numbers)| format!("  {numbers} ({why})")).collect();
     Some(format!(
         "this run calls exercises whose `todo!()` is still there:\n{}\nfinish them (`cargo xtask next`), or run \
          their reference bodies in their place: `cargo xtask lean {}`",

@@ -13,7 +13,7 @@ use crate::workspace::Workspace;
 #[path = "../../build/lean_file.rs"]
 mod lean_file;
 
-pub use lean_file::{ranges, LEAN_FILE, LEAN_VARIABLE};
+pub use lean_file::{ranges, ranges_by, LEAN_FILE, LEAN_VARIABLE};
 
 /// The exercises leaned on now (none with `--solutions`, where every body is the reference anyway).
 pub fn leaned(ws: &Workspace) -> Result<BTreeSet<u32>> {

@@ -7,7 +7,7 @@ use std::io::IsTerminal;
 use std::sync::OnceLock;
 
 use crate::grading::{unfinished_exercise, Outcome, TestResult};
-use crate::lean::ranges;
+use crate::lean::{ranges, ranges_by};
 use crate::metadata::{Exercise, Hint, Workbook};
 use crate::progress::State;
 
@@ -171,17 +171,8 @@ fn chain_in_words(workbook: &Workbook, chain: &[Link]) -> String {
         });
         return named.collect::<Vec<_>>().join(", ");
     }
-    let mut by_state: Vec<(&str, BTreeSet<u32>)> = Vec::new();
-    for link in chain {
-        match by_state.iter_mut().find(|(state, _)| *state == word(&link.state)) {
-            Some((_, numbers)) => {
-                numbers.insert(link.number);
-            }
-            None => by_state.push((word(&link.state), [link.number].into())),
-        }
-    }
-    let groups: Vec<String> =
-        by_state.iter().map(|(state, numbers)| format!("{} ({state})", ranges(numbers))).collect();
+    let by_state = ranges_by(chain.iter().map(|link| (link.number, word(&link.state))));
+    let groups: Vec<String> = by_state.iter().map(|(state, numbers)| format!("{numbers} ({state})")).collect();
     format!("exercises {}", groups.join("; "))
 }
 
