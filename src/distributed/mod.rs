@@ -19,6 +19,11 @@
 //! before using them and reduce-scatters gradients into shards afterwards.
 //! The pictures on each method of [`ProcessGroup`] show the data per rank.
 //!
+//! A group can be split into subgroups ([`ProcessGroup::split`]), and a
+//! [`DeviceMesh`] lays the world out as a grid of data-, pipeline- and
+//! tensor-parallel ranks with a group along each axis, so that each kind of
+//! parallelism runs its collectives among the ranks it concerns.
+//!
 //! ## Backends
 //!
 //! The trainer is written against the [`ProcessGroup`] trait and never knows
@@ -68,6 +73,7 @@
 pub mod auth;
 mod collective;
 mod cpu;
+mod device_mesh;
 mod env;
 pub mod launch;
 #[cfg(feature = "nccl")]
@@ -85,6 +91,7 @@ mod work;
 
 pub use collective::{chunk_ranges, Collective};
 pub use cpu::{spawn, spawn_with_timeout, CpuProcessGroup, DEFAULT_TIMEOUT};
+pub use device_mesh::{Axis, DeviceMesh, MeshCoords, MeshShape};
 pub use env::{init_from_env, DistEnv};
 pub use launch::{launch, relaunch_self, LaunchConfig};
 #[cfg(feature = "nccl")]

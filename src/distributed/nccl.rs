@@ -44,11 +44,13 @@
 //! through a stand-in `nvcc` (`.ci/fake-nvcc/nvcc`). On one GPU (an H100,
 //! NCCL 2.28) a group of one rank joined through the store and ran every
 //! collective and the barrier (`tests/graded/gpu.rs`); two or more ranks,
-//! which need as many GPUs, have not run, and neither has the watchdog.
+//! which need as many GPUs, have not run, and neither have the watchdog and
+//! [`split`](ProcessGroup::split)'s subgroups.
 
 use std::cell::{Cell, RefCell};
 use std::ffi::c_char;
 use std::fmt;
+use std::time::Duration;
 
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr, ValidAsZeroBits};
 use candle_core::cuda_backend::cudarc::nccl::result::NcclStatus;
@@ -58,6 +60,7 @@ use candle_core::op::BackpropOp;
 use candle_core::{bail, CudaDevice, CudaStorage, DType, Device, Error, Result, Storage, Tensor};
 
 use super::collective::{check_peer, Call};
+use super::process_group::members_of_color;
 use super::watchdog::Watchdog;
 use super::{Collective, CommStats, DistEnv, ProcessGroup, Properties, ReduceOp, Rendezvous};
 
@@ -84,6 +87,8 @@ pub struct NcclProcessGroup {
     watchdog: Option<Watchdog>,
     /// Calls queued so far, to name them in the watchdog's message.
     queued: Cell<u64>,
+    /// The longest a call may take: the watchdog's limit, a subgroup's too.
+    timeout: Duration,
 }
 
 // SAFETY: `Comm` holds NCCL's raw communicator pointer, so the compiler
@@ -119,14 +124,21 @@ impl NcclProcessGroup {
             .map_err(|e| nccl_error(&format!("rank {rank} joining the NCCL communicator"), e))?;
         // Every rank has read the id once ncclCommInitRank returns on rank 0,
         // so the store (dropped here) has done its work.
+        Ok(Self::of_comm(comm, device, rv.timeout))
+    }
+
+    /// The handle on `comm`, whose calls queue on `device`'s stream and
+    /// which a watchdog ends after `timeout` without progress.
+    fn of_comm(comm: Comm, device: &CudaDevice, timeout: Duration) -> Self {
+        let (rank, world_size) = (comm.rank(), comm.world_size());
         let watchdog = (world_size > 1).then(|| {
-            Watchdog::start(rv.timeout, move |why| {
+            Watchdog::start(timeout, move |why| {
                 eprintln!("error: rank {rank}: {why}");
                 end_process()
             })
         });
         let (device, stats, queued) = (device.clone(), RefCell::default(), Cell::new(0));
-        Ok(Self { rank, world_size, device, comm, stats, watchdog, queued })
+        Self { rank, world_size, device, comm, stats, watchdog, queued, timeout }
     }
 
     /// Joins the job this process was started in on GPU `LOCAL_RANK`
@@ -321,6 +333,26 @@ impl ProcessGroup for NcclProcessGroup {
         out.ok_or_else(|| Error::Msg("recv: NCCL gave no result (a bug in the backend)".into()))
     }
 
+    /// A new communicator of the members, as PyTorch's `new_group` makes
+    /// one: the first member creates a unique id and the group's all-gather
+    /// carries it to the others (`ncclCommSplit` would need a newer cudarc
+    /// than candle's; the result is the same).
+    fn split(&self, color: usize) -> Result<Box<dyn ProcessGroup>> {
+        let (members, place) = members_of_color(self, color, &self.device())?;
+        let id_bytes = match place {
+            0 => id_to_bytes(&Id::new().map_err(|e| nccl_error("creating a subgroup's NCCL id", e))?),
+            _ => vec![0; ID_BYTES],
+        };
+        let mine = Tensor::new(id_bytes.iter().map(|&b| b as f32).collect::<Vec<_>>(), &self.device())?;
+        let ids = self.all_gather(&mine)?.reshape((self.world_size, ID_BYTES))?;
+        let theirs: Vec<u8> = ids.get(members[0])?.to_vec1::<f32>()?.into_iter().map(|b| b as u8).collect();
+        let stream = self.device.cuda_stream();
+        stream.context().bind_to_thread().w()?;
+        let comm = Comm::from_rank(stream, place, members.len(), id_from_bytes(&theirs)?)
+            .map_err(|e| nccl_error(&format!("rank {} joining a subgroup of ranks {members:?}", self.rank), e))?;
+        Ok(Box::new(Self::of_comm(comm, &self.device, self.timeout)))
+    }
+
     fn stats(&self) -> CommStats {
         self.stats.borrow().clone()
     }
@@ -391,6 +423,9 @@ fn ring_wire_bytes(call: Call, payload: u64, rank: usize, world_size: usize) -> 
     }
 }
 
+/// The length of NCCL's unique id.
+const ID_BYTES: usize = 128;
+
 /// The id's 128 bytes, as the store carries them.
 fn id_to_bytes(id: &Id) -> Vec<u8> {
     id.internal().iter().map(|&c| c as u8).collect()
@@ -398,7 +433,7 @@ fn id_to_bytes(id: &Id) -> Vec<u8> {
 
 /// The id rank 0 published, rebuilt from its bytes.
 fn id_from_bytes(bytes: &[u8]) -> Result<Id> {
-    let mut internal = [0 as c_char; 128];
+    let mut internal = [0 as c_char; ID_BYTES];
     if bytes.len() != internal.len() {
         bail!(
             "the NCCL id in the store has {} bytes, not {}: is rank 0 running the NCCL backend too?",

@@ -38,6 +38,7 @@ impl<R: AllReduceOverride> WithAllReduce<R> {
 }
 
 /// Exercise 16's ring, built from the inner group's own `send` and `recv`.
+#[derive(Clone, Copy)]
 pub struct OwnRing;
 
 impl OwnRing {
@@ -58,7 +59,8 @@ impl AllReduceOverride for OwnRing {
     }
 }
 
-impl<R: AllReduceOverride> ProcessGroup for WithAllReduce<R> {
+/// A subgroup's all-reduce is replaced too, by a clone of the replacement.
+impl<R: AllReduceOverride + Clone + 'static> ProcessGroup for WithAllReduce<R> {
     fn rank(&self) -> usize {
         self.inner.rank()
     }
@@ -101,6 +103,10 @@ impl<R: AllReduceOverride> ProcessGroup for WithAllReduce<R> {
 
     fn barrier(&self) -> Result<()> {
         self.inner.barrier()
+    }
+
+    fn split(&self, color: usize) -> Result<Box<dyn ProcessGroup>> {
+        Ok(Box::new(Self::new(self.inner.split(color)?, self.replacement.clone())))
     }
 
     fn set_busy(&self, what: Option<&str>) {

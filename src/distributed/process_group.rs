@@ -156,6 +156,32 @@ pub trait ProcessGroup: Send {
         Ok(Work::done(self.reduce_scatter(t, op)))
     }
 
+    /// Splits this group into subgroups (NCCL: `ncclCommSplit`; PyTorch:
+    /// `dist.split_group`): every rank calls it at the same point of its
+    /// calls, and the ranks that pass the same `color` form one new group,
+    /// numbered in this group's rank order. It is itself a collective (an
+    /// all-gather of the colours).
+    ///
+    /// ```text
+    ///            color   new group   rank in it
+    ///   rank 0   0       {0, 2}      0
+    ///   rank 1   1       {1, 3}      0
+    ///   rank 2   0       {0, 2}      1
+    ///   rank 3   1       {1, 3}      1
+    /// ```
+    ///
+    /// A subgroup numbers its calls, counts its stats and reports its
+    /// failures on its own; a dead peer still ends every group it is in.
+    /// Groups of one rank share its connections (and, on TCP, its
+    /// communication thread), so every rank must issue the calls of all its
+    /// groups in one order that agrees where two ranks share more than one
+    /// group, as NCCL requires of communicators on one stream. A
+    /// [`DeviceMesh`](super::DeviceMesh) makes the groups along each axis of
+    /// a grid of ranks this way.
+    fn split(&self, _color: usize) -> Result<Box<dyn ProcessGroup>> {
+        candle_core::bail!("this process group cannot be split into subgroups")
+    }
+
     /// Tells the other ranks that this one is busy with long work outside
     /// the collectives, such as writing a checkpoint (`None`: no longer). A
     /// rank that waits for this one meanwhile keeps waiting past its timeout
@@ -176,6 +202,21 @@ pub trait ProcessGroup: Send {
 pub fn all_reduce_scalar(pg: &dyn ProcessGroup, value: f64, op: ReduceOp, device: &Device) -> Result<f64> {
     let mine = Tensor::new(&[value as f32], device)?;
     Ok(pg.all_reduce(&mine, op)?.to_vec1::<f32>()?[0] as f64)
+}
+
+/// The ranks of `pg` that passed the same `color` as this one to
+/// [`ProcessGroup::split`], in rank order, with this rank's place among
+/// them: every rank's colour, all-gathered as one f32 (exact below 2²⁴) on
+/// `device`, the one the group's tensors live on.
+pub(crate) fn members_of_color(pg: &dyn ProcessGroup, color: usize, device: &Device) -> Result<(Vec<usize>, usize)> {
+    const MOST: usize = 1 << 24;
+    if color >= MOST {
+        candle_core::bail!("split: colour {color} is too large: use a colour below {MOST}, such as a group's index");
+    }
+    let colors = pg.all_gather(&Tensor::new(&[color as f32], device)?)?.to_vec1::<f32>()?;
+    let members: Vec<usize> = (0..colors.len()).filter(|&r| colors[r] as usize == color).collect();
+    let place = members.iter().position(|&r| r == pg.rank()).expect("a rank passes its own colour");
+    Ok((members, place))
 }
 
 /// Runs `work` with `pg` marked busy with `what` (see [`ProcessGroup::set_busy`]).

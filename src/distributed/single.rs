@@ -78,6 +78,12 @@ impl ProcessGroup for SingleProcess {
         self.run(Call::Barrier, None).map(drop)
     }
 
+    /// A group of one splits into a group of one, whatever the colour.
+    fn split(&self, _color: usize) -> Result<Box<dyn ProcessGroup>> {
+        self.run(Call::AllGather, Some(&Tensor::zeros(1, candle_core::DType::F32, &candle_core::Device::Cpu)?))?;
+        Ok(Box::new(Self::new()))
+    }
+
     fn stats(&self) -> CommStats {
         self.stats.borrow().clone()
     }

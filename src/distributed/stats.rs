@@ -97,6 +97,21 @@ impl CommStats {
     }
 }
 
+/// The counts of several groups together: what a rank of a
+/// [`DeviceMesh`](super::DeviceMesh) sent through all of its groups.
+impl std::iter::Sum for CommStats {
+    fn sum<I: Iterator<Item = CommStats>>(all: I) -> Self {
+        all.fold(CommStats::default(), |mut total, one| {
+            for (sum, count) in total.counts.iter_mut().zip(one.counts) {
+                sum.calls += count.calls;
+                sum.payload += count.payload;
+                sum.wire += count.wire;
+            }
+            total
+        })
+    }
+}
+
 /// One line per collective used, e.g. `all_reduce: 2 calls, 96 bytes`.
 impl fmt::Display for CommStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

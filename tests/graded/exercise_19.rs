@@ -38,6 +38,7 @@ enum Event {
 }
 
 /// Records a process group's all-reduces against backward's progress.
+#[derive(Clone)]
 struct Recorder {
     produced: Arc<AtomicUsize>,
     events: Arc<Mutex<Vec<Event>>>,

@@ -119,6 +119,7 @@ fn part_of(name: &str, rank: usize, world: usize, whole: &Tensor) -> Tensor {
 }
 
 /// Notes every all-reduce's operation.
+#[derive(Clone)]
 struct Recorder(Arc<Mutex<Vec<String>>>);
 
 impl AllReduceOverride for Recorder {

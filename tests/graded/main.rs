@@ -84,4 +84,6 @@ mod scaffolding;
 #[cfg(not(only_some_tests))]
 mod store;
 #[cfg(not(only_some_tests))]
+mod subgroups;
+#[cfg(not(only_some_tests))]
 mod watchdog;

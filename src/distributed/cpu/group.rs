@@ -8,6 +8,7 @@ use candle_core::{Device, Result, Tensor};
 
 use super::rendezvous::Rendezvous;
 use crate::distributed::collective::{check_peer, Call, Outcome};
+use crate::distributed::process_group::members_of_color;
 use crate::distributed::{Collective, CommStats, ProcessGroup, Properties, ReduceOp};
 use crate::timeline;
 
@@ -20,12 +21,14 @@ pub struct CpuProcessGroup {
     rendezvous: Arc<Rendezvous>,
     /// How many collectives this rank has issued: the generation of its next one.
     issued: Cell<u64>,
+    /// How many times this rank has split the group: the number of its next split.
+    splits: Cell<u64>,
     stats: RefCell<CommStats>,
 }
 
 impl CpuProcessGroup {
     pub(super) fn new(rank: usize, rendezvous: Arc<Rendezvous>) -> Self {
-        Self { rank, rendezvous, issued: Cell::new(0), stats: RefCell::default() }
+        Self { rank, rendezvous, issued: Cell::new(0), splits: Cell::new(0), stats: RefCell::default() }
     }
 
     /// Issues one collective and waits for the other ranks to issue it too.
@@ -110,6 +113,16 @@ impl ProcessGroup for CpuProcessGroup {
 
     fn barrier(&self) -> Result<()> {
         self.run(Call::Barrier, None).map(drop)
+    }
+
+    /// The members of each new group meet in a rendezvous of their own,
+    /// which the first of them to arrive makes and this group's keeps, so
+    /// that an abort here reaches it too.
+    fn split(&self, color: usize) -> Result<Box<dyn ProcessGroup>> {
+        let (members, place) = members_of_color(self, color, &Device::Cpu)?;
+        let number = self.splits.replace(self.splits.get() + 1);
+        let rendezvous = self.rendezvous.subgroup(number, color, members);
+        Ok(Box::new(Self::new(place, rendezvous)))
     }
 
     fn set_busy(&self, what: Option<&str>) {

@@ -38,6 +38,15 @@ struct State {
     /// Point-to-point tensors sent and not yet received, by (src, dst), in
     /// the order they were sent.
     mailboxes: HashMap<(usize, usize), VecDeque<Tensor>>,
+    /// The subgroups split off this group, by split number and colour: an
+    /// abort or a finished rank here is passed on to them.
+    subgroups: HashMap<(u64, usize), Subgroup>,
+}
+
+struct Subgroup {
+    /// Its ranks, as this group numbers them, in order.
+    members: Vec<usize>,
+    rendezvous: Arc<Rendezvous>,
 }
 
 struct Arrival {
@@ -63,6 +72,7 @@ impl Rendezvous {
             finished: vec![false; world_size],
             busy: vec![None; world_size],
             mailboxes: HashMap::new(),
+            subgroups: HashMap::new(),
         };
         Self { world_size, timeout, state: Mutex::new(state), changed: Condvar::new() }
     }
@@ -199,10 +209,32 @@ impl Rendezvous {
         self.fail(&mut state, reason);
     }
 
-    /// Rank `rank`'s closure has returned: nobody should wait for it any more.
+    /// Rank `rank`'s closure has returned: nobody should wait for it any
+    /// more, here or in a subgroup.
     pub(super) fn finish(&self, rank: usize) {
-        self.lock().finished[rank] = true;
+        let mut state = self.lock();
+        state.finished[rank] = true;
+        for subgroup in state.subgroups.values() {
+            if let Some(place) = subgroup.members.iter().position(|&r| r == rank) {
+                subgroup.rendezvous.finish(place);
+            }
+        }
         self.changed.notify_all();
+    }
+
+    /// Where the ranks `members` of split number `number` that passed
+    /// `color` meet: made by the first of them to ask.
+    pub(super) fn subgroup(&self, number: u64, color: usize, members: Vec<usize>) -> Arc<Rendezvous> {
+        let mut state = self.lock();
+        let aborted = state.aborted.clone();
+        let subgroup = state.subgroups.entry((number, color)).or_insert_with(|| {
+            let rendezvous = Arc::new(Rendezvous::new(members.len(), self.timeout));
+            if let Some(reason) = aborted {
+                rendezvous.abort(reason);
+            }
+            Subgroup { members, rendezvous }
+        });
+        Arc::clone(&subgroup.rendezvous)
     }
 
     /// Rank `rank` is busy with `what` (`None`: no longer); see
@@ -236,6 +268,9 @@ impl Rendezvous {
 
     fn fail(&self, state: &mut State, reason: String) -> Error {
         let reason = state.aborted.get_or_insert(reason).clone();
+        for subgroup in state.subgroups.values() {
+            subgroup.rendezvous.abort(reason.clone());
+        }
         self.changed.notify_all();
         Error::Msg(reason)
     }

@@ -33,8 +33,9 @@ use candle_core::{Error, Result, Tensor};
 
 use self::mesh::{local_address_towards, Mesh};
 use self::ring::{chunks, Ring};
-use self::wire::Header;
+use self::wire::{subgroup_tag, Header};
 use super::collective::{check_peer, Call};
+use super::process_group::members_of_color;
 use super::reduce_op::finish;
 use super::store::StoreServer;
 use super::{Collective, CommStats, ProcessGroup, Properties, ReduceOp, Work};
@@ -64,15 +65,23 @@ pub struct Rendezvous {
 /// one returns at once with a [`Work`] to wait on, and the ring runs while
 /// the caller computes.
 pub struct TcpProcessGroup {
+    /// This rank's place in the group, and the group's size.
     rank: usize,
     world_size: usize,
+    /// The group's ranks as the job numbers them (the mesh's numbers), in order.
+    members: Arc<Vec<usize>>,
+    /// What the group's messages carry to tell them from other groups' (0: the job).
+    tag: u64,
     timeout: Duration,
-    /// Dropped first: its thread sends what is queued before the sockets close.
-    lane: Lane,
-    /// Kept by rank 0 for as long as the group lives: the others may still be joining.
+    /// Shared with the groups split off this one; the last one dropped lets
+    /// its thread send what is queued before the sockets close.
+    lane: Arc<Lane>,
+    /// Kept by the job's rank 0 for as long as the group lives: the others may still be joining.
     _store: Option<StoreServer>,
     /// How many collectives this rank has issued: the number of its next one.
     issued: Cell<u64>,
+    /// How many times this rank has split the group: the number of its next split.
+    splits: Cell<u64>,
     /// Point-to-point messages sent to and received from each rank so far.
     sent_to: RefCell<Vec<u64>>,
     received_from: RefCell<Vec<u64>>,
@@ -90,17 +99,34 @@ impl TcpProcessGroup {
         let host = local_address_towards(master)
             .map_err(|e| io_context(format!("rank {rank} finds no route to the store at {master}"), e))?;
         let mesh = Mesh::connect(&store.client, rank, world_size, host, &rv.token, rv.timeout)?;
-        Ok(Self {
-            rank,
+        let lane = Arc::new(Lane::start(mesh, rank)?);
+        Ok(Self::of_group(rank, (0..world_size).collect(), 0, rv.timeout, lane, store.server))
+    }
+
+    /// The handle of the rank at `place` among `members`, a group tagged `tag`.
+    fn of_group(
+        place: usize,
+        members: Vec<usize>,
+        tag: u64,
+        timeout: Duration,
+        lane: Arc<Lane>,
+        store: Option<StoreServer>,
+    ) -> Self {
+        let world_size = members.len();
+        Self {
+            rank: place,
             world_size,
-            timeout: rv.timeout,
-            lane: Lane::start(mesh, rank)?,
-            _store: store.server,
+            members: Arc::new(members),
+            tag,
+            timeout,
+            lane,
+            _store: store,
             issued: Cell::new(0),
+            splits: Cell::new(0),
             sent_to: RefCell::new(vec![0; world_size]),
             received_from: RefCell::new(vec![0; world_size]),
             stats: Arc::default(),
-        })
+        }
     }
 
     /// Issues `call` on `t` (none for a barrier): checks and numbers it here,
@@ -118,10 +144,11 @@ impl TcpProcessGroup {
             Some(t) => Elements::of(t)?,
             None => Elements::U8(vec![]),
         };
-        let (rank, world_size, header) = (self.rank, self.world_size, Header::collective(seq, call, t, 0));
+        let (rank, world_size, header) = (self.rank, self.world_size, Header::collective(self.tag, seq, call, t, 0));
         let (kind, payload, stats) = (call.kind(), call.payload_bytes(t, world_size), Arc::clone(&self.stats));
+        let members = Arc::clone(&self.members);
         self.lane.submit(format!("{kind} #{seq}, {payload} bytes"), move |mesh| {
-            let mut ring = Ring { mesh, rank, world_size, header, sent: 0 };
+            let mut ring = Ring { mesh, rank, world_size, members: &members, header, sent: 0 };
             let result = if world_size > 1 { run(&mut ring, elements)? } else { elements };
             let mut stats = stats.lock().unwrap_or_else(PoisonError::into_inner);
             stats.record(kind, payload);
@@ -229,11 +256,11 @@ impl ProcessGroup for TcpProcessGroup {
     fn send(&self, t: &Tensor, dst: usize) -> Result<()> {
         check_peer(Collective::Send, dst, self.rank, self.world_size)?;
         let elements = Elements::of(t)?;
-        let header = Header::point_to_point(next(&self.sent_to, dst), t, elements.bytes().len());
-        let stats = Arc::clone(&self.stats);
+        let header = Header::point_to_point(self.tag, next(&self.sent_to, dst), t, elements.bytes().len());
+        let (stats, to) = (Arc::clone(&self.stats), self.members[dst]);
         let sent = self.lane.submit(format!("send to rank {dst}: {header}"), move |mesh| {
             let bytes = elements.bytes();
-            mesh.send(dst, &header, bytes)?;
+            mesh.send(to, &header, bytes)?;
             let mut stats = stats.lock().unwrap_or_else(PoisonError::into_inner);
             stats.record(Collective::Send, bytes.len() as u64);
             stats.record_wire(Collective::Send, bytes.len() as u64);
@@ -245,15 +272,26 @@ impl ProcessGroup for TcpProcessGroup {
     fn recv(&self, like: &Tensor, src: usize) -> Result<Tensor> {
         check_peer(Collective::Recv, src, self.rank, self.world_size)?;
         let (dtype, count) = (like.dtype(), like.elem_count());
-        let header = Header::point_to_point(next(&self.received_from, src), like, count * dtype.size_in_bytes());
-        let stats = Arc::clone(&self.stats);
+        let header =
+            Header::point_to_point(self.tag, next(&self.received_from, src), like, count * dtype.size_in_bytes());
+        let (stats, from) = (Arc::clone(&self.stats), self.members[src]);
         let buf = self.lane.submit(format!("recv from rank {src}: {header}"), move |mesh| {
             let mut buf = Elements::zeros(dtype, count)?;
-            mesh.recv(src, &header, buf.bytes_mut())?;
+            mesh.recv(from, &header, buf.bytes_mut())?;
             stats.lock().unwrap_or_else(PoisonError::into_inner).record(Collective::Recv, buf.bytes().len() as u64);
             Ok(buf)
         })?;
         received(buf)?.into_tensor(like.dims(), like.device())
+    }
+
+    /// A subgroup runs on this group's connections and communication
+    /// thread, its messages told apart by their tag.
+    fn split(&self, color: usize) -> Result<Box<dyn ProcessGroup>> {
+        let (places, place) = members_of_color(self, color, &candle_core::Device::Cpu)?;
+        let number = self.splits.replace(self.splits.get() + 1);
+        let members = places.into_iter().map(|p| self.members[p]).collect();
+        let tag = subgroup_tag(self.tag, number, color);
+        Ok(Box::new(Self::of_group(place, members, tag, self.timeout, Arc::clone(&self.lane), None)))
     }
 
     fn set_busy(&self, what: Option<&str>) {
@@ -326,7 +364,11 @@ fn received<T>(receiver: Receiver<Result<T>>) -> Result<T> {
 
 impl fmt::Debug for TcpProcessGroup {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "TcpProcessGroup(rank {} of {}, timeout {:?})", self.rank, self.world_size, self.timeout)
+        write!(f, "TcpProcessGroup(rank {} of {}, timeout {:?})", self.rank, self.world_size, self.timeout)?;
+        if self.tag != 0 {
+            write!(f, " (the job's ranks {:?})", self.members)?;
+        }
+        Ok(())
     }
 }
 

@@ -35,24 +35,29 @@ use crate::kernels::buffers::add_assign;
 /// below the allocator's threshold for handing memory back to the OS.
 const PIECE: usize = 1 << 20;
 
-/// One collective's view of the ring: who this rank is, and the header its
-/// messages carry (the length is filled in per chunk).
+/// One collective's view of the ring: who this rank is in its group, and
+/// the header its messages carry (the length is filled in per chunk).
 pub(super) struct Ring<'a> {
     pub mesh: &'a Mesh,
+    /// This rank's place in the group, and the group's size.
     pub rank: usize,
     pub world_size: usize,
+    /// The group's ranks, as the mesh numbers them, in group order.
+    pub members: &'a [usize],
     pub header: Header,
     /// Tensor bytes this rank has sent so far in this collective.
     pub sent: u64,
 }
 
 impl Ring<'_> {
+    /// The successor's rank on the mesh.
     fn next(&self) -> usize {
-        (self.rank + 1) % self.world_size
+        self.members[(self.rank + 1) % self.world_size]
     }
 
+    /// The predecessor's rank on the mesh.
     fn prev(&self) -> usize {
-        (self.rank + self.world_size - 1) % self.world_size
+        self.members[(self.rank + self.world_size - 1) % self.world_size]
     }
 
     /// Chunk `i` counted around the ring (any integer, taken mod N).
@@ -141,7 +146,7 @@ impl Ring<'_> {
     /// Returns once every rank has arrived: each tells every other one, then
     /// waits to hear from all of them.
     pub fn barrier(&mut self) -> Result<()> {
-        let others = (0..self.world_size).filter(|&r| r != self.rank);
+        let others = (0..self.world_size).filter(|&r| r != self.rank).map(|r| self.members[r]);
         for peer in others.clone() {
             self.mesh.send(peer, &self.header(0), &[])?;
         }

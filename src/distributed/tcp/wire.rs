@@ -55,26 +55,30 @@ pub(super) struct Header {
     pub shape: u64,
     /// Payload bytes that follow the header.
     pub len: u64,
+    /// The group the message belongs to: 0 for the whole job, a digest of
+    /// its split for a subgroup (see [`subgroup_tag`]).
+    pub group: u64,
 }
 
 impl Header {
-    /// The header of a message of `call` #`seq` about `t`, carrying `len` bytes.
-    pub fn collective(seq: u64, call: Call, t: Option<&Tensor>, len: usize) -> Self {
+    /// The header of a message of `call` #`seq` of `group` about `t`, carrying `len` bytes.
+    pub fn collective(group: u64, seq: u64, call: Call, t: Option<&Tensor>, len: usize) -> Self {
         let arg = match call {
             Call::AllReduce(op) | Call::ReduceScatter(op) => op_code(op),
             Call::Broadcast { root } => root as u32,
             Call::AllGather | Call::Barrier => 0,
         };
-        Self::new(seq, call.kind(), arg, t, len)
+        Self::new(group, seq, call.kind(), arg, t, len)
     }
 
-    /// The header of point-to-point message #`seq` carrying `t`.
-    pub fn point_to_point(seq: u64, t: &Tensor, len: usize) -> Self {
-        Self::new(seq, Collective::Send, 0, Some(t), len)
+    /// The header of point-to-point message #`seq` of `group` carrying `t`.
+    pub fn point_to_point(group: u64, seq: u64, t: &Tensor, len: usize) -> Self {
+        Self::new(group, seq, Collective::Send, 0, Some(t), len)
     }
 
-    fn new(seq: u64, kind: Collective, arg: u32, t: Option<&Tensor>, len: usize) -> Self {
+    fn new(group: u64, seq: u64, kind: Collective, arg: u32, t: Option<&Tensor>, len: usize) -> Self {
         Self {
+            group,
             seq,
             kind,
             arg,
@@ -92,6 +96,7 @@ impl Header {
         out[12..16].copy_from_slice(&self.arg.to_le_bytes());
         out[16..24].copy_from_slice(&self.shape.to_le_bytes());
         out[24..32].copy_from_slice(&self.len.to_le_bytes());
+        out[32..40].copy_from_slice(&self.group.to_le_bytes());
         out
     }
 
@@ -128,6 +133,7 @@ impl Header {
             arg: u32::from_le_bytes(bytes[12..16].try_into().expect("4 bytes")),
             shape: u64_at(16),
             len: u64_at(24),
+            group: u64_at(32),
         }))
     }
 }
@@ -142,7 +148,11 @@ impl fmt::Display for Header {
             Collective::Send => "a point-to-point message".to_string(),
             _ => kind.to_string(),
         };
-        write!(f, "{what} #{} ({}, {} bytes)", self.seq, self.dtype.as_str(), self.len)
+        let group = match self.group {
+            0 => String::new(),
+            tag => format!(" of subgroup {tag:016x}"),
+        };
+        write!(f, "{what} #{}{group} ({}, {} bytes)", self.seq, self.dtype.as_str(), self.len)
     }
 }
 
@@ -166,8 +176,20 @@ fn op_name(code: u32) -> &'static str {
     }
 }
 
-/// A digest of a shape (FNV-1a over the dimensions): two ranks with different
-/// shapes of the same size disagree on it, whatever machine computes it.
+/// A digest of a shape: two ranks with different shapes of the same size
+/// disagree on it, whatever machine computes it.
 fn shape_digest(dims: &[usize]) -> u64 {
-    dims.iter().fold(0xcbf2_9ce4_8422_2325, |h, &d| (h ^ d as u64).wrapping_mul(0x0100_0000_01b3))
+    digest(dims.iter().map(|&d| d as u64))
+}
+
+/// The tag of the subgroup that split number `number` of the group tagged
+/// `parent` makes of the ranks that passed `color`: the same on each of them,
+/// different from its siblings' and (but for a 2⁻⁶⁴ chance) any other group's.
+pub(super) fn subgroup_tag(parent: u64, number: u64, color: usize) -> u64 {
+    digest([parent, number, color as u64]).max(1) // 0 is the whole job
+}
+
+/// FNV-1a over 64-bit values.
+fn digest(values: impl IntoIterator<Item = u64>) -> u64 {
+    values.into_iter().fold(0xcbf2_9ce4_8422_2325, |h, v| (h ^ v).wrapping_mul(0x0100_0000_01b3))
 }
