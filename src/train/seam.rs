@@ -11,7 +11,7 @@ use std::path::Path;
 use candle_core::{Result, Tensor};
 
 use super::{AdamW, DataPosition, StepStats};
-use crate::distributed::ProcessGroup;
+use crate::distributed::{CommStats, ProcessGroup};
 
 /// How far a run has come, in one place.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -38,7 +38,12 @@ pub trait Train {
     fn save_checkpoint(&self, dir: &Path, data: Option<DataPosition>) -> Result<()>;
     fn load_checkpoint(&mut self, dir: &Path) -> Result<Option<DataPosition>>;
     fn counters(&self) -> StepCounters;
+    /// Every rank of the job.
     fn process_group(&self) -> &dyn ProcessGroup;
+    /// What this rank has sent so far, through every group it belongs to.
+    fn comm_stats(&self) -> CommStats {
+        self.process_group().stats()
+    }
     /// How the trainer splits the work across ranks, in words.
     fn layout(&self) -> String;
     /// What the run should print at its end about how it used memory and the network.

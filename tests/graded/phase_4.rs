@@ -7,7 +7,10 @@
 //!   (exercise 19) over your ring all-reduce (exercise 16), the update taken
 //!   by your sharded AdamW (exercise 17).
 //! - Pipeline parallel: your GPipe step (exercise 21) and your 1F1B step
-//!   (exercise 24) on two stages, each stage updating its own parameters.
+//!   (exercise 24) on two stages, each stage updating its own parameters;
+//!   and the GPipe pipeline replicated on a mesh of 2 × 2 processes, each
+//!   replica on its half of the batch, each stage's gradients averaged with
+//!   the other replica's same stage.
 //! - Fully sharded: the blocks as FSDP units stepped by your exercise 22,
 //!   each rank updating only its shards.
 //! - Tensor parallel: every block split across the ranks and stepped by your
@@ -21,8 +24,9 @@ use std::collections::{BTreeMap, HashMap};
 use candle_core::{bail, Device, Module, Result, Tensor, Var};
 use rstest::rstest;
 use workbook::autograd::{vjp, Gradients};
-use workbook::distributed::{OwnRing, ProcessGroup, ReduceOp};
+use workbook::distributed::{DeviceMesh, MeshShape, OwnRing, ProcessGroup, ReduceOp};
 use workbook::model::{layer_of, Outer, ParamStore};
+use workbook::parallel::ddp::average_in_buckets;
 use workbook::parallel::fsdp::FlatLayout;
 use workbook::parallel::fsdp_unit::BlockUnit;
 use workbook::parallel::pipeline::{PipelineSchedule, PipelineStage};
@@ -110,6 +114,24 @@ fn pipeline_stage(pg: Box<dyn ProcessGroup>, schedule: PipelineSchedule) -> Resu
     let mut optimizer = adamw(stage.params())?;
     for step in 0..STEPS {
         let grads = schedule.step(pg.as_ref(), &stage, &global_batches(step))?.grads;
+        optimizer.step(stage.params(), &grads, LR)?;
+    }
+    Ok(values(stage.params()))
+}
+
+/// One stage of one replica of a pipeline on a (dp 2, pp 2) mesh: your
+/// GPipe step over the replica's rows, the gradients averaged over the
+/// stage's data-parallel group, AdamW on the stage's parameters.
+fn replicated_pipeline_stage(pg: Box<dyn ProcessGroup>) -> Result<Values> {
+    let mesh = DeviceMesh::new(pg, MeshShape { dp: 2, pp: 2, tp: 1 })?;
+    let params = init_params(&model_config(), 7, &Device::Cpu)?;
+    let (pp, replica) = (mesh.pp(), mesh.coords().dp);
+    let stage = PipelineStage::new(&model_config(), &params, pp.rank(), pp.world_size())?;
+    let mut optimizer = adamw(stage.params())?;
+    for step in 0..STEPS {
+        let rows: Vec<Tensor> = global_batches(step).iter().map(|b| rows_of(b, replica, 2)).collect();
+        let mut grads = PipelineSchedule::GPipe.step(pp, &stage, &rows)?.grads;
+        average_in_buckets(mesh.dp(), &mut grads, BUCKET_BYTES)?;
         optimizer.step(stage.params(), &grads, LR)?;
     }
     Ok(values(stage.params()))
@@ -306,6 +328,12 @@ fn your_pipeline_of_two_processes_trains_as_one_process(
         "the two stages together should hold every parameter once: {held:?}"
     );
     expect_as_one_process(&per_stage, &format!("the {schedule} pipeline of exercise {}", schedule.exercise()));
+}
+
+#[test]
+fn your_pipeline_replicated_on_a_mesh_of_four_processes_trains_as_one_process() {
+    let per_rank = on_processes(4, |pg| replicated_pipeline_stage(Box::new(pg)));
+    expect_as_one_process(&per_rank, "the GPipe pipeline of exercise 21 on a dp 2 × pp 2 mesh");
 }
 
 #[test]

@@ -44,10 +44,10 @@ pub fn exercises_called(options: &RunOptions) -> BTreeMap<u32, &'static str> {
             called.insert(14, "--strategy fsdp");
             called.insert(15, "the checkpoint every run saves");
         }
-        Strategy::Pipeline(PipelineSchedule::GPipe) => {
+        Strategy::Pipeline { schedule: PipelineSchedule::GPipe, .. } => {
             called.insert(21, "--pipeline-schedule gpipe");
         }
-        Strategy::Pipeline(PipelineSchedule::OneFOneB) => {
+        Strategy::Pipeline { schedule: PipelineSchedule::OneFOneB, .. } => {
             called.insert(24, "--pipeline-schedule 1f1b");
         }
     }

@@ -8,7 +8,8 @@ use candle_core::{Device, Tensor};
 use indicatif::{ProgressBar, ProgressStyle};
 use workbook::data::{DataConfig, Dataset, DistributedSampler};
 use workbook::distributed::{
-    all_reduce_scalar, spawn_with_timeout, while_busy, DistEnv, OwnRing, ProcessGroup, ReduceOp, SingleProcess,
+    all_reduce_scalar, spawn_with_timeout, while_busy, DeviceMesh, DistEnv, OwnRing, ProcessGroup, ReduceOp,
+    SingleProcess,
 };
 use workbook::parallel::ddp::Ddp;
 use workbook::parallel::fsdp::FsdpTrainer;
@@ -97,7 +98,7 @@ pub fn train(options: &RunOptions) -> Result<Summary> {
             );
         }
     }
-    options.config.validate(options.strategy.data_parallel_size(options.nproc))?;
+    options.config.validate(options.strategy.mesh(options.nproc)?.dp)?;
     options.backend.check(options.device)?;
     if options.ddp_overlap && options.device == DeviceKind::Cuda {
         // candle's CUDA device queues each host thread's work on that thread's
@@ -200,8 +201,10 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>, 
             let trainer = FsdpTrainer::new(&model_config, params, train_config, fsdp, pg)?;
             drive(options, dataset, trainer, device, num_params)
         }
-        Strategy::Pipeline(schedule) => {
-            let trainer = PipelineTrainer::new(&model_config, &params, train_config, pg, schedule)?;
+        Strategy::Pipeline { schedule, .. } => {
+            let mesh = DeviceMesh::new(pg, options.strategy.mesh(options.nproc)?)?;
+            let trainer =
+                PipelineTrainer::new(&model_config, &params, train_config, mesh, schedule, options.bucket_bytes)?;
             drop(params); // each stage keeps only its own parameters
             drive(options, dataset, trainer, device, num_params)
         }
@@ -218,9 +221,9 @@ fn drive(
 ) -> Result<Summary> {
     let (rank, world) = (trainer.process_group().rank(), trainer.process_group().world_size());
     let is_logger = rank == 0;
-    // The ranks that split the data: all of them, or one in a pipeline, whose stages read the same batch.
-    let data_ranks = options.strategy.data_parallel_size(world);
-    let data_rank = rank % data_ranks;
+    // The ranks that split the data: the replicas; the stages of one pipeline read the same batch.
+    let mesh = options.strategy.mesh(world)?;
+    let (data_ranks, data_rank) = (mesh.dp, mesh.coords(rank).dp);
     if options.trace {
         // Thread ranks share this process, and so its timeline: one track each.
         match DistEnv::from_env()?.is_none() && world > 1 {
@@ -270,9 +273,9 @@ fn drive(
             .collect::<candle_core::Result<Vec<Tensor>>>()?;
         let skipped_before = trainer.counters().skipped_steps;
         let step_span = timeline::span("compute", format!("step {}", trainer.counters().step + 1));
-        let comm_before = trainer.process_group().stats();
+        let comm_before = trainer.comm_stats();
         let stats = trainer.train_step(&batches).map_err(|e| anyhow!("step {}: {e}", trainer.counters().step))?;
-        sent_bytes += trainer.process_group().stats().since(&comm_before).total_wire_bytes();
+        sent_bytes += trainer.comm_stats().since(&comm_before).total_wire_bytes();
         steps_trained += 1;
         drop(step_span);
         // Each rank saw only its own batches.
@@ -468,8 +471,8 @@ fn print_plan(options: &RunOptions, dataset: &Dataset, device: &Device, num_para
     if options.ddp_overlap {
         println!("gradients: buckets all-reduced during backward, your exercise 19 (--ddp-overlap)");
     }
-    if let Strategy::Pipeline(schedule) = options.strategy {
-        let (stages, micro_batches) = (options.nproc, c.grad_accum_steps);
+    if let Strategy::Pipeline { schedule, stages } = options.strategy {
+        let micro_batches = c.grad_accum_steps;
         let layers: Vec<String> = (0..stages)
             .map(|s| format!("{:?}", workbook::parallel::pipeline::stage_layers(c.model.num_layers, stages, s)))
             .collect();
@@ -480,6 +483,12 @@ fn print_plan(options: &RunOptions, dataset: &Dataset, device: &Device, num_para
             100.0 * (stages - 1) as f64 / (micro_batches + stages - 1) as f64,
             schedule.most_in_flight(0, stages, micro_batches)
         );
+        let replicas = options.nproc / stages;
+        if replicas > 1 {
+            println!(
+                "data parallelism: {replicas} replicas of the pipeline, each stage's gradients averaged with the same stage of the others"
+            );
+        }
     }
     if let Some(rank) = options.powersgd_rank {
         println!("gradients: matrices averaged as rank-{rank} PowerSGD estimates, your exercise 18 (--powersgd-rank)");

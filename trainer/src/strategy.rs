@@ -1,6 +1,7 @@
 //! The ways a run trains across ranks; the loop sees each through
 //! [`workbook::train::Train`].
 
+use workbook::distributed::MeshShape;
 use workbook::parallel::fsdp::FsdpConfig;
 use workbook::parallel::pipeline::PipelineSchedule;
 
@@ -11,18 +12,19 @@ pub enum Strategy {
     Ddp,
     /// Phase 3: sharded units.
     Fsdp(FsdpConfig),
-    /// Phase 4: the blocks cut into one pipeline stage per rank, stepped on
-    /// GPipe's schedule (exercise 21) or 1F1B's (exercise 24).
-    Pipeline(PipelineSchedule),
+    /// Phase 4: the blocks cut into `stages` pipeline stages, stepped on
+    /// GPipe's schedule (exercise 21) or 1F1B's (exercise 24); the ranks
+    /// beyond one pipeline are data-parallel replicas of it.
+    Pipeline { schedule: PipelineSchedule, stages: usize },
 }
 
 impl Strategy {
-    /// How many ranks split the data among them, of `nproc`: all of them,
-    /// except in a pipeline, whose stages all read the same batch.
-    pub fn data_parallel_size(self, nproc: usize) -> usize {
+    /// How a job of `nproc` ranks is laid out: one data-parallel axis, or
+    /// pipelines of `stages` ranks replicated across the rest.
+    pub fn mesh(self, nproc: usize) -> candle_core::Result<MeshShape> {
         match self {
-            Strategy::Pipeline(_) => 1,
-            Strategy::Ddp | Strategy::Fsdp(_) => nproc,
+            Strategy::Pipeline { stages, .. } => MeshShape::new(nproc, None, Some(stages), None),
+            Strategy::Ddp | Strategy::Fsdp(_) => Ok(MeshShape::data_parallel(nproc)),
         }
     }
 }

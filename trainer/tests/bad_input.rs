@@ -80,12 +80,12 @@ fn flags_that_do_not_apply_are_refused() {
         "--data-path is not read with --dataset dummy",
     );
     refused(
-        train(&dir, &["--dataset", "dummy", "--pipeline-stages", "2"]),
-        "--pipeline-stages 2 needs one rank per stage: run it with --nproc 2",
+        train(&dir, &["--dataset", "dummy", "--pp", "2", "--nproc", "3"]),
+        "--pp 2: 3 ranks do not divide into pipelines of 2 stage(s)",
     );
     refused(
         train(&dir, &["--dataset", "dummy", "--pipeline-stages", "2", "--nproc", "2", "--strategy", "fsdp"]),
-        "--pipeline-stages cuts the model into stages; it does not combine with --strategy fsdp",
+        "--pp cuts the model into stages; it does not combine with --strategy fsdp",
     );
     refused(
         train(&dir, &["--dataset", "dummy", "--ddp-overlap", "--strategy", "fsdp"]),

@@ -71,7 +71,7 @@ fn a_run_calls_the_exercises_its_flags_choose() {
     fsdp.strategy = Strategy::Fsdp(FsdpConfig { sharding: ShardingStrategy::FullShard, precision: Precision::Fp32 });
     assert_eq!(called(&fsdp), [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 14, 15]);
     let mut pipeline = options(PathBuf::from("unused"), 1, 2);
-    pipeline.strategy = Strategy::Pipeline(PipelineSchedule::OneFOneB);
+    pipeline.strategy = Strategy::Pipeline { schedule: PipelineSchedule::OneFOneB, stages: 2 };
     assert_eq!(called(&pipeline), [1, 2, 3, 4, 5, 6, 7, 8, 9, 24]);
 }
 
@@ -167,9 +167,9 @@ fn ddp_overlapped_with_backward_reaches_the_parameters_of_ddp_after_backward() {
     }
 }
 
-/// `--pipeline-stages 2` takes the steps one process takes on either
-/// schedule, and its checkpoint, written whole by rank 0, resumes on one
-/// process.
+/// `--pp 2` takes the steps one process takes on either schedule, and so
+/// does a pipeline of 2 stages replicated twice (dp 2 × pp 2 on 4 ranks); the
+/// checkpoint, written whole by rank 0, resumes on one process.
 #[test]
 fn a_pipeline_of_two_stages_trains_as_one_process_and_resumes_under_ddp() {
     let run = |name: &str, nproc: usize, strategy: Strategy| {
@@ -186,22 +186,26 @@ fn a_pipeline_of_two_stages_trains_as_one_process_and_resumes_under_ddp() {
         (dir, summary, params)
     };
     let (_, one, want) = run("one-process", 1, Strategy::Ddp);
-    let [_, dir] = [PipelineSchedule::GPipe, PipelineSchedule::OneFOneB].map(|schedule| {
-        let (dir, pipelined, got) = run(&format!("pipeline-{schedule}"), 2, Strategy::Pipeline(schedule));
+    let runs = [(PipelineSchedule::GPipe, 2), (PipelineSchedule::OneFOneB, 2), (PipelineSchedule::GPipe, 4)];
+    let dirs = runs.map(|(schedule, nproc)| {
+        let what = format!("{schedule} pipeline of 2 stages on {nproc} ranks");
+        let (dir, pipelined, got) =
+            run(&format!("pipeline-{schedule}-{nproc}"), nproc, Strategy::Pipeline { schedule, stages: 2 });
         let (a, b) = (one.last.unwrap().loss, pipelined.last.unwrap().loss);
-        assert!((a - b).abs() <= 1e-5 * a.abs(), "the {schedule} pipeline's loss at step 3 is {b}, one process's {a}");
+        assert!((a - b).abs() <= 1e-5 * a.abs(), "the {what}: loss at step 3 is {b}, one process's {a}");
         assert_eq!(got.len(), want.len(), "rank 0 should write every stage's parameters");
         for (name, want) in &want {
             let got = &got[name];
             let diff = (got - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
             let scale = want.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
-            assert!(diff <= 1e-5 * scale.max(1.0), "`{name}` differs by {diff:e} after 3 {schedule} steps");
+            assert!(diff <= 1e-5 * scale.max(1.0), "the {what}: `{name}` differs by {diff:e} after 3 steps");
         }
         dir
     });
+    let dir = &dirs[2];
 
     let mut more = options(dir.clone(), 5, 1);
     more.config.grad_accum_steps = 4;
     more.resume = Some(dir.clone());
-    assert_eq!(train(&more).unwrap().first.unwrap().step, 4, "one process continues the pipeline's run");
+    assert_eq!(train(&more).unwrap().first.unwrap().step, 4, "one process continues the replicated pipeline's run");
 }

@@ -1,15 +1,20 @@
-//! The pipeline trainer (`train --pipeline-stages S`): one stage per rank,
+//! The pipeline trainer (`train --pp S`): one stage per rank of a pipeline,
 //! each step the learner's GPipe (exercise 21) or 1F1B (exercise 24)
 //! schedule over the step's micro-batches, each stage updating only its own
-//! parameters.
+//! parameters; with more ranks than stages, data-parallel replicas of the
+//! pipeline on a [`DeviceMesh`] of shape (dp, pp, 1).
 //!
-//! Every stage sees the same batch (there is no data parallelism), so the
-//! loop samples as one rank does. What needs the whole model goes through the
-//! process group: the gradient norm for clipping is the square root of the
-//! stages' sums of squares added up (they hold disjoint parameters); the loss,
-//! which only the last stage computes, is broadcast from it; a checkpoint is
-//! sent to rank 0, which writes it whole, in the format every trainer reads,
-//! so a pipelined run resumes under DDP or FSDP and the other way round.
+//! The stages of one pipeline see the same batch; each replica its own share
+//! of it. Every collective runs on the group it concerns: activations and
+//! their gradients travel between the stages of a pipeline (the mesh's `pp`
+//! group); after the schedule, each stage averages its gradients with the
+//! same stage of the other replicas (the `dp` group), in DDP's buckets; the
+//! gradient norm for clipping is the square root of the stages' sums of
+//! squares added up over the pipeline (they hold disjoint parameters); the
+//! loss, which only the last stage computes, is broadcast from it. A
+//! checkpoint is sent to the first stage of the first replica (rank 0), which
+//! writes it whole, in the format every trainer reads, so a pipelined run
+//! resumes under DDP or FSDP, or on another mesh, and the other way round.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -18,8 +23,9 @@ use candle_core::{bail, DType, Device, Result, Tensor};
 
 use super::{stage_holding, PipelineSchedule, PipelineStage};
 use crate::autograd::{clip_factor, sum_of_squares};
-use crate::distributed::{all_reduce_scalar, ProcessGroup, ReduceOp};
+use crate::distributed::{all_reduce_scalar, CommStats, DeviceMesh, ProcessGroup, ReduceOp};
 use crate::model::{param_specs, GptConfig, ParamStore};
+use crate::parallel::ddp::average_in_buckets;
 use crate::phase2_training::param_groups;
 use crate::train::{
     AdamW, Checkpoint, DataPosition, ParamGroup, StepCounters, StepStats, Train, TrainConfig, TrainerState,
@@ -32,7 +38,9 @@ pub struct PipelineTrainer {
     /// AdamW over this stage's parameters, grouped as exercise 8 groups them.
     optimizer: AdamW,
     config: TrainConfig,
-    pg: Box<dyn ProcessGroup>,
+    mesh: DeviceMesh,
+    /// The most gradient bytes one of the replicas' all-reduces carries.
+    bucket_bytes: usize,
     /// Where this stage computes: the scalars and buffers it exchanges live there too.
     device: Device,
     step: usize,
@@ -44,16 +52,22 @@ fn moment_names(name: &str) -> [String; 2] {
 }
 
 impl PipelineTrainer {
-    /// Rank `pg.rank()`'s stage of the model `params` holds, as one of
-    /// `pg.world_size()` stages stepped on `schedule`; the rest of `params`
-    /// can be dropped.
+    /// This rank's stage of the model `params` holds: stage `mesh.pp().rank()`
+    /// of `mesh.pp().world_size()`, stepped on `schedule`, its gradients
+    /// averaged over the `mesh.dp()` replicas in all-reduces of at most
+    /// `bucket_bytes`. The rest of `params` can be dropped.
     pub fn new(
         model_config: &GptConfig,
         params: &ParamStore,
         config: TrainConfig,
-        pg: Box<dyn ProcessGroup>,
+        mesh: DeviceMesh,
         schedule: PipelineSchedule,
+        bucket_bytes: usize,
     ) -> Result<Self> {
+        if mesh.shape().tp != 1 {
+            bail!("the pipeline trainer splits no block across ranks: it takes a mesh with tp 1, not {}", mesh.shape());
+        }
+        let pg = mesh.pp();
         if config.activation_checkpointing {
             bail!(
                 "the pipeline keeps each micro-batch's activations from its forward to its backward; activation \
@@ -72,7 +86,8 @@ impl PipelineTrainer {
         ParamGroup::decay_by_name(&groups, stage.params())?;
         let optimizer = AdamW::new(groups, config.optimizer.adamw)?;
         let device = params.device()?;
-        Ok(Self { model_config: model_config.clone(), stage, schedule, optimizer, config, pg, device, step: 0 })
+        let model_config = model_config.clone();
+        Ok(Self { model_config, stage, schedule, optimizer, config, mesh, bucket_bytes, device, step: 0 })
     }
 
     /// The stage this rank runs.
@@ -84,7 +99,7 @@ impl PipelineTrainer {
     fn names_of_stage(&self, index: usize) -> Vec<(String, candle_core::Shape)> {
         param_specs(&self.model_config)
             .into_iter()
-            .filter(|spec| stage_holding(&self.model_config, self.pg.world_size(), &spec.name) == index)
+            .filter(|spec| stage_holding(&self.model_config, self.mesh.pp().world_size(), &spec.name) == index)
             .map(|spec| (spec.name, spec.shape))
             .collect()
     }
@@ -92,10 +107,11 @@ impl PipelineTrainer {
 
 impl Train for PipelineTrainer {
     fn train_step(&mut self, micro_batches: &[Tensor]) -> Result<StepStats> {
-        let pg = self.pg.as_ref();
+        let pg = self.mesh.pp();
         let last = pg.world_size() - 1;
         let step = self.schedule.step(pg, &self.stage, micro_batches)?;
         let mut grads = step.grads;
+        average_in_buckets(self.mesh.dp(), &mut grads, self.bucket_bytes)?;
         // The stages hold different parameters: their sums of squares add up.
         let sum_sq = sum_of_squares(grads.iter().map(|(_, g)| g))?;
         let grad_norm = all_reduce_scalar(pg, sum_sq, ReduceOp::Sum, &self.device)?.sqrt();
@@ -114,10 +130,14 @@ impl Train for PipelineTrainer {
         Ok(StepStats { loss, grad_norm, lr, tokens: micro_batches.iter().map(Tensor::elem_count).sum() })
     }
 
-    /// Every stage sends its parameters and moments to rank 0, which writes
-    /// them as one whole checkpoint.
+    /// Every stage of the first replica sends its parameters and moments to
+    /// the first stage, rank 0, which writes them as one whole checkpoint;
+    /// the other replicas hold the same numbers.
     fn save_checkpoint(&self, dir: &Path, data: Option<DataPosition>) -> Result<()> {
-        let pg = self.pg.as_ref();
+        if self.mesh.coords().dp != 0 {
+            return self.mesh.world().barrier();
+        }
+        let pg = self.mesh.pp();
         let has_moments = self.optimizer.steps() > 0;
         let mut moments: HashMap<String, Tensor> = self.optimizer.state_tensors().into_iter().collect();
         if pg.rank() != 0 {
@@ -130,7 +150,7 @@ impl Train for PipelineTrainer {
                     }
                 }
             }
-            return pg.barrier();
+            return self.mesh.world().barrier();
         }
         let mut params: HashMap<String, Tensor> =
             self.stage.params().iter().map(|(name, var)| (name.to_string(), var.as_tensor().clone())).collect();
@@ -147,7 +167,7 @@ impl Train for PipelineTrainer {
         }
         let state = TrainerState::new(self.step, self.optimizer.steps(), self.model_config.clone(), self.config, data);
         Checkpoint { params, optimizer: moments, state }.write(dir)?;
-        pg.barrier()
+        self.mesh.world().barrier()
     }
 
     /// Every stage reads the whole checkpoint and keeps its own part.
@@ -170,11 +190,20 @@ impl Train for PipelineTrainer {
     }
 
     fn process_group(&self) -> &dyn ProcessGroup {
-        self.pg.as_ref()
+        self.mesh.world()
+    }
+
+    fn comm_stats(&self) -> CommStats {
+        self.mesh.stats()
     }
 
     fn layout(&self) -> String {
-        format!("a GPipe pipeline of {} stages, one per rank", self.pg.world_size())
+        let (stages, replicas) = (self.mesh.shape().pp, self.mesh.shape().dp);
+        let pipeline = format!("a {} pipeline of {stages} stages, one per rank", self.schedule);
+        match replicas {
+            1 => pipeline,
+            _ => format!("{pipeline}, in {replicas} data-parallel replicas"),
+        }
     }
 
     fn report(&self) -> Option<String> {

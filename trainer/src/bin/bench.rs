@@ -140,7 +140,7 @@ fn run(args: Args) -> Result<()> {
         overwrite: true,
         init_from: None,
         activation_checkpointing: false,
-        strategy: args.pipeline.map_or(Strategy::Ddp, Strategy::Pipeline),
+        strategy: args.pipeline.map_or(Strategy::Ddp, |schedule| Strategy::Pipeline { schedule, stages: args.nproc }),
         own_ring: args.allreduce == "ring",
         powersgd_rank: args.powersgd_rank,
         ddp_overlap: args.ddp_overlap,

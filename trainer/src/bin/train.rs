@@ -104,14 +104,19 @@ struct Args {
     /// estimate (your exercise 18) instead of whole.
     #[arg(long, value_name = "R", value_parser = clap::value_parser!(u64).range(1..))]
     powersgd_rank: Option<u64>,
-    /// Cut the blocks into S pipeline stages, one per rank (S must be the
-    /// number of ranks), stepped by your exercise 21 on GPipe's schedule or
-    /// by your exercise 24 on 1F1B's (--pipeline-schedule); the
-    /// micro-batches are --grad-accum's.
-    #[arg(long, value_name = "S", conflicts_with_all = ["sharding", "precision", "powersgd_rank", "ddp_overlap"])]
+    /// Cut the blocks into S pipeline stages, one per rank, stepped by your
+    /// exercise 21 on GPipe's schedule or by your exercise 24 on 1F1B's
+    /// (--pipeline-schedule); the micro-batches are --grad-accum's. With
+    /// more ranks than S, the pipeline is replicated across them, data-parallel.
+    #[arg(
+        long = "pp",
+        visible_alias = "pipeline-stages",
+        value_name = "S",
+        conflicts_with_all = ["sharding", "precision", "powersgd_rank", "ddp_overlap"]
+    )]
     pipeline_stages: Option<usize>,
-    /// With --pipeline-stages: `gpipe` (all forwards, then all backwards) or
-    /// `1f1b` (one forward, one backward in turn after a warm-up).
+    /// With --pp: `gpipe` (all forwards, then all backwards) or `1f1b` (one
+    /// forward, one backward in turn after a warm-up).
     #[arg(long, value_name = "SCHEDULE", default_value = "gpipe", requires = "pipeline_stages")]
     pipeline_schedule: PipelineSchedule,
     /// With --strategy ddp: all-reduce gradient buckets during backward, with
@@ -246,7 +251,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     if starts_ranks {
         // Tokenise once here, not in every rank at the same time.
         for world_size in args.launch.world_sizes() {
-            options.config.validate(options.strategy.data_parallel_size(world_size))?;
+            options.config.validate(options.strategy.mesh(world_size)?.dp)?;
         }
         // Rank 0, which writes the checkpoints, runs on node 0: its launcher
         // takes the directory (other nodes may share its filesystem).
@@ -308,14 +313,11 @@ fn strategy(name: &str, sharding: Option<&str>, precision: Option<&str>) -> anyh
 
 fn pipeline(stages: usize, schedule: PipelineSchedule, strategy: &str, world_size: usize) -> anyhow::Result<Strategy> {
     if strategy != "ddp" {
-        anyhow::bail!("--pipeline-stages cuts the model into stages; it does not combine with --strategy {strategy}");
+        anyhow::bail!("--pp cuts the model into stages; it does not combine with --strategy {strategy}");
     }
-    if stages != world_size {
-        anyhow::bail!(
-            "--pipeline-stages {stages} needs one rank per stage: run it with --nproc {stages} (this job has {world_size} rank(s); a pipeline combined with data parallelism is not supported)"
-        );
-    }
-    Ok(Strategy::Pipeline(schedule))
+    let strategy = Strategy::Pipeline { schedule, stages };
+    strategy.mesh(world_size).map_err(|e| anyhow::anyhow!("--pp {stages}: {e}"))?;
+    Ok(strategy)
 }
 
 fn override_with<T>(slot: &mut T, value: Option<T>) {
