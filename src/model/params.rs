@@ -151,6 +151,18 @@ impl ParamStore {
         Self { vars }
     }
 
+    /// The parameters of every store in `parts`, sharing their variables;
+    /// an error when two hold a parameter of the same name.
+    pub fn union<'a>(parts: impl IntoIterator<Item = &'a ParamStore>) -> Result<Self> {
+        let mut vars = BTreeMap::new();
+        for (name, var) in parts.into_iter().flat_map(ParamStore::iter) {
+            if vars.insert(name.to_string(), var.clone()).is_some() {
+                bail!("parameter `{name}` is held twice");
+            }
+        }
+        Ok(Self { vars })
+    }
+
     /// The device the model computes on: its embedding's (a model keeps its
     /// parameters together).
     pub fn device(&self) -> Result<Device> {

@@ -184,12 +184,19 @@ impl AdamW {
         Ok(())
     }
 
-    /// The moments as named tensors (`exp_avg.<name>`, `exp_avg_sq.<name>`), for a checkpoint.
+    /// What a checkpoint calls the two moments of parameter `name`:
+    /// `exp_avg.<name>` and `exp_avg_sq.<name>`.
+    pub fn moment_names(name: &str) -> [String; 2] {
+        [format!("exp_avg.{name}"), format!("exp_avg_sq.{name}")]
+    }
+
+    /// The moments as named tensors (see [`AdamW::moment_names`]), for a checkpoint.
     pub fn state_tensors(&self) -> BTreeMap<String, Tensor> {
         let mut out = BTreeMap::new();
         for (name, m) in &self.moments {
-            out.insert(format!("exp_avg.{name}"), m.exp_avg.clone());
-            out.insert(format!("exp_avg_sq.{name}"), m.exp_avg_sq.clone());
+            let [exp_avg, exp_avg_sq] = Self::moment_names(name);
+            out.insert(exp_avg, m.exp_avg.clone());
+            out.insert(exp_avg_sq, m.exp_avg_sq.clone());
         }
         out
     }
@@ -201,9 +208,8 @@ impl AdamW {
         for name in self.groups.iter().flat_map(|g| &g.names) {
             let param = params.get(name)?;
             let shape = param.shape().clone();
-            let read = |kind: &str| -> Result<Tensor> {
-                let key = format!("{kind}.{name}");
-                let Some(t) = tensors.get(&key) else {
+            let read = |key: &String| -> Result<Tensor> {
+                let Some(t) = tensors.get(key) else {
                     // Not saved, or saved for another model: the count is what is known.
                     bail!(
                         "optimizer state has no `{key}`: it holds {} tensors, and this model's AdamW needs {needed} \
@@ -218,7 +224,8 @@ impl AdamW {
                 t.to_dtype(DType::F32)?.to_device(param.device())
             };
             if steps > 0 {
-                moments.insert(name.clone(), Moments { exp_avg: read("exp_avg")?, exp_avg_sq: read("exp_avg_sq")? });
+                let [exp_avg, exp_avg_sq] = Self::moment_names(name);
+                moments.insert(name.clone(), Moments { exp_avg: read(&exp_avg)?, exp_avg_sq: read(&exp_avg_sq)? });
             }
         }
         self.steps = steps;

@@ -13,8 +13,9 @@
 //!   the other replica's same stage.
 //! - Fully sharded: the blocks as FSDP units stepped by your exercise 22,
 //!   each rank updating only its shards.
-//! - Tensor parallel: every block split across the ranks and stepped by your
-//!   exercise 23, each rank updating only its shards.
+//! - Tensor parallel: the workbook's tensor-parallel trainer on a mesh of
+//!   2 replicas × 2 ranks, every block split across a replica's ranks and
+//!   stepped by your exercise 23, each rank updating only its shards.
 //!
 //! In the last two the model's root (embedding, final norm, head) stays
 //! whole on every rank, as the FSDP trainer keeps its root unit.
@@ -30,18 +31,22 @@ use workbook::parallel::ddp::average_in_buckets;
 use workbook::parallel::fsdp::FlatLayout;
 use workbook::parallel::fsdp_unit::BlockUnit;
 use workbook::parallel::pipeline::{PipelineSchedule, PipelineStage};
-use workbook::parallel::tensor::TensorParallelBlock;
+use workbook::parallel::tensor::{TensorParallelBlock, TensorParallelTrainer};
 use workbook::parallel::zero::ShardedAdamW;
 use workbook::phase1_model::next_token_loss;
-use workbook::phase4_under_the_hood::{fsdp_backward, fsdp_forward, overlapped_all_reduce, tensor_parallel_step};
-use workbook::train::{AdamW, AdamWConfig, ParamGroup};
+use workbook::phase4_under_the_hood::{fsdp_backward, fsdp_forward, overlapped_all_reduce};
+use workbook::train::{AdamW, AdamWConfig, ParamGroup, Train};
 use workbook::{init_params, Gpt};
 
-use crate::fsdp_runs::{as_values, global_batches, max_relative_difference, model_config, rows_of};
+use crate::fsdp_runs::{
+    as_values, global_batches, max_relative_difference, model_config, rows_of, single_process, train_config,
+};
 use crate::process_ranks::on_processes;
 
 const STEPS: usize = 3;
 const LR: f64 = 1e-2;
+/// Clipping that bites on this model, where a run clips as the trainer does.
+const CLIP: f64 = 0.5;
 const WEIGHT_DECAY: f64 = 0.1;
 /// Small enough that the model's gradients fill several buckets.
 const BUCKET_BYTES: usize = 16 * 1024;
@@ -225,53 +230,19 @@ fn fsdp_rank(pg: Box<dyn ProcessGroup>) -> Result<Values> {
     Ok(held)
 }
 
-/// One tensor-parallel rank: the whole batch, every block split across the
-/// ranks and stepped by your exercise 23, AdamW on the root and on this
-/// rank's shards.
-///
-/// Exercise 23 takes a block's forward and backward in one call, so the
-/// forward pass runs each block once for its output and the backward pass
-/// runs it again with its output's gradient, as activation checkpointing does.
+/// One rank of a (dp 2, tp 2) mesh: the workbook's tensor-parallel
+/// trainer, whose blocks your exercise 23 steps (its MLP cut by your
+/// exercise 20), on its replica's rows of each micro-batch.
 fn tensor_parallel_rank(pg: Box<dyn ProcessGroup>) -> Result<Values> {
-    let config = model_config();
-    let whole = init_params(&config, 7, &Device::Cpu)?;
-    let root = Root::of(&whole)?;
-    let blocks = (0..config.num_layers)
-        .map(|layer| TensorParallelBlock::shard(&config, &whole, layer, pg.rank(), pg.world_size()))
-        .collect::<Result<Vec<_>>>()?;
-    let mut optimizers = std::iter::once(&root.params)
-        .chain(blocks.iter().map(TensorParallelBlock::params))
-        .map(adamw)
-        .collect::<Result<Vec<_>>>()?;
+    let mesh = DeviceMesh::new(pg, MeshShape { dp: 2, pp: 1, tp: 2 })?;
+    let replica = mesh.coords().dp;
+    let params = init_params(&model_config(), 7, &Device::Cpu)?;
+    let mut trainer = TensorParallelTrainer::new(&model_config(), &params, train_config(CLIP), mesh, BUCKET_BYTES)?;
     for step in 0..STEPS {
-        let batches = global_batches(step);
-        let mut grads = vec![Gradients::default(); blocks.len() + 1];
-        for tokens in &batches {
-            let embedded = root.embed(tokens)?;
-            let mut inputs = vec![];
-            let mut h = embedded.detach();
-            for block in &blocks {
-                let output = tensor_parallel_step(pg.as_ref(), block, &h, &h.zeros_like()?)?.output;
-                inputs.push(std::mem::replace(&mut h, output));
-            }
-            let (head, mut grad) = root.head_backward(&h, tokens)?;
-            grads[0].accumulate(&head)?;
-            for (i, (block, input)) in blocks.iter().zip(&inputs).enumerate().rev() {
-                let step = tensor_parallel_step(pg.as_ref(), block, input, &grad)?;
-                grads[i + 1].accumulate(&step.grads)?;
-                grad = step.grad_input;
-            }
-            grads[0].accumulate(&root.embedding_backward(&embedded, &grad)?)?;
-        }
-        let stores = std::iter::once(&root.params).chain(blocks.iter().map(TensorParallelBlock::params));
-        for ((optimizer, params), mut grads) in optimizers.iter_mut().zip(stores).zip(grads) {
-            grads.scale(1.0 / batches.len() as f64)?;
-            optimizer.step(params, &grads, LR)?;
-        }
+        let rows: Vec<Tensor> = global_batches(step).iter().map(|b| rows_of(b, replica, 2)).collect();
+        trainer.train_step(&rows)?;
     }
-    let mut held = values(&root.params);
-    blocks.iter().for_each(|block| held.extend(values(block.params())));
-    Ok(held)
+    Ok(values(trainer.params()))
 }
 
 /// What rank `rank` of `world` holds of `whole` when every block is split
@@ -343,10 +314,9 @@ fn your_fsdp_units_on_two_processes_train_as_one_process() {
 }
 
 #[test]
-fn your_tensor_parallel_blocks_on_two_processes_train_as_one_process() {
-    let per_rank = on_processes(2, |pg| tensor_parallel_rank(Box::new(pg)));
-    let one = one_process();
-    expect_shares_of_one_process(&per_rank, "tensor-parallel blocks stepped by exercise 23", |rank| {
-        tensor_parallel_shares(&one, rank, 2)
-    });
+fn your_tensor_parallel_blocks_on_a_mesh_of_four_processes_train_as_one_process() {
+    let per_rank = on_processes(4, |pg| tensor_parallel_rank(Box::new(pg)));
+    let one = ParamStore::from_tensors(single_process(STEPS, CLIP)).unwrap();
+    let what = "the tensor-parallel trainer on a dp 2 × tp 2 mesh, its blocks stepped by exercise 23";
+    expect_shares_of_one_process(&per_rank, what, |rank| tensor_parallel_shares(&one, rank % 2, 2));
 }

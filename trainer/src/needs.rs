@@ -50,6 +50,10 @@ pub fn exercises_called(options: &RunOptions) -> BTreeMap<u32, &'static str> {
         Strategy::Pipeline { schedule: PipelineSchedule::OneFOneB, .. } => {
             called.insert(24, "--pipeline-schedule 1f1b");
         }
+        Strategy::TensorParallel { .. } => {
+            called.insert(20, "--tp (the MLP's split)");
+            called.insert(23, "--tp");
+        }
     }
     if options.own_ring {
         called.insert(16, "--allreduce ring");

@@ -14,6 +14,7 @@ use workbook::distributed::{
 use workbook::parallel::ddp::Ddp;
 use workbook::parallel::fsdp::FsdpTrainer;
 use workbook::parallel::pipeline::PipelineTrainer;
+use workbook::parallel::tensor::TensorParallelTrainer;
 use workbook::timeline;
 use workbook::train::{faults, DataPosition, StepStats, Train, Trainer};
 use workbook::{init_params, ParamStore};
@@ -206,6 +207,12 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>, 
             let trainer =
                 PipelineTrainer::new(&model_config, &params, train_config, mesh, schedule, options.bucket_bytes)?;
             drop(params); // each stage keeps only its own parameters
+            drive(options, dataset, trainer, device, num_params)
+        }
+        Strategy::TensorParallel { .. } => {
+            let mesh = DeviceMesh::new(pg, options.strategy.mesh(options.nproc)?)?;
+            let trainer = TensorParallelTrainer::new(&model_config, &params, train_config, mesh, options.bucket_bytes)?;
+            drop(params); // each rank keeps the root and its own shards
             drive(options, dataset, trainer, device, num_params)
         }
     }
@@ -489,6 +496,13 @@ fn print_plan(options: &RunOptions, dataset: &Dataset, device: &Device, num_para
                 "data parallelism: {replicas} replicas of the pipeline, each stage's gradients averaged with the same stage of the others"
             );
         }
+    }
+    if let Strategy::TensorParallel { ranks } = options.strategy {
+        let replicas = options.nproc / ranks;
+        println!(
+            "tensor parallelism: every block split across {ranks} ranks (heads and MLP units), stepped by your exercise 23; \
+             embedding and head whole on every rank; {replicas} data-parallel replica(s)"
+        );
     }
     if let Some(rank) = options.powersgd_rank {
         println!("gradients: matrices averaged as rank-{rank} PowerSGD estimates, your exercise 18 (--powersgd-rank)");

@@ -16,14 +16,19 @@ pub enum Strategy {
     /// GPipe's schedule (exercise 21) or 1F1B's (exercise 24); the ranks
     /// beyond one pipeline are data-parallel replicas of it.
     Pipeline { schedule: PipelineSchedule, stages: usize },
+    /// Phase 4: every block split across `ranks` tensor-parallel ranks,
+    /// stepped by exercise 23 (its MLP cut by exercise 20); the ranks beyond
+    /// one group are data-parallel replicas of it.
+    TensorParallel { ranks: usize },
 }
 
 impl Strategy {
     /// How a job of `nproc` ranks is laid out: one data-parallel axis, or
-    /// pipelines of `stages` ranks replicated across the rest.
+    /// pipelines or tensor-parallel groups replicated across the rest.
     pub fn mesh(self, nproc: usize) -> candle_core::Result<MeshShape> {
         match self {
             Strategy::Pipeline { stages, .. } => MeshShape::new(nproc, None, Some(stages), None),
+            Strategy::TensorParallel { ranks } => MeshShape::new(nproc, None, None, Some(ranks)),
             Strategy::Ddp | Strategy::Fsdp(_) => Ok(MeshShape::data_parallel(nproc)),
         }
     }

@@ -209,3 +209,65 @@ fn a_pipeline_of_two_stages_trains_as_one_process_and_resumes_under_ddp() {
     more.resume = Some(dir.clone());
     assert_eq!(train(&more).unwrap().first.unwrap().step, 4, "one process continues the replicated pipeline's run");
 }
+
+/// The parameters of the checkpoint at `step` in `dir`.
+fn checkpoint_params(dir: &std::path::Path, step: usize) -> std::collections::HashMap<String, candle_core::Tensor> {
+    let file = checkpoints::step_dir(dir, step).join("model.safetensors");
+    candle_core::safetensors::load(file, &candle_core::Device::Cpu).unwrap()
+}
+
+/// Fails naming the first parameter of `got` further than 1e-5 (relative) from `want`'s.
+fn expect_same_params(
+    got: &std::collections::HashMap<String, candle_core::Tensor>,
+    want: &std::collections::HashMap<String, candle_core::Tensor>,
+    what: &str,
+) {
+    assert_eq!(got.len(), want.len(), "{what}: the checkpoint should hold every parameter, whole");
+    for (name, want) in want {
+        let got = &got[name];
+        let diff = (got - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        let scale = want.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        assert!(diff <= 1e-5 * scale.max(1.0), "{what}: `{name}` differs by {diff:e}");
+    }
+}
+
+/// `--tp 2` on 2 ranks and on 4 (dp 2 × tp 2) takes the steps one process
+/// takes; its checkpoint holds whole tensors, moments included: one process
+/// resuming it, and a tensor-parallel run resuming one process's, both
+/// reach one uninterrupted process's parameters.
+#[test]
+fn tensor_parallel_runs_train_as_one_process_and_their_checkpoints_move_between_layouts() {
+    let run = |name: &str, steps: usize, nproc: usize, strategy: Strategy, resume: Option<PathBuf>| {
+        let dir = scratch(name);
+        let mut options = options(dir.clone(), steps, nproc);
+        options.config.grad_accum_steps = 2;
+        options.checkpoint_every = 3;
+        options.strategy = strategy;
+        // Resumes from the other run's checkpoint at step 3.
+        options.resume = resume.map(|from| checkpoints::step_dir(&from, 3));
+        let summary = train(&options).unwrap();
+        (dir, summary)
+    };
+    let tp2 = Strategy::TensorParallel { ranks: 2 };
+    let (one_dir, one) = run("tp-one-process", 5, 1, Strategy::Ddp, None);
+    for nproc in [2, 4] {
+        let (dir, summary) = run(&format!("tp-on-{nproc}"), 3, nproc, tp2, None);
+        let (a, b) = (one.first.unwrap().loss, summary.first.unwrap().loss);
+        assert!((a - b).abs() <= 1e-5 * a.abs(), "tp 2 on {nproc} ranks: loss at step 1 is {b}, one process's {a}");
+        expect_same_params(
+            &checkpoint_params(&dir, 3),
+            &checkpoint_params(&one_dir, 3),
+            &format!("tp 2 on {nproc} ranks, step 3"),
+        );
+        if nproc == 4 {
+            let (resumed, _) = run("tp-resumed-by-one", 5, 1, Strategy::Ddp, Some(dir));
+            expect_same_params(
+                &checkpoint_params(&resumed, 5),
+                &checkpoint_params(&one_dir, 5),
+                "one process resuming tp 2",
+            );
+        }
+    }
+    let (resumed, _) = run("one-resumed-by-tp", 5, 2, tp2, Some(one_dir.clone()));
+    expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(&one_dir, 5), "tp 2 resuming one process");
+}

@@ -46,11 +46,6 @@ pub struct PipelineTrainer {
     step: usize,
 }
 
-/// The moments of `name` as AdamW names them in a checkpoint.
-fn moment_names(name: &str) -> [String; 2] {
-    [format!("exp_avg.{name}"), format!("exp_avg_sq.{name}")]
-}
-
 impl PipelineTrainer {
     /// This rank's stage of the model `params` holds: stage `mesh.pp().rank()`
     /// of `mesh.pp().world_size()`, stepped on `schedule`, its gradients
@@ -145,7 +140,7 @@ impl Train for PipelineTrainer {
             for (name, _) in self.names_of_stage(pg.rank()) {
                 pg.send(self.stage.params().get(&name)?.as_tensor(), 0)?;
                 if has_moments {
-                    for moment in moment_names(&name) {
+                    for moment in AdamW::moment_names(&name) {
                         pg.send(&moments[&moment], 0)?;
                     }
                 }
@@ -159,7 +154,7 @@ impl Train for PipelineTrainer {
                 let like = Tensor::zeros(shape, DType::F32, &self.device)?;
                 params.insert(name.clone(), pg.recv(&like, stage)?);
                 if has_moments {
-                    for moment in moment_names(&name) {
+                    for moment in AdamW::moment_names(&name) {
                         moments.insert(moment, pg.recv(&like, stage)?);
                     }
                 }

@@ -22,6 +22,7 @@ use workbook::data::{DataConfig, DatasetKind, SAMPLE_PATH};
 use workbook::distributed::DistEnv;
 use workbook::parallel::fsdp::FsdpConfig;
 use workbook::parallel::pipeline::PipelineSchedule;
+use workbook::GptConfig;
 
 /// Train a GPT. Defaults come from configs/<model-size>.toml; flags override them.
 #[derive(Parser)]
@@ -115,6 +116,16 @@ struct Args {
         conflicts_with_all = ["sharding", "precision", "powersgd_rank", "ddp_overlap"]
     )]
     pipeline_stages: Option<usize>,
+    /// Split every block across T tensor-parallel ranks, Megatron style,
+    /// stepped by your exercise 23 (the embedding and head stay whole on
+    /// every rank). With more ranks than T, the group is replicated across
+    /// them, data-parallel.
+    #[arg(
+        long = "tp",
+        value_name = "T",
+        conflicts_with_all = ["sharding", "precision", "powersgd_rank", "ddp_overlap", "pipeline_stages", "activation_checkpointing"]
+    )]
+    tensor_parallel: Option<usize>,
     /// With --pp: `gpipe` (all forwards, then all backwards) or `1f1b` (one
     /// forward, one backward in turn after a warm-up).
     #[arg(long, value_name = "SCHEDULE", default_value = "gpipe", requires = "pipeline_stages")]
@@ -218,6 +229,11 @@ fn run(args: Args) -> anyhow::Result<()> {
         false => args.resume.map(|p| p.unwrap_or_else(|| args.checkpoint_dir.clone())),
     };
     let world_size = launched.as_ref().map_or(args.launch.world_size(), |env| env.world_size);
+    let strategy = match (args.pipeline_stages, args.tensor_parallel) {
+        (Some(stages), _) => pipeline(stages, args.pipeline_schedule, &args.strategy, world_size)?,
+        (None, Some(ranks)) => tensor_parallel(ranks, &args.strategy, &config.model, world_size)?,
+        (None, None) => strategy(&args.strategy, args.sharding.as_deref(), args.precision.as_deref())?,
+    };
     let options = RunOptions {
         config,
         data,
@@ -232,10 +248,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         overwrite: args.overwrite,
         init_from: args.init_from,
         activation_checkpointing: args.activation_checkpointing,
-        strategy: match args.pipeline_stages {
-            Some(stages) => pipeline(stages, args.pipeline_schedule, &args.strategy, world_size)?,
-            None => strategy(&args.strategy, args.sharding.as_deref(), args.precision.as_deref())?,
-        },
+        strategy,
         own_ring: args.allreduce == "ring",
         powersgd_rank: args.powersgd_rank.map(|r| r as usize),
         ddp_overlap: args.ddp_overlap,
@@ -317,6 +330,25 @@ fn pipeline(stages: usize, schedule: PipelineSchedule, strategy: &str, world_siz
     }
     let strategy = Strategy::Pipeline { schedule, stages };
     strategy.mesh(world_size).map_err(|e| anyhow::anyhow!("--pp {stages}: {e}"))?;
+    Ok(strategy)
+}
+
+fn tensor_parallel(ranks: usize, strategy: &str, model: &GptConfig, world_size: usize) -> anyhow::Result<Strategy> {
+    if strategy != "ddp" {
+        anyhow::bail!("--tp splits every block across ranks; it does not combine with --strategy {strategy}");
+    }
+    let strategy = Strategy::TensorParallel { ranks };
+    strategy.mesh(world_size).map_err(|e| anyhow::anyhow!("--tp {ranks}: {e}"))?;
+    let cut =
+        [("heads", model.num_heads), ("key/value heads", model.kv_heads()), ("MLP units", model.intermediate_size)];
+    if let Some((what, count)) = cut.iter().find(|(_, count)| !count.is_multiple_of(ranks)) {
+        anyhow::bail!(
+            "--tp {ranks}: the model's {count} {what} do not split evenly across {ranks} ranks: use a --tp that divides {count}"
+        );
+    }
+    if model.bias {
+        anyhow::bail!("--tp takes a model without biases: a row-parallel layer's bias would be added once per rank");
+    }
     Ok(strategy)
 }
 

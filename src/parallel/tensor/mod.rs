@@ -2,7 +2,11 @@
 //! ranks, each computing its part of every token. The MLP's split and
 //! forward are exercise 20 (`exercises/phase4_under_the_hood/ex20_tensor_parallel_mlp.rs`);
 //! a whole block's step, forward and backward, is exercise 23
-//! (`exercises/phase4_under_the_hood/ex23_tensor_parallel_block.rs`).
+//! (`exercises/phase4_under_the_hood/ex23_tensor_parallel_block.rs`), which
+//! the [`TensorParallelTrainer`] (`train --tp T`) steps every block with.
+
+mod trainer;
+pub use trainer::TensorParallelTrainer;
 
 use candle_core::{bail, Module, Result, Tensor};
 

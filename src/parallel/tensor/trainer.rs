@@ -1,0 +1,290 @@
+//! The tensor-parallel trainer (`train --tp T`): every block split across
+//! the T ranks of a tensor-parallel group, Megatron style, and stepped by
+//! the learner's exercise 23; the model's root (embedding, final norm and
+//! head) whole on every rank. With more ranks than T, the group is
+//! replicated data-parallel on a [`DeviceMesh`] of shape (dp, 1, tp).
+//!
+//! Exercise 23 takes a block's forward and its backward in one call (the
+//! output's gradient is one of its inputs), so a step runs each block twice
+//! per micro-batch, as activation checkpointing recomputes a block: on the
+//! way up with a zero gradient, for its output, and on the way down with the
+//! gradient the blocks above sent back. The first call's backward is spent
+//! on zeros: the blocks cost about twice what they cost in a plain step.
+//!
+//! Every collective runs on the group it concerns: the blocks' all-reduces
+//! on the `tp` group; each rank's gradients averaged with the ranks holding
+//! the same shards in the other replicas (the `dp` group), in DDP's buckets;
+//! the gradient norm adds the replicated parameters once and the shards'
+//! sums of squares over the `tp` group. A checkpoint holds whole tensors:
+//! the shards are gathered along the dimension they were cut on, so a
+//! tensor-parallel run resumes on one process or on another mesh.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use candle_core::{bail, Device, Module, Result, Tensor, Var};
+
+use super::TensorParallelBlock;
+use crate::autograd::{clip_factor, sum_of_squares, vjp, Gradients};
+use crate::distributed::{all_reduce_scalar, CommStats, DeviceMesh, ProcessGroup, ReduceOp};
+use crate::model::{layer_of, param_specs, GptConfig, Outer, ParamStore};
+use crate::parallel::ddp::average_in_buckets;
+use crate::phase1_model::next_token_loss;
+use crate::phase2_training::param_groups;
+use crate::phase4_under_the_hood::tensor_parallel_step;
+use crate::train::{
+    AdamW, Checkpoint, DataPosition, ParamGroup, StepCounters, StepStats, Train, TrainConfig, TrainerState,
+};
+
+pub struct TensorParallelTrainer {
+    model_config: GptConfig,
+    outer: Outer,
+    blocks: Vec<TensorParallelBlock>,
+    /// The root's parameters, whole and the same on every rank.
+    root: ParamStore,
+    /// The root's parameters and this rank's shards, under the whole model's names.
+    params: ParamStore,
+    /// The dimension along which each shard joins the other ranks' into the
+    /// whole parameter; the parameters not listed are whole.
+    cut_along: BTreeMap<String, usize>,
+    optimizer: AdamW,
+    config: TrainConfig,
+    mesh: DeviceMesh,
+    /// The most gradient bytes one of the replicas' all-reduces carries.
+    bucket_bytes: usize,
+    device: Device,
+    step: usize,
+}
+
+impl TensorParallelTrainer {
+    /// This rank's part of the model `params` holds (the root, and its
+    /// shard of every block across `mesh.tp()`), its gradients averaged
+    /// over the `mesh.dp()` replicas in all-reduces of at most `bucket_bytes`.
+    pub fn new(
+        model_config: &GptConfig,
+        params: &ParamStore,
+        config: TrainConfig,
+        mesh: DeviceMesh,
+        bucket_bytes: usize,
+    ) -> Result<Self> {
+        if mesh.shape().pp != 1 {
+            bail!("the tensor-parallel trainer runs no pipeline: it takes a mesh with pp 1, not {}", mesh.shape());
+        }
+        if config.activation_checkpointing {
+            bail!(
+                "the tensor-parallel step already runs each block twice (exercise 23 takes a block's forward and \
+                 backward in one call): drop --activation-checkpointing"
+            );
+        }
+        let (rank, ranks) = (mesh.tp().rank(), mesh.tp().world_size());
+        let blocks = (0..model_config.num_layers)
+            .map(|layer| TensorParallelBlock::shard(model_config, params, layer, rank, ranks))
+            .collect::<Result<Vec<_>>>()?;
+        let root = params.subset(|name| layer_of(name).is_none());
+        let outer = Outer::new(model_config, &root)?;
+        let held = std::iter::once(&root).chain(blocks.iter().map(TensorParallelBlock::params));
+        let held = ParamStore::union(held)?;
+        let whole_shapes: HashMap<String, Vec<usize>> =
+            param_specs(model_config).into_iter().map(|spec| (spec.name, spec.shape.dims().to_vec())).collect();
+        let cut_along = held
+            .iter()
+            .filter_map(|(name, var)| {
+                let whole = &whole_shapes[name];
+                let dim = var.dims().iter().zip(whole).position(|(part, whole)| part != whole)?;
+                Some((name.to_string(), dim))
+            })
+            .collect();
+        let groups = param_groups(&held, config.optimizer.weight_decay);
+        ParamGroup::decay_by_name(&groups, &held)?;
+        let optimizer = AdamW::new(groups, config.optimizer.adamw)?;
+        let device = params.device()?;
+        Ok(Self {
+            model_config: model_config.clone(),
+            outer,
+            blocks,
+            root,
+            params: held,
+            cut_along,
+            optimizer,
+            config,
+            mesh,
+            bucket_bytes,
+            device,
+            step: 0,
+        })
+    }
+
+    /// The root's parameters and this rank's shards, under the whole model's names.
+    pub fn params(&self) -> &ParamStore {
+        &self.params
+    }
+
+    /// The loss of one micro-batch of `tokens`, with the gradients of this
+    /// rank's parameters for it added to `grads`.
+    fn micro_batch(&self, tokens: &Tensor, grads: &mut Gradients) -> Result<f64> {
+        let tp = self.mesh.tp();
+        let embedded = self.outer.embed_tokens.forward(tokens)?;
+        let mut inputs = Vec::with_capacity(self.blocks.len());
+        let mut h = embedded.detach();
+        for block in &self.blocks {
+            let output = tensor_parallel_step(tp, block, &h, &h.zeros_like()?)?.output;
+            inputs.push(std::mem::replace(&mut h, output));
+        }
+        let top = Var::from_tensor(&h.detach())?;
+        let logits = self.outer.lm_head.forward(&self.outer.norm.forward(top.as_tensor())?)?;
+        let loss = next_token_loss(&logits, tokens)?;
+        let head = loss.backward()?;
+        grads.accumulate(&Gradients::from_store(&self.root, &head)?)?;
+        let Some(mut grad) = head.get(top.as_tensor()).cloned() else { bail!("the loss did not read the blocks") };
+        for (block, input) in self.blocks.iter().zip(&inputs).rev() {
+            let step = tensor_parallel_step(tp, block, input, &grad)?;
+            grads.accumulate(&step.grads)?;
+            grad = step.grad_input;
+        }
+        grads.accumulate(&Gradients::from_store(&self.root, &vjp(&embedded, &grad)?)?)?;
+        Ok(loss.to_scalar::<f32>()? as f64)
+    }
+
+    /// The whole of `t`, this rank's part of parameter `name` (or of a
+    /// moment of it): gathered from the tensor-parallel group along the
+    /// dimension it was cut on. Every rank of the group calls it.
+    fn whole(&self, name: &str, t: &Tensor) -> Result<Tensor> {
+        let tp = self.mesh.tp();
+        match self.cut_along.get(name) {
+            None => Ok(t.clone()),
+            Some(0) => tp.all_gather(t),
+            Some(&dim) => tp.all_gather(&t.transpose(0, dim)?.contiguous()?)?.transpose(0, dim)?.contiguous(),
+        }
+    }
+
+    /// This rank's part of each parameter of the whole model `whole`: the
+    /// root as it is, every block cut as [`TensorParallelBlock::shard`] cuts it.
+    fn part_of(&self, whole: &ParamStore) -> Result<HashMap<String, Tensor>> {
+        let (rank, ranks) = (self.mesh.tp().rank(), self.mesh.tp().world_size());
+        let mut part: HashMap<String, Tensor> = whole
+            .iter()
+            .filter(|(name, _)| layer_of(name).is_none())
+            .map(|(n, v)| (n.to_string(), v.as_tensor().clone()))
+            .collect();
+        for layer in 0..self.model_config.num_layers {
+            let shard = TensorParallelBlock::shard(&self.model_config, whole, layer, rank, ranks)?;
+            part.extend(shard.params().iter().map(|(n, v)| (n.to_string(), v.as_tensor().clone())));
+        }
+        Ok(part)
+    }
+
+    /// This rank's part of each AdamW moment in `saved`, cut as the
+    /// parameters are; `None` when one is missing.
+    fn moments_part(&self, saved: &HashMap<String, Tensor>) -> Result<Option<HashMap<String, Tensor>>> {
+        let mut part = HashMap::new();
+        for kind in 0..2 {
+            let named = |name: &str| AdamW::moment_names(name)[kind].clone();
+            let mut whole = Vec::new();
+            for spec in param_specs(&self.model_config) {
+                let Some(moment) = saved.get(&named(&spec.name)) else { return Ok(None) };
+                whole.push((spec.name, moment.clone()));
+            }
+            let cut = self.part_of(&ParamStore::from_tensors(whole)?)?;
+            part.extend(cut.into_iter().map(|(name, moment)| (named(&name), moment)));
+        }
+        Ok(Some(part))
+    }
+}
+
+impl Train for TensorParallelTrainer {
+    fn train_step(&mut self, micro_batches: &[Tensor]) -> Result<StepStats> {
+        let mut grads = Gradients::default();
+        let mut loss = 0.0;
+        for tokens in micro_batches {
+            loss += self.micro_batch(tokens, &mut grads)?;
+        }
+        let scale = 1.0 / micro_batches.len() as f64;
+        grads.scale(scale)?;
+        average_in_buckets(self.mesh.dp(), &mut grads, self.bucket_bytes)?;
+        // The whole parameters are the same on every rank of the group: count them once.
+        let (shards, whole): (Vec<_>, Vec<_>) = grads.iter().partition(|(name, _)| self.cut_along.contains_key(*name));
+        let shards = sum_of_squares(shards.into_iter().map(|(_, g)| g))?;
+        let sum_sq = sum_of_squares(whole.into_iter().map(|(_, g)| g))?
+            + all_reduce_scalar(self.mesh.tp(), shards, ReduceOp::Sum, &self.device)?;
+        let grad_norm = sum_sq.sqrt();
+        let lr = self.config.schedule.lr(self.step);
+        if grad_norm.is_finite() {
+            if let Some(factor) = clip_factor(grad_norm, self.config.max_grad_norm) {
+                grads.scale(factor)?;
+            }
+            self.optimizer.step(&self.params, &grads, lr)?;
+        } else {
+            self.optimizer.skip_step(); // on every rank, not only the one that saw it
+        }
+        self.step += 1;
+        let tokens = micro_batches.iter().map(Tensor::elem_count).sum();
+        Ok(StepStats { loss: loss * scale, grad_norm, lr, tokens })
+    }
+
+    /// The first replica's group gathers every shard and its moments; rank 0
+    /// writes them whole. The other replicas hold the same numbers.
+    fn save_checkpoint(&self, dir: &Path, data: Option<DataPosition>) -> Result<()> {
+        if self.mesh.coords().dp == 0 {
+            let moments = self.optimizer.state_tensors();
+            let has_moments = self.optimizer.steps() > 0;
+            let (mut params, mut optimizer) = (HashMap::new(), HashMap::new());
+            for (name, var) in self.params.iter() {
+                params.insert(name.to_string(), self.whole(name, var.as_tensor())?);
+                if has_moments {
+                    for moment in AdamW::moment_names(name) {
+                        optimizer.insert(moment.clone(), self.whole(name, &moments[&moment])?);
+                    }
+                }
+            }
+            if self.mesh.tp().rank() == 0 {
+                let state =
+                    TrainerState::new(self.step, self.optimizer.steps(), self.model_config.clone(), self.config, data);
+                Checkpoint { params, optimizer, state }.write(dir)?;
+            }
+        }
+        self.mesh.world().barrier()
+    }
+
+    /// Every rank reads the whole checkpoint and cuts its own part out of
+    /// the parameters and of each moment, as the shards were cut.
+    fn load_checkpoint(&mut self, dir: &Path) -> Result<Option<DataPosition>> {
+        let checkpoint = Checkpoint::read(dir)?;
+        checkpoint.ensure_fits(&self.model_config)?;
+        let whole = ParamStore::from_tensors(checkpoint.params.clone())?;
+        let part = self.part_of(&whole)?;
+        for (name, var) in self.params.iter() {
+            var.set(&part[name].to_dtype(var.dtype())?.to_device(var.device())?)?;
+        }
+        let steps = checkpoint.state.optimizer_steps;
+        // With a moment missing, AdamW's own check names it.
+        let moments = self.moments_part(&checkpoint.optimizer)?.unwrap_or_else(|| checkpoint.optimizer.clone());
+        self.optimizer.load_state(steps, &moments, &self.params)?;
+        self.step = checkpoint.state.step;
+        Ok(checkpoint.state.data)
+    }
+
+    fn counters(&self) -> StepCounters {
+        StepCounters::of(self.step, &self.optimizer)
+    }
+
+    fn process_group(&self) -> &dyn ProcessGroup {
+        self.mesh.world()
+    }
+
+    fn comm_stats(&self) -> CommStats {
+        self.mesh.stats()
+    }
+
+    fn layout(&self) -> String {
+        let (ranks, replicas) = (self.mesh.shape().tp, self.mesh.shape().dp);
+        let split = format!("every block split across {ranks} tensor-parallel ranks, the root whole on each");
+        match replicas {
+            1 => split,
+            _ => format!("{split}, in {replicas} data-parallel replicas"),
+        }
+    }
+
+    fn report(&self) -> Option<String> {
+        None
+    }
+}
