@@ -70,8 +70,8 @@ impl MeshShape {
             Some(dp) => dp,
             None if world_size.is_multiple_of(pp * tp) => world_size / (pp * tp),
             None => bail!(
-                "{world_size} ranks do not divide into pipelines of {pp} stage(s) of {tp} tensor-parallel rank(s) \
-                 ({} ranks each): use a number of ranks that is a multiple of {}",
+                "{world_size} ranks do not make whole replicas of {pp} pipeline stage(s) × {tp} tensor-parallel \
+                 rank(s) ({} ranks each): use a number of ranks that is a multiple of {}",
                 pp * tp,
                 pp * tp
             ),

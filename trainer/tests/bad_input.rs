@@ -81,11 +81,19 @@ fn flags_that_do_not_apply_are_refused() {
     );
     refused(
         train(&dir, &["--dataset", "dummy", "--pp", "2", "--nproc", "3"]),
-        "--pp 2: 3 ranks do not divide into pipelines of 2 stage(s)",
+        "--pp 2: 3 ranks do not make whole replicas of 2 pipeline stage(s) × 1 tensor-parallel rank(s)",
     );
     refused(
         train(&dir, &["--dataset", "dummy", "--pipeline-stages", "2", "--nproc", "2", "--strategy", "fsdp"]),
         "--pp cuts the model into stages; it does not combine with --strategy fsdp",
+    );
+    refused(
+        train(&dir, &["--dataset", "dummy", "--tp", "3", "--nproc", "3"]),
+        "--tp 3: the model's 4 heads do not split evenly across 3 ranks: use a --tp that divides 4",
+    );
+    refused(
+        train(&dir, &["--dataset", "dummy", "--tp", "2", "--nproc", "3"]),
+        "--tp 2: 3 ranks do not make whole replicas of 1 pipeline stage(s) × 2 tensor-parallel rank(s)",
     );
     refused(
         train(&dir, &["--dataset", "dummy", "--ddp-overlap", "--strategy", "fsdp"]),
