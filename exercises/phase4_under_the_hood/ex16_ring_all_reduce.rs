@@ -44,13 +44,16 @@ use candle_core::{Result, Tensor};
 use crate::distributed::ProcessGroup;
 
 /// The sum of every rank's `t`, on every rank, by the ring algorithm above,
-/// using only `pg.send` and `pg.recv` (not `pg.all_reduce`).
+/// using only point-to-point messages (not `pg.all_reduce`).
 ///
 /// `t` has any shape (the same on every rank); the result has `t`'s shape and
 /// dtype. Pieces: `pg.rank()`, `pg.world_size()`, `t.flatten_all()`,
 /// `crate::distributed::chunk_ranges(len, parts)`, `Tensor::narrow`,
-/// `pg.send(&chunk, dst)` (returns before the chunk arrives, so every rank can
-/// send before it receives), `pg.recv(&like, src)`, `Tensor::cat`, `reshape`.
+/// `pg.send_recv(&chunk, dst, &like, src)` (sends one tensor and receives
+/// another in one exchange that waits for neither: it works on every
+/// backend, NCCL included, where a lone `send` waits for its receive; the
+/// CPU backends also take `pg.send(&chunk, dst)` then `pg.recv(&like, src)`),
+/// `Tensor::cat`, `reshape`.
 pub fn ring_all_reduce(pg: &dyn ProcessGroup, t: &Tensor) -> Result<Tensor> {
     let _ = (&pg, &t);
     todo!("Exercise 16: Ring all-reduce from send and recv; run `cargo xtask hint 16`")

@@ -16,15 +16,13 @@ pub fn ring_all_reduce(pg: &dyn ProcessGroup, t: &Tensor) -> Result<Tensor> {
     // rank's part at every hop; after N − 1 hops rank r holds chunk r + 1 whole.
     for s in 0..n - 1 {
         let (send, recv) = ((rank + n - s) % n, (rank + 2 * n - s - 1) % n);
-        pg.send(&chunks[send], right)?;
-        let incoming = pg.recv(&chunks[recv], left)?;
+        let incoming = pg.send_recv(&chunks[send], right, &chunks[recv], left)?;
         chunks[recv] = (&chunks[recv] + incoming)?;
     }
     // All-gather: the finished chunks go round once more.
     for s in 0..n - 1 {
         let (send, recv) = ((rank + 1 + n - s) % n, (rank + n - s) % n);
-        pg.send(&chunks[send], right)?;
-        chunks[recv] = pg.recv(&chunks[recv], left)?;
+        chunks[recv] = pg.send_recv(&chunks[send], right, &chunks[recv], left)?;
     }
     Tensor::cat(&chunks, 0)?.reshape(t.shape())
 }

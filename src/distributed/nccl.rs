@@ -53,7 +53,7 @@ use std::fmt;
 use std::time::Duration;
 
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr, ValidAsZeroBits};
-use candle_core::cuda_backend::cudarc::nccl::result::NcclStatus;
+use candle_core::cuda_backend::cudarc::nccl::result::{group_end, group_start, NcclStatus};
 use candle_core::cuda_backend::cudarc::nccl::{self, Comm, Id, NcclType};
 use candle_core::cuda_backend::{CudaDType, CudaStorageSlice, WrapErr};
 use candle_core::op::BackpropOp;
@@ -179,8 +179,17 @@ impl NcclProcessGroup {
     }
 
     /// Queues `op` on `input`'s buffer and returns its result buffer, shaped
-    /// `out_dims`, as a tensor (`None` for a send, which has no result).
+    /// `out_dims`, as a tensor (`None` for a send, which has no result); the
+    /// watchdog watches it.
     fn launch(&self, op: Op, input: &Tensor, out_dims: Option<&[usize]>) -> Result<Option<Tensor>> {
+        let out = self.enqueue(op, input, out_dims)?;
+        self.watch(op)?;
+        Ok(out)
+    }
+
+    /// [`launch`](Self::launch), unwatched: inside an NCCL group nothing
+    /// runs before the group ends, so the group's caller watches it then.
+    fn enqueue(&self, op: Op, input: &Tensor, out_dims: Option<&[usize]>) -> Result<Option<Tensor>> {
         if !input.device().same_device(&self.device()) {
             bail!(
                 "{op}: the tensor is on {:?}, not on this rank's NCCL device {:?}; move it with `to_device(&pg.device())` \
@@ -237,7 +246,6 @@ impl NcclProcessGroup {
             ),
             NcclStatus::NumResults => bail!("{op}: NCCL answered ncclNumResults, which is no status (a bug in NCCL)"),
         }
-        self.watch(op)?;
         Ok(out.zip(out_dims).map(|(slice, dims)| {
             let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(slice, self.device.clone()));
             Tensor::from_storage(storage, dims, BackpropOp::none(), false)
@@ -318,7 +326,7 @@ impl ProcessGroup for NcclProcessGroup {
     fn send(&self, t: &Tensor, dst: usize) -> Result<()> {
         check_peer(Collective::Send, dst, self.rank, self.world_size)?;
         self.launch(Op::Send { dst }, t, None)?;
-        let bytes = (t.elem_count() * t.dtype().size_in_bytes()) as u64;
+        let bytes = bytes_of(t);
         let mut stats = self.stats.borrow_mut();
         stats.record(Collective::Send, bytes);
         stats.record_wire(Collective::Send, bytes);
@@ -328,8 +336,7 @@ impl ProcessGroup for NcclProcessGroup {
     fn recv(&self, like: &Tensor, src: usize) -> Result<Tensor> {
         check_peer(Collective::Recv, src, self.rank, self.world_size)?;
         let out = self.launch(Op::Recv { src }, like, Some(like.dims()))?;
-        let bytes = (like.elem_count() * like.dtype().size_in_bytes()) as u64;
-        self.stats.borrow_mut().record(Collective::Recv, bytes);
+        self.stats.borrow_mut().record(Collective::Recv, bytes_of(like));
         out.ok_or_else(|| Error::Msg("recv: NCCL gave no result (a bug in the backend)".into()))
     }
 
@@ -353,9 +360,36 @@ impl ProcessGroup for NcclProcessGroup {
         Ok(Box::new(Self::of_comm(comm, &self.device, self.timeout)))
     }
 
+    /// The send and the receive queued as one NCCL group, so that neither
+    /// waits for the other: a ring of them cannot deadlock.
+    fn send_recv(&self, t: &Tensor, dst: usize, like: &Tensor, src: usize) -> Result<Tensor> {
+        check_peer(Collective::Send, dst, self.rank, self.world_size)?;
+        check_peer(Collective::Recv, src, self.rank, self.world_size)?;
+        group_start().map_err(|e| nccl_error("send_recv: ncclGroupStart", e))?;
+        let sent = self.enqueue(Op::Send { dst }, t, None);
+        let received = sent.and_then(|_| self.enqueue(Op::Recv { src }, like, Some(like.dims())));
+        // The group is ended whatever happened inside it, or NCCL stays in it.
+        let ended = group_end().map_err(|e| nccl_error("send_recv: ncclGroupEnd", e));
+        let received = received?;
+        ended?;
+        self.watch(Op::Recv { src })?;
+        let (sent_bytes, received_bytes) = (bytes_of(t), bytes_of(like));
+        let mut stats = self.stats.borrow_mut();
+        stats.record(Collective::Send, sent_bytes);
+        stats.record_wire(Collective::Send, sent_bytes);
+        stats.record(Collective::Recv, received_bytes);
+        drop(stats);
+        received.ok_or_else(|| Error::Msg("send_recv: NCCL gave no result (a bug in the backend)".into()))
+    }
+
     fn stats(&self) -> CommStats {
         self.stats.borrow().clone()
     }
+}
+
+/// A tensor's payload in bytes.
+fn bytes_of(t: &Tensor) -> u64 {
+    (t.elem_count() * t.dtype().size_in_bytes()) as u64
 }
 
 impl fmt::Debug for NcclProcessGroup {

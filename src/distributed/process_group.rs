@@ -132,6 +132,31 @@ pub trait ProcessGroup: Send {
     /// Only the shape, dtype and device of `like` matter.
     fn recv(&self, like: &Tensor, src: usize) -> Result<Tensor>;
 
+    /// Sends `t` to rank `dst` and receives from rank `src` a tensor of
+    /// `like`'s shape and dtype, as one exchange (NCCL: an `ncclSend` and an
+    /// `ncclRecv` between `ncclGroupStart` and `ncclGroupEnd`; PyTorch:
+    /// `batch_isend_irecv`). Neither half waits for the other, so every rank
+    /// of a ring may send to its successor while it receives from its
+    /// predecessor, on every backend, [`Properties::buffered_sends`] or not.
+    ///
+    /// ```text
+    ///   rank 0: send_recv([1, 2], dst 1, src 2)  ->  [5, 6]
+    ///   rank 1: send_recv([3, 4], dst 2, src 0)  ->  [1, 2]
+    ///   rank 2: send_recv([5, 6], dst 0, src 1)  ->  [3, 4]
+    /// ```
+    ///
+    /// By default it is a `send` then a `recv`, which is one exchange only
+    /// where sends are buffered; a backend without buffered sends overrides it.
+    fn send_recv(&self, t: &Tensor, dst: usize, like: &Tensor, src: usize) -> Result<Tensor> {
+        if !self.properties().buffered_sends {
+            candle_core::bail!(
+                "send_recv: this backend's sends wait for their receive, and it has no grouped exchange"
+            );
+        }
+        self.send(t, dst)?;
+        self.recv(like, src)
+    }
+
     /// Returns once every rank has called it; moves no data. Useful to line
     /// the ranks up, e.g. before timing a step or after rank 0 writes a file.
     fn barrier(&self) -> Result<()>;

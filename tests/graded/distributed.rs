@@ -49,6 +49,26 @@ fn failure(message: &str) -> Error {
     Error::Msg(message.to_string())
 }
 
+/// Every rank's send_recv to its successor, from its predecessor, in one step of a ring.
+pub fn ring_step(pg: &dyn ProcessGroup) -> candle_core::Result<Vec<f32>> {
+    let (rank, n) = (pg.rank(), pg.world_size());
+    let mine = Tensor::new(&[rank as f32, 10.0 * rank as f32], &Device::Cpu)?;
+    Ok(values(&pg.send_recv(&mine, (rank + 1) % n, &mine.zeros_like()?, (rank + n - 1) % n)?))
+}
+
+/// What [`ring_step`] gives rank `rank` of `world`: its predecessor's tensor.
+pub fn ring_step_expected(rank: usize, world: usize) -> Vec<f32> {
+    let from = ((rank + world - 1) % world) as f32;
+    vec![from, 10.0 * from]
+}
+
+#[rstest]
+fn send_recv_passes_each_ranks_tensor_one_step_round_a_ring(#[values(2, 3)] world: usize) {
+    for (rank, got) in on_ranks(world, |pg| ring_step(&pg)).iter().enumerate() {
+        assert_eq!(got, &ring_step_expected(rank, world), "rank {rank}");
+    }
+}
+
 #[rstest]
 fn all_reduce_sum_equals_the_single_thread_sum_bit_for_bit(#[values(1, 2, 4)] world: usize) {
     let dims = [3, 5];

@@ -8,6 +8,7 @@ use candle_core::{DType, Device, Tensor};
 use rstest::rstest;
 use workbook::distributed::{while_busy, Collective, ProcessGroup, ReduceOp};
 
+use crate::distributed::{ring_step, ring_step_expected};
 use crate::process_ranks::{on_processes, on_processes_some_may_exit, on_processes_timing_out_after};
 
 /// Rank `rank`'s tensor: values that differ per rank and are not round, so
@@ -135,6 +136,13 @@ fn each_rank_sends_2_n_minus_1_chunks_in_an_all_reduce(#[values(2, 3, 4)] world:
             wire, want,
             "rank {rank} of {world}: sent {wire} bytes for a {payload}-byte all-reduce; a ring sends 2(N-1) chunks"
         );
+    }
+}
+
+#[test]
+fn send_recv_passes_each_ranks_tensor_one_step_round_a_ring() {
+    for (rank, got) in on_processes(3, |pg| ring_step(&pg)).iter().enumerate() {
+        assert_eq!(got, &ring_step_expected(rank, 3), "rank {rank}");
     }
 }
 

@@ -64,6 +64,9 @@ pub struct RunOptions {
     pub trace: bool,
     /// Print a line every this many steps when no progress bar is shown.
     pub log_every: usize,
+    /// Run over NCCL what has never run there with two GPUs or more: a
+    /// mesh's subgroups (pipelines, tensor parallelism) and exercise 16's ring.
+    pub unverified_nccl: bool,
     /// The longest a rank waits for another in a collective, when ranks are threads
     /// (processes read theirs from `WORKBOOK_TIMEOUT_S`, set by the launcher).
     pub timeout: Duration,
@@ -168,11 +171,10 @@ pub fn open_dataset(config: &DataConfig) -> Result<Dataset> {
 
 /// One rank's run on `device`: its trainer, by strategy, driven by [`drive`].
 fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>, device: &Device) -> Result<Summary> {
-    if options.own_ring && !pg.properties().buffered_sends {
+    if let Some(what) = unverified_on(options, pg.as_ref()) {
         bail!(
-            "--allreduce ring: exercise 16's ring sends before it receives, and this backend's send waits for \
-             its receive (NCCL), so every rank would wait for the next one forever: use the backend's all-reduce, \
-             or --backend tcp"
+            "over NCCL, {what} has never run with two GPUs or more: pass --unverified-nccl to run it anyway (a rank \
+             that waits longer than --timeout ends the job with a message), or use --backend tcp"
         );
     }
     let pg: Box<dyn ProcessGroup> = if options.own_ring { Box::new(OwnRing::around(pg)) } else { pg };
@@ -215,6 +217,23 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>, 
             drop(params); // each rank keeps the root and its own shards
             drive(options, dataset, trainer, device, num_params)
         }
+    }
+}
+
+/// What of this run over `pg` has never run with two GPUs or more, unless
+/// `--unverified-nccl` says to run it anyway.
+fn unverified_on(options: &RunOptions, pg: &dyn ProcessGroup) -> Option<&'static str> {
+    if options.unverified_nccl || options.backend != Backend::Nccl || pg.world_size() == 1 {
+        return None;
+    }
+    match options.strategy {
+        Strategy::Pipeline { .. } | Strategy::TensorParallel { .. } => {
+            Some("a mesh's subgroups (a communicator of their own for each group)")
+        }
+        _ if options.own_ring => Some(
+            "exercise 16's ring (it needs pg.send_recv's grouped exchange: a send then a recv waits forever there)",
+        ),
+        Strategy::Ddp | Strategy::Fsdp(_) => None,
     }
 }
 
@@ -545,5 +564,76 @@ pub fn recorded_data_path(path: &Path, root: Option<&Path>) -> PathBuf {
     match root.as_deref().and_then(|root| absolute.strip_prefix(root).ok()) {
         Some(inside) => inside.to_path_buf(),
         None => absolute,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use workbook::distributed::{spawn, ProcessGroup};
+    use workbook::parallel::pipeline::PipelineSchedule;
+
+    use super::*;
+    use crate::config::RunConfig;
+
+    fn over_nccl(strategy: Strategy, own_ring: bool, unverified_nccl: bool) -> RunOptions {
+        let config = RunConfig::load("tiny").unwrap();
+        let data = DataConfig {
+            kind: workbook::data::DatasetKind::Dummy,
+            path: None,
+            tokenizer: config.tokenizer,
+            seq_len: config.seq_len,
+            seed: 0,
+        };
+        RunOptions {
+            config,
+            data,
+            nproc: 2,
+            device: DeviceKind::Cuda,
+            backend: Backend::Nccl,
+            seed: 0,
+            out_dir: PathBuf::from("unused"),
+            checkpoint_every: 1,
+            keep_checkpoints: 1,
+            resume: None,
+            overwrite: false,
+            init_from: None,
+            activation_checkpointing: false,
+            strategy,
+            own_ring,
+            powersgd_rank: None,
+            ddp_overlap: false,
+            bucket_bytes: 1,
+            unverified_nccl,
+            trace: false,
+            log_every: 1,
+            timeout: Duration::from_secs(1),
+        }
+    }
+
+    /// What NCCL has never run with two GPUs is refused unless asked for; what it has run is not.
+    #[test]
+    fn never_run_nccl_paths_need_the_opt_in() {
+        let pipeline = Strategy::Pipeline { schedule: PipelineSchedule::GPipe, stages: 2 };
+        let cases = [
+            (pipeline, false, false, true),
+            (Strategy::TensorParallel { ranks: 2 }, false, false, true),
+            (Strategy::Ddp, true, false, true),
+            (Strategy::Ddp, false, false, false),
+            (pipeline, true, true, false),
+        ];
+        spawn(2, |pg| {
+            for (strategy, own_ring, opt_in, refused) in cases {
+                let options = over_nccl(strategy, own_ring, opt_in);
+                assert_eq!(
+                    unverified_on(&options, &pg).is_some(),
+                    refused,
+                    "{strategy:?}, ring {own_ring}, opt-in {opt_in}"
+                );
+            }
+            Ok(pg.rank())
+        })
+        .unwrap();
     }
 }

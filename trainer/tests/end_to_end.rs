@@ -49,6 +49,7 @@ fn options(out_dir: PathBuf, max_steps: usize, nproc: usize) -> RunOptions {
         powersgd_rank: None,
         ddp_overlap: false,
         bucket_bytes: workbook::parallel::ddp::DEFAULT_BUCKET_BYTES,
+        unverified_nccl: false,
         trace: false,
         log_every: 10,
         timeout: workbook::distributed::DEFAULT_TIMEOUT,

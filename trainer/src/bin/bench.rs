@@ -145,6 +145,7 @@ fn run(args: Args) -> Result<()> {
         powersgd_rank: args.powersgd_rank,
         ddp_overlap: args.ddp_overlap,
         bucket_bytes: args.bucket_bytes,
+        unverified_nccl: false,
         trace: false,
         log_every: usize::MAX,
         timeout: DEFAULT_TIMEOUT,

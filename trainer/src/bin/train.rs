@@ -137,6 +137,10 @@ struct Args {
     /// With --strategy ddp: the most megabytes of gradients one all-reduce carries (PyTorch's bucket_cap_mb).
     #[arg(long = "bucket-cap-mb", value_name = "MB", default_value = "25", value_parser = bucket_cap_bytes)]
     bucket_bytes: usize,
+    /// Run over NCCL what has never run there with two GPUs or more: a
+    /// mesh's subgroups (--pp, --tp) and your exercise 16's ring.
+    #[arg(long)]
+    unverified_nccl: bool,
     /// Record what every rank did when into <checkpoint-dir>/trace.json, a
     /// Chrome trace (open it in https://ui.perfetto.dev).
     #[arg(long)]
@@ -253,6 +257,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         powersgd_rank: args.powersgd_rank.map(|r| r as usize),
         ddp_overlap: args.ddp_overlap,
         bucket_bytes: args.bucket_bytes,
+        unverified_nccl: args.unverified_nccl,
         trace: args.trace,
         log_every: args.log_every.max(1),
         timeout: args.launch.config().timeout(),
