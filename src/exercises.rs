@@ -105,6 +105,10 @@ mod ex23_tensor_parallel_block;
 #[cfg_attr(reference = "24", path = "../solutions/phase4_under_the_hood/ex24_one_f_one_b.rs")]
 mod ex24_one_f_one_b;
 
+#[cfg_attr(not(reference = "25"), path = "../exercises/phase4_under_the_hood/ex25_device_mesh.rs")]
+#[cfg_attr(reference = "25", path = "../solutions/phase4_under_the_hood/ex25_device_mesh.rs")]
+mod ex25_device_mesh;
+
 /// Phase 1: Model (exercises 1–7).
 pub mod phase1_model {
     pub use super::ex02_rotate_half::rotate_half;
@@ -127,7 +131,7 @@ pub mod phase3_fsdp {
     pub use super::ex14_wrap_policy::wrap_policy;
 }
 
-/// Phase 4: Under the hood (exercises 16–24).
+/// Phase 4: Under the hood (exercises 16–25).
 pub mod phase4_under_the_hood {
     pub use super::ex16_ring_all_reduce::ring_all_reduce;
     pub use super::ex19_overlapped_ddp::overlapped_all_reduce;
@@ -136,6 +140,8 @@ pub mod phase4_under_the_hood {
     pub use super::ex22_fsdp_unit_step::fsdp_forward;
     pub use super::ex23_tensor_parallel_block::tensor_parallel_step;
     pub use super::ex24_one_f_one_b::one_f_one_b_step;
+    pub use super::ex25_device_mesh::axis_group;
+    pub use super::ex25_device_mesh::mesh_coords;
 }
 
 /// Which body each exercise runs, as `build/main.rs` chose it.

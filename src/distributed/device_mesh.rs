@@ -3,7 +3,8 @@
 //! its process-group manager).
 //!
 //! A job of `dp · pp · tp` ranks is a grid of shape (dp, pp, tp). Rank `r`
-//! sits at coordinates (d, p, t) with `r = (d · pp + p) · tp + t`: the tensor-
+//! sits at coordinates (d, p, t) with `r = (d · pp + p) · tp + t` (where each
+//! rank sits, and its group along each axis, is exercise 25): the tensor-
 //! parallel axis varies fastest, so the ranks of one tensor-parallel group
 //! are neighbours (on one machine, where their per-layer all-reduces find
 //! the fastest links), and data parallelism, which talks least often, spans
@@ -29,6 +30,7 @@ use std::fmt;
 use candle_core::{bail, Result};
 
 use super::{CommStats, ProcessGroup};
+use crate::phase4_under_the_hood::{axis_group, mesh_coords};
 
 /// How many ranks lie along each axis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,20 +94,20 @@ impl MeshShape {
         self.dp * self.pp * self.tp
     }
 
-    /// Where rank `rank` sits.
+    /// Where rank `rank` sits: the learner's exercise 25.
     pub fn coords(&self, rank: usize) -> MeshCoords {
-        MeshCoords { dp: rank / (self.pp * self.tp), pp: rank / self.tp % self.pp, tp: rank % self.tp }
+        mesh_coords(*self, rank)
     }
 
-    /// The rank at `coords`.
+    /// The rank at `coords`: the layout's formula.
     pub fn rank(&self, coords: MeshCoords) -> usize {
         (coords.dp * self.pp + coords.pp) * self.tp + coords.tp
     }
 
-    /// The ranks of the group along `axis` that rank `rank` belongs to, in order.
+    /// The ranks of the group along `axis` that rank `rank` belongs to, in
+    /// order: the learner's exercise 25.
     pub fn group_of(&self, rank: usize, axis: Axis) -> Vec<usize> {
-        let here = self.coords(rank);
-        (0..self.size(axis)).map(|i| self.rank(here.with(axis, i))).collect()
+        axis_group(*self, rank, axis)
     }
 
     /// How many ranks lie along `axis`.
@@ -129,7 +131,7 @@ impl MeshCoords {
     }
 
     /// These coordinates moved to `index` along `axis`.
-    fn with(mut self, axis: Axis, index: usize) -> Self {
+    pub fn with(mut self, axis: Axis, index: usize) -> Self {
         match axis {
             Axis::Dp => self.dp = index,
             Axis::Pp => self.pp = index,

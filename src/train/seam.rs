@@ -40,6 +40,12 @@ pub trait Train {
     fn counters(&self) -> StepCounters;
     /// Every rank of the job.
     fn process_group(&self) -> &dyn ProcessGroup;
+    /// This rank's replica and how many replicas read different data: every
+    /// rank is one under DDP and FSDP; the ranks of one pipeline or one
+    /// tensor-parallel group read the same batch.
+    fn replica(&self) -> (usize, usize) {
+        (self.process_group().rank(), self.process_group().world_size())
+    }
     /// What this rank has sent so far, through every group it belongs to.
     fn comm_stats(&self) -> CommStats {
         self.process_group().stats()

@@ -60,6 +60,8 @@ mod exercise_22;
 mod exercise_23;
 #[cfg(any(not(only_some_tests), tests_of = "24"))]
 mod exercise_24;
+#[cfg(any(not(only_some_tests), tests_of = "25"))]
+mod exercise_25;
 // END exercise modules
 #[cfg(not(only_some_tests))]
 mod data;

@@ -1,14 +1,13 @@
-//! Ungraded checks of subgroups and the device mesh: which ranks a split
+//! Ungraded checks of subgroups and of the mesh's shape: which ranks a split
 //! groups together, that collectives on two groups of the same ranks never
 //! mix, and that a failure in one group reaches the ranks waiting in another.
+//! Where each rank sits on a mesh, and its groups, is exercise 25's to grade.
 
 use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device, Tensor};
 use rstest::rstest;
-use workbook::distributed::{
-    spawn_with_timeout, Axis, Collective, DeviceMesh, MeshCoords, MeshShape, ProcessGroup, ReduceOp, SingleProcess,
-};
+use workbook::distributed::{spawn_with_timeout, Collective, MeshShape, ProcessGroup, ReduceOp, SingleProcess};
 
 use crate::process_ranks::on_processes;
 use crate::support::values;
@@ -171,40 +170,4 @@ fn a_mesh_shape_that_does_not_fit_says_why(
 ) {
     let error = MeshShape::new(world, dp, pp, tp).unwrap_err().to_string();
     assert!(error.contains(why), "{error}");
-}
-
-#[test]
-fn mesh_coordinates_put_tensor_parallel_ranks_next_to_each_other() {
-    let shape = MeshShape { dp: 2, pp: 3, tp: 2 };
-    assert_eq!(shape.coords(7), MeshCoords { dp: 1, pp: 0, tp: 1 });
-    for rank in 0..12 {
-        assert_eq!(shape.rank(shape.coords(rank)), rank);
-    }
-    assert_eq!(shape.group_of(7, Axis::Tp), [6, 7]);
-    assert_eq!(shape.group_of(7, Axis::Pp), [7, 9, 11]);
-    assert_eq!(shape.group_of(7, Axis::Dp), [1, 7]);
-}
-
-#[test]
-fn each_axis_group_of_a_mesh_holds_the_ranks_that_differ_only_on_that_axis() {
-    let shape = MeshShape { dp: 2, pp: 2, tp: 2 };
-    let seen = spawn_with_timeout(8, TIMEOUT, |pg| {
-        let rank = pg.rank();
-        let mesh = DeviceMesh::new(Box::new(pg), shape)?;
-        // Each group's all-gather of the world ranks lists its members.
-        let mut members = Vec::new();
-        for axis in [Axis::Dp, Axis::Pp, Axis::Tp] {
-            let group = mesh.group(axis);
-            assert_eq!(group.rank(), mesh.coords().on(axis), "rank {rank} on {axis:?}");
-            let gathered = group.all_gather(&Tensor::new(&[rank as f32], &Device::Cpu)?)?;
-            members.push(values(&gathered).into_iter().map(|r| r as usize).collect::<Vec<_>>());
-        }
-        Ok(members)
-    })
-    .unwrap();
-    for (rank, members) in seen.iter().enumerate() {
-        for (axis, got) in [Axis::Dp, Axis::Pp, Axis::Tp].into_iter().zip(members) {
-            assert_eq!(got, &shape.group_of(rank, axis), "rank {rank}'s {axis:?} group");
-        }
-    }
 }

@@ -55,6 +55,9 @@ pub fn exercises_called(options: &RunOptions) -> BTreeMap<u32, &'static str> {
             called.insert(23, "--tp");
         }
     }
+    if matches!(options.strategy, Strategy::Pipeline { .. } | Strategy::TensorParallel { .. }) {
+        called.insert(25, "the device mesh of --pp and --tp");
+    }
     if options.own_ring {
         called.insert(16, "--allreduce ring");
     }

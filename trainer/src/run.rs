@@ -248,8 +248,7 @@ fn drive(
     let (rank, world) = (trainer.process_group().rank(), trainer.process_group().world_size());
     let is_logger = rank == 0;
     // The ranks that split the data: the replicas; the stages of one pipeline read the same batch.
-    let mesh = options.strategy.mesh(world)?;
-    let (data_ranks, data_rank) = (mesh.dp, mesh.coords(rank).dp);
+    let (data_rank, data_ranks) = trainer.replica();
     if options.trace {
         // Thread ranks share this process, and so its timeline: one track each.
         match DistEnv::from_env()?.is_none() && world > 1 {

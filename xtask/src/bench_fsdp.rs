@@ -158,6 +158,8 @@ fn states(psi: f64, precision: Precision, stage: u8, world_size: usize) -> Resul
         optimizer: Optimizer::Adamw,
         strategy: Strategy::ALL[stage as usize],
         gpus: world_size,
+        tp: 1,
+        pp: 1,
         activation_checkpointing: false,
     };
     Ok(estimate(&setup)?.model_states())

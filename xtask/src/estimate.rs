@@ -132,6 +132,11 @@ pub struct Setup {
     pub optimizer: Optimizer,
     pub strategy: Strategy,
     pub gpus: usize,
+    /// Tensor-parallel ranks each block is split across (Megatron's; 1: none).
+    pub tp: usize,
+    /// Pipeline stages the blocks are cut into (1: none); the other
+    /// `gpus / (tp · pp)` ranks are data-parallel, and ZeRO shards across them.
+    pub pp: usize,
     pub activation_checkpointing: bool,
 }
 
@@ -174,12 +179,29 @@ pub fn model_params(layers: usize, hidden: usize, intermediate: usize, vocab: us
     l * (attention + mlp + norms) + 2.0 * v * c + c // embedding, untied head, final norm
 }
 
-/// Bytes per GPU of `s`.
+/// Bytes per GPU of `s`: of the first pipeline stage's GPUs when there are
+/// stages (it holds the most micro-batches in flight under 1F1B).
 pub fn estimate(s: &Setup) -> Result<Estimate> {
-    if s.gpus == 0 || s.heads == 0 || s.hidden == 0 {
-        bail!("--gpus, --heads and --hidden must be at least 1");
+    if s.gpus == 0 || s.heads == 0 || s.hidden == 0 || s.tp == 0 || s.pp == 0 {
+        bail!("--gpus, --heads, --hidden, --tp and --pp must be at least 1");
     }
-    let n = s.gpus as f64;
+    if !s.gpus.is_multiple_of(s.tp * s.pp) {
+        bail!(
+            "{} GPUs do not make whole replicas of tp {} × pp {}: use a multiple of {}",
+            s.gpus,
+            s.tp,
+            s.pp,
+            s.tp * s.pp
+        );
+    }
+    if !s.heads.is_multiple_of(s.tp) || !s.intermediate.is_multiple_of(s.tp) {
+        bail!("tp {} must divide the {} heads and the MLP's {} units", s.tp, s.heads, s.intermediate);
+    }
+    if s.pp > s.layers {
+        bail!("pp {} is more stages than the {} layers", s.pp, s.layers);
+    }
+    let n = (s.gpus / (s.tp * s.pp)) as f64; // the data-parallel ranks ZeRO shards across
+    let held = s.params * held_fraction(s);
     let mixed = s.precision != Precision::Fp32;
     let (param_bytes, grad_bytes) = if mixed { (2.0, 2.0) } else { (4.0, 4.0) };
     let moments = match s.optimizer {
@@ -194,7 +216,9 @@ pub fn estimate(s: &Setup) -> Result<Estimate> {
         Strategy::Zero3 => (n, n, n),
     };
     let block = block_bytes(s, s.intermediate);
-    let layers = s.layers as f64;
+    // A stage's blocks, times the micro-batches 1F1B keeps in flight on the first stage (pp):
+    // as many block activations as one micro-batch through the whole model.
+    let layers = stage_layers(s) * s.pp as f64;
     let (blocks, recompute) = if s.activation_checkpointing {
         // Each block's output, copied into the variable the next block starts from.
         let input = s.micro_batch as f64 * s.seq_len as f64 * s.hidden as f64 * s.precision.compute_bytes();
@@ -203,12 +227,30 @@ pub fn estimate(s: &Setup) -> Result<Estimate> {
         (layers * block, 0.0)
     };
     Ok(Estimate {
-        parameters: s.params * param_bytes / p_shard,
-        gradients: s.params * grad_bytes / g_shard,
-        optimizer: s.params * optimizer_bytes / o_shard,
+        parameters: held * param_bytes / p_shard,
+        gradients: held * grad_bytes / g_shard,
+        optimizer: held * optimizer_bytes / o_shard,
         activations: blocks + outer_bytes(s),
         recompute,
     })
+}
+
+/// The most blocks one stage holds: the first stages take the remainder.
+fn stage_layers(s: &Setup) -> f64 {
+    s.layers.div_ceil(s.pp) as f64
+}
+
+/// The share of the model's parameters one GPU of the first stage holds:
+/// its blocks, their attention and MLP weights split `tp` ways and their
+/// norms whole, and the embedding (with the final norm and the head too when
+/// there is one stage); the root stays whole on every tensor-parallel rank.
+/// Counted on the shape, then applied to `s.params` (which may be given).
+fn held_fraction(s: &Setup) -> f64 {
+    let (c, i, v, tp) = (s.hidden as f64, s.intermediate as f64, s.vocab as f64, s.tp as f64);
+    let block = (4.0 * c * c + 3.0 * c * i) / tp + 2.0 * c;
+    let root = if s.pp == 1 { 2.0 * v * c + c } else { v * c };
+    let held = stage_layers(s) * block + root;
+    held / model_params(s.layers, s.hidden, s.intermediate, s.vocab)
 }
 
 /// What one block's forward leaves for backward, in bytes: every tensor it
@@ -217,14 +259,16 @@ fn block_bytes(s: &Setup, intermediate: usize) -> f64 {
     let (t, c, h, i) = (s.seq_len as f64, s.hidden as f64, s.heads as f64, intermediate as f64);
     let rows = s.micro_batch as f64 * t; // one per token
     let e = s.precision.compute_bytes();
-    let per_token = 3.0 * c // q, k, v projections, (B, T, C)
+    let tp = s.tp as f64; // a tensor-parallel rank keeps only its heads' and units' tensors
+    let per_token = (3.0 * c // q, k, v projections, (B, T, C)
         + 3.0 * c // the same split into heads, (B, H, T, D)
         + 2.0 * 4.5 * c // RoPE of q and of k: x·cos, rotate_half's negated half (C/2) and concatenation, ·sin, sum
         + 2.0 * h * t // attention scores q·kᵀ and their masked softmax, (B, H, T, T)
         + c // softmax · v, (B, H, T, D)
-        + c // heads merged, (B, T, C)
-        + c // o_proj
-        + 4.0 * i // gate, silu(gate), up, silu(gate) · up, (B, T, I)
+        + c) // heads merged, (B, T, C)
+        / tp
+        + c // o_proj (a rank's share, then the all-reduced sum: the same size)
+        + 4.0 * i / tp // gate, silu(gate), up, silu(gate) · up, (B, T, I)
         + c // down_proj
         + 2.0 * c; // the residual sums after attention and after the MLP
     let causal_mask = t * t; // (T, T) u8, built by each block
@@ -241,12 +285,17 @@ fn rms_norm_bytes(rows: f64, c: f64, e: f64) -> f64 {
 }
 
 /// What the forward leaves outside the blocks: the embedding, the final norm,
-/// the head and the loss.
+/// the head and the loss; with pipeline stages, the first stage's embedding
+/// outputs of the micro-batches in flight.
 fn outer_bytes(s: &Setup) -> f64 {
     let (b, t, c, v) = (s.micro_batch as f64, s.seq_len as f64, s.hidden as f64, s.vocab as f64);
     let e = s.precision.compute_bytes();
+    let embedded = b * t * c * e; // the embedding's output, the first block's input
+    if s.pp > 1 {
+        return s.pp as f64 * embedded;
+    }
     let predicted = b * (t - 1.0).max(0.0); // positions the loss scores: all but each sequence's last
-    b * t * c * e // the embedding's output, the first block's input
+    embedded
         + rms_norm_bytes(b * t, c, e) // the final norm
         + b * t * v * e // the logits, (B, T, V)
         + if b > 1.0 { predicted * v * e } else { 0.0 } // the scored logits made contiguous (a view when B = 1)
@@ -266,8 +315,12 @@ fn count(n: f64) -> String {
 pub fn report(setup: &Setup, gpu_memory_gb: Option<f64>) -> Result<bool> {
     let gb = |bytes: f64| bytes / 1e9;
     let e = estimate(setup)?;
+    let mesh = match (setup.tp, setup.pp) {
+        (1, 1) => String::new(),
+        (tp, pp) => format!(" (dp {} × pp {pp} × tp {tp}; a GPU of the first stage)", setup.gpus / (tp * pp)),
+    };
     println!(
-        "{} parameters, {:?}, {:?}, {} on {} GPU(s), micro-batch {} x {} tokens{}",
+        "{} parameters, {:?}, {:?}, {} on {} GPU(s){mesh}, micro-batch {} x {} tokens{}",
         count(setup.params),
         setup.precision,
         setup.optimizer,
@@ -321,6 +374,8 @@ mod tests {
             optimizer: Optimizer::Adamw,
             strategy,
             gpus: 64,
+            tp: 1,
+            pp: 1,
             activation_checkpointing: false,
         }
     }
@@ -362,7 +417,18 @@ mod tests {
         precision: Precision,
         checkpointing: bool,
     ) -> Estimate {
-        let setup = Setup {
+        estimate(&one_rank_setup(model, seq_len, micro_batch, precision, checkpointing)).unwrap()
+    }
+
+    /// The setup [`one_rank`] estimates.
+    fn one_rank_setup(
+        model: &Model,
+        seq_len: usize,
+        micro_batch: usize,
+        precision: Precision,
+        checkpointing: bool,
+    ) -> Setup {
+        Setup {
             params: model_params(model.layers, model.hidden, model.intermediate, model.vocab),
             layers: model.layers,
             hidden: model.hidden,
@@ -375,9 +441,10 @@ mod tests {
             optimizer: Optimizer::Adamw,
             strategy: Strategy::Ddp,
             gpus: 1,
+            tp: 1,
+            pp: 1,
             activation_checkpointing: checkpointing,
-        };
-        estimate(&setup).unwrap()
+        }
     }
 
     /// The parameters `param_specs` lists, tensor by tensor.
@@ -514,6 +581,23 @@ mod tests {
         let saved = full.activations - checkpointed.activations;
         let expected = 12.0 * (checkpointed.recompute - block_input);
         assert!((saved - expected).abs() < 1e-9 * expected, "saved {saved} bytes, expected {expected}");
+    }
+
+    /// The chapter's example: 124M's shape on 64 GPUs as tp 4 × pp 2 × dp 8.
+    /// A GPU of the first stage holds 6 of the 12 blocks, their matrices
+    /// split 4 ways and their norms whole, and the whole embedding:
+    /// 6 · ((4·768² + 3·768·2048) / 4 + 2·768) + 50257·768 = 49,223,424
+    /// parameters, and ZeRO-3 shards them over the 8 data-parallel ranks.
+    #[test]
+    fn a_gpu_of_a_mesh_holds_its_stages_slice_of_the_blocks_and_the_embedding() {
+        let mut setup = one_rank_setup(&SMALL, 1024, 1, Precision::Fp32, false);
+        (setup.gpus, setup.tp, setup.pp) = (64, 4, 2);
+        assert_eq!(estimate(&setup).unwrap().parameters, 4.0 * 49_223_424.0);
+        setup.strategy = Strategy::Zero3;
+        assert_eq!(estimate(&setup).unwrap().parameters, 4.0 * 49_223_424.0 / 8.0);
+        setup.gpus = 60;
+        let refused = estimate(&setup).unwrap_err().to_string();
+        assert!(refused.contains("60 GPUs do not make whole replicas of tp 4 × pp 2"), "{refused}");
     }
 
     #[test]

@@ -175,6 +175,12 @@ struct EstimateArgs {
     strategy: estimate::Strategy,
     #[arg(long, default_value_t = 1, value_parser = at_least_one)]
     gpus: usize,
+    /// Tensor-parallel ranks each block is split across (Megatron style; the embedding and head stay whole).
+    #[arg(long, default_value_t = 1, value_parser = at_least_one)]
+    tp: usize,
+    /// Pipeline stages (1F1B); --gpus / (tp · pp) ranks are data-parallel, and ZeRO shards across them.
+    #[arg(long, default_value_t = 1, value_parser = at_least_one)]
+    pp: usize,
     #[arg(long)]
     activation_checkpointing: bool,
     /// The GPU's memory in GB: say whether the run fits (exit 1 if not).
@@ -219,6 +225,8 @@ impl EstimateArgs {
             optimizer: self.optimizer,
             strategy: self.strategy,
             gpus: self.gpus,
+            tp: self.tp,
+            pp: self.pp,
             activation_checkpointing: self.activation_checkpointing,
         }
     }

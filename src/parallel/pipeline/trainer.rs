@@ -188,6 +188,10 @@ impl Train for PipelineTrainer {
         self.mesh.world()
     }
 
+    fn replica(&self) -> (usize, usize) {
+        (self.mesh.coords().dp, self.mesh.shape().dp)
+    }
+
     fn comm_stats(&self) -> CommStats {
         self.mesh.stats()
     }

@@ -271,6 +271,10 @@ impl Train for TensorParallelTrainer {
         self.mesh.world()
     }
 
+    fn replica(&self) -> (usize, usize) {
+        (self.mesh.coords().dp, self.mesh.shape().dp)
+    }
+
     fn comm_stats(&self) -> CommStats {
         self.mesh.stats()
     }
