@@ -15,7 +15,8 @@ use workbook::train::{Checkpoint, Trainer};
 use crate::fsdp_runs::{fsdp_step, fsdp_trainer, gather_params, model_config, single_process_trainer, train_config};
 use crate::support::{bit_equal, cause, explain_error, mistake, number, ok, scratch_dir, values};
 
-const FULL: FsdpConfig = FsdpConfig { sharding: ShardingStrategy::FullShard, precision: Precision::Fp32 };
+const FULL: FsdpConfig =
+    FsdpConfig { sharding: ShardingStrategy::FullShard, precision: Precision::Fp32, hybrid_group_size: None };
 
 fn save(trainer: &FsdpTrainer, dir: &Path) {
     ok(trainer.save_checkpoint(dir, None), "FsdpTrainer::save_checkpoint");
@@ -85,7 +86,7 @@ fn two_ranks_save_the_gathered_whole(
     sharding: ShardingStrategy,
 ) {
     let dir = scratch_dir(&format!("ex15-two-ranks-{sharding}"));
-    let fsdp = FsdpConfig { sharding, precision: Precision::Fp32 };
+    let fsdp = FsdpConfig { sharding, precision: Precision::Fp32, hybrid_group_size: None };
     // Each rank reports its save's outcome and the all-gathers it issued while saving.
     let ranks = ok(
         spawn_with_timeout(2, Duration::from_secs(20), |pg| {
@@ -178,8 +179,11 @@ fn a_four_rank_checkpoint_loads_on_two_ranks_and_one() {
     {
         let loaded = ok(
             spawn(world_size, |pg| {
-                let mut trainer =
-                    fsdp_trainer(Box::new(pg), FsdpConfig { sharding, precision: Precision::Fp32 }, train_config(1.0));
+                let mut trainer = fsdp_trainer(
+                    Box::new(pg),
+                    FsdpConfig { sharding, precision: Precision::Fp32, hybrid_group_size: None },
+                    train_config(1.0),
+                );
                 trainer.load_checkpoint(&dir)?;
                 let shards = trainer.units.iter().map(|u| Ok(u.local_state()?.params)).collect::<Result<Vec<_>>>()?;
                 Ok((gather_params(&trainer), trainer.counters, shards))

@@ -135,7 +135,8 @@ fn phase_2_nccl_collectives_match_their_definitions() {
 #[test]
 fn phase_3_full_shard_over_nccl_reaches_what_one_process_reaches() {
     let Some(world) = world_size() else { return };
-    let fsdp = FsdpConfig { sharding: ShardingStrategy::FullShard, precision: Precision::Fp32 };
+    let fsdp =
+        FsdpConfig { sharding: ShardingStrategy::FullShard, precision: Precision::Fp32, hybrid_group_size: None };
     let per_rank = on_gpu_processes(world, |pg| {
         let device = pg.device();
         Ok(as_values(&fsdp_rank(Box::new(pg), fsdp, train_config(CLIP), STEPS, &device).0))

@@ -23,7 +23,7 @@
 
 use candle_core::Device;
 use rstest::rstest;
-use workbook::distributed::spawn;
+use workbook::distributed::{spawn, Collective};
 use workbook::parallel::fsdp::{FsdpConfig, LossScaler, Precision, ShardingStrategy};
 use workbook::phase3_fsdp::{mixed_precision_policy, sharding_plan};
 use workbook::train::TrainConfig;
@@ -87,6 +87,27 @@ fn expected_model_states(strategy: ShardingStrategy, psi: u64, n: u64) -> u64 {
     part(4 * psi, plan.params) + part(4 * psi, plan.grads) + part(8 * psi, plan.optimizer_state)
 }
 
+/// HYBRID_SHARD on 4 ranks in shard groups of 2 trains as FULL_SHARD on 4
+/// does, holds the model states of a group of 2, and sends one all-reduce
+/// of each unit's shard per step across the groups (besides the norm's).
+#[test]
+fn hybrid_shard_in_groups_of_two_trains_as_full_shard_with_a_group_of_twos_memory() {
+    let (full, _) = fsdp_run(4, ShardingStrategy::FullShard, Precision::Fp32, train_config(CLIP), STEPS);
+    let hybrid =
+        FsdpConfig { sharding: ShardingStrategy::HybridShard, precision: Precision::Fp32, hybrid_group_size: Some(2) };
+    let ranks = spawn(4, |pg| Ok(fsdp_rank(Box::new(pg), hybrid, train_config(CLIP), STEPS, &Device::Cpu)));
+    let ranks = ok(ranks, "HYBRID_SHARD on 4 ranks");
+    for (rank, (params, trainer)) in ranks.iter().enumerate() {
+        check(max_relative_difference(params, &full), 1e-5, &format!("HYBRID_SHARD rank {rank} vs FULL_SHARD"));
+        let psi: u64 = trainer.units.iter().map(|u| u.layout.padded_len() as u64).sum();
+        let want = expected_model_states(ShardingStrategy::FullShard, psi, 2);
+        let ledger = trainer.ledger();
+        assert_eq!(ledger.memory.model_states(), want, "HYBRID_SHARD rank {rank}: the model states of a group of 2");
+        let all_reduces = ledger.comm.calls(Collective::AllReduce);
+        assert_eq!(all_reduces, trainer.units.len() as u64 + 1, "rank {rank}: one per unit and the norm's\n{ledger}");
+    }
+}
+
 #[rstest]
 fn measured_memory_per_rank_follows_the_plan(
     #[values(ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard)]
@@ -112,7 +133,7 @@ fn measured_memory_per_rank_follows_the_plan(
 
 /// Per-step losses of a short FULL_SHARD run on two ranks.
 fn losses(precision: Precision, steps: usize) -> Vec<f64> {
-    let fsdp = FsdpConfig { sharding: ShardingStrategy::FullShard, precision };
+    let fsdp = FsdpConfig { sharding: ShardingStrategy::FullShard, precision, hybrid_group_size: None };
     let mut per_rank = ok(
         spawn(2, |pg| {
             let mut trainer = fsdp_trainer(Box::new(pg), fsdp, train_config(1.0));
@@ -149,7 +170,8 @@ fn a_bf16_run_tracks_the_fp32_run() {
 /// parameters must never see an inf or NaN.
 #[test]
 fn fp16_skips_overflowing_steps_instead_of_producing_nan() {
-    let fsdp = FsdpConfig { sharding: ShardingStrategy::FullShard, precision: Precision::Fp16 };
+    let fsdp =
+        FsdpConfig { sharding: ShardingStrategy::FullShard, precision: Precision::Fp16, hybrid_group_size: None };
     let results = ok(
         spawn(2, |pg| {
             let mut trainer = fsdp_trainer(Box::new(pg), fsdp, train_config(1.0));
@@ -216,7 +238,8 @@ fn fp16_skips_overflowing_steps_instead_of_producing_nan() {
 /// (two ranks add a + b = b + a, whichever order the ring uses).
 #[test]
 fn full_shard_on_two_processes_trains_as_on_two_thread_ranks() {
-    let fsdp = FsdpConfig { sharding: ShardingStrategy::FullShard, precision: Precision::Fp32 };
+    let fsdp =
+        FsdpConfig { sharding: ShardingStrategy::FullShard, precision: Precision::Fp32, hybrid_group_size: None };
     let per_rank =
         on_processes(2, |pg| Ok(as_values(&fsdp_rank(Box::new(pg), fsdp, train_config(CLIP), STEPS, &Device::Cpu).0)));
     let (threads, _) = fsdp_run(2, ShardingStrategy::FullShard, Precision::Fp32, train_config(CLIP), STEPS);

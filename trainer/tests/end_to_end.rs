@@ -69,7 +69,11 @@ fn a_run_calls_the_exercises_its_flags_choose() {
     ddp.init_from = Some(PathBuf::from("weights"));
     assert_eq!(called(&ddp), [1, 2, 3, 4, 5, 7, 8, 9, 11, 16, 18, 19]);
     let mut fsdp = options(PathBuf::from("unused"), 1, 2);
-    fsdp.strategy = Strategy::Fsdp(FsdpConfig { sharding: ShardingStrategy::FullShard, precision: Precision::Fp32 });
+    fsdp.strategy = Strategy::Fsdp(FsdpConfig {
+        sharding: ShardingStrategy::FullShard,
+        precision: Precision::Fp32,
+        hybrid_group_size: None,
+    });
     assert_eq!(called(&fsdp), [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 14, 15]);
     let mut pipeline = options(PathBuf::from("unused"), 1, 2);
     pipeline.strategy = Strategy::Pipeline { schedule: PipelineSchedule::OneFOneB, stages: 2 };
@@ -128,7 +132,11 @@ fn resuming_in_a_new_process_reproduces_an_uninterrupted_run() {
 fn fsdp_trains_on_two_ranks_in_bf16_and_its_checkpoint_resumes_under_ddp() {
     let dir = scratch("fsdp");
     let mut fsdp = options(dir.clone(), 20, 2);
-    fsdp.strategy = Strategy::Fsdp(FsdpConfig { sharding: ShardingStrategy::FullShard, precision: Precision::Bf16 });
+    fsdp.strategy = Strategy::Fsdp(FsdpConfig {
+        sharding: ShardingStrategy::FullShard,
+        precision: Precision::Bf16,
+        hybrid_group_size: None,
+    });
     fsdp.activation_checkpointing = true;
     let run = train(&fsdp).unwrap();
     let (start, end) = (run.first.unwrap().loss, run.last.unwrap().loss);

@@ -8,6 +8,9 @@
 //! | SHARD_GRAD_OP | 2    | whole      | sharded   | sharded         |
 //! | FULL_SHARD    | 3    | sharded    | sharded   | sharded         |
 //!
+//! HYBRID_SHARD is FULL_SHARD within groups of consecutive ranks, the
+//! groups replicas of each other ([`FsdpGroups`]).
+//!
 //! The pieces: [`ShardingPlan`] (exercise 12 maps a strategy to one),
 //! [`MixedPrecisionPolicy`] (exercise 13), [`FsdpUnit`]s (exercise 14 picks
 //! them), [`FlatLayout`] (a unit's parameters as one padded buffer),
@@ -19,6 +22,7 @@
 
 mod comm;
 mod flat;
+mod groups;
 mod ledger;
 mod precision;
 mod shard;
@@ -28,6 +32,7 @@ mod trainer;
 mod units;
 
 pub use flat::{FlatLayout, FlatView};
+pub use groups::FsdpGroups;
 pub use ledger::{MemoryLedger, StepLedger};
 pub use precision::{LossScaler, MixedPrecisionPolicy, Precision};
 pub(crate) use shard::bytes;

@@ -104,13 +104,19 @@ impl ShardedUnit {
     }
 
     /// After the last micro-batch: the step's gradient averaged over ranks,
-    /// over `local`, in f32. Gradients not yet reduced are reduced now, once.
-    pub(crate) fn take_reduced_grad(&mut self, pg: &dyn ProcessGroup, plan: &ShardingPlan) -> Result<Tensor> {
+    /// over `local`, in f32. Gradients not yet reduced are reduced now, once,
+    /// over the shard group `pg` and then the `replicas`, if any.
+    pub(crate) fn take_reduced_grad(
+        &mut self,
+        pg: &dyn ProcessGroup,
+        replicas: Option<&dyn ProcessGroup>,
+        plan: &ShardingPlan,
+    ) -> Result<Tensor> {
         let grad = match self.grad.take() {
             Some(g) => g,
             None => candle_core::bail!("unit `{}` has no gradient: run a micro-batch before the step", self.name),
         };
-        comm::reduce_step(pg, grad, plan)?.to_dtype(DType::F32)
+        comm::reduce_step(pg, replicas, grad, plan)?.to_dtype(DType::F32)
     }
 
     /// Bytes of the gradient buffer right now.

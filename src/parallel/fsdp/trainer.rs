@@ -34,11 +34,11 @@ use serde::{Deserialize, Serialize};
 use super::step::{self, Gathered, ShardedBlock, Step};
 use super::units::check_units;
 use super::{
-    FlatLayout, FlatView, LocalState, LossScaler, MemoryLedger, MixedPrecisionPolicy, Precision, ShardedUnit,
-    ShardingPlan, ShardingStrategy, StepLedger,
+    FlatLayout, FlatView, FsdpGroups, LocalState, LossScaler, MemoryLedger, MixedPrecisionPolicy, Precision,
+    ShardedUnit, ShardingPlan, ShardingStrategy, StepLedger,
 };
 use crate::autograd::{clip_factor, sum_of_squares};
-use crate::distributed::{all_reduce_scalar, ProcessGroup, ReduceOp};
+use crate::distributed::{all_reduce_scalar, CommStats, ProcessGroup, ReduceOp};
 use crate::memory::held_after;
 use crate::model::{Block, ForwardPass, Gpt, GptConfig, Outer, ParamStore, RotaryCache};
 use crate::parallel::ddp::broadcast_parameters;
@@ -51,6 +51,11 @@ use crate::train::{DataPosition, ParamGroup, StepCounters, StepStats, Train, Tra
 pub struct FsdpConfig {
     pub sharding: ShardingStrategy,
     pub precision: Precision,
+    /// Under HYBRID_SHARD, the ranks of one shard group (consecutive ranks,
+    /// a node's as the launcher numbers them); the groups are replicas of
+    /// each other. `None`: the whole job is one group, as FULL_SHARD.
+    #[serde(default)]
+    pub hybrid_group_size: Option<usize>,
 }
 
 pub struct FsdpTrainer {
@@ -67,13 +72,14 @@ pub struct FsdpTrainer {
     pub scaler: Option<LossScaler>,
     model_config: GptConfig,
     rotary: RotaryCache,
-    pg: Box<dyn ProcessGroup>,
+    groups: FsdpGroups,
     ledger: StepLedger,
 }
 
 impl FsdpTrainer {
     /// Shards `params` as `fsdp.sharding` says (rank 0's parameters are
-    /// broadcast first, so every rank starts equal).
+    /// broadcast first, so every rank starts equal); when the plan replicates
+    /// the shards (HYBRID_SHARD), within groups of `fsdp.hybrid_group_size` ranks.
     pub fn new(
         model_config: &GptConfig,
         params: ParamStore,
@@ -81,7 +87,10 @@ impl FsdpTrainer {
         fsdp: FsdpConfig,
         pg: Box<dyn ProcessGroup>,
     ) -> Result<Self> {
-        Self::with_plan(model_config, params, config, sharding_plan(fsdp.sharding), fsdp.precision, pg)
+        let plan = sharding_plan(fsdp.sharding);
+        // Exercise 12's plan says whether the shards are replicated.
+        let groups = FsdpGroups::new(pg, fsdp.hybrid_group_size.filter(|_| plan.replicate_across_nodes))?;
+        Self::with_plan(model_config, params, config, plan, fsdp.precision, groups)
     }
 
     /// Shards `params` by `plan`, which may be any ZeRO stage, including
@@ -92,7 +101,7 @@ impl FsdpTrainer {
         config: TrainConfig,
         plan: ShardingPlan,
         precision: Precision,
-        pg: Box<dyn ProcessGroup>,
+        groups: FsdpGroups,
     ) -> Result<Self> {
         if config.grad_accum_steps == 0 {
             bail!("grad_accum_steps must be at least 1");
@@ -103,7 +112,8 @@ impl FsdpTrainer {
         let policy = mixed_precision_policy(precision);
         let units = wrap_policy(model_config);
         check_units(model_config, &units)?;
-        broadcast_parameters(pg.as_ref(), &params)?;
+        broadcast_parameters(groups.world(), &params)?;
+        let pg = groups.shard();
         let decay = ParamGroup::decay_by_name(&param_groups(&params, config.optimizer.weight_decay), &params)?;
         let named: HashMap<String, Tensor> =
             params.iter().map(|(n, v)| (n.to_string(), v.as_tensor().clone())).collect();
@@ -114,7 +124,7 @@ impl FsdpTrainer {
                 let layout = FlatLayout::new(model_config, &unit.params, pg.world_size())?;
                 let full = layout.flatten(&named, &device)?;
                 let decay_of = |name: &str| decay.get(name).copied().unwrap_or(0.0);
-                ShardedUnit::new(unit.name, layout, &full, &plan, &policy, pg.as_ref(), decay_of)
+                ShardedUnit::new(unit.name, layout, &full, &plan, &policy, pg, decay_of)
             })
             .collect::<Result<Vec<_>>>()?;
         drop(named);
@@ -131,13 +141,15 @@ impl FsdpTrainer {
             scaler: policy.loss_scaling.then(LossScaler::default),
             model_config: model_config.clone(),
             rotary,
-            pg,
+            groups,
             ledger: StepLedger::default(),
         })
     }
 
+    /// The ranks this rank's units are sharded across: the whole job, or
+    /// under HYBRID_SHARD this rank's shard group.
     pub fn process_group(&self) -> &dyn ProcessGroup {
-        self.pg.as_ref()
+        self.groups.shard()
     }
 
     pub fn model_config(&self) -> &GptConfig {
@@ -168,7 +180,7 @@ impl FsdpTrainer {
         let Some(unit) = self.units.get_mut(index) else {
             bail!("there is no unit {index}: the model has {} units", self.units.len());
         };
-        unit.set_local_state(state, self.pg.as_ref(), &self.policy)
+        unit.set_local_state(state, self.groups.shard(), &self.policy)
     }
 
     /// Takes up the counters of a checkpoint's state.
@@ -183,7 +195,7 @@ impl FsdpTrainer {
         if micro_batches.is_empty() {
             bail!("train_step needs at least one micro-batch");
         }
-        let before = self.pg.stats();
+        let before = self.groups.stats();
         let mut memory = MemoryLedger::default();
         let k = micro_batches.len();
         let (mut loss_sum, mut tokens) = (0.0, 0);
@@ -194,7 +206,7 @@ impl FsdpTrainer {
         memory.grads = memory.grads.max(self.units.iter().map(ShardedUnit::grad_bytes).sum());
         let mut grads = Vec::with_capacity(self.units.len());
         for unit in &mut self.units {
-            grads.push(unit.take_reduced_grad(self.pg.as_ref(), &self.plan)?);
+            grads.push(unit.take_reduced_grad(self.groups.shard(), self.groups.replicas(), &self.plan)?);
         }
         if let Some(scaler) = &self.scaler {
             grads = grads.iter().map(|g| g * (1.0 / scaler.scale)).collect::<Result<_>>()?;
@@ -218,7 +230,7 @@ impl FsdpTrainer {
                     lr,
                     self.counters.optimizer_steps,
                     &self.config.optimizer.adamw,
-                    self.pg.as_ref(),
+                    self.groups.shard(),
                     &self.policy,
                 )?;
             }
@@ -230,7 +242,7 @@ impl FsdpTrainer {
             memory.master_params += master;
             memory.optimizer_state += optimizer;
         }
-        self.ledger = StepLedger { memory, comm: self.pg.stats().since(&before) };
+        self.ledger = StepLedger { memory, comm: self.groups.stats().since(&before) };
         Ok(StepStats { loss: loss_sum / k as f64, grad_norm, lr, tokens })
     }
 
@@ -243,7 +255,7 @@ impl FsdpTrainer {
         let loss_scale = self.scaler.map_or(1.0, |s| s.scale);
         let step = Step {
             units: RefCell::new(&mut self.units),
-            pg: self.pg.as_ref(),
+            pg: self.groups.shard(),
             policy: &self.policy,
             plan: &self.plan,
             model_config: &self.model_config,
@@ -258,9 +270,11 @@ impl FsdpTrainer {
     /// The L2 norm of the whole model's gradient, from every rank's local part.
     fn global_norm(&self, grads: &[Tensor]) -> Result<f64> {
         let mut sum_sq = sum_of_squares(grads)?;
-        if self.plan.optimizer_state && self.pg.world_size() > 1 {
-            // Each rank holds a different part of the gradient: add up the parts.
-            sum_sq = all_reduce_scalar(self.pg.as_ref(), sum_sq, ReduceOp::Sum, grads[0].device())?;
+        let pg = self.groups.shard();
+        if self.plan.optimizer_state && pg.world_size() > 1 {
+            // Each rank of a shard group holds a different part of the gradient
+            // (and each replica the same parts): add up one group's parts.
+            sum_sq = all_reduce_scalar(pg, sum_sq, ReduceOp::Sum, grads[0].device())?;
         }
         Ok(sum_sq.sqrt())
     }
@@ -315,8 +329,12 @@ impl Train for FsdpTrainer {
     fn train_step(&mut self, micro_batches: &[Tensor]) -> Result<StepStats> {
         FsdpTrainer::train_step(self, micro_batches)
     }
+    /// Under HYBRID_SHARD the first replica writes; the others hold the same shards.
     fn save_checkpoint(&self, dir: &Path, data: Option<DataPosition>) -> Result<()> {
-        FsdpTrainer::save_checkpoint(self, dir, data)
+        if self.groups.replica() == 0 {
+            FsdpTrainer::save_checkpoint(self, dir, data)?;
+        }
+        self.groups.world().barrier()
     }
     fn load_checkpoint(&mut self, dir: &Path) -> Result<Option<DataPosition>> {
         FsdpTrainer::load_checkpoint(self, dir)
@@ -325,10 +343,18 @@ impl Train for FsdpTrainer {
         self.counters
     }
     fn process_group(&self) -> &dyn ProcessGroup {
-        self.pg.as_ref()
+        self.groups.world()
+    }
+    fn comm_stats(&self) -> CommStats {
+        self.groups.stats()
     }
     fn layout(&self) -> String {
-        format!("FSDP over {} ranks with {}, {} precision", self.pg.world_size(), self.plan.describe(), self.precision)
+        let (world, shard) = (self.groups.world().world_size(), self.groups.shard().world_size());
+        let groups = match world / shard {
+            1 => String::new(),
+            replicas => format!(" (shard groups of {shard} ranks, {replicas} replicas)"),
+        };
+        format!("FSDP over {world} ranks with {}{groups}, {} precision", self.plan.describe(), self.precision)
     }
     fn report(&self) -> Option<String> {
         Some(format!("{}, {} units; rank 0's last step:\n{}", self.layout(), self.units.len(), self.ledger()))

@@ -14,7 +14,7 @@ use candle_core::{DType, Device};
 use clap::Parser;
 use trainer::config::RunConfig;
 use workbook::distributed::{spawn, Collective};
-use workbook::parallel::fsdp::{FsdpTrainer, Precision, ShardingPlan};
+use workbook::parallel::fsdp::{FsdpGroups, FsdpTrainer, Precision, ShardingPlan};
 use workbook::{init_params, InitRng};
 
 #[derive(Parser)]
@@ -54,8 +54,14 @@ fn run(args: Args) -> Result<()> {
     let mut ranks = spawn(args.nproc, |pg| {
         let params = init_params(&model, 0, &Device::Cpu)?;
         let num_params = params.num_params();
-        let mut trainer =
-            FsdpTrainer::with_plan(&model, params, config.train_config(false), plan, precision, Box::new(pg))?;
+        let mut trainer = FsdpTrainer::with_plan(
+            &model,
+            params,
+            config.train_config(false),
+            plan,
+            precision,
+            FsdpGroups::new(Box::new(pg), None)?,
+        )?;
         let mut rng = InitRng::from_seed(trainer.process_group().rank() as u64);
         let mut seconds = 0.0;
         for step in 0..args.steps {

@@ -20,7 +20,7 @@ use trainer::run::{open_dataset, peak_memory_mib, recorded_data_path, train, Run
 use trainer::strategy::Strategy;
 use workbook::data::{DataConfig, DatasetKind, SAMPLE_PATH};
 use workbook::distributed::DistEnv;
-use workbook::parallel::fsdp::FsdpConfig;
+use workbook::parallel::fsdp::{FsdpConfig, ShardingStrategy};
 use workbook::parallel::pipeline::PipelineSchedule;
 use workbook::GptConfig;
 
@@ -95,6 +95,10 @@ struct Args {
     /// With --strategy fsdp: full_shard (the default), shard_grad_op, no_shard or hybrid_shard.
     #[arg(long)]
     sharding: Option<String>,
+    /// With --sharding hybrid_shard: the ranks of one shard group, consecutive
+    /// ranks replicated across groups (default: the ranks of one node).
+    #[arg(long, value_name = "RANKS")]
+    hybrid_group_size: Option<usize>,
     /// With --strategy fsdp: fp32 (the default), bf16 or fp16.
     #[arg(long)]
     precision: Option<String>,
@@ -236,7 +240,11 @@ fn run(args: Args) -> anyhow::Result<()> {
     let strategy = match (args.pipeline_stages, args.tensor_parallel) {
         (Some(stages), _) => pipeline(stages, args.pipeline_schedule, &args.strategy, world_size)?,
         (None, Some(ranks)) => tensor_parallel(ranks, &args.strategy, &config.model, world_size)?,
-        (None, None) => strategy(&args.strategy, args.sharding.as_deref(), args.precision.as_deref())?,
+        (None, None) => {
+            let node_size = launched.as_ref().map_or(args.launch.nproc_per_node, |env| env.local_world_size);
+            let (sharding, precision) = (args.sharding.as_deref(), args.precision.as_deref());
+            strategy(&args.strategy, sharding, precision, args.hybrid_group_size, node_size)?
+        }
     };
     let options = RunOptions {
         config,
@@ -312,19 +320,36 @@ fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn strategy(name: &str, sharding: Option<&str>, precision: Option<&str>) -> anyhow::Result<Strategy> {
+/// The strategy `--strategy` names, with its FSDP options; `node_size` ranks share a machine.
+fn strategy(
+    name: &str,
+    sharding: Option<&str>,
+    precision: Option<&str>,
+    hybrid_group_size: Option<usize>,
+    node_size: usize,
+) -> anyhow::Result<Strategy> {
     match name {
         "ddp" => {
-            if let Some(flag) = [("--sharding", sharding), ("--precision", precision)].iter().find(|(_, v)| v.is_some())
+            let hybrid = hybrid_group_size.map(|_| "");
+            if let Some(flag) = [("--sharding", sharding), ("--precision", precision), ("--hybrid-group-size", hybrid)]
+                .iter()
+                .find(|(_, v)| v.is_some())
             {
                 anyhow::bail!("{} applies to --strategy fsdp only; DDP keeps whole f32 replicas", flag.0);
             }
             Ok(Strategy::Ddp)
         }
-        "fsdp" => Ok(Strategy::Fsdp(FsdpConfig {
-            sharding: sharding.unwrap_or("full_shard").parse()?,
-            precision: precision.unwrap_or("fp32").parse()?,
-        })),
+        "fsdp" => {
+            let sharding: ShardingStrategy = sharding.unwrap_or("full_shard").parse()?;
+            let hybrid = sharding == ShardingStrategy::HybridShard;
+            if hybrid_group_size.is_some() && !hybrid {
+                anyhow::bail!("--hybrid-group-size applies to --sharding hybrid_shard only");
+            }
+            // A node's ranks by default: the launcher numbers them consecutively.
+            let hybrid_group_size = hybrid.then_some(hybrid_group_size.unwrap_or(node_size));
+            let precision = precision.unwrap_or("fp32").parse()?;
+            Ok(Strategy::Fsdp(FsdpConfig { sharding, precision, hybrid_group_size }))
+        }
         other => anyhow::bail!("unknown --strategy `{other}`: use ddp or fsdp"),
     }
 }
