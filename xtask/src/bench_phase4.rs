@@ -17,7 +17,8 @@ const HEADING: &str = "## Phase 4 inside the trainer: what each exercise buys";
 /// One way of training on the ranks, and the trainer flags that pick it.
 struct Variant {
     name: &'static str,
-    exercise: Option<u8>,
+    /// The exercises it runs, as the table lists them.
+    exercises: &'static str,
     ranks: Ranks,
     flags: &'static [&'static str],
 }
@@ -28,45 +29,51 @@ const TWO_PROCESSES: Ranks = Ranks { nproc: 2, threads_per_rank: 1, processes: t
 const VARIANTS: [Variant; 7] = [
     Variant {
         name: "single process, 2 threads",
-        exercise: None,
+        exercises: "",
         ranks: Ranks { nproc: 1, threads_per_rank: 2, processes: true },
         flags: &[],
     },
-    Variant { name: "DDP, the backend's all-reduce after backward", exercise: None, ranks: TWO_PROCESSES, flags: &[] },
+    Variant { name: "DDP, the backend's all-reduce after backward", exercises: "", ranks: TWO_PROCESSES, flags: &[] },
     Variant {
         name: "DDP, your ring all-reduce",
-        exercise: Some(16),
+        exercises: "16",
         ranks: TWO_PROCESSES,
         flags: &["--allreduce", "ring"],
     },
-    Variant {
-        name: "DDP, PowerSGD rank 2",
-        exercise: Some(18),
-        ranks: TWO_PROCESSES,
-        flags: &["--powersgd-rank", "2"],
-    },
+    Variant { name: "DDP, PowerSGD rank 2", exercises: "18", ranks: TWO_PROCESSES, flags: &["--powersgd-rank", "2"] },
     Variant {
         name: "DDP, buckets all-reduced during backward",
-        exercise: Some(19),
+        exercises: "19",
         ranks: TWO_PROCESSES,
         flags: &["--ddp-overlap"],
     },
     Variant {
         name: "GPipe pipeline, 2 stages",
-        exercise: Some(21),
+        exercises: "21",
         ranks: TWO_PROCESSES,
         flags: &["--pipeline", "gpipe"],
     },
-    Variant {
-        name: "1F1B pipeline, 2 stages",
-        exercise: Some(24),
-        ranks: TWO_PROCESSES,
-        flags: &["--pipeline", "1f1b"],
-    },
+    Variant { name: "1F1B pipeline, 2 stages", exercises: "24", ranks: TWO_PROCESSES, flags: &["--pipeline", "1f1b"] },
 ];
 
 /// The variant the others are compared with.
 const PLAIN_DDP: usize = 1;
+
+const MESH_HEADING: &str = "## Parallelisms composed on a mesh";
+const FOUR_PROCESSES: Ranks = Ranks { nproc: 4, threads_per_rank: 1, processes: true };
+
+/// The parallelisms of one run laid out on a mesh of four processes; the
+/// ratios are to the first, DDP on the same four.
+const COMPOSED: [Variant; 3] = [
+    Variant { name: "DDP, 4 replicas", exercises: "", ranks: FOUR_PROCESSES, flags: &[] },
+    Variant {
+        name: "dp 2 × pp 2, GPipe",
+        exercises: "21, 25",
+        ranks: FOUR_PROCESSES,
+        flags: &["--pipeline", "gpipe", "--stages", "2"],
+    },
+    Variant { name: "dp 2 × tp 2", exercises: "23, 25", ranks: FOUR_PROCESSES, flags: &["--tp", "2"] },
+];
 
 pub fn bench_phase4(ws: &Workspace, model_size: &str, steps: usize, large_steps: usize, rounds: usize) -> Result<bool> {
     if rounds == 0 {
@@ -111,7 +118,7 @@ pub fn bench_phase4(ws: &Workspace, model_size: &str, steps: usize, large_steps:
                 samples.push(workbook_bench(&ws.root, workload, variant.ranks, variant.flags)?);
             }
         }
-        let table = table(&runs);
+        let table = table(&VARIANTS, &runs, PLAIN_DDP);
         println!("{table}");
         report += &format!(
             "\n### {}\n\n{} timed optimizer steps after {} warm-up steps.\n\n{table}",
@@ -123,14 +130,60 @@ pub fn bench_phase4(ws: &Workspace, model_size: &str, steps: usize, large_steps:
     Ok(true)
 }
 
-/// One row per variant, `runs[v]` holding variant v's measurement of each round.
-fn table(runs: &[Vec<Measurement>]) -> String {
+/// `bench mesh`: the parallelisms composed on a mesh of four single-threaded
+/// processes at `model_size`, beside DDP on the same four, into its own
+/// section of `benchmarks/results.md`.
+pub fn bench_mesh(ws: &Workspace, model_size: &str, steps: usize, rounds: usize) -> Result<bool> {
+    if rounds == 0 {
+        bail!("--rounds must be at least 1");
+    }
+    let workload = Workload {
+        title: format!("`{model_size}` config, 4 micro-batches per step"),
+        model_size: model_size.into(),
+        seq_len: None,
+        batch_size: None,
+        grad_accum: Some(4),
+        steps,
+        warmup: 3,
+    };
+    println!("{}", render::bold(&format!("Composed parallelisms, {}, {steps} timed steps", workload.title)));
+    let mut runs: Vec<Vec<Measurement>> = COMPOSED.iter().map(|_| vec![]).collect();
+    for round in 1..=rounds {
+        println!("  round {round} of {rounds}");
+        for (variant, samples) in COMPOSED.iter().zip(&mut runs) {
+            samples.push(workbook_bench(&ws.root, &workload, variant.ranks, variant.flags)?);
+        }
+    }
+    let table = table(&COMPOSED, &runs, 0);
+    println!("{table}");
+    let report = format!(
+        "Written by `cargo xtask bench mesh` ({rounds} interleaved rounds; {cpu}). The trainer runs\n\
+         the reference solutions on 4 single-threaded CPU processes over TCP, on random tokens, with\n\
+         the same global batch in every row, laid out by exercise 25's mesh: two replicas of a\n\
+         two-stage GPipe pipeline (exercise 21), and two replicas of every block split across two\n\
+         ranks (exercise 23). *Sent per step* counts every group a rank belongs to. On CPU ranks\n\
+         neither split is faster than DDP: they exist to fit models that one device cannot hold,\n\
+         and pay for it in traffic (a tensor-parallel rank all-reduces activations four times per\n\
+         block) and, for the pipeline, in its bubble.\n\n\
+         ### {}\n\n{steps} timed optimizer steps after {} warm-up steps.\n\n{table}",
+        workload.title,
+        workload.warmup,
+        cpu = cpu_model()
+    );
+    replace_section(&ws.root.join(RESULTS), MESH_HEADING, &report)?;
+    println!("written to {RESULTS}");
+    Ok(true)
+}
+
+/// One row per variant, `runs[v]` holding variant v's measurement of each
+/// round, compared with `runs[baseline]` round by round.
+fn table(variants: &[Variant], runs: &[Vec<Measurement>], baseline: usize) -> String {
     let mut out = String::from(
         "| setup | exercise | tokens/s | vs DDP | sent per step, busiest rank | vs DDP | peak memory per rank |\n\
          |---|---:|---:|---:|---:|---:|---:|\n",
     );
-    let plain = &runs[PLAIN_DDP];
-    for (variant, samples) in VARIANTS.iter().zip(runs) {
+    let plain = &runs[baseline];
+    for (variant, samples) in variants.iter().zip(runs) {
         let tokens_per_s = median(&samples.iter().map(|m| m.tokens_per_s).collect::<Vec<_>>());
         let speed_ratios: Vec<f64> = samples.iter().zip(plain).map(|(m, p)| m.tokens_per_s / p.tokens_per_s).collect();
         let sent = samples[0].sent_bytes_per_step.unwrap_or(0.0);
@@ -140,7 +193,7 @@ fn table(runs: &[Vec<Measurement>]) -> String {
         out += &format!(
             "| {} | {} | {tokens_per_s:.0} | {} | {} | {} | {} |\n",
             variant.name,
-            variant.exercise.map(|n| n.to_string()).unwrap_or_default(),
+            variant.exercises,
             if two_ranks { format!("{:.2}x", median(&speed_ratios)) } else { String::new() },
             if two_ranks { megabytes(sent) } else { "none".into() },
             if two_ranks && plain_sent > 0.0 { format!("{:.3}x", sent / plain_sent) } else { String::new() },
@@ -156,7 +209,7 @@ fn megabytes(bytes: f64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{table, Measurement, VARIANTS};
+    use super::{table, Measurement, PLAIN_DDP, VARIANTS};
 
     fn run(tokens_per_s: f64, sent: f64, memory: Option<f64>) -> Measurement {
         Measurement { tokens_per_s, sent_bytes_per_step: Some(sent), peak_memory_mib: memory }
@@ -168,7 +221,7 @@ mod tests {
             VARIANTS.iter().map(|_| vec![run(100.0, 4e6, Some(200.0)), run(300.0, 4e6, Some(220.0))]).collect();
         runs[0] = vec![run(50.0, 0.0, Some(400.0)), run(60.0, 0.0, Some(400.0))];
         runs[3] = vec![run(90.0, 1e5, Some(210.0)), run(330.0, 1e5, None)];
-        let text = table(&runs);
+        let text = table(&VARIANTS, &runs, PLAIN_DDP);
         assert!(text.contains("| single process, 2 threads |  | 55 |  | none |  | 400 MiB |"), "{text}");
         assert!(
             text.contains(

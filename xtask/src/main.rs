@@ -115,9 +115,10 @@ enum Task {
     Interop,
     /// Measure the reference trainer's tokens/s beside PyTorch's (or, with `fsdp`, each ZeRO
     /// stage's memory and traffic per rank beside the formulas; with `phase4`, what each Phase 4
-    /// exercise buys inside the trainer) and write benchmarks/results.md.
+    /// exercise buys inside the trainer; with `mesh`, the parallelisms composed on four processes)
+    /// and write benchmarks/results.md.
     Bench {
-        /// `throughput` (the default), `fsdp` or `phase4`.
+        /// `throughput` (the default), `fsdp`, `phase4` or `mesh`.
         #[arg(value_enum, default_value = "throughput")]
         what: BenchKind,
         /// A config in configs/: tiny, small or medium.
@@ -141,6 +142,7 @@ enum BenchKind {
     Throughput,
     Fsdp,
     Phase4,
+    Mesh,
 }
 
 /// `cargo xtask estimate`'s options; the model is given by its size or its shape.
@@ -277,6 +279,9 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
             bench::bench(&ws, &model_size, steps, large_steps, rounds)
         }
         Task::Bench { what: BenchKind::Fsdp, .. } => bench_fsdp::bench_fsdp(&ws),
+        Task::Bench { what: BenchKind::Mesh, model_size, steps, rounds, .. } => {
+            bench_phase4::bench_mesh(&ws, &model_size, steps, rounds)
+        }
         Task::Bench { what: BenchKind::Phase4, model_size, steps, large_steps, rounds } => {
             bench_phase4::bench_phase4(&ws, &model_size, steps, large_steps, rounds)
         }

@@ -63,10 +63,18 @@ struct Args {
     /// All-reduce gradient buckets during backward (exercise 19).
     #[arg(long)]
     ddp_overlap: bool,
-    /// One pipeline stage per rank instead of DDP, on the schedule `gpipe`
-    /// (exercise 21) or `1f1b` (exercise 24).
+    /// A pipeline instead of DDP, on the schedule `gpipe` (exercise 21) or
+    /// `1f1b` (exercise 24): one stage per rank, or --stages of them
+    /// replicated across the ranks.
     #[arg(long, value_name = "SCHEDULE", conflicts_with_all = ["powersgd_rank", "ddp_overlap"])]
     pipeline: Option<PipelineSchedule>,
+    /// With --pipeline: the stages of one pipeline (default: --nproc).
+    #[arg(long, value_name = "S", requires = "pipeline")]
+    stages: Option<usize>,
+    /// Every block split across T tensor-parallel ranks (exercise 23),
+    /// replicated across the ranks.
+    #[arg(long = "tp", value_name = "T", conflicts_with_all = ["pipeline", "powersgd_rank", "ddp_overlap"])]
+    tensor_parallel: Option<usize>,
     /// The most megabytes of gradients one all-reduce carries.
     #[arg(long = "bucket-cap-mb", value_name = "MB", default_value = "25", value_parser = bucket_cap_bytes)]
     bucket_bytes: usize,
@@ -140,7 +148,7 @@ fn run(args: Args) -> Result<()> {
         overwrite: true,
         init_from: None,
         activation_checkpointing: false,
-        strategy: args.pipeline.map_or(Strategy::Ddp, |schedule| Strategy::Pipeline { schedule, stages: args.nproc }),
+        strategy: strategy(&args),
         own_ring: args.allreduce == "ring",
         powersgd_rank: args.powersgd_rank,
         ddp_overlap: args.ddp_overlap,
@@ -231,9 +239,24 @@ fn report(args: &Args, config: &RunConfig, out_dir: &Path) -> Result<()> {
     Ok(())
 }
 
+fn strategy(args: &Args) -> Strategy {
+    match (args.pipeline, args.tensor_parallel) {
+        (Some(schedule), _) => Strategy::Pipeline { schedule, stages: args.stages.unwrap_or(args.nproc) },
+        (None, Some(ranks)) => Strategy::TensorParallel { ranks },
+        (None, None) => Strategy::Ddp,
+    }
+}
+
 fn parallelism(args: &Args) -> String {
-    match args.pipeline {
-        Some(schedule) => format!("a {schedule} pipeline"),
-        None => "DDP".to_string(),
+    let replicas = |per_replica: usize| match args.nproc / per_replica.max(1) {
+        1 => String::new(),
+        n => format!(" × {n} replicas"),
+    };
+    match strategy(args) {
+        Strategy::Pipeline { schedule, stages } => {
+            format!("a {schedule} pipeline of {stages} stages{}", replicas(stages))
+        }
+        Strategy::TensorParallel { ranks } => format!("tensor parallelism over {ranks} ranks{}", replicas(ranks)),
+        _ => "DDP".to_string(),
     }
 }
