@@ -8,17 +8,39 @@
 //! moments of its own 1/N of the parameters, updates only that shard, and
 //! the ranks swap updated shards.
 //!
-//! ```text
-//! params (P), the same on every rank; grad (P), this rank's own
-//! pad both to N·S elements, S = ⌈P / N⌉, so they cut into N equal shards
+//! Where does a rank get the average gradient of its shard alone, without
+//! the whole average? Exercise 16 answers it: an all-reduce is a
+//! reduce-scatter followed by an all-gather, and half-way each rank holds the
+//! finished average of one chunk and nothing else.
 //!
-//! grad_shard  = reduce_scatter(grad, avg)      (S)  the average gradient of shard r
-//! param_shard = params[r·S .. (r+1)·S]          (S)
-//! AdamW on the shard, with this rank's moments (S each), step t + 1:
+//! The contract. `params` (P elements) is the same on every rank, `grad`
+//! (P) is this rank's own. Both are cut into N equal shards of S = ⌈P/N⌉
+//! elements, padded with zeros to N·S; rank r owns shard r. On return every
+//! rank holds the same P new parameters: AdamW's step on the *average*
+//! gradient, exactly as DDP would take it,
+//!
+//! ```text
 //!   p ← p · (1 − lr · wd)
 //!   m ← β₁ m + (1 − β₁) g,   v ← β₂ v + (1 − β₂) g²
 //!   p ← p − lr · (m / (1 − β₁ᵗ)) / (sqrt(v / (1 − β₂ᵗ)) + ε)
-//! params ← all_gather(new shards)[.. P]         (P)  the whole parameters again
+//! ```
+//!
+//! while this rank keeps the moments of its S elements only, and sends no
+//! more than DDP's all-reduce would.
+//!
+//! What each rank holds, N = 2, P = 5 (S = 3), first step, lr 0.1, no decay
+//! (so each element moves by about lr against its gradient's sign):
+//!
+//! ```text
+//!               params                      grad
+//!   rank 0      [1, 2, 3, 4, 5]             [0.2, 0.4, -0.2, 0.6, 0.0]
+//!   rank 1      [1, 2, 3, 4, 5]             [0.0, 0.4,  0.2, 0.2, 0.4]
+//!   average                                 [0.1, 0.4,  0.0, 0.4, 0.2]
+//!
+//!   rank 0 owns elements 0..3: moments of 3 elements, its new shard [0.9, 1.9, 3.0]
+//!   rank 1 owns elements 3..6: moments of 3 elements (the last one padding),
+//!                              its new shard [3.9, 4.9, pad]
+//!   both return [0.9, 1.9, 3.0, 3.9, 4.9]
 //! ```
 //!
 //! Optimizer state per rank: 8Ψ/N bytes instead of 8Ψ. Traffic per rank: a
@@ -38,8 +60,8 @@ use crate::distributed::ProcessGroup;
 use crate::parallel::zero::ShardedAdamW;
 
 impl ShardedAdamW {
-    /// One optimizer step of data-parallel AdamW with the state sharded, as
-    /// above. `params` (P) is the whole flat parameter vector, the same on
+    /// One optimizer step of data-parallel AdamW with the state sharded, by
+    /// the contract above. `params` (P) is the whole flat parameter vector, the same on
     /// every rank; `grad` (P) is this rank's gradient of its own data. Returns
     /// the updated parameters (P), the same on every rank, and keeps in
     /// `self.moments` the moments of this rank's shard only.

@@ -6,25 +6,35 @@
 //! instead: two thin factors, (n + m)·r numbers. For a 768 × 3072 MLP weight
 //! at r = 4 that is 15 360 numbers instead of 2 359 296, 150 times fewer.
 //!
-//! The approximation comes from one step of power iteration, done so that
-//! every sum it needs is a plain all-reduce of a thin matrix:
+//! The approximation is one step of **power iteration**, the textbook way to
+//! find a matrix's top singular subspace. On one (n, m) matrix M, from an
+//! (m, r) starting guess Q:
 //!
 //! ```text
-//! M  = grad + e          (n, m)  this rank's gradient plus its error feedback
-//! P  = avg_ranks(M Q)    (n, r)  Q (m, r): last step's, or the seeded first one
-//! P̂  = orthonormal columns of P
-//! Q  = avg_ranks(Mᵀ P̂)   (m, r)  kept for the next step (warm start)
-//! G̃  = P̂ Qᵀ              (n, m)  the rank-r estimate of the average gradient
-//! e  = M − G̃                     what this rank's share lost, sent next step
+//!   P̂ = orthonormal columns of M Q        (n, r)
+//!   Q' = Mᵀ P̂                              (m, r)
+//!   M ≈ P̂ Q'ᵀ                              the rank-r estimate
 //! ```
 //!
-//! Both all-reduces are linear in M, so averaging the ranks' products equals
-//! the product of the averaged M: G̃ approximates the average gradient even
-//! though no rank ever holds it. Error feedback makes the compression
-//! unbiased over time: what one step drops is added to the next step's
-//! gradient, so nothing is lost for good. The warm start turns the
-//! once-per-step power iteration into a continuing one that tracks the
-//! gradient's top subspace across steps.
+//! Started from last step's Q' (a **warm start**), the steps of training
+//! continue one power iteration that tracks the gradient's top subspace.
+//!
+//! The distributed question is yours: the estimate must be that of the
+//! *average* over ranks of M, but no rank may hold that average (sending
+//! it is what PowerSGD avoids); only thin (n, r) or (m, r) matrices may
+//! travel, in all-reduces, identically on every rank. Matrix products are
+//! linear: the average of the ranks' A·X is (average of the A)·X when X is
+//! the same on every rank.
+//!
+//! **Error feedback**: each rank adds to its gradient what its compression
+//! lost the step before, M = grad + e, and keeps e = M − (the estimate) for
+//! the next step, so that what one step drops is sent later, not lost.
+//!
+//! The contract, on every rank: the same rank-r estimate of the average of
+//! M over ranks (n, m); `self.q` holds the (m, r) factor the next step
+//! starts from, the same on every rank; `self.error` this rank's (n, m)
+//! error. Shapes for N = 2 ranks, a (4, 3) gradient, r = 1: each rank sends
+//! a (4, 1) and a (3, 1) matrix, 7 numbers, where the gradient has 12.
 //!
 //! Read first: Vogels, Karimireddy and Jaggi 2019, "PowerSGD: Practical
 //! Low-Rank Gradient Compression for Distributed Optimization", algorithm 1;
@@ -38,7 +48,7 @@ use crate::parallel::powersgd::PowerSgd;
 
 impl PowerSgd {
     /// The rank-`self.approx_rank` estimate of the average over ranks of
-    /// `grad` (n, m, f32), the same on every rank, by the scheme above; keeps
+    /// `grad` (n, m, f32), the same on every rank, by the contract above; keeps
     /// Q (m, r) in `self.q` and this rank's error (n, m) in `self.error`.
     ///
     /// Pieces: `self.error` and `self.q` (`Option<Tensor>`, `None` at the first

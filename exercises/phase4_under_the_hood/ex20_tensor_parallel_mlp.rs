@@ -6,24 +6,28 @@
 //! MLP needs a single collective per forward pass.
 //!
 //! ```text
-//! whole:  y = down( silu(gate x) ⊙ up x )      gate, up: (I, C)   down: (C, I)
-//!
-//! split I (the hidden units) into N parts; rank r holds
-//!   gate_r, up_r = rows r·I/N..(r+1)·I/N of gate, up     (I/N, C)  column-parallel
-//!   down_r       = columns r·I/N..(r+1)·I/N of down      (C, I/N)  row-parallel
-//!
-//! rank r:  h_r = silu(gate_r x) ⊙ up_r x        (B, T, I/N)  its own hidden units, no communication
-//!          y_r = down_r h_r                      (B, T, C)    a partial sum over its units
-//! all:     y   = Σ_r y_r                         one all-reduce (sum)
+//! y = down( silu(gate x) ⊙ up x )      x: (B, T, C)   gate, up: (I, C)   down: (C, I)
 //! ```
 //!
-//! Why this split: SwiGLU's product ⊙ is elementwise, so hidden unit i needs
-//! row i of gate and of up and nothing else: splitting gate and up by rows
-//! (their outputs) lets every rank compute its units alone. down then reads
-//! the units, so it is split by its columns (its inputs), and the output is a
-//! sum over the ranks' units: one all-reduce of (B, T, C). Splitting the
-//! other way would need the whole hidden vector on every rank: a second
-//! collective in the middle.
+//! The I hidden units are split into N equal runs: rank r owns units
+//! r·I/N..(r+1)·I/N, and holds of each weight exactly the part that only its
+//! own units need. Which part of gate, of up and of down is that, given
+//! that ⊙ and silu work unit by unit? Then each rank computes something from
+//! the whole x, which every rank holds, without talking to the others, and
+//! one collective at the very end turns the ranks' results into the whole y
+//! on every rank. Splitting a weight the other way would need the ranks to
+//! talk in the middle of the MLP: that is the trap to avoid.
+//!
+//! A worked example, C = 2, I = 4, N = 2 (rank 0 owns units 0 and 1), one
+//! token x = [1, 2], with each unit's activation silu(gate x) ⊙ up x already
+//! worked out as h = [0.5, -1, 2, 0] and down's columns d₀ = [1, 0],
+//! d₁ = [0, 1], d₂ = [1, 1], d₃ = [2, -1]:
+//!
+//! ```text
+//!   whole:   y = 0.5·d₀ − 1·d₁ + 2·d₂ + 0·d₃ = [2.5, 1]
+//!   rank 0, from units 0 and 1:  [0.5, -1]
+//!   rank 1, from units 2 and 3:  [2, 2]          the two sum to y
+//! ```
 //!
 //! Backward mirrors it (Megatron's f and g operators): the all-reduce's
 //! gradient is the identity, and the gradient of the input x, which every
@@ -40,8 +44,9 @@ use crate::parallel::tensor::TensorParallelMlp;
 
 impl TensorParallelMlp {
     /// Rank `rank`'s shard of the whole MLP `gate_proj` (I, C), `up_proj`
-    /// (I, C), `down_proj` (C, I) split across `world` ranks as above; an
-    /// error when I does not divide by `world`.
+    /// (I, C), `down_proj` (C, I) split across `world` ranks by hidden units
+    /// as above, each piece a tensor of its own; an error when I does not
+    /// divide by `world`.
     ///
     /// Pieces: `Tensor::dim`, `Tensor::narrow(dim, start, len)`,
     /// `candle_core::bail!`, `usize::is_multiple_of`.

@@ -106,7 +106,7 @@ fn close(got: &[f32], want: &Matrix) -> bool {
 }
 
 #[rstest]
-fn each_rank_holds_its_rows_of_gate_and_up_and_its_columns_of_down(#[values(1, 2, 3, 4)] world: usize) {
+fn each_rank_holds_the_part_of_each_weight_its_units_need(#[values(1, 2, 3, 4)] world: usize) {
     let part = I / world;
     for (rank, got) in run(world).iter().enumerate() {
         let [gate, up, down] = &got.shapes;

@@ -161,10 +161,12 @@ pub fn bench_mesh(ws: &Workspace, model_size: &str, steps: usize, rounds: usize)
          the reference solutions on 4 single-threaded CPU processes over TCP, on random tokens, with\n\
          the same global batch in every row, laid out by exercise 25's mesh: two replicas of a\n\
          two-stage GPipe pipeline (exercise 21), and two replicas of every block split across two\n\
-         ranks (exercise 23). *Sent per step* counts every group a rank belongs to. On CPU ranks\n\
-         neither split is faster than DDP: they exist to fit models that one device cannot hold,\n\
-         and pay for it in traffic (a tensor-parallel rank all-reduces activations four times per\n\
-         block) and, for the pipeline, in its bubble.\n\n\
+         ranks (exercise 23). *Sent per step* counts every group a rank belongs to. What to expect:\n\
+         a pipeline stage sends each micro-batch's activations on and their gradients back, and\n\
+         all-reduces only its own stage's gradients; a tensor-parallel rank all-reduces a (B, T, C)\n\
+         activation four times per block and micro-batch, and the trainer runs every block twice\n\
+         (exercise 23 takes forward and backward in one call). Both exist to fit models that one\n\
+         device cannot hold.\n\n\
          ### {}\n\n{steps} timed optimizer steps after {} warm-up steps.\n\n{table}",
         workload.title,
         workload.warmup,

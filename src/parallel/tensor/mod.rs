@@ -17,11 +17,11 @@ use crate::model::{CausalSelfAttention, GptConfig, Mlp, ParamStore, RmsNorm, Rot
 /// across N ranks along the intermediate dimension I.
 #[derive(Debug, Clone)]
 pub struct TensorParallelMlp {
-    /// This rank's rows of gate_proj's (I, C) weight: (I/N, C).
+    /// This rank's part of gate_proj's (I, C) weight: (I/N, C).
     pub gate_proj: Tensor,
-    /// This rank's rows of up_proj's (I, C) weight: (I/N, C).
+    /// This rank's part of up_proj's (I, C) weight: (I/N, C).
     pub up_proj: Tensor,
-    /// This rank's columns of down_proj's (C, I) weight: (C, I/N).
+    /// This rank's part of down_proj's (C, I) weight: (C, I/N).
     pub down_proj: Tensor,
 }
 
