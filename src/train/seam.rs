@@ -11,7 +11,7 @@ use std::path::Path;
 use candle_core::{Result, Tensor};
 
 use super::{AdamW, DataPosition, StepStats};
-use crate::distributed::{CommStats, ProcessGroup};
+use crate::distributed::{CommStats, DeviceMesh, ProcessGroup};
 
 /// How far a run has come, in one place.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -40,15 +40,23 @@ pub trait Train {
     fn counters(&self) -> StepCounters;
     /// Every rank of the job.
     fn process_group(&self) -> &dyn ProcessGroup;
+    /// The mesh the ranks are laid out on, for a trainer that splits the
+    /// model across some of them (a pipeline, tensor parallelism).
+    fn mesh(&self) -> Option<&DeviceMesh> {
+        None
+    }
     /// This rank's replica and how many replicas read different data: every
     /// rank is one under DDP and FSDP; the ranks of one pipeline or one
     /// tensor-parallel group read the same batch.
     fn replica(&self) -> (usize, usize) {
-        (self.process_group().rank(), self.process_group().world_size())
+        match self.mesh() {
+            Some(mesh) => (mesh.coords().dp, mesh.shape().dp),
+            None => (self.process_group().rank(), self.process_group().world_size()),
+        }
     }
     /// What this rank has sent so far, through every group it belongs to.
     fn comm_stats(&self) -> CommStats {
-        self.process_group().stats()
+        self.mesh().map_or_else(|| self.process_group().stats(), DeviceMesh::stats)
     }
     /// How the trainer splits the work across ranks, in words.
     fn layout(&self) -> String;

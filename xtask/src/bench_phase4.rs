@@ -79,17 +79,8 @@ pub fn bench_phase4(ws: &Workspace, model_size: &str, steps: usize, large_steps:
     if rounds == 0 {
         bail!("--rounds must be at least 1");
     }
-    // Several micro-batches per step, so that the pipeline has some to overlap
-    // (its bubble is (S - 1) / (M + S - 1)); every variant trains the same batch.
-    let mut workloads = vec![Workload {
-        title: format!("`{model_size}` config, 4 micro-batches per step"),
-        model_size: model_size.into(),
-        seq_len: None,
-        batch_size: None,
-        grad_accum: Some(4),
-        steps,
-        warmup: 3,
-    }];
+    // Every variant trains the same batch.
+    let mut workloads = vec![with_micro_batches(model_size, steps)];
     if large_steps > 0 {
         let title = "GPT-2 124M shape (`small` config, T 256, batch 2), 2 micro-batches per step";
         workloads.push(Workload { grad_accum: Some(2), steps: large_steps, ..Workload::gpt2_small(title) });
@@ -137,15 +128,7 @@ pub fn bench_mesh(ws: &Workspace, model_size: &str, steps: usize, rounds: usize)
     if rounds == 0 {
         bail!("--rounds must be at least 1");
     }
-    let workload = Workload {
-        title: format!("`{model_size}` config, 4 micro-batches per step"),
-        model_size: model_size.into(),
-        seq_len: None,
-        batch_size: None,
-        grad_accum: Some(4),
-        steps,
-        warmup: 3,
-    };
+    let workload = with_micro_batches(model_size, steps);
     println!("{}", render::bold(&format!("Composed parallelisms, {}, {steps} timed steps", workload.title)));
     let mut runs: Vec<Vec<Measurement>> = COMPOSED.iter().map(|_| vec![]).collect();
     for round in 1..=rounds {
@@ -175,6 +158,20 @@ pub fn bench_mesh(ws: &Workspace, model_size: &str, steps: usize, rounds: usize)
     replace_section(&ws.root.join(RESULTS), MESH_HEADING, &report)?;
     println!("written to {RESULTS}");
     Ok(true)
+}
+
+/// `steps` timed steps of `model_size`'s config with 4 micro-batches each,
+/// so that a pipeline has some to overlap (its bubble is (S − 1)/(M + S − 1)).
+fn with_micro_batches(model_size: &str, steps: usize) -> Workload {
+    Workload {
+        title: format!("`{model_size}` config, 4 micro-batches per step"),
+        model_size: model_size.into(),
+        seq_len: None,
+        batch_size: None,
+        grad_accum: Some(4),
+        steps,
+        warmup: 3,
+    }
 }
 
 /// One row per variant, `runs[v]` holding variant v's measurement of each

@@ -23,7 +23,7 @@ use candle_core::{bail, DType, Device, Result, Tensor};
 
 use super::{stage_holding, PipelineSchedule, PipelineStage};
 use crate::autograd::{clip_factor, sum_of_squares};
-use crate::distributed::{all_reduce_scalar, CommStats, DeviceMesh, ProcessGroup, ReduceOp};
+use crate::distributed::{all_reduce_scalar, DeviceMesh, ProcessGroup, ReduceOp};
 use crate::model::{param_specs, GptConfig, ParamStore};
 use crate::parallel::ddp::average_in_buckets;
 use crate::phase2_training::param_groups;
@@ -188,12 +188,8 @@ impl Train for PipelineTrainer {
         self.mesh.world()
     }
 
-    fn replica(&self) -> (usize, usize) {
-        (self.mesh.coords().dp, self.mesh.shape().dp)
-    }
-
-    fn comm_stats(&self) -> CommStats {
-        self.mesh.stats()
+    fn mesh(&self) -> Option<&DeviceMesh> {
+        Some(&self.mesh)
     }
 
     fn layout(&self) -> String {

@@ -26,7 +26,7 @@ use candle_core::{bail, Device, Module, Result, Tensor, Var};
 
 use super::TensorParallelBlock;
 use crate::autograd::{clip_factor, sum_of_squares, vjp, Gradients};
-use crate::distributed::{all_reduce_scalar, CommStats, DeviceMesh, ProcessGroup, ReduceOp};
+use crate::distributed::{all_reduce_scalar, DeviceMesh, ProcessGroup, ReduceOp};
 use crate::model::{layer_of, param_specs, GptConfig, Outer, ParamStore};
 use crate::parallel::ddp::average_in_buckets;
 use crate::phase1_model::next_token_loss;
@@ -271,12 +271,8 @@ impl Train for TensorParallelTrainer {
         self.mesh.world()
     }
 
-    fn replica(&self) -> (usize, usize) {
-        (self.mesh.coords().dp, self.mesh.shape().dp)
-    }
-
-    fn comm_stats(&self) -> CommStats {
-        self.mesh.stats()
+    fn mesh(&self) -> Option<&DeviceMesh> {
+        Some(&self.mesh)
     }
 
     fn layout(&self) -> String {
