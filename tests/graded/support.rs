@@ -21,18 +21,20 @@ use candle_core::{DType, Device, Tensor};
 ///   the test's failure). With `RUST_BACKTRACE=1` the process's first such
 ///   panic adds one backtrace, cut to the workbook's frames.
 ///
-/// candle folds a backtrace into every error when `RUST_BACKTRACE` is set;
-/// `RUST_LIB_BACKTRACE=0` (unless set) keeps its errors to their message.
+/// candle folds a backtrace into every error when backtraces are on
+/// (`RUST_LIB_BACKTRACE=1`, set here unless it is set already): every message
+/// drops it again, and says instead where in `exercises/` the error was
+/// raised, when it was raised there.
 /// Inside a rank, a graded or unfinished panic prints nothing: `spawn` reports
 /// it as the test's failure, so it is said once.
 #[ctor::ctor(unsafe)]
 fn readable_failures() {
     if std::env::var_os("RUST_LIB_BACKTRACE").is_none() {
         // Before main: no other thread reads the environment yet.
-        std::env::set_var("RUST_LIB_BACKTRACE", "0");
+        std::env::set_var("RUST_LIB_BACKTRACE", "1");
     }
     std::panic::set_hook(Box::new(|info| {
-        let message = panic_message(info);
+        let message = without_backtrace(&panic_message(info));
         let graded = info.location().is_some_and(|at| at.file().replace('\\', "/").starts_with("tests/graded/"));
         let unfinished = message.starts_with("not yet implemented");
         let thread = std::thread::current();
@@ -109,6 +111,38 @@ fn workbook_frames(backtrace: &str) -> Vec<(String, String)> {
         }
     }
     frames
+}
+
+/// `text` (a message that may hold a candle error with its backtrace)
+/// without the backtrace, and with the first place in an exercise's body
+/// (`exercises/`, or `solutions/` when the reference runs) the error passed
+/// through, when there is one.
+pub fn without_backtrace(text: &str) -> String {
+    let is_backtrace = |line: &str| {
+        let line = line.trim_start();
+        line.starts_with("at ")
+            || line.starts_with("note: Some details are omitted")
+            || line.split_once(": ").is_some_and(|(n, _)| n.parse::<usize>().is_ok())
+    };
+    let message: Vec<&str> = text.lines().filter(|line| !is_backtrace(line) && !line.trim().is_empty()).collect();
+    let raised_at = workbook_frames(text)
+        .into_iter()
+        .map(|(_, at)| at.trim_start_matches("src/../").to_string())
+        .find(|at| at.starts_with("exercises/") || at.starts_with("solutions/"));
+    match raised_at {
+        Some(at) if message.len() < text.lines().count() => format!(
+            "{}
+  (raised in {at})",
+            message.join(
+                "
+"
+            )
+        ),
+        _ => message.join(
+            "
+",
+        ),
+    }
 }
 
 /// When a test of one exercise stops in another's `todo!`: which one blocks
@@ -265,11 +299,7 @@ pub fn ok<T>(result: candle_core::Result<T>, call: &str) -> T {
 /// attaches under `RUST_BACKTRACE=1`, and with what the common ones mean.
 pub fn explain_error(e: &candle_core::Error) -> String {
     let text = e.to_string();
-    let is_backtrace = |line: &str| {
-        let line = line.trim_start();
-        line.starts_with("at ") || line.split_once(": ").is_some_and(|(n, _)| n.parse::<usize>().is_ok())
-    };
-    let message: Vec<&str> = text.lines().filter(|line| !is_backtrace(line) && !line.trim().is_empty()).collect();
+    let message = without_backtrace(&text);
     let meaning = [
         (
             "shape mismatch in",
@@ -285,7 +315,7 @@ pub fn explain_error(e: &candle_core::Error) -> String {
     .find(|(pattern, _)| text.contains(pattern))
     .map(|(_, meaning)| format!("\n  That is: {meaning}."))
     .unwrap_or_default();
-    format!("{}{meaning}", message.join("\n  "))
+    format!("{}{meaning}", message.replace('\n', "\n  "))
 }
 
 pub fn values(t: &Tensor) -> Vec<f32> {
