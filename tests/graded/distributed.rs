@@ -366,6 +366,23 @@ fn a_rank_that_finishes_early_releases_the_others_at_once() {
     assert!(start.elapsed() < TIMEOUT, "rank 0 waited {:?} for a rank that had finished", start.elapsed());
 }
 
+/// Rank 0 waits for rank 2, which is failing; rank 1 finishes meanwhile,
+/// which is all rank 0 sees. The failure reported is rank 2's own.
+#[test]
+fn a_failing_rank_is_named_even_when_another_finished_first() {
+    let err = spawn_with_timeout(3, TIMEOUT, |pg| match pg.rank() {
+        0 => pg.barrier(),
+        1 => Ok(()),
+        _ => {
+            thread::sleep(Duration::from_millis(100));
+            Err(failure("rank 2's own problem"))
+        }
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("rank 2 failed: rank 2's own problem"), "{err}");
+}
+
 #[test]
 fn spawn_returns_results_in_rank_order() {
     let ranks = spawn(4, |pg| Ok((pg.rank(), pg.world_size()))).unwrap();

@@ -88,6 +88,10 @@ fn flags_that_do_not_apply_are_refused() {
         "--pp cuts the model into stages; it does not combine with --strategy fsdp",
     );
     refused(
+        train(&dir, &["--dataset", "dummy", "--pp", "2", "--dp", "2", "--nproc", "2"]),
+        "--dp 2: the mesh dp 2 × pp 2 × tp 1 needs 4 ranks, but the job has 2",
+    );
+    refused(
         train(&dir, &["--dataset", "dummy", "--tp", "3", "--nproc", "3"]),
         "--tp 3: the model's 4 heads do not split evenly across 3 ranks: use a --tp that divides 4",
     );

@@ -64,12 +64,25 @@ where
 
     let failed = results.len() < world_size || results.iter().any(Result::is_err);
     if failed {
-        // The first failure recorded is the root cause; the other ranks' errors only echo it.
         if let Some(reason) = rendezvous.failure() {
-            return Err(Error::Msg(reason));
+            return Err(Error::Msg(root_cause(&results, reason)));
         }
     }
     results.into_iter().collect()
+}
+
+/// Why the group failed: the first failure recorded, unless a rank's own
+/// error says more. A rank's error is an echo when it holds the recorded
+/// reason; one that does not is its own, and the reason only what another
+/// rank saw first (a rank that finished while it waited for one that was
+/// failing, a timeout).
+fn root_cause<T>(results: &[Result<T>], reason: String) -> String {
+    let own = results.iter().enumerate().find_map(|(rank, result)| {
+        let error = result.as_ref().err()?.to_string();
+        let echo = error.contains(&reason) || reason == format!("rank {rank} failed: {error}");
+        (!echo).then(|| format!("rank {rank} failed: {error}"))
+    });
+    own.unwrap_or(reason)
 }
 
 /// One rank's thread: runs `f`, and tells the group how it ended.

@@ -19,7 +19,7 @@ use trainer::model_dir::ModelDir;
 use trainer::run::{open_dataset, peak_memory_mib, recorded_data_path, train, RunOptions};
 use trainer::strategy::Strategy;
 use workbook::data::{DataConfig, DatasetKind, SAMPLE_PATH};
-use workbook::distributed::DistEnv;
+use workbook::distributed::{DistEnv, MeshShape};
 use workbook::parallel::fsdp::{FsdpConfig, ShardingStrategy};
 use workbook::parallel::pipeline::PipelineSchedule;
 use workbook::GptConfig;
@@ -130,6 +130,10 @@ struct Args {
         conflicts_with_all = ["sharding", "precision", "powersgd_rank", "ddp_overlap", "pipeline_stages", "activation_checkpointing"]
     )]
     tensor_parallel: Option<usize>,
+    /// Data-parallel replicas: inferred as --nproc / (pp · tp); given, it is
+    /// checked against that, so that a job laid out by hand fails before it starts.
+    #[arg(long = "dp", value_name = "D")]
+    data_parallel: Option<usize>,
     /// With --pp: `gpipe` (all forwards, then all backwards) or `1f1b` (one
     /// forward, one backward in turn after a warm-up).
     #[arg(long, value_name = "SCHEDULE", default_value = "gpipe", requires = "pipeline_stages")]
@@ -246,6 +250,11 @@ fn run(args: Args) -> anyhow::Result<()> {
             strategy(&args.strategy, sharding, precision, args.hybrid_group_size, node_size)?
         }
     };
+    if let Some(dp) = args.data_parallel {
+        let shape = strategy.mesh(world_size)?;
+        MeshShape::new(world_size, Some(dp), Some(shape.pp), Some(shape.tp))
+            .map_err(|e| anyhow::anyhow!("--dp {dp}: {e}"))?;
+    }
     let options = RunOptions {
         config,
         data,
