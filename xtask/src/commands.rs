@@ -181,6 +181,8 @@ pub fn check(ws: &Workspace, number: u32) -> Result<bool> {
     let summary = format!("exercise {number}: {passed}/{total} checks passed");
     if state == State::Done {
         println!("{}", green(&bold(&summary)));
+        // Said once the learner has found it: on the card it would be the answer.
+        println!("What it shows: {}", exercise.insight);
         println!("Well done! `cargo xtask next` shows what comes next.");
     } else {
         println!("{}", red(&bold(&summary)));
@@ -304,7 +306,8 @@ fn print_verdict(label: &str, run: &TestRun, filter: &str, rerun: &str) -> bool 
 }
 
 /// Prints the hint's tiers read so far (at least the first; with `more`, one
-/// tier further) and the mistakes the tests catch, and records the tiers read.
+/// tier further), with the last tier the mistakes the tests catch (each says
+/// what is right, so it comes with the recipe), and records the tiers read.
 pub fn hint(ws: &Workspace, number: u32, more: bool) -> Result<bool> {
     let exercise = ws.workbook.exercise(number)?;
     let mut progress = Progress::load(&ws.root);
@@ -328,10 +331,12 @@ pub fn hint(ws: &Workspace, number: u32, more: bool) -> Result<bool> {
         progress.read_hint(number, shown);
         progress.save(&ws.root)?;
     }
-    println!();
-    println!("{}", bold("Common mistakes the tests catch:"));
-    for mistake in exercise.mistakes.iter().map(|m| &m.text) {
-        println!("  - {mistake}");
+    if shown == Hint::TIERS {
+        println!();
+        println!("{}", bold("Common mistakes the tests catch:"));
+        for mistake in exercise.mistakes.iter().map(|m| &m.text) {
+            println!("  - {mistake}");
+        }
     }
     println!();
     println!("More in the guide: {}", exercise.chapter_file().display());

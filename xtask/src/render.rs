@@ -124,7 +124,6 @@ pub fn exercise_card(workbook: &Workbook, exercise: &Exercise, position: &str, c
     field("concept", &exercise.concept);
     field("difficulty", &exercise.difficulty);
     field("read", &exercise.read);
-    field("insight", &exercise.insight);
     field("calls", &chain_in_words(workbook, chain));
     field("guide", &exercise.chapter_file().display().to_string());
     println!();
