@@ -13,12 +13,39 @@
 //! data position           where the sampler stands, so no batch is seen twice or skipped
 //! ```
 //!
-//! Under data parallelism every rank holds the same state, so **only rank 0
-//! writes**; the others wait at a barrier so nobody reads a half-written
-//! checkpoint. In PyTorch the DDP wrapper also renames every parameter
-//! (`module.` prefix) and must be unwrapped before saving; here DDP lives
-//! beside the model, so `self.params` already carries the plain names a
-//! single-process run loads. Loading runs on every rank.
+//! The contract under data parallelism, with the reason for each part:
+//!
+//! - **One writer.** Every rank holds the same state, so W writers would
+//!   cost W times the I/O and race on the same paths: rank 0 writes, and no
+//!   other rank creates anything under `dir`.
+//! - **No rank returns before the checkpoint is complete.** Another rank may
+//!   go on to read what rank 0 wrote, so every rank, rank 0 included, meets
+//!   exactly one barrier in `save_checkpoint`, and none gets past it while
+//!   the write is unfinished. A barrier that some ranks never call never
+//!   completes.
+//! - **A crash keeps the last good checkpoint.** `Checkpoint::write` stages
+//!   the files and renames the directory into place only when it is
+//!   complete; a rename is atomic, so a reader sees the old checkpoint or
+//!   the new one, never half of one.
+//! - **Plain names.** In PyTorch the DDP wrapper renames every parameter
+//!   (`module.` prefix) and must be unwrapped before saving; here DDP lives
+//!   beside the model, so `self.params` already carries the plain names a
+//!   single-process run loads.
+//! - **Loading runs on every rank**, and ends with every rank in the same
+//!   state.
+//!
+//! Two ranks save at step 4, after AdamW has stepped once (a step can skip
+//! the optimizer: FSDP's fp16 loss scaler does on overflow, so the two
+//! counts are kept apart):
+//!
+//! ```text
+//! dir/          written by rank 0: model.safetensors, optimizer.safetensors,
+//!               trainer_state.json (step 4, optimizer steps 1, configs, data), ...
+//! rank 1        wrote nothing
+//! barriers      rank 0 met 1, rank 1 met 1
+//! after load    self.step == 4, self.optimizer.steps() == 1,
+//!               every variable bit-equal to the saved tensor of its name
+//! ```
 //!
 //! The test: train 2N steps; separately train N, save, load into a fresh
 //! trainer, train N more. The two must agree bit for bit.
@@ -32,13 +59,14 @@ use candle_core::Result;
 use crate::train::{DataPosition, Trainer};
 
 impl Trainer {
-    /// Writes the training state to `dir` (rank 0 only), with `data`, the data
-    /// the run reads and its position in it, then waits for every rank.
+    /// Writes the training state to `dir`, with `data`, the data the run reads
+    /// and its position in it. Called on every rank; rank 0 alone writes, and
+    /// no rank returns before the checkpoint is complete.
     ///
-    /// What goes in is a `crate::train::Checkpoint { params, optimizer, state }`:
-    /// every parameter by name, AdamW's moments by name, and a `TrainerState`
-    /// (the step, AdamW's step count, the model's and the trainer's configs,
-    /// `data`). The barrier is for every rank, rank 0 included.
+    /// The checkpoint is a `crate::train::Checkpoint { params, optimizer, state }`:
+    /// every parameter by name, AdamW's moments by name (none before its first
+    /// step), and a `TrainerState` (the step, AdamW's step count, the model's
+    /// and the trainer's configs, `data`).
     ///
     /// Useful: `self.params.iter()`, `Var::as_tensor`, `self.optimizer.state_tensors()`
     /// (a `BTreeMap`; the checkpoint holds `HashMap`s), `self.optimizer.steps()`,
@@ -52,10 +80,13 @@ impl Trainer {
     /// Restores the state written by [`Trainer::save_checkpoint`] from `dir`
     /// and returns the data position it holds.
     ///
-    /// Refuse a checkpoint of another model before touching anything. Copy each
-    /// saved value into the existing variable (the model shares those tensors,
-    /// so never replace the store), restore AdamW's moments and step count
-    /// together, and the trainer's step.
+    /// On success: every variable of `self.params` holds its saved values bit
+    /// for bit, and it is the same variable as before (the model was built on
+    /// those tensors and reads no others); AdamW's moments and step count are
+    /// the saved ones; `self.step` is the saved step. A checkpoint of another
+    /// model (other shapes, or the same shapes and another config) is an
+    /// error that says so, and leaves the trainer as it was. A parameter
+    /// missing from the checkpoint is an error that names it.
     ///
     /// Useful: `Checkpoint::read`, `checkpoint.ensure_fits(self.model.config())`,
     /// `checkpoint.params`, `.optimizer` and `.state` (`step`, `optimizer_steps`,

@@ -7,24 +7,45 @@
 //! checkpoints (PyTorch's `FULL_STATE_DICT` with `rank0_only`), and **sharded
 //! again** on load — by however many ranks the loading run has.
 //!
+//! What a unit of 5 elements, `w` (2×2) and `g` (1,), looks like on 2 ranks
+//! (padded to 6, a shard of 3), what the file holds, and what 3 ranks load:
+//!
 //! ```text
-//! save, for every unit:                          load, for every unit:
-//!   local = unit.local_state()   (f32, shards)     whole = layout.flatten(named tensors)  (padded)
-//!   whole = all_gather(local)    ← EVERY rank      mine  = whole.narrow(0, range.start, range.len())
-//!   named = layout.unflatten(whole)  (no padding)  trainer.set_local_state(unit index, mine)
-//! rank 0 writes; every rank waits at a barrier
+//! flat buffer, saving run      [ 1  2  3  4 | 5 | 0 ]     w = [[1, 2], [3, 4]], g = [5], 0 = padding
+//! rank 0's local_state         params [1, 2, 3]           elements 0..3: three of w's four
+//! rank 1's local_state         params [4, 5, 0]           elements 3..6: w's last, g, padding
+//!                              (exp_avg, exp_avg_sq: the same ranges of the moments)
+//!
+//! the file (rank 0 alone)      w (2×2) = [[1, 2], [3, 4]], g (1) = [5]; no padding, f32;
+//!                              exp_avg.w, exp_avg.g, exp_avg_sq.w, exp_avg_sq.g once t > 0
+//!
+//! loading on 3 ranks           padded to 6 again, a shard of 2:
+//!                              rank 0 [1, 2], rank 1 [3, 4], rank 2 [5, 0]
 //! ```
 //!
-//! The trap: every rank must take part in every all-gather. "Only rank 0
-//! saves, so only rank 0 gathers" leaves rank 0 waiting for ranks that never
-//! come — a hang on GPUs, a timeout error here.
+//! The contract, with the reason for each part:
+//!
+//! - **Every rank joins every all-gather**, though only rank 0 writes: a
+//!   collective completes only when every rank calls it. "Only rank 0 saves,
+//!   so only rank 0 gathers" leaves rank 0 waiting for ranks that never come
+//!   — a hang on GPUs, an error from the process group here.
+//! - **A unit this rank already holds whole is not gathered**
+//!   (`is_sharded()` false): an all-gather concatenates, so it would return
+//!   N copies. `is_sharded()` is the same on every rank, so the ranks'
+//!   collectives stay in step.
+//! - **One writer, and no rank returns before the checkpoint is complete**,
+//!   for exercise 11's reasons; `Checkpoint::write` is the same atomic write,
+//!   so a crash while saving keeps the last good checkpoint.
+//! - **Loading takes the padding and the ranges of the loading run**, never
+//!   the saving run's: neither padding is in the file.
 //!
 //! What goes in the file (same keys as exercise 11):
 //! - `params`: every parameter by name, f32, whole;
 //! - `optimizer`: `exp_avg.<name>` and `exp_avg_sq.<name>` for every
 //!   parameter, but only once AdamW has stepped (`self.counters.optimizer_steps > 0`):
 //!   before that there are no moments, as in Phase 2's AdamW;
-//! - `state`: `self.trainer_state(data)` (step, counters, configs, data position).
+//! - `state`: `self.trainer_state(data)` (step, counters, configs, data
+//!   position, and how the run was sharded, in words).
 //!
 //! Read first: PyTorch's FSDP `state_dict_type` docs (`FULL_STATE_DICT`,
 //! `FullStateDictConfig(offload_to_cpu, rank0_only)`).
@@ -38,8 +59,9 @@ use crate::parallel::fsdp::FsdpTrainer;
 use crate::train::DataPosition;
 
 impl FsdpTrainer {
-    /// Gathers the sharded state and writes it to `dir` as a whole checkpoint
-    /// (rank 0 writes, then every rank meets at a barrier).
+    /// Gathers the sharded state and writes it to `dir` as a whole checkpoint.
+    /// Called on every rank; rank 0 alone writes, every rank meets one
+    /// barrier, and none returns before the checkpoint is complete.
     ///
     /// Pieces: `self.process_group()` (`.rank()`, `.all_gather(&t)`,
     /// `.barrier()`); `self.units`, each a `ShardedUnit` with `.local_state()?`
@@ -55,6 +77,12 @@ impl FsdpTrainer {
 
     /// Reads a whole checkpoint (written by any number of ranks, or by Phase
     /// 2's trainer) and keeps this rank's shard of it. Returns the data position.
+    ///
+    /// On success, for every unit, this rank's `local_state()` is the
+    /// `local_range()` of this run's padded flat buffer of the saved tensors
+    /// (padding zero), for the parameters and both moments; the counters are
+    /// the saved ones. Called on every rank. A checkpoint of another model is
+    /// an error, before anything changes.
     ///
     /// The moments are keyed `exp_avg.<name>` in the file but looked up by
     /// parameter name in a layout; a checkpoint written before AdamW's first

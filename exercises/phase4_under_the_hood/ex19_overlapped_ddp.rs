@@ -9,21 +9,37 @@
 //! - packs gradients, in the order they become ready, into **buckets** of
 //!   about `bucket_cap_mb` (25 MB by default): one all-reduce per bucket, not
 //!   per tensor, because each collective pays a fixed latency;
-//! - starts a bucket's all-reduce **asynchronously** as soon as it is full,
-//!   while backward goes on computing the next gradients;
-//! - waits for all the buckets only when backward is done, before the step.
+//! - runs a bucket's all-reduce **asynchronously**, while backward goes on
+//!   computing the gradients that come after it;
+//! - needs every bucket's result only when backward is done, before the step.
 //!
-//! ```text
-//! backward:  grad L ─ grad L−1 ─ grad L−2 ─ grad L−3 ─ … ─ grad 1 │ wait
-//! comm:                 [ bucket 0 all-reduce ]  [ bucket 1 ]  …  [last]│
-//!                       ↑ started when bucket 0 filled, not at the end
-//! ```
+//! The contract the tests check:
 //!
-//! The bucketing rule here: add each gradient, in the order it arrives, to
-//! the open bucket; once the bucket holds `bucket_cap_bytes` or more, start
-//! its all-reduce and open a new one; at the end start whatever is left.
+//! - **Buckets.** Consecutive gradients, in arrival order, fill one bucket;
+//!   a bucket closes once it holds `bucket_cap_bytes` or more. What is left
+//!   at the end is a last, smaller bucket. One `ReduceOp::Avg` all-reduce
+//!   per bucket.
+//! - **Overlap.** Each bucket's all-reduce runs asynchronously while backward
+//!   computes the gradients after it; no result is waited for before
+//!   backward has produced its last gradient.
+//! - **Output.** Every gradient averaged over the ranks, with its name and
+//!   shape, in the order it came.
+//!
 //! Every rank sees the gradients in the same order, so every rank forms the
 //! same buckets and issues the same all-reduces in the same order.
+//!
+//! A worked example: four gradients, ready in the order a, b, c, d, of 3, 2,
+//! 6 and 1 MB, with a 5 MB cap. a + b is 5 MB, so {a, b} is full with b; c
+//! alone is 6 MB, so {c} is full with c; {d} is what is left at the end.
+//!
+//! ```text
+//! backward │ grad a │ grad b │ grad c │ grad d │       │
+//! comm     │        │        │ {a, b} │ {c}    │ {d}   │ results read
+//!                                              ↑ backward ends
+//! ```
+//!
+//! {a, b} travels while c is computed and {c} while d is; only {d}, 1 MB of
+//! the 12, is not hidden behind backward.
 //!
 //! Read first: Li et al. 2020, "PyTorch Distributed: Experiences on
 //! Accelerating Data Parallel Training", sections 3.2 and 4.2 (gradient

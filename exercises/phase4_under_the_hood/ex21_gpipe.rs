@@ -1,39 +1,54 @@
 //! # Exercise 21: a pipelined step, GPipe's schedule
 //!
 //! When the model no longer fits one device, **pipeline parallelism** cuts
-//! its blocks into S consecutive stages, one per rank. Stage s computes its
-//! blocks and *sends* the activations to stage s+1; in backward, stage s+1
-//! sends back the gradient of those activations. Only the activations at the
-//! cuts travel, not the weights and not the gradients of the weights.
+//! its blocks into S consecutive stages, one per rank. Only the activations
+//! at the cuts travel between ranks: forward, and their gradients backward.
+//! The weights and the gradients of the weights stay on their stage.
 //!
 //! One batch through S stages keeps one stage busy at a time. GPipe (Huang
-//! et al. 2019) splits the batch into M **micro-batches** and streams them:
-//! every stage runs all M forwards, then all M backwards (last micro-batch
-//! first), so the stages work on different micro-batches at once.
+//! et al. 2019) splits the batch into M **micro-batches** and streams them,
+//! so that the stages work on different micro-batches at once. Its schedule
+//! has one rule: on every stage, all M forwards of the step come before the
+//! first backward. A trace for S = 3, M = 4, with a backward as long as a
+//! forward (Fm, Bm: the forward, the backward of micro-batch m; `held`: the
+//! micro-batches a stage holds between their forward and their backward, at
+//! the end of the slot):
 //!
 //! ```text
-//! S = 3, M = 4      time ─►
-//! stage 0:  F0 F1 F2 F3 ·  ·  ·  ·  B3 B2 B1 B0
-//! stage 1:     F0 F1 F2 F3 ·  ·  B3 B2 B1 B0
-//! stage 2:        F0 F1 F2 F3 B3 B2 B1 B0
-//!                                          (· idle: the bubble)
-//! bubble fraction = (S − 1) / (M + S − 1)      here 2/6 of each stage's time
+//! slot:      0  1  2  3  4  5  6  7  8  9  10 11
+//! stage 0:   F0 F1 F2 F3 ·  ·  ·  ·  B3 B2 B1 B0
+//!   held:    1  2  3  4  4  4  4  4  3  2  1  0
+//! stage 1:   ·  F0 F1 F2 F3 ·  ·  B3 B2 B1 B0 ·
+//!   held:    0  1  2  3  4  4  4  3  2  1  0  0
+//! stage 2:   ·  ·  F0 F1 F2 F3 B3 B2 B1 B0 ·  ·
+//!   held:    0  0  1  2  3  4  3  2  1  0  0  0
 //! ```
 //!
-//! The step's loss is the **mean** over the micro-batches, `L = (1/M) Σ Lₘ`,
-//! so backward on the last stage starts from ∂L/∂Lₘ = 1/M, and each stage's
-//! weight gradients are summed over its M backwards. For stage s, with input
-//! xₘ (received) and output yₘ (sent):
+//! Stage 1 runs F2 in slot 3 because stage 0's output for micro-batch 2 is
+//! complete at the end of slot 2. Stage 2 runs B3 in slot 6 with nothing
+//! from another stage: its output is the loss. Stage 1 runs B3 in slot 7
+//! because stage 2's gradient for micro-batch 3 is complete at the end of
+//! slot 6. Every stage idles 4 of the 12 slots (·): the **bubble**,
+//! (S − 1)/(M + S − 1) = 2/6 of its time.
+//!
+//! The contract, for micro-batch m of tokens (B, T) and hidden size C:
 //!
 //! ```text
-//! received ∂L/∂yₘ ──► backward of stage s ──► ∂L/∂W_s  (+= over m)
-//!                                         └─► ∂L/∂xₘ  sent to stage s−1
+//! stage s+1's xₘ   = stage s's yₘ          (B, T, C), crosses the cut forward
+//! stage s's ∂L/∂yₘ = stage s+1's ∂L/∂xₘ    (B, T, C), crosses the cut backward
+//! first stage's xₘ = the token ids         (B, T)
+//! last stage's yₘ  = Lₘ                    the micro-batch's mean loss, a scalar
+//! L                = (1/M) Σₘ Lₘ           the step's loss: ∂L/∂Lₘ = 1/M
+//! ∂L/∂W_s          = (1/M) Σₘ ∂Lₘ/∂W_s     one term from each of the M backwards
 //! ```
 //!
-//! To get ∂L/∂xₘ from candle, the received activation must be a variable
-//! (`Var`): backward returns gradients for variables only. Messages between
-//! two ranks arrive in the order they were sent, so every stage must run the
-//! backwards in the same micro-batch order.
+//! Each cut carries exactly one tensor forward and one back per micro-batch.
+//! Two facts shape the step. Messages between two ranks arrive in the order
+//! they were sent, so every stage must run the backwards in the same
+//! micro-batch order (the trace's, last first, is one choice). And candle's
+//! backward gives gradients for variables (`Var`) only: an input received as
+//! a plain tensor gets none (`store.get` gives `None`), and there is nothing
+//! to send back.
 //!
 //! Read first: Huang et al. 2019, "GPipe: Efficient Training of Giant Neural
 //! Networks using Pipeline Parallelism", section 2 and figure 2.
@@ -46,16 +61,19 @@ use crate::parallel::pipeline::{PipelineStage, PipelineStep};
 
 /// One training step's gradients for `stage`, run by rank `pg.rank()` =
 /// `stage.index()`, over `micro_batches` (each (B, T) token ids, the same on
-/// every rank) on the GPipe schedule above. Returns the stage's parameter
-/// gradients of the mean loss, and on the last stage that loss.
+/// every rank) on the GPipe schedule above. Returns a `PipelineStep`: `grads`,
+/// the stage's parameter gradients of the mean loss, and `loss`, that mean
+/// on the last stage and `None` on the others.
 ///
 /// Pieces: `stage.is_first()` / `is_last()`, `stage.forward(input, tokens)`
 /// (the first stage's input is the token ids; the last stage's output is the
-/// micro-batch's loss), `stage.backward(output, grad_output)` (a `GradStore`),
-/// `stage.gradients(&store)` (a `crate::autograd::Gradients`, with
-/// `accumulate`), `stage.activation_like(tokens)` (what `recv` needs),
-/// `pg.send(t, dst)`, `pg.recv(like, src)`, `candle_core::Var::from_tensor`,
-/// `store.get(var.as_tensor())`, `Tensor::new(value, device)`, `to_scalar`.
+/// micro-batch's loss), `stage.backward(output, grad_output)` (a `GradStore`;
+/// `grad_output` has `output`'s shape), `stage.gradients(&store)` (a
+/// `crate::autograd::Gradients`, with `accumulate`), `stage.activation_like(tokens)`
+/// (zeros of the input's shape, dtype and device: the `like` of `recv`),
+/// `pg.send(t, dst)`, `pg.recv(like, src)`,
+/// `candle_core::Var::from_tensor`, `Var::as_tensor`, `store.get(tensor)`,
+/// `Tensor::new(value, device)`, `to_scalar`.
 pub fn gpipe_step(pg: &dyn ProcessGroup, stage: &PipelineStage, micro_batches: &[Tensor]) -> Result<PipelineStep> {
     let _ = (&pg, &stage, &micro_batches);
     todo!("Exercise 21: A pipelined step (GPipe); run `cargo xtask hint 21`")

@@ -1,20 +1,16 @@
 //! # Exercise 22: the FSDP unit step
 //!
 //! Under FULL_SHARD (ZeRO-3, exercise 12) a rank keeps 1/N of each unit's
-//! flat parameters. A unit's computation needs all of them, so FSDP makes
-//! the unit whole just before it runs and frees it right after:
+//! flat parameters. A unit's computation, forward and backward alike, needs
+//! all of them; the point of FULL_SHARD is that a unit is whole only while
+//! it computes.
 //!
-//! ```text
-//! forward, unit k     all-gather shards ─► whole W_k ─► y = block_k(x) ─► free W_k
-//! backward, unit k    all-gather again  ─► whole W_k ─► replay block_k(x), back-propagate ∂L/∂y
-//!                     ─► ∂L/∂W_k (whole, this rank's data only)
-//!                     ─► reduce-scatter (Avg): this rank keeps its shard of the mean over ranks
-//!                     ─► free W_k; ∂L/∂x goes on to unit k−1
-//! ```
-//!
-//! Between uses only shards are held, so at most one unit is whole at a
-//! time: with K units of P parameters, a rank holds P·K/N parameters plus one
-//! whole unit, P, instead of P·K. The price is communication, each step:
+//! The contract. Between uses a rank holds only its shards, so at most one
+//! unit is whole at a time: with K units of P parameters, a rank holds
+//! P·K/N parameters plus one whole unit, P, instead of P·K. When either
+//! function returns, no unit is whole. Each unit's gradient leaves backward
+//! as this rank's shard of the mean over the ranks, never whole. The price
+//! is communication, each step:
 //!
 //! ```text
 //! all-gathers      2 per unit (forward, and again for backward)   2·K·(N−1)/N · P elements received
@@ -26,10 +22,28 @@
 //! reduce-scatter with `Avg` leaves rank r holding elements
 //! [r·P'/N, (r+1)·P'/N) of the mean, which is all its optimizer updates.
 //!
-//! The forward keeps no graph (exercise 7's activation checkpointing): if
-//! it did, the graph would hold every unit's whole parameters until backward,
-//! and freeing the slot would free nothing. Keep each unit's input instead;
-//! backward replays the unit on it, as a variable, to get ∂L/∂x.
+//! The forward keeps no graph (exercise 7's activation checkpointing): a
+//! graph would hold every unit's whole parameters until backward, and
+//! freeing the slot would free nothing. What backward needs of a unit is
+//! its input, which the forward returns.
+//!
+//! A trace: N = 2 ranks, K = 2 units, each P = 5 parameters padded to
+//! P' = 6, a shard of 3 (12 bytes in f32), a whole unit 24 bytes.
+//!
+//! ```text
+//!                    whole on this rank   collectives of this rank                  f32 elements in / out
+//! forward, unit 0    W_0                  all-gather W_0                            3 in
+//! forward, unit 1    W_1                  all-gather W_1                            3 in
+//! backward, unit 1   W_1                  all-gather W_1, reduce-scatter ∂L/∂W_1    3 in, 3 out
+//! backward, unit 0   W_0                  all-gather W_0, reduce-scatter ∂L/∂W_0    3 in, 3 out
+//! in between         nothing              nothing
+//! the step           peak 24 bytes whole, never 48; 4 all-gathers, 2 reduce-scatters, no all-reduce
+//!
+//! unit 0's ∂L/∂W_0, whole, from each rank's own batch
+//!   rank 0 [2, 0, 4, 2, 6, 0]     rank 1 [0, 2, 0, 2, 2, 0]     mean [1, 1, 2, 2, 4, 0]
+//! what each rank adds to unit 0's gradient shard
+//!   rank 0 [1, 1, 2]              rank 1 [2, 4, 0]              (the last element is padding)
+//! ```
 //!
 //! Read first: Zhao et al. 2023, "PyTorch FSDP: Experiences on Scaling Fully
 //! Sharded Data Parallel", section 3 (units, their all-gather before forward
@@ -43,9 +57,10 @@ use crate::distributed::ProcessGroup;
 use crate::parallel::fsdp_unit::{BlockUnit, FsdpForward};
 
 /// The forward pass of `units` (the model's blocks, in order) on `x`, a
-/// (B, T, C) batch of this rank's own data: each unit gathered, run and
-/// freed. Returns the last unit's output and each unit's input, none of them
-/// carrying a graph.
+/// (B, T, C) batch of this rank's own data. Returns the last unit's output
+/// and each unit's input (`inputs[0]` holds `x`'s values), none of them
+/// carrying a graph; on return no unit is whole, and each unit was whole
+/// once.
 ///
 /// Pieces: `unit.shard()` (this rank's (P'/N,) shard), `pg.all_gather(t)`
 /// (every rank's shard in rank order, (P',)), `unit.unshard(whole)`,
@@ -59,7 +74,8 @@ pub fn fsdp_forward(pg: &dyn ProcessGroup, units: &mut [BlockUnit], x: &Tensor) 
 /// (∂L/∂output, (B, T, C)) and `inputs`, the inputs [`fsdp_forward`] kept:
 /// adds to each unit's gradient this rank's shard of ∂L/∂W averaged over the
 /// ranks (`unit.add_grad`), and returns ∂L/∂x, the gradient of the first
-/// unit's input for this rank's data.
+/// unit's input for this rank's data alone. On return no unit is whole; each
+/// unit was whole once more, and one at a time.
 ///
 /// Pieces: the ones above, `candle_core::Var::from_tensor`,
 /// `crate::autograd::vjp(y, grad_y)` (a `GradStore` for the variables `y`

@@ -23,18 +23,36 @@
 //! the norm weights' gradients come out whole and equal on every rank.
 //!
 //! candle's autograd does not see through a collective (the result of an
-//! all-reduce carries no graph), so the backward is written by hand: replay
-//! or keep each piece's graph, cut where f and g sit, and carry the gradient
-//! across each cut yourself with `crate::autograd::vjp` (∂L/∂inputs of a
-//! piece from ∂L/∂its-output), summing it over the ranks at f.
+//! all-reduce carries no graph), so the backward is yours to write:
+//! `crate::autograd::vjp` gives ∂L/∂(what a graph was computed from) given
+//! ∂L/∂(its output), and the gradient crosses each collective by hand. The
+//! trap: a graph that reaches a norm's weight while ∂L/∂(the norm's output)
+//! is still only this rank's part gives that weight a partial gradient.
+//!
+//! The contract the tests check, on every rank: the block's output (whole);
+//! the gradients of this rank's parameters (its shards, equal to the rows or
+//! columns of one process's gradients, and both norms' weights, whole); and
+//! ∂L/∂x (whole). Exactly four all-reduces, all `ReduceOp::Sum`, and no other
+//! collective.
+//!
+//! A worked example, one sublayer, scalars, 2 ranks. The "norm" here only
+//! scales: n = γ·input, γ = 0.5. Each rank's share is s_r = w_r·n, with
+//! w₀ = 3 and w₁ = −1. Input 2, ∂L/∂out = 2.
 //!
 //! ```text
-//! backward, last piece first         ∂L/∂y
-//!   mlp_r        ─► ∂/∂mlp shards, a part of ∂L/∂n₂        (n₂ = norm₂(h))
-//!   f            ─► all-reduce: ∂L/∂n₂
-//!   norm₂        ─► ∂/∂norm₂ weight, + ∂L/∂y (the residual) = ∂L/∂h
-//!   attn_r, f, norm₁ the same way, + ∂L/∂h                  = ∂L/∂x
+//!                          rank 0    rank 1    one process, w = (3, −1)
+//! n = γ·input                 1         1         1
+//! s_r                         3        −1         —
+//! out = input + Σ s_r         4         4         4 = 2 + 3 + (−1)
+//! ∂L/∂w_r                     2         2         (2, 2)
+//! rank's part of ∂L/∂n        6        −2         —
+//! ∂L/∂n                       4         4         4 = 2·(3 + (−1))
+//! ∂L/∂γ                       8         8         8
+//! ∂L/∂input                   4         4         4 = 2 (residual) + 4·0.5
 //! ```
+//!
+//! Taken from a rank's part of ∂L/∂n instead, ∂L/∂γ would be 12 and −4:
+//! parts that sum to 8, the wrong number on each rank.
 //!
 //! Read first: Shoeybi et al. 2019, "Megatron-LM: Training Multi-Billion
 //! Parameter Language Models Using Model Parallelism", section 3 and figures

@@ -3,24 +3,11 @@
 //! GPipe (exercise 21) runs all M forwards before the first backward, so
 //! every stage holds the activations of all M micro-batches at once: more
 //! micro-batches shrink the bubble but grow the memory. The **1F1B**
-//! schedule (PipeDream-Flush, Narayanan et al. 2021) starts each
-//! micro-batch's backward as early as it can. Stage s of S runs a
-//! **warm-up** of S − s − 1 forwards (at most M), then alternates one
-//! forward, one backward, and ends with the backwards still owed:
-//!
-//! ```text
-//! S = 3, M = 4      time ─►
-//! stage 0:  F0 F1 F2 ·  ·  B0 F3 B1 ·  B2 ·  B3
-//! stage 1:     F0 F1 ·  B0 F2 B1 F3 B2 ·  B3
-//! stage 2:        F0 B0 F1 B1 F2 B2 F3 B3
-//!           (warm-ups of 2, 1 and 0 forwards; · idle)
-//! ```
-//!
-//! The micro-batches go backward in the order they went forward (micro-batch
-//! 0 first) on every stage, as the messages between two ranks arrive in the
-//! order they were sent. A micro-batch is **in flight** on a stage from its
-//! forward to its backward, and its activations (the forward's graph and
-//! input) are alive exactly that long:
+//! schedule (PipeDream-Flush, Narayanan et al. 2021) computes the same
+//! gradients in another order, one that caps what a stage holds. A
+//! micro-batch is **in flight** on a stage from its forward to its backward,
+//! and its activations (the forward's graph and its input) are alive exactly
+//! that long:
 //!
 //! ```text
 //!                     in flight on stage s, at most    bubble
@@ -28,12 +15,38 @@
 //! 1F1B                min(S − s, M)                    the same
 //! ```
 //!
+//! Within that cap a 1F1B stage runs each backward as early as its gradient
+//! can arrive. A trace for S = 3, M = 4, with a backward as long as a
+//! forward (Fm, Bm: the forward, the backward of micro-batch m; `held`: the
+//! micro-batches in flight at the end of the slot):
+//!
+//! ```text
+//! slot:      0  1  2  3  4  5  6  7  8  9  10 11
+//! stage 0:   F0 F1 F2 ·  ·  B0 F3 B1 ·  B2 ·  B3
+//!   held:    1  2  3  3  3  2  3  2  2  1  1  0
+//! stage 1:   ·  F0 F1 ·  B0 F2 B1 F3 B2 ·  B3 ·
+//!   held:    0  1  2  2  1  2  1  2  1  1  0  0
+//! stage 2:   ·  ·  F0 B0 F1 B1 F2 B2 F3 B3 ·  ·
+//!   held:    0  0  1  0  1  0  1  0  1  0  0  0
+//! ```
+//!
+//! Stage 2's output is the loss, so B0 follows F0 at once and stage 2 never
+//! holds more than one micro-batch. Stage 0 reaches its cap of 3 in slot 2,
+//! then idles through slots 3 and 4: the gradient for micro-batch 0 comes
+//! back from stage 1 at the end of slot 4. The backwards run B0, B1, B2, B3
+//! on every stage, in the order the gradients arrive. Every stage idles 4
+//! of the 12 slots, as in exercise 21's GPipe trace, but holds at most
+//! 3, 2 and 1 micro-batches where GPipe holds 4. The tests compare each
+//! stage's order of forwards and backwards with 1F1B's for other S and M,
+//! fewer micro-batches than stages among them: generalise the trace.
+//!
 //! So 1F1B keeps the bubble and caps the memory at S micro-batches' worth on
-//! the first stage, whatever M: more micro-batches now cost nothing in
-//! memory. Everything else is exercise 21's: the step's loss is the mean
-//! over the micro-batches (the last stage's backward starts from 1/M), a
-//! stage's weight gradients are summed over its M backwards, and a received
-//! activation must be a `Var` for backward to give its gradient.
+//! the first stage, whatever M. The rest is exercise 21's contract: each cut
+//! carries one (B, T, C) activation forward and its gradient back per
+//! micro-batch; the step's loss is the mean over the micro-batches, so the
+//! last stage's backward starts from ∂L/∂Lₘ = 1/M; a stage's weight
+//! gradients are summed over its M backwards; and a received activation
+//! must be a `Var` for backward to give its gradient.
 //!
 //! Read first: Narayanan et al. 2021, "Efficient Large-Scale Language Model
 //! Training on GPU Clusters Using Megatron-LM", section 2.2.1 and figure 4.
@@ -46,16 +59,16 @@ use crate::parallel::pipeline::{PipelineStage, PipelineStep};
 
 /// One training step's gradients for `stage`, run by rank `pg.rank()` =
 /// `stage.index()`, over `micro_batches` (each (B, T) token ids, the same on
-/// every rank) on the 1F1B schedule above. Returns the stage's parameter
-/// gradients of the mean loss, and on the last stage that loss. Drop each
-/// micro-batch's input and output once its backward has run.
+/// every rank) on the 1F1B schedule above. Returns a `PipelineStep`: `grads`,
+/// the stage's parameter gradients of the mean loss, and `loss`, that mean
+/// on the last stage and `None` on the others. Keep a micro-batch's input
+/// and output from its forward to its backward, and no longer.
 ///
 /// Pieces: exercise 21's (`stage.is_first()` / `is_last()`, `stage.forward`,
 /// `stage.backward`, `stage.gradients`, `stage.activation_like`, `pg.send`,
 /// `pg.recv`, `Var::from_tensor`, `store.get`, `Gradients::accumulate`),
-/// `stage.index()` and `stage.stages()` (s and S), and a
-/// `std::collections::VecDeque` of the micro-batches in flight
-/// (`push_back`, `pop_front`).
+/// `stage.index()` and `stage.stages()` (s and S), and
+/// `std::collections::VecDeque` (`push_back`, `pop_front`).
 pub fn one_f_one_b_step(
     pg: &dyn ProcessGroup,
     stage: &PipelineStage,

@@ -66,8 +66,8 @@ pub enum PipelineSchedule {
     /// All M forwards, then all M backwards (exercise 21).
     #[default]
     GPipe,
-    /// A warm-up of S − s − 1 forwards, then one forward and one backward in
-    /// turn (exercise 24).
+    /// Each backward as early as its gradient can arrive, so that stage s
+    /// holds at most S − s micro-batches in flight (exercise 24).
     OneFOneB,
 }
 
