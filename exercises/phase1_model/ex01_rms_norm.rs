@@ -11,8 +11,13 @@
 //!
 //! Unlike LayerNorm it does not subtract the mean: it is cheaper and works as well.
 //!
+//! Example, with eps small enough to ignore: x = (0, 3, 0, 4) has
+//! mean(x²) = 25 / 4 = 6.25 and rms = 2.5, so x / rms = (0, 1.2, 0, 1.6); with
+//! weight = (1, 1, 1, 0.5) the output is (0, 1.2, 0, 0.8).
+//!
 //! Shapes: `x` is (..., C) — usually (B, T, C) — and `weight` is always (C).
-//! The output has the shape and dtype of `x`.
+//! Every vector along the last dimension is normalised on its own. The output
+//! has the shape and dtype of `x`.
 //!
 //! Read first: Zhang & Sennrich 2019, "Root Mean Square Layer Normalization".
 //! Guide: `guide/src/phase1/01-rms-norm.md`. Test: `cargo test exercise_01`.

@@ -1,12 +1,15 @@
 //! # Exercise 2: rotate_half
 //!
 //! Rotary embeddings (exercise 3) turn pairs of channels by a position-dependent
-//! angle. Split the last dimension into two halves, `x1 = x[..., :D/2]` and
-//! `x2 = x[..., D/2:]`; channel i of `x1` and channel i of `x2` form pair i.
-//! Turning every pair by 90° maps (a, b) to (-b, a), which on the whole vector is
+//! angle. Pair i of a vector of length D is (x[i], x[i + D/2]), for
+//! i = 0 … D/2 − 1: channel i of the first half with channel i of the second.
+//! `rotate_half` turns every pair by 90° counter-clockwise, which maps a point
+//! (a, b) of the plane to (−b, a). The turned pair i goes back to channels i
+//! and i + D/2:
 //!
 //! ```text
-//! rotate_half([x1, x2]) = [-x2, x1]          e.g. [1, 2, 3, 4] -> [-3, -4, 1, 2]
+//! out[i] = −x[i + D/2],   out[i + D/2] = x[i]       for i < D/2
+//! e.g. [1, 2, 3, 4]: pairs (1, 3), (2, 4) → (−3, 1), (−4, 2) → [−3, −4, 1, 2]
 //! ```
 //!
 //! This is the "halves" layout (Llama, GPT-NeoX). The "interleaved" layout pairs
@@ -19,7 +22,8 @@
 
 use candle_core::{Result, Tensor};
 
-/// Maps `[x1, x2]` to `[-x2, x1]` along the last dimension of `x` (…, D).
+/// Turns every pair (x[i], x[i + D/2]) of the last dimension of `x` (…, D) by
+/// 90°; returns a tensor of the same shape and dtype.
 ///
 /// Useful: `x.dim(D::Minus1)`, `narrow(D::Minus1, start, len)`, `neg`,
 /// `Tensor::cat(&[a, b], D::Minus1)`.

@@ -14,6 +14,10 @@
 //! `I` is `intermediate_size`, about 8/3 · C so that the three matrices cost as
 //! much as the classic 4·C two-matrix MLP.
 //!
+//! One position, three intermediate features: gate = (2, 0, −2) and
+//! up = (3, 3, 3) give silu(gate) = (1.762, 0, −0.238) and a product
+//! (5.285, 0, −0.715), which `down_proj` maps back to C features.
+//!
 //! Read first: Shazeer 2020, "GLU Variants Improve Transformer".
 //! Guide: `guide/src/phase1/04-swiglu-mlp.md`. Test: `cargo test exercise_04`.
 

@@ -15,7 +15,14 @@
 //! model: position i predicts token i+1, so it must not see token i+1.
 //! Position 0 sees only itself; the diagonal is always allowed.
 //!
-//! Shapes: `q`, `k`, `v` are (B, H, T, D); the output is (B, H, T, D).
+//! Example, D = 4 (so sqrt(D) = 2), query 1 of a sequence of 3: the dot
+//! products with keys 0, 1, 2 are 0, 2·ln 3 ≈ 2.197 and 10; scaled, 0, ln 3
+//! and 5; key 2 is in the future and masked, so the weights are
+//! (1, 3, 0) / 4 = (0.25, 0.75, 0) and output 1 is 0.25·v₀ + 0.75·v₁. Output 0
+//! is always exactly v₀.
+//!
+//! Shapes: `q`, `k`, `v` are (B, H, T, D); the output is (B, H, T, D), in the
+//! inputs' dtype (f32 or bf16).
 //!
 //! Read first: Vaswani et al. 2017, "Attention Is All You Need", section 3.2.1.
 //! Guide: `guide/src/phase1/05-causal-attention.md`. Test: `cargo test exercise_05`.
@@ -24,18 +31,22 @@ use candle_core::{Result, Tensor};
 
 /// Causal attention of `q`, `k`, `v` (B, H, T, D); returns (B, H, T, D).
 ///
-/// Write the composed version first, one line of the formula at a time.
+/// Write the composed version first, from general tensor operations; the fused
+/// kernel at the end of this list comes after it passes.
 ///
 /// - `k.t()` transposes the last two dims; `matmul` batches over (B, H).
 /// - `Tensor::tril2(t, DType::U8, device)` is the (T, T) mask of allowed
-///   positions: 1 where key j <= query i. Turn it into an additive mask of 0
-///   and `f32::NEG_INFINITY` for `broadcast_add`, or select between the scores
-///   and -inf with `where_cond`, which does not broadcast (`broadcast_as` first).
+///   positions: 1 where key j <= query i. `Tensor::full(f32::NEG_INFINITY,
+///   shape, device)` is a tensor of -inf. `mask.where_cond(..)` picks element
+///   by element from one of two tensors; all three must have one shape
+///   (`broadcast_as` stretches a tensor to a shape). `broadcast_add` adds
+///   tensors of different shapes.
 /// - Softmax over the last dim: `crate::kernels::softmax(&scores)`, a fused
 ///   kernel with its own backward pass. `candle_nn::ops::softmax(&scores, D::Minus1)`
 ///   computes the same from five primitives, a few times slower. Not candle's
 ///   `softmax_last_dim`: it has no backward pass, so q, k and v would get no gradient.
-/// - The mask must have the scores' dtype (`to_dtype(q.dtype())`).
+/// - candle does not mix dtypes: anything combined with bf16 scores must be
+///   bf16 too (`to_dtype(q.dtype())`).
 /// - Once it passes, the fast route: scaling, masking and softmax are three
 ///   passes over the (B, H, T, T) scores, forward and again backward, bound by
 ///   memory. `crate::kernels::scaled_masked_softmax(&scores, &allowed, scale)`

@@ -14,6 +14,7 @@
 //! The residual stream adds two outputs per block (attention's `o_proj` and the
 //! MLP's `down_proj`), so 2·L random contributions pile up; scaling those two
 //! projections by 1/sqrt(2L) keeps the stream's variance independent of depth.
+//! With 4 layers their std is 0.02 / sqrt(8) ≈ 0.00707; with 12, ≈ 0.00408.
 //!
 //! The model calls this function once per parameter, in a fixed order, with one
 //! seeded generator: the same seed must give the same model, bit for bit. That

@@ -11,14 +11,19 @@
 //! ```
 //!
 //! **The loss predicts the next token.** The logits at position t score token
-//! t+1, so with `labels` aligned to `idx` (usually `labels = idx`) the loss pairs
-//! `logits[:, t]` with `labels[:, t + 1]`:
+//! t+1, so with `labels` aligned to `idx` (usually `labels = idx`) the logits at
+//! position t are scored against `labels[b, t + 1]`. The last position has no
+//! next token and `labels[b, 0]` is predicted by nothing, which leaves B·(T-1)
+//! predictions:
 //!
 //! ```text
-//! loss = cross_entropy(logits[:, :-1] as (B·(T-1), V), labels[:, 1:] as (B·(T-1)))
+//! loss = mean over b < B, t < T-1 of  −log softmax(logits[b, t])[labels[b, t + 1]]
 //! ```
 //!
-//! the mean over all B·(T-1) predictions, computed in f32.
+//! computed in f32, an f32 scalar. Example, one sequence of T = 3 with labels
+//! [5, 9, 2]: the logits at position 0 are scored against token 9, those at
+//! position 1 against token 2, those at position 2 against nothing, and the
+//! loss is the mean of those two terms.
 //!
 //! **Activation checkpointing.** Backward needs every block's intermediate
 //! activations; for big models they dominate memory. With
@@ -57,12 +62,14 @@ impl Gpt {
 /// The mean next-token cross-entropy of `logits` (B, T, V) against `labels`
 /// (B, T), an f32 scalar. The FSDP runtime of Phase 3 calls it too.
 ///
-/// The logits at positions 0..T-1 against the labels at positions 1..T, both
-/// flattened, (B·(T-1), V) and (B·(T-1)), with the logits in f32.
+/// The logits at position t are scored against the label at t + 1, for every
+/// sequence b and every t < T-1; the result is the mean over those B·(T-1)
+/// predictions, computed from f32 logits whatever the model's dtype.
 ///
 /// Useful: `dims3`, `narrow`, `reshape`, `to_dtype`, and
-/// `crate::kernels::cross_entropy` of (N, V) logits and (N) targets, the mean
-/// (a fused kernel; the same as `candle_nn::loss::cross_entropy`, faster).
+/// `crate::kernels::cross_entropy`, which takes (N, V) logits and (N) targets
+/// and returns their mean (a fused kernel; the same as
+/// `candle_nn::loss::cross_entropy`, faster).
 pub fn next_token_loss(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
     let _ = (&logits, &labels);
     todo!("Exercise 7: GPT forward, next-token loss and activation checkpointing; run `cargo xtask hint 7`")

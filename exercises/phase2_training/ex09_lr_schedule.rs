@@ -7,15 +7,22 @@
 //!
 //! ```text
 //! step < warmup:             lr = max_lr · (step + 1) / warmup
-//! warmup ≤ step ≤ max_steps: p  = (step − warmup) / (max_steps − warmup)      ∈ [0, 1]
+//! warmup ≤ step < max_steps: p  = (step − warmup) / (max_steps − warmup)      ∈ [0, 1)
 //!                            lr = min_lr + ½ (1 + cos(π · p)) · (max_lr − min_lr)
-//! step > max_steps:          lr = min_lr
+//! step ≥ max_steps:          lr = min_lr
 //! ```
 //!
-//! Steps count from 0, so step 0 already trains at `max_lr / warmup` and step
-//! `warmup − 1` reaches `max_lr`. The decay starts from the end of warmup, not
-//! from step 0, and ends exactly at `min_lr`; past `max_steps` it stays there
-//! (the cosine would climb back up).
+//! (`warmup` is `warmup_steps`, at most `max_steps`.) Steps count from 0, so
+//! step 0 already trains at `max_lr / warmup` and step `warmup − 1` reaches
+//! `max_lr`. The decay starts from the end of warmup, not from step 0, and
+//! meets `min_lr` at `max_steps`, where p would be 1; from there on the rate
+//! stays at `min_lr`, where the cosine would climb back up. A warmup as long as
+//! the run (`warmup_steps == max_steps`) leaves nothing to decay: the rate is
+//! `min_lr` from `max_steps` on, and never NaN.
+//!
+//! With `max_lr = 8e-4`, `min_lr = 5e-5`, `warmup = 7`, `max_steps = 90` (the
+//! test's schedule): step 0 → 1.143e-4, step 6 → 8e-4, step 7 → 8e-4 (p = 0),
+//! step 55 → 3.337e-4 (p = 48/83), step 90 and beyond → 5e-5.
 //!
 //! Read first: Loshchilov & Hutter 2017, "SGDR: Stochastic Gradient Descent with Warm Restarts".
 //! Guide: `guide/src/phase2/09-lr-schedule.md`. Test: `cargo test exercise_09`.

@@ -9,12 +9,39 @@
 //! (stage 2), and — if it gathers them just in time — of the parameters (stage 3).
 //!
 //! ```text
-//! strategy        ZeRO   parameters  gradients  optimizer state   model states per rank
-//! NO_SHARD        0      whole       whole      whole             16Ψ
-//! SHARD_GRAD_OP   2      whole       sharded    sharded           2Ψ + 14Ψ/N
-//! FULL_SHARD      3      sharded     sharded    sharded           16Ψ/N
-//! HYBRID_SHARD    3 within a node, replicated across nodes
+//! ZeRO stage   sharded across the N ranks                 model states per rank
+//! 0 (DDP)      nothing                                     16Ψ
+//! 1            optimizer state                             4Ψ + 12Ψ/N
+//! 2            optimizer state, gradients                  2Ψ + 14Ψ/N
+//! 3            optimizer state, gradients, parameters      16Ψ/N
 //! ```
+//!
+//! Worked example: Ψ = 1 billion parameters in mixed precision on N = 8 ranks
+//! holds 16 GB per rank at stage 0, 4 + 1.5 = 5.5 GB at stage 1,
+//! 2 + 1.75 = 3.75 GB at stage 2 and 2 GB at stage 3.
+//!
+//! PyTorch FSDP names four strategies by what a rank keeps, and when:
+//! - FULL_SHARD: a rank keeps 1/N of the parameters, gradients and optimizer
+//!   state. A unit's parameters are all-gathered before its forward, freed
+//!   after it, gathered again before its backward and freed after that; the
+//!   gradients are reduce-scattered after backward, and each rank updates its
+//!   own shard.
+//! - SHARD_GRAD_OP: gradients and optimizer state are sharded, and each rank
+//!   updates its own shard. The parameters are gathered before forward and
+//!   stay whole through backward, with no gather in between. This runtime
+//!   keeps them whole between steps too, refreshed by an all-gather after
+//!   the optimizer step (PyTorch frees them after backward instead).
+//! - NO_SHARD: every rank keeps all parameters, gradients and optimizer
+//!   state, as DDP does; gradients are all-reduced after backward.
+//! - HYBRID_SHARD: FULL_SHARD among the ranks of one node, and each node
+//!   holds a replica of that sharded model, as DDP holds replicas.
+//!
+//! A [`ShardingPlan`] field is true when that part is divided across the
+//! ranks: `params` means no whole copy lives between uses (gathered for each
+//! use, freed after); `grads` means a rank keeps only the reduced gradient of
+//! its shard; `optimizer_state` means a rank keeps only its shard's f32
+//! master weights and moments. Only the ZeRO stages are valid plans
+//! (`ShardingPlan::validate`).
 //!
 //! The price is communication: DDP's all-reduce of the gradients moves 2Ψ per
 //! step; stage 2 replaces it with a reduce-scatter (Ψ) and an all-gather of the
@@ -30,10 +57,10 @@ use crate::parallel::fsdp::{ShardingPlan, ShardingStrategy};
 
 /// What `strategy` divides across the ranks.
 ///
-/// Return a [`ShardingPlan`] with `params`, `grads` and `optimizer_state` set
-/// to whether each is sharded, and `replicate_across_nodes` true only for
-/// HYBRID_SHARD (which shards like FULL_SHARD within each node).
-/// `ShardingPlan::zero(stage)` builds the plan of ZeRO stage 0 to 3.
+/// A [`ShardingPlan`] with `params`, `grads` and `optimizer_state` set to
+/// whether each is sharded, and `replicate_across_nodes` true only for
+/// HYBRID_SHARD. `ShardingPlan::zero(stage)` builds the plan of ZeRO stage
+/// 0 to 3, not replicated.
 pub fn sharding_plan(strategy: ShardingStrategy) -> ShardingPlan {
     let _ = &strategy;
     todo!("Exercise 12: Sharding strategy; run `cargo xtask hint 12`")

@@ -26,14 +26,20 @@
 //! accounting); master weights, optimizer state, loss and norms stay f32
 //! whatever the policy — the runtime sees to that.
 //!
+//! A gradient element of 1e-8 shows why the flag exists: f32 and bf16 hold
+//! it; fp16 rounds it to 0 (its smallest subnormal is about 6e-8); with a
+//! loss scale of 65536 it is 6.6e-4 in fp16, and dividing by the scale in
+//! f32 gives back 1e-8.
+//!
 //! Read first: Micikevicius et al. 2018, "Mixed Precision Training"; PyTorch's
 //! `torch.distributed.fsdp.MixedPrecision` and `torch.amp.GradScaler` docs.
 //! Guide: `guide/src/phase3/13-mixed-precision.md`. Test: `cargo test exercise_13`.
 
 use crate::parallel::fsdp::{MixedPrecisionPolicy, Precision};
 
-/// The policy of `precision`: `Fp32` → f32 everywhere, `Bf16` → bf16,
-/// `Fp16` → f16, with `loss_scaling` on exactly when the format needs it.
+/// The policy of `precision`: one dtype, the precision's own format, for
+/// all three fields, and `loss_scaling` on exactly when that format's
+/// exponent range is too narrow for gradients.
 ///
 /// Dtypes are `candle_core::DType::{F32, BF16, F16}`.
 pub fn mixed_precision_policy(precision: Precision) -> MixedPrecisionPolicy {

@@ -15,9 +15,16 @@
 //!
 //! ```text
 //! unit "root":            model.embed_tokens.weight, model.norm.weight, lm_head.weight
-//! unit "model.layers.0":  every parameter whose name starts with "model.layers.0."
-//! unit "model.layers.1":  ...
+//! unit "model.layers.0":  every parameter of block 0 (its norms, attention and MLP)
+//! unit "model.layers.1":  every parameter of block 1
+//! ...
 //! ```
+//!
+//! With 2 blocks, no biases and an untied head, that is 3 units: the root
+//! with 3 parameters, then 9 for each block (2 norm weights, q/k/v/o,
+//! gate/up/down). Every
+//! parameter is in exactly one unit. A model of 12 blocks has 13 units, and
+//! block 1's unit must hold nothing of blocks 10 and 11.
 //!
 //! Under FULL_SHARD each block unit is all-gathered before its forward and
 //! again before its backward, and its gradient reduce-scattered after its
