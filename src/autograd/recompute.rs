@@ -20,6 +20,8 @@
 use candle_core::backprop::GradStore;
 use candle_core::{bail, Module, Result, Tensor, Var};
 
+use crate::timeline;
+
 /// A module that can run under activation checkpointing, with two hooks for
 /// modules whose weights are gathered on demand; both do nothing by default.
 pub trait Checkpointed: Module + Send + Sync {
@@ -70,6 +72,7 @@ impl std::fmt::Debug for Recompute {
 impl Recompute {
     /// Runs `module` on `x` without keeping its activations; it is recomputed in backward.
     pub fn checkpoint<M: Checkpointed + Clone + 'static>(&mut self, module: &M, x: &Tensor) -> Result<Tensor> {
+        let span = timeline::span("compute", format!("forward, module {}", self.records.len()));
         let (output, kept) = if module.keeps_graph() {
             let replay = Replay::run(module, x)?;
             (Var::from_tensor(&replay.output.detach())?, Some(replay))
@@ -80,6 +83,7 @@ impl Recompute {
             module.after_forward();
             (output, None)
         };
+        drop(span);
         let handed_on = output.as_tensor().clone();
         self.records.push(Record { module: Box::new(module.clone()), input: x.clone(), output, kept });
         Ok(handed_on)
@@ -112,6 +116,7 @@ impl Recompute {
         let Some(grad_y) = grads.remove(record.output.as_tensor()) else {
             return Ok(()); // the output did not reach the loss
         };
+        let span = timeline::span("compute", format!("backward, module {i}"));
         let mut recomputed = None;
         let replay = match &record.kept {
             Some(kept) => kept,
@@ -120,6 +125,7 @@ impl Recompute {
         let mut local = vjp(&replay.output, &grad_y)?;
         let grad_x = local.remove(replay.input.as_tensor());
         drop(recomputed); // its activations are no longer needed
+        drop(span);
         record.module.after_backward(&mut local)?;
         grads.extend(local)?;
         // A variable's gradient can still hold graph (e.g. `grad · wᵀ` keeps w):

@@ -79,6 +79,7 @@ pub mod launch;
 #[cfg(feature = "nccl")]
 mod nccl;
 mod own_ring;
+mod p2p_trace;
 mod process_group;
 mod reduce_op;
 mod rendezvous_store;
@@ -97,6 +98,7 @@ pub use launch::{launch, relaunch_self, LaunchConfig};
 #[cfg(feature = "nccl")]
 pub use nccl::NcclProcessGroup;
 pub use own_ring::{AllReduceOverride, OwnRing, WithAllReduce};
+pub use p2p_trace::{P2pRecorder, P2pTrace};
 pub use process_group::{all_reduce_scalar, while_busy, ProcessGroup, Properties};
 pub use reduce_op::ReduceOp;
 pub use single::SingleProcess;

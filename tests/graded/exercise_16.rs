@@ -8,11 +8,9 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use candle_core::{DType, Device, Result, Tensor};
+use candle_core::{DType, Device, Tensor};
 use rstest::rstest;
-use workbook::distributed::{
-    chunk_ranges, spawn_with_timeout, Collective, CommStats, ProcessGroup, Properties, ReduceOp,
-};
+use workbook::distributed::{chunk_ranges, spawn_with_timeout, Collective, P2pRecorder, P2pTrace, ProcessGroup};
 use workbook::phase4_under_the_hood::ring_all_reduce;
 
 use crate::process_ranks::on_processes;
@@ -32,69 +30,6 @@ fn expected(world: usize, len: usize) -> Vec<f32> {
     (0..len).map(|i| (0..world).map(|r| input(r, len)[i] as f64).sum::<f64>() as f32).collect()
 }
 
-/// What one rank did on the wire, in order.
-#[derive(Debug, Default)]
-struct Trace {
-    /// Each send's values.
-    sent: Vec<Vec<f32>>,
-    /// Each send's destination.
-    sent_to: Vec<usize>,
-    /// Each receive's source, recorded as it starts: one that never ends is there too.
-    waited_on: Vec<usize>,
-    /// Each receive's values, once it ended.
-    received: Vec<Vec<f32>>,
-}
-
-/// `inner` as it is, with every send and receive written into `trace`.
-struct Recorded<'a, P> {
-    inner: P,
-    trace: &'a Mutex<Trace>,
-}
-
-impl<P: ProcessGroup> ProcessGroup for Recorded<'_, P> {
-    fn rank(&self) -> usize {
-        self.inner.rank()
-    }
-    fn world_size(&self) -> usize {
-        self.inner.world_size()
-    }
-    fn properties(&self) -> Properties {
-        self.inner.properties()
-    }
-    fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
-        self.inner.all_reduce(t, op)
-    }
-    fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor> {
-        self.inner.broadcast(t, root)
-    }
-    fn all_gather(&self, t: &Tensor) -> Result<Tensor> {
-        self.inner.all_gather(t)
-    }
-    fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
-        self.inner.reduce_scatter(t, op)
-    }
-    fn send(&self, t: &Tensor, dst: usize) -> Result<()> {
-        let values = t.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?;
-        let mut trace = self.trace.lock().unwrap();
-        trace.sent.push(values);
-        trace.sent_to.push(dst);
-        drop(trace);
-        self.inner.send(t, dst)
-    }
-    fn recv(&self, like: &Tensor, src: usize) -> Result<Tensor> {
-        self.trace.lock().unwrap().waited_on.push(src);
-        let got = self.inner.recv(like, src)?;
-        self.trace.lock().unwrap().received.push(got.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?);
-        Ok(got)
-    }
-    fn barrier(&self) -> Result<()> {
-        self.inner.barrier()
-    }
-    fn stats(&self) -> CommStats {
-        self.inner.stats()
-    }
-}
-
 /// Whether `got` equals `want` within f32 rounding of a sum in another order.
 fn close(got: &[f32], want: &[f32]) -> bool {
     got.len() == want.len() && got.iter().zip(want).all(|(g, w)| (g - w).abs() <= 1e-5 + 1e-5 * w.abs())
@@ -103,11 +38,12 @@ fn close(got: &[f32], want: &[f32]) -> bool {
 /// Runs the learner's ring on `world` thread ranks, each on its `input` of
 /// `len` elements shaped `shape`: each rank's result as numbers (or the
 /// error), and what each rank sent and received.
-fn run(world: usize, len: usize, shape: &[usize]) -> (std::result::Result<Vec<Vec<f32>>, String>, Vec<Trace>) {
-    let traces: Vec<Mutex<Trace>> = (0..world).map(|_| Mutex::default()).collect();
+fn run(world: usize, len: usize, shape: &[usize]) -> (std::result::Result<Vec<Vec<f32>>, String>, Vec<P2pTrace>) {
+    let traces: Vec<Mutex<P2pTrace>> = (0..world).map(|_| Mutex::default()).collect();
     let results = spawn_with_timeout(world, TIMEOUT, |pg| {
-        let t = Tensor::from_vec(input(pg.rank(), len), shape, &Device::Cpu)?;
-        let recorded = Recorded { trace: &traces[pg.rank()], inner: pg };
+        let rank = pg.rank();
+        let t = Tensor::from_vec(input(rank, len), shape, &Device::Cpu)?;
+        let recorded = P2pRecorder::new(pg, &traces[rank]);
         let out = ring_all_reduce(&recorded, &t)?;
         if out.dims() != shape {
             candle_core::bail!("the result has shape {:?}, the input {shape:?}: keep the input's shape", out.dims());
@@ -119,7 +55,7 @@ fn run(world: usize, len: usize, shape: &[usize]) -> (std::result::Result<Vec<Ve
 
 /// A typical mistake the record of sends and receives shows, if one does;
 /// `finished`: the ranks returned (with wrong numbers) rather than failing.
-fn diagnose(traces: &[Trace], world: usize, len: usize, finished: bool) -> Option<&'static str> {
+fn diagnose(traces: &[P2pTrace], world: usize, len: usize, finished: bool) -> Option<&'static str> {
     // A rank waited for one that never sent to it.
     let sends_to = |src: usize, dst: usize| traces.get(src).is_some_and(|t| t.sent_to.contains(&dst));
     if traces.iter().enumerate().any(|(rank, t)| t.waited_on.iter().any(|&src| !sends_to(src, rank))) {
@@ -137,7 +73,7 @@ fn diagnose(traces: &[Trace], world: usize, len: usize, finished: bool) -> Optio
         return None;
     }
     // After its first receive, a rank passes on a chunk it added that arrival to.
-    let second_send_is = |is: &dyn Fn(usize, &Trace, &[f32]) -> bool| {
+    let second_send_is = |is: &dyn Fn(usize, &P2pTrace, &[f32]) -> bool| {
         traces.iter().enumerate().all(|(rank, t)| t.sent.get(1).is_some_and(|v| is(rank, t, v)))
     };
     if second_send_is(&|_, t, v| t.received.first().is_some_and(|arrived| close(v, arrived))) {
@@ -154,7 +90,7 @@ fn diagnose(traces: &[Trace], world: usize, len: usize, finished: bool) -> Optio
     // own chunks plus that arrival; the all-gather starts from the chunk the
     // last arrival finished. A rank that adds right but then sends another
     // chunk passes on one that is not finished.
-    let adds_arrival = |rank: usize, t: &Trace, s: usize| match (t.sent.get(s), t.received.get(s - 1)) {
+    let adds_arrival = |rank: usize, t: &P2pTrace, s: usize| match (t.sent.get(s), t.received.get(s - 1)) {
         (Some(sent), Some(arrived)) => chunks.iter().any(|c| {
             let own = &input(rank, len)[c.clone()];
             own.len() == sent.len()

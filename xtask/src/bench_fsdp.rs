@@ -24,9 +24,16 @@ const SETUPS: [(&str, Precision); 3] =
 
 /// Rank 0's ledger of one setup, as `ledger` prints it.
 #[derive(Debug, Deserialize)]
-struct Ledger {
-    padded_params: u64,
-    model_state_bytes: u64,
+pub(crate) struct Ledger {
+    pub padded_params: u64,
+    pub model_state_bytes: u64,
+    /// The model states by kind: parameters in the compute dtype, f32
+    /// master weights (in fp32 runs, the parameters themselves), gradients
+    /// and the optimizer's moments.
+    pub param_bytes: u64,
+    pub master_bytes: u64,
+    pub grad_bytes: u64,
+    pub optimizer_bytes: u64,
     gathered_peak_bytes: u64,
     activation_bytes: Option<u64>,
     ring_volume_bytes: u64,
@@ -80,7 +87,7 @@ pub fn bench_fsdp(ws: &Workspace) -> Result<bool> {
     Ok(true)
 }
 
-fn measure(
+pub(crate) fn measure(
     root: &Path,
     model_size: &str,
     precision: Precision,
@@ -144,7 +151,7 @@ fn config_params(root: &Path, model_size: &str) -> Result<f64> {
 }
 
 /// The ZeRO formula's model-state bytes per rank for `psi` parameters.
-fn states(psi: f64, precision: Precision, stage: u8, world_size: usize) -> Result<f64> {
+pub(crate) fn states(psi: f64, precision: Precision, stage: u8, world_size: usize) -> Result<f64> {
     let setup = Setup {
         params: psi,
         layers: 1,
@@ -186,7 +193,7 @@ fn format_row(model_size: &str, precision: Precision, stage: u8, world_size: usi
     ))
 }
 
-fn name(precision: Precision) -> &'static str {
+pub(crate) fn name(precision: Precision) -> &'static str {
     match precision {
         Precision::Fp32 => "fp32",
         Precision::Bf16 => "bf16",

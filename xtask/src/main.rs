@@ -10,6 +10,7 @@ mod bench_phase4;
 mod commands;
 mod doctor;
 mod estimate;
+mod figures;
 mod grading;
 mod interop;
 mod lean;
@@ -106,6 +107,12 @@ enum Task {
     /// Write the lists that follow from exercises/info.toml: src/exercises.rs, the graded
     /// tests' module list and the guide's SUMMARY.md (for whoever adds an exercise).
     Update,
+    /// Draw the guide's figures (guide/src/figures/) from the runs recorded in guide/figure-data/.
+    Figures {
+        /// Record those runs again first, with the reference trainer (a few minutes).
+        #[arg(long)]
+        record: bool,
+    },
     /// Write datasets/tinystories_sample.txt again from its generator (after changing the grammar).
     SampleStories,
     /// Estimate training memory per GPU by component, for a model, precision, strategy and GPU count.
@@ -272,6 +279,7 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
         Task::Lean { exercises, off } => lean::lean(&ws, exercises.as_deref(), off),
         Task::Verify => verify::verify(&ws),
         Task::Update => registry::update(&ws).map(|()| true),
+        Task::Figures { record } => figures::figures(&ws, record),
         Task::SampleStories => stories::write_sample(&ws.root).map(|()| true),
         Task::Doctor => doctor::doctor(),
         Task::Interop => interop::interop(&ws),

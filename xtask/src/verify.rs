@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
+use crate::figures;
 use crate::grading::{
     graded_exercise, phase_check, unfinished_exercise, Bodies, Outcome, Runner, TestRun, TEST_BINARY,
 };
@@ -554,11 +555,13 @@ fn no_warnings(ws: &Workspace, builds: [(&str, Option<TestRun>); 2], tally: &mut
     }
 }
 
-/// Part 7: every path of the workbook a chapter cites exists, and the guide
+/// Part 7: every path of the workbook a chapter cites exists, every figure
+/// is what its recorded data draws and is shown by a chapter, and the guide
 /// builds, when mdbook is installed.
 fn guide_builds(ws: &Workspace, tally: &mut Tally) {
-    tally.section("Guide: cited paths exist, the book builds (mdbook build guide)");
+    tally.section("Guide: cited paths exist, figures are current and shown, the book builds (mdbook build guide)");
     cited_paths_exist(ws, tally);
+    figures_current_and_shown(ws, tally);
     match Command::new("mdbook").args(["build", "guide"]).current_dir(&ws.root).status() {
         Err(error) if error.kind() == ErrorKind::NotFound => {
             println!("  skipped: mdbook is not on PATH (`cargo install mdbook` adds this check)");
@@ -567,6 +570,26 @@ fn guide_builds(ws: &Workspace, tally: &mut Tally) {
         Ok(status) => tally.check(status.success(), || "`mdbook build guide` failed (its errors are above)".into()),
     }
     tally.end_section();
+}
+
+/// The figures check (`figures check`) passes, and a chapter links every
+/// figure in `guide/src/figures/`.
+fn figures_current_and_shown(ws: &Workspace, tally: &mut Tally) {
+    match figures::run_figures(&ws.root, "check") {
+        Ok(current) => tally.check(current, || "a figure is stale (named above): run `cargo xtask figures`".into()),
+        Err(error) => tally.check(false, || format!("cannot check the figures: {error:#}")),
+    }
+    let chapters: String = files_under(&ws.root, Path::new("guide/src"))
+        .iter()
+        .filter(|f| f.extension().is_some_and(|e| e == "md"))
+        .map(|f| ws.read(f).unwrap_or_default())
+        .collect();
+    for figure in files_under(&ws.root, Path::new(figures::FIGURES)) {
+        let name = figure.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        tally.check(chapters.contains(&format!("figures/{name})")), || {
+            format!("{} is shown by no chapter: link it as ![...](../figures/{name})", figure.display())
+        });
+    }
 }
 
 #[cfg(test)]

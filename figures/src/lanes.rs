@@ -1,0 +1,155 @@
+//! Time lanes: one row per rank, stage or thread, one bar per span, idle
+//! time shaded grey. The pipeline schedules and the FSDP timeline are drawn
+//! with it.
+
+use anyhow::Result;
+use plotters::coord::ranged1d::SegmentValue;
+use plotters::prelude::*;
+
+use crate::loss::plot_error;
+use crate::style::{FONT, IDLE, WIDTH};
+
+/// A span of work drawn as a bar, with its label inside when it fits.
+pub struct Bar {
+    pub start: f64,
+    pub end: f64,
+    pub label: String,
+    pub color: RGBColor,
+}
+
+/// A row of bars.
+pub struct Lane {
+    pub label: String,
+    pub bars: Vec<Bar>,
+}
+
+/// Lanes under one title, sharing the time axis with the figure's other panels.
+pub struct Panel {
+    pub title: String,
+    pub lanes: Vec<Lane>,
+}
+
+const LANE_PX: u32 = 30;
+const PANEL_EXTRA_PX: u32 = 74;
+/// About how wide one character of a 11 px label is.
+const CHAR_PX: f64 = 6.2;
+
+/// Draws `panels` stacked, on one time axis (`axis`, from 0 to the last end),
+/// with `legend` (label, colour) under them.
+pub fn draw(panels: &[Panel], axis: &str, legend: &[(&str, RGBColor)]) -> Result<String> {
+    let end = panels
+        .iter()
+        .flat_map(|p| p.lanes.iter().flat_map(|l| l.bars.iter().map(|b| b.end)))
+        .fold(0.0, f64::max)
+        .max(f64::MIN_POSITIVE);
+    let heights: Vec<u32> = panels.iter().map(|p| PANEL_EXTRA_PX + LANE_PX * p.lanes.len() as u32).collect();
+    let legend_px = 8 + 20 * legend_rows(legend).len() as u32;
+    let mut svg = String::new();
+    {
+        let total = heights.iter().sum::<u32>() + legend_px;
+        let root = SVGBackend::with_string(&mut svg, (WIDTH, total)).into_drawing_area();
+        root.fill(&WHITE).map_err(plot_error)?;
+        let (body, key) = root.split_vertically(total - legend_px);
+        let mut rest = body;
+        for (panel, height) in panels.iter().zip(&heights) {
+            let (area, below) = rest.split_vertically(*height);
+            draw_panel(&area, panel, end, axis)?;
+            rest = below;
+        }
+        draw_legend(&key, legend)?;
+        root.present().map_err(plot_error)?;
+    }
+    Ok(svg)
+}
+
+fn draw_panel(
+    area: &DrawingArea<SVGBackend, plotters::coord::Shift>,
+    panel: &Panel,
+    end: f64,
+    axis: &str,
+) -> Result<()> {
+    let lanes = panel.lanes.len();
+    // `(0..n).into_segmented()` has n + 1 segments: the axis below has one per lane.
+    let labels: Vec<&str> = panel.lanes.iter().map(|l| l.label.as_str()).collect();
+    let mut chart = ChartBuilder::on(area)
+        .caption(&panel.title, (FONT, 15))
+        .margin(8)
+        .x_label_area_size(40)
+        .y_label_area_size(130)
+        .build_cartesian_2d(0.0..end, (0..lanes.max(1) - 1).into_segmented())
+        .map_err(plot_error)?;
+    chart
+        .configure_mesh()
+        .disable_y_mesh()
+        .x_desc(axis)
+        .x_label_formatter(&|ms| format!("{ms:.0}"))
+        .y_label_formatter(&|v| match v {
+            SegmentValue::CenterOf(i) if *i < lanes => labels[lanes - 1 - i].to_string(),
+            _ => String::new(),
+        })
+        .label_style((FONT, 12))
+        .light_line_style(WHITE.mix(0.0))
+        .draw()
+        .map_err(plot_error)?;
+    let (px_left, px_right) =
+        (chart.plotting_area().get_pixel_range().0.start, chart.plotting_area().get_pixel_range().0.end);
+    let px_per_unit = f64::from(px_right - px_left) / end;
+    // Rows are drawn top to bottom in the order given.
+    let row = |i: usize| lanes - 1 - i;
+    for (i, lane) in panel.lanes.iter().enumerate() {
+        let (top, bottom) = (SegmentValue::Exact(row(i) + 1), SegmentValue::Exact(row(i)));
+        chart
+            .draw_series([Rectangle::new([(0.0, top.clone()), (end, bottom.clone())], IDLE.filled())])
+            .map_err(plot_error)?;
+        for bar in &lane.bars {
+            chart
+                .draw_series([
+                    Rectangle::new([(bar.start, top.clone()), (bar.end, bottom.clone())], bar.color.filled()),
+                    Rectangle::new([(bar.start, top.clone()), (bar.end, bottom.clone())], WHITE.stroke_width(1)),
+                ])
+                .map_err(plot_error)?;
+            let fits = (bar.end - bar.start) * px_per_unit > CHAR_PX * bar.label.chars().count() as f64 + 4.0;
+            if fits && !bar.label.is_empty() {
+                let middle = (bar.start + bar.end) / 2.0;
+                let style =
+                    TextStyle::from((FONT, 11).into_font()).color(&WHITE).pos(plotters::style::text_anchor::Pos::new(
+                        plotters::style::text_anchor::HPos::Center,
+                        plotters::style::text_anchor::VPos::Center,
+                    ));
+                chart
+                    .draw_series([Text::new(bar.label.clone(), (middle, SegmentValue::CenterOf(row(i))), style)])
+                    .map_err(plot_error)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn draw_legend(area: &DrawingArea<SVGBackend, plotters::coord::Shift>, legend: &[(&str, RGBColor)]) -> Result<()> {
+    for (row, entries) in legend_rows(legend).iter().enumerate() {
+        let y = 4 + 20 * row as i32;
+        for (x, (label, color)) in entries {
+            area.draw(&Rectangle::new([(*x, y), (x + 14, y + 12)], color.filled())).map_err(plot_error)?;
+            area.draw(&Text::new(label.to_string(), (x + 20, y), (FONT, 12).into_font())).map_err(plot_error)?;
+        }
+    }
+    Ok(())
+}
+
+/// The legend's entries laid out in rows that fit the figure's width, each
+/// with its left edge.
+fn legend_rows<'a>(legend: &[(&'a str, RGBColor)]) -> Vec<Vec<(i32, (&'a str, RGBColor))>> {
+    const LEFT: i32 = 140;
+    let mut rows: Vec<Vec<(i32, (&str, RGBColor))>> = vec![vec![]];
+    let mut x = LEFT;
+    for &(label, color) in legend {
+        let width = 34 + (CHAR_PX * label.chars().count() as f64) as i32;
+        if x + width > WIDTH as i32 && x > LEFT {
+            rows.push(vec![]);
+            x = LEFT;
+        }
+        rows.last_mut().expect("one row at least").push((x, (label, color)));
+        x += width;
+    }
+    rows
+}

@@ -1,0 +1,207 @@
+//! `cargo xtask figures`: the guide's figures. Each is drawn by the
+//! `figures` program from data recorded from the workbook's own runs and
+//! committed in `guide/figure-data/`; `--record` runs those again first (the
+//! reference trainer, a few minutes), and `verify` checks that every figure
+//! in `guide/src/figures/` is what its data draws.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+use crate::bench_fsdp::{measure, states};
+use crate::estimate::{Precision, Strategy};
+use crate::workspace::Workspace;
+
+pub const DATA: &str = "guide/figure-data";
+pub const FIGURES: &str = "guide/src/figures";
+
+/// Draws every figure from the committed data; with `record`, records the data first.
+pub fn figures(ws: &Workspace, record: bool) -> Result<bool> {
+    if record {
+        record_all(&ws.root)?;
+    }
+    run_figures(&ws.root, "draw")
+}
+
+/// Runs the `figures` program: `draw` writes the figures, `check` says
+/// which are stale and fails if any is.
+pub fn run_figures(root: &Path, command: &str) -> Result<bool> {
+    let status = cargo(root)
+        .args(["run", "--quiet", "--package", "figures", "--", command, DATA, FIGURES])
+        .status()
+        .context("cannot run cargo")?;
+    Ok(status.success())
+}
+
+fn cargo(root: &Path) -> Command {
+    let mut command = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    command.current_dir(root);
+    command
+}
+
+/// One recorded run: the trainer's arguments and the file of its
+/// checkpoint directory that becomes the figure's data.
+struct TrainRun {
+    data: &'static str,
+    args: &'static [&'static str],
+    keep: &'static str,
+}
+
+const TRAIN_RUNS: [TrainRun; 5] = [
+    TrainRun {
+        data: "loss-curve.metrics.jsonl",
+        args: &["--max-steps", "600", "--checkpoint-every", "600"],
+        keep: "metrics.jsonl",
+    },
+    TrainRun {
+        data: "gpipe.trace.json",
+        args: &[
+            "--pp",
+            "4",
+            "--nproc",
+            "4",
+            "--pipeline-schedule",
+            "gpipe",
+            "--grad-accum",
+            "8",
+            "--max-steps",
+            "2",
+            "--trace",
+        ],
+        keep: "trace.json",
+    },
+    TrainRun {
+        data: "1f1b.trace.json",
+        args: &[
+            "--pp",
+            "4",
+            "--nproc",
+            "4",
+            "--pipeline-schedule",
+            "1f1b",
+            "--grad-accum",
+            "8",
+            "--max-steps",
+            "2",
+            "--trace",
+        ],
+        keep: "trace.json",
+    },
+    TrainRun {
+        data: "fsdp.trace.json",
+        args: &["--strategy", "fsdp", "--nproc", "2", "--max-steps", "2", "--trace"],
+        keep: "trace.json",
+    },
+    TrainRun {
+        data: "ddp-overlap.trace.json",
+        args: &["--nproc", "2", "--ddp-overlap", "--bucket-cap-mb", "0.5", "--max-steps", "2", "--trace"],
+        keep: "trace.json",
+    },
+];
+
+/// The ZeRO figure's setup: GPT-2 124M's shape in fp32, on 1, 2 and 4 ranks.
+const ZERO_MODEL: &str = "small";
+const ZERO_WORLD_SIZES: [usize; 3] = [1, 2, 4];
+
+fn record_all(root: &Path) -> Result<()> {
+    let data = root.join(DATA);
+    std::fs::create_dir_all(&data).with_context(|| format!("cannot create {}", data.display()))?;
+    let scratch = std::env::temp_dir().join(format!("workbook-figures-{}", std::process::id()));
+    for run in &TRAIN_RUNS {
+        println!("recording {} (train {})", run.data, run.args.join(" "));
+        let out = scratch.join(run.data);
+        let status = cargo(root)
+            .args([
+                "run",
+                "--quiet",
+                "--release",
+                "--package",
+                "trainer",
+                "--features",
+                "solutions",
+                "--bin",
+                "train",
+                "--",
+            ])
+            .args(run.args)
+            .arg("--checkpoint-dir")
+            .arg(&out)
+            .status()
+            .context("cannot run cargo")?;
+        if !status.success() {
+            bail!("recording {} failed", run.data);
+        }
+        copy(&out.join(run.keep), &data.join(run.data))?;
+    }
+    println!("recording ring.json (record_ring)");
+    let output = cargo(root)
+        .args([
+            "run",
+            "--quiet",
+            "--release",
+            "--package",
+            "trainer",
+            "--features",
+            "solutions",
+            "--bin",
+            "record_ring",
+        ])
+        .output()
+        .context("cannot run cargo")?;
+    if !output.status.success() {
+        bail!("record_ring failed:\n{}", String::from_utf8_lossy(&output.stderr));
+    }
+    std::fs::write(data.join("ring.json"), &output.stdout)?;
+    record_zero_memory(root, &data.join("zero-memory.jsonl"))?;
+    record_mlp_shape(root, &data.join("megatron-mlp.json"))?;
+    std::fs::remove_dir_all(&scratch).ok();
+    Ok(())
+}
+
+fn copy(from: &Path, to: &PathBuf) -> Result<()> {
+    std::fs::copy(from, to).with_context(|| format!("cannot copy {} to {}", from.display(), to.display()))?;
+    Ok(())
+}
+
+/// Each ZeRO stage's model states per rank, measured by the FSDP ledger,
+/// beside the ZeRO paper's formula for the same padded parameter count.
+fn record_zero_memory(root: &Path, path: &Path) -> Result<()> {
+    let mut lines = String::new();
+    for (stage, strategy) in Strategy::ALL.iter().enumerate() {
+        for world_size in ZERO_WORLD_SIZES {
+            println!("recording zero-memory.jsonl: {strategy} on {world_size} rank(s)");
+            let stage = stage as u8;
+            let Some(ledger) = measure(root, ZERO_MODEL, Precision::Fp32, stage, world_size, None)? else {
+                bail!("the ledger of {strategy} on {world_size} rank(s) was skipped");
+            };
+            let formula = states(ledger.padded_params as f64, Precision::Fp32, stage, world_size)?;
+            let line = serde_json::json!({
+                "strategy": strategy.to_string(),
+                "world_size": world_size,
+                "params": ledger.padded_params,
+                "parameter_bytes": ledger.param_bytes + ledger.master_bytes,
+                "gradient_bytes": ledger.grad_bytes,
+                "optimizer_bytes": ledger.optimizer_bytes,
+                "model_state_bytes": ledger.model_state_bytes,
+                "formula_bytes": formula,
+            });
+            lines.push_str(&format!("{line}\n"));
+        }
+    }
+    std::fs::write(path, lines).with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// The tiny config's MLP shape, split over 2 tensor-parallel ranks: the
+/// Megatron figure is drawn from shapes, not from a run.
+fn record_mlp_shape(root: &Path, path: &Path) -> Result<()> {
+    let config = root.join("configs/tiny.toml");
+    let text = std::fs::read_to_string(&config).with_context(|| format!("cannot read {}", config.display()))?;
+    let table: toml::Table = text.parse().with_context(|| format!("{} is not TOML", config.display()))?;
+    let size = |key: &str| table.get("model").and_then(|m| m.get(key)).and_then(toml::Value::as_integer);
+    let (Some(hidden), Some(intermediate)) = (size("hidden_size"), size("intermediate_size")) else {
+        bail!("{} has no [model] hidden_size and intermediate_size", config.display());
+    };
+    let shape = serde_json::json!({ "hidden": hidden, "intermediate": intermediate, "tp": 2 });
+    std::fs::write(path, format!("{shape}\n")).with_context(|| format!("cannot write {}", path.display()))
+}
