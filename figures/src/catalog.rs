@@ -66,7 +66,7 @@ fn loss_curve(data: &Path) -> Result<String> {
             eval_loss: record["eval_loss"].as_f64(),
         });
     }
-    loss::draw("tiny model on the bundled stories: loss and learning rate", &points)
+    loss::draw("tiny model on the bundled stories: loss, held-out loss and learning rate", &points)
 }
 
 fn pipeline_schedules(data: &Path) -> Result<String> {

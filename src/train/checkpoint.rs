@@ -69,6 +69,10 @@ pub struct TrainerState {
 pub struct DataPosition {
     pub config: DataConfig,
     pub sampler: SamplerState,
+    /// Windows at the end of the data held out for evaluation, never
+    /// trained on: a resumed run must hold out as many.
+    #[serde(default)]
+    pub held_out: usize,
 }
 
 /// A checkpoint in memory.

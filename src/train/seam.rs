@@ -58,6 +58,10 @@ pub trait Train {
     fn comm_stats(&self) -> CommStats {
         self.mesh().map_or_else(|| self.process_group().stats(), DeviceMesh::stats)
     }
+    /// The mean next-token loss of `tokens` (B, T) under the current
+    /// parameters, with no gradient kept and nothing changed: the held-out
+    /// evaluation. Every rank of a replica calls it with the same batch.
+    fn eval_loss(&mut self, tokens: &Tensor) -> Result<f64>;
     /// How the trainer splits the work across ranks, in words.
     fn layout(&self) -> String;
     /// What the run should print at its end about how it used memory and the network.

@@ -88,6 +88,12 @@ impl Train for Trainer {
     fn process_group(&self) -> &dyn ProcessGroup {
         self.ddp.process_group()
     }
+    fn eval_loss(&mut self, tokens: &Tensor) -> Result<f64> {
+        let Some(loss) = self.model.forward(tokens, Some(tokens))?.loss else {
+            bail!("Gpt::forward with labels returned no loss");
+        };
+        Ok(loss.to_scalar::<f32>()? as f64)
+    }
     fn layout(&self) -> String {
         let overlap = if self.ddp.overlaps() { ", buckets all-reduced during backward" } else { "" };
         format!("DDP over {} ranks{overlap}", self.ddp.world_size())

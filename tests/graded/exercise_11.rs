@@ -48,6 +48,7 @@ fn round_trip_restores_every_piece_of_state() {
     let position = DataPosition {
         config: DataConfig { kind: DatasetKind::Dummy, path: None, tokenizer: Tokenizer::Bytes, seq_len: 8, seed: 3 },
         sampler: SamplerState::at(2, 7, 3),
+        held_out: 5,
     };
     ok(trained.save_checkpoint(&dir, Some(position.clone())), "save_checkpoint");
 

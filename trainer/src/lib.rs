@@ -7,6 +7,7 @@
 pub mod checkpoints;
 pub mod compute;
 pub mod config;
+pub mod eval;
 pub mod generate;
 pub mod launching;
 pub mod metrics;

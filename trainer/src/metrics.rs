@@ -5,6 +5,7 @@ use std::io::{BufWriter, Write};
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
+use figures::loss::StepPoint;
 use serde::{Deserialize, Serialize};
 
 /// What one optimizer step measured. A value that is not finite (a skipped
@@ -25,6 +26,9 @@ pub struct StepRecord {
     pub tokens_per_s: f64,
     #[serde(with = "any_float")]
     pub elapsed_s: f64,
+    /// The loss on the held-out windows, at the steps that measured it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_loss: Option<f64>,
 }
 
 /// An f64 as a JSON number when finite, else as a word.
@@ -122,47 +126,9 @@ pub fn truncate_after(path: &Path, step: usize) -> Result<()> {
     std::fs::rename(&staging, path).with_context(|| format!("cannot replace {}", path.display()))
 }
 
-/// Draws loss against step as a standalone SVG picture.
-pub fn loss_curve_svg(records: &[StepRecord]) -> String {
-    let (w, h, pad) = (640.0, 360.0, 48.0);
-    let points: Vec<(f64, f64)> =
-        records.iter().filter(|r| r.loss.is_finite()).map(|r| (r.step as f64, r.loss)).collect();
-    let mut svg = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
-         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
-         <text x=\"{}\" y=\"20\" text-anchor=\"middle\">training loss</text>\n",
-        w / 2.0
-    );
-    if points.len() >= 2 {
-        let (x0, x1) = (points[0].0, points[points.len() - 1].0);
-        let lo = points.iter().map(|p| p.1).fold(f64::INFINITY, f64::min);
-        let hi = points.iter().map(|p| p.1).fold(f64::NEG_INFINITY, f64::max);
-        let sx = |x: f64| pad + (x - x0) / (x1 - x0).max(1.0) * (w - 2.0 * pad);
-        let sy = |y: f64| h - pad - (y - lo) / (hi - lo).max(1e-9) * (h - 2.0 * pad);
-        let path: Vec<String> = points.iter().map(|&(x, y)| format!("{:.1},{:.1}", sx(x), sy(y))).collect();
-        svg.push_str(&format!(
-            "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.5\" points=\"{}\"/>\n",
-            path.join(" ")
-        ));
-        svg.push_str(&format!(
-            "<line x1=\"{pad}\" y1=\"{b}\" x2=\"{r}\" y2=\"{b}\" stroke=\"black\"/>\n<line x1=\"{pad}\" y1=\"{pad}\" x2=\"{pad}\" y2=\"{b}\" stroke=\"black\"/>\n",
-            b = h - pad,
-            r = w - pad
-        ));
-        for (value, y) in [(hi, sy(hi)), (lo, sy(lo))] {
-            svg.push_str(&format!(
-                "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{value:.2}</text>\n",
-                pad - 4.0,
-                y + 4.0
-            ));
-        }
-        for (value, x) in [(x0, sx(x0)), (x1, sx(x1))] {
-            svg.push_str(&format!(
-                "<text x=\"{x:.1}\" y=\"{}\" text-anchor=\"middle\">step {value}</text>\n",
-                h - pad + 16.0
-            ));
-        }
-    }
-    svg.push_str("</svg>\n");
-    svg
+/// Draws loss and learning rate against step as a standalone SVG picture.
+pub fn loss_curve_svg(records: &[StepRecord]) -> Result<String> {
+    let points: Vec<StepPoint> =
+        records.iter().map(|r| StepPoint { step: r.step, loss: r.loss, lr: r.lr, eval_loss: r.eval_loss }).collect();
+    figures::loss::draw("training loss and learning rate", &points)
 }

@@ -22,6 +22,7 @@ use workbook::{init_params, ParamStore};
 use crate::checkpoints;
 use crate::compute::{self, Backend, DeviceKind};
 use crate::config::{workbook_root, RunConfig};
+use crate::eval::{evaluate, HeldOut};
 use crate::metrics::{self, loss_curve_svg, read_log, MetricsLog, StepRecord};
 use crate::model_dir::ModelDir;
 use crate::strategy::Strategy;
@@ -64,6 +65,9 @@ pub struct RunOptions {
     pub trace: bool,
     /// Print a line every this many steps when no progress bar is shown.
     pub log_every: usize,
+    /// Hold out the end of the data and measure the loss on it every this
+    /// many steps (and before the first and after the last).
+    pub eval_every: Option<usize>,
     /// Run over NCCL what has never run there with two GPUs or more: a
     /// mesh's subgroups (pipelines, tensor parallelism) and exercise 16's ring.
     pub unverified_nccl: bool,
@@ -86,6 +90,9 @@ pub struct Summary {
     pub sent_bytes_per_step: f64,
     /// MiB in use on this rank's GPU at the end, and the GPU's total.
     pub gpu_memory_mib: Option<(f64, f64)>,
+    /// The held-out loss before this run's first step and after its last
+    /// (with `eval_every`).
+    pub eval_loss: Option<(f64, f64)>,
 }
 
 /// Trains as `options` says: as one rank of a job when this process was
@@ -257,13 +264,25 @@ fn drive(
         }
     }
     let config = &options.config;
-    let mut sampler = DistributedSampler::new(dataset.num_windows(), data_ranks, data_rank, options.seed)?;
+    let held_out =
+        options.eval_every.map(|_| HeldOut::of(dataset.num_windows(), data_ranks, config.batch_size)).transpose()?;
+    let train_windows = held_out.as_ref().map_or(dataset.num_windows(), HeldOut::train_windows);
+    let mut sampler = DistributedSampler::new(train_windows, data_ranks, data_rank, options.seed)?;
     if let Some(resume) = &options.resume {
         let dir = checkpoints::resolve(resume)?;
         let position = trainer.load_checkpoint(&dir).map_err(|e| anyhow!("resuming from {}: {e}", dir.display()))?;
         if let Some(position) = position {
             if resolved(&position.config)? != resolved(&options.data)? {
                 bail!("{} was trained on {:?}; resume it with the same data options", dir.display(), position.config);
+            }
+            let holds_out = held_out.as_ref().map_or(0, HeldOut::len);
+            if position.held_out != holds_out {
+                bail!(
+                    "{} was trained with {} windows held out for evaluation, this run holds out {holds_out}: \
+                     resume with --eval-every given or left out as before",
+                    dir.display(),
+                    position.held_out
+                );
             }
             sampler.restore(position.sampler)?;
         }
@@ -290,6 +309,16 @@ fn drive(
     let start = Instant::now();
     let (mut first, mut last, mut loss_ema) = (None, None, None::<f64>);
     let (mut sent_bytes, mut steps_trained) = (0u64, 0usize);
+    let eval = |trainer: &mut _| -> Result<Option<f64>> {
+        let Some(held_out) = &held_out else { return Ok(None) };
+        let loss = evaluate(trainer, dataset, held_out, per_rank_batch, device)?;
+        Ok(Some(loss))
+    };
+    let first_eval = eval(&mut trainer)?;
+    if let (true, Some(loss)) = (is_logger, first_eval) {
+        say(&bar, eval_line(trainer.counters().step, loss));
+    }
+    let mut last_eval = first_eval;
     while trainer.counters().step < config.max_steps {
         faults::step_begins(rank, trainer.counters().step + 1)?;
         let step_start = Instant::now();
@@ -307,13 +336,18 @@ fn drive(
         let loss = all_reduce_scalar(trainer.process_group(), stats.loss, ReduceOp::Avg, device)?;
         let counters = trainer.counters();
         let step = counters.step;
+        let tokens_per_s = tokens_per_step as f64 / step_start.elapsed().as_secs_f64();
+        let due = options.eval_every.is_some_and(|every| step.is_multiple_of(every) || step == config.max_steps);
+        let eval_loss = if due { eval(&mut trainer)? } else { None };
+        last_eval = eval_loss.or(last_eval);
         let record = StepRecord {
             step,
             loss,
             lr: stats.lr,
             grad_norm: stats.grad_norm,
-            tokens_per_s: tokens_per_step as f64 / step_start.elapsed().as_secs_f64(),
+            tokens_per_s,
             elapsed_s: start.elapsed().as_secs_f64(),
+            eval_loss,
         };
         if is_logger {
             report_anomalies(&bar, &record, &stats, counters.skipped_steps > skipped_before, &mut loss_ema);
@@ -322,6 +356,9 @@ fn drive(
             }
             bar.set_position(step as u64);
             bar.set_message(format!("loss {:.4}  lr {:.2e}  {:.0} tok/s", record.loss, record.lr, record.tokens_per_s));
+            if let Some(loss) = eval_loss {
+                say(&bar, eval_line(step, loss));
+            }
             if bar.is_hidden() && (step.is_multiple_of(options.log_every) || step == config.max_steps) {
                 println!(
                     "step {:>6}  loss {:.4}  lr {:.2e}  grad norm {:.3}  {:.0} tok/s",
@@ -333,7 +370,7 @@ fn drive(
         last = Some(record);
         let at_end = step == config.max_steps;
         if at_end || step.is_multiple_of(options.checkpoint_every) {
-            save(&trainer, options, &sampler)?;
+            save(&trainer, options, &sampler, held_out.as_ref().map_or(0, HeldOut::len))?;
         }
     }
     bar.finish_and_clear();
@@ -342,7 +379,7 @@ fn drive(
     }
     if is_logger {
         let records = read_log(&options.out_dir.join("metrics.jsonl"))?;
-        std::fs::write(options.out_dir.join("loss.svg"), loss_curve_svg(&records))?;
+        std::fs::write(options.out_dir.join("loss.svg"), loss_curve_svg(&records)?)?;
         if let Some(report) = trainer.report() {
             println!("{report}");
         }
@@ -356,14 +393,20 @@ fn drive(
         num_params,
         sent_bytes_per_step: sent_bytes as f64 / steps_trained.max(1) as f64,
         gpu_memory_mib: compute::gpu_memory_mib(device),
+        eval_loss: first_eval.zip(last_eval),
     })
+}
+
+/// What an evaluation prints: the held-out loss and its perplexity.
+fn eval_line(step: usize, loss: f64) -> String {
+    format!("eval at step {step}: held-out loss {loss:.4}, perplexity {:.2}", loss.exp())
 }
 
 /// Writes this step's checkpoint. Every rank says it is busy meanwhile: a
 /// write slower than the collective timeout is not a stuck rank.
-fn save(trainer: &impl Train, options: &RunOptions, sampler: &DistributedSampler) -> Result<()> {
+fn save(trainer: &impl Train, options: &RunOptions, sampler: &DistributedSampler, held_out: usize) -> Result<()> {
     let dir = checkpoints::step_dir(&options.out_dir, trainer.counters().step);
-    let position = DataPosition { config: options.data.clone(), sampler: sampler.state() };
+    let position = DataPosition { config: options.data.clone(), sampler: sampler.state(), held_out };
     let pg = trainer.process_group();
     let _span = timeline::span("io", format!("save {}", dir.display()));
     while_busy(pg, &format!("saving {}", dir.display()), || {
@@ -607,6 +650,7 @@ mod tests {
             unverified_nccl,
             trace: false,
             log_every: 1,
+            eval_every: None,
             timeout: Duration::from_secs(1),
         }
     }

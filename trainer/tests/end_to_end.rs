@@ -51,6 +51,7 @@ fn options(out_dir: PathBuf, max_steps: usize, nproc: usize) -> RunOptions {
         bucket_bytes: workbook::parallel::ddp::DEFAULT_BUCKET_BYTES,
         unverified_nccl: false,
         trace: false,
+        eval_every: None,
         log_every: 10,
         timeout: workbook::distributed::DEFAULT_TIMEOUT,
     }
@@ -78,6 +79,28 @@ fn a_run_calls_the_exercises_its_flags_choose() {
     let mut pipeline = options(PathBuf::from("unused"), 1, 2);
     pipeline.strategy = Strategy::Pipeline { schedule: PipelineSchedule::OneFOneB, stages: 2 };
     assert_eq!(called(&pipeline), [1, 2, 3, 4, 5, 6, 7, 8, 9, 24, 25]);
+}
+
+/// With an evaluation every 10 steps the last windows are held out: the
+/// loss on them falls, metrics.jsonl records it at the steps that measured
+/// it, and a resume that would hold out another tail is refused.
+#[test]
+fn held_out_loss_falls_and_a_resume_keeps_the_split() {
+    let dir = scratch("held-out");
+    let mut run = options(dir.clone(), 20, 1);
+    run.eval_every = Some(10);
+    let (before, after) = train(&run).unwrap().eval_loss.expect("an evaluation before and after");
+    assert!(
+        after < before - 1.0,
+        "20 steps should cut the held-out loss by more than 1 nat: {before:.3} -> {after:.3}"
+    );
+    let records = trainer::metrics::read_log(&dir.join("metrics.jsonl")).unwrap();
+    let evaluated: Vec<usize> = records.iter().filter(|r| r.eval_loss.is_some()).map(|r| r.step).collect();
+    assert_eq!(evaluated, [10, 20], "evaluated every 10 steps");
+    let mut without = options(dir.clone(), 25, 1);
+    without.resume = Some(dir.clone());
+    let error = train(&without).unwrap_err().to_string();
+    assert!(error.contains("held out for evaluation"), "{error}");
 }
 
 #[test]

@@ -130,7 +130,7 @@ fn every_checkpoint_is_a_hugging_face_directory_of_the_same_model() {
     let params = init_params(&config, 5, &Device::Cpu).unwrap();
     let tensors: HashMap<String, Tensor> = params.iter().map(|(n, v)| (n.to_string(), v.as_tensor().clone())).collect();
     let data = DataConfig { kind: DatasetKind::Dummy, path: None, tokenizer: Tokenizer::Bytes, seq_len: 8, seed: 1 };
-    let position = DataPosition { config: data, sampler: SamplerState::default() };
+    let position = DataPosition { config: data, sampler: SamplerState::default(), held_out: 0 };
     let state = TrainerState::new(3, 3, config.clone(), train_config(), Some(position));
     let dir = scratch("checkpoint").join("step_000003");
     Checkpoint { params: tensors.clone(), optimizer: HashMap::new(), state }.write(&dir).unwrap();

@@ -51,7 +51,7 @@ struct TrainRun {
 const TRAIN_RUNS: [TrainRun; 5] = [
     TrainRun {
         data: "loss-curve.metrics.jsonl",
-        args: &["--max-steps", "600", "--checkpoint-every", "600"],
+        args: &["--max-steps", "600", "--checkpoint-every", "600", "--eval-every", "50"],
         keep: "metrics.jsonl",
     },
     TrainRun {

@@ -253,6 +253,17 @@ impl FsdpTrainer {
     fn micro_batch(&mut self, batch: &Tensor, k: usize, memory: &mut MemoryLedger) -> Result<f64> {
         let recompute = self.recomputes_blocks();
         let loss_scale = self.scaler.map_or(1.0, |s| s.scale);
+        self.with_step(k, memory, |step| forward_and_backward(step, batch, recompute, loss_scale))
+    }
+
+    /// Runs `work` with this trainer's units lent to the blocks' hooks, as a
+    /// step of `k` micro-batches whose memory `memory` records.
+    fn with_step<R>(
+        &mut self,
+        k: usize,
+        memory: &mut MemoryLedger,
+        work: impl FnOnce(&Step<'_>) -> Result<R>,
+    ) -> Result<R> {
         let step = Step {
             units: RefCell::new(&mut self.units),
             pg: self.groups.shard(),
@@ -264,7 +275,7 @@ impl FsdpTrainer {
             memory: RefCell::new(memory),
             gathered: Gathered::default(),
         };
-        step::within(&step, || forward_and_backward(&step, batch, recompute, loss_scale))
+        step::within(&step, || work(&step))
     }
 
     /// The L2 norm of the whole model's gradient, from every rank's local part.
@@ -285,15 +296,7 @@ impl FsdpTrainer {
 /// hooks. Units whose forward kept its graph are still gathered after the
 /// backward; their gradients are reduced then, last block first, the root last.
 fn forward_and_backward(step: &Step<'_>, batch: &Tensor, recompute: bool, loss_scale: f64) -> Result<f64> {
-    let root = step.gather(0)?;
-    let model = {
-        let units = step.units.borrow();
-        let outer = Outer::new(step.model_config, &FlatView { flat: root.as_tensor(), layout: &units[0].layout })?;
-        let blocks =
-            (0..step.model_config.num_layers).map(|layer| Block::on_demand(Arc::new(ShardedBlock { layer }))).collect();
-        Gpt::assemble(step.model_config, outer, blocks)?.with_activation_checkpointing(recompute)
-    };
-    drop(root);
+    let model = assemble(step, recompute)?;
     // Activations: what the forward leaves allocated for its backward, less the
     // gathered buffers its kept graph holds (the ledger counts those apart).
     let gathered_before = step.gathered_bytes();
@@ -324,6 +327,33 @@ fn forward_and_backward(step: &Step<'_>, batch: &Tensor, recompute: bool, loss_s
     Ok(loss_value)
 }
 
+/// The model of one step: the root unit gathered for the embedding, final
+/// norm and head, the blocks gathering their units through their own hooks.
+fn assemble(step: &Step<'_>, recompute: bool) -> Result<Gpt> {
+    let root = step.gather(0)?;
+    let units = step.units.borrow();
+    let outer = Outer::new(step.model_config, &FlatView { flat: root.as_tensor(), layout: &units[0].layout })?;
+    let blocks =
+        (0..step.model_config.num_layers).map(|layer| Block::on_demand(Arc::new(ShardedBlock { layer }))).collect();
+    Ok(Gpt::assemble(step.model_config, outer, blocks)?.with_activation_checkpointing(recompute))
+}
+
+/// The loss of `batch` with no backward; every unit the forward gathered is
+/// released again.
+fn forward_only(step: &Step<'_>, batch: &Tensor, recompute: bool) -> Result<f64> {
+    let model = assemble(step, recompute)?;
+    let pass = model.forward(batch, Some(batch))?;
+    let loss = pass.loss.as_ref().map(|loss| loss.to_scalar::<f32>()).transpose()?;
+    drop((pass, model));
+    for unit in step.still_gathered() {
+        step.release(unit);
+    }
+    match loss {
+        Some(loss) => Ok(loss as f64),
+        None => bail!("Gpt::forward with labels returned no loss"),
+    }
+}
+
 /// The loop's view of the sharded trainer: its checkpoints are exercise 15.
 impl Train for FsdpTrainer {
     fn train_step(&mut self, micro_batches: &[Tensor]) -> Result<StepStats> {
@@ -338,6 +368,10 @@ impl Train for FsdpTrainer {
     }
     fn load_checkpoint(&mut self, dir: &Path) -> Result<Option<DataPosition>> {
         FsdpTrainer::load_checkpoint(self, dir)
+    }
+    fn eval_loss(&mut self, tokens: &Tensor) -> Result<f64> {
+        let recompute = self.recomputes_blocks();
+        self.with_step(1, &mut MemoryLedger::default(), |step| forward_only(step, tokens, recompute))
     }
     fn counters(&self) -> StepCounters {
         self.counters

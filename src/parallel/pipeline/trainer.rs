@@ -180,6 +180,24 @@ impl Train for PipelineTrainer {
         Ok(checkpoint.state.data)
     }
 
+    /// The stages in turn, each forward once: the last stage's loss goes to all.
+    fn eval_loss(&mut self, tokens: &Tensor) -> Result<f64> {
+        let pg = self.mesh.pp();
+        let (rank, last) = (pg.rank(), pg.world_size() - 1);
+        let input = match self.stage.is_first() {
+            true => tokens.clone(),
+            false => pg.recv(&self.stage.activation_like(tokens)?, rank - 1)?,
+        };
+        let output = self.stage.forward(&input, tokens)?;
+        let loss = match self.stage.is_last() {
+            true => output.to_dtype(DType::F32)?.reshape(1)?,
+            false => {
+                pg.send(&output, rank + 1)?;
+                Tensor::zeros(1, DType::F32, &self.device)?
+            }
+        };
+        Ok(pg.broadcast(&loss, last)?.to_vec1::<f32>()?[0] as f64)
+    }
     fn counters(&self) -> StepCounters {
         StepCounters::of(self.step, &self.optimizer)
     }

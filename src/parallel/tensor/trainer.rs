@@ -124,12 +124,7 @@ impl TensorParallelTrainer {
     fn micro_batch(&self, tokens: &Tensor, grads: &mut Gradients) -> Result<f64> {
         let tp = self.mesh.tp();
         let embedded = self.outer.embed_tokens.forward(tokens)?;
-        let mut inputs = Vec::with_capacity(self.blocks.len());
-        let mut h = embedded.detach();
-        for block in &self.blocks {
-            let output = tensor_parallel_step(tp, block, &h, &h.zeros_like()?)?.output;
-            inputs.push(std::mem::replace(&mut h, output));
-        }
+        let (inputs, h) = self.through_blocks(&embedded)?;
         let top = Var::from_tensor(&h.detach())?;
         let logits = self.outer.lm_head.forward(&self.outer.norm.forward(top.as_tensor())?)?;
         let loss = next_token_loss(&logits, tokens)?;
@@ -143,6 +138,19 @@ impl TensorParallelTrainer {
         }
         grads.accumulate(&Gradients::from_store(&self.root, &vjp(&embedded, &grad)?)?)?;
         Ok(loss.to_scalar::<f32>()? as f64)
+    }
+
+    /// `embedded` (B, T, C) through every block, split over the group: each
+    /// block's input, and the last block's output.
+    fn through_blocks(&self, embedded: &Tensor) -> Result<(Vec<Tensor>, Tensor)> {
+        let tp = self.mesh.tp();
+        let mut inputs = Vec::with_capacity(self.blocks.len());
+        let mut h = embedded.detach();
+        for block in &self.blocks {
+            let output = tensor_parallel_step(tp, block, &h, &h.zeros_like()?)?.output;
+            inputs.push(std::mem::replace(&mut h, output));
+        }
+        Ok((inputs, h))
     }
 
     /// The whole of `t`, this rank's part of parameter `name` (or of a
@@ -263,6 +271,11 @@ impl Train for TensorParallelTrainer {
         Ok(checkpoint.state.data)
     }
 
+    fn eval_loss(&mut self, tokens: &Tensor) -> Result<f64> {
+        let (_, top) = self.through_blocks(&self.outer.embed_tokens.forward(tokens)?)?;
+        let logits = self.outer.lm_head.forward(&self.outer.norm.forward(&top)?)?;
+        Ok(next_token_loss(&logits, tokens)?.to_scalar::<f32>()? as f64)
+    }
     fn counters(&self) -> StepCounters {
         StepCounters::of(self.step, &self.optimizer)
     }

@@ -155,6 +155,7 @@ fn run(args: Args) -> Result<()> {
         bucket_bytes: args.bucket_bytes,
         unverified_nccl: false,
         trace: false,
+        eval_every: None,
         log_every: usize::MAX,
         timeout: DEFAULT_TIMEOUT,
     };

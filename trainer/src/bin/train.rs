@@ -156,6 +156,11 @@ struct Args {
     /// Without a terminal, print a line every this many steps.
     #[arg(long, default_value_t = 10)]
     log_every: usize,
+    /// Hold out the last 1% of the data (never trained on) and print the
+    /// loss and perplexity on it before the first step, every N steps and
+    /// after the last; metrics.jsonl and loss.svg show it too.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    eval_every: Option<u64>,
 }
 
 /// Counts each rank's heap bytes, so the FSDP ledger can measure activations.
@@ -277,6 +282,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         unverified_nccl: args.unverified_nccl,
         trace: args.trace,
         log_every: args.log_every.max(1),
+        eval_every: args.eval_every.map(|n| n as usize),
         timeout: args.launch.config().timeout(),
     };
     trainer::needs::check_finished(&options)?;
@@ -314,6 +320,9 @@ fn run(args: Args) -> anyhow::Result<()> {
             last.step,
             last.tokens_per_s
         );
+    }
+    if let Some((before, after)) = summary.eval_loss {
+        println!("held-out loss {before:.3} -> {after:.3} (perplexity {:.2} -> {:.2})", before.exp(), after.exp());
     }
     if summary.skipped_updates > 0 {
         println!("{} update(s) skipped for non-finite gradients", summary.skipped_updates);
