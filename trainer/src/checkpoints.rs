@@ -7,8 +7,11 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use workbook::train::Checkpoint;
 
+use crate::metrics::METRICS_FILE;
+use crate::tensorboard::EVENTS_FILE;
+
 /// What a run writes into its directory besides checkpoints.
-const RUN_FILES: [&str; 2] = ["metrics.jsonl", "loss.svg"];
+const RUN_FILES: [&str; 3] = [METRICS_FILE, "loss.svg", EVENTS_FILE];
 /// The file a run holds an advisory lock on.
 const LOCK_FILE: &str = ".lock";
 

@@ -15,6 +15,7 @@ pub mod model_dir;
 pub mod needs;
 pub mod run;
 pub mod strategy;
+pub mod tensorboard;
 
 /// The `main` of each program: runs `run`, and turns an error into one line
 /// on stderr and a failing exit code instead of a panic.

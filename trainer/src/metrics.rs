@@ -6,6 +6,8 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use figures::loss::StepPoint;
+
+use crate::tensorboard::{EventWriter, EVENTS_FILE};
 use serde::{Deserialize, Serialize};
 
 /// What one optimizer step measured. A value that is not finite (a skipped
@@ -64,27 +66,55 @@ mod any_float {
     }
 }
 
-/// Appends step records to `metrics.jsonl`.
+/// The step records' file in a run's directory.
+pub const METRICS_FILE: &str = "metrics.jsonl";
+
+/// Appends step records to `metrics.jsonl`, and their scalars to
+/// TensorBoard's event file beside it.
 pub struct MetricsLog {
     out: BufWriter<File>,
+    events: EventWriter,
 }
 
 impl MetricsLog {
-    pub fn append_to(path: &Path) -> Result<Self> {
+    /// The log of the run in `dir`: `metrics.jsonl` appended to, and the
+    /// event file written afresh from what `metrics.jsonl` already holds (the
+    /// kept steps of a resumed run).
+    pub fn open(dir: &Path) -> Result<Self> {
+        let path = dir.join(METRICS_FILE);
+        let history = if path.exists() { read_log(&path)? } else { vec![] };
+        let mut events = EventWriter::create(&dir.join(EVENTS_FILE))?;
+        for record in &history {
+            events.scalars(record.step, &scalars(record))?;
+        }
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(path)
+            .open(&path)
             .with_context(|| format!("cannot open {}", path.display()))?;
-        Ok(Self { out: BufWriter::new(file) })
+        Ok(Self { out: BufWriter::new(file), events })
     }
 
     pub fn record(&mut self, record: &StepRecord) -> Result<()> {
         serde_json::to_writer(&mut self.out, record)?;
         self.out.write_all(b"\n")?;
         self.out.flush()?;
-        Ok(())
+        self.events.scalars(record.step, &scalars(record))
     }
+}
+
+/// What TensorBoard plots of a step, by tag.
+fn scalars(record: &StepRecord) -> Vec<(&'static str, f64)> {
+    let mut scalars = vec![
+        ("train/loss", record.loss),
+        ("train/learning_rate", record.lr),
+        ("train/grad_norm", record.grad_norm),
+        ("train/tokens_per_s", record.tokens_per_s),
+    ];
+    if let Some(loss) = record.eval_loss {
+        scalars.extend([("eval/loss", loss), ("eval/perplexity", loss.exp())]);
+    }
+    scalars
 }
 
 /// Reads every record of a `metrics.jsonl`. A last line cut short (a run

@@ -302,7 +302,7 @@ fn drive(
     if is_logger {
         print_plan(options, dataset, device, num_params);
     }
-    let mut log = if is_logger { Some(MetricsLog::append_to(&options.out_dir.join("metrics.jsonl"))?) } else { None };
+    let mut log = if is_logger { Some(MetricsLog::open(&options.out_dir)?) } else { None };
     let bar = progress_bar(is_logger, trainer.counters().step, config.max_steps);
     let per_rank_batch = config.batch_size / data_ranks;
     let tokens_per_step = config.batch_size * config.grad_accum_steps * config.seq_len;

@@ -17,7 +17,7 @@ fn scratch(name: &str) -> std::path::PathBuf {
 #[test]
 fn non_finite_values_are_written_as_words_and_read_back() {
     let path = scratch("non-finite");
-    let mut log = MetricsLog::append_to(&path).unwrap();
+    let mut log = MetricsLog::open(path.parent().unwrap()).unwrap();
     log.record(&record(1, f64::NAN)).unwrap();
     log.record(&record(2, 2.5)).unwrap();
     let text = std::fs::read_to_string(&path).unwrap();
@@ -48,7 +48,7 @@ fn null_from_older_runs_reads_as_nan() {
 #[test]
 fn a_resume_keeps_the_steps_up_to_its_own() {
     let path = scratch("truncate");
-    let mut log = MetricsLog::append_to(&path).unwrap();
+    let mut log = MetricsLog::open(path.parent().unwrap()).unwrap();
     for step in 1..=5 {
         // A value whose shortest decimal serde_json's fast parser reads 1 ULP off.
         log.record(&record(step, 3.7496661671857683 * step as f64)).unwrap();

@@ -180,7 +180,8 @@ fn a_run_touches_no_file_it_did_not_write() {
     std::fs::write(user.join(".bashrc.old"), "alias ll='ls -l'").unwrap();
     let ours = |path: &Path| {
         let name = path.strip_prefix(&user).unwrap().iter().next().unwrap().to_string_lossy().into_owned();
-        name.starts_with("step_0") || ["metrics.jsonl", "loss.svg", ".lock"].contains(&name.as_str())
+        name.starts_with("step_0")
+            || ["metrics.jsonl", "loss.svg", "events.out.tfevents.workbook", ".lock"].contains(&name.as_str())
     };
     let theirs = || -> Vec<_> { snapshot(&user).into_iter().filter(|(path, _)| !ours(path)).collect() };
     let before = theirs();

@@ -334,7 +334,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     if let Some((used, total)) = summary.gpu_memory_mib {
         println!("GPU memory in use at the end: {used:.0} of {total:.0} MiB (every process's on this GPU)");
     }
-    println!("checkpoints, metrics.jsonl and loss.svg are in {}", options.out_dir.display());
+    println!("checkpoints, metrics.jsonl, the TensorBoard events and loss.svg are in {}", options.out_dir.display());
     Ok(())
 }
 
