@@ -83,6 +83,23 @@ impl Drop for Span {
     }
 }
 
+/// Records that the counter `name` (e.g. the bytes of gathered FSDP units)
+/// is `value` from now on: the trace draws it as a curve under the rank.
+pub fn counter(name: &'static str, value: f64) {
+    if !ENABLED.load(Ordering::Acquire) {
+        return;
+    }
+    let Some(timeline) = TIMELINE.get() else { return };
+    let event = json!({
+        "name": name,
+        "ph": "C",
+        "ts": timeline.epoch_us + timeline.origin.elapsed().as_secs_f64() * 1e6,
+        "pid": timeline.pid,
+        "args": { "value": value },
+    });
+    timeline.events.lock().unwrap_or_else(PoisonError::into_inner).push(event);
+}
+
 impl Timeline {
     /// The track number of the thread called `name`.
     fn track(&self, name: String) -> usize {

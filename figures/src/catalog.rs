@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use serde::de::DeserializeOwned;
 
-use crate::lanes::{self, Panel};
+use crate::lanes::{self, Curve, Panel};
 use crate::loss::{self, StepPoint};
 use crate::ring::{self, RingRecord};
 use crate::style::{BACKWARD, COMM, FORWARD, IDLE, REDUCE};
@@ -48,9 +48,9 @@ fn json<T: DeserializeOwned>(data: &Path, file: &str) -> Result<T> {
     serde_json::from_str(&read(data, file)?).with_context(|| format!("{file} is not what its figure expects"))
 }
 
-/// The spans of the last step of the trace `file`.
-fn last_step(data: &Path, file: &str) -> Result<Vec<trace::Span>> {
-    trace::last_step(&trace::read(&data.join(file))?)
+/// The last step of the trace `file`.
+fn last_step(data: &Path, file: &str) -> Result<trace::Trace> {
+    trace::read(&data.join(file))?.last_step()
 }
 
 fn loss_curve(data: &Path) -> Result<String> {
@@ -72,17 +72,18 @@ fn loss_curve(data: &Path) -> Result<String> {
 fn pipeline_schedules(data: &Path) -> Result<String> {
     let panels: Vec<Panel> = [("GPipe", "gpipe.trace.json"), ("1F1B", "1f1b.trace.json")]
         .into_iter()
-        .map(|(name, file)| pipeline::panel(name, &last_step(data, file)?))
+        .map(|(name, file)| pipeline::panel(name, &last_step(data, file)?.spans))
         .collect::<Result<_>>()?;
     lanes::draw(
         &panels,
+        None,
         "milliseconds into the step",
         &[("forward Fk of micro-batch k", FORWARD), ("backward Bk", BACKWARD), ("idle: the bubble", IDLE)],
     )
 }
 
 fn fsdp_timeline(data: &Path) -> Result<String> {
-    let spans = last_step(data, "fsdp.trace.json")?;
+    let step = last_step(data, "fsdp.trace.json")?;
     let title = "FULL_SHARD on 2 ranks: one step of the tiny model".to_string();
     let legend = [
         ("forward Fb of block b", FORWARD),
@@ -91,11 +92,24 @@ fn fsdp_timeline(data: &Path) -> Result<String> {
         ("RS reduce-scatter", REDUCE),
         ("idle", IDLE),
     ];
-    lanes::draw(&[ranks::panel(title, &spans)?], "milliseconds into the step", &legend)
+    let colors = [FORWARD, BACKWARD];
+    let series = (0..2)
+        .map(|rank| {
+            let points = step.samples.iter().filter(|s| s.rank == rank && s.name == "gathered bytes");
+            let mib: Vec<(f64, f64)> = points.map(|s| (s.time, s.value / (1u64 << 20) as f64)).collect();
+            (format!("rank {rank}"), colors[rank], mib)
+        })
+        .collect();
+    let curve = Curve {
+        title: "Gathered (unsharded) parameters alive on each rank".to_string(),
+        unit: "MiB".to_string(),
+        series,
+    };
+    lanes::draw(&[ranks::panel(title, &step.spans)?], Some(&curve), "milliseconds into the step", &legend)
 }
 
 fn ddp_overlap(data: &Path) -> Result<String> {
-    let spans = last_step(data, "ddp-overlap.trace.json")?;
+    let spans = last_step(data, "ddp-overlap.trace.json")?.spans;
     let title = "DDP with --ddp-overlap on 2 ranks: buckets all-reduced during backward".to_string();
     let legend = [
         ("forward Fb of block b", FORWARD),
@@ -103,7 +117,7 @@ fn ddp_overlap(data: &Path) -> Result<String> {
         ("AR a bucket's all-reduce", REDUCE),
         ("idle", IDLE),
     ];
-    lanes::draw(&[ranks::panel(title, &spans)?], "milliseconds into the step", &legend)
+    lanes::draw(&[ranks::panel(title, &spans)?], None, "milliseconds into the step", &legend)
 }
 
 fn ring_steps(data: &Path) -> Result<String> {

@@ -29,14 +29,27 @@ pub struct Panel {
     pub lanes: Vec<Lane>,
 }
 
+/// A quantity over the same time axis, under the lanes: each series a step
+/// line through its (time, value) samples, holding each value until the next.
+pub struct Curve {
+    pub title: String,
+    pub unit: String,
+    pub series: Vec<Series>,
+}
+
+/// One line of a [`Curve`]: its label, colour and (time, value) samples.
+pub type Series = (String, RGBColor, Vec<(f64, f64)>);
+
+const CURVE_PX: u32 = 190;
+
 const LANE_PX: u32 = 30;
 const PANEL_EXTRA_PX: u32 = 74;
 /// About how wide one character of a 11 px label is.
 const CHAR_PX: f64 = 6.2;
 
 /// Draws `panels` stacked, on one time axis (`axis`, from 0 to the last end),
-/// with `legend` (label, colour) under them.
-pub fn draw(panels: &[Panel], axis: &str, legend: &[(&str, RGBColor)]) -> Result<String> {
+/// `curve` under them if there is one, and `legend` (label, colour) last.
+pub fn draw(panels: &[Panel], curve: Option<&Curve>, axis: &str, legend: &[(&str, RGBColor)]) -> Result<String> {
     let end = panels
         .iter()
         .flat_map(|p| p.lanes.iter().flat_map(|l| l.bars.iter().map(|b| b.end)))
@@ -46,7 +59,8 @@ pub fn draw(panels: &[Panel], axis: &str, legend: &[(&str, RGBColor)]) -> Result
     let legend_px = 8 + 20 * legend_rows(legend).len() as u32;
     let mut svg = String::new();
     {
-        let total = heights.iter().sum::<u32>() + legend_px;
+        let curve_px = if curve.is_some() { CURVE_PX } else { 0 };
+        let total = heights.iter().sum::<u32>() + curve_px + legend_px;
         let root = SVGBackend::with_string(&mut svg, (WIDTH, total)).into_drawing_area();
         root.fill(&WHITE).map_err(plot_error)?;
         let (body, key) = root.split_vertically(total - legend_px);
@@ -55,6 +69,9 @@ pub fn draw(panels: &[Panel], axis: &str, legend: &[(&str, RGBColor)]) -> Result
             let (area, below) = rest.split_vertically(*height);
             draw_panel(&area, panel, end, axis)?;
             rest = below;
+        }
+        if let Some(curve) = curve {
+            draw_curve(&rest, curve, end, axis)?;
         }
         draw_legend(&key, legend)?;
         root.present().map_err(plot_error)?;
@@ -123,6 +140,52 @@ fn draw_panel(
         }
     }
     Ok(())
+}
+
+fn draw_curve(
+    area: &DrawingArea<SVGBackend, plotters::coord::Shift>,
+    curve: &Curve,
+    end: f64,
+    axis: &str,
+) -> Result<()> {
+    let top = curve.series.iter().flat_map(|(_, _, points)| points.iter().map(|p| p.1)).fold(0.0, f64::max) * 1.15;
+    let mut chart = ChartBuilder::on(area)
+        .caption(&curve.title, (FONT, 13))
+        .margin(8)
+        .x_label_area_size(40)
+        .y_label_area_size(130)
+        .build_cartesian_2d(0.0..end, 0.0..top.max(f64::MIN_POSITIVE))
+        .map_err(plot_error)?;
+    chart
+        .configure_mesh()
+        .x_desc(axis)
+        .y_desc(&curve.unit)
+        .x_label_formatter(&|ms| format!("{ms:.0}"))
+        .y_labels(4)
+        .label_style((FONT, 12))
+        .light_line_style(WHITE.mix(0.0))
+        .draw()
+        .map_err(plot_error)?;
+    for (label, color, points) in &curve.series {
+        let mut steps = vec![];
+        for (i, &(time, value)) in points.iter().enumerate() {
+            let until = points.get(i + 1).map_or(end, |next| next.0);
+            steps.extend([(time, value), (until, value)]);
+        }
+        chart
+            .draw_series(LineSeries::new(steps, color.stroke_width(2)))
+            .map_err(plot_error)?
+            .label(label.clone())
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], color.stroke_width(2)));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK.mix(0.3))
+        .label_font((FONT, 11))
+        .draw()
+        .map_err(plot_error)
 }
 
 fn draw_legend(area: &DrawingArea<SVGBackend, plotters::coord::Shift>, legend: &[(&str, RGBColor)]) -> Result<()> {

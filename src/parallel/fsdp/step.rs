@@ -20,6 +20,7 @@ use super::shard::bytes;
 use super::{FlatView, MemoryLedger, MixedPrecisionPolicy, ShardedUnit, ShardingPlan};
 use crate::distributed::ProcessGroup;
 use crate::model::{GptConfig, Layers, OnDemand, RotaryCache};
+use crate::timeline;
 
 /// What the units' hooks need during one micro-batch.
 pub(super) struct Step<'a> {
@@ -37,6 +38,9 @@ pub(super) struct Step<'a> {
 
 /// The units' buffers gathered now, and their bytes (units that keep a
 /// replica gather nothing, so count nothing).
+/// The timeline's counter of the bytes of gathered units alive on a rank.
+const GATHERED_COUNTER: &str = "gathered bytes";
+
 #[derive(Default)]
 pub(super) struct Gathered {
     buffers: RefCell<BTreeMap<usize, Var>>,
@@ -53,6 +57,7 @@ impl Step<'_> {
         if unit.gathers() {
             let now = self.gathered.bytes.get() + bytes(flat.as_tensor());
             self.gathered.bytes.set(now);
+            timeline::counter(GATHERED_COUNTER, now as f64);
             let mut memory = self.memory.borrow_mut();
             memory.gathered_peak = memory.gathered_peak.max(now);
         }
@@ -66,7 +71,9 @@ impl Step<'_> {
     pub fn release(&self, index: usize) -> Option<Var> {
         let flat = self.gathered.buffers.borrow_mut().remove(&index)?;
         if self.units.borrow()[index].gathers() {
-            self.gathered.bytes.set(self.gathered.bytes.get() - bytes(flat.as_tensor()));
+            let now = self.gathered.bytes.get() - bytes(flat.as_tensor());
+            self.gathered.bytes.set(now);
+            timeline::counter(GATHERED_COUNTER, now as f64);
         }
         Some(flat)
     }
