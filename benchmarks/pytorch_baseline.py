@@ -112,6 +112,7 @@ def main():
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--seq-len", type=int, help="default: the config's")
     parser.add_argument("--batch-size", type=int, help="sequences per step over all ranks; default: the config's")
+    parser.add_argument("--grad-accum", type=int, help="micro-batches per step; default: the config's")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda for one GPU")
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -122,13 +123,15 @@ def main():
         cfg = tomllib.load(f)
     cfg["seq_len"] = args.seq_len or cfg["seq_len"]
     cfg["batch_size"] = args.batch_size or cfg["batch_size"]
+    cfg["grad_accum_steps"] = args.grad_accum or cfg["grad_accum_steps"]
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
         dist.init_process_group("gloo")
     vocab, o = VOCAB[cfg["tokenizer"]], cfg["optimizer"]
     model = Gpt(vocab, cfg["model"]).to(device)
     params = list(model.parameters())
-    step_model = nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    # The model has no buffers: nothing to broadcast before every forward.
+    step_model = nn.parallel.DistributedDataParallel(model, broadcast_buffers=False) if world > 1 else model
     opt = torch.optim.AdamW(
         [{"params": [p for p in params if p.dim() >= 2], "weight_decay": o["weight_decay"]},
          {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],

@@ -26,6 +26,15 @@ const BASELINE: &str = "benchmarks/pytorch_baseline.py";
 const GLOO_ALLREDUCE: &str = "benchmarks/allreduce_gloo.py";
 /// All-reduce payloads in MB, as nccl-tests sweeps them.
 const ALLREDUCE_SIZES_MB: &str = "1,4,16,64,256";
+const HOST: &str = "benchmarks/host.py";
+/// The allocator settings the trainer makes at start-up with `mallopt`
+/// (`workbook::memory::keep_freed_memory`: mmap threshold 32 MiB, no mmap,
+/// trim threshold 1 GiB), given to PyTorch's processes through glibc's
+/// tunables, so that neither side's allocator is tuned and the other's not.
+const SAME_ALLOCATOR: (&str, &str) = (
+    "GLIBC_TUNABLES",
+    "glibc.malloc.mmap_threshold=33554432:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1073741824",
+);
 
 /// One run's figures, as the trainer's `bench` prints them (PyTorch's baseline
 /// prints tokens/s only).
@@ -118,9 +127,13 @@ pub fn bench(ws: &Workspace, model_size: &str, steps: usize, large_steps: usize,
         bail!("--rounds must be at least 1");
     }
     let python = python_with_torch();
+    let tiny = config_shape(&ws.root, model_size)?;
     let mut shapes = vec![Shape {
         workload: Workload {
-            title: format!("`{model_size}` config"),
+            title: format!(
+                "`{model_size}` config (T {}, batch {} × {} micro-batch(es) per step)",
+                tiny.seq_len, tiny.batch_size, tiny.grad_accum
+            ),
             model_size: model_size.into(),
             seq_len: None,
             batch_size: None,
@@ -140,20 +153,24 @@ pub fn bench(ws: &Workspace, model_size: &str, steps: usize, large_steps: usize,
         shapes.push(Shape {
             workload: Workload {
                 steps: large_steps,
-                ..Workload::gpt2_small("GPT-2 124M shape (`small` config, T 256, batch 2)")
+                grad_accum: Some(4),
+                ..Workload::gpt2_small("GPT-2 124M shape (`small` config, T 256, batch 2 × 4 micro-batches per step)")
             },
             setups: vec![Setup::new(WORKBOOK, 1, 2), Setup::new(WORKBOOK, 2, 1)],
         });
     }
     let mut report = format!(
-        "Written by `cargo xtask bench` ({rounds} interleaved rounds; {cpu}). Both sides train the same\n\
-         Llama-style model with AdamW parameter groups, clipping and the same global batch, on random\n\
-         tokens; DDP splits the batch across the ranks. tokens/s counts every rank's tokens, and threads\n\
-         every rank's kernel threads. Each workbook row is compared with its PyTorch peer (one process,\n\
-         or DDP on gloo with as many processes) on as many threads in the same round; the table gives\n\
-         the median over rounds and the range of the ratios. README.md beside this file says where the\n\
-         time goes.\n",
-        cpu = cpu_model()
+        "Written by `cargo xtask bench` ({rounds} interleaved rounds). Host: {host}.\n\n\
+         Both sides train the same Llama-style model with AdamW parameter groups, clipping and the\n\
+         same global batch, on random tokens; DDP splits the batch across the ranks. Both run with the\n\
+         same allocator settings (the trainer's `mallopt` calls, given to PyTorch as `{}`), and\n\
+         PyTorch's DDP does not broadcast buffers (the model has none). tokens/s counts every rank's\n\
+         tokens, and threads every rank's kernel threads. Each workbook row is compared with its\n\
+         PyTorch peer (one process, or DDP on gloo with as many processes) on as many threads in the\n\
+         same round; the table gives the median over rounds, the range of the ratios and every\n\
+         round's tokens/s. README.md beside this file says where the time goes.\n",
+        SAME_ALLOCATOR.0,
+        host = host(python.as_deref())
     );
     for shape in &mut shapes {
         if python.is_some() {
@@ -229,7 +246,8 @@ fn allreduce_bandwidth(root: &Path, python: Option<&str>) -> Result<String> {
                     "--master_port",
                     &free_port()?.to_string(),
                 ])
-                .args([GLOO_ALLREDUCE, "--sizes-mb", ALLREDUCE_SIZES_MB]);
+                .args([GLOO_ALLREDUCE, "--sizes-mb", ALLREDUCE_SIZES_MB])
+                .env(SAME_ALLOCATOR.0, SAME_ALLOCATOR.1);
             bandwidths(&mut gloo, "the gloo all-reduce")?
         }
         None => vec![],
@@ -272,8 +290,8 @@ impl Workload {
             seq_len: Some(256),
             batch_size: Some(2),
             grad_accum: None,
-            steps: 3,
-            warmup: 1,
+            steps: 8,
+            warmup: 2,
         }
     }
 
@@ -332,7 +350,8 @@ fn pytorch_throughput(root: &Path, python: &str, workload: &Workload, setup: &Se
         .arg(BASELINE)
         .args(["--config", &config.to_string_lossy(), "--threads", &setup.threads_per_rank.to_string()])
         .args(["--steps", &workload.steps.to_string(), "--warmup", &workload.warmup.to_string()])
-        .env("OMP_NUM_THREADS", setup.threads_per_rank.to_string());
+        .env("OMP_NUM_THREADS", setup.threads_per_rank.to_string())
+        .env(SAME_ALLOCATOR.0, SAME_ALLOCATOR.1);
     workload.shape_flags(&mut command);
     let output = command.output().context("cannot run the PyTorch baseline")?;
     if !output.status.success() {
@@ -370,7 +389,10 @@ pub fn median(values: &[f64]) -> f64 {
 /// Each setup's median beside its PyTorch peer: the median of the per-round
 /// ratios, and their range.
 fn table(samples: &[Samples]) -> String {
-    let mut out = String::from("| setup | threads | tokens/s | vs PyTorch, same ranks and threads | range over rounds |\n|---|---:|---:|---:|---:|\n");
+    let mut out = String::from(
+        "| setup | threads | tokens/s | vs PyTorch, same ranks and threads | range over rounds | each round |\n\
+         |---|---:|---:|---:|---:|---:|\n",
+    );
     for row in samples {
         let peer = row.setup.peer().and_then(|p| samples.iter().find(|s| s.setup == p));
         let (ratio, range) = match peer {
@@ -382,13 +404,59 @@ fn table(samples: &[Samples]) -> String {
             None => (String::new(), String::new()),
         };
         let tokens_per_s = median(&row.tokens_per_s);
+        let rounds: Vec<String> = row.tokens_per_s.iter().map(|t| format!("{t:.0}")).collect();
         out.push_str(&format!(
-            "| {} | {} | {tokens_per_s:.0} | {ratio} | {range} |\n",
+            "| {} | {} | {tokens_per_s:.0} | {ratio} | {range} | {} |\n",
             row.setup.name(),
-            row.setup.threads()
+            row.setup.threads(),
+            rounds.join(", ")
         ));
     }
     out
+}
+
+/// T, the global batch and the micro-batches per step of `configs/<model_size>.toml`.
+struct ConfigShape {
+    seq_len: i64,
+    batch_size: i64,
+    grad_accum: i64,
+}
+
+fn config_shape(root: &Path, model_size: &str) -> Result<ConfigShape> {
+    let path = root.join("configs").join(format!("{model_size}.toml"));
+    let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    let table: toml::Table = text.parse().with_context(|| format!("{} is not TOML", path.display()))?;
+    let get = |key: &str| table.get(key).and_then(toml::Value::as_integer);
+    match (get("seq_len"), get("batch_size"), get("grad_accum_steps")) {
+        (Some(seq_len), Some(batch_size), Some(grad_accum)) => Ok(ConfigShape { seq_len, batch_size, grad_accum }),
+        _ => bail!("{} lacks seq_len, batch_size or grad_accum_steps", path.display()),
+    }
+}
+
+/// The machine, so that runs on different ones can be compared: the CPU,
+/// its cores, and (with PyTorch) torch's version, whether it has MKL, and a
+/// GEMM calibration at 1 and 2 threads.
+fn host(python: Option<&str>) -> String {
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mut host = format!("{}, {cores} cores", cpu_model());
+    let Some(python) = python else { return host };
+    let calibrated = Command::new(python).arg(HOST).env(SAME_ALLOCATOR.0, SAME_ALLOCATOR.1).output();
+    let line = calibrated.ok().filter(|o| o.status.success()).map(|o| last_json(&o.stdout));
+    if let Some(Some(info)) = line {
+        host += &format!(
+            "; torch {}, MKL {}; a 1024 × 1024 f32 matrix product at {:.0} GFLOP/s on 1 thread, {:.0} on 2",
+            info["torch"].as_str().unwrap_or("?"),
+            if info["mkl"].as_bool().unwrap_or(false) { "yes" } else { "no" },
+            info["gflops_1"].as_f64().unwrap_or(f64::NAN),
+            info["gflops_2"].as_f64().unwrap_or(f64::NAN),
+        );
+    }
+    host
+}
+
+fn last_json(stdout: &[u8]) -> Option<serde_json::Value> {
+    let text = String::from_utf8_lossy(stdout);
+    text.lines().rev().find(|l| l.starts_with('{')).and_then(|l| serde_json::from_str(l).ok())
 }
 
 pub fn cpu_model() -> String {

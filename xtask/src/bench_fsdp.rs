@@ -103,21 +103,7 @@ pub(crate) fn measure(
             return Ok(None);
         }
     }
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let output = Command::new(&cargo)
-        .current_dir(root)
-        .args([
-            "run",
-            "--quiet",
-            "--release",
-            "--package",
-            "trainer",
-            "--features",
-            "solutions",
-            "--bin",
-            "ledger",
-            "--",
-        ])
+    let output = reference_program(root, "ledger")
         .args(["--model-size", model_size, "--precision", name(precision)])
         .args(["--stage", &stage.to_string(), "--nproc", &world_size.to_string()])
         .output()
@@ -128,6 +114,26 @@ pub(crate) fn measure(
     let stdout = String::from_utf8_lossy(&output.stdout);
     let Some(line) = stdout.lines().find(|l| l.starts_with('{')) else { bail!("ledger printed no result:\n{stdout}") };
     Ok(Some(serde_json::from_str(line).with_context(|| format!("unexpected ledger output: {line}"))?))
+}
+
+/// `cargo run --release` of the trainer's program `bin` with the reference
+/// solutions, ready for the program's own arguments.
+pub(crate) fn reference_program(root: &Path, bin: &str) -> Command {
+    let mut command = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    command.current_dir(root);
+    command.args([
+        "run",
+        "--quiet",
+        "--release",
+        "--package",
+        "trainer",
+        "--features",
+        "solutions",
+        "--bin",
+        bin,
+        "--",
+    ]);
+    command
 }
 
 /// The parameter count of `configs/<model_size>.toml`'s model.

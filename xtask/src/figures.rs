@@ -9,7 +9,7 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
-use crate::bench_fsdp::{measure, states};
+use crate::bench_fsdp::{measure, reference_program, states};
 use crate::estimate::{Precision, Strategy};
 use crate::workspace::Workspace;
 
@@ -27,75 +27,42 @@ pub fn figures(ws: &Workspace, record: bool) -> Result<bool> {
 /// Runs the `figures` program: `draw` writes the figures, `check` says
 /// which are stale and fails if any is.
 pub fn run_figures(root: &Path, command: &str) -> Result<bool> {
-    let status = cargo(root)
+    let status = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+        .current_dir(root)
         .args(["run", "--quiet", "--package", "figures", "--", command, DATA, FIGURES])
         .status()
         .context("cannot run cargo")?;
     Ok(status.success())
 }
 
-fn cargo(root: &Path) -> Command {
-    let mut command = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    command.current_dir(root);
-    command
-}
-
 /// One recorded run: the trainer's arguments and the file of its
 /// checkpoint directory that becomes the figure's data.
 struct TrainRun {
     data: &'static str,
-    args: &'static [&'static str],
+    args: &'static str,
     keep: &'static str,
 }
 
 const TRAIN_RUNS: [TrainRun; 5] = [
     TrainRun {
         data: "loss-curve.metrics.jsonl",
-        args: &["--max-steps", "600", "--checkpoint-every", "600", "--eval-every", "50"],
+        args: "--max-steps 600 --checkpoint-every 600 --eval-every 50",
         keep: "metrics.jsonl",
     },
     TrainRun {
         data: "gpipe.trace.json",
-        args: &[
-            "--pp",
-            "4",
-            "--nproc",
-            "4",
-            "--pipeline-schedule",
-            "gpipe",
-            "--grad-accum",
-            "8",
-            "--max-steps",
-            "2",
-            "--trace",
-        ],
+        args: "--pp 4 --nproc 4 --pipeline-schedule gpipe --grad-accum 8 --max-steps 2 --trace",
         keep: "trace.json",
     },
     TrainRun {
         data: "1f1b.trace.json",
-        args: &[
-            "--pp",
-            "4",
-            "--nproc",
-            "4",
-            "--pipeline-schedule",
-            "1f1b",
-            "--grad-accum",
-            "8",
-            "--max-steps",
-            "2",
-            "--trace",
-        ],
+        args: "--pp 4 --nproc 4 --pipeline-schedule 1f1b --grad-accum 8 --max-steps 2 --trace",
         keep: "trace.json",
     },
-    TrainRun {
-        data: "fsdp.trace.json",
-        args: &["--strategy", "fsdp", "--nproc", "2", "--max-steps", "2", "--trace"],
-        keep: "trace.json",
-    },
+    TrainRun { data: "fsdp.trace.json", args: "--strategy fsdp --nproc 2 --max-steps 2 --trace", keep: "trace.json" },
     TrainRun {
         data: "ddp-overlap.trace.json",
-        args: &["--nproc", "2", "--ddp-overlap", "--bucket-cap-mb", "0.5", "--max-steps", "2", "--trace"],
+        args: "--nproc 2 --ddp-overlap --bucket-cap-mb 0.5 --max-steps 2 --trace",
         keep: "trace.json",
     },
 ];
@@ -109,22 +76,10 @@ fn record_all(root: &Path) -> Result<()> {
     std::fs::create_dir_all(&data).with_context(|| format!("cannot create {}", data.display()))?;
     let scratch = std::env::temp_dir().join(format!("workbook-figures-{}", std::process::id()));
     for run in &TRAIN_RUNS {
-        println!("recording {} (train {})", run.data, run.args.join(" "));
+        println!("recording {} (train {})", run.data, run.args);
         let out = scratch.join(run.data);
-        let status = cargo(root)
-            .args([
-                "run",
-                "--quiet",
-                "--release",
-                "--package",
-                "trainer",
-                "--features",
-                "solutions",
-                "--bin",
-                "train",
-                "--",
-            ])
-            .args(run.args)
+        let status = reference_program(root, "train")
+            .args(run.args.split_whitespace())
             .arg("--checkpoint-dir")
             .arg(&out)
             .status()
@@ -135,20 +90,7 @@ fn record_all(root: &Path) -> Result<()> {
         copy(&out.join(run.keep), &data.join(run.data))?;
     }
     println!("recording ring.json (record_ring)");
-    let output = cargo(root)
-        .args([
-            "run",
-            "--quiet",
-            "--release",
-            "--package",
-            "trainer",
-            "--features",
-            "solutions",
-            "--bin",
-            "record_ring",
-        ])
-        .output()
-        .context("cannot run cargo")?;
+    let output = reference_program(root, "record_ring").output().context("cannot run cargo")?;
     if !output.status.success() {
         bail!("record_ring failed:\n{}", String::from_utf8_lossy(&output.stderr));
     }

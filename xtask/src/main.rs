@@ -136,7 +136,7 @@ enum Task {
         #[arg(long, default_value_t = 40)]
         steps: usize,
         /// Timed steps per setup at GPT-2 124M's shape (seconds each; 0 skips that shape).
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, default_value_t = 8)]
         large_steps: usize,
         /// Rounds of every setup, interleaved; the table reports medians.
         #[arg(long, default_value_t = 3)]
