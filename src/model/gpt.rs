@@ -106,6 +106,14 @@ pub struct ForwardPass {
 }
 
 impl ForwardPass {
+    /// The loss as a number; an error when the forward ran without labels.
+    pub fn loss_value(&self) -> Result<f64> {
+        let Some(loss) = &self.loss else {
+            bail!("the forward ran without labels, so it has no loss: call forward with labels");
+        };
+        Ok(loss.to_scalar::<f32>()? as f64)
+    }
+
     /// Gradients of the loss for every parameter, recomputing checkpointed blocks.
     pub fn backward(&self) -> Result<GradStore> {
         let Some(loss) = &self.loss else {

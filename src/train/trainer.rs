@@ -89,10 +89,7 @@ impl Train for Trainer {
         self.ddp.process_group()
     }
     fn eval_loss(&mut self, tokens: &Tensor) -> Result<f64> {
-        let Some(loss) = self.model.forward(tokens, Some(tokens))?.loss else {
-            bail!("Gpt::forward with labels returned no loss");
-        };
-        Ok(loss.to_scalar::<f32>()? as f64)
+        self.model.forward(tokens, Some(tokens))?.loss_value()
     }
     fn layout(&self) -> String {
         let overlap = if self.ddp.overlaps() { ", buckets all-reduced during backward" } else { "" };

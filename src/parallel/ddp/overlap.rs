@@ -143,8 +143,7 @@ impl Trainer {
         let mut loss_sum = 0.0;
         let mut forward = |batch: &Tensor| -> Result<ForwardPass> {
             let pass = self.model.forward(batch, Some(batch))?;
-            let Some(loss) = &pass.loss else { bail!("forward with labels returned no loss") };
-            loss_sum += loss.to_scalar::<f32>()? as f64;
+            loss_sum += pass.loss_value()?;
             Ok(pass)
         };
         for batch in earlier {

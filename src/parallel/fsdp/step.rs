@@ -36,11 +36,11 @@ pub(super) struct Step<'a> {
     pub gathered: Gathered,
 }
 
-/// The units' buffers gathered now, and their bytes (units that keep a
-/// replica gather nothing, so count nothing).
 /// The timeline's counter of the bytes of gathered units alive on a rank.
 const GATHERED_COUNTER: &str = "gathered bytes";
 
+/// The units' buffers gathered now, and their bytes (units that keep a
+/// replica gather nothing, so count nothing).
 #[derive(Default)]
 pub(super) struct Gathered {
     buffers: RefCell<BTreeMap<usize, Var>>,

@@ -311,13 +311,10 @@ fn forward_and_backward(step: &Step<'_>, batch: &Tensor, recompute: bool, loss_s
         let mut memory = step.memory.borrow_mut();
         memory.activations_peak = memory.activations_peak.max(held.map(|h| h.saturating_sub(kept)));
     }
-    let Some(loss) = pass.loss.clone() else {
-        bail!("Gpt::forward with labels returned no loss");
-    };
-    let loss_value = loss.to_scalar::<f32>()? as f64;
+    let loss_value = pass.loss_value()?;
     let pass = match loss_scale {
         1.0 => pass,
-        scale => ForwardPass { loss: Some((loss * scale)?), ..pass },
+        scale => ForwardPass { loss: pass.loss.as_ref().map(|loss| loss * scale).transpose()?, ..pass },
     };
     let mut grads = pass.backward()?;
     drop((pass, model));
@@ -342,16 +339,12 @@ fn assemble(step: &Step<'_>, recompute: bool) -> Result<Gpt> {
 /// released again.
 fn forward_only(step: &Step<'_>, batch: &Tensor, recompute: bool) -> Result<f64> {
     let model = assemble(step, recompute)?;
-    let pass = model.forward(batch, Some(batch))?;
-    let loss = pass.loss.as_ref().map(|loss| loss.to_scalar::<f32>()).transpose()?;
-    drop((pass, model));
+    let loss = model.forward(batch, Some(batch))?.loss_value();
+    drop(model);
     for unit in step.still_gathered() {
         step.release(unit);
     }
-    match loss {
-        Some(loss) => Ok(loss as f64),
-        None => bail!("Gpt::forward with labels returned no loss"),
-    }
+    loss
 }
 
 /// The loop's view of the sharded trainer: its checkpoints are exercise 15.
