@@ -6,9 +6,9 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use figures::loss::StepPoint;
+use serde::{Deserialize, Serialize};
 
 use crate::tensorboard::{EventWriter, EVENTS_FILE};
-use serde::{Deserialize, Serialize};
 
 /// What one optimizer step measured. A value that is not finite (a skipped
 /// update's NaN loss) is written as the string `"NaN"`, `"inf"` or `"-inf"`,

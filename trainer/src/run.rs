@@ -23,7 +23,7 @@ use crate::checkpoints;
 use crate::compute::{self, Backend, DeviceKind};
 use crate::config::{workbook_root, RunConfig};
 use crate::eval::{evaluate, HeldOut};
-use crate::metrics::{self, loss_curve_svg, read_log, MetricsLog, StepRecord};
+use crate::metrics::{self, loss_curve_svg, read_log, MetricsLog, StepRecord, METRICS_FILE};
 use crate::model_dir::ModelDir;
 use crate::strategy::Strategy;
 
@@ -267,6 +267,7 @@ fn drive(
     let held_out =
         options.eval_every.map(|_| HeldOut::of(dataset.num_windows(), data_ranks, config.batch_size)).transpose()?;
     let train_windows = held_out.as_ref().map_or(dataset.num_windows(), HeldOut::train_windows);
+    let holds_out = held_out.as_ref().map_or(0, HeldOut::len);
     let mut sampler = DistributedSampler::new(train_windows, data_ranks, data_rank, options.seed)?;
     if let Some(resume) = &options.resume {
         let dir = checkpoints::resolve(resume)?;
@@ -275,7 +276,6 @@ fn drive(
             if resolved(&position.config)? != resolved(&options.data)? {
                 bail!("{} was trained on {:?}; resume it with the same data options", dir.display(), position.config);
             }
-            let holds_out = held_out.as_ref().map_or(0, HeldOut::len);
             if position.held_out != holds_out {
                 bail!(
                     "{} was trained with {} windows held out for evaluation, this run holds out {holds_out}: \
@@ -295,7 +295,7 @@ fn drive(
             );
         }
         if is_logger {
-            metrics::truncate_after(&options.out_dir.join("metrics.jsonl"), step)?;
+            metrics::truncate_after(&options.out_dir.join(METRICS_FILE), step)?;
             println!("resumed from {} at step {step}", dir.display());
         }
     }
@@ -311,8 +311,7 @@ fn drive(
     let (mut sent_bytes, mut steps_trained) = (0u64, 0usize);
     let eval = |trainer: &mut _| -> Result<Option<f64>> {
         let Some(held_out) = &held_out else { return Ok(None) };
-        let loss = evaluate(trainer, dataset, held_out, per_rank_batch, device)?;
-        Ok(Some(loss))
+        evaluate(trainer, dataset, held_out, per_rank_batch, device).map(Some)
     };
     let first_eval = eval(&mut trainer)?;
     if let (true, Some(loss)) = (is_logger, first_eval) {
@@ -370,7 +369,7 @@ fn drive(
         last = Some(record);
         let at_end = step == config.max_steps;
         if at_end || step.is_multiple_of(options.checkpoint_every) {
-            save(&trainer, options, &sampler, held_out.as_ref().map_or(0, HeldOut::len))?;
+            save(&trainer, options, &sampler, holds_out)?;
         }
     }
     bar.finish_and_clear();
@@ -378,7 +377,7 @@ fn drive(
         write_trace(trainer.process_group(), &options.out_dir)?;
     }
     if is_logger {
-        let records = read_log(&options.out_dir.join("metrics.jsonl"))?;
+        let records = read_log(&options.out_dir.join(METRICS_FILE))?;
         std::fs::write(options.out_dir.join("loss.svg"), loss_curve_svg(&records)?)?;
         if let Some(report) = trainer.report() {
             println!("{report}");

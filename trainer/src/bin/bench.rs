@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use trainer::compute::{Backend, ComputeArgs, DeviceKind};
 use trainer::config::{bucket_cap_bytes, RunConfig};
 use trainer::launching::RankKind;
-use trainer::metrics::read_log;
+use trainer::metrics::{read_log, METRICS_FILE};
 use trainer::run::{peak_memory_mib, train, RunOptions};
 use trainer::strategy::Strategy;
 use workbook::data::{DataConfig, DatasetKind};
@@ -180,7 +180,7 @@ fn usage_path(out_dir: &Path, rank: usize) -> PathBuf {
 /// Prints the setup's tokens/s, from the metrics rank 0 wrote, and the
 /// busiest rank's traffic and memory, as one JSON line.
 fn report(args: &Args, config: &RunConfig, out_dir: &Path) -> Result<()> {
-    let records = read_log(&out_dir.join("metrics.jsonl"))?;
+    let records = read_log(&out_dir.join(METRICS_FILE))?;
     // Thread ranks share one process, which wrote rank 0's usage only.
     let ranks = if args.ranks == RankKind::Processes { args.nproc } else { 1 };
     let usages = (0..ranks)
