@@ -14,8 +14,10 @@ use std::path::Path;
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
+use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
+use crate::bench_fsdp::read_config;
 use crate::python::python_that_imports;
 use crate::render;
 use crate::workspace::Workspace;
@@ -127,12 +129,12 @@ pub fn bench(ws: &Workspace, model_size: &str, steps: usize, large_steps: usize,
         bail!("--rounds must be at least 1");
     }
     let python = python_with_torch();
-    let tiny = config_shape(&ws.root, model_size)?;
+    let tiny: ConfigShape = read_config(&ws.root, model_size)?;
     let mut shapes = vec![Shape {
         workload: Workload {
             title: format!(
                 "`{model_size}` config (T {}, batch {} × {} micro-batch(es) per step)",
-                tiny.seq_len, tiny.batch_size, tiny.grad_accum
+                tiny.seq_len, tiny.batch_size, tiny.grad_accum_steps
             ),
             model_size: model_size.into(),
             seq_len: None,
@@ -357,10 +359,11 @@ fn pytorch_throughput(root: &Path, python: &str, workload: &Workload, setup: &Se
     if !output.status.success() {
         bail!("the PyTorch baseline failed:\n{}", String::from_utf8_lossy(&output.stderr));
     }
-    Ok(last_json_line(&output.stdout)?.tokens_per_s)
+    Ok(last_json_line::<Measurement>(&output.stdout)?.tokens_per_s)
 }
 
-fn last_json_line(stdout: &[u8]) -> Result<Measurement> {
+/// The last line of `stdout` that is a JSON object, read as `T`.
+fn last_json_line<T: DeserializeOwned>(stdout: &[u8]) -> Result<T> {
     let text = String::from_utf8_lossy(stdout);
     let line = text.lines().rev().find(|l| l.starts_with('{')).unwrap_or_default();
     serde_json::from_str(line).with_context(|| format!("unexpected bench output: {text}"))
@@ -416,21 +419,11 @@ fn table(samples: &[Samples]) -> String {
 }
 
 /// T, the global batch and the micro-batches per step of `configs/<model_size>.toml`.
+#[derive(Deserialize)]
 struct ConfigShape {
-    seq_len: i64,
-    batch_size: i64,
-    grad_accum: i64,
-}
-
-fn config_shape(root: &Path, model_size: &str) -> Result<ConfigShape> {
-    let path = root.join("configs").join(format!("{model_size}.toml"));
-    let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
-    let table: toml::Table = text.parse().with_context(|| format!("{} is not TOML", path.display()))?;
-    let get = |key: &str| table.get(key).and_then(toml::Value::as_integer);
-    match (get("seq_len"), get("batch_size"), get("grad_accum_steps")) {
-        (Some(seq_len), Some(batch_size), Some(grad_accum)) => Ok(ConfigShape { seq_len, batch_size, grad_accum }),
-        _ => bail!("{} lacks seq_len, batch_size or grad_accum_steps", path.display()),
-    }
+    seq_len: usize,
+    batch_size: usize,
+    grad_accum_steps: usize,
 }
 
 /// The machine, so that runs on different ones can be compared: the CPU,
@@ -441,8 +434,8 @@ fn host(python: Option<&str>) -> String {
     let mut host = format!("{}, {cores} cores", cpu_model());
     let Some(python) = python else { return host };
     let calibrated = Command::new(python).arg(HOST).env(SAME_ALLOCATOR.0, SAME_ALLOCATOR.1).output();
-    let line = calibrated.ok().filter(|o| o.status.success()).map(|o| last_json(&o.stdout));
-    if let Some(Some(info)) = line {
+    let info = calibrated.ok().filter(|o| o.status.success()).map(|o| last_json_line::<serde_json::Value>(&o.stdout));
+    if let Some(Ok(info)) = info {
         host += &format!(
             "; torch {}, MKL {}; a 1024 × 1024 f32 matrix product at {:.0} GFLOP/s on 1 thread, {:.0} on 2",
             info["torch"].as_str().unwrap_or("?"),
@@ -452,11 +445,6 @@ fn host(python: Option<&str>) -> String {
         );
     }
     host
-}
-
-fn last_json(stdout: &[u8]) -> Option<serde_json::Value> {
-    let text = String::from_utf8_lossy(stdout);
-    text.lines().rev().find(|l| l.starts_with('{')).and_then(|l| serde_json::from_str(l).ok())
 }
 
 pub fn cpu_model() -> String {

@@ -9,6 +9,7 @@ use std::path::Path;
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
+use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
 use crate::bench::{cpu_model, replace_section, RESULTS};
@@ -149,11 +150,15 @@ fn config_params(root: &Path, model_size: &str) -> Result<f64> {
         intermediate_size: usize,
         vocab_size: usize,
     }
+    let Config { model } = read_config(root, model_size)?;
+    Ok(model_params(model.num_layers, model.hidden_size, model.intermediate_size, model.vocab_size))
+}
+
+/// What a caller needs of `configs/<model_size>.toml`, read as `T`.
+pub(crate) fn read_config<T: DeserializeOwned>(root: &Path, model_size: &str) -> Result<T> {
     let path = root.join("configs").join(format!("{model_size}.toml"));
     let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
-    let Config { model } =
-        toml::from_str(&text).with_context(|| format!("{} is not a model config", path.display()))?;
-    Ok(model_params(model.num_layers, model.hidden_size, model.intermediate_size, model.vocab_size))
+    toml::from_str(&text).with_context(|| format!("{} is not a model config", path.display()))
 }
 
 /// The ZeRO formula's model-state bytes per rank for `psi` parameters.

@@ -9,7 +9,9 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
-use crate::bench_fsdp::{measure, reference_program, states};
+use serde::Deserialize;
+
+use crate::bench_fsdp::{measure, read_config, reference_program, states};
 use crate::estimate::{Precision, Strategy};
 use crate::workspace::Workspace;
 
@@ -137,13 +139,16 @@ fn record_zero_memory(root: &Path, path: &Path) -> Result<()> {
 /// The tiny config's MLP shape, split over 2 tensor-parallel ranks: the
 /// Megatron figure is drawn from shapes, not from a run.
 fn record_mlp_shape(root: &Path, path: &Path) -> Result<()> {
-    let config = root.join("configs/tiny.toml");
-    let text = std::fs::read_to_string(&config).with_context(|| format!("cannot read {}", config.display()))?;
-    let table: toml::Table = text.parse().with_context(|| format!("{} is not TOML", config.display()))?;
-    let size = |key: &str| table.get("model").and_then(|m| m.get(key)).and_then(toml::Value::as_integer);
-    let (Some(hidden), Some(intermediate)) = (size("hidden_size"), size("intermediate_size")) else {
-        bail!("{} has no [model] hidden_size and intermediate_size", config.display());
-    };
-    let shape = serde_json::json!({ "hidden": hidden, "intermediate": intermediate, "tp": 2 });
+    #[derive(Deserialize)]
+    struct Config {
+        model: Model,
+    }
+    #[derive(Deserialize)]
+    struct Model {
+        hidden_size: usize,
+        intermediate_size: usize,
+    }
+    let Config { model } = read_config(root, "tiny")?;
+    let shape = serde_json::json!({ "hidden": model.hidden_size, "intermediate": model.intermediate_size, "tp": 2 });
     std::fs::write(path, format!("{shape}\n")).with_context(|| format!("cannot write {}", path.display()))
 }
