@@ -5,9 +5,10 @@
 use anyhow::Result;
 use plotters::coord::ranged1d::SegmentValue;
 use plotters::prelude::*;
+use plotters::style::text_anchor::VPos;
 
 use crate::loss::plot_error;
-use crate::style::{FONT, IDLE, WIDTH};
+use crate::style::{centred, draw_legend, legend_height, CHAR_PX, FONT, IDLE, WIDTH};
 
 /// A span of work drawn as a bar, with its label inside when it fits.
 pub struct Bar {
@@ -44,8 +45,6 @@ const CURVE_PX: u32 = 190;
 
 const LANE_PX: u32 = 30;
 const PANEL_EXTRA_PX: u32 = 74;
-/// About how wide one character of a 11 px label is.
-const CHAR_PX: f64 = 6.2;
 
 /// Draws `panels` stacked, on one time axis (`axis`, from 0 to the last end),
 /// `curve` under them if there is one, and `legend` (label, colour) last.
@@ -56,7 +55,7 @@ pub fn draw(panels: &[Panel], curve: Option<&Curve>, axis: &str, legend: &[(&str
         .fold(0.0, f64::max)
         .max(f64::MIN_POSITIVE);
     let heights: Vec<u32> = panels.iter().map(|p| PANEL_EXTRA_PX + LANE_PX * p.lanes.len() as u32).collect();
-    let legend_px = 8 + 20 * legend_rows(legend).len() as u32;
+    let legend_px = legend_height(legend);
     let mut svg = String::new();
     {
         let curve_px = if curve.is_some() { CURVE_PX } else { 0 };
@@ -128,11 +127,7 @@ fn draw_panel(
             let fits = (bar.end - bar.start) * px_per_unit > CHAR_PX * bar.label.chars().count() as f64 + 4.0;
             if fits && !bar.label.is_empty() {
                 let middle = (bar.start + bar.end) / 2.0;
-                let style =
-                    TextStyle::from((FONT, 11).into_font()).color(&WHITE).pos(plotters::style::text_anchor::Pos::new(
-                        plotters::style::text_anchor::HPos::Center,
-                        plotters::style::text_anchor::VPos::Center,
-                    ));
+                let style = centred(11, VPos::Center).color(&WHITE);
                 chart
                     .draw_series([Text::new(bar.label.clone(), (middle, SegmentValue::CenterOf(row(i))), style)])
                     .map_err(plot_error)?;
@@ -186,33 +181,4 @@ fn draw_curve(
         .label_font((FONT, 11))
         .draw()
         .map_err(plot_error)
-}
-
-fn draw_legend(area: &DrawingArea<SVGBackend, plotters::coord::Shift>, legend: &[(&str, RGBColor)]) -> Result<()> {
-    for (row, entries) in legend_rows(legend).iter().enumerate() {
-        let y = 4 + 20 * row as i32;
-        for (x, (label, color)) in entries {
-            area.draw(&Rectangle::new([(*x, y), (x + 14, y + 12)], color.filled())).map_err(plot_error)?;
-            area.draw(&Text::new(label.to_string(), (x + 20, y), (FONT, 12).into_font())).map_err(plot_error)?;
-        }
-    }
-    Ok(())
-}
-
-/// The legend's entries laid out in rows that fit the figure's width, each
-/// with its left edge.
-fn legend_rows<'a>(legend: &[(&'a str, RGBColor)]) -> Vec<Vec<(i32, (&'a str, RGBColor))>> {
-    const LEFT: i32 = 140;
-    let mut rows: Vec<Vec<(i32, (&str, RGBColor))>> = vec![vec![]];
-    let mut x = LEFT;
-    for &(label, color) in legend {
-        let width = 34 + (CHAR_PX * label.chars().count() as f64) as i32;
-        if x + width > WIDTH as i32 && x > LEFT {
-            rows.push(vec![]);
-            x = LEFT;
-        }
-        rows.last_mut().expect("one row at least").push((x, (label, color)));
-        x += width;
-    }
-    rows
 }

@@ -5,11 +5,11 @@
 
 use anyhow::{bail, Result};
 use plotters::prelude::*;
-use plotters::style::text_anchor::{HPos, Pos, VPos};
+use plotters::style::text_anchor::VPos;
 use serde::Deserialize;
 
 use crate::loss::plot_error;
-use crate::style::{BACKWARD, COMM, FONT, FORWARD, REDUCE, WIDTH};
+use crate::style::{centred, BACKWARD, COMM, FONT, FORWARD, REDUCE, WIDTH};
 
 /// The shapes the figure is drawn for.
 #[derive(Deserialize)]
@@ -38,11 +38,10 @@ pub fn draw(shape: &MlpShape) -> Result<String> {
     {
         let root = SVGBackend::with_string(&mut svg, (WIDTH, height)).into_drawing_area();
         root.fill(&WHITE).map_err(plot_error)?;
-        let centred = |size| TextStyle::from((FONT, size).into_font()).pos(Pos::new(HPos::Center, VPos::Center));
         root.draw(&Text::new(
             format!("The SwiGLU MLP on {tp} tensor-parallel ranks (C = {c}, I = {i}; BT tokens)"),
             (WIDTH as i32 / 2, 16),
-            centred(15),
+            centred(15, VPos::Center),
         ))
         .map_err(plot_error)?;
         let middle = TOP + ROW * tp as i32 / 2 - ROW / 2 + BOX_H / 2;
@@ -53,32 +52,25 @@ pub fn draw(shape: &MlpShape) -> Result<String> {
             let centre = y + BOX_H / 2;
             arrow(&root, (columns[0] + BOX_W, middle), (columns[1] - 14, centre))?;
             operator(&root, (columns[1], centre), "f", COMM)?;
-            arrow(&root, (columns[1] + 14, centre), (columns[2], centre))?;
-            boxed(
-                &root,
-                (columns[2], y),
-                &format!("gate, up: cols {}", columns_of(rank, part)),
-                &format!("{c} × {part} each"),
-                FORWARD,
-            )?;
-            arrow(&root, (columns[2] + BOX_W, centre), (columns[3], centre))?;
-            boxed(&root, (columns[3], y), "SwiGLU", &format!("BT × {part}"), FORWARD)?;
-            arrow(&root, (columns[3] + BOX_W, centre), (columns[4], centre))?;
-            boxed(
-                &root,
-                (columns[4], y),
-                &format!("down: rows {}", columns_of(rank, part)),
-                &format!("{part} × {c}"),
-                FORWARD,
-            )?;
-            arrow(&root, (columns[4] + BOX_W, centre), (columns[5], centre))?;
-            boxed(&root, (columns[5], y), &format!("partial Y, rank {rank}"), &format!("BT × {c}"), BACKWARD)?;
-            arrow(&root, (columns[5] + BOX_W, centre), (columns[6] + 12, middle))?;
-            root.draw(&Text::new(format!("rank {rank}"), (columns[2] + BOX_W / 2, y - 8), centred(11)))
+            let pieces = [
+                (format!("gate, up: cols {}", columns_of(rank, part)), format!("{c} × {part} each"), FORWARD),
+                ("SwiGLU".to_string(), format!("BT × {part}"), FORWARD),
+                (format!("down: rows {}", columns_of(rank, part)), format!("{part} × {c}"), FORWARD),
+                (format!("partial Y, rank {rank}"), format!("BT × {c}"), BACKWARD),
+            ];
+            // Each piece fed by the one before it, f feeding the first.
+            let mut from = columns[1] + 14;
+            for ((title, shape, color), x) in pieces.iter().zip(&columns[2..6]) {
+                arrow(&root, (from, centre), (*x, centre))?;
+                boxed(&root, (*x, y), title, shape, *color)?;
+                from = x + BOX_W;
+            }
+            arrow(&root, (from, centre), (columns[6] + 12, middle))?;
+            root.draw(&Text::new(format!("rank {rank}"), (columns[2] + BOX_W / 2, y - 8), centred(11, VPos::Center)))
                 .map_err(plot_error)?;
         }
         operator(&root, (columns[6] + 26, middle), "g", REDUCE)?;
-        root.draw(&Text::new("Y", (columns[7] + 64, middle), centred(13))).map_err(plot_error)?;
+        root.draw(&Text::new("Y", (columns[7] + 64, middle), centred(13, VPos::Center))).map_err(plot_error)?;
         arrow(&root, (columns[6] + 40, middle), (columns[7] + 56, middle))?;
         let notes = [
             "f: identity forward; backward, all-reduce of the input's gradient (each rank saw only its columns)",
@@ -103,15 +95,16 @@ fn boxed(root: &Area, at: (i32, i32), title: &str, shape: &str, color: RGBColor)
     let far = (at.0 + BOX_W, at.1 + BOX_H);
     root.draw(&Rectangle::new([at, far], color.mix(0.18).filled())).map_err(plot_error)?;
     root.draw(&Rectangle::new([at, far], color.stroke_width(1))).map_err(plot_error)?;
-    let centred = |size| TextStyle::from((FONT, size).into_font()).pos(Pos::new(HPos::Center, VPos::Center));
-    root.draw(&Text::new(title.to_string(), (at.0 + BOX_W / 2, at.1 + 13), centred(10))).map_err(plot_error)?;
-    root.draw(&Text::new(shape.to_string(), (at.0 + BOX_W / 2, at.1 + 28), centred(11))).map_err(plot_error)?;
+    root.draw(&Text::new(title.to_string(), (at.0 + BOX_W / 2, at.1 + 13), centred(10, VPos::Center)))
+        .map_err(plot_error)?;
+    root.draw(&Text::new(shape.to_string(), (at.0 + BOX_W / 2, at.1 + 28), centred(11, VPos::Center)))
+        .map_err(plot_error)?;
     Ok(())
 }
 
 fn operator(root: &Area, centre: (i32, i32), name: &str, color: RGBColor) -> Result<()> {
     root.draw(&Circle::new(centre, 13, color.filled())).map_err(plot_error)?;
-    let style = TextStyle::from((FONT, 14).into_font()).color(&WHITE).pos(Pos::new(HPos::Center, VPos::Center));
+    let style = centred(14, VPos::Center).color(&WHITE);
     root.draw(&Text::new(name.to_string(), centre, style)).map_err(plot_error)?;
     Ok(())
 }

@@ -5,10 +5,11 @@
 use anyhow::{bail, Context, Result};
 use plotters::coord::ranged1d::SegmentValue;
 use plotters::prelude::*;
+use plotters::style::text_anchor::VPos;
 use serde::Deserialize;
 
 use crate::loss::plot_error;
-use crate::style::{BACKWARD, FONT, FORWARD, REDUCE, WIDTH};
+use crate::style::{centred, draw_legend, legend_height, BACKWARD, FONT, FORWARD, REDUCE, WIDTH};
 
 /// One line of `zero-memory.jsonl`: one stage on one world size.
 #[derive(Deserialize)]
@@ -46,14 +47,17 @@ pub fn draw(rows: &[ZeroRow]) -> Result<String> {
     {
         let root = SVGBackend::with_string(&mut svg, (WIDTH, HEIGHT)).into_drawing_area();
         root.fill(&WHITE).map_err(plot_error)?;
+        let kinds =
+            [("parameters", FORWARD), ("gradients", BACKWARD), ("optimizer state (m, v)", REDUCE), ("formula", BLACK)];
+        let (body, key) = root.split_vertically(HEIGHT - legend_height(&kinds));
         let title = format!(
             "Model states per rank, fp32 AdamW, {:.0}M parameters: measured and the ZeRO formula",
             rows[0].params as f64 / 1e6
         );
-        let mut chart = ChartBuilder::on(&root)
+        let mut chart = ChartBuilder::on(&body)
             .caption(title, (FONT, 15))
             .margin(10)
-            .x_label_area_size(74)
+            .x_label_area_size(52)
             .y_label_area_size(52)
             .build_cartesian_2d((0..rows.len() - 1).into_segmented(), 0.0..top)
             .map_err(plot_error)?;
@@ -70,11 +74,10 @@ pub fn draw(rows: &[ZeroRow]) -> Result<String> {
             .light_line_style(WHITE.mix(0.0))
             .draw()
             .map_err(plot_error)?;
-        let kinds = [("parameters", FORWARD), ("gradients", BACKWARD), ("optimizer state (m, v)", REDUCE)];
         for (i, row) in rows.iter().enumerate() {
             let parts = [row.parameter_bytes, row.gradient_bytes, row.optimizer_bytes];
             let mut base = 0.0;
-            for (bytes, (_, color)) in parts.iter().zip(&kinds) {
+            for (bytes, (_, color)) in parts.iter().zip(&kinds[..3]) {
                 let height = *bytes as f64 / GIB;
                 let (left, right) = (SegmentValue::Exact(i), SegmentValue::Exact(i + 1));
                 chart
@@ -96,10 +99,7 @@ pub fn draw(rows: &[ZeroRow]) -> Result<String> {
                 .draw_series([Text::new(
                     format!("{base:.2}"),
                     (SegmentValue::CenterOf(i), base + top * 0.02),
-                    TextStyle::from((FONT, 10).into_font()).pos(plotters::style::text_anchor::Pos::new(
-                        plotters::style::text_anchor::HPos::Center,
-                        plotters::style::text_anchor::VPos::Bottom,
-                    )),
+                    centred(10, VPos::Bottom),
                 )])
                 .map_err(plot_error)?;
         }
@@ -110,21 +110,12 @@ pub fn draw(rows: &[ZeroRow]) -> Result<String> {
         while first < rows.len() {
             let count = rows[first..].iter().take_while(|r| r.strategy == rows[first].strategy).count();
             let middle = plot.0.start as f64 + per_bar * (first as f64 + count as f64 / 2.0);
-            let style = TextStyle::from((FONT, 12).into_font()).pos(plotters::style::text_anchor::Pos::new(
-                plotters::style::text_anchor::HPos::Center,
-                plotters::style::text_anchor::VPos::Top,
-            ));
+            let style = centred(12, VPos::Top);
             root.draw(&Text::new(rows[first].strategy.clone(), (middle as i32, plot.1.end + 24), style))
                 .map_err(plot_error)?;
             first += count;
         }
-        let mut x = 80;
-        for (label, color) in kinds.iter().map(|(l, c)| (*l, *c)).chain([("formula", BLACK)]) {
-            let y = HEIGHT as i32 - 26;
-            root.draw(&Rectangle::new([(x, y), (x + 12, y + 10)], color.filled())).map_err(plot_error)?;
-            root.draw(&Text::new(label.to_string(), (x + 16, y - 1), (FONT, 12).into_font())).map_err(plot_error)?;
-            x += 30 + 7 * label.len() as i32;
-        }
+        draw_legend(&key, &kinds)?;
         root.present().map_err(plot_error)?;
     }
     Ok(svg)
