@@ -375,16 +375,18 @@ fn finish_output(ranks: &mut [Rank]) {
 fn copy_lines<W: Write + 'static>(from: impl Read + Send + 'static, rank: usize, to: fn() -> W) -> JoinHandle<()> {
     thread::spawn(move || {
         let mut reader = BufReader::new(from);
-        let mut line = Vec::new();
+        let prefix = format!("[rank {rank}] ");
+        let mut line = prefix.clone().into_bytes();
         while matches!(reader.read_until(b'\n', &mut line), Ok(n) if n > 0) {
-            let mut out = to();
-            let _ = out.write_all(format!("[rank {rank}] ").as_bytes());
-            let _ = out.write_all(&line);
             if !line.ends_with(b"\n") {
-                let _ = out.write_all(b"\n");
+                line.push(b'\n');
             }
+            // One write per line: the standard streams lock for each write,
+            // so two ranks' lines never interleave.
+            let mut out = to();
+            let _ = out.write_all(&line);
             let _ = out.flush();
-            line.clear();
+            line.truncate(prefix.len());
         }
     })
 }

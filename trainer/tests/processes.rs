@@ -124,6 +124,32 @@ fn a_failing_rank_stops_the_job_with_its_exit_code_and_name() {
     }
 }
 
+/// Ranks that print at once still leave whole lines, each under its own
+/// prefix: the launcher writes a line at a time.
+#[cfg(unix)]
+#[test]
+fn lines_printed_at_once_by_several_ranks_never_interleave() {
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let output = Command::new(env!("CARGO_BIN_EXE_launch"))
+        .args([
+            "--nproc-per-node",
+            "4",
+            "--",
+            "sh",
+            "-c",
+            r#"i=0; while [ $i -lt 300 ]; do echo "line of $RANK"; i=$((i+1)); done"#,
+        ])
+        .output()
+        .expect("launch starts");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    for line in stdout.lines() {
+        let whole = (0..4).any(|rank| line == format!("[rank {rank}] line of {rank}"));
+        assert!(whole, "a line mixes ranks or lost its prefix: {line:?}");
+    }
+    assert_eq!(stdout.lines().count(), 4 * 300, "every line arrives");
+}
+
 /// `kill -9` of one rank's process mid-training ends the job within seconds,
 /// with the rank named, and the last checkpoint intact.
 #[cfg(target_os = "linux")]
