@@ -239,6 +239,62 @@ mod tests {
         );
     }
 
+    /// The release a learner may have cloned before the exercises' docs were
+    /// last rewritten (the functions' signatures are today's).
+    const DOCS_BASE: &str = "e276eb246327356a8f171cff4932be9181017df2";
+
+    /// `source` with each function in `names` given its body from `from`.
+    fn with_bodies_of(source: &str, from: &str, names: &[&str]) -> String {
+        names.iter().fold(source.to_string(), |source, name| {
+            let (here, there) = (stub::locate(&source, name).unwrap(), stub::locate(from, name).unwrap());
+            format!("{}{}{}", &source[..here.body.start], &from[there.body], &source[here.body.end..])
+        })
+    }
+
+    /// What `git pull` does to one file: today's changes merged over the
+    /// learner's, both from `base`. `None` when they conflict.
+    fn merge(scratch: &Path, learners: &str, base: &str, today: &str) -> Option<String> {
+        for (name, text) in [("learners", learners), ("base", base), ("today", today)] {
+            std::fs::write(scratch.join(name), text).unwrap();
+        }
+        let merged = std::process::Command::new("git")
+            .args(["merge-file", "-p", "learners", "base", "today"])
+            .current_dir(scratch)
+            .output()
+            .expect("git runs");
+        merged.status.success().then(|| String::from_utf8(merged.stdout).unwrap())
+    }
+
+    /// A learner who cloned at `DOCS_BASE` and finished every exercise (the
+    /// reference bodies stand in for their work) commits and pulls: every
+    /// file merges without a conflict, with today's docs and their bodies.
+    #[test]
+    fn a_pull_brings_the_new_docs_over_finished_exercises() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let workbook = crate::metadata::Workbook::load(root).unwrap();
+        let scratch = std::env::temp_dir().join(format!("workbook-pull-{}", std::process::id()));
+        std::fs::create_dir_all(&scratch).unwrap();
+        for exercise in &workbook.exercises {
+            let file = exercise.file.to_str().unwrap();
+            let shown = std::process::Command::new("git")
+                .args(["show", &format!("{DOCS_BASE}:{file}")])
+                .current_dir(root)
+                .output()
+                .expect("git runs");
+            assert!(shown.status.success(), "{file} at {DOCS_BASE}: this test needs the repository's full history");
+            let base = String::from_utf8(shown.stdout).unwrap();
+            let names = exercise.fn_names();
+            let reference = std::fs::read_to_string(root.join(exercise.solution_file().unwrap())).unwrap();
+            let finished = with_bodies_of(&base, &reference, &names);
+            let today = std::fs::read_to_string(root.join(file)).unwrap();
+            let merged = merge(&scratch, &finished, &base, &today)
+                .unwrap_or_else(|| panic!("{file}: today's docs conflict with a finished exercise"));
+            assert_eq!(stub::reset(&merged, &names, &exercise.stub_line()).unwrap(), today, "{file}: today's docs");
+            assert_eq!(with_bodies_of(&merged, &finished, &names), merged, "{file}: the learner's bodies");
+        }
+        std::fs::remove_dir_all(&scratch).ok();
+    }
+
     #[test]
     fn leaves_current_files_alone() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
