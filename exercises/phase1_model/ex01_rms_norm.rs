@@ -29,14 +29,14 @@ use crate::model::RmsNorm;
 impl RmsNorm {
     /// Normalises `x` (…, C) by its root mean square over the last dimension
     /// and scales it by `self.weight` (C); `self.eps` goes *inside* the square root.
+    /// The output has the shape and the dtype of `x`.
     ///
-    /// - Compute in f32 and cast the result back to `x.dtype()`: in candle a
-    ///   reduction accumulates in the tensor's own dtype, and a bf16 sum of
-    ///   thousands of squares stalls (2^20 ones sum to 256 in bf16).
-    /// - candle never broadcasts implicitly: use `broadcast_div` / `broadcast_mul`
-    ///   to combine (…, C) with (…, 1) or (C).
-    /// - The weight is stored in the model's dtype, which may be bf16: bring it
-    ///   to the statistic's dtype before you multiply.
+    /// - `x` may be bf16 with C = 4096, and the result must then agree with an
+    ///   f32 computation to bf16 rounding. In candle a reduction accumulates in
+    ///   the tensor's own dtype, and a bf16 sum stalls: 2^20 ones sum to 256.
+    /// - candle never broadcasts implicitly: `a / b` and `a * b` need equal
+    ///   shapes, and it refuses to combine two dtypes in one operation.
+    /// - The weight is stored in the model's dtype, which may be bf16.
     /// - Do not call `candle_nn::ops::rms_norm`: it has no backward pass, so the
     ///   gradients of everything before it would silently be zero.
     /// - Once your version passes: candle sums the weight's gradient over the

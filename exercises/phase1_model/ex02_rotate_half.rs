@@ -5,12 +5,14 @@
 //! i = 0 … D/2 − 1: channel i of the first half with channel i of the second.
 //! `rotate_half` turns every pair by 90° counter-clockwise, which maps a point
 //! (a, b) of the plane to (−b, a). The turned pair i goes back to channels i
-//! and i + D/2:
+//! and i + D/2. For example:
 //!
 //! ```text
-//! out[i] = −x[i + D/2],   out[i + D/2] = x[i]       for i < D/2
-//! e.g. [1, 2, 3, 4]: pairs (1, 3), (2, 4) → (−3, 1), (−4, 2) → [−3, −4, 1, 2]
+//! [1, 2, 3, 4]: pairs (1, 3), (2, 4) → turned (−3, 1), (−4, 2) → [−3, −4, 1, 2]
 //! ```
+//!
+//! The function must be built from whole-tensor operations that autograd can
+//! follow, for any D and any number of leading dimensions: no loop over pairs.
 //!
 //! This is the "halves" layout (Llama, GPT-NeoX). The "interleaved" layout pairs
 //! adjacent channels (x0, x1), (x2, x3), … instead; the two are not

@@ -35,18 +35,18 @@ use candle_core::{Result, Tensor};
 /// kernel at the end of this list comes after it passes.
 ///
 /// - `k.t()` transposes the last two dims; `matmul` batches over (B, H).
-/// - `Tensor::tril2(t, DType::U8, device)` is the (T, T) mask of allowed
-///   positions: 1 where key j <= query i. `Tensor::full(f32::NEG_INFINITY,
-///   shape, device)` is a tensor of -inf. `mask.where_cond(..)` picks element
-///   by element from one of two tensors; all three must have one shape
-///   (`broadcast_as` stretches a tensor to a shape). `broadcast_add` adds
-///   tensors of different shapes.
+/// - `Tensor::tril2(n, DType::U8, device)` is an (n, n) matrix of ones on and
+///   below the diagonal, zeros above. `Tensor::full(f32::NEG_INFINITY,
+///   shape, device)` is a tensor of -inf. `cond.where_cond(on_true, on_false)`
+///   picks element by element from one of two tensors; all three must have
+///   one shape (`broadcast_as` stretches a tensor to a shape). `broadcast_add`
+///   adds tensors of different shapes.
 /// - Softmax over the last dim: `crate::kernels::softmax(&scores)`, a fused
 ///   kernel with its own backward pass. `candle_nn::ops::softmax(&scores, D::Minus1)`
 ///   computes the same from five primitives, a few times slower. Not candle's
 ///   `softmax_last_dim`: it has no backward pass, so q, k and v would get no gradient.
-/// - candle does not mix dtypes: anything combined with bf16 scores must be
-///   bf16 too (`to_dtype(q.dtype())`).
+/// - candle does not mix dtypes, and `Tensor::full` of an `f32` value is f32,
+///   while the scores of bf16 inputs are bf16.
 /// - Once it passes, the fast route: scaling, masking and softmax are three
 ///   passes over the (B, H, T, T) scores, forward and again backward, bound by
 ///   memory. `crate::kernels::scaled_masked_softmax(&scores, &allowed, scale)`

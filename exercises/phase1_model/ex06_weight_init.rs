@@ -2,19 +2,23 @@
 //!
 //! Training starts from the weights you give it. Too large, and activations and
 //! gradients explode through the layers; all equal, and every unit learns the
-//! same thing. GPT-2's recipe, used here:
+//! same thing. GPT-2's recipe, used here, starts from one constant and one
+//! correction for depth:
 //!
-//! ```text
-//! embeddings, linear weights       ~ normal(0, 0.02)
-//! residual output projections      ~ normal(0, 0.02 / sqrt(2 · num_layers))
-//! norm weights                     = 1
-//! biases                           = 0
-//! ```
+//! - embeddings and linear weights ~ normal(0, 0.02²);
+//! - except the linear weights whose output is added straight into the
+//!   residual stream. Each such output adds to the stream a variance
+//!   proportional to its weights' variance, and the contributions pile up
+//!   over the depth; their std is scaled down so that all of them together, in
+//!   the whole model, add what a single one of std 0.02 would, whatever
+//!   `num_layers` is;
+//! - norm weights start at the value that makes a fresh norm only normalise;
+//! - biases start at the value that makes a fresh linear layer purely linear.
 //!
-//! The residual stream adds two outputs per block (attention's `o_proj` and the
-//! MLP's `down_proj`), so 2·L random contributions pile up; scaling those two
-//! projections by 1/sqrt(2L) keeps the stream's variance independent of depth.
-//! With 4 layers their std is 0.02 / sqrt(8) ≈ 0.00707; with 12, ≈ 0.00408.
+//! Which parameters write into the residual stream, and how many such
+//! contributions a model of `num_layers` blocks adds up, you read off the
+//! block's data flow (`guide/src/phase1/index.md`). For a sense of scale: six
+//! unscaled contributions, each of variance v, add 6v, six times the target.
 //!
 //! The model calls this function once per parameter, in a fixed order, with one
 //! seeded generator: the same seed must give the same model, bit for bit. That
@@ -31,8 +35,8 @@ use crate::model::{GptConfig, InitRng, ParamSpec};
 ///
 /// - `spec.kind` says what module owns it (`ParamKind::Embedding`, `LinearWeight`,
 ///   `LinearBias`, `NormWeight`): the `isinstance` check of a PyTorch init.
-/// - `spec.name` is its Hugging Face Llama name; the residual output projections
-///   end in `self_attn.o_proj.weight` and `mlp.down_proj.weight`.
+/// - `spec.name` is its Hugging Face Llama name, such as
+///   `model.layers.3.self_attn.q_proj.weight`; `str::ends_with` compares its end.
 /// - Draw normals with `rng.normal(&spec.shape, std, device)`. Never `Tensor::randn`:
 ///   candle's CPU generator cannot be seeded, so the model would differ on every run.
 /// - `Tensor::ones(&spec.shape, DType::F32, device)` and `Tensor::zeros(…)` for the rest.

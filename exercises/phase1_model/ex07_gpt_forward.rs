@@ -10,29 +10,29 @@
 //!   → lm_head               (B, T, V)   logits: a score for every possible next token
 //! ```
 //!
-//! **The loss predicts the next token.** The logits at position t score token
-//! t+1, so with `labels` aligned to `idx` (usually `labels = idx`) the logits at
-//! position t are scored against `labels[b, t + 1]`. The last position has no
-//! next token and `labels[b, 0]` is predicted by nothing, which leaves B·(T-1)
-//! predictions:
+//! **The loss predicts the next token.** The logits at position t are the
+//! model's scores for the token at position t + 1, and `labels` come aligned
+//! with `idx` (usually `labels = idx`): the model does the shifting. The loss
+//! is the mean cross-entropy, −log softmax(logits)[label], over every
+//! prediction that has a label to be scored against. Example, one sequence of
+//! T = 3 with labels [5, 9, 2]: the logits at position 0 are scored against
+//! token 9, those at position 1 against token 2, those at position 2 against
+//! nothing, and the loss is the mean of those two terms.
 //!
-//! ```text
-//! loss = mean over b < B, t < T-1 of  −log softmax(logits[b, t])[labels[b, t + 1]]
-//! ```
-//!
-//! computed in f32, an f32 scalar. Example, one sequence of T = 3 with labels
-//! [5, 9, 2]: the logits at position 0 are scored against token 9, those at
-//! position 1 against token 2, those at position 2 against nothing, and the
-//! loss is the mean of those two terms.
+//! The loss is an f32 scalar whatever the model's dtype; for a bf16 model it
+//! must agree with the f32 loss to within 2%. Cross-entropy is a log-sum-exp
+//! over all V logits, a long reduction (exercise 1 showed what bf16 does to
+//! those).
 //!
 //! **Activation checkpointing.** Backward needs every block's intermediate
-//! activations; for big models they dominate memory. With
-//! `self.activation_checkpointing` on, run each block through
-//! `recompute.checkpoint(block, &x)` instead of `block.forward(&x)`: it keeps
-//! only the block's input, and [`ForwardPass::backward`](crate::ForwardPass::backward)
-//! runs the block again to back-propagate through it. One extra forward per block
-//! buys memory that no longer grows with the block's internals. The gradients
-//! must be identical either way.
+//! activations; for big models they dominate memory. A block run through
+//! `recompute.checkpoint(block, &x)` keeps only its input and returns what
+//! `block.forward(&x)` would; [`ForwardPass::backward`](crate::ForwardPass::backward)
+//! runs it again to back-propagate through it. One extra forward per block buys
+//! memory that no longer grows with the block's internals. With
+//! `self.activation_checkpointing` on, the tests expect every block on the
+//! tape once per forward pass; with it off, none. The gradients must be
+//! identical either way.
 //!
 //! Read first: Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost".
 //! Guide: `guide/src/phase1/07-gpt-forward.md`. Test: `cargo test exercise_07`.
@@ -62,9 +62,10 @@ impl Gpt {
 /// The mean next-token cross-entropy of `logits` (B, T, V) against `labels`
 /// (B, T), an f32 scalar. The FSDP runtime of Phase 3 calls it too.
 ///
-/// The logits at position t are scored against the label at t + 1, for every
-/// sequence b and every t < T-1; the result is the mean over those B·(T-1)
-/// predictions, computed from f32 logits whatever the model's dtype.
+/// `labels` are aligned with the input: the logits at position t predict the
+/// token at t + 1. The result is the mean over every prediction that has a
+/// label to be scored against, in every sequence; for bf16 logits it must
+/// agree with the f32 loss to within 2%.
 ///
 /// Useful: `dims3`, `narrow`, `reshape`, `to_dtype`, and
 /// `crate::kernels::cross_entropy`, which takes (N, V) logits and (N) targets

@@ -8,16 +8,27 @@
 //!   normalised activation toward zero;
 //! - **biases** are offsets; shrinking them regularises nothing useful.
 //!
-//! So the parameters are split into two groups: matrices and embeddings (2-D
-//! tensors) decay, norm weights and biases (1-D tensors) do not. Every parameter
-//! belongs to exactly one group; one left out would never be updated. The
-//! groups are what PyTorch's `torch.optim.AdamW(groups)` takes; here both
-//! `AdamW::new` and FSDP's sharded optimizer take them.
+//! So the parameters are split into two groups: one with the `weight_decay`
+//! you are given, for the matrices and embeddings, and one with 0, for the
+//! norm weights and biases. Every parameter belongs to exactly one group; one
+//! left out would never be updated. The groups are what PyTorch's
+//! `torch.optim.AdamW(groups)` takes; here both `AdamW::new` and FSDP's
+//! sharded optimizer take them.
+//!
+//! Some of the test model's parameters, with their shapes:
 //!
 //! ```text
-//! group 0: weight_decay = weight_decay   embed_tokens, q/k/v/o_proj, gate/up/down_proj, lm_head weights
-//! group 1: weight_decay = 0              *_layernorm.weight, model.norm.weight, *.bias
+//! model.embed_tokens.weight               (V, C)    decays
+//! model.layers.0.self_attn.q_proj.weight  (C, C)    decays
+//! model.layers.0.self_attn.q_proj.bias    (C)       no decay
+//! model.layers.0.input_layernorm.weight   (C)       no decay
+//! lm_head.weight                          (V, C)    decays
 //! ```
+//!
+//! The rule must sort every parameter of every model this workbook builds,
+//! with biases or without, and names it has never seen. What does every
+//! parameter tell you about itself that separates the two kinds? A list of
+//! names, or a search for "norm" in them, is easy to get almost right.
 //!
 //! Read first: Loshchilov & Hutter 2019, "Decoupled Weight Decay Regularization".
 //! Guide: `guide/src/phase2/08-optimizer-groups.md`. Test: `cargo test exercise_08`.
@@ -25,10 +36,12 @@
 use crate::model::ParamStore;
 use crate::train::ParamGroup;
 
-/// The two parameter groups of `params`: 2-D and larger tensors with
-/// `weight_decay`, the rest with 0. Every parameter is in exactly one group.
+/// The two parameter groups of `params`: the matrices and embeddings with
+/// `weight_decay`, the norm weights and biases with 0. Every parameter is in
+/// exactly one group.
 ///
-/// - `params.iter()` yields `(name, var)` in name order; `var.rank()` is the number of dimensions.
+/// - `params.iter()` yields `(name, var)` in name order; `var.dims()` is the
+///   shape and `var.rank()` the number of dimensions.
 /// - A [`ParamGroup`] holds the names (as `String`s) and the group's weight decay.
 pub fn param_groups(params: &ParamStore, weight_decay: f64) -> Vec<ParamGroup> {
     let _ = (&params, &weight_decay);

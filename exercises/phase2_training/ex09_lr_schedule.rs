@@ -2,27 +2,36 @@
 //!
 //! At the first steps Adam's moment estimates are noise and the weights are
 //! random: a full learning rate then can throw training into a region it never
-//! recovers from. So the rate **warms up** linearly, then **decays** along half
-//! a cosine — fast in the middle, gentle at both ends — to a floor `min_lr`:
+//! recovers from. So the rate **warms up** linearly to `max_lr` over
+//! `warmup_steps` steps, then **decays** along half a cosine (fast in the
+//! middle, gentle at both ends) to a floor `min_lr` at `max_steps`, and stays
+//! there. Half a cosine, as SGDR defines it, over a progress p from 0 to 1:
 //!
 //! ```text
-//! step < warmup:             lr = max_lr · (step + 1) / warmup
-//! warmup ≤ step < max_steps: p  = (step − warmup) / (max_steps − warmup)      ∈ [0, 1)
-//!                            lr = min_lr + ½ (1 + cos(π · p)) · (max_lr − min_lr)
-//! step ≥ max_steps:          lr = min_lr
+//! lr = min_lr + ½ (1 + cos(π · p)) · (max_lr − min_lr)      p = 0: max_lr    p = 1: min_lr
 //! ```
 //!
-//! (`warmup` is `warmup_steps`, at most `max_steps`.) Steps count from 0, so
-//! step 0 already trains at `max_lr / warmup` and step `warmup − 1` reaches
-//! `max_lr`. The decay starts from the end of warmup, not from step 0, and
-//! meets `min_lr` at `max_steps`, where p would be 1; from there on the rate
-//! stays at `min_lr`, where the cosine would climb back up. A warmup as long as
-//! the run (`warmup_steps == max_steps`) leaves nothing to decay: the rate is
-//! `min_lr` from `max_steps` on, and never NaN.
+//! The contract, with steps counted from 0 and `warmup_steps` at most
+//! `max_steps`:
 //!
-//! With `max_lr = 8e-4`, `min_lr = 5e-5`, `warmup = 7`, `max_steps = 90` (the
-//! test's schedule): step 0 → 1.143e-4, step 6 → 8e-4, step 7 → 8e-4 (p = 0),
-//! step 55 → 3.337e-4 (p = 48/83), step 90 and beyond → 5e-5.
+//! - step 0 already trains (its rate is above 0); each warmup step adds the
+//!   same amount, and the last warmup step reaches `max_lr` exactly;
+//! - the first step after warmup is still at `max_lr`; from there the rate
+//!   never rises, and it reaches `min_lr` at `max_steps`;
+//! - from `max_steps` on, the rate is `min_lr`;
+//! - a warmup as long as the run (`warmup_steps == max_steps`) is allowed,
+//!   and no step gives NaN.
+//!
+//! The test's schedule, `max_lr = 8e-4`, `min_lr = 5e-5`, `warmup_steps = 7`,
+//! `max_steps = 90`:
+//!
+//! ```text
+//! step   0          3          6        7        30          55          89          90      150
+//! lr     1.143e-4   4.571e-4   8e-4     8e-4     6.666e-4    3.337e-4    5.027e-5    5e-5    5e-5
+//! ```
+//!
+//! Before writing a line, find the warmup rate of each step and the p of each
+//! decay step that give these numbers.
 //!
 //! Read first: Loshchilov & Hutter 2017, "SGDR: Stochastic Gradient Descent with Warm Restarts".
 //! Guide: `guide/src/phase2/09-lr-schedule.md`. Test: `cargo test exercise_09`.

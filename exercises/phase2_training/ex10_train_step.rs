@@ -22,11 +22,11 @@
 //! and 0.4, g = 0.6 on both, the norm reported is 0.6, and with
 //! max_grad_norm 0.5 AdamW is handed 0.5 on both ranks.
 //!
-//! Without the `/k`, k micro-batches give k times the gradient of one big
-//! batch. Synchronising inside the loop gives the right numbers but pays the
-//! communication k times (PyTorch's `no_sync()` exists for this). Clipping
-//! before averaging makes ranks clip different gradients. Forgetting to clear
-//! the buffer adds the last step's gradients to the next.
+//! Three properties decide where each piece goes: the gradient is linear in
+//! the loss, the average over ranks is linear too, and clipping is not
+//! (clip(a) + clip(b) ≠ clip(a + b)). Every synchronisation is an all-reduce
+//! of the whole gradient across the ranks, and `backward()` differentiates
+//! the loss stored in the pass, as it is.
 //!
 //! Shapes: each micro-batch is (B, T) token ids (u32); the model predicts each
 //! next token of the same tensor, so it is both input and labels.

@@ -2,16 +2,11 @@
 //!
 //! Long runs stop: preemption, a crash, a node swapped out. A checkpoint must
 //! hold everything that decides what the next step does, or the resumed run
-//! silently differs from an uninterrupted one:
-//!
-//! ```text
-//! parameters              self.params (by name)
-//! optimizer state         self.optimizer.state_tensors() and self.optimizer.steps()
-//!                         (Adam's moments: without them the first resumed steps are wild)
-//! step                    self.step (the schedule's position follows from it)
-//! configs                 the model's and the trainer's, to refuse a mismatched resume
-//! data position           where the sampler stands, so no batch is seen twice or skipped
-//! ```
+//! silently differs from an uninterrupted one. The parameters are the obvious
+//! part, not the only one: go through the trainer's state (`self.params`,
+//! `self.optimizer`, `self.step`, the configs, the data position you are
+//! handed) and ask, for each, what the first resumed step would do without
+//! it. The learning rate is no state of its own: it is a function of the step.
 //!
 //! The contract under data parallelism, with the reason for each part:
 //!

@@ -20,33 +20,38 @@
 //! holds 16 GB per rank at stage 0, 4 + 1.5 = 5.5 GB at stage 1,
 //! 2 + 1.75 = 3.75 GB at stage 2 and 2 GB at stage 3.
 //!
-//! PyTorch FSDP names four strategies by what a rank keeps, and when:
-//! - FULL_SHARD: a rank keeps 1/N of the parameters, gradients and optimizer
-//!   state. A unit's parameters are all-gathered before its forward, freed
-//!   after it, gathered again before its backward and freed after that; the
-//!   gradients are reduce-scattered after backward, and each rank updates its
-//!   own shard.
-//! - SHARD_GRAD_OP: gradients and optimizer state are sharded, and each rank
-//!   updates its own shard. The parameters are gathered before forward and
-//!   stay whole through backward, with no gather in between. This runtime
-//!   keeps them whole between steps too, refreshed by an all-gather after
-//!   the optimizer step (PyTorch frees them after backward instead).
-//! - NO_SHARD: every rank keeps all parameters, gradients and optimizer
-//!   state, as DDP does; gradients are all-reduced after backward.
-//! - HYBRID_SHARD: FULL_SHARD among the ranks of one node, and each node
-//!   holds a replica of that sharded model, as DDP holds replicas.
+//! PyTorch FSDP names four strategies. Each is defined by what a rank does
+//! with a unit during a step; which ZeRO stage that amounts to is yours to
+//! read off:
+//! - FULL_SHARD: a unit's parameters are all-gathered before its forward and
+//!   freed after it, all-gathered again before its backward and freed after
+//!   that; the gradients are reduce-scattered after backward, and each rank
+//!   runs the optimizer on its own 1/N of the elements.
+//! - SHARD_GRAD_OP: the parameters are gathered before forward and stay whole
+//!   through backward, with no gather in between. This runtime keeps them
+//!   whole between steps too, refreshed by an all-gather after the optimizer
+//!   step (PyTorch frees them after backward instead). Each micro-batch's
+//!   gradient is reduce-scattered as soon as backward produces it, and each
+//!   rank runs the optimizer on its own 1/N of the elements.
+//! - NO_SHARD: the gradients are all-reduced after backward, and every rank
+//!   runs the optimizer on every element, as DDP does.
+//! - HYBRID_SHARD: among the ranks of one node, FULL_SHARD; across nodes,
+//!   each node holds a replica of that sharded model, as DDP holds replicas.
 //!
 //! A [`ShardingPlan`] field is true when that part is divided across the
 //! ranks: `params` means no whole copy lives between uses (gathered for each
 //! use, freed after); `grads` means a rank keeps only the reduced gradient of
 //! its shard; `optimizer_state` means a rank keeps only its shard's f32
 //! master weights and moments. Only the ZeRO stages are valid plans
-//! (`ShardingPlan::validate`).
+//! (`ShardingPlan::validate`). For each strategy ask: what does a rank hold
+//! between two uses of a unit, which gradient does it keep, and which
+//! elements does its optimizer touch?
 //!
-//! The price is communication: DDP's all-reduce of the gradients moves 2Ψ per
-//! step; stage 2 replaces it with a reduce-scatter (Ψ) and an all-gather of the
-//! updated parameters (Ψ); stage 3 all-gathers the parameters before forward
-//! and again before backward and reduce-scatters the gradients: 3Ψ.
+//! The price is communication, counted per step in elements (the ring's
+//! (N − 1)/N dropped): DDP's all-reduce of the gradients moves 2Ψ; stages 1
+//! and 2 move the same 2Ψ, as a reduce-scatter (Ψ) and an all-gather (Ψ);
+//! stage 3 all-gathers the parameters before forward and again before
+//! backward and reduce-scatters the gradients: 3Ψ.
 //!
 //! Read first: Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward
 //! Training Trillion Parameter Models", sections 5 and 7; PyTorch's

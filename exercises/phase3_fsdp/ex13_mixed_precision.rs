@@ -10,11 +10,12 @@
 //! fp16      1       5        10       ~6e-8 .. 65504    ~3 digits     narrow range
 //! ```
 //!
-//! bf16 keeps fp32's exponent range, so gradients neither overflow nor
-//! underflow: no loss scaling. fp16's range is narrow: small gradients
-//! underflow to zero, so the loss is multiplied by a large scale before
-//! backward (and the gradients divided by it after), and a step whose scaled
-//! gradients overflow to inf is skipped while the scale is halved.
+//! **Loss scaling** multiplies the loss by a large S before backward, which
+//! by the chain rule multiplies every gradient by S, and divides the
+//! gradients by S again in f32 before the optimizer uses them; a step whose
+//! scaled gradients overflow to inf is skipped while S is halved. It moves
+//! the gradients within a format's exponent range; it does nothing for a
+//! short mantissa. Which of the three formats needs it follows from the table.
 //!
 //! A policy says which dtype each part uses (PyTorch FSDP's `MixedPrecision`):
 //! - `param_dtype`: parameters are gathered and computed in it;
@@ -26,10 +27,10 @@
 //! accounting); master weights, optimizer state, loss and norms stay f32
 //! whatever the policy — the runtime sees to that.
 //!
-//! A gradient element of 1e-8 shows why the flag exists: f32 and bf16 hold
-//! it; fp16 rounds it to 0 (its smallest subnormal is about 6e-8); with a
-//! loss scale of 65536 it is 6.6e-4 in fp16, and dividing by the scale in
-//! f32 gives back 1e-8.
+//! One gradient element of 1e-8, in fp16: it is under half the smallest
+//! subnormal (about 6e-8), so it rounds to 0; with a loss scale of 65536 it
+//! is 6.6e-4, which fp16 holds, and dividing by the scale in f32 gives back
+//! 1e-8. What happens to the same element in bf16 and in f32?
 //!
 //! Read first: Micikevicius et al. 2018, "Mixed Precision Training"; PyTorch's
 //! `torch.distributed.fsdp.MixedPrecision` and `torch.amp.GradScaler` docs.

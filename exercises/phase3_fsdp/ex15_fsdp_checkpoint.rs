@@ -8,7 +8,7 @@
 //! again** on load — by however many ranks the loading run has.
 //!
 //! What a unit of 5 elements, `w` (2×2) and `g` (1,), looks like on 2 ranks
-//! (padded to 6, a shard of 3), what the file holds, and what 3 ranks load:
+//! (padded to 6, a shard of 3), what the file holds, and what 4 ranks load:
 //!
 //! ```text
 //! flat buffer, saving run      [ 1  2  3  4 | 5 | 0 ]     w = [[1, 2], [3, 4]], g = [5], 0 = padding
@@ -19,20 +19,19 @@
 //! the file (rank 0 alone)      w (2×2) = [[1, 2], [3, 4]], g (1) = [5]; no padding, f32;
 //!                              exp_avg.w, exp_avg.g, exp_avg_sq.w, exp_avg_sq.g once t > 0
 //!
-//! loading on 3 ranks           padded to 6 again, a shard of 2:
-//!                              rank 0 [1, 2], rank 1 [3, 4], rank 2 [5, 0]
+//! loading on 4 ranks           padded to 8, a shard of 2:
+//!                              rank 0 [1, 2], rank 1 [3, 4], rank 2 [5, 0], rank 3 [0, 0]
 //! ```
 //!
-//! The contract, with the reason for each part:
+//! The contract, and what to watch for:
 //!
-//! - **Every rank joins every all-gather**, though only rank 0 writes: a
-//!   collective completes only when every rank calls it. "Only rank 0 saves,
+//! - **Rank 0 writes whole tensors, yet holds 1/N of each sharded unit.** A
+//!   collective completes only when every rank calls it: "only rank 0 saves,
 //!   so only rank 0 gathers" leaves rank 0 waiting for ranks that never come
 //!   — a hang on GPUs, an error from the process group here.
-//! - **A unit this rank already holds whole is not gathered**
-//!   (`is_sharded()` false): an all-gather concatenates, so it would return
-//!   N copies. `is_sharded()` is the same on every rank, so the ranks'
-//!   collectives stay in step.
+//! - **Some units are not sharded**: `is_sharded()` is false, the same on
+//!   every rank, and this rank already holds the whole buffer. An all-gather
+//!   concatenates the ranks' tensors.
 //! - **One writer, and no rank returns before the checkpoint is complete**,
 //!   for exercise 11's reasons; `Checkpoint::write` is the same atomic write,
 //!   so a crash while saving keeps the last good checkpoint.
@@ -66,10 +65,10 @@ impl FsdpTrainer {
     /// Pieces: `self.process_group()` (`.rank()`, `.all_gather(&t)`,
     /// `.barrier()`); `self.units`, each a `ShardedUnit` with `.local_state()?`
     /// (a `LocalState { params, exp_avg, exp_avg_sq }` of flat f32 tensors),
-    /// `.is_sharded()` (false when this rank already holds the whole buffer:
-    /// gathering it would repeat it N times) and `.layout.unflatten(&whole)?`
-    /// (name → tensor, padding dropped); `Checkpoint { params, optimizer, state }`
-    /// and its `.write(dir)` from `crate::train`.
+    /// `.is_sharded()` (false when this rank already holds the whole buffer)
+    /// and `.layout.unflatten(&whole)?` (name → tensor, padding dropped);
+    /// `Checkpoint { params, optimizer, state }` and its `.write(dir)` from
+    /// `crate::train`.
     pub fn save_checkpoint(&self, dir: &Path, data: Option<DataPosition>) -> Result<()> {
         let _ = (&dir, &data);
         todo!("Exercise 15: FSDP checkpoint; run `cargo xtask hint 15`")

@@ -8,10 +8,10 @@
 //! moments of its own 1/N of the parameters, updates only that shard, and
 //! the ranks swap updated shards.
 //!
-//! Where does a rank get the average gradient of its shard alone, without
-//! the whole average? Exercise 16 answers it: an all-reduce is a
-//! reduce-scatter followed by an all-gather, and half-way each rank holds the
-//! finished average of one chunk and nothing else.
+//! The question is where a rank gets the average gradient of its shard
+//! alone, without the whole average, and how every rank then gets every
+//! updated shard. Look back at Exercise 16: what does each rank hold half-way
+//! through the ring?
 //!
 //! The contract. `params` (P elements) is the same on every rank, `grad`
 //! (P) is this rank's own. Both are cut into N equal shards of S = ⌈P/N⌉
@@ -43,11 +43,11 @@
 //!   both return [0.9, 1.9, 3.0, 3.9, 4.9]
 //! ```
 //!
-//! Optimizer state per rank: 8Ψ/N bytes instead of 8Ψ. Traffic per rank: a
-//! reduce-scatter (Ψ) and an all-gather (Ψ), exactly what DDP's all-reduce
-//! sends (2Ψ): ZeRO-1 and ZeRO-2 save memory for free. (Stage 2 also frees
-//! the gradient outside the shard as soon as it is reduced; here the
-//! caller's whole gradient is simply not kept.)
+//! Optimizer state per rank: 8Ψ/N bytes instead of 8Ψ. Traffic per rank: no
+//! more than DDP's all-reduce sends, and without calling `pg.all_reduce`:
+//! ZeRO-1 and ZeRO-2 save memory for free. (Stage 2 also frees the gradient
+//! outside the shard as soon as it is reduced; here the caller's whole
+//! gradient is simply not kept.)
 //!
 //! Read first: Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward
 //! Training Trillion Parameter Models", sections 5.1 and 7.1; PyTorch's

@@ -4,14 +4,11 @@
 //! communication adds to the step's time; done *during* backward, it hides
 //! behind it. Backward produces gradients last layer first, and a layer's
 //! gradient is final the moment backward leaves it, long before the first
-//! layer's is. PyTorch's DDP (Li et al. 2020) therefore:
-//!
-//! - packs gradients, in the order they become ready, into **buckets** of
-//!   about `bucket_cap_mb` (25 MB by default): one all-reduce per bucket, not
-//!   per tensor, because each collective pays a fixed latency;
-//! - runs a bucket's all-reduce **asynchronously**, while backward goes on
-//!   computing the gradients that come after it;
-//! - needs every bucket's result only when backward is done, before the step.
+//! layer's is. PyTorch's DDP (Li et al. 2020) packs gradients, in the order
+//! they become ready, into **buckets** of about `bucket_cap_mb` (25 MB by
+//! default), one all-reduce per bucket rather than per tensor, because each
+//! collective pays a fixed latency; and it runs those all-reduces
+//! **asynchronously**, while backward goes on.
 //!
 //! The contract the tests check:
 //!
@@ -19,9 +16,9 @@
 //!   a bucket closes once it holds `bucket_cap_bytes` or more. What is left
 //!   at the end is a last, smaller bucket. One `ReduceOp::Avg` all-reduce
 //!   per bucket.
-//! - **Overlap.** Each bucket's all-reduce runs asynchronously while backward
-//!   computes the gradients after it; no result is waited for before
-//!   backward has produced its last gradient.
+//! - **Overlap.** Each bucket's all-reduce is under way while backward
+//!   computes the gradients after it, and backward is never held up by the
+//!   network: between two gradients, nothing blocks on a collective.
 //! - **Output.** Every gradient averaged over the ranks, with its name and
 //!   shape, in the order it came.
 //!
@@ -34,12 +31,14 @@
 //!
 //! ```text
 //! backward │ grad a │ grad b │ grad c │ grad d │       │
-//! comm     │        │        │ {a, b} │ {c}    │ {d}   │ results read
+//! comm     │        │        │ {a, b} │ {c}    │ {d}   │
 //!                                              ↑ backward ends
 //! ```
 //!
 //! {a, b} travels while c is computed and {c} while d is; only {d}, 1 MB of
-//! the 12, is not hidden behind backward.
+//! the 12, is not hidden behind backward. When may each bucket's result be
+//! read, and what must you still know then to hand back named, shaped
+//! gradients?
 //!
 //! Read first: Li et al. 2020, "PyTorch Distributed: Experiences on
 //! Accelerating Data Parallel Training", sections 3.2 and 4.2 (gradient

@@ -26,7 +26,7 @@
 //! ```text
 //!   whole:   y = 0.5·d₀ − 1·d₁ + 2·d₂ + 0·d₃ = [2.5, 1]
 //!   rank 0, from units 0 and 1:  [0.5, -1]
-//!   rank 1, from units 2 and 3:  [2, 2]          the two sum to y
+//!   rank 1, from units 2 and 3:  [2, 2]
 //! ```
 //!
 //! Backward mirrors it (Megatron's f and g operators): the all-reduce's

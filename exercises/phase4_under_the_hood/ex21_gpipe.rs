@@ -38,17 +38,17 @@
 //! stage s's ∂L/∂yₘ = stage s+1's ∂L/∂xₘ    (B, T, C), crosses the cut backward
 //! first stage's xₘ = the token ids         (B, T)
 //! last stage's yₘ  = Lₘ                    the micro-batch's mean loss, a scalar
-//! L                = (1/M) Σₘ Lₘ           the step's loss: ∂L/∂Lₘ = 1/M
-//! ∂L/∂W_s          = (1/M) Σₘ ∂Lₘ/∂W_s     one term from each of the M backwards
+//! L                = (1/M) Σₘ Lₘ           the step's loss
 //! ```
 //!
-//! Each cut carries exactly one tensor forward and one back per micro-batch.
-//! Two facts shape the step. Messages between two ranks arrive in the order
-//! they were sent, so every stage must run the backwards in the same
-//! micro-batch order (the trace's, last first, is one choice). And candle's
-//! backward gives gradients for variables (`Var`) only: an input received as
-//! a plain tensor gets none (`store.get` gives `None`), and there is nothing
-//! to send back.
+//! Each stage returns ∂L/∂W_s for its own weights W_s, and each cut carries
+//! exactly one tensor forward and one back per micro-batch. What does each of
+//! a stage's M backwards contribute to ∂L/∂W_s, and from what gradient does
+//! the last stage start one? Two facts to watch: messages between two ranks
+//! arrive in the order they were sent, and nothing in a received gradient
+//! says which micro-batch it belongs to; and candle's backward gives
+//! gradients for variables (`Var`) only (`store.get` gives `None` for
+//! anything else).
 //!
 //! Read first: Huang et al. 2019, "GPipe: Efficient Training of Giant Neural
 //! Networks using Pipeline Parallelism", section 2 and figure 2.

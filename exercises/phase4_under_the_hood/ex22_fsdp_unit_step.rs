@@ -18,14 +18,15 @@
 //! ```
 //!
 //! 1.5x the volume of DDP's all-reduce (2·(N−1)/N · P·K), for N times less
-//! parameter memory. Unit k's gradient is the sum over the ranks' data:
-//! reduce-scatter with `Avg` leaves rank r holding elements
-//! [r·P'/N, (r+1)·P'/N) of the mean, which is all its optimizer updates.
+//! parameter memory. Rank r's share of unit k's gradient is elements
+//! [r·P'/N, (r+1)·P'/N) of the mean over the ranks' data, which is all its
+//! optimizer updates.
 //!
-//! The forward keeps no graph (exercise 7's activation checkpointing): a
-//! graph would hold every unit's whole parameters until backward, and
-//! freeing the slot would free nothing. What backward needs of a unit is
-//! its input, which the forward returns.
+//! Nothing the forward returns carries a graph: a graph would hold every
+//! unit's whole parameters until backward, and freeing the slot would free
+//! nothing. The forward returns each unit's input instead; what backward
+//! makes of them to get a unit's gradients is yours to work out. Watch for:
+//! `vjp` gives gradients for variables (`Var`) only.
 //!
 //! A trace: N = 2 ranks, K = 2 units, each P = 5 parameters padded to
 //! P' = 6, a shard of 3 (12 bytes in f32), a whole unit 24 bytes.
@@ -80,7 +81,7 @@ pub fn fsdp_forward(pg: &dyn ProcessGroup, units: &mut [BlockUnit], x: &Tensor) 
 /// Pieces: the ones above, `candle_core::Var::from_tensor`,
 /// `crate::autograd::vjp(y, grad_y)` (a `GradStore` for the variables `y`
 /// was computed from), `grads.get(t)`, `unit.whole()`,
-/// `pg.reduce_scatter(t, ReduceOp::Avg)` (`crate::distributed::ReduceOp`),
+/// `pg.reduce_scatter(t, op)` (`crate::distributed::ReduceOp`),
 /// `unit.add_grad(shard_grad)`.
 pub fn fsdp_backward(
     pg: &dyn ProcessGroup,

@@ -1,10 +1,10 @@
 //! # Exercise 23: a tensor-parallel block, forward and backward
 //!
-//! Exercise 20 split the MLP so that its forward costs one all-reduce. A
-//! whole decoder block splits the same way twice: attention by **heads**
-//! (each head reads only its own rows of q, k, v, and o_proj's columns for
-//! those heads turn its output into a partial sum) and the MLP by hidden
-//! units. The norms are small and stay whole on every rank.
+//! Exercise 20 split the MLP so that its forward costs one all-reduce. The
+//! scaffolding splits a whole decoder block the same way twice, attention by
+//! heads and the MLP by hidden units, so that each sublayer's share on a
+//! rank is a partial sum of its output. The norms are small and stay whole
+//! on every rank.
 //!
 //! ```text
 //! h = x + g(attn_r(f(norm₁(x))))        y = h + g(mlp_r(f(norm₂(h))))
@@ -17,17 +17,16 @@
 //!
 //! Megatron's f and g (Shoeybi et al. 2019, figure 3) are conjugate: one
 //! all-reduce per sublayer in forward (g) and one in backward (f), four per
-//! block in all, each of a (B, T, C) activation. The weight shards' gradients
-//! need no communication: each rank's shard is used by that rank only. And
-//! because ∂L/∂norm-output is summed *before* it enters the norm's backward,
-//! the norm weights' gradients come out whole and equal on every rank.
+//! block in all, each of a (B, T, C) activation.
 //!
 //! candle's autograd does not see through a collective (the result of an
 //! all-reduce carries no graph), so the backward is yours to write:
 //! `crate::autograd::vjp` gives ∂L/∂(what a graph was computed from) given
 //! ∂L/∂(its output), and the gradient crosses each collective by hand. The
 //! trap: a graph that reaches a norm's weight while ∂L/∂(the norm's output)
-//! is still only this rank's part gives that weight a partial gradient.
+//! is still only this rank's part gives that weight a partial gradient. Where
+//! each stretch of graph begins decides which parameters a `vjp` reaches, and
+//! with which part of the gradient.
 //!
 //! The contract the tests check, on every rank: the block's output (whole);
 //! the gradients of this rank's parameters (its shards, equal to the rows or

@@ -33,8 +33,7 @@
 //! Stage 2's output is the loss, so B0 follows F0 at once and stage 2 never
 //! holds more than one micro-batch. Stage 0 reaches its cap of 3 in slot 2,
 //! then idles through slots 3 and 4: the gradient for micro-batch 0 comes
-//! back from stage 1 at the end of slot 4. The backwards run B0, B1, B2, B3
-//! on every stage, in the order the gradients arrive. Every stage idles 4
+//! back from stage 1 at the end of slot 4. Every stage idles 4
 //! of the 12 slots, as in exercise 21's GPipe trace, but holds at most
 //! 3, 2 and 1 micro-batches where GPipe holds 4. The tests compare each
 //! stage's order of forwards and backwards with 1F1B's for other S and M,
@@ -43,10 +42,9 @@
 //! So 1F1B keeps the bubble and caps the memory at S micro-batches' worth on
 //! the first stage, whatever M. The rest is exercise 21's contract: each cut
 //! carries one (B, T, C) activation forward and its gradient back per
-//! micro-batch; the step's loss is the mean over the micro-batches, so the
-//! last stage's backward starts from ∂L/∂Lₘ = 1/M; a stage's weight
-//! gradients are summed over its M backwards; and a received activation
-//! must be a `Var` for backward to give its gradient.
+//! micro-batch; the step's loss is the mean over the micro-batches, and each
+//! stage returns its weights' gradients of that mean. Watch for: nothing in
+//! a received gradient says which micro-batch it belongs to.
 //!
 //! Read first: Narayanan et al. 2021, "Efficient Large-Scale Language Model
 //! Training on GPU Clusters Using Megatron-LM", section 2.2.1 and figure 4.
