@@ -109,6 +109,10 @@ mod ex24_one_f_one_b;
 #[cfg_attr(reference = "25", path = "../solutions/phase4_under_the_hood/ex25_device_mesh.rs")]
 mod ex25_device_mesh;
 
+#[cfg_attr(not(reference = "26"), path = "../exercises/phase4_under_the_hood/ex26_data_parallel.rs")]
+#[cfg_attr(reference = "26", path = "../solutions/phase4_under_the_hood/ex26_data_parallel.rs")]
+mod ex26_data_parallel;
+
 /// Phase 1: Model (exercises 1–7).
 pub mod phase1_model {
     pub use super::ex02_rotate_half::rotate_half;
@@ -131,7 +135,7 @@ pub mod phase3_fsdp {
     pub use super::ex14_wrap_policy::wrap_policy;
 }
 
-/// Phase 4: Under the hood (exercises 16–25).
+/// Phase 4: Under the hood (exercises 16–26).
 pub mod phase4_under_the_hood {
     pub use super::ex16_ring_all_reduce::ring_all_reduce;
     pub use super::ex19_overlapped_ddp::overlapped_all_reduce;
@@ -142,6 +146,7 @@ pub mod phase4_under_the_hood {
     pub use super::ex24_one_f_one_b::one_f_one_b_step;
     pub use super::ex25_device_mesh::axis_group;
     pub use super::ex25_device_mesh::mesh_coords;
+    pub use super::ex26_data_parallel::DataParallel;
 }
 
 /// Which body each exercise runs, as `build/main.rs` chose it.

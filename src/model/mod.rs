@@ -13,6 +13,7 @@ mod mlp;
 mod norm;
 mod params;
 mod rope;
+mod staged_backward;
 
 pub use attention::CausalSelfAttention;
 pub use block::{Block, Layers, OnDemand};
@@ -24,3 +25,4 @@ pub use mlp::Mlp;
 pub use norm::RmsNorm;
 pub use params::{layer_of, param_specs, ParamKind, ParamSpec, ParamStore, Weights};
 pub use rope::RotaryCache;
+pub use staged_backward::gradients_handed_over;

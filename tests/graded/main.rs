@@ -62,6 +62,8 @@ mod exercise_23;
 mod exercise_24;
 #[cfg(any(not(only_some_tests), tests_of = "25"))]
 mod exercise_25;
+#[cfg(any(not(only_some_tests), tests_of = "26"))]
+mod exercise_26;
 // END exercise modules
 #[cfg(not(only_some_tests))]
 mod data;

@@ -79,6 +79,10 @@ pub struct Exercise {
     /// body: `name` for a free function, `Type::method` for a method. The
     /// first is the one `file:line` points at; the list is never empty.
     pub functions: Vec<String>,
+    /// The types the learner designs, declared in `file` (fields and all):
+    /// the phase module re-exports them. Most exercises have none.
+    #[serde(default)]
+    pub types: Vec<String>,
     pub concept: String,
     pub difficulty: String,
     pub read: String,
@@ -222,9 +226,11 @@ impl Exercise {
         }
     }
 
-    /// The free functions among `functions`: the phase module re-exports them.
-    pub fn free_functions(&self) -> impl Iterator<Item = &str> {
-        self.functions.iter().map(String::as_str).filter(|f| !f.contains("::"))
+    /// What the phase module re-exports: the free functions among
+    /// `functions`, and the learner's own `types`.
+    pub fn exported_items(&self) -> impl Iterator<Item = &str> {
+        let free_functions = self.functions.iter().map(String::as_str).filter(|f| !f.contains("::"));
+        free_functions.chain(self.types.iter().map(String::as_str))
     }
 
     /// The guide chapter, relative to the repository root.
@@ -357,7 +363,7 @@ mistakes = []
         let exercise = workbook.exercise(1).unwrap();
         assert_eq!(exercise.functions, ["Trainer::save_checkpoint", "load_checkpoint"]);
         assert_eq!(exercise.fn_names(), ["save_checkpoint", "load_checkpoint"]);
-        assert_eq!(exercise.free_functions().collect::<Vec<_>>(), ["load_checkpoint"]);
+        assert_eq!(exercise.exported_items().collect::<Vec<_>>(), ["load_checkpoint"], "a method is not re-exported");
         assert_eq!(exercise.modules().unwrap(), ("phase1_x".to_string(), "ex01_checkpoints".to_string()));
     }
 

@@ -102,10 +102,10 @@ fn exercises_rs(workbook: &Workbook) -> Result<String> {
             }
             writeln!(out, "mod {module};")?;
             // In rustfmt's order, so that `cargo fmt` leaves the file as written.
-            let mut functions: Vec<&str> = exercise.free_functions().collect();
-            functions.sort_unstable();
-            for function in functions {
-                writeln!(phases, "    pub use super::{module}::{function};")?;
+            let mut items: Vec<&str> = exercise.exported_items().collect();
+            items.sort_unstable();
+            for item in items {
+                writeln!(phases, "    pub use super::{module}::{item};")?;
             }
         }
         phases.push_str("}\n");

@@ -1,56 +1,28 @@
 //! DDP with its all-reduce overlapped with backward (`train --ddp-overlap`):
 //! the learner's exercise 19 buckets the gradients as backward makes them.
 //!
-//! candle's `backward` computes every gradient in one call, so the model runs
-//! its blocks through the recompute engine with their graphs kept
-//! ([`Gpt::with_blockwise_backward`](crate::model::Gpt::with_blockwise_backward))
-//! and backward is taken one stage at a time: the loss down to the last
-//! block's output (the head's and final norm's gradients are then final),
-//! each block, last first (its gradients are final), and the embedding's with
-//! the first block. Backward runs on a thread of its own and hands over each
-//! gradient as soon as it is final; the rank's thread all-reduces the buckets
-//! meanwhile (a process group is not shared between threads).
+//! Backward runs stage by stage ([`ForwardPass::backward_as_ready`]) on a
+//! thread of its own and hands over each gradient as soon as it is final; the
+//! rank's thread all-reduces the buckets meanwhile (a process group is not
+//! shared between threads).
 //!
 //! Only the last micro-batch's backward overlaps: the earlier ones only
 //! accumulate, as under PyTorch's `no_sync()`.
 
 use std::sync::mpsc::{channel, Sender};
 
-use candle_core::backprop::GradStore;
 use candle_core::{bail, Result, Tensor};
 
 use super::Ddp;
-use crate::autograd::{take_gradient_of, Gradients};
-use crate::model::{layer_of, param_specs, ForwardPass, GptConfig, ParamStore};
+use crate::autograd::Gradients;
+use crate::model::{ForwardPass, GptConfig, ParamStore};
 use crate::phase4_under_the_hood::overlapped_all_reduce;
 use crate::train::{StepStats, Trainer};
 
-/// What backward has finished at one point of its course.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Stage {
-    /// The loss's own backward: the final norm and the head.
-    Head,
-    /// Block `i`'s backward.
-    Block(usize),
-    /// The first block's input, pushed through the embedding.
-    Embedding,
-}
-
-/// The stage after which `name`'s gradient is final.
-fn final_after(name: &str) -> Stage {
-    match layer_of(name) {
-        Some(layer) => Stage::Block(layer),
-        None if name == "model.embed_tokens.weight" => Stage::Embedding,
-        None => Stage::Head,
-    }
-}
-
 /// Runs `pass`'s backward stage by stage and sends each parameter's gradient
 /// as soon as it is final, as `earlier + scale · gradient` (what earlier
-/// micro-batches accumulated plus this one's share): parameters in reverse
-/// model order, as backward reaches them. A sent gradient leaves the store,
-/// which would otherwise hold a second copy of every gradient until backward
-/// ends. Stops early if the receiver is gone.
+/// micro-batches accumulated plus this one's share). Stops when the receiver
+/// is gone: the all-reduce stopped, and its error is the one to report.
 fn send_when_final(
     config: &GptConfig,
     pass: &ForwardPass,
@@ -59,40 +31,14 @@ fn send_when_final(
     scale: f64,
     ready: Sender<(String, Tensor)>,
 ) -> Result<()> {
-    let Some(loss) = &pass.loss else { bail!("backward needs a loss: call forward with labels") };
-    if pass.recompute.len() != config.num_layers {
-        bail!(
-            "overlapping DDP takes backward one block at a time, but the forward ran {} of {} blocks through the \
-             recompute engine: build the model with `with_blockwise_backward`",
-            pass.recompute.len(),
-            config.num_layers
-        );
-    }
-    let in_backward_order: Vec<String> = param_specs(config).into_iter().rev().map(|spec| spec.name).collect();
-    let send = |grads: &mut GradStore, stage: Stage| -> Result<bool> {
-        for name in in_backward_order.iter().filter(|name| final_after(name) == stage) {
-            let this = (take_gradient_of(params.get(name)?, grads)? * scale)?;
-            let total = match earlier.get(name) {
-                Some(sum) => (sum + this)?,
-                None => this,
-            };
-            if ready.send((name.clone(), total)).is_err() {
-                return Ok(false); // the all-reduce stopped: its error is the one to report
-            }
-        }
-        Ok(true)
-    };
-    let mut grads = loss.backward()?;
-    if !send(&mut grads, Stage::Head)? {
-        return Ok(());
-    }
-    for layer in (0..config.num_layers).rev() {
-        pass.recompute.backward_through(layer, &mut grads)?;
-        if !send(&mut grads, Stage::Block(layer))? {
-            return Ok(());
-        }
-    }
-    send(&mut grads, Stage::Embedding).map(drop)
+    pass.backward_as_ready(config, params, |name, gradient| {
+        let this = (gradient * scale)?;
+        let total = match earlier.get(name) {
+            Some(sum) => (sum + this)?,
+            None => this,
+        };
+        ready.send((name.to_string(), total)).map_err(|_| candle_core::Error::Msg("the all-reduce stopped".into()))
+    })
 }
 
 impl Ddp {
@@ -115,8 +61,8 @@ impl Ddp {
             (averaged, backward.join())
         });
         let Ok(backward) = backward else { bail!("the backward thread panicked") };
+        let averaged = averaged?; // before backward's: a failed all-reduce is what stopped backward
         backward?;
-        let averaged = averaged?;
         if averaged.len() != names {
             bail!(
                 "exercise 19's overlapped_all_reduce returned {} gradients for the {names} it was given: return every one",

@@ -1,0 +1,323 @@
+//! Exercise 26: your own DDP, graded from outside. Every rank starts from
+//! parameters of its own and trains on batches of its own; the gradients
+//! are compared with one process running the model on every rank's data
+//! from rank 0's parameters, and the process group records every
+//! collective: its size, whether it blocked, and how far backward had got
+//! when it started and when its result was waited for.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use candle_core::{Device, Result, Tensor};
+use rstest::rstest;
+use workbook::autograd::Gradients;
+use workbook::distributed::{
+    spawn_with_timeout, AllReduceOverride, CpuProcessGroup, ProcessGroup, ReduceOp, WithAllReduce, Work,
+};
+use workbook::model::gradients_handed_over;
+use workbook::phase4_under_the_hood::DataParallel;
+use workbook::{init_params, Gpt, GptConfig, ParamStore};
+
+use crate::process_ranks::on_processes;
+use crate::support::{cause, mistake, number};
+
+const TIMEOUT: Duration = Duration::from_secs(20);
+/// Micro-batches per step: the first accumulates, the second syncs.
+const MICRO_BATCHES: usize = 2;
+/// 8,000 bytes. The 21 gradients, in the order backward finishes them, make
+/// buckets of 2,080, 2,208 and 1,424 f32 elements, the first two full after
+/// 7 and 16 gradients, the last what is left when backward ends.
+const CAP: usize = 8000;
+const BUCKETS: [usize; 3] = [2080, 2208, 1424];
+const FULL_AFTER: [u64; 3] = [7, 16, 21];
+const GRADIENTS: u64 = 21;
+const ELEMENTS: usize = 5712;
+
+/// Two layers, untied head, no biases: 21 parameters.
+fn config() -> GptConfig {
+    GptConfig {
+        vocab_size: 40,
+        hidden_size: 16,
+        num_layers: 2,
+        num_heads: 2,
+        num_kv_heads: None,
+        intermediate_size: 24,
+        max_seq_len: 8,
+        rope_theta: 10_000.0,
+        norm_eps: 1e-5,
+        bias: false,
+        tie_word_embeddings: false,
+    }
+}
+
+/// Rank `rank`'s own initial parameters: every rank draws different ones.
+fn initial(rank: usize) -> ParamStore {
+    init_params(&config(), 700 + rank as u64, &Device::Cpu).expect("init_params")
+}
+
+/// Rank `rank`'s micro-batch `m`: (2, 8) token ids of its own.
+fn batch(rank: usize, m: usize) -> Tensor {
+    let ids: Vec<u32> = (0..16).map(|i| ((i * 7 + rank * 11 + m * 5 + i * i * (rank + 2)) % 40) as u32).collect();
+    Tensor::from_vec(ids, (2, 8), &Device::Cpu).unwrap()
+}
+
+/// One process's loss and gradients on `batch` from `params`.
+fn one_process(params: &ParamStore, batch: &Tensor) -> (f64, Gradients) {
+    let pass = Gpt::new(&config(), params).unwrap().forward(batch, Some(batch)).unwrap();
+    (pass.loss_value().unwrap(), Gradients::from_store(params, &pass.backward().unwrap()).unwrap())
+}
+
+/// What the recorder saw, in order.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+enum Event {
+    Started { micro_batch: usize, elements: usize, blocking: bool, handed_over: u64 },
+    Waited { handed_over: u64 },
+}
+
+/// Records every all-reduce against the micro-batch and backward's progress.
+#[derive(Clone, Default)]
+struct Recorder {
+    /// The micro-batch running, and the gradient count when it began.
+    now: Arc<Mutex<(usize, u64)>>,
+    events: Arc<Mutex<Vec<Event>>>,
+}
+
+impl Recorder {
+    fn begin(&self, micro_batch: usize) {
+        *self.now.lock().unwrap() = (micro_batch, gradients_handed_over());
+    }
+    fn handed_over(&self) -> u64 {
+        gradients_handed_over() - self.now.lock().unwrap().1
+    }
+    fn started(&self, t: &Tensor, blocking: bool) {
+        let (micro_batch, _) = *self.now.lock().unwrap();
+        let event = Event::Started { micro_batch, elements: t.elem_count(), blocking, handed_over: self.handed_over() };
+        self.events.lock().unwrap().push(event);
+    }
+}
+
+impl AllReduceOverride for Recorder {
+    fn all_reduce(&self, inner: &dyn ProcessGroup, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
+        self.started(t, true);
+        inner.all_reduce(t, op)
+    }
+    fn all_reduce_async(&self, inner: &dyn ProcessGroup, t: &Tensor, op: ReduceOp) -> Result<Work> {
+        self.started(t, false);
+        let work = inner.all_reduce_async(t, op)?;
+        let recorder = self.clone();
+        Ok(Work::pending(move || {
+            let handed_over = recorder.handed_over();
+            recorder.events.lock().unwrap().push(Event::Waited { handed_over });
+            work.wait()
+        }))
+    }
+}
+
+/// What one rank's replica gave and what its process group saw.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct RankRun {
+    losses: Vec<f64>,
+    /// Every gradient after the step, by name: its shape and values.
+    gradients: Vec<(String, Vec<usize>, Vec<f32>)>,
+    events: Vec<Event>,
+}
+
+/// One step of the learner's DDP on this rank: two micro-batches, the last synced.
+fn step(pg: Box<dyn ProcessGroup>) -> Result<RankRun> {
+    let rank = pg.rank();
+    let recorder = Recorder::default();
+    let pg = WithAllReduce::new(pg, recorder.clone());
+    let mut ddp = DataParallel::new(&config(), initial(rank), Box::new(pg), CAP)?;
+    let mut losses = vec![];
+    for m in 0..MICRO_BATCHES {
+        recorder.begin(m);
+        losses.push(ddp.forward_backward(&batch(rank, m), m + 1 == MICRO_BATCHES)?);
+    }
+    let gradients = ddp
+        .take_gradients()?
+        .iter()
+        .map(|(name, g)| Ok((name.to_string(), g.dims().to_vec(), g.flatten_all()?.to_vec1::<f32>()?)))
+        .collect::<Result<_>>()?;
+    let events = recorder.events.lock().unwrap().clone();
+    Ok(RankRun { losses, gradients, events })
+}
+
+fn run(world: usize) -> Vec<RankRun> {
+    spawn_with_timeout(world, TIMEOUT, |pg: CpuProcessGroup| step(Box::new(pg)))
+        .unwrap_or_else(|e| panic!("DataParallel on {world} thread ranks failed: {e}"))
+}
+
+/// The sizes of the all-reduces started during micro-batch `m`.
+fn started_in(events: &[Event], m: usize) -> Vec<usize> {
+    let of_m = |e: &Event| match *e {
+        Event::Started { micro_batch, elements, .. } => (micro_batch == m).then_some(elements),
+        Event::Waited { .. } => None,
+    };
+    events.iter().filter_map(of_m).collect()
+}
+
+/// The step one process takes on every rank's data: the mean over ranks of
+/// each rank's gradient, summed over the micro-batches `ms`.
+fn expected(world: usize, ms: std::ops::Range<usize>) -> Gradients {
+    let start = initial(0);
+    let mut sum = Gradients::default();
+    for rank in 0..world {
+        for m in ms.clone() {
+            sum.accumulate(&one_process(&start, &batch(rank, m)).1).unwrap();
+        }
+    }
+    sum.scale(1.0 / world as f64).unwrap();
+    sum
+}
+
+fn close(got: f32, want: f32) -> bool {
+    (got - want).abs() <= 1e-5 + 1e-4 * want.abs()
+}
+
+/// Whether every gradient of `got` equals `want`'s times `factor`.
+fn equals_scaled(got: &[(String, Vec<usize>, Vec<f32>)], want: &Gradients, factor: f32) -> bool {
+    got.iter().all(|(name, _, values)| {
+        let w = want.get(name).map(|t| t.flatten_all().unwrap().to_vec1::<f32>().unwrap()).unwrap_or_default();
+        w.len() == values.len() && values.iter().zip(&w).all(|(&g, &w)| close(g, w * factor))
+    })
+}
+
+#[test]
+fn every_rank_starts_from_rank_0s_parameters() {
+    let world = 2;
+    for (rank, run) in run(world).iter().enumerate() {
+        let want = one_process(&initial(0), &batch(rank, 0)).0;
+        let got = run.losses[0];
+        if (got - want).abs() > 1e-5 * want.abs().max(1.0) {
+            let own = one_process(&initial(rank), &batch(rank, 0)).0;
+            let kept_own = rank > 0 && (got - own).abs() <= 1e-5 * own.abs().max(1.0);
+            panic!(
+                "rank {rank}: the first micro-batch's loss is {}, expected {} (the model with rank 0's initial \
+                 parameters on this rank's batch){}",
+                number(got),
+                number(want),
+                cause(kept_own.then(|| mistake(26, "no_broadcast")))
+            );
+        }
+    }
+}
+
+#[rstest]
+fn the_gradients_are_what_one_process_computes_on_every_ranks_data(#[values(2, 3)] world: usize) {
+    let want = expected(world, 0..MICRO_BATCHES);
+    for (rank, run) in run(world).iter().enumerate() {
+        let names: Vec<&str> = run.gradients.iter().map(|(n, _, _)| n.as_str()).collect();
+        let want_names: Vec<&str> = want.iter().map(|(n, _)| n).collect();
+        assert_eq!(names, want_names, "rank {rank}: take_gradients must give every parameter's gradient, by name");
+        for (name, dims, values) in &run.gradients {
+            let w = want.get(name).unwrap();
+            assert_eq!(dims, w.dims(), "rank {rank}: the gradient of `{name}` has the parameter's shape");
+            let w = w.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let Some(i) = values.iter().zip(&w).position(|(&g, &w)| !close(g, w)) else { continue };
+            let why = if equals_scaled(&run.gradients, &want, world as f32) {
+                Some(mistake(26, "not_averaged"))
+            } else if equals_scaled(&run.gradients, &expected(world, MICRO_BATCHES - 1..MICRO_BATCHES), 1.0) {
+                Some(mistake(26, "accumulation_lost"))
+            } else {
+                None
+            };
+            panic!(
+                "rank {rank}: after {MICRO_BATCHES} micro-batches on {world} ranks, `{name}`[{i}] is {}, expected {} \
+                 (one process: the mean over ranks of each rank's gradient, summed over the micro-batches){}",
+                number(values[i] as f64),
+                number(w[i] as f64),
+                cause(why)
+            );
+        }
+    }
+}
+
+#[test]
+fn accumulating_sends_nothing_and_the_last_micro_batch_sends_each_gradient_once() {
+    for (rank, run) in run(2).iter().enumerate() {
+        let early = started_in(&run.events, 0);
+        assert!(
+            early.is_empty(),
+            "rank {rank}: the first micro-batch (sync = false) started all-reduces of {early:?} elements; it sends \
+             nothing{}",
+            cause(Some(mistake(26, "synced_every_micro_batch")))
+        );
+        let last: usize = started_in(&run.events, 1).iter().sum();
+        assert_eq!(
+            last, ELEMENTS,
+            "rank {rank}: the last micro-batch all-reduced {last} elements; the model has {ELEMENTS} parameters, each \
+             gradient sent once"
+        );
+    }
+}
+
+#[test]
+fn buckets_follow_the_cap_in_the_order_backward_finishes_gradients() {
+    for (rank, run) in run(2).iter().enumerate() {
+        let sizes = started_in(&run.events, 1);
+        if sizes == BUCKETS {
+            continue;
+        }
+        let why = if sizes.len() as u64 == GRADIENTS {
+            Some(mistake(26, "one_all_reduce_per_gradient"))
+        } else {
+            (sizes == [ELEMENTS]).then(|| mistake(26, "bucket_cap_ignored"))
+        };
+        panic!(
+            "rank {rank}: all-reduces of {sizes:?} elements; the gradients in backward's order with a cap of {CAP} \
+             bytes make buckets of {BUCKETS:?}{}",
+            cause(why)
+        );
+    }
+}
+
+/// Each rank a process of its own (the count of gradients backward has
+/// handed over is one per process), the buckets over TCP, where an
+/// all-reduce really runs while backward goes on.
+#[test]
+fn each_bucket_starts_when_full_and_is_waited_for_after_backward() {
+    let world = 2;
+    let runs: Vec<RankRun> = on_processes(world, |pg| step(Box::new(pg)));
+    let want = expected(world, 0..MICRO_BATCHES);
+    for (rank, run) in runs.iter().enumerate() {
+        assert!(equals_scaled(&run.gradients, &want, 1.0), "rank {rank}'s process: the averaged gradients");
+        let starts: Vec<(bool, u64)> = run
+            .events
+            .iter()
+            .filter_map(|e| match *e {
+                Event::Started { blocking, handed_over, .. } => Some((blocking, handed_over)),
+                Event::Waited { .. } => None,
+            })
+            .collect();
+        let waits: Vec<u64> = run
+            .events
+            .iter()
+            .filter_map(|e| match *e {
+                Event::Waited { handed_over } => Some(handed_over),
+                Event::Started { .. } => None,
+            })
+            .collect();
+        let blocking = starts.iter().any(|&(blocking, _)| blocking);
+        let when: Vec<u64> = starts.iter().map(|&(_, handed_over)| handed_over).collect();
+        let each_waited_at_once = waits.len() == when.len() && waits == when && waits.iter().any(|&w| w < GRADIENTS);
+        if blocking || waits.iter().any(|&w| w < GRADIENTS) {
+            panic!(
+                "rank {rank}: {}; backward must go on while a bucket travels, and its result is needed only once \
+                 backward has handed over all {GRADIENTS} gradients{}",
+                if blocking {
+                    "a bucket went through the blocking all_reduce".to_string()
+                } else {
+                    format!("results were waited for after {waits:?} gradients")
+                },
+                cause((blocking || each_waited_at_once).then(|| mistake(26, "blocking_all_reduce")))
+            );
+        }
+        let all_at_end = when.len() > 1 && when.iter().all(|&w| w == GRADIENTS);
+        assert!(
+            when == FULL_AFTER,
+            "rank {rank}: the all-reduces started after {when:?} gradients; each bucket starts as soon as it is \
+             full, after {FULL_AFTER:?}{}",
+            cause(all_at_end.then(|| mistake(26, "launched_after_backward")))
+        );
+    }
+}
