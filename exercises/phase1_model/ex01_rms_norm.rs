@@ -43,8 +43,8 @@ impl RmsNorm {
     ///   rows slowly; `crate::kernels::scale_channels(x, weight)` gives what
     ///   `broadcast_mul` gives with a fast backward (the trainer is quicker).
     ///
-    /// Useful: `to_dtype`, `sqr`, `mean_keepdim(D::Minus1)`, `+ f64`, `sqrt`,
-    /// `recip`, `broadcast_div`, `broadcast_mul`.
+    /// Useful: `to_dtype`, `sqr`, `mean`, `mean_keepdim`, `D::Minus1`, `+ f64`,
+    /// `sqrt`, `recip`, `broadcast_div`, `broadcast_mul`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let _ = &x;
         todo!("Exercise 1: RMSNorm; run `cargo xtask hint 1`")

@@ -14,10 +14,12 @@
 //!   cost W times the I/O and race on the same paths: rank 0 writes, and no
 //!   other rank creates anything under `dir`.
 //! - **No rank returns before the checkpoint is complete.** Another rank may
-//!   go on to read what rank 0 wrote, so every rank, rank 0 included, meets
-//!   exactly one barrier in `save_checkpoint`, and none gets past it while
-//!   the write is unfinished. A barrier that some ranks never call never
-//!   completes.
+//!   go on to read what rank 0 wrote. A barrier holds ranks back until all
+//!   have reached it, and one that some ranks never call never completes.
+//!   The test counts the barriers each rank meets in `save_checkpoint`:
+//!   exactly one each. Where it must stand, and whose code reaches it, so
+//!   that no rank gets past it before the checkpoint exists, is yours to
+//!   work out.
 //! - **A crash keeps the last good checkpoint.** `Checkpoint::write` stages
 //!   the files and renames the directory into place only when it is
 //!   complete; a rename is atomic, so a reader sees the old checkpoint or
@@ -76,8 +78,10 @@ impl Trainer {
     /// and returns the data position it holds.
     ///
     /// On success: every variable of `self.params` holds its saved values bit
-    /// for bit, and it is the same variable as before (the model was built on
-    /// those tensors and reads no others); AdamW's moments and step count are
+    /// for bit, in its own dtype and on its own device (the checkpoint reads
+    /// onto the CPU in the saved dtype), and it is the same variable as
+    /// before (the model was built on those tensors and reads no others);
+    /// AdamW's moments and step count are
     /// the saved ones; `self.step` is the saved step. A checkpoint of another
     /// model (other shapes, or the same shapes and another config) is an
     /// error that says so, and leaves the trainer as it was. A parameter
@@ -85,7 +89,8 @@ impl Trainer {
     ///
     /// Useful: `Checkpoint::read`, `checkpoint.ensure_fits(self.model.config())`,
     /// `checkpoint.params`, `.optimizer` and `.state` (`step`, `optimizer_steps`,
-    /// `data`); `Var::set` (same shape, dtype and device as the variable);
+    /// `data`); `Var::set` (it accepts only the variable's shape, dtype and
+    /// device), `Tensor::to_dtype`, `Tensor::to_device`;
     /// `self.optimizer.load_state(steps, &tensors, &self.params)`.
     pub fn load_checkpoint(&mut self, dir: &Path) -> Result<Option<DataPosition>> {
         let _ = &dir;

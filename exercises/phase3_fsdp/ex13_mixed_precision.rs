@@ -6,8 +6,8 @@
 //! ```text
 //!          sign  exponent  mantissa   range            precision
 //! fp32      1       8        23       ~1e-38 .. 3e38    ~7 digits
-//! bf16      1       8         7       ~1e-38 .. 3e38    ~2-3 digits   same range as fp32
-//! fp16      1       5        10       ~6e-8 .. 65504    ~3 digits     narrow range
+//! bf16      1       8         7       ~1e-38 .. 3e38    ~2-3 digits
+//! fp16      1       5        10       ~6e-8 .. 65504    ~3 digits
 //! ```
 //!
 //! **Loss scaling** multiplies the loss by a large S before backward, which
@@ -39,8 +39,9 @@
 use crate::parallel::fsdp::{MixedPrecisionPolicy, Precision};
 
 /// The policy of `precision`: one dtype, the precision's own format, for
-/// all three fields, and `loss_scaling` on exactly when that format's
-/// exponent range is too narrow for gradients.
+/// all three fields, and `loss_scaling` on exactly for the formats that
+/// lose small gradients without it and keep them with it. Which formats
+/// those are is yours to work out from the table above.
 ///
 /// Dtypes are `candle_core::DType::{F32, BF16, F16}`.
 pub fn mixed_precision_policy(precision: Precision) -> MixedPrecisionPolicy {

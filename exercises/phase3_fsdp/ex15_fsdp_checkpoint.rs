@@ -41,8 +41,8 @@
 //! What goes in the file (same keys as exercise 11):
 //! - `params`: every parameter by name, f32, whole;
 //! - `optimizer`: `exp_avg.<name>` and `exp_avg_sq.<name>` for every
-//!   parameter, but only once AdamW has stepped (`self.counters.optimizer_steps > 0`):
-//!   before that there are no moments, as in Phase 2's AdamW;
+//!   parameter, but only once AdamW has stepped (the trainer's counters say
+//!   whether it has): before that there are no moments, as in Phase 2's AdamW;
 //! - `state`: `self.trainer_state(data)` (step, counters, configs, data
 //!   position, and how the run was sharded, in words).
 //!
@@ -59,14 +59,14 @@ use crate::train::DataPosition;
 
 impl FsdpTrainer {
     /// Gathers the sharded state and writes it to `dir` as a whole checkpoint.
-    /// Called on every rank; rank 0 alone writes, every rank meets one
-    /// barrier, and none returns before the checkpoint is complete.
+    /// Called on every rank; rank 0 alone writes, and no rank returns before
+    /// the checkpoint is complete.
     ///
     /// Pieces: `self.process_group()` (`.rank()`, `.all_gather(&t)`,
     /// `.barrier()`); `self.units`, each a `ShardedUnit` with `.local_state()?`
     /// (a `LocalState { params, exp_avg, exp_avg_sq }` of flat f32 tensors),
-    /// `.is_sharded()` (false when this rank already holds the whole buffer)
-    /// and `.layout.unflatten(&whole)?` (name → tensor, padding dropped);
+    /// `.is_sharded()` and `.layout.unflatten(&whole)?` (name → tensor,
+    /// padding dropped); `self.counters.optimizer_steps`;
     /// `Checkpoint { params, optimizer, state }` and its `.write(dir)` from
     /// `crate::train`.
     pub fn save_checkpoint(&self, dir: &Path, data: Option<DataPosition>) -> Result<()> {

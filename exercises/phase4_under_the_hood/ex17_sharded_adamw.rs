@@ -5,8 +5,8 @@
 //! model states. Yet after the all-reduce every rank computes the *same*
 //! update for every parameter: N copies of the same work on N copies of the
 //! same state. ZeRO's first insight removes the copies: rank r keeps the
-//! moments of its own 1/N of the parameters, updates only that shard, and
-//! the ranks swap updated shards.
+//! moments of its own 1/N of the parameters and updates only that shard,
+//! yet every rank must end the step holding all of the new parameters.
 //!
 //! The question is where a rank gets the average gradient of its shard
 //! alone, without the whole average, and how every rank then gets every
@@ -67,8 +67,9 @@ impl ShardedAdamW {
     /// `self.moments` the moments of this rank's shard only.
     ///
     /// Pieces: `pg.rank()`, `pg.world_size()`, `usize::div_ceil`,
-    /// `Tensor::pad_with_zeros(0, 0, extra)`, `pg.reduce_scatter(&t, ReduceOp::Avg)`
-    /// (`crate::distributed::ReduceOp`), `Tensor::narrow`, `pg.all_gather`.
+    /// `Tensor::pad_with_zeros(0, 0, extra)`, `Tensor::narrow`, the collectives
+    /// of `ProcessGroup` (each documented there with a picture) and the variants
+    /// of `crate::distributed::ReduceOp`.
     /// `self.moments` is an `Option<crate::train::Moments>` (`exp_avg`,
     /// `exp_avg_sq`; `Moments::zeros_like(&shard)`); `self.steps` counts steps;
     /// `self.config.update(t, lr, &decayed, &grad, moments)` is AdamW's update

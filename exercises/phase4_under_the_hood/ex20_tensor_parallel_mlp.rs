@@ -20,14 +20,16 @@
 //!
 //! A worked example, C = 2, I = 4, N = 2 (rank 0 owns units 0 and 1), one
 //! token x = [1, 2], with each unit's activation silu(gate x) ⊙ up x already
-//! worked out as h = [0.5, -1, 2, 0] and down's columns d₀ = [1, 0],
-//! d₁ = [0, 1], d₂ = [1, 1], d₃ = [2, -1]:
+//! worked out as h = [0.5, -1, 2, 0]:
 //!
 //! ```text
-//!   whole:   y = 0.5·d₀ − 1·d₁ + 2·d₂ + 0·d₃ = [2.5, 1]
-//!   rank 0, from units 0 and 1:  [0.5, -1]
-//!   rank 1, from units 2 and 3:  [2, 2]
+//!   down (C, I) = [[1, 0, 1,  2],
+//!                  [0, 1, 1, -1]]
+//!   whole:   y = down · h = [2.5, 1]
 //! ```
+//!
+//! Which numbers of down does each rank hold, what does each compute from
+//! its own two units, and how do the two results make [2.5, 1]?
 //!
 //! Backward mirrors it (Megatron's f and g operators): the all-reduce's
 //! gradient is the identity, and the gradient of the input x, which every

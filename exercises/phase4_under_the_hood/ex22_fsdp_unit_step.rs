@@ -25,8 +25,9 @@
 //! Nothing the forward returns carries a graph: a graph would hold every
 //! unit's whole parameters until backward, and freeing the slot would free
 //! nothing. The forward returns each unit's input instead; what backward
-//! makes of them to get a unit's gradients is yours to work out. Watch for:
-//! `vjp` gives gradients for variables (`Var`) only.
+//! makes of them to get a unit's gradients, and the gradient it hands to the
+//! unit before, is yours to work out. `vjp` reports gradients for variables
+//! (`Var`) only.
 //!
 //! A trace: N = 2 ranks, K = 2 units, each P = 5 parameters padded to
 //! P' = 6, a shard of 3 (12 bytes in f32), a whole unit 24 bytes.

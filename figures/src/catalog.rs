@@ -87,7 +87,7 @@ fn fsdp_timeline(data: &Path) -> Result<String> {
     let title = "FULL_SHARD on 2 ranks: one step of the tiny model".to_string();
     let legend = [
         ("forward Fb of block b", FORWARD),
-        ("backward Bb (gathers and recomputes b)", BACKWARD),
+        ("backward Bb of block b", BACKWARD),
         ("AG all-gather", COMM),
         ("RS reduce-scatter", REDUCE),
         ("idle", IDLE),

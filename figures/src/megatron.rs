@@ -1,7 +1,8 @@
 //! The Megatron MLP split over tensor-parallel ranks, drawn from the model's
-//! shapes: the input whole on every rank, the gate and up projections cut by
-//! columns, the down projection by rows, and the two conjugate operators
-//! that keep the pieces consistent, f before and g after.
+//! shapes: the input whole on every rank, each rank holding a run of the
+//! hidden units (the rows of gate and up, the columns of down, as the
+//! workbook stores a linear weight: out × in), and the two conjugate
+//! operators that keep the pieces consistent, f before and g after.
 
 use anyhow::{bail, Result};
 use plotters::prelude::*;
@@ -53,9 +54,9 @@ pub fn draw(shape: &MlpShape) -> Result<String> {
             arrow(&root, (columns[0] + BOX_W, middle), (columns[1] - 14, centre))?;
             operator(&root, (columns[1], centre), "f", COMM)?;
             let pieces = [
-                (format!("gate, up: cols {}", columns_of(rank, part)), format!("{c} × {part} each"), FORWARD),
+                (format!("gate, up: rows {}", units_of(rank, part)), format!("{part} × {c} each"), FORWARD),
                 ("SwiGLU".to_string(), format!("BT × {part}"), FORWARD),
-                (format!("down: rows {}", columns_of(rank, part)), format!("{part} × {c}"), FORWARD),
+                (format!("down: cols {}", units_of(rank, part)), format!("{c} × {part}"), FORWARD),
                 (format!("partial Y, rank {rank}"), format!("BT × {c}"), BACKWARD),
             ];
             // Each piece fed by the one before it, f feeding the first.
@@ -86,8 +87,8 @@ pub fn draw(shape: &MlpShape) -> Result<String> {
     Ok(svg)
 }
 
-/// The range of columns (or rows) rank `rank` holds, as `a..b`.
-fn columns_of(rank: usize, part: usize) -> String {
+/// The hidden units rank `rank` holds, as `a..b`.
+fn units_of(rank: usize, part: usize) -> String {
     format!("{}..{}", rank * part, (rank + 1) * part)
 }
 
