@@ -51,11 +51,16 @@ fn every_parameter_is_in_exactly_one_group() {
     assert!(total == model, "the groups name {total} parameters, the model has {model}: some are not the model's");
 }
 
+/// A norm's weight or a bias, known by its Hugging Face name.
+fn scale_or_offset(name: &str) -> bool {
+    name.ends_with("norm.weight") || name.ends_with(".bias")
+}
+
 #[test]
 fn norm_weights_and_biases_do_not_decay() {
     let params = model_params();
     let groups = param_groups(&params, WEIGHT_DECAY);
-    for (name, var) in params.iter().filter(|(_, v)| v.rank() < 2) {
+    for (name, var) in params.iter().filter(|(name, _)| scale_or_offset(name)) {
         let decay = decay_of(&groups, name).unwrap_or_else(|| panic!("`{name}` is in no group"));
         assert!(
             decay == 0.0,
@@ -70,7 +75,7 @@ fn norm_weights_and_biases_do_not_decay() {
 fn matrices_and_embeddings_decay() {
     let params = model_params();
     let groups = param_groups(&params, WEIGHT_DECAY);
-    for (name, _) in params.iter().filter(|(_, v)| v.rank() >= 2) {
+    for (name, _) in params.iter().filter(|(name, _)| !scale_or_offset(name)) {
         let decay = decay_of(&groups, name).unwrap_or_else(|| panic!("`{name}` is in no group"));
         let cause = match decay {
             0.0 => mistake(8, "decay_none"),

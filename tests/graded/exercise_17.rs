@@ -209,7 +209,7 @@ fn the_first_moment_holds_the_average_gradient_shard(#[values(2, 3)] world: usiz
 }
 
 #[rstest]
-fn a_step_is_one_reduce_scatter_and_one_all_gather(#[values(2, 3)] world: usize) {
+fn a_step_communicates_no_more_than_one_all_reduce_would(#[values(2, 3)] world: usize) {
     for (rank, got) in run(world, 10).iter().enumerate() {
         let [reduce_scatters, all_gathers, all_reduces] = got.last_step;
         let whole = (all_reduces > 0).then(|| mistake(17, "all_reduce_used"));

@@ -152,7 +152,7 @@ fn buckets_follow_the_cap_in_the_order_gradients_arrive() {
 }
 
 #[test]
-fn each_bucket_starts_as_soon_as_it_is_full_and_is_waited_for_after_backward() {
+fn buckets_travel_while_backward_runs() {
     for (rank, run) in run(2).iter().enumerate() {
         let started = starts(&run.events);
         if started.iter().any(|&(_, _, blocking)| blocking) {

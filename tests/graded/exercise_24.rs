@@ -9,8 +9,8 @@ use workbook::phase4_under_the_hood::one_f_one_b_step;
 
 use crate::pipeline_runs::{
     bubble, expect_gradients_of_the_mean_loss, expect_one_send_per_micro_batch_and_cut,
-    expect_the_mean_loss_on_the_last_stage, expect_the_same_across_processes, most_in_flight, one_f_one_b, run,
-    with_warmups, Schedule, M,
+    expect_the_mean_loss_on_the_last_stage, expect_the_same_across_processes, gpipe, most_in_flight, one_f_one_b, run,
+    written, Schedule, M,
 };
 use crate::support::{cause, mistake};
 
@@ -25,12 +25,21 @@ const ONE_F_ONE_B: Schedule = Schedule {
 /// The typical mistake whose schedules `got` are, when exactly one mistake gives them.
 fn schedule_mistake(got: &[Vec<StageOp>], m: usize) -> Option<&'static str> {
     let stages = got.len();
-    let mistakes: [(&str, Vec<Vec<StageOp>>); 4] = [
-        ("gpipe_schedule", with_warmups(stages, m, |_| m)),
-        ("warmup_one_too_many", with_warmups(stages, m, |s| stages - s)),
-        ("same_warmup_everywhere", with_warmups(stages, m, |_| stages - 1)),
-        ("no_warmup", with_warmups(stages, m, |_| 0)),
-    ];
+    let mistaken = |id: &str| -> Vec<Vec<StageOp>> {
+        match (id, stages, m) {
+            ("gpipe_schedule", _, _) => vec![gpipe(m); stages],
+            ("no_warmup", _, _) => vec![[StageOp::Forward, StageOp::Backward].repeat(m); stages],
+            ("warmup_one_too_many", 2, 4) => written(&["FFFBFBBB", "FFBFBFBB"]),
+            ("warmup_one_too_many", 4, 4) => written(&["FFFFBBBB", "FFFFBBBB", "FFFBFBBB", "FFBFBFBB"]),
+            ("warmup_one_too_many", 4, 2) => written(&["FFBB"; 4]),
+            ("same_warmup_everywhere", 2, 4) => written(&["FFBFBFBB"; 2]),
+            ("same_warmup_everywhere", 4, 4) => written(&["FFFFBBBB"; 4]),
+            ("same_warmup_everywhere", 4, 2) => written(&["FFBB"; 4]),
+            _ => vec![],
+        }
+    };
+    let mistakes =
+        ["gpipe_schedule", "warmup_one_too_many", "same_warmup_everywhere", "no_warmup"].map(|id| (id, mistaken(id)));
     let mut matching = mistakes.iter().filter(|(_, schedules)| schedules == got);
     match (matching.next(), matching.next()) {
         (Some((id, _)), None) => Some(mistake(24, id)),

@@ -275,7 +275,7 @@ fn buckets_follow_the_cap_in_the_order_backward_finishes_gradients() {
 /// handed over is one per process), the buckets over TCP, where an
 /// all-reduce really runs while backward goes on.
 #[test]
-fn each_bucket_starts_when_full_and_is_waited_for_after_backward() {
+fn buckets_travel_while_backward_runs() {
     let world = 2;
     let runs: Vec<RankRun> = on_processes(world, |pg| step(Box::new(pg)));
     let want = expected(world, 0..MICRO_BATCHES);

@@ -275,21 +275,30 @@ pub fn gpipe(m: usize) -> Vec<StageOp> {
     [vec![Forward; m], vec![Backward; m]].concat()
 }
 
-/// A stage's order when it warms up with `warmup` forwards (at most `m`):
-/// then a forward and a backward in turn, then the backwards left.
-pub fn after_warmup(warmup: usize, m: usize) -> Vec<StageOp> {
-    let warmup = warmup.min(m);
-    [vec![Forward; warmup], [Forward, Backward].repeat(m - warmup), vec![Backward; warmup]].concat()
+/// A schedule written out, one string per stage, stage 0 first: `F` a
+/// forward, `B` a backward.
+pub fn written(stages: &[&str]) -> Vec<Vec<StageOp>> {
+    let op = |c: char| if c == 'F' { Forward } else { Backward };
+    stages.iter().map(|stage| stage.chars().map(op).collect()).collect()
 }
 
-/// Every stage's order when stage s of `stages` warms up with `warmup(s)` forwards.
-pub fn with_warmups(stages: usize, m: usize, warmup: impl Fn(usize) -> usize) -> Vec<Vec<StageOp>> {
-    (0..stages).map(|s| after_warmup(warmup(s), m)).collect()
-}
+/// 1F1B's order on every stage, written out for each (stages, micro-batches)
+/// the tests run.
+const ONE_F_ONE_B: [((usize, usize), &[&str]); 6] = [
+    ((2, 4), &["FFBFBFBB", "FBFBFBFB"]),
+    ((4, 4), &["FFFFBBBB", "FFFBFBBB", "FFBFBFBB", "FBFBFBFB"]),
+    ((4, 2), &["FFBB", "FFBB", "FFBB", "FBFB"]),
+    ((4, 8), &["FFFFBFBFBFBFBBBB", "FFFBFBFBFBFBFBBB", "FFBFBFBFBFBFBFBB", "FBFBFBFBFBFBFBFB"]),
+    ((3, 1), &["FB", "FB", "FB"]),
+    ((4, 6), &["FFFFBFBFBBBB", "FFFBFBFBFBBB", "FFBFBFBFBFBB", "FBFBFBFBFBFB"]),
+];
 
-/// 1F1B: stage s warms up with S − s − 1 forwards.
+/// 1F1B's order on each of `stages` stages for `m` micro-batches.
 pub fn one_f_one_b(stages: usize, m: usize) -> Vec<Vec<StageOp>> {
-    with_warmups(stages, m, |s| stages - s - 1)
+    let Some((_, order)) = ONE_F_ONE_B.iter().find(|(case, _)| *case == (stages, m)) else {
+        panic!("1F1B's order for {stages} stages and {m} micro-batches is not written out here: add it")
+    };
+    written(order)
 }
 
 /// The most micro-batches `schedule` holds between their forward and their backward.

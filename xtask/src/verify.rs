@@ -562,12 +562,19 @@ fn guide_builds(ws: &Workspace, tally: &mut Tally) {
     tally.section("Guide: cited paths exist, figures are current and shown, the book builds (mdbook build guide)");
     cited_paths_exist(ws, tally);
     figures_current_and_shown(ws, tally);
-    match Command::new("mdbook").args(["build", "guide"]).current_dir(&ws.root).status() {
+    match Command::new("mdbook").args(["build", "guide"]).current_dir(&ws.root).output() {
         Err(error) if error.kind() == ErrorKind::NotFound => {
             println!("  skipped: mdbook is not on PATH (`cargo install mdbook` adds this check)");
         }
         Err(error) => tally.check(false, || format!("cannot run mdbook: {error}")),
-        Ok(status) => tally.check(status.success(), || "`mdbook build guide` failed (its errors are above)".into()),
+        Ok(output) => {
+            let log = String::from_utf8_lossy(&output.stderr);
+            eprint!("{log}");
+            tally.check(output.status.success(), || "`mdbook build guide` failed (its errors are above)".into());
+            // A warning is a page that renders wrong: an unclosed `<tag>` swallows the text after it.
+            let warnings = log.lines().filter(|line| line.contains(" WARN ")).count();
+            tally.check(warnings == 0, || format!("`mdbook build guide` warned {warnings} time(s) (above)"));
+        }
     }
     tally.end_section();
 }
