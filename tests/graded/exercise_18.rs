@@ -1,9 +1,9 @@
-//! Exercise 18: PowerSGD. The expected estimates come from the algorithm
-//! written out here on plain f64 matrices (Vogels et al. 2019, algorithm 1),
-//! started from the same seeded Q; a rank-r gradient must come through
-//! exactly, which needs no reference at all. A wrong estimate is compared
-//! with what each typical mistake computes on the same numbers, and named
-//! only when it matches.
+//! Exercise 18: PowerSGD. The expected estimates, the error feedback and
+//! what each typical mistake gives come from PyTorch
+//! (`tests/fixtures/generate.py`), run on the same gradients from the same
+//! first Q (the runtime's seeded draw, checked here against the fixture's); a
+//! rank-r gradient must come through exactly, which needs no reference at
+//! all. A wrong estimate is named only when it equals a mistake's.
 
 use std::time::Duration;
 
@@ -17,7 +17,7 @@ use workbook::train::{CosineSchedule, LrSchedule, Trainer};
 
 use crate::fsdp_runs::{model_config, rows_of, train_config, GLOBAL_BATCH, SEQ_LEN};
 use crate::process_ranks::on_processes;
-use crate::support::{cause, mistake, number};
+use crate::support::{cause, fixture, mistake, number, Fixture};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 /// A (6, 5) gradient at rank 2: two all-reduces of 12 and 10 numbers instead of one of 30.
@@ -26,6 +26,8 @@ const M: usize = 5;
 const R: usize = 2;
 const SEED: u64 = 11;
 const STEPS: usize = 3;
+/// The mistakes whose estimates the fixture holds, on 2 and 3 ranks.
+const MISTAKES: [&str; 4] = ["no_error_feedback", "no_warm_start", "not_orthogonalized", "p_not_averaged"];
 
 type Matrix = Vec<Vec<f64>>;
 
@@ -38,86 +40,41 @@ fn transpose(a: &Matrix) -> Matrix {
     (0..a[0].len()).map(|j| a.iter().map(|row| row[j]).collect()).collect()
 }
 
-fn combine(a: &Matrix, b: &Matrix, f: impl Fn(f64, f64) -> f64) -> Matrix {
-    a.iter().zip(b).map(|(x, y)| x.iter().zip(y).map(|(&x, &y)| f(x, y)).collect()).collect()
-}
-
 fn mean(ms: &[Matrix]) -> Matrix {
-    let sum = ms[1..].iter().fold(ms[0].clone(), |acc, m| combine(&acc, m, |a, b| a + b));
-    sum.iter().map(|row| row.iter().map(|x| x / ms.len() as f64).collect()).collect()
+    let rows = ms[0].len();
+    (0..rows)
+        .map(|i| (0..ms[0][i].len()).map(|j| ms.iter().map(|m| m[i][j]).sum::<f64>() / ms.len() as f64).collect())
+        .collect()
 }
 
-/// Gram-Schmidt on the columns, in order, each against the updated earlier ones.
-fn orthonormal(p: &Matrix) -> Matrix {
-    let mut columns: Vec<Vec<f64>> = vec![];
-    for j in 0..p[0].len() {
-        let mut column: Vec<f64> = p.iter().map(|row| row[j]).collect();
-        for earlier in &columns {
-            let projection: f64 = earlier.iter().zip(&column).map(|(e, c)| e * c).sum();
-            column.iter_mut().zip(earlier).for_each(|(c, e)| *c -= projection * e);
-        }
-        let length = column.iter().map(|c| c * c).sum::<f64>().sqrt();
-        columns.push(column.iter().map(|c| if length > 1e-12 { c / length } else { 0.0 }).collect());
-    }
-    transpose(&columns)
-}
-
-/// Rank `rank`'s gradient at step `step`: full rank, different per rank and step.
+/// Rank `rank`'s gradient at step `step`: full rank, different per rank and
+/// step (the fixture's script computes the same).
 fn grad(rank: usize, step: usize) -> Matrix {
     (0..N)
         .map(|i| (0..M).map(|j| (((i * 7 + j * 3 + rank * 5 + step * 11) % 17) as f64 - 8.0) * 0.1).collect())
         .collect()
 }
 
-fn initial_q() -> Matrix {
-    let q = PowerSgd::new(R, SEED).initial_q(M, &Device::Cpu).unwrap();
-    q.to_vec2::<f32>().unwrap().iter().map(|row| row.iter().map(|&x| x as f64).collect()).collect()
+fn matrix(t: &Tensor) -> Matrix {
+    let rows = t.to_vec2::<f32>().expect("a matrix");
+    rows.iter().map(|row| row.iter().map(|&x| x as f64).collect()).collect()
 }
 
-/// The ways of computing a step that this test can recognise.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Scheme {
-    Textbook,
-    NoErrorFeedback,
-    NoWarmStart,
-    NotOrthogonalized,
-    PNotAveraged,
+/// The fixture, once the runtime is seen to draw the first Q it was made from.
+fn reference() -> Fixture {
+    let f = fixture(18);
+    let drawn = PowerSgd::new(R, SEED).initial_q(M, &Device::Cpu).expect("initial_q");
+    assert!(
+        matrix(&drawn) == matrix(&f.get("q0")),
+        "PowerSgd::new({R}, {SEED}).initial_q({M}) no longer draws the fixture's first Q: the workbook's seeded \
+         draws changed, so tests/fixtures/generate.py must be given the new Q and run again"
+    );
+    f
 }
 
-/// Every rank's estimate at every step when all run `scheme` on `grads[step][rank]`.
-fn powersgd(scheme: Scheme, grads: &[Vec<Matrix>]) -> Vec<Vec<Matrix>> {
-    let world = grads[0].len();
-    let mut errors: Vec<Option<Matrix>> = vec![None; world];
-    let mut q = initial_q();
-    let mut out = vec![];
-    for step_grads in grads {
-        if scheme == Scheme::NoWarmStart {
-            q = initial_q();
-        }
-        let ms: Vec<Matrix> = (0..world)
-            .map(|r| match (&errors[r], scheme) {
-                (Some(e), s) if s != Scheme::NoErrorFeedback => combine(&step_grads[r], e, |a, b| a + b),
-                _ => step_grads[r].clone(),
-            })
-            .collect();
-        let own_ps: Vec<Matrix> = ms.iter().map(|m| matmul(m, &q)).collect();
-        let shared_p = mean(&own_ps);
-        let p_of = |r: usize| {
-            let p = if scheme == Scheme::PNotAveraged { own_ps[r].clone() } else { shared_p.clone() };
-            if scheme == Scheme::NotOrthogonalized {
-                p
-            } else {
-                orthonormal(&p)
-            }
-        };
-        q = mean(&(0..world).map(|r| matmul(&transpose(&ms[r]), &p_of(r))).collect::<Vec<_>>());
-        let approx: Vec<Matrix> = (0..world).map(|r| matmul(&p_of(r), &transpose(&q))).collect();
-        for r in 0..world {
-            errors[r] = Some(combine(&ms[r], &approx[r], |a, b| a - b));
-        }
-        out.push(approx);
-    }
-    out
+/// What `key` holds for each step and rank of a run on `world` ranks.
+fn per_step_and_rank(f: &Fixture, key: &str, world: usize) -> Vec<Vec<Matrix>> {
+    (0..STEPS).map(|s| (0..world).map(|r| matrix(&f.get(&format!("{key}.w{world}.s{s}.r{r}")))).collect()).collect()
 }
 
 /// What one rank saw: its estimate at every step, its error after the last
@@ -183,20 +140,21 @@ fn steps_of(world: usize) -> Vec<Vec<Matrix>> {
     (0..STEPS).map(|step| (0..world).map(|r| grad(r, step)).collect()).collect()
 }
 
-/// Which scheme the ranks' estimates equal, if one of the mistakes'.
-fn diagnose(runs: &[RankRun], grads: &[Vec<Matrix>]) -> Option<&'static str> {
-    [
-        (Scheme::NoErrorFeedback, "no_error_feedback"),
-        (Scheme::NoWarmStart, "no_warm_start"),
-        (Scheme::NotOrthogonalized, "not_orthogonalized"),
-        (Scheme::PNotAveraged, "p_not_averaged"),
-    ]
-    .into_iter()
-    .find(|(scheme, _)| {
-        let want = powersgd(*scheme, grads);
+/// The mistake whose estimates the ranks' equal, if exactly one's.
+fn diagnose(runs: &[RankRun], f: &Fixture) -> Option<&'static str> {
+    let world = runs.len();
+    if world < 2 {
+        return None; // one rank: averaging changes nothing, so the mistakes are not all apart
+    }
+    let equals = |id: &&&str| {
+        let want = per_step_and_rank(f, &format!("mistake_{id}"), world);
         runs.iter().enumerate().all(|(r, run)| run.estimates.iter().zip(&want).all(|(got, step)| close(got, &step[r])))
-    })
-    .map(|(_, id)| mistake(18, id))
+    };
+    let mut matching = MISTAKES.iter().filter(equals);
+    match (matching.next(), matching.next()) {
+        (Some(id), None) => Some(mistake(18, id)),
+        _ => None,
+    }
 }
 
 /// Gradients G_k = A B_kᵀ share their column space, so their average has
@@ -218,9 +176,9 @@ fn a_rank_r_gradient_comes_through_exactly(#[values(2, 3)] world: usize) {
 
 #[rstest]
 fn estimates_match_powersgd_on_the_same_numbers(#[values(1, 2, 3)] world: usize) {
-    let grads = steps_of(world);
-    let want = powersgd(Scheme::Textbook, &grads);
-    let runs = run(&grads);
+    let f = reference();
+    let want = per_step_and_rank(&f, "estimate", world);
+    let runs = run(&steps_of(world));
     for (rank, run) in runs.iter().enumerate() {
         if let Some((step, difference)) =
             (0..STEPS).find_map(|s| Some((s, first_difference(&run.estimates[s], &want[s][rank])?)))
@@ -229,7 +187,7 @@ fn estimates_match_powersgd_on_the_same_numbers(#[values(1, 2, 3)] world: usize)
             panic!(
                 "on {world} ranks, rank {rank}'s estimate at step {step} differs from PowerSGD's: {difference}{}{}",
                 if agree { "" } else { "; the ranks do not even agree with each other" },
-                cause(diagnose(&runs, &grads))
+                cause(diagnose(&runs, &f))
             );
         }
     }
@@ -237,23 +195,16 @@ fn estimates_match_powersgd_on_the_same_numbers(#[values(1, 2, 3)] world: usize)
 
 #[test]
 fn the_error_feedback_is_what_compression_left_out() {
-    let grads = steps_of(2);
-    let want = powersgd(Scheme::Textbook, &grads);
-    for (rank, run) in run(&grads).iter().enumerate() {
+    let f = reference();
+    for (rank, run) in run(&steps_of(2)).iter().enumerate() {
         let Some(error) = &run.error else {
             panic!(
                 "rank {rank} keeps no error feedback after {STEPS} steps{}",
                 cause(Some(mistake(18, "no_error_feedback")))
             );
         };
-        // e = M − estimate, with M = this step's gradient plus the last error.
-        let last = STEPS - 1;
-        let previous = combine(&grads[last][rank], &grads[last][rank], |_, _| 0.0);
-        let m = (0..STEPS).fold(previous, |e, s| {
-            let m = combine(&grads[s][rank], &e, |a, b| a + b);
-            combine(&m, &want[s][rank], |a, b| a - b)
-        });
-        if let Some(difference) = first_difference(error, &m) {
+        let want = matrix(&f.get(&format!("error.w2.r{rank}")));
+        if let Some(difference) = first_difference(error, &want) {
             panic!("rank {rank}'s error feedback after {STEPS} steps is not M − P̂Qᵀ: {difference}");
         }
         let no_warm_start = run.kept_q.is_none().then(|| mistake(18, "no_warm_start"));
@@ -286,7 +237,7 @@ fn a_step_all_reduces_two_thin_factors(#[values(2, 3)] world: usize) {
 fn it_runs_across_processes_over_tcp() {
     let grads = steps_of(2);
     let runs: Vec<RankRun> = on_processes(2, |pg| compress(&pg, &grads));
-    let want = powersgd(Scheme::Textbook, &grads);
+    let want = per_step_and_rank(&reference(), "estimate", 2);
     for (rank, run) in runs.iter().enumerate() {
         for (step, (got, want)) in run.estimates.iter().zip(&want).enumerate() {
             if let Some(difference) = first_difference(got, &want[rank]) {
