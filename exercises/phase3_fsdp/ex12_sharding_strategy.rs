@@ -49,7 +49,7 @@
 //!
 //! The price is communication, counted per step in elements (the ring's
 //! (N − 1)/N dropped): DDP's all-reduce of the gradients moves 2Ψ; stages 1
-//! and 2 move the same 2Ψ, as a reduce-scatter (Ψ) and an all-gather (Ψ);
+//! and 2 move the same 2Ψ, with no all-reduce (Exercise 17 works out how);
 //! stage 3 all-gathers the parameters before forward and again before
 //! backward and reduce-scatters the gradients: 3Ψ.
 //!

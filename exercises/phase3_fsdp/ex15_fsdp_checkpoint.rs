@@ -23,20 +23,25 @@
 //!                              rank 0 [1, 2], rank 1 [3, 4], rank 2 [5, 0], rank 3 [0, 0]
 //! ```
 //!
-//! The contract, and what to watch for:
+//! The contract, for every number of ranks and every strategy:
 //!
-//! - **Rank 0 writes whole tensors, yet holds 1/N of each sharded unit.** A
-//!   collective completes only when every rank calls it: "only rank 0 saves,
-//!   so only rank 0 gathers" leaves rank 0 waiting for ranks that never come
-//!   — a hang on GPUs, an error from the process group here.
-//! - **Some units are not sharded**: `is_sharded()` is false, the same on
-//!   every rank, and this rank already holds the whole buffer. An all-gather
-//!   concatenates the ranks' tensors.
-//! - **One writer, and no rank returns before the checkpoint is complete**,
-//!   for exercise 11's reasons; `Checkpoint::write` is the same atomic write,
-//!   so a crash while saving keeps the last good checkpoint.
-//! - **Loading takes the padding and the ranges of the loading run**, never
-//!   the saving run's: neither padding is in the file.
+//! - **The file does not depend on how the run was sharded**: whole tensors
+//!   by name, f32, no padding, the file Phase 2's trainer writes for the
+//!   same weights. Rank 0 alone writes it, and no rank returns before it is
+//!   complete, for exercise 11's reasons; `Checkpoint::write` is the same
+//!   atomic write.
+//! - **A loaded run holds what a run of its own shape holds**: every rank's
+//!   state is the saved state as that run's layout shards it, and the
+//!   counters are the saved ones.
+//!
+//! The facts to derive the rest from: a rank's `local_state()` covers its
+//! `local_range()` of the unit's padded flat buffer, so rank 0 holds 1/N of
+//! each sharded unit; a unit may be unsharded (`is_sharded()` false, the
+//! same on every rank), and then the range is the whole buffer; a
+//! collective completes only when every rank calls it; an all-gather
+//! concatenates the ranks' tensors in rank order; `unflatten` accepts only
+//! the unit's padded length. Who gathers, which units need it, and how a loading rank
+//! cuts out its part are yours to work out (the 3-rank case is a good test).
 //!
 //! What goes in the file (same keys as exercise 11):
 //! - `params`: every parameter by name, f32, whole;
@@ -77,15 +82,12 @@ impl FsdpTrainer {
     /// Reads a whole checkpoint (written by any number of ranks, or by Phase
     /// 2's trainer) and keeps this rank's shard of it. Returns the data position.
     ///
-    /// On success, for every unit, this rank's `local_state()` is the
-    /// `local_range()` of this run's padded flat buffer of the saved tensors
-    /// (padding zero), for the parameters and both moments; the counters are
-    /// the saved ones. Called on every rank. A checkpoint of another model is
-    /// an error, before anything changes.
-    ///
-    /// The moments are keyed `exp_avg.<name>` in the file but looked up by
-    /// parameter name in a layout; a checkpoint written before AdamW's first
-    /// step (`state.optimizer_steps == 0`) holds none, and a fresh AdamW's are zeros.
+    /// On success, for every unit, this rank's `local_state()` (parameters
+    /// and both moments) is what a rank of this run, with this run's layout
+    /// and padding, holds of the saving run's state; the counters are the
+    /// saved ones. Called on every rank. A checkpoint of another model is an
+    /// error, before anything changes. A run that has not yet stepped holds
+    /// zero moments, and its file holds none.
     ///
     /// Pieces: `Checkpoint::read`, `.ensure_fits(self.model_config())`; per unit,
     /// `.local_range()`, `.device()` and `.layout.flatten(&named, device)` (a

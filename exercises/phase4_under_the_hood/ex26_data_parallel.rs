@@ -69,7 +69,9 @@ pub struct DataParallel {}
 impl DataParallel {
     /// Wraps this rank's replica of a model of `config` with `params`, its
     /// gradients to be averaged over `pg` in buckets of `bucket_cap_bytes`.
-    /// On return every rank's `params` hold rank 0's values.
+    /// On return every rank's `params` hold rank 0's values. The wrapper
+    /// trains those variables themselves, not copies: an optimizer outside it
+    /// steps `params`, and the next `forward_backward` sees the step.
     pub fn new(
         config: &GptConfig,
         params: ParamStore,

@@ -202,6 +202,43 @@ fn every_rank_starts_from_rank_0s_parameters() {
     }
 }
 
+/// An optimizer outside the wrapper steps `params`; the wrapper's next
+/// forward must run on the stepped values.
+#[test]
+fn a_step_taken_on_the_params_reaches_the_next_forward() {
+    let world = 2;
+    let halved = |params: &ParamStore| -> Result<()> {
+        for (_, var) in params.iter() {
+            var.set(&(var.as_tensor() * 0.5)?)?;
+        }
+        Ok(())
+    };
+    let losses = spawn_with_timeout(world, TIMEOUT, |pg: CpuProcessGroup| {
+        let rank = pg.rank();
+        let params = initial(rank);
+        let mut ddp = DataParallel::new(&config(), params.clone(), Box::new(pg), CAP)?;
+        halved(&params)?;
+        ddp.forward_backward(&batch(rank, 0), true)
+    })
+    .unwrap_or_else(|e| panic!("DataParallel on {world} thread ranks failed: {e}"));
+    let stepped = initial(0);
+    halved(&stepped).unwrap();
+    for (rank, &got) in losses.iter().enumerate() {
+        let want = one_process(&stepped, &batch(rank, 0)).0;
+        if (got - want).abs() > 1e-5 * want.abs().max(1.0) {
+            let unstepped = one_process(&initial(0), &batch(rank, 0)).0;
+            let copied = (got - unstepped).abs() <= 1e-5 * unstepped.abs().max(1.0);
+            panic!(
+                "rank {rank}: with every parameter halved after new, the loss is {}, expected {} (rank 0's initial \
+                 parameters halved){}",
+                number(got),
+                number(want),
+                cause(copied.then(|| mistake(26, "params_copied")))
+            );
+        }
+    }
+}
+
 #[rstest]
 fn the_gradients_are_what_one_process_computes_on_every_ranks_data(#[values(2, 3)] world: usize) {
     let want = expected(world, 0..MICRO_BATCHES);

@@ -5,7 +5,9 @@
 //!
 //! - Data parallel: each rank's gradients averaged by your buckets
 //!   (exercise 19) over your ring all-reduce (exercise 16), the update taken
-//!   by your sharded AdamW (exercise 17).
+//!   by your sharded AdamW (exercise 17); and your own data-parallel type
+//!   (exercise 26) over your ring, every rank starting from parameters of
+//!   its own, the runtime's AdamW stepping the parameters it trains.
 //! - Pipeline parallel: your GPipe step (exercise 21) and your 1F1B step
 //!   (exercise 24) on two stages, each stage updating its own parameters;
 //!   and the GPipe pipeline replicated on a mesh of 2 × 2 processes, each
@@ -34,7 +36,7 @@ use workbook::parallel::pipeline::{PipelineSchedule, PipelineStage};
 use workbook::parallel::tensor::{TensorParallelBlock, TensorParallelTrainer};
 use workbook::parallel::zero::ShardedAdamW;
 use workbook::phase1_model::next_token_loss;
-use workbook::phase4_under_the_hood::{fsdp_backward, fsdp_forward, overlapped_all_reduce};
+use workbook::phase4_under_the_hood::{fsdp_backward, fsdp_forward, overlapped_all_reduce, DataParallel};
 use workbook::train::{AdamW, AdamWConfig, ParamGroup, Train};
 use workbook::{init_params, Gpt};
 
@@ -108,6 +110,27 @@ fn data_parallel_rank(pg: Box<dyn ProcessGroup>) -> Result<Values> {
         for (name, tensor) in layout.unflatten(&updated)? {
             params.get(&name)?.set(&tensor)?;
         }
+    }
+    Ok(values(&params))
+}
+
+/// One data-parallel rank of your own DDP over your ring: its rows of each
+/// global batch as a micro-batch, the runtime's AdamW on the averaged
+/// gradients. Every rank draws parameters of its own: the wrapper's start
+/// makes them rank 0's.
+fn your_ddp_rank(pg: Box<dyn ProcessGroup>) -> Result<Values> {
+    let (rank, world) = (pg.rank(), pg.world_size());
+    let params = init_params(&model_config(), 7 + rank as u64, &Device::Cpu)?;
+    let mut ddp = DataParallel::new(&model_config(), params.clone(), Box::new(OwnRing::around(pg)), BUCKET_BYTES)?;
+    let mut optimizer = adamw(&params)?;
+    for step in 0..STEPS {
+        let mine: Vec<Tensor> = global_batches(step).iter().map(|b| rows_of(b, rank, world)).collect();
+        for (i, micro_batch) in mine.iter().enumerate() {
+            ddp.forward_backward(micro_batch, i + 1 == mine.len())?;
+        }
+        let mut grads = ddp.take_gradients()?;
+        grads.scale(1.0 / mine.len() as f64)?;
+        optimizer.step(&params, &grads, LR)?;
     }
     Ok(values(&params))
 }
@@ -284,6 +307,12 @@ fn expect_shares_of_one_process(per_rank: &[Values], what: &str, want: impl Fn(u
 fn your_buckets_ring_and_sharded_adamw_train_on_two_processes_as_one_process() {
     let per_rank = on_processes(2, |pg| data_parallel_rank(Box::new(pg)));
     expect_as_one_process(&per_rank, "data parallel from exercises 16, 17 and 19");
+}
+
+#[test]
+fn your_own_ddp_over_your_ring_trains_on_two_processes_as_one_process() {
+    let per_rank = on_processes(2, |pg| your_ddp_rank(Box::new(pg)));
+    expect_as_one_process(&per_rank, "your DataParallel (exercise 26) over your ring (exercise 16)");
 }
 
 #[rstest]
