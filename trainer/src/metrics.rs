@@ -13,7 +13,7 @@ use crate::tensorboard::{EventWriter, EVENTS_FILE};
 /// What one optimizer step measured. A value that is not finite (a skipped
 /// update's NaN loss) is written as the string `"NaN"`, `"inf"` or `"-inf"`,
 /// which JSON has no number for.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StepRecord {
     pub step: usize,
     /// The loss averaged over every rank's micro-batches.
@@ -31,6 +31,14 @@ pub struct StepRecord {
     /// The loss on the held-out windows, at the steps that measured it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eval_loss: Option<f64>,
+    /// Each rank's memory in MiB, rank 0 first: the GPU's memory in use, or
+    /// on the CPU the process's peak resident memory; empty where the system
+    /// does not say.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub memory_mib: Vec<f64>,
+    /// The updates skipped so far for a non-finite gradient.
+    #[serde(default)]
+    pub skipped_steps: u64,
 }
 
 /// An f64 as a JSON number when finite, else as a word.
@@ -104,16 +112,19 @@ impl MetricsLog {
 }
 
 /// What TensorBoard plots of a step, by tag.
-fn scalars(record: &StepRecord) -> Vec<(&'static str, f64)> {
+fn scalars(record: &StepRecord) -> Vec<(String, f64)> {
     let mut scalars = vec![
-        ("train/loss", record.loss),
-        ("train/learning_rate", record.lr),
-        ("train/grad_norm", record.grad_norm),
-        ("train/tokens_per_s", record.tokens_per_s),
+        ("train/loss".to_string(), record.loss),
+        ("train/learning_rate".to_string(), record.lr),
+        ("train/grad_norm".to_string(), record.grad_norm),
+        ("train/tokens_per_s".to_string(), record.tokens_per_s),
+        ("train/skipped_steps".to_string(), record.skipped_steps as f64),
     ];
     if let Some(loss) = record.eval_loss {
-        scalars.extend([("eval/loss", loss), ("eval/perplexity", loss.exp())]);
+        scalars.extend([("eval/loss".to_string(), loss), ("eval/perplexity".to_string(), loss.exp())]);
     }
+    let per_rank = record.memory_mib.iter().enumerate();
+    scalars.extend(per_rank.map(|(rank, &mib)| (format!("memory/rank_{rank}_mib"), mib)));
     scalars
 }
 

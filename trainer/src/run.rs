@@ -347,6 +347,8 @@ fn drive(
             tokens_per_s,
             elapsed_s: start.elapsed().as_secs_f64(),
             eval_loss,
+            memory_mib: memory_per_rank(trainer.process_group(), device)?,
+            skipped_steps: counters.skipped_steps,
         };
         if is_logger {
             report_anomalies(&bar, &record, &stats, counters.skipped_steps > skipped_before, &mut loss_ema);
@@ -365,7 +367,7 @@ fn drive(
                 );
             }
         }
-        first.get_or_insert(record);
+        first.get_or_insert_with(|| record.clone());
         last = Some(record);
         let at_end = step == config.max_steps;
         if at_end || step.is_multiple_of(options.checkpoint_every) {
@@ -576,6 +578,19 @@ fn print_plan(options: &RunOptions, dataset: &Dataset, device: &Device, num_para
         options.nproc
     );
     println!("output: {}", options.out_dir.display());
+}
+
+/// Every rank's memory in MiB, rank 0 first (see [`StepRecord::memory_mib`]),
+/// gathered from all ranks; empty where the system does not say (then on
+/// every rank alike, so no rank waits in a gather the others skip).
+fn memory_per_rank(pg: &dyn ProcessGroup, device: &Device) -> Result<Vec<f64>> {
+    let mine = match compute::gpu_memory_mib(device) {
+        Some((used, _total)) => Some(used),
+        None => peak_memory_mib(),
+    };
+    let Some(mine) = mine else { return Ok(vec![]) };
+    let all = pg.all_gather(&Tensor::new(&[mine as f32], device)?)?;
+    Ok(all.to_vec1::<f32>()?.into_iter().map(f64::from).collect())
 }
 
 /// The peak resident memory of this process in MiB, where the OS reports it.

@@ -38,11 +38,11 @@ impl EventWriter {
 
     /// Writes the scalars `values` (tag, value) of step `step`; values that
     /// are not finite are left out.
-    pub fn scalars(&mut self, step: usize, values: &[(&str, f64)]) -> Result<()> {
+    pub fn scalars(&mut self, step: usize, values: &[(impl AsRef<str>, f64)]) -> Result<()> {
         let mut summary = Message::default();
         for (tag, value) in values.iter().filter(|(_, v)| v.is_finite()) {
             let mut entry = Message::default();
-            entry.bytes(1, tag.as_bytes());
+            entry.bytes(1, tag.as_ref().as_bytes());
             entry.float(2, *value as f32);
             summary.bytes(1, &entry.0);
         }

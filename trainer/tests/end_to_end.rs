@@ -223,7 +223,7 @@ fn a_pipeline_of_two_stages_trains_as_one_process_and_resumes_under_ddp() {
         let what = format!("{schedule} pipeline of 2 stages on {nproc} ranks");
         let (dir, pipelined, got) =
             run(&format!("pipeline-{schedule}-{nproc}"), nproc, Strategy::Pipeline { schedule, stages: 2 });
-        let (a, b) = (one.last.unwrap().loss, pipelined.last.unwrap().loss);
+        let (a, b) = (one.last.as_ref().unwrap().loss, pipelined.last.unwrap().loss);
         assert!((a - b).abs() <= 1e-5 * a.abs(), "the {what}: loss at step 3 is {b}, one process's {a}");
         assert_eq!(got.len(), want.len(), "rank 0 should write every stage's parameters");
         for (name, want) in &want {
@@ -284,7 +284,7 @@ fn tensor_parallel_runs_train_as_one_process_and_their_checkpoints_move_between_
     let (one_dir, one) = run("tp-one-process", 5, 1, Strategy::Ddp, None);
     for nproc in [2, 4] {
         let (dir, summary) = run(&format!("tp-on-{nproc}"), 3, nproc, tp2, None);
-        let (a, b) = (one.first.unwrap().loss, summary.first.unwrap().loss);
+        let (a, b) = (one.first.as_ref().unwrap().loss, summary.first.unwrap().loss);
         assert!((a - b).abs() <= 1e-5 * a.abs(), "tp 2 on {nproc} ranks: loss at step 1 is {b}, one process's {a}");
         expect_same_params(
             &checkpoint_params(&dir, 3),

@@ -4,7 +4,17 @@
 use trainer::metrics::{read_log, truncate_after, MetricsLog, StepRecord};
 
 fn record(step: usize, loss: f64) -> StepRecord {
-    StepRecord { step, loss, lr: 1e-3, grad_norm: f64::INFINITY, tokens_per_s: 10.0, elapsed_s: 1.0, eval_loss: None }
+    StepRecord {
+        step,
+        loss,
+        lr: 1e-3,
+        grad_norm: f64::INFINITY,
+        tokens_per_s: 10.0,
+        elapsed_s: 1.0,
+        eval_loss: None,
+        memory_mib: vec![],
+        skipped_steps: 0,
+    }
 }
 
 fn scratch(name: &str) -> std::path::PathBuf {

@@ -66,11 +66,30 @@ fn one_event_per_step_even_after_a_resume() {
     let script = "import sys\n\
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator\n\
         acc = EventAccumulator(sys.argv[1]); acc.Reload()\n\
-        print(len(acc.Scalars('train/loss')), [e.step for e in acc.Scalars('eval/loss')])";
+        print(len(acc.Scalars('train/loss')), [e.step for e in acc.Scalars('eval/loss')], \
+              len(acc.Scalars('train/skipped_steps')), len(acc.Scalars('memory/rank_0_mib')))";
     match Command::new(&python).args(["-c", script]).arg(&dir).output() {
         Ok(out) if out.status.success() => {
-            assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "8 [4, 8]", "what TensorBoard read");
+            assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "8 [4, 8] 8 8", "what TensorBoard read");
         }
         _ => println!("skipped TensorBoard's own reader: `{python}` has no tensorboard package"),
+    }
+}
+
+/// Every step logs each rank's memory, rank 0 first, where the system
+/// reports it (Linux: the peak resident memory of each rank's process).
+#[cfg(target_os = "linux")]
+#[test]
+fn every_ranks_memory_is_logged_at_every_step() {
+    let dir = scratch("tensorboard-memory");
+    train(&dir, 2, &["--nproc", "2"]);
+    let log = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+    for line in log.lines() {
+        let record: serde_json::Value = serde_json::from_str(line).unwrap();
+        let memory = record["memory_mib"].as_array().unwrap_or_else(|| panic!("no memory_mib in {line}"));
+        assert_eq!(memory.len(), 2, "one figure per rank: {line}");
+        // Each rank is a process that loaded a model: tens of MiB at least.
+        assert!(memory.iter().all(|m| m.as_f64().unwrap() > 10.0), "{line}");
+        assert_eq!(record["skipped_steps"], 0, "{line}");
     }
 }
