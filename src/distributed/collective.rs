@@ -155,7 +155,9 @@ pub(crate) enum Outcome {
 pub(crate) fn combine(call: Call, inputs: &[Tensor]) -> Result<Outcome> {
     Ok(match call {
         Call::AllReduce(op) => Outcome::Everyone(reduce(inputs, op)?),
-        Call::Broadcast { root } => Outcome::Everyone(inputs[root].clone()),
+        // A copy: the root's input may be its variable's own storage, which
+        // the root, released first, may update before the others take theirs.
+        Call::Broadcast { root } => Outcome::Everyone(inputs[root].copy()?),
         Call::AllGather => {
             // NCCL gathers flat buffers: a scalar is one element, shape [1].
             let rows = inputs
@@ -185,7 +187,9 @@ impl Outcome {
             Outcome::PerRank(parts) => &parts[rank],
             Outcome::Nothing => bail!("a barrier delivers no tensor (a bug in the backend)"),
         };
-        let own = if data.dtype() == input.dtype() { data.force_contiguous()? } else { data.to_dtype(input.dtype())? };
+        // `copy`, not `force_contiguous`: a contiguous tensor would come back
+        // as itself, the root's own storage for a broadcast.
+        let own = if data.dtype() == input.dtype() { data.copy()? } else { data.to_dtype(input.dtype())? };
         Ok(own.to_device(input.device())?.detach())
     }
 }
@@ -204,4 +208,23 @@ pub fn chunk_ranges(len: usize, parts: usize) -> Vec<Range<usize>> {
             start - n..start
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{Device, Var};
+
+    use super::*;
+
+    /// The root updates its variable in place right after a broadcast (an
+    /// optimizer step) while another rank has yet to take its result.
+    #[test]
+    fn a_broadcast_keeps_the_roots_value_when_the_root_updates_it_afterwards() {
+        let root = Var::from_tensor(&Tensor::full(7f32, 4, &Device::Cpu).unwrap()).unwrap();
+        let other = Tensor::zeros(4, candle_core::DType::F32, &Device::Cpu).unwrap();
+        let outcome = combine(Call::Broadcast { root: 0 }, &[root.as_tensor().clone(), other.clone()]).unwrap();
+        root.set(&Tensor::zeros(4, candle_core::DType::F32, &Device::Cpu).unwrap()).unwrap();
+        let received = outcome.deliver(1, &other).unwrap();
+        assert_eq!(received.to_vec1::<f32>().unwrap(), [7.0; 4]);
+    }
 }
