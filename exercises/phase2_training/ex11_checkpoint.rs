@@ -32,7 +32,7 @@
 //!   state.
 //!
 //! Two ranks save at step 4, after AdamW has stepped once (a step can skip
-//! the optimizer: FSDP's fp16 loss scaler does on overflow):
+//! the optimizer: FSDP's loss scaler does on overflow):
 //!
 //! ```text
 //! dir/          written by rank 0: model.safetensors, optimizer.safetensors,

@@ -5,7 +5,7 @@
 //! behind it. Backward produces gradients last layer first, and a layer's
 //! gradient is final the moment backward leaves it, long before the first
 //! layer's is. PyTorch's DDP (Li et al. 2020) packs gradients, in the order
-//! they become ready, into **buckets** of about `bucket_cap_mb` (25 MB by
+//! they become ready, into **buckets** of about `bucket_cap_mb` (25 MiB by
 //! default), one all-reduce per bucket rather than per tensor, because each
 //! collective pays a fixed latency; and it runs those all-reduces
 //! **asynchronously**, while backward goes on.

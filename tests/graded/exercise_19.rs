@@ -5,15 +5,14 @@
 //! result was waited for. Expected averages are added up here directly.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use candle_core::{Device, Result, Tensor};
-use workbook::distributed::{
-    spawn_with_timeout, AllReduceOverride, CpuProcessGroup, ProcessGroup, ReduceOp, WithAllReduce, Work,
-};
+use workbook::distributed::{spawn_with_timeout, CpuProcessGroup, ProcessGroup, WithAllReduce};
 use workbook::phase4_under_the_hood::overlapped_all_reduce;
 
+use crate::all_reduce_log::{started_in, waits, AllReduceLog, Event};
 use crate::process_ranks::on_processes;
 use crate::support::{cause, mistake, number};
 
@@ -24,47 +23,10 @@ const SIZES: [usize; 6] = [6, 10, 4, 8, 12, 2];
 const CAP: usize = 60;
 const BUCKETS: [usize; 3] = [16, 24, 2];
 /// How many gradients backward has produced when each bucket is full.
-const FULL_AFTER: [usize; 3] = [2, 5, 6];
+const FULL_AFTER: [u64; 3] = [2, 5, 6];
 
 fn grad(rank: usize, index: usize) -> Vec<f32> {
     (0..SIZES[index]).map(|i| ((rank * 5 + index * 3 + i) % 7) as f32 * 0.5 - 1.0 + rank as f32).collect()
-}
-
-/// What the recorder saw.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-enum Event {
-    Started { produced: usize, elements: usize, blocking: bool },
-    Waited { produced: usize },
-}
-
-/// Records a process group's all-reduces against backward's progress.
-#[derive(Clone)]
-struct Recorder {
-    produced: Arc<AtomicUsize>,
-    events: Arc<Mutex<Vec<Event>>>,
-}
-
-impl Recorder {
-    fn started(&self, t: &Tensor, blocking: bool) {
-        let produced = self.produced.load(Ordering::SeqCst);
-        self.events.lock().unwrap().push(Event::Started { produced, elements: t.elem_count(), blocking });
-    }
-}
-
-impl AllReduceOverride for Recorder {
-    fn all_reduce(&self, inner: &dyn ProcessGroup, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
-        self.started(t, true);
-        inner.all_reduce(t, op)
-    }
-    fn all_reduce_async(&self, inner: &dyn ProcessGroup, t: &Tensor, op: ReduceOp) -> Result<Work> {
-        self.started(t, false);
-        let result = inner.all_reduce(t, op);
-        let (produced, events) = (Arc::clone(&self.produced), Arc::clone(&self.events));
-        Ok(Work::pending(move || {
-            events.lock().unwrap().push(Event::Waited { produced: produced.load(Ordering::SeqCst) });
-            result
-        }))
-    }
 }
 
 /// What one rank got back and what its recorder saw.
@@ -78,34 +40,24 @@ struct RankRun {
 fn backward_and_sync(pg: Box<dyn ProcessGroup>) -> Result<RankRun> {
     let rank = pg.rank();
     let produced = Arc::new(AtomicUsize::new(0));
-    let events = Arc::default();
-    let recorder = WithAllReduce::new(pg, Recorder { produced: Arc::clone(&produced), events: Arc::clone(&events) });
+    let counted = Arc::clone(&produced);
+    let log = AllReduceLog::new(move || counted.load(Ordering::SeqCst) as u64);
+    let logged = WithAllReduce::new(pg, log.clone());
     let backward = (0..SIZES.len()).map(|i| {
         produced.fetch_add(1, Ordering::SeqCst);
         let shape = if SIZES[i].is_multiple_of(2) { vec![2, SIZES[i] / 2] } else { vec![SIZES[i]] };
         (format!("layer{}.weight", SIZES.len() - i), Tensor::from_vec(grad(rank, i), shape, &Device::Cpu).unwrap())
     });
-    let averaged = overlapped_all_reduce(&recorder, backward, CAP)?
+    let averaged = overlapped_all_reduce(&logged, backward, CAP)?
         .into_iter()
         .map(|(name, t)| Ok((name, t.dims().to_vec(), t.flatten_all()?.to_vec1::<f32>()?)))
         .collect::<Result<Vec<_>>>()?;
-    let events = events.lock().unwrap().clone();
-    Ok(RankRun { averaged, events })
+    Ok(RankRun { averaged, events: log.events() })
 }
 
 fn run(world: usize) -> Vec<RankRun> {
     spawn_with_timeout(world, TIMEOUT, |pg: CpuProcessGroup| backward_and_sync(Box::new(pg)))
         .unwrap_or_else(|e| panic!("overlapped_all_reduce on {world} ranks failed: {e}"))
-}
-
-fn starts(events: &[Event]) -> Vec<(usize, usize, bool)> {
-    events
-        .iter()
-        .filter_map(|e| match *e {
-            Event::Started { produced, elements, blocking } => Some((produced, elements, blocking)),
-            Event::Waited { .. } => None,
-        })
-        .collect()
 }
 
 #[test]
@@ -136,7 +88,7 @@ fn every_gradient_comes_back_averaged_with_its_name_and_shape() {
 #[test]
 fn buckets_follow_the_cap_in_the_order_gradients_arrive() {
     for (rank, run) in run(2).iter().enumerate() {
-        let sizes: Vec<usize> = starts(&run.events).iter().map(|&(_, elements, _)| elements).collect();
+        let sizes: Vec<usize> = started_in(&run.events, 0).iter().map(|&(elements, _, _)| elements).collect();
         let why = if sizes.len() == SIZES.len() {
             Some(mistake(19, "one_all_reduce_per_gradient"))
         } else {
@@ -154,18 +106,18 @@ fn buckets_follow_the_cap_in_the_order_gradients_arrive() {
 #[test]
 fn buckets_travel_while_backward_runs() {
     for (rank, run) in run(2).iter().enumerate() {
-        let started = starts(&run.events);
-        if started.iter().any(|&(_, _, blocking)| blocking) {
+        let started = started_in(&run.events, 0);
+        if started.iter().any(|&(_, blocking, _)| blocking) {
             panic!("rank {rank} used the blocking all_reduce{}", cause(Some(mistake(19, "blocking_all_reduce"))));
         }
-        let early_wait = run.events.iter().any(|e| matches!(*e, Event::Waited { produced } if produced < SIZES.len()));
+        let early_wait = waits(&run.events).iter().any(|&progress| progress < SIZES.len() as u64);
         assert!(
             !early_wait,
             "rank {rank} waited for a bucket before backward had produced every gradient{}",
             cause(Some(mistake(19, "blocking_all_reduce")))
         );
-        let when: Vec<usize> = started.iter().map(|&(produced, _, _)| produced).collect();
-        let all_at_end = when.iter().all(|&p| p == SIZES.len()) && when.len() > 1;
+        let when: Vec<u64> = started.iter().map(|&(_, _, progress)| progress).collect();
+        let all_at_end = when.iter().all(|&p| p == SIZES.len() as u64) && when.len() > 1;
         assert!(
             when == FULL_AFTER,
             "rank {rank} started its all-reduces after {when:?} gradients; each bucket starts as soon as it is \

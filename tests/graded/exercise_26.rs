@@ -5,19 +5,19 @@
 //! collective: its size, whether it blocked, and how far backward had got
 //! when it started and when its result was waited for.
 
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use candle_core::{Device, Result, Tensor};
 use rstest::rstest;
 use workbook::autograd::Gradients;
-use workbook::distributed::{
-    spawn_with_timeout, AllReduceOverride, CpuProcessGroup, ProcessGroup, ReduceOp, WithAllReduce, Work,
-};
+use workbook::distributed::{spawn_with_timeout, CpuProcessGroup, ProcessGroup, WithAllReduce};
 use workbook::model::gradients_handed_over;
 use workbook::phase4_under_the_hood::DataParallel;
 use workbook::{init_params, Gpt, GptConfig, ParamStore};
 
+use crate::all_reduce_log::{started_in, waits, AllReduceLog, Event};
 use crate::process_ranks::on_processes;
 use crate::support::{cause, mistake, number};
 
@@ -67,52 +67,6 @@ fn one_process(params: &ParamStore, batch: &Tensor) -> (f64, Gradients) {
     (pass.loss_value().unwrap(), Gradients::from_store(params, &pass.backward().unwrap()).unwrap())
 }
 
-/// What the recorder saw, in order.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-enum Event {
-    Started { micro_batch: usize, elements: usize, blocking: bool, handed_over: u64 },
-    Waited { handed_over: u64 },
-}
-
-/// Records every all-reduce against the micro-batch and backward's progress.
-#[derive(Clone, Default)]
-struct Recorder {
-    /// The micro-batch running, and the gradient count when it began.
-    now: Arc<Mutex<(usize, u64)>>,
-    events: Arc<Mutex<Vec<Event>>>,
-}
-
-impl Recorder {
-    fn begin(&self, micro_batch: usize) {
-        *self.now.lock().unwrap() = (micro_batch, gradients_handed_over());
-    }
-    fn handed_over(&self) -> u64 {
-        gradients_handed_over() - self.now.lock().unwrap().1
-    }
-    fn started(&self, t: &Tensor, blocking: bool) {
-        let (micro_batch, _) = *self.now.lock().unwrap();
-        let event = Event::Started { micro_batch, elements: t.elem_count(), blocking, handed_over: self.handed_over() };
-        self.events.lock().unwrap().push(event);
-    }
-}
-
-impl AllReduceOverride for Recorder {
-    fn all_reduce(&self, inner: &dyn ProcessGroup, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
-        self.started(t, true);
-        inner.all_reduce(t, op)
-    }
-    fn all_reduce_async(&self, inner: &dyn ProcessGroup, t: &Tensor, op: ReduceOp) -> Result<Work> {
-        self.started(t, false);
-        let work = inner.all_reduce_async(t, op)?;
-        let recorder = self.clone();
-        Ok(Work::pending(move || {
-            let handed_over = recorder.handed_over();
-            recorder.events.lock().unwrap().push(Event::Waited { handed_over });
-            work.wait()
-        }))
-    }
-}
-
 /// What one rank's replica gave and what its process group saw.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 struct RankRun {
@@ -122,15 +76,20 @@ struct RankRun {
     events: Vec<Event>,
 }
 
-/// One step of the learner's DDP on this rank: two micro-batches, the last synced.
+/// One step of the learner's DDP on this rank: two micro-batches, the last
+/// synced. The log's progress is the gradients backward has handed over
+/// since the micro-batch began.
 fn step(pg: Box<dyn ProcessGroup>) -> Result<RankRun> {
     let rank = pg.rank();
-    let recorder = Recorder::default();
-    let pg = WithAllReduce::new(pg, recorder.clone());
+    let began = Arc::new(AtomicU64::new(0));
+    let since = Arc::clone(&began);
+    let log = AllReduceLog::new(move || gradients_handed_over() - since.load(Ordering::SeqCst));
+    let pg = WithAllReduce::new(pg, log.clone());
     let mut ddp = DataParallel::new(&config(), initial(rank), Box::new(pg), CAP)?;
     let mut losses = vec![];
     for m in 0..MICRO_BATCHES {
-        recorder.begin(m);
+        began.store(gradients_handed_over(), Ordering::SeqCst);
+        log.enter(m);
         losses.push(ddp.forward_backward(&batch(rank, m), m + 1 == MICRO_BATCHES)?);
     }
     let gradients = ddp
@@ -138,8 +97,7 @@ fn step(pg: Box<dyn ProcessGroup>) -> Result<RankRun> {
         .iter()
         .map(|(name, g)| Ok((name.to_string(), g.dims().to_vec(), g.flatten_all()?.to_vec1::<f32>()?)))
         .collect::<Result<_>>()?;
-    let events = recorder.events.lock().unwrap().clone();
-    Ok(RankRun { losses, gradients, events })
+    Ok(RankRun { losses, gradients, events: log.events() })
 }
 
 fn run(world: usize) -> Vec<RankRun> {
@@ -148,12 +106,8 @@ fn run(world: usize) -> Vec<RankRun> {
 }
 
 /// The sizes of the all-reduces started during micro-batch `m`.
-fn started_in(events: &[Event], m: usize) -> Vec<usize> {
-    let of_m = |e: &Event| match *e {
-        Event::Started { micro_batch, elements, .. } => (micro_batch == m).then_some(elements),
-        Event::Waited { .. } => None,
-    };
-    events.iter().filter_map(of_m).collect()
+fn sizes_in(events: &[Event], m: usize) -> Vec<usize> {
+    started_in(events, m).iter().map(|&(elements, _, _)| elements).collect()
 }
 
 /// The step one process takes on every rank's data: the mean over ranks of
@@ -272,14 +226,14 @@ fn the_gradients_are_what_one_process_computes_on_every_ranks_data(#[values(2, 3
 #[test]
 fn accumulating_sends_nothing_and_the_last_micro_batch_sends_each_gradient_once() {
     for (rank, run) in run(2).iter().enumerate() {
-        let early = started_in(&run.events, 0);
+        let early = sizes_in(&run.events, 0);
         assert!(
             early.is_empty(),
             "rank {rank}: the first micro-batch (sync = false) started all-reduces of {early:?} elements; it sends \
              nothing{}",
             cause(Some(mistake(26, "synced_every_micro_batch")))
         );
-        let last: usize = started_in(&run.events, 1).iter().sum();
+        let last: usize = sizes_in(&run.events, 1).iter().sum();
         assert_eq!(
             last, ELEMENTS,
             "rank {rank}: the last micro-batch all-reduced {last} elements; the model has {ELEMENTS} parameters, each \
@@ -291,7 +245,7 @@ fn accumulating_sends_nothing_and_the_last_micro_batch_sends_each_gradient_once(
 #[test]
 fn buckets_follow_the_cap_in_the_order_backward_finishes_gradients() {
     for (rank, run) in run(2).iter().enumerate() {
-        let sizes = started_in(&run.events, 1);
+        let sizes = sizes_in(&run.events, 1);
         if sizes == BUCKETS {
             continue;
         }
@@ -322,18 +276,11 @@ fn buckets_travel_while_backward_runs() {
             .events
             .iter()
             .filter_map(|e| match *e {
-                Event::Started { blocking, handed_over, .. } => Some((blocking, handed_over)),
+                Event::Started { blocking, progress, .. } => Some((blocking, progress)),
                 Event::Waited { .. } => None,
             })
             .collect();
-        let waits: Vec<u64> = run
-            .events
-            .iter()
-            .filter_map(|e| match *e {
-                Event::Waited { handed_over } => Some(handed_over),
-                Event::Started { .. } => None,
-            })
-            .collect();
+        let waits = waits(&run.events);
         let blocking = starts.iter().any(|&(blocking, _)| blocking);
         let when: Vec<u64> = starts.iter().map(|&(_, handed_over)| handed_over).collect();
         let each_waited_at_once = waits.len() == when.len() && waits == when && waits.iter().any(|&w| w < GRADIENTS);

@@ -6,6 +6,7 @@
 //! a defect.
 #![cfg_attr(only_some_tests, allow(dead_code, unused_imports))]
 
+mod all_reduce_log;
 mod fsdp_runs;
 mod pipeline_runs;
 mod process_ranks;

@@ -3,7 +3,7 @@
 //! optimizer step, so all replicas take the same step and stay identical.
 //!
 //! Two things make it cheap:
-//! - **buckets**: gradients travel in a few large all-reduces of ~25 MB rather
+//! - **buckets**: gradients travel in a few large all-reduces of ~25 MiB rather
 //!   than one small call per parameter (each call has a fixed latency cost);
 //! - **no synchronisation during accumulation**: with k micro-batches the
 //!   gradients are summed locally and averaged across ranks once, after the
