@@ -15,14 +15,14 @@
 //! `torch.optim.AdamW(groups)` takes; here both `AdamW::new` and FSDP's
 //! sharded optimizer take them.
 //!
-//! Some of the test model's parameters, with their shapes:
+//! Some of the test model's parameters:
 //!
 //! ```text
-//! model.embed_tokens.weight               (V, C)    decays
-//! model.layers.0.self_attn.q_proj.weight  (C, C)    decays
-//! model.layers.0.self_attn.q_proj.bias    (C)       no decay
-//! model.layers.0.input_layernorm.weight   (C)       no decay
-//! lm_head.weight                          (V, C)    decays
+//! model.embed_tokens.weight               decays
+//! model.layers.0.self_attn.q_proj.weight  decays
+//! model.layers.0.self_attn.q_proj.bias    no decay
+//! model.layers.0.input_layernorm.weight   no decay
+//! lm_head.weight                          decays
 //! ```
 //!
 //! The rule must sort every parameter of every model this workbook builds,
@@ -40,8 +40,8 @@ use crate::train::ParamGroup;
 /// `weight_decay`, the norm weights and biases with 0. Every parameter is in
 /// exactly one group.
 ///
-/// - `params.iter()` yields `(name, var)` in name order; `var.dims()` is the
-///   shape and `var.rank()` the number of dimensions.
+/// - `params.iter()` yields `(name, var)` in name order; a `Var` derefs to
+///   its `Tensor`, so every `Tensor` method answers for it.
 /// - A [`ParamGroup`] holds the names (as `String`s) and the group's weight decay.
 pub fn param_groups(params: &ParamStore, weight_decay: f64) -> Vec<ParamGroup> {
     let _ = (&params, &weight_decay);

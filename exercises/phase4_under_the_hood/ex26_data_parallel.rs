@@ -10,12 +10,13 @@
 //! The requirements, the ones a production DDP meets:
 //!
 //! 1. **Same start.** After `new` returns, every rank's parameters are rank
-//!    0's, whatever each rank initialised.
+//!    0's, whatever each rank initialised; they stay the variables the
+//!    caller gave, which an optimizer outside the wrapper steps.
 //! 2. **Same gradients as one process.** After the step's last micro-batch,
 //!    every rank holds the gradient one process would compute on all ranks'
 //!    data: the mean over ranks of each rank's gradient, summed over the
-//!    step's micro-batches (the workbook divides by the micro-batch count in
-//!    the loss's scale, not here).
+//!    step's micro-batches (the trainer around the wrapper divides the sum
+//!    by the micro-batch count, not the wrapper).
 //! 3. **No communication while accumulating.** A micro-batch that is not the
 //!    step's last (`sync == false`, PyTorch's `no_sync()`) sends nothing.
 //!    The last one sends every gradient exactly once.
