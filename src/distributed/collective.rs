@@ -151,12 +151,13 @@ pub(crate) enum Outcome {
 }
 
 /// Runs the collective on every rank's input, given in rank order: all on one
-/// device, checked to be of one shape and dtype.
+/// device, checked to be of one shape and dtype. The outcome holds none of
+/// the other ranks' inputs: a rank is released as soon as it is made, and may
+/// update its own tensor in place before the others have taken theirs.
 pub(crate) fn combine(call: Call, inputs: &[Tensor]) -> Result<Outcome> {
     Ok(match call {
         Call::AllReduce(op) => Outcome::Everyone(reduce(inputs, op)?),
-        // A copy: the root's input may be its variable's own storage, which
-        // the root, released first, may update before the others take theirs.
+        // A copy: the root's input may be its variable's own storage.
         Call::Broadcast { root } => Outcome::Everyone(inputs[root].copy()?),
         Call::AllGather => {
             // NCCL gathers flat buffers: a scalar is one element, shape [1].
@@ -177,19 +178,17 @@ pub(crate) fn combine(call: Call, inputs: &[Tensor]) -> Result<Outcome> {
 }
 
 impl Outcome {
-    /// Rank `rank`'s result as a buffer of its own, in the dtype and on the
-    /// device of `input`: NCCL writes into each rank's own receive buffer, and
-    /// sharing storage between ranks would let one rank's in-place update
-    /// reach another's tensor.
+    /// Rank `rank`'s result, in the dtype and on the device of `input`. The
+    /// ranks may share the outcome's storage: it holds no rank's input (see
+    /// [`combine`]), and a candle tensor changes only through a `Var`, which
+    /// copies what it is made from.
     pub(crate) fn deliver(&self, rank: usize, input: &Tensor) -> Result<Tensor> {
         let data = match self {
             Outcome::Everyone(t) => t,
             Outcome::PerRank(parts) => &parts[rank],
             Outcome::Nothing => bail!("a barrier delivers no tensor (a bug in the backend)"),
         };
-        // `copy`, not `force_contiguous`: a contiguous tensor would come back
-        // as itself, the root's own storage for a broadcast.
-        let own = if data.dtype() == input.dtype() { data.copy()? } else { data.to_dtype(input.dtype())? };
+        let own = if data.dtype() == input.dtype() { data.force_contiguous()? } else { data.to_dtype(input.dtype())? };
         Ok(own.to_device(input.device())?.detach())
     }
 }
