@@ -7,7 +7,10 @@
 //! It sets `cfg(reference = "N")` for each exercise that compiles its reference
 //! body (read by `src/exercises.rs`) and writes `exercise_bodies.rs`: which exercises run the
 //! reference and which still hold their shipped `todo!`, so the trainer can say
-//! what a run needs before it starts.
+//! what a run needs before it starts. An exercise that still holds its stub
+//! also gets `cfg(stand_in = "N")`: where an earlier phase's runtime already
+//! calls it (the FSDP trainer calls exercise 22), the reference stands in
+//! until the learner starts it.
 //!
 //! `WORKBOOK_LEAN`, when set, replaces the file (the workbook's own checks use
 //! it, so that a learner's choice never changes what they grade).
@@ -31,6 +34,7 @@ fn main() {
     println!("cargo::rerun-if-env-changed={LEAN_VARIABLE}");
     println!("cargo::rerun-if-env-changed={ONLY_TESTS_VARIABLE}");
     println!("cargo::rustc-check-cfg=cfg(reference, values(any()))");
+    println!("cargo::rustc-check-cfg=cfg(stand_in, values(any()))");
     println!("cargo::rustc-check-cfg=cfg(only_some_tests)");
     println!("cargo::rustc-check-cfg=cfg(tests_of, values(any()))");
 
@@ -66,6 +70,9 @@ fn main() {
         .filter(|(n, file)| !reference.contains(n) && holds_its_stub(*n, file))
         .map(|(n, _)| *n)
         .collect();
+    for number in &unfinished {
+        println!("cargo::rustc-cfg=stand_in=\"{number}\"");
+    }
 
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let text = format!(

@@ -97,6 +97,11 @@ mod ex21_gpipe;
 #[cfg_attr(reference = "22", path = "../solutions/phase4_under_the_hood/ex22_fsdp_unit_step.rs")]
 mod ex22_fsdp_unit_step;
 
+/// Exercise 22's reference, which the FSDP trainer (Phase 3) runs while the exercise holds its stub.
+#[cfg(stand_in = "22")]
+#[path = "../solutions/phase4_under_the_hood/ex22_fsdp_unit_step.rs"]
+mod ex22_fsdp_unit_step_stand_in;
+
 #[cfg_attr(not(reference = "23"), path = "../exercises/phase4_under_the_hood/ex23_tensor_parallel_block.rs")]
 #[cfg_attr(reference = "23", path = "../solutions/phase4_under_the_hood/ex23_tensor_parallel_block.rs")]
 mod ex23_tensor_parallel_block;
@@ -147,6 +152,15 @@ pub mod phase4_under_the_hood {
     pub use super::ex25_device_mesh::axis_group;
     pub use super::ex25_device_mesh::mesh_coords;
     pub use super::ex26_data_parallel::DataParallel;
+}
+
+/// The exercises a runtime calls before their phase: the learner's body once
+/// started, the reference while the file still holds its stub.
+pub mod called_early {
+    #[cfg(not(stand_in = "22"))]
+    pub use super::ex22_fsdp_unit_step::{fsdp_backward, fsdp_forward};
+    #[cfg(stand_in = "22")]
+    pub use super::ex22_fsdp_unit_step_stand_in::{fsdp_backward, fsdp_forward};
 }
 
 /// Which body each exercise runs, as `build/main.rs` chose it.

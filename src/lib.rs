@@ -33,7 +33,9 @@ pub mod parallel;
 pub mod timeline;
 pub mod train;
 
-pub use exercises::{bodies as exercise_bodies, phase1_model, phase2_training, phase3_fsdp, phase4_under_the_hood};
+pub use exercises::{
+    bodies as exercise_bodies, called_early, phase1_model, phase2_training, phase3_fsdp, phase4_under_the_hood,
+};
 
 /// Fused CPU kernels with their own backward pass (the `workbook-kernels` crate in `kernels/`).
 pub use workbook_kernels as kernels;

@@ -47,6 +47,10 @@
 //!   rank 0 [1, 1, 2]              rank 1 [2, 4, 0]              (the last element is padding)
 //! ```
 //!
+//! The FSDP trainer calls these two functions on every block: the reference
+//! stands in until you start this file, then `cargo train --strategy fsdp`
+//! runs yours.
+//!
 //! Read first: Zhao et al. 2023, "PyTorch FSDP: Experiences on Scaling Fully
 //! Sharded Data Parallel", section 3 (units, their all-gather before forward
 //! and backward, the reduce-scatter after); Rajbhandari et al. 2020, "ZeRO",

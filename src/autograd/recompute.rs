@@ -8,10 +8,6 @@
 //! `(y · grad_y).sum()` — candle's `backward` takes no upstream gradient, and the
 //! gradient of that sum is exactly the vector-Jacobian product we need.
 //!
-//! A module whose weights are made whole only while it runs (FSDP's blocks)
-//! learns through [`Checkpointed`]'s hooks when its forward kept no graph and
-//! when its replay's gradients are ready, so one engine serves both trainers.
-//!
 //! A module may also keep its graph ([`Checkpointed::keeps_graph`]): it is
 //! then not recomputed, but backward still visits it alone, module by module
 //! ([`Recompute::backward_through`]), which is what DDP needs to start each
@@ -22,18 +18,8 @@ use candle_core::{bail, Module, Result, Tensor, Var};
 
 use crate::timeline;
 
-/// A module that can run under activation checkpointing, with two hooks for
-/// modules whose weights are gathered on demand; both do nothing by default.
+/// A module that can run under activation checkpointing.
 pub trait Checkpointed: Module + Send + Sync {
-    /// Its forward ran without keeping a graph: weights gathered for it can go.
-    fn after_forward(&self) {}
-
-    /// `grads` are what one replay of this module produced, before they join
-    /// the others: FSDP takes its unit's gradient out and reduce-scatters it.
-    fn after_backward(&self, _grads: &mut GradStore) -> Result<()> {
-        Ok(())
-    }
-
     /// Keep the forward's graph and back-propagate through it, instead of
     /// recomputing: the graph is still cut at the module's edges.
     fn keeps_graph(&self) -> bool {
@@ -78,10 +64,7 @@ impl Recompute {
             (Var::from_tensor(&replay.output.detach())?, Some(replay))
         } else {
             let y = module.forward(&x.detach())?;
-            let output = Var::from_tensor(&y.detach())?;
-            drop(y);
-            module.after_forward();
-            (output, None)
+            (Var::from_tensor(&y.detach())?, None)
         };
         drop(span);
         let handed_on = output.as_tensor().clone();
@@ -126,7 +109,6 @@ impl Recompute {
         let grad_x = local.remove(replay.input.as_tensor());
         drop(recomputed); // its activations are no longer needed
         drop(span);
-        record.module.after_backward(&mut local)?;
         grads.extend(local)?;
         // A variable's gradient can still hold graph (e.g. `grad · wᵀ` keeps w):
         // detach it, or pushing it further back would count w's gradient twice.

@@ -33,8 +33,7 @@ impl Gpt {
         Self::assemble(config, Outer::new(config, params)?, blocks)
     }
 
-    /// A model from parts built elsewhere: FSDP builds the outer modules on
-    /// its root unit's gathered buffer and the blocks on demand.
+    /// A model from parts built elsewhere.
     pub fn assemble(config: &GptConfig, outer: Outer, blocks: Vec<Block>) -> Result<Self> {
         config.validate()?;
         if blocks.len() != config.num_layers {

@@ -16,7 +16,7 @@ mod rope;
 mod staged_backward;
 
 pub use attention::CausalSelfAttention;
-pub use block::{Block, Layers, OnDemand};
+pub use block::{Block, Layers};
 pub use config::GptConfig;
 pub use gpt::{ForwardPass, Gpt, Outer};
 pub use init::{init_params, InitRng};

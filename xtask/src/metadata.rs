@@ -88,6 +88,10 @@ pub struct Exercise {
     pub read: String,
     pub insight: String,
     pub depends: Vec<u32>,
+    /// What calls this exercise before its phase: that runtime runs the
+    /// reference body while the learner's file still holds its stub.
+    #[serde(default)]
+    pub called_early_by: Option<String>,
     pub hint: Hint,
     /// The guide chapter, relative to `guide/src`.
     pub chapter: PathBuf,

@@ -73,6 +73,7 @@ fn exercises_rs(workbook: &Workbook) -> Result<String> {
          //! warnings (an unused variable is often a dropped result) reach the learner.\n",
     );
     let mut phases = String::new();
+    let mut early = String::new();
     for phase in &workbook.phases {
         let exercises: Vec<_> = workbook.exercises_in(phase.number).collect();
         let (Some(first), Some(last)) = (exercises.first(), exercises.last()) else { continue };
@@ -101,9 +102,25 @@ fn exercises_rs(workbook: &Workbook) -> Result<String> {
                 writeln!(out, "#[cfg_attr({cfg}, path = \"../{}\")]", slashes(file))?;
             }
             writeln!(out, "mod {module};")?;
-            // In rustfmt's order, so that `cargo fmt` leaves the file as written.
             let mut items: Vec<&str> = exercise.exported_items().collect();
             items.sort_unstable();
+            if let Some(caller) = &exercise.called_early_by {
+                let stand_in = format!("stand_in = \"{}\"", exercise.number);
+                writeln!(
+                    out,
+                    "\n/// Exercise {}'s reference, which {caller} runs while the exercise holds its stub.\n\
+                     #[cfg({stand_in})]\n#[path = \"../{}\"]\nmod {module}_stand_in;",
+                    exercise.number,
+                    slashes(&solution)
+                )?;
+                let items = items.join(", ");
+                writeln!(
+                    early,
+                    "    #[cfg(not({stand_in}))]\n    pub use super::{module}::{{{items}}};\n    \
+                     #[cfg({stand_in})]\n    pub use super::{module}_stand_in::{{{items}}};"
+                )?;
+            }
+            // In rustfmt's order, so that `cargo fmt` leaves the file as written.
             for item in items {
                 writeln!(phases, "    pub use super::{module}::{item};")?;
             }
@@ -111,6 +128,13 @@ fn exercises_rs(workbook: &Workbook) -> Result<String> {
         phases.push_str("}\n");
     }
     out.push_str(&phases);
+    if !early.is_empty() {
+        writeln!(
+            out,
+            "\n/// The exercises a runtime calls before their phase: the learner's body once\n\
+             /// started, the reference while the file still holds its stub.\npub mod called_early {{\n{early}}}"
+        )?;
+    }
     out.push_str(
         "\n/// Which body each exercise runs, as `build/main.rs` chose it.\npub mod bodies {\n    \
          include!(concat!(env!(\"OUT_DIR\"), \"/exercise_bodies.rs\"));\n}\n",

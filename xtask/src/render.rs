@@ -125,6 +125,9 @@ pub fn exercise_card(workbook: &Workbook, exercise: &Exercise, position: &str, c
     field("difficulty", &exercise.difficulty);
     field("read", &exercise.read);
     field("calls", &chain_in_words(workbook, chain));
+    if let Some(caller) = &exercise.called_early_by {
+        field("runs in", &format!("{caller}, which uses the reference body until you start this file"));
+    }
     field("guide", &exercise.chapter_file().display().to_string());
     println!();
     field("test it", &format!("cargo test {}   (or: cargo xtask check {})", exercise.test_module(), exercise.number));

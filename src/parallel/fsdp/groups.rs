@@ -11,16 +11,23 @@
 //! numbers them), so the all-gathers and reduce-scatters of every unit stay
 //! on the fast links, and only one all-reduce of a shard per step crosses
 //! between groups.
+//!
+//! The unit step runs over the *parameter group*: the ranks a unit's
+//! parameters are sharded across, the shard group under FULL_SHARD and
+//! HYBRID_SHARD, this rank alone when a strategy keeps parameters whole.
 
 use candle_core::{bail, Result};
 
-use crate::distributed::{CommStats, ProcessGroup};
+use crate::distributed::{CommStats, ProcessGroup, SingleProcess};
 
 pub struct FsdpGroups {
     world: Box<dyn ProcessGroup>,
     /// Under HYBRID_SHARD with more than one group: this rank's shard group
     /// and its replica group.
     hybrid: Option<(Box<dyn ProcessGroup>, Box<dyn ProcessGroup>)>,
+    /// This rank alone: the parameter group of units kept whole, whose
+    /// collectives move nothing and so count for nothing in the stats.
+    alone: SingleProcess,
 }
 
 impl FsdpGroups {
@@ -38,7 +45,7 @@ impl FsdpGroups {
             Some(g) if g == n => None, // one group: FULL_SHARD over the world
             Some(g) => Some((world.split(rank / g)?, world.split(rank % g)?)),
         };
-        Ok(Self { world, hybrid })
+        Ok(Self { world, hybrid, alone: SingleProcess::new() })
     }
 
     /// Every rank of the job.
@@ -49,6 +56,15 @@ impl FsdpGroups {
     /// The ranks this rank's units are sharded across.
     pub fn shard(&self) -> &dyn ProcessGroup {
         self.hybrid.as_ref().map_or(self.world.as_ref(), |(shard, _)| shard.as_ref())
+    }
+
+    /// The ranks a unit's parameters are sharded across: the shard group when
+    /// `params_sharded`, otherwise this rank alone.
+    pub fn params(&self, params_sharded: bool) -> &dyn ProcessGroup {
+        match params_sharded {
+            true => self.shard(),
+            false => &self.alone,
+        }
     }
 
     /// The ranks holding the same shards as this one in the other groups,

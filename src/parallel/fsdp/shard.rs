@@ -1,25 +1,53 @@
 //! One FSDP unit on one rank: what it keeps of the parameters, gradients and
-//! optimizer state, and the collectives that move them.
+//! optimizer state, the slot that holds its whole parameters while it
+//! computes, and the collectives that move them around a step.
+//!
+//! The unit step (exercise 22) sees a unit through [`shard`](ShardedUnit::shard),
+//! [`unshard`](ShardedUnit::unshard), [`forward`](ShardedUnit::forward),
+//! [`reshard`](ShardedUnit::reshard) and [`add_grad`](ShardedUnit::add_grad),
+//! over the unit's *parameter group*: the ranks its parameters are sharded
+//! across. Under FULL_SHARD that is the shard group; a strategy that keeps
+//! parameters whole (SHARD_GRAD_OP, NO_SHARD, ZeRO-1) gives this rank alone,
+//! so the unit step's all-gather and reduce-scatter move nothing. Everything a
+//! strategy adds (reducing gradients that are sharded while parameters are
+//! not, HYBRID_SHARD's all-reduce across replicas, precision, the optimizer
+//! step) happens here, called by the trainer around the unit step.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
-use candle_core::{DType, Device, Result, Tensor, Var};
+use candle_core::{bail, DType, Device, Module, Result, Tensor, Var};
 
-use super::{comm, FlatLayout, MixedPrecisionPolicy, ShardingPlan};
+use super::{comm, FlatLayout, FlatView, MixedPrecisionPolicy, ShardingPlan};
 use crate::distributed::ProcessGroup;
+use crate::model::{GptConfig, Layers, RotaryCache};
+use crate::timeline;
 use crate::train::{AdamWConfig, Moments};
 
 /// A unit's state on this rank. Flat buffers throughout, laid out by `layout`.
 pub struct ShardedUnit {
     pub name: String,
     pub layout: FlatLayout,
+    /// The block this unit holds; `None` for the root unit, which the trainer
+    /// runs around the blocks.
+    block: Option<BlockCompute>,
     /// The elements this rank's optimizer updates: its shard, or all of them.
     local: Range<usize>,
     /// The whole buffer in the param dtype, kept between steps when parameters
-    /// are not sharded. A variable, so compute can use it without a copy.
+    /// are not sharded.
     replica: Option<Var>,
     /// f32 master weights over `local`, unless an f32 replica already holds them.
     master: Option<Tensor>,
+    /// What this rank brings to the unit's all-gather over its parameter
+    /// group, in the param dtype: its shard, or the replica.
+    gatherable: Tensor,
+    param_dtype: DType,
+    /// The whole parameters while the unit computes: a variable, so a
+    /// backward through the block gives their gradient.
+    whole: Option<Var>,
+    /// What the unit step handed over with `add_grad` since the last `take_grad`, summed.
+    added: Option<Tensor>,
     /// This step's gradient so far, in the reduce dtype: over `local` once
     /// reduce-scattered, the whole buffer while it is not.
     grad: Option<Tensor>,
@@ -27,6 +55,48 @@ pub struct ShardedUnit {
     moments: Moments,
     /// Per weight-decay value, a 0/1 mask over `local` of the elements it applies to.
     decay_masks: Vec<(f64, Tensor)>,
+    gathered: Arc<GatheredBytes>,
+}
+
+/// What running a block's unit needs besides its parameters.
+pub(crate) struct BlockCompute {
+    pub layer: usize,
+    pub config: GptConfig,
+    pub rotary: RotaryCache,
+}
+
+/// Bytes of gathered parameters in the slots of one rank's units: now, and
+/// the most at any time since the last reset.
+#[derive(Debug, Default)]
+pub struct GatheredBytes {
+    now: AtomicU64,
+    peak: AtomicU64,
+}
+
+/// The timeline's counter of the bytes of gathered units alive on a rank.
+const GATHERED_COUNTER: &str = "gathered bytes";
+
+impl GatheredBytes {
+    fn add(&self, bytes: u64) {
+        let now = self.now.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.peak.fetch_max(now, Ordering::Relaxed);
+        timeline::counter(GATHERED_COUNTER, now as f64);
+    }
+
+    fn remove(&self, bytes: u64) {
+        let now = self.now.fetch_sub(bytes, Ordering::Relaxed) - bytes;
+        timeline::counter(GATHERED_COUNTER, now as f64);
+    }
+
+    /// The most bytes held at once since the last [`reset_peak`](Self::reset_peak).
+    pub fn peak(&self) -> u64 {
+        self.peak.load(Ordering::Relaxed)
+    }
+
+    /// Starts a new peak from what is held now.
+    pub fn reset_peak(&self) {
+        self.peak.store(self.now.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
 }
 
 /// What a rank holds of a unit's f32 state over its local range: the master
@@ -38,33 +108,186 @@ pub struct LocalState {
     pub exp_avg_sq: Tensor,
 }
 
+/// How a rank holds its units: what the plan shards, in which dtypes, across
+/// how many ranks, and the count of gathered bytes they share.
+pub(crate) struct UnitPlacement<'a> {
+    pub plan: &'a ShardingPlan,
+    pub policy: &'a MixedPrecisionPolicy,
+    /// This rank's place in the shard group, and the group's size.
+    pub rank: usize,
+    pub world_size: usize,
+    pub gathered: Arc<GatheredBytes>,
+}
+
 impl ShardedUnit {
-    /// Shards `full`, the unit's whole padded f32 buffer (the same on every rank).
+    /// Shards `full`, the unit's whole padded f32 buffer (the same on every
+    /// rank); `block` is the block it holds, `None` for the root unit.
     pub(crate) fn new(
         name: String,
         layout: FlatLayout,
         full: &Tensor,
-        plan: &ShardingPlan,
-        policy: &MixedPrecisionPolicy,
-        pg: &dyn ProcessGroup,
+        block: Option<BlockCompute>,
+        at: &UnitPlacement<'_>,
         weight_decay_of: impl Fn(&str) -> f64,
     ) -> Result<Self> {
-        let local = match plan.optimizer_state {
-            true => layout.shard_range(pg.rank(), pg.world_size()),
+        let local = match at.plan.optimizer_state {
+            true => layout.shard_range(at.rank, at.world_size),
             false => 0..layout.padded_len(),
         };
-        let replica = match plan.params {
+        let param_dtype = at.policy.param_dtype;
+        let replica = match at.plan.params {
             true => None,
-            false => Some(Var::from_tensor(&full.to_dtype(policy.param_dtype)?)?),
+            false => Some(Var::from_tensor(&full.to_dtype(param_dtype)?)?),
         };
-        let master_in_replica = replica.is_some() && policy.param_dtype == DType::F32;
+        let master_in_replica = replica.is_some() && param_dtype == DType::F32;
         let master = match master_in_replica {
             true => None,
             false => Some(full.narrow(0, local.start, local.len())?.force_contiguous()?),
         };
         let decay_masks = layout.masks_by(local.clone(), full.device(), weight_decay_of)?;
         let moments = Moments::zeros_like(&Tensor::zeros(local.len(), DType::F32, full.device())?)?;
-        Ok(Self { name, layout, local, replica, master, grad: None, moments, decay_masks })
+        let mut unit = Self {
+            name,
+            layout,
+            block,
+            local,
+            replica,
+            master,
+            gatherable: full.zeros_like()?,
+            param_dtype,
+            whole: None,
+            added: None,
+            grad: None,
+            moments,
+            decay_masks,
+            gathered: at.gathered.clone(),
+        };
+        unit.gatherable = unit.make_gatherable()?;
+        Ok(unit)
+    }
+
+    /// The block this unit holds. The root unit holds none; the unit step never sees it.
+    pub fn layer(&self) -> usize {
+        self.block.as_ref().map(|b| b.layer).expect("the root unit holds no block")
+    }
+
+    /// This rank's part of the unit's parameters over its parameter group,
+    /// in the param dtype: P'/N elements, where P' is the padded parameter
+    /// count and N the group's size (1 when parameters are kept whole).
+    pub fn shard(&self) -> &Tensor {
+        &self.gatherable
+    }
+
+    /// The unit's whole flat parameters, P' elements, while it is unsharded.
+    pub fn whole(&self) -> Option<&Tensor> {
+        self.whole.as_ref().map(Var::as_tensor)
+    }
+
+    /// Fills the slot with `whole`, the all-gather of every rank's shard, so
+    /// that [`forward`](Self::forward) can run. The slot holds it as a
+    /// variable: a backward through the block gives its gradient, under
+    /// `grads.get(unit.whole().unwrap())`.
+    pub fn unshard(&mut self, whole: Tensor) -> Result<()> {
+        if self.whole.is_some() {
+            bail!("unit `{}` is already unsharded: reshard it after its forward before gathering it again", self.name);
+        }
+        if whole.dims() != [self.layout.padded_len()] {
+            bail!(
+                "unit `{}` takes its whole flat parameters, {} elements (the all-gather of every rank's shard of {}), \
+                 got a tensor of shape {:?}",
+                self.name,
+                self.layout.padded_len(),
+                self.gatherable.elem_count(),
+                whole.dims()
+            );
+        }
+        let whole = Var::from_tensor(&whole.to_dtype(self.param_dtype)?)?;
+        if self.gathers() {
+            self.gathered.add(bytes(whole.as_tensor()));
+        }
+        self.whole = Some(whole);
+        Ok(())
+    }
+
+    /// Empties the slot: the whole parameters are freed once nothing else
+    /// (a graph that read them, say) holds them. The shard stays, and so does
+    /// a replica the strategy keeps.
+    pub fn reshard(&mut self) {
+        if let Some(whole) = self.whole.take() {
+            if self.gathers() {
+                self.gathered.remove(bytes(whole.as_tensor()));
+            }
+        }
+    }
+
+    /// The block on the whole parameters in the slot: (B, T, C) to (B, T, C).
+    /// Its graph reaches the whole parameters, and `x` when it is a variable.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let Some(block) = &self.block else {
+            bail!("unit `{}` holds no block: the trainer runs the root unit around the blocks", self.name);
+        };
+        let Some(whole) = &self.whole else {
+            bail!("unit `{}` is sharded: all-gather its shards and unshard it before running it", self.name);
+        };
+        let _span = timeline::span("compute", format!("block {}", block.layer));
+        let view = FlatView { flat: whole.as_tensor(), layout: &self.layout };
+        Layers::new(&block.config, &view, block.layer, &block.rotary)?.forward(x)
+    }
+
+    /// Adds `shard_grad`, this rank's part (as [`shard`](Self::shard)'s) of
+    /// a gradient of the whole flat parameters, to the unit's gradient.
+    pub fn add_grad(&mut self, shard_grad: &Tensor) -> Result<()> {
+        if shard_grad.dims() != self.gatherable.dims() {
+            bail!(
+                "unit `{}` keeps a gradient shard of {} elements, like its parameter shard; got a tensor of shape {:?}. \
+                 Reduce-scatter the whole buffer's gradient so that each rank keeps only its shard",
+                self.name,
+                self.gatherable.elem_count(),
+                shard_grad.dims()
+            );
+        }
+        let shard_grad = shard_grad.detach().to_dtype(DType::F32)?;
+        self.added = Some(match self.added.take() {
+            Some(sum) => (sum + shard_grad)?,
+            None => shard_grad,
+        });
+        Ok(())
+    }
+
+    /// The gradient shards added so far, summed.
+    pub fn grad(&self) -> Option<&Tensor> {
+        self.added.as_ref()
+    }
+
+    /// The gradient shards added so far, summed, leaving none.
+    pub fn take_grad(&mut self) -> Option<Tensor> {
+        self.added.take()
+    }
+
+    /// Replaces this rank's shard of a unit whose parameters are sharded,
+    /// with what an optimizer step made of it.
+    pub fn set_shard(&mut self, shard: &Tensor) -> Result<()> {
+        if self.replica.is_some() || shard.dims() != [self.local.len()] {
+            bail!(
+                "unit `{}` keeps a shard of {} elements, got a tensor of shape {:?}",
+                self.name,
+                self.gatherable.elem_count(),
+                shard.dims()
+            );
+        }
+        self.master = Some(shard.detach().to_dtype(DType::F32)?);
+        self.gatherable = self.make_gatherable()?;
+        Ok(())
+    }
+
+    /// The most bytes the slots of this rank's units held at once.
+    pub fn peak_gathered_bytes(&self) -> u64 {
+        self.gathered.peak()
+    }
+
+    /// The unit's layout: where each of its parameters sits in the flat buffer.
+    pub fn layout(&self) -> &FlatLayout {
+        &self.layout
     }
 
     /// Whether this rank updates only a shard of the unit (so a full view needs an all-gather).
@@ -82,23 +305,30 @@ impl ShardedUnit {
         self.replica.is_none()
     }
 
-    /// The whole buffer in the param dtype, as a variable modules can be built
-    /// on: the replica, or (one all-gather) every rank's shard put together.
-    pub(crate) fn materialize(&self, pg: &dyn ProcessGroup, policy: &MixedPrecisionPolicy) -> Result<Var> {
-        match &self.replica {
-            Some(replica) => Ok(replica.clone()),
-            None => Var::from_tensor(&comm::gather_unit(pg, &self.master_params()?.to_dtype(policy.param_dtype)?)?),
-        }
-    }
-
-    /// Adds one micro-batch's gradient of the whole buffer (in the reduce
-    /// dtype). With sharded gradients it is reduce-scattered at once, so the
-    /// whole buffer is never kept.
-    pub(crate) fn add_grad(&mut self, flat: Tensor, pg: &dyn ProcessGroup, plan: &ShardingPlan) -> Result<()> {
-        let grad = comm::reduce_micro_batch(pg, flat, plan)?;
+    /// After a micro-batch's backward: moves what the unit step added into
+    /// the step's gradient, divided by the `micro_batches` of the step as
+    /// exercise 10 does, in the reduce dtype. When parameters are kept whole
+    /// the unit step reduced nothing, and sharded gradients are
+    /// reduce-scattered over the shard group `pg` now.
+    pub(crate) fn end_micro_batch(
+        &mut self,
+        pg: &dyn ProcessGroup,
+        plan: &ShardingPlan,
+        policy: &MixedPrecisionPolicy,
+        micro_batches: usize,
+    ) -> Result<()> {
+        let Some(added) = self.added.take() else {
+            bail!("no gradient reached unit `{}`: the loss does not depend on it", self.name);
+        };
+        let added = if micro_batches == 1 { added } else { (added * (1.0 / micro_batches as f64))? };
+        let added = added.to_dtype(policy.reduce_dtype)?;
+        let reduced = match self.gathers() {
+            true => added,
+            false => comm::reduce_micro_batch(pg, added, plan)?,
+        };
         self.grad = Some(match self.grad.take() {
-            Some(sum) => (sum + grad)?,
-            None => grad,
+            Some(sum) => (sum + reduced)?,
+            None => reduced,
         });
         Ok(())
     }
@@ -112,9 +342,8 @@ impl ShardedUnit {
         replicas: Option<&dyn ProcessGroup>,
         plan: &ShardingPlan,
     ) -> Result<Tensor> {
-        let grad = match self.grad.take() {
-            Some(g) => g,
-            None => candle_core::bail!("unit `{}` has no gradient: run a micro-batch before the step", self.name),
+        let Some(grad) = self.grad.take() else {
+            bail!("unit `{}` has no gradient: run a micro-batch before the step", self.name);
         };
         comm::reduce_step(pg, replicas, grad, plan)?.to_dtype(DType::F32)
     }
@@ -133,7 +362,6 @@ impl ShardedUnit {
         t: u64,
         adamw: &AdamWConfig,
         pg: &dyn ProcessGroup,
-        policy: &MixedPrecisionPolicy,
     ) -> Result<()> {
         let p = self.master_params()?;
         let mut factor = p.zeros_like()?;
@@ -143,7 +371,7 @@ impl ShardedUnit {
         let moments = Moments { exp_avg: self.moments.exp_avg.clone(), exp_avg_sq: self.moments.exp_avg_sq.clone() };
         let (new_p, moments) = adamw.update(t, lr, &(p * factor)?, grad, moments)?;
         self.moments = moments;
-        self.set_master_params(new_p, pg, policy)
+        self.set_master_params(new_p, pg)
     }
 
     /// The f32 state over the local range.
@@ -156,15 +384,10 @@ impl ShardedUnit {
     }
 
     /// Replaces the f32 state over the local range (each tensor `local_range().len()` long).
-    pub(crate) fn set_local_state(
-        &mut self,
-        state: LocalState,
-        pg: &dyn ProcessGroup,
-        policy: &MixedPrecisionPolicy,
-    ) -> Result<()> {
+    pub(crate) fn set_local_state(&mut self, state: LocalState, pg: &dyn ProcessGroup) -> Result<()> {
         for (what, t) in [("params", &state.params), ("exp_avg", &state.exp_avg), ("exp_avg_sq", &state.exp_avg_sq)] {
             if t.dims() != [self.local.len()] {
-                candle_core::bail!(
+                bail!(
                     "unit `{}`: {what} of shape {:?} does not fit this rank's range of {} elements ({}..{} of {})",
                     self.name,
                     t.dims(),
@@ -177,7 +400,7 @@ impl ShardedUnit {
         }
         let f32 = |t: &Tensor| t.to_dtype(DType::F32)?.force_contiguous();
         self.moments = Moments { exp_avg: f32(&state.exp_avg)?, exp_avg_sq: f32(&state.exp_avg_sq)? };
-        self.set_master_params(f32(&state.params)?, pg, policy)
+        self.set_master_params(f32(&state.params)?, pg)
     }
 
     /// Bytes held between steps: (params in the compute dtype, f32 master, moments).
@@ -195,16 +418,25 @@ impl ShardedUnit {
         }
     }
 
-    fn set_master_params(&mut self, p: Tensor, pg: &dyn ProcessGroup, policy: &MixedPrecisionPolicy) -> Result<()> {
+    fn set_master_params(&mut self, p: Tensor, pg: &dyn ProcessGroup) -> Result<()> {
         if let Some(replica) = &self.replica {
-            let low = p.to_dtype(policy.param_dtype)?;
+            let low = p.to_dtype(self.param_dtype)?;
             let whole = if self.is_sharded() { comm::gather_unit(pg, &low)? } else { low };
             replica.set(&whole)?;
         }
         if self.master.is_some() {
             self.master = Some(p);
         }
+        self.gatherable = self.make_gatherable()?;
         Ok(())
+    }
+
+    /// What the unit's all-gather starts from: the replica, or the master shard in the param dtype.
+    fn make_gatherable(&self) -> Result<Tensor> {
+        match &self.replica {
+            Some(replica) => Ok(replica.as_tensor().clone()),
+            None => self.master_params()?.to_dtype(self.param_dtype),
+        }
     }
 
     /// Where the unit's tensors live.

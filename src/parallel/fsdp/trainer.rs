@@ -1,47 +1,45 @@
-//! The FSDP trainer: the model's own forward and backward, with each unit's
-//! collectives around its part of them.
-//!
-//! candle has no module hooks, so the model's blocks carry them: under FSDP a
-//! block is built on demand (`model::OnDemand`, implemented in `step.rs`),
-//! and the trainer runs exercise 7's `Gpt::forward` and the recompute
-//! engine's backward on such blocks:
+//! The FSDP trainer: the learner's unit step (exercise 22) on the blocks,
+//! and around it what the unit step does not cover.
 //!
 //! ```text
-//! forward:   gather root → embed → for each block: gather, forward, free → norm, head, loss
-//! backward:  head, norm → for each block, last first: gather, recompute, backward,
-//!            reduce-scatter its gradient, free → embed → reduce-scatter the root's gradient
+//! forward:   gather root → embed → fsdp_forward (each block: gather, forward, free) → norm, head, loss
+//! backward:  head, norm → fsdp_backward (each block, last first: gather, replay, backward,
+//!            reduce-scatter its gradient, free) → embed → reduce-scatter the root's gradient, free it
+//! around:    each unit's gradient divided by the micro-batches, in the reduce dtype; reduced over
+//!            the shard group when parameters are kept whole; across replicas under HYBRID_SHARD
 //! step:      global gradient norm (one all-reduce of a scalar), clip, AdamW on the local shard
 //! ```
 //!
-//! Freeing a block's gathered weights after its forward only frees memory if
-//! nothing still holds them, and candle's autograd graph does: PyTorch frees
-//! the storage under autograd's feet and gathers again before backward; here
-//! the block's graph is dropped and the block recomputed in backward. So under
-//! FULL_SHARD every block is recomputed (activation checkpointing is implied);
-//! the other strategies keep parameters whole and recompute only when
-//! activation checkpointing is asked for. The root unit (embedding, final norm,
-//! head) stays gathered from its forward to the end of its backward, as in
-//! PyTorch, where the root is not resharded after forward.
+//! The unit step runs over each unit's parameter group ([`FsdpGroups::params`]):
+//! the shard group when the plan shards parameters, this rank alone when it
+//! keeps them whole (SHARD_GRAD_OP, NO_SHARD), so there the unit step's
+//! collectives move nothing and the strategy's reductions happen around it.
+//! Its forward keeps no graph (a graph would hold every unit's whole
+//! parameters until backward), so backward replays each block: under FSDP
+//! every block is recomputed, whatever the strategy (activation checkpointing
+//! is implied). The root unit (embedding, final norm, head) stays gathered
+//! from its forward to the end of its backward, as in PyTorch, where the root
+//! is not resharded after forward.
 
-use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use candle_core::{bail, Result, Tensor};
+use candle_core::{bail, Module, Result, Tensor, Var};
 use serde::{Deserialize, Serialize};
 
-use super::step::{self, Gathered, ShardedBlock, Step};
 use super::units::check_units;
 use super::{
-    FlatLayout, FlatView, FsdpGroups, LocalState, LossScaler, MemoryLedger, MixedPrecisionPolicy, Precision,
-    ShardedUnit, ShardingPlan, ShardingStrategy, StepLedger,
+    BlockCompute, FlatLayout, FlatView, FsdpGroups, GatheredBytes, LocalState, LossScaler, MemoryLedger,
+    MixedPrecisionPolicy, Precision, ShardedUnit, ShardingPlan, ShardingStrategy, StepLedger, UnitPlacement,
 };
-use crate::autograd::{clip_factor, sum_of_squares};
+use crate::autograd::{clip_factor, sum_of_squares, vjp};
+use crate::called_early::{fsdp_backward, fsdp_forward};
 use crate::distributed::{all_reduce_scalar, CommStats, ProcessGroup, ReduceOp};
 use crate::memory::held_after;
-use crate::model::{Block, ForwardPass, Gpt, GptConfig, Outer, ParamStore, RotaryCache};
+use crate::model::{GptConfig, Outer, ParamStore, RotaryCache};
 use crate::parallel::ddp::broadcast_parameters;
+use crate::phase1_model::next_token_loss;
 use crate::phase2_training::param_groups;
 use crate::phase3_fsdp::{mixed_precision_policy, sharding_plan, wrap_policy};
 use crate::train::{DataPosition, ParamGroup, StepCounters, StepStats, Train, TrainConfig, TrainerState};
@@ -60,6 +58,7 @@ pub struct FsdpConfig {
 
 pub struct FsdpTrainer {
     /// The units, root first, then one per block.
+    /// Blocks are units 1.. ([`BlockUnit`](crate::parallel::fsdp_unit::BlockUnit)s).
     pub units: Vec<ShardedUnit>,
     /// What is sharded. The strategy it came from is not kept: ZeRO stage 1
     /// has none of its own.
@@ -71,8 +70,9 @@ pub struct FsdpTrainer {
     /// Dynamic loss scaling, when the policy asks for it.
     pub scaler: Option<LossScaler>,
     model_config: GptConfig,
-    rotary: RotaryCache,
     groups: FsdpGroups,
+    /// The bytes of gathered parameters the units hold, shared by them.
+    gathered: Arc<GatheredBytes>,
     ledger: StepLedger,
 }
 
@@ -110,6 +110,14 @@ impl FsdpTrainer {
         params.check_matches(model_config)?;
         plan.validate()?;
         let policy = mixed_precision_policy(precision);
+        if policy.reduce_dtype != policy.param_dtype {
+            bail!(
+                "the mixed-precision policy reduces gradients in {:?} but computes in {:?}: this trainer reduces \
+                 them in the dtype it computes them in (exercise 13 gives one dtype for both)",
+                policy.reduce_dtype,
+                policy.param_dtype
+            );
+        }
         let units = wrap_policy(model_config);
         check_units(model_config, &units)?;
         broadcast_parameters(groups.world(), &params)?;
@@ -118,19 +126,34 @@ impl FsdpTrainer {
         let named: HashMap<String, Tensor> =
             params.iter().map(|(n, v)| (n.to_string(), v.as_tensor().clone())).collect();
         let device = params.device()?;
-        let units = units
-            .into_iter()
-            .map(|unit| {
-                let layout = FlatLayout::new(model_config, &unit.params, pg.world_size())?;
-                let full = layout.flatten(&named, &device)?;
-                let decay_of = |name: &str| decay.get(name).copied().unwrap_or(0.0);
-                ShardedUnit::new(unit.name, layout, &full, &plan, &policy, pg, decay_of)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        drop(named);
         let rotary =
             RotaryCache::new(model_config.head_dim(), model_config.max_seq_len, model_config.rope_theta, &device)?
                 .to_dtype(policy.buffer_dtype)?;
+        let gathered = Arc::<GatheredBytes>::default();
+        let at = UnitPlacement {
+            plan: &plan,
+            policy: &policy,
+            rank: pg.rank(),
+            world_size: pg.world_size(),
+            gathered: gathered.clone(),
+        };
+        let units = units
+            .into_iter()
+            .enumerate()
+            .map(|(index, unit)| {
+                let layout = FlatLayout::new(model_config, &unit.params, pg.world_size())?;
+                let full = layout.flatten(&named, &device)?;
+                let decay_of = |name: &str| decay.get(name).copied().unwrap_or(0.0);
+                // Unit 0 is the root; unit k + 1 holds block k.
+                let block = index.checked_sub(1).map(|layer| BlockCompute {
+                    layer,
+                    config: model_config.clone(),
+                    rotary: rotary.clone(),
+                });
+                ShardedUnit::new(unit.name, layout, &full, block, &at, decay_of)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        drop(named);
         Ok(Self {
             units,
             plan,
@@ -140,8 +163,8 @@ impl FsdpTrainer {
             counters: StepCounters::default(),
             scaler: policy.loss_scaling.then(LossScaler::default),
             model_config: model_config.clone(),
-            rotary,
             groups,
+            gathered,
             ledger: StepLedger::default(),
         })
     }
@@ -161,12 +184,6 @@ impl FsdpTrainer {
         &self.ledger
     }
 
-    /// Whether blocks are recomputed in backward: always when their
-    /// parameters are freed after forward, otherwise when asked.
-    pub fn recomputes_blocks(&self) -> bool {
-        self.plan.params || self.config.activation_checkpointing
-    }
-
     /// Everything besides tensors that a checkpoint of this trainer records.
     pub fn trainer_state(&self, data: Option<DataPosition>) -> TrainerState {
         let StepCounters { step, optimizer_steps, .. } = self.counters;
@@ -180,7 +197,7 @@ impl FsdpTrainer {
         let Some(unit) = self.units.get_mut(index) else {
             bail!("there is no unit {index}: the model has {} units", self.units.len());
         };
-        unit.set_local_state(state, self.groups.shard(), &self.policy)
+        unit.set_local_state(state, self.groups.shard())
     }
 
     /// Takes up the counters of a checkpoint's state.
@@ -197,6 +214,7 @@ impl FsdpTrainer {
         }
         let before = self.groups.stats();
         let mut memory = MemoryLedger::default();
+        self.gathered.reset_peak();
         let k = micro_batches.len();
         let (mut loss_sum, mut tokens) = (0.0, 0);
         for batch in micro_batches {
@@ -204,6 +222,7 @@ impl FsdpTrainer {
             tokens += batch.elem_count();
         }
         memory.grads = memory.grads.max(self.units.iter().map(ShardedUnit::grad_bytes).sum());
+        memory.gathered_peak = self.gathered.peak();
         let mut grads = Vec::with_capacity(self.units.len());
         for unit in &mut self.units {
             grads.push(unit.take_reduced_grad(self.groups.shard(), self.groups.replicas(), &self.plan)?);
@@ -225,14 +244,7 @@ impl FsdpTrainer {
             }
             self.counters.optimizer_steps += 1;
             for (unit, grad) in self.units.iter_mut().zip(&grads) {
-                unit.step(
-                    grad,
-                    lr,
-                    self.counters.optimizer_steps,
-                    &self.config.optimizer.adamw,
-                    self.groups.shard(),
-                    &self.policy,
-                )?;
+                unit.step(grad, lr, self.counters.optimizer_steps, &self.config.optimizer.adamw, self.groups.shard())?;
             }
         }
         self.counters.step += 1;
@@ -246,36 +258,43 @@ impl FsdpTrainer {
         Ok(StepStats { loss: loss_sum / k as f64, grad_norm, lr, tokens })
     }
 
-    /// Forward and backward of one micro-batch: the model's own (exercise 7's
-    /// forward, its recompute engine) on blocks that gather their units on
-    /// demand; each unit's gradient (divided by `k`) goes to its shard.
-    /// Returns the loss.
+    /// Forward and backward of one micro-batch, the blocks by the unit step;
+    /// each unit's gradient (divided by `k`) joins the step's. Returns the loss.
     fn micro_batch(&mut self, batch: &Tensor, k: usize, memory: &mut MemoryLedger) -> Result<f64> {
-        let recompute = self.recomputes_blocks();
         let loss_scale = self.scaler.map_or(1.0, |s| s.scale);
-        self.with_step(k, memory, |step| forward_and_backward(step, batch, recompute, loss_scale))
-    }
-
-    /// Runs `work` with this trainer's units lent to the blocks' hooks, as a
-    /// step of `k` micro-batches whose memory `memory` records.
-    fn with_step<R>(
-        &mut self,
-        k: usize,
-        memory: &mut MemoryLedger,
-        work: impl FnOnce(&Step<'_>) -> Result<R>,
-    ) -> Result<R> {
-        let step = Step {
-            units: RefCell::new(&mut self.units),
-            pg: self.groups.shard(),
-            policy: &self.policy,
-            plan: &self.plan,
-            model_config: &self.model_config,
-            rotary: &self.rotary,
-            micro_batches: k,
-            memory: RefCell::new(memory),
-            gathered: Gathered::default(),
+        let pg = self.groups.params(self.plan.params);
+        let (root, blocks) = split_root(&mut self.units)?;
+        root.unshard(pg.all_gather(root.shard())?)?;
+        let outer = root_modules(&self.model_config, root)?;
+        // Activations: what the forward leaves allocated for its backward.
+        // The counting allocator sees host memory only: on a GPU there is nothing to count.
+        let (pass, held) = match batch.device().is_cpu() {
+            true => held_after(|| forward(&outer, pg, blocks, batch)),
+            false => (forward(&outer, pg, blocks, batch), None),
         };
-        step::within(&step, || work(&step))
+        let pass = pass?;
+        memory.activations_peak = memory.activations_peak.max(held);
+        let loss_value = pass.loss.to_scalar::<f32>()? as f64;
+        let loss = match loss_scale {
+            1.0 => pass.loss,
+            scale => (pass.loss * scale)?,
+        };
+        let mut grads = loss.backward()?;
+        let Some(grad_output) = grads.remove(pass.output.as_tensor()) else {
+            bail!("the loss does not depend on the last block's output");
+        };
+        let grad_embedded = fsdp_backward(pg, blocks, &pass.inputs, &grad_output)?;
+        grads.extend(vjp(&pass.embedded, &grad_embedded)?)?;
+        drop(outer);
+        let Some(root_grad) = root.whole().and_then(|whole| grads.remove(whole)) else {
+            bail!("no gradient reached the root unit: the loss does not depend on it");
+        };
+        root.add_grad(&pg.reduce_scatter(&root_grad, ReduceOp::Avg)?)?;
+        root.reshard();
+        for unit in &mut self.units {
+            unit.end_micro_batch(self.groups.shard(), &self.plan, &self.policy, k)?;
+        }
+        Ok(loss_value)
     }
 
     /// The L2 norm of the whole model's gradient, from every rank's local part.
@@ -291,60 +310,49 @@ impl FsdpTrainer {
     }
 }
 
-/// The model's forward and backward in one FSDP step: the root unit gathered
-/// for the embedding, final norm and head, the blocks gathered by their own
-/// hooks. Units whose forward kept its graph are still gathered after the
-/// backward; their gradients are reduced then, last block first, the root last.
-fn forward_and_backward(step: &Step<'_>, batch: &Tensor, recompute: bool, loss_scale: f64) -> Result<f64> {
-    let model = assemble(step, recompute)?;
-    // Activations: what the forward leaves allocated for its backward, less the
-    // gathered buffers its kept graph holds (the ledger counts those apart).
-    let gathered_before = step.gathered_bytes();
-    // The counting allocator sees host memory only: on a GPU there is nothing to count.
-    let (pass, held) = match batch.device().is_cpu() {
-        true => held_after(|| model.forward(batch, Some(batch))),
-        false => (model.forward(batch, Some(batch)), None),
-    };
-    let pass = pass?;
-    let kept = step.gathered_bytes() - gathered_before;
-    {
-        let mut memory = step.memory.borrow_mut();
-        memory.activations_peak = memory.activations_peak.max(held.map(|h| h.saturating_sub(kept)));
-    }
-    let loss_value = pass.loss_value()?;
-    let pass = match loss_scale {
-        1.0 => pass,
-        scale => ForwardPass { loss: pass.loss.as_ref().map(|loss| loss * scale).transpose()?, ..pass },
-    };
-    let mut grads = pass.backward()?;
-    drop((pass, model));
-    for unit in step.still_gathered() {
-        step.reduce_gradient(unit, &mut grads)?;
-    }
-    Ok(loss_value)
+/// The root unit first, then the blocks' units.
+fn split_root(units: &mut [ShardedUnit]) -> Result<(&mut ShardedUnit, &mut [ShardedUnit])> {
+    units.split_first_mut().ok_or_else(|| candle_core::Error::Msg("an FSDP model has at least its root unit".into()))
 }
 
-/// The model of one step: the root unit gathered for the embedding, final
-/// norm and head, the blocks gathering their units through their own hooks.
-fn assemble(step: &Step<'_>, recompute: bool) -> Result<Gpt> {
-    let root = step.gather(0)?;
-    let units = step.units.borrow();
-    let outer = Outer::new(step.model_config, &FlatView { flat: root.as_tensor(), layout: &units[0].layout })?;
-    let blocks =
-        (0..step.model_config.num_layers).map(|layer| Block::on_demand(Arc::new(ShardedBlock { layer }))).collect();
-    Ok(Gpt::assemble(step.model_config, outer, blocks)?.with_activation_checkpointing(recompute))
+/// The embedding, final norm and head on the root unit's gathered parameters.
+fn root_modules(config: &GptConfig, root: &ShardedUnit) -> Result<Outer> {
+    let Some(whole) = root.whole() else { bail!("the root unit is not gathered") };
+    Outer::new(config, &FlatView { flat: whole, layout: &root.layout })
 }
 
-/// The loss of `batch` with no backward; every unit the forward gathered is
-/// released again.
-fn forward_only(step: &Step<'_>, batch: &Tensor, recompute: bool) -> Result<f64> {
-    let model = assemble(step, recompute)?;
-    let loss = model.forward(batch, Some(batch))?.loss_value();
-    drop(model);
-    for unit in step.still_gathered() {
-        step.release(unit);
+/// Whose unit step the blocks run, in words.
+fn unit_step_body() -> &'static str {
+    use crate::exercise_bodies::{REFERENCE, UNFINISHED};
+    const UNIT_STEP: u32 = 22;
+    if UNFINISHED.contains(&UNIT_STEP) {
+        "the reference unit step standing in for exercise 22"
+    } else if REFERENCE.contains(&UNIT_STEP) {
+        "exercise 22's reference unit step"
+    } else {
+        "your unit step (exercise 22)"
     }
-    loss
+}
+
+/// What one micro-batch's forward leaves for its backward.
+struct Pass {
+    /// The embedding's output, with its graph back to the root unit.
+    embedded: Tensor,
+    /// Each block's input, kept by the unit step.
+    inputs: Vec<Tensor>,
+    /// The last block's output, a leaf the head's backward reports on.
+    output: Var,
+    loss: Tensor,
+}
+
+/// The embedding, the blocks by the unit step, the final norm, head and loss.
+fn forward(outer: &Outer, pg: &dyn ProcessGroup, blocks: &mut [ShardedUnit], batch: &Tensor) -> Result<Pass> {
+    let embedded = outer.embed_tokens.forward(batch)?; // (B, T, C)
+    let blocks_pass = fsdp_forward(pg, blocks, &embedded)?;
+    let output = Var::from_tensor(&blocks_pass.output)?;
+    let logits = outer.lm_head.forward(&outer.norm.forward(output.as_tensor())?)?; // (B, T, V)
+    let loss = next_token_loss(&logits, batch)?;
+    Ok(Pass { embedded, inputs: blocks_pass.inputs, output, loss })
 }
 
 /// The loop's view of the sharded trainer: its checkpoints are exercise 15.
@@ -362,9 +370,14 @@ impl Train for FsdpTrainer {
     fn load_checkpoint(&mut self, dir: &Path) -> Result<Option<DataPosition>> {
         FsdpTrainer::load_checkpoint(self, dir)
     }
+    /// The loss of `tokens` with no backward; every unit it gathered is released again.
     fn eval_loss(&mut self, tokens: &Tensor) -> Result<f64> {
-        let recompute = self.recomputes_blocks();
-        self.with_step(1, &mut MemoryLedger::default(), |step| forward_only(step, tokens, recompute))
+        let pg = self.groups.params(self.plan.params);
+        let (root, blocks) = split_root(&mut self.units)?;
+        root.unshard(pg.all_gather(root.shard())?)?;
+        let loss = root_modules(&self.model_config, root).and_then(|outer| forward(&outer, pg, blocks, tokens));
+        root.reshard();
+        Ok(loss?.loss.to_scalar::<f32>()? as f64)
     }
     fn counters(&self) -> StepCounters {
         self.counters
@@ -381,7 +394,12 @@ impl Train for FsdpTrainer {
             1 => String::new(),
             replicas => format!(" (shard groups of {shard} ranks, {replicas} replicas)"),
         };
-        format!("FSDP over {world} ranks with {}{groups}, {} precision", self.plan.describe(), self.precision)
+        format!(
+            "FSDP over {world} ranks with {}{groups}, {} precision, {}",
+            self.plan.describe(),
+            self.precision,
+            unit_step_body()
+        )
     }
     fn report(&self) -> Option<String> {
         Some(format!("{}, {} units; rank 0's last step:\n{}", self.layout(), self.units.len(), self.ledger()))
