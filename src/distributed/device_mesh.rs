@@ -26,6 +26,7 @@
 //! [`DeviceMesh::dp`].
 
 use std::fmt;
+use std::sync::Arc;
 
 use candle_core::{bail, Result};
 
@@ -156,7 +157,8 @@ pub struct DeviceMesh {
     world: Box<dyn ProcessGroup>,
     dp: Box<dyn ProcessGroup>,
     pp: Box<dyn ProcessGroup>,
-    tp: Box<dyn ProcessGroup>,
+    /// Shared: a pipeline stage split across the tp group keeps a handle to it.
+    tp: Arc<dyn ProcessGroup>,
 }
 
 impl DeviceMesh {
@@ -169,7 +171,7 @@ impl DeviceMesh {
         let rank = world.rank();
         let group = |axis: Axis| world.split(shape.group_of(rank, axis)[0]);
         let (tp, pp, dp) = (group(Axis::Tp)?, group(Axis::Pp)?, group(Axis::Dp)?);
-        Ok(Self { shape, coords: shape.coords(rank), world, dp, pp, tp })
+        Ok(Self { shape, coords: shape.coords(rank), world, dp, pp, tp: Arc::from(tp) })
     }
 
     pub fn shape(&self) -> MeshShape {
@@ -199,6 +201,11 @@ impl DeviceMesh {
     /// The ranks that share this rank's blocks' weights between them.
     pub fn tp(&self) -> &dyn ProcessGroup {
         self.tp.as_ref()
+    }
+
+    /// The tp group, for what runs on it beside the mesh (a pipeline stage's split blocks).
+    pub fn tp_shared(&self) -> Arc<dyn ProcessGroup> {
+        self.tp.clone()
     }
 
     /// The group along `axis`.

@@ -32,7 +32,7 @@ use workbook::model::{layer_of, Outer, ParamStore};
 use workbook::parallel::ddp::average_in_buckets;
 use workbook::parallel::fsdp::FlatLayout;
 use workbook::parallel::fsdp_unit::BlockUnit;
-use workbook::parallel::pipeline::{PipelineSchedule, PipelineStage};
+use workbook::parallel::pipeline::{PipelineSchedule, PipelineStage, PipelineTrainer};
 use workbook::parallel::tensor::{TensorParallelBlock, TensorParallelTrainer};
 use workbook::parallel::zero::ShardedAdamW;
 use workbook::phase1_model::next_token_loss;
@@ -268,6 +268,22 @@ fn tensor_parallel_rank(pg: Box<dyn ProcessGroup>) -> Result<Values> {
     Ok(values(trainer.params()))
 }
 
+/// One rank of a (dp 2, pp 2, tp 2) mesh: the workbook's pipeline trainer,
+/// your 1F1B schedule (exercise 24) over stages whose blocks your exercise 23
+/// steps, on its replica's rows of each micro-batch.
+fn three_dimensional_rank(pg: Box<dyn ProcessGroup>) -> Result<Values> {
+    let mesh = DeviceMesh::new(pg, MeshShape { dp: 2, pp: 2, tp: 2 })?;
+    let replica = mesh.coords().dp;
+    let params = init_params(&model_config(), 7, &Device::Cpu)?;
+    let (config, schedule) = (train_config(CLIP), PipelineSchedule::OneFOneB);
+    let mut trainer = PipelineTrainer::new(&model_config(), &params, config, mesh, schedule, BUCKET_BYTES)?;
+    for step in 0..STEPS {
+        let rows: Vec<Tensor> = global_batches(step).iter().map(|b| rows_of(b, replica, 2)).collect();
+        trainer.train_step(&rows)?;
+    }
+    Ok(values(trainer.stage().params()))
+}
+
 /// What rank `rank` of `world` holds of `whole` when every block is split
 /// as exercise 23's blocks are.
 fn tensor_parallel_shares(whole: &ParamStore, rank: usize, world: usize) -> Values {
@@ -347,5 +363,13 @@ fn your_tensor_parallel_blocks_on_a_mesh_of_four_processes_train_as_one_process(
     let per_rank = on_processes(4, |pg| tensor_parallel_rank(Box::new(pg)));
     let one = ParamStore::from_tensors(single_process(STEPS, CLIP)).unwrap();
     let what = "the tensor-parallel trainer on a dp 2 × tp 2 mesh, its blocks stepped by exercise 23";
+    expect_shares_of_one_process(&per_rank, what, |rank| tensor_parallel_shares(&one, rank % 2, 2));
+}
+
+#[test]
+fn your_pipeline_of_tensor_parallel_stages_on_a_mesh_of_eight_processes_trains_as_one_process() {
+    let per_rank = on_processes(8, |pg| three_dimensional_rank(Box::new(pg)));
+    let one = ParamStore::from_tensors(single_process(STEPS, CLIP)).unwrap();
+    let what = "the 1F1B pipeline of exercise 24 on a dp 2 × pp 2 × tp 2 mesh, its blocks stepped by exercise 23";
     expect_shares_of_one_process(&per_rank, what, |rank| tensor_parallel_shares(&one, rank % 2, 2));
 }

@@ -50,10 +50,11 @@ pub fn exercises_called(options: &RunOptions) -> BTreeMap<u32, &'static str> {
         Strategy::Pipeline { schedule: PipelineSchedule::OneFOneB, .. } => {
             called.insert(24, "--pipeline-schedule 1f1b");
         }
-        Strategy::TensorParallel { .. } => {
-            called.insert(20, "--tp (the MLP's split)");
-            called.insert(23, "--tp");
-        }
+        Strategy::TensorParallel { .. } => {}
+    }
+    if matches!(options.strategy, Strategy::TensorParallel { .. } | Strategy::Pipeline { tp: 2.., .. }) {
+        called.insert(20, "--tp (the MLP's split)");
+        called.insert(23, "--tp");
     }
     if matches!(options.strategy, Strategy::Pipeline { .. } | Strategy::TensorParallel { .. }) {
         called.insert(25, "the device mesh of --pp and --tp");

@@ -540,7 +540,7 @@ fn print_plan(options: &RunOptions, dataset: &Dataset, device: &Device, num_para
     if options.ddp_overlap {
         println!("gradients: buckets all-reduced during backward, your exercise 19 (--ddp-overlap)");
     }
-    if let Strategy::Pipeline { schedule, stages } = options.strategy {
+    if let Strategy::Pipeline { schedule, stages, tp } = options.strategy {
         let micro_batches = c.grad_accum_steps;
         let layers: Vec<String> = (0..stages)
             .map(|s| format!("{:?}", workbook::parallel::pipeline::stage_layers(c.model.num_layers, stages, s)))
@@ -552,7 +552,12 @@ fn print_plan(options: &RunOptions, dataset: &Dataset, device: &Device, num_para
             100.0 * (stages - 1) as f64 / (micro_batches + stages - 1) as f64,
             schedule.most_in_flight(0, stages, micro_batches)
         );
-        let replicas = options.nproc / stages;
+        if tp > 1 {
+            println!(
+                "tensor parallelism: every stage's blocks split across {tp} ranks (heads and MLP units), stepped by your exercise 23; embedding and head whole"
+            );
+        }
+        let replicas = options.nproc / (stages * tp);
         if replicas > 1 {
             println!(
                 "data parallelism: {replicas} replicas of the pipeline, each stage's gradients averaged with the same stage of the others"
@@ -672,7 +677,7 @@ mod tests {
     /// What NCCL has never run with two GPUs is refused unless asked for; what it has run is not.
     #[test]
     fn never_run_nccl_paths_need_the_opt_in() {
-        let pipeline = Strategy::Pipeline { schedule: PipelineSchedule::GPipe, stages: 2 };
+        let pipeline = Strategy::Pipeline { schedule: PipelineSchedule::GPipe, stages: 2, tp: 1 };
         let cases = [
             (pipeline, false, false, true),
             (Strategy::TensorParallel { ranks: 2 }, false, false, true),

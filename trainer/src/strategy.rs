@@ -13,9 +13,10 @@ pub enum Strategy {
     /// Phase 3: sharded units.
     Fsdp(FsdpConfig),
     /// Phase 4: the blocks cut into `stages` pipeline stages, stepped on
-    /// GPipe's schedule (exercise 21) or 1F1B's (exercise 24); the ranks
+    /// GPipe's schedule (exercise 21) or 1F1B's (exercise 24), each stage's
+    /// blocks split across `tp` tensor-parallel ranks (1: whole); the ranks
     /// beyond one pipeline are data-parallel replicas of it.
-    Pipeline { schedule: PipelineSchedule, stages: usize },
+    Pipeline { schedule: PipelineSchedule, stages: usize, tp: usize },
     /// Phase 4: every block split across `ranks` tensor-parallel ranks,
     /// stepped by exercise 23 (its MLP cut by exercise 20); the ranks beyond
     /// one group are data-parallel replicas of it.
@@ -27,7 +28,7 @@ impl Strategy {
     /// pipelines or tensor-parallel groups replicated across the rest.
     pub fn mesh(self, nproc: usize) -> candle_core::Result<MeshShape> {
         match self {
-            Strategy::Pipeline { stages, .. } => MeshShape::new(nproc, None, Some(stages), None),
+            Strategy::Pipeline { stages, tp, .. } => MeshShape::new(nproc, None, Some(stages), Some(tp)),
             Strategy::TensorParallel { ranks } => MeshShape::new(nproc, None, None, Some(ranks)),
             Strategy::Ddp | Strategy::Fsdp(_) => Ok(MeshShape::data_parallel(nproc)),
         }

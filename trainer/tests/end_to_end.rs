@@ -77,7 +77,7 @@ fn a_run_calls_the_exercises_its_flags_choose() {
     });
     assert_eq!(called(&fsdp), [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 14, 15]);
     let mut pipeline = options(PathBuf::from("unused"), 1, 2);
-    pipeline.strategy = Strategy::Pipeline { schedule: PipelineSchedule::OneFOneB, stages: 2 };
+    pipeline.strategy = Strategy::Pipeline { schedule: PipelineSchedule::OneFOneB, stages: 2, tp: 1 };
     assert_eq!(called(&pipeline), [1, 2, 3, 4, 5, 6, 7, 8, 9, 24, 25]);
 }
 
@@ -222,7 +222,7 @@ fn a_pipeline_of_two_stages_trains_as_one_process_and_resumes_under_ddp() {
     let dirs = runs.map(|(schedule, nproc)| {
         let what = format!("{schedule} pipeline of 2 stages on {nproc} ranks");
         let (dir, pipelined, got) =
-            run(&format!("pipeline-{schedule}-{nproc}"), nproc, Strategy::Pipeline { schedule, stages: 2 });
+            run(&format!("pipeline-{schedule}-{nproc}"), nproc, Strategy::Pipeline { schedule, stages: 2, tp: 1 });
         let (a, b) = (one.last.as_ref().unwrap().loss, pipelined.last.unwrap().loss);
         assert!((a - b).abs() <= 1e-5 * a.abs(), "the {what}: loss at step 3 is {b}, one process's {a}");
         assert_eq!(got.len(), want.len(), "rank 0 should write every stage's parameters");
@@ -302,4 +302,45 @@ fn tensor_parallel_runs_train_as_one_process_and_their_checkpoints_move_between_
     }
     let (resumed, _) = run("one-resumed-by-tp", 5, 2, tp2, Some(one_dir.clone()));
     expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(&one_dir, 5), "tp 2 resuming one process");
+}
+
+/// A pipeline of tensor-parallel stages, pp 2 × tp 2 on 4 ranks (GPipe) and
+/// dp 2 × pp 2 × tp 2 on 8 (1F1B), takes the steps one process takes; its
+/// checkpoint holds whole tensors, moments included: one process resuming
+/// the 8-rank run's, and pp 2 × tp 2 resuming one process's, both reach one
+/// uninterrupted process's parameters.
+#[test]
+fn a_pipeline_of_tensor_parallel_stages_trains_as_one_process_and_its_checkpoints_move_between_meshes() {
+    let run = |name: &str, steps: usize, nproc: usize, strategy: Strategy, resume: Option<PathBuf>| {
+        let dir = scratch(name);
+        let mut options = options(dir.clone(), steps, nproc);
+        options.config.grad_accum_steps = 2; // the pipeline's micro-batches
+        options.checkpoint_every = 3;
+        options.strategy = strategy;
+        options.resume = resume.map(|from| checkpoints::step_dir(&from, 3));
+        let summary = train(&options).unwrap();
+        (dir, summary)
+    };
+    let mesh = |schedule, tp| Strategy::Pipeline { schedule, stages: 2, tp };
+    let (one_dir, one) = run("3d-one-process", 5, 1, Strategy::Ddp, None);
+    let runs = [(PipelineSchedule::GPipe, 4, "pp 2 × tp 2"), (PipelineSchedule::OneFOneB, 8, "dp 2 × pp 2 × tp 2")];
+    let dirs = runs.map(|(schedule, nproc, what)| {
+        let (dir, summary) = run(&format!("3d-on-{nproc}"), 3, nproc, mesh(schedule, 2), None);
+        let (a, b) = (one.first.as_ref().unwrap().loss, summary.first.unwrap().loss);
+        assert!((a - b).abs() <= 1e-5 * a.abs(), "{what}: loss at step 1 is {b}, one process's {a}");
+        expect_same_params(&checkpoint_params(&dir, 3), &checkpoint_params(&one_dir, 3), &format!("{what}, step 3"));
+        dir
+    });
+    let (resumed, _) = run("3d-resumed-by-one", 5, 1, Strategy::Ddp, Some(dirs[1].clone()));
+    expect_same_params(
+        &checkpoint_params(&resumed, 5),
+        &checkpoint_params(&one_dir, 5),
+        "one process resuming dp 2 × pp 2 × tp 2",
+    );
+    let (resumed, _) = run("one-resumed-by-3d", 5, 4, mesh(PipelineSchedule::GPipe, 2), Some(one_dir.clone()));
+    expect_same_params(
+        &checkpoint_params(&resumed, 5),
+        &checkpoint_params(&one_dir, 5),
+        "pp 2 × tp 2 resuming one process",
+    );
 }

@@ -64,7 +64,7 @@ const FOUR_PROCESSES: Ranks = Ranks { nproc: 4, threads_per_rank: 1, processes: 
 
 /// The parallelisms of one run laid out on a mesh of four processes; the
 /// ratios are to the first, DDP on the same four.
-const COMPOSED: [Variant; 3] = [
+const COMPOSED: [Variant; 4] = [
     Variant { name: "DDP, 4 replicas", exercises: "", ranks: FOUR_PROCESSES, flags: &[] },
     Variant {
         name: "dp 2 × pp 2, GPipe",
@@ -73,6 +73,12 @@ const COMPOSED: [Variant; 3] = [
         flags: &["--pipeline", "gpipe", "--stages", "2"],
     },
     Variant { name: "dp 2 × tp 2", exercises: "23, 25", ranks: FOUR_PROCESSES, flags: &["--tp", "2"] },
+    Variant {
+        name: "pp 2 × tp 2, GPipe",
+        exercises: "21, 23, 25",
+        ranks: FOUR_PROCESSES,
+        flags: &["--pipeline", "gpipe", "--stages", "2", "--tp", "2"],
+    },
 ];
 
 pub fn bench_phase4(ws: &Workspace, model_size: &str, steps: usize, large_steps: usize, rounds: usize) -> Result<bool> {
@@ -143,8 +149,9 @@ pub fn bench_mesh(ws: &Workspace, model_size: &str, steps: usize, rounds: usize)
         "Written by `cargo xtask bench mesh` ({rounds} interleaved rounds; {cpu}). The trainer runs\n\
          the reference solutions on 4 single-threaded CPU processes over TCP, on random tokens, with\n\
          the same global batch in every row, laid out by exercise 25's mesh: two replicas of a\n\
-         two-stage GPipe pipeline (exercise 21), and two replicas of every block split across two\n\
-         ranks (exercise 23). *Sent per step* counts every group a rank belongs to. What to expect:\n\
+         two-stage GPipe pipeline (exercise 21), two replicas of every block split across two\n\
+         ranks (exercise 23), and one pipeline of two stages, each split across two ranks (both).\n\
+         *Sent per step* counts every group a rank belongs to. What to expect:\n\
          a pipeline stage sends each micro-batch's activations on and their gradients back, and\n\
          all-reduces only its own stage's gradients; a tensor-parallel rank all-reduces a (B, T, C)\n\
          activation four times per block and micro-batch, and the trainer runs every block twice\n\

@@ -6,22 +6,26 @@
 //!
 //! A stage runs only its own part of the model and records the order in
 //! which it ran forwards and backwards, so a schedule can be checked and its
-//! idle time (the bubble) worked out.
+//! idle time (the bubble) worked out. On a mesh with tensor parallelism a
+//! stage's blocks are split across its tp group and stepped by exercise 23
+//! ([`PipelineStage::split`]); the schedule sees the same stage either way.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::ops::Range;
 use std::str::FromStr;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use candle_core::backprop::GradStore;
-use candle_core::{bail, DType, Module, Result, Tensor};
+use candle_core::{bail, DType, Module, Result, Tensor, TensorId, Var};
 use candle_nn::Embedding;
 
-use crate::autograd::{vjp, Gradients};
+use crate::autograd::{accumulate, vjp, Gradients};
 use crate::distributed::ProcessGroup;
 use crate::model::{layer_of, Block, GptConfig, Linear, ParamStore, RmsNorm, RotaryCache, Weights};
+use crate::parallel::tensor::TensorParallelBlock;
 use crate::phase1_model::next_token_loss;
-use crate::phase4_under_the_hood::{gpipe_step, one_f_one_b_step};
+use crate::phase4_under_the_hood::{gpipe_step, one_f_one_b_step, tensor_parallel_step};
 use crate::timeline;
 
 mod trainer;
@@ -34,12 +38,38 @@ pub struct PipelineStage {
     stages: usize,
     layers: Range<usize>,
     embed_tokens: Option<Embedding>,
-    blocks: Vec<Block>,
+    blocks: StageBlocks,
     head: Option<(RmsNorm, Linear)>,
     params: ParamStore,
     hidden_size: usize,
     dtype: DType,
     schedule: Mutex<Vec<StageOp>>,
+}
+
+/// A stage's blocks: whole, or split across a tensor-parallel group.
+enum StageBlocks {
+    Whole(Vec<Block>),
+    Split(SplitBlocks),
+}
+
+/// Blocks split across `tp`, each stepped forward and backward in one call
+/// (exercise 23), so a stage's backward replays them from the inputs its
+/// forward kept, by the output it handed out.
+struct SplitBlocks {
+    blocks: Vec<TensorParallelBlock>,
+    tp: Arc<dyn ProcessGroup>,
+    in_flight: Mutex<HashMap<TensorId, SplitForward>>,
+}
+
+/// What one forward through split blocks keeps for its backward.
+struct SplitForward {
+    /// The stage's input: the embedding's output, with its graph (first
+    /// stage), or the activation received, whose gradient goes back.
+    input: Tensor,
+    /// Each block's input, detached.
+    block_inputs: Vec<Tensor>,
+    /// On the last stage, the last block's output as the leaf the head read.
+    top: Option<Var>,
 }
 
 /// What a stage ran, in the order it ran it.
@@ -143,6 +173,29 @@ impl PipelineStage {
     /// Stage `index` of `stages` of the model `params` holds. The stage keeps
     /// only its own parameters, sharing their variables with `params`.
     pub fn new(config: &GptConfig, params: &ParamStore, index: usize, stages: usize) -> Result<Self> {
+        Self::build(config, params, index, stages, None)
+    }
+
+    /// Stage `index` of `stages`, its blocks split across the group `tp` as
+    /// exercise 23 steps them (this rank's shard of each; the embedding,
+    /// final norm and head whole). Its parameters are its own copies.
+    pub fn split(
+        config: &GptConfig,
+        params: &ParamStore,
+        index: usize,
+        stages: usize,
+        tp: Arc<dyn ProcessGroup>,
+    ) -> Result<Self> {
+        Self::build(config, params, index, stages, Some(tp))
+    }
+
+    fn build(
+        config: &GptConfig,
+        params: &ParamStore,
+        index: usize,
+        stages: usize,
+        tp: Option<Arc<dyn ProcessGroup>>,
+    ) -> Result<Self> {
         config.validate()?;
         params.check_matches(config)?;
         if index >= stages {
@@ -159,12 +212,28 @@ impl PipelineStage {
         }
         let layers = stage_layers(config.num_layers, stages, index);
         let (first, last) = (index == 0, index + 1 == stages);
-        let params = params.subset(|name| stage_holding(config, stages, name) == index);
+        let mine = params.subset(|name| stage_holding(config, stages, name) == index);
         // Every stage holds at least one block, so at least one parameter.
-        let Some((_, any)) = params.iter().next() else { bail!("stage {index} holds no parameters") };
+        let Some((_, any)) = mine.iter().next() else { bail!("stage {index} holds no parameters") };
         let (device, dtype) = (any.device().clone(), any.dtype());
-        let rotary = RotaryCache::new(config.head_dim(), config.max_seq_len, config.rope_theta, &device)?;
-        let blocks = layers.clone().map(|layer| Block::new(config, &params, layer, &rotary)).collect::<Result<_>>()?;
+        let (blocks, params) = match tp {
+            None => {
+                let rotary = RotaryCache::new(config.head_dim(), config.max_seq_len, config.rope_theta, &device)?;
+                let blocks = layers.clone().map(|layer| Block::new(config, &mine, layer, &rotary));
+                (StageBlocks::Whole(blocks.collect::<Result<_>>()?), mine)
+            }
+            Some(tp) => {
+                let (rank, ranks) = (tp.rank(), tp.world_size());
+                let blocks = layers
+                    .clone()
+                    .map(|layer| TensorParallelBlock::shard(config, params, layer, rank, ranks))
+                    .collect::<Result<Vec<_>>>()?;
+                let outer = mine.subset(|name| layer_of(name).is_none());
+                let held = ParamStore::union(std::iter::once(&outer).chain(blocks.iter().map(|b| b.params())))?;
+                let split = SplitBlocks { blocks, tp, in_flight: Mutex::new(HashMap::new()) };
+                (StageBlocks::Split(split), held)
+            }
+        };
         let embed_tokens = match first {
             true => Some(Embedding::new(params.tensor("model.embed_tokens.weight")?, config.hidden_size)),
             false => None,
@@ -244,12 +313,41 @@ impl PipelineStage {
                 input.clone()
             }
         };
-        for block in &self.blocks {
-            x = block.forward(&x)?;
-        }
+        let split = match &self.blocks {
+            StageBlocks::Whole(blocks) => {
+                for block in blocks {
+                    x = block.forward(&x)?;
+                }
+                return self.head_of(&x, tokens);
+            }
+            StageBlocks::Split(split) => split,
+        };
+        let (block_inputs, h) = split.forward(&x)?;
+        let (output, top) = match &self.head {
+            Some(_) => {
+                let top = Var::from_tensor(&h)?;
+                (self.head_of(top.as_tensor(), tokens)?, Some(top))
+            }
+            None => (h, None),
+        };
+        let kept = SplitForward { input: x, block_inputs, top };
+        split.in_flight.lock().unwrap_or_else(PoisonError::into_inner).insert(output.id(), kept);
+        Ok(output)
+    }
+
+    /// The last stage's final norm, head and loss on `x`; `x` itself elsewhere.
+    fn head_of(&self, x: &Tensor, tokens: &Tensor) -> Result<Tensor> {
         match &self.head {
-            Some((norm, lm_head)) => next_token_loss(&lm_head.forward(&norm.forward(&x)?)?, tokens),
-            None => Ok(x),
+            Some((norm, lm_head)) => next_token_loss(&lm_head.forward(&norm.forward(x)?)?, tokens),
+            None => Ok(x.clone()),
+        }
+    }
+
+    /// Forgets what a forward kept for a backward that will not come (an
+    /// evaluation's forward).
+    pub fn discard(&self, output: &Tensor) {
+        if let StageBlocks::Split(split) = &self.blocks {
+            split.in_flight.lock().unwrap_or_else(PoisonError::into_inner).remove(&output.id());
         }
     }
 
@@ -277,7 +375,32 @@ impl PipelineStage {
                 grad_output.dims()
             );
         }
-        vjp(output, &grad_output.to_dtype(output.dtype())?)
+        let grad_output = grad_output.to_dtype(output.dtype())?;
+        let split = match &self.blocks {
+            StageBlocks::Whole(_) => return vjp(output, &grad_output),
+            StageBlocks::Split(split) => split,
+        };
+        let Some(kept) = split.in_flight.lock().unwrap_or_else(PoisonError::into_inner).remove(&output.id()) else {
+            bail!(
+                "stage {}: backward of an output this stage's forward did not return, or returned once only",
+                self.index
+            );
+        };
+        let (mut store, grad) = match &kept.top {
+            Some(top) => {
+                let mut store = vjp(output, &grad_output)?;
+                let Some(grad) = store.remove(top.as_tensor()) else { bail!("the loss did not read the blocks") };
+                (store, grad)
+            }
+            None => (empty_grad_store()?, grad_output),
+        };
+        let grad_input = split.backward(&kept.block_inputs, grad, &self.params, &mut store)?;
+        match self.is_first() {
+            // The embedding's graph takes the gradient on to its weight.
+            true => store.extend(vjp(&kept.input, &grad_input)?)?,
+            false => drop(store.insert(&kept.input, grad_input)),
+        }
+        Ok(store)
     }
 
     /// The gradients of this stage's parameters in `store`, by name, as f32.
@@ -293,6 +416,43 @@ impl PipelineStage {
     fn record(&self, op: StageOp) {
         self.schedule.lock().unwrap_or_else(PoisonError::into_inner).push(op);
     }
+}
+
+impl SplitBlocks {
+    /// `x` through every block (each exercise 23's step with a zero
+    /// gradient, for its output): each block's input, and the last output.
+    fn forward(&self, x: &Tensor) -> Result<(Vec<Tensor>, Tensor)> {
+        let mut inputs = Vec::with_capacity(self.blocks.len());
+        let mut h = x.detach();
+        for block in &self.blocks {
+            let output = tensor_parallel_step(self.tp.as_ref(), block, &h, &h.zeros_like()?)?.output;
+            inputs.push(std::mem::replace(&mut h, output));
+        }
+        Ok((inputs, h))
+    }
+
+    /// Every block again, last first, from `grad` (∂L/∂ the last output):
+    /// each block's parameter gradients go into `store` (as `params`' variables
+    /// hold them); returns ∂L/∂ the first block's input.
+    fn backward(&self, inputs: &[Tensor], grad: Tensor, params: &ParamStore, store: &mut GradStore) -> Result<Tensor> {
+        let mut grad = grad;
+        for (block, input) in self.blocks.iter().zip(inputs).rev() {
+            let step = tensor_parallel_step(self.tp.as_ref(), block, input, &grad)?;
+            for (name, g) in step.grads.iter() {
+                accumulate(store, params.get(name)?.as_tensor(), g.clone())?;
+            }
+            grad = step.grad_input;
+        }
+        Ok(grad)
+    }
+}
+
+/// A gradient store with nothing in it (candle makes stores only by a backward).
+fn empty_grad_store() -> Result<GradStore> {
+    let leaf = Var::zeros((), DType::F32, &candle_core::Device::Cpu)?;
+    let mut store = leaf.as_tensor().backward()?;
+    store.remove(leaf.as_tensor());
+    Ok(store)
 }
 
 /// The share of time the stages sit idle when stage s ran `schedules[s]`,

@@ -15,6 +15,12 @@
 //! checkpoint is sent to the first stage of the first replica (rank 0), which
 //! writes it whole, in the format every trainer reads, so a pipelined run
 //! resumes under DDP or FSDP, or on another mesh, and the other way round.
+//!
+//! With a tp axis (a mesh of shape (dp, pp, tp)) every stage's blocks are
+//! split across its tp group ([`PipelineStage::split`], exercise 23): the
+//! norm adds the shards' squares over tp, a checkpoint gathers each shard
+//! along its cut before the stage sends it on, and loading cuts them again.
+//! Activations travel between the same tp rank of neighbouring stages, whole.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -22,10 +28,11 @@ use std::path::Path;
 use candle_core::{bail, DType, Device, Result, Tensor};
 
 use super::{stage_holding, PipelineSchedule, PipelineStage};
-use crate::autograd::{clip_factor, sum_of_squares};
+use crate::autograd::clip_factor;
 use crate::distributed::{all_reduce_scalar, DeviceMesh, ProcessGroup, ReduceOp};
 use crate::model::{param_specs, GptConfig, ParamStore};
 use crate::parallel::ddp::average_in_buckets;
+use crate::parallel::tensor::{moments_part, part_of, ShardCuts};
 use crate::phase2_training::param_groups;
 use crate::train::{
     AdamW, Checkpoint, DataPosition, ParamGroup, StepCounters, StepStats, Train, TrainConfig, TrainerState,
@@ -39,6 +46,8 @@ pub struct PipelineTrainer {
     optimizer: AdamW,
     config: TrainConfig,
     mesh: DeviceMesh,
+    /// Where this stage's shards were cut across the tp group (none without one).
+    cuts: ShardCuts,
     /// The most gradient bytes one of the replicas' all-reduces carries.
     bucket_bytes: usize,
     /// Where this stage computes: the scalars and buffers it exchanges live there too.
@@ -48,7 +57,8 @@ pub struct PipelineTrainer {
 
 impl PipelineTrainer {
     /// This rank's stage of the model `params` holds: stage `mesh.pp().rank()`
-    /// of `mesh.pp().world_size()`, stepped on `schedule`, its gradients
+    /// of `mesh.pp().world_size()`, its blocks split across `mesh.tp()` when
+    /// that has more than one rank, stepped on `schedule`, its gradients
     /// averaged over the `mesh.dp()` replicas in all-reduces of at most
     /// `bucket_bytes`. The rest of `params` can be dropped.
     pub fn new(
@@ -59,9 +69,6 @@ impl PipelineTrainer {
         schedule: PipelineSchedule,
         bucket_bytes: usize,
     ) -> Result<Self> {
-        if mesh.shape().tp != 1 {
-            bail!("the pipeline trainer splits no block across ranks: it takes a mesh with tp 1, not {}", mesh.shape());
-        }
         let pg = mesh.pp();
         if config.activation_checkpointing {
             bail!(
@@ -76,13 +83,17 @@ impl PipelineTrainer {
                  other forever: use --pipeline-schedule gpipe, or --backend tcp"
             );
         }
-        let stage = PipelineStage::new(model_config, params, pg.rank(), pg.world_size())?;
+        let stage = match mesh.shape().tp {
+            1 => PipelineStage::new(model_config, params, pg.rank(), pg.world_size())?,
+            _ => PipelineStage::split(model_config, params, pg.rank(), pg.world_size(), mesh.tp_shared())?,
+        };
+        let cuts = ShardCuts::of(model_config, stage.params());
         let groups = param_groups(stage.params(), config.optimizer.weight_decay);
         ParamGroup::decay_by_name(&groups, stage.params())?;
         let optimizer = AdamW::new(groups, config.optimizer.adamw)?;
         let device = params.device()?;
         let model_config = model_config.clone();
-        Ok(Self { model_config, stage, schedule, optimizer, config, mesh, bucket_bytes, device, step: 0 })
+        Ok(Self { model_config, stage, schedule, optimizer, config, mesh, cuts, bucket_bytes, device, step: 0 })
     }
 
     /// The stage this rank runs.
@@ -108,7 +119,7 @@ impl Train for PipelineTrainer {
         let mut grads = step.grads;
         average_in_buckets(self.mesh.dp(), &mut grads, self.bucket_bytes)?;
         // The stages hold different parameters: their sums of squares add up.
-        let sum_sq = sum_of_squares(grads.iter().map(|(_, g)| g))?;
+        let sum_sq = self.cuts.sum_of_squares(&grads, self.mesh.tp(), &self.device)?;
         let grad_norm = all_reduce_scalar(pg, sum_sq, ReduceOp::Sum, &self.device)?.sqrt();
         let lr = self.config.schedule.lr(self.step);
         if grad_norm.is_finite() {
@@ -125,30 +136,48 @@ impl Train for PipelineTrainer {
         Ok(StepStats { loss, grad_norm, lr, tokens: micro_batches.iter().map(Tensor::elem_count).sum() })
     }
 
-    /// Every stage of the first replica sends its parameters and moments to
-    /// the first stage, rank 0, which writes them as one whole checkpoint;
-    /// the other replicas hold the same numbers.
+    /// Every stage of the first replica gathers its shards whole across its
+    /// tp group (when split) and sends its parameters and moments to the
+    /// first stage, rank 0, which writes them as one whole checkpoint; the
+    /// other replicas hold the same numbers.
     fn save_checkpoint(&self, dir: &Path, data: Option<DataPosition>) -> Result<()> {
         if self.mesh.coords().dp != 0 {
             return self.mesh.world().barrier();
         }
-        let pg = self.mesh.pp();
+        let (pg, tp) = (self.mesh.pp(), self.mesh.tp());
         let has_moments = self.optimizer.steps() > 0;
-        let mut moments: HashMap<String, Tensor> = self.optimizer.state_tensors().into_iter().collect();
+        let state_tensors: HashMap<String, Tensor> = self.optimizer.state_tensors().into_iter().collect();
+        // This stage's parameters in model order, each followed by its
+        // moments, whole: what rank 0 receives from each stage, in order.
+        let mut mine = Vec::new();
+        for (name, _) in self.names_of_stage(pg.rank()) {
+            let param = self.cuts.whole(tp, &name, self.stage.params().get(&name)?.as_tensor())?;
+            let mut moments = Vec::new();
+            if has_moments {
+                for moment in AdamW::moment_names(&name) {
+                    let whole = self.cuts.whole(tp, &name, &state_tensors[&moment])?;
+                    moments.push((moment, whole));
+                }
+            }
+            mine.push((name, param, moments));
+        }
+        if tp.rank() != 0 {
+            return self.mesh.world().barrier();
+        }
         if pg.rank() != 0 {
-            // In the order rank 0 receives them: this stage's parameters in model order.
-            for (name, _) in self.names_of_stage(pg.rank()) {
-                pg.send(self.stage.params().get(&name)?.as_tensor(), 0)?;
-                if has_moments {
-                    for moment in AdamW::moment_names(&name) {
-                        pg.send(&moments[&moment], 0)?;
-                    }
+            for (_, param, moments) in &mine {
+                pg.send(param, 0)?;
+                for (_, moment) in moments {
+                    pg.send(moment, 0)?;
                 }
             }
             return self.mesh.world().barrier();
         }
-        let mut params: HashMap<String, Tensor> =
-            self.stage.params().iter().map(|(name, var)| (name.to_string(), var.as_tensor().clone())).collect();
+        let (mut params, mut moments) = (HashMap::new(), HashMap::new());
+        for (name, param, own_moments) in mine {
+            params.insert(name, param);
+            moments.extend(own_moments);
+        }
         for stage in 1..pg.world_size() {
             for (name, shape) in self.names_of_stage(stage) {
                 let like = Tensor::zeros(shape, DType::F32, &self.device)?;
@@ -166,16 +195,23 @@ impl Train for PipelineTrainer {
     }
 
     /// Every stage reads the whole checkpoint and keeps its own part.
+    /// Cut as the stage's shards are, when its blocks are split.
     fn load_checkpoint(&mut self, dir: &Path) -> Result<Option<DataPosition>> {
         let checkpoint = Checkpoint::read(dir)?;
         checkpoint.ensure_fits(&self.model_config)?;
+        let (layers, rank, ranks) = (self.stage.layers(), self.mesh.tp().rank(), self.mesh.tp().world_size());
+        let whole = ParamStore::from_tensors(checkpoint.params.clone())?;
+        let part = part_of(&self.model_config, &whole, layers.clone(), rank, ranks)?;
         for (name, var) in self.stage.params().iter() {
-            let Some(saved) = checkpoint.params.get(name) else {
+            let Some(saved) = part.get(name) else {
                 bail!("the checkpoint in {} has no parameter `{name}`", dir.display());
             };
             var.set(&saved.to_dtype(var.dtype())?.to_device(var.device())?)?;
         }
-        self.optimizer.load_state(checkpoint.state.optimizer_steps, &checkpoint.optimizer, self.stage.params())?;
+        // With a moment missing, AdamW's own check names it.
+        let moments = moments_part(&self.model_config, &checkpoint.optimizer, layers, rank, ranks)?
+            .unwrap_or_else(|| checkpoint.optimizer.clone());
+        self.optimizer.load_state(checkpoint.state.optimizer_steps, &moments, self.stage.params())?;
         self.step = checkpoint.state.step;
         Ok(checkpoint.state.data)
     }
@@ -189,6 +225,7 @@ impl Train for PipelineTrainer {
             false => pg.recv(&self.stage.activation_like(tokens)?, rank - 1)?,
         };
         let output = self.stage.forward(&input, tokens)?;
+        self.stage.discard(&output);
         let loss = match self.stage.is_last() {
             true => output.to_dtype(DType::F32)?.reshape(1)?,
             false => {
@@ -211,8 +248,13 @@ impl Train for PipelineTrainer {
     }
 
     fn layout(&self) -> String {
-        let (stages, replicas) = (self.mesh.shape().pp, self.mesh.shape().dp);
-        let pipeline = format!("a {} pipeline of {stages} stages, one per rank", self.schedule);
+        let (stages, replicas, tp) = (self.mesh.shape().pp, self.mesh.shape().dp, self.mesh.shape().tp);
+        let pipeline = match tp {
+            1 => format!("a {} pipeline of {stages} stages, one per rank", self.schedule),
+            _ => {
+                format!("a {} pipeline of {stages} stages, each split across {tp} tensor-parallel ranks", self.schedule)
+            }
+        };
         match replicas {
             1 => pipeline,
             _ => format!("{pipeline}, in {replicas} data-parallel replicas"),

@@ -3,9 +3,15 @@
 //! forward are exercise 20 (`exercises/phase4_under_the_hood/ex20_tensor_parallel_mlp.rs`);
 //! a whole block's step, forward and backward, is exercise 23
 //! (`exercises/phase4_under_the_hood/ex23_tensor_parallel_block.rs`), which
-//! the [`TensorParallelTrainer`] (`train --tp T`) steps every block with.
+//! the [`TensorParallelTrainer`] (`train --tp T`) steps every block with; the
+//! same step with the activations outside the matrices cut along the
+//! sequence is exercise 27 (`train --tp T --sequence-parallel`).
 
+mod sequence;
+mod shards;
 mod trainer;
+pub use sequence::{gather_sequence, scatter_sequence};
+pub use shards::{moments_part, part_of, ShardCuts};
 pub use trainer::TensorParallelTrainer;
 
 use candle_core::{bail, Module, Result, Tensor};
@@ -43,11 +49,13 @@ pub struct TensorParallelBlock {
 /// What one rank ends a tensor-parallel block's step with.
 #[derive(Debug, Clone)]
 pub struct TensorParallelStep {
-    /// The block's output, (B, T, C): whole, the same on every rank.
+    /// The block's output, (B, T, C): whole, the same on every rank; under
+    /// sequence parallelism this rank's chunk of the tokens, (B, T/N, C).
     pub output: Tensor,
     /// The gradients of this rank's parameters: its shards and the norms.
     pub grads: Gradients,
-    /// ∂L/∂x, (B, T, C): whole, the same on every rank.
+    /// ∂L/∂x, (B, T, C): whole, the same on every rank; under sequence
+    /// parallelism this rank's chunk of the tokens, (B, T/N, C).
     pub grad_input: Tensor,
 }
 

@@ -19,15 +19,15 @@
 //! the shards are gathered along the dimension they were cut on, so a
 //! tensor-parallel run resumes on one process or on another mesh.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::Path;
 
 use candle_core::{bail, Device, Module, Result, Tensor, Var};
 
-use super::TensorParallelBlock;
-use crate::autograd::{clip_factor, sum_of_squares, vjp, Gradients};
-use crate::distributed::{all_reduce_scalar, DeviceMesh, ProcessGroup, ReduceOp};
-use crate::model::{layer_of, param_specs, GptConfig, Outer, ParamStore};
+use super::{moments_part, part_of, ShardCuts, TensorParallelBlock};
+use crate::autograd::{clip_factor, vjp, Gradients};
+use crate::distributed::{DeviceMesh, ProcessGroup};
+use crate::model::{layer_of, GptConfig, Outer, ParamStore};
 use crate::parallel::ddp::average_in_buckets;
 use crate::phase1_model::next_token_loss;
 use crate::phase2_training::param_groups;
@@ -44,9 +44,7 @@ pub struct TensorParallelTrainer {
     root: ParamStore,
     /// The root's parameters and this rank's shards, under the whole model's names.
     params: ParamStore,
-    /// The dimension along which each shard joins the other ranks' into the
-    /// whole parameter; the parameters not listed are whole.
-    cut_along: BTreeMap<String, usize>,
+    cuts: ShardCuts,
     optimizer: AdamW,
     config: TrainConfig,
     mesh: DeviceMesh,
@@ -84,16 +82,7 @@ impl TensorParallelTrainer {
         let outer = Outer::new(model_config, &root)?;
         let held = std::iter::once(&root).chain(blocks.iter().map(TensorParallelBlock::params));
         let held = ParamStore::union(held)?;
-        let whole_shapes: HashMap<String, Vec<usize>> =
-            param_specs(model_config).into_iter().map(|spec| (spec.name, spec.shape.dims().to_vec())).collect();
-        let cut_along = held
-            .iter()
-            .filter_map(|(name, var)| {
-                let whole = &whole_shapes[name];
-                let dim = var.dims().iter().zip(whole).position(|(part, whole)| part != whole)?;
-                Some((name.to_string(), dim))
-            })
-            .collect();
+        let cuts = ShardCuts::of(model_config, &held);
         let groups = param_groups(&held, config.optimizer.weight_decay);
         ParamGroup::decay_by_name(&groups, &held)?;
         let optimizer = AdamW::new(groups, config.optimizer.adamw)?;
@@ -104,7 +93,7 @@ impl TensorParallelTrainer {
             blocks,
             root,
             params: held,
-            cut_along,
+            cuts,
             optimizer,
             config,
             mesh,
@@ -152,51 +141,6 @@ impl TensorParallelTrainer {
         }
         Ok((inputs, h))
     }
-
-    /// The whole of `t`, this rank's part of parameter `name` (or of a
-    /// moment of it): gathered from the tensor-parallel group along the
-    /// dimension it was cut on. Every rank of the group calls it.
-    fn whole(&self, name: &str, t: &Tensor) -> Result<Tensor> {
-        let tp = self.mesh.tp();
-        match self.cut_along.get(name) {
-            None => Ok(t.clone()),
-            Some(0) => tp.all_gather(t),
-            Some(&dim) => tp.all_gather(&t.transpose(0, dim)?.contiguous()?)?.transpose(0, dim)?.contiguous(),
-        }
-    }
-
-    /// This rank's part of each parameter of the whole model `whole`: the
-    /// root as it is, every block cut as [`TensorParallelBlock::shard`] cuts it.
-    fn part_of(&self, whole: &ParamStore) -> Result<HashMap<String, Tensor>> {
-        let (rank, ranks) = (self.mesh.tp().rank(), self.mesh.tp().world_size());
-        let mut part: HashMap<String, Tensor> = whole
-            .iter()
-            .filter(|(name, _)| layer_of(name).is_none())
-            .map(|(n, v)| (n.to_string(), v.as_tensor().clone()))
-            .collect();
-        for layer in 0..self.model_config.num_layers {
-            let shard = TensorParallelBlock::shard(&self.model_config, whole, layer, rank, ranks)?;
-            part.extend(shard.params().iter().map(|(n, v)| (n.to_string(), v.as_tensor().clone())));
-        }
-        Ok(part)
-    }
-
-    /// This rank's part of each AdamW moment in `saved`, cut as the
-    /// parameters are; `None` when one is missing.
-    fn moments_part(&self, saved: &HashMap<String, Tensor>) -> Result<Option<HashMap<String, Tensor>>> {
-        let mut part = HashMap::new();
-        for kind in 0..2 {
-            let named = |name: &str| AdamW::moment_names(name)[kind].clone();
-            let mut whole = Vec::new();
-            for spec in param_specs(&self.model_config) {
-                let Some(moment) = saved.get(&named(&spec.name)) else { return Ok(None) };
-                whole.push((spec.name, moment.clone()));
-            }
-            let cut = self.part_of(&ParamStore::from_tensors(whole)?)?;
-            part.extend(cut.into_iter().map(|(name, moment)| (named(&name), moment)));
-        }
-        Ok(Some(part))
-    }
 }
 
 impl Train for TensorParallelTrainer {
@@ -209,12 +153,7 @@ impl Train for TensorParallelTrainer {
         let scale = 1.0 / micro_batches.len() as f64;
         grads.scale(scale)?;
         average_in_buckets(self.mesh.dp(), &mut grads, self.bucket_bytes)?;
-        // The whole parameters are the same on every rank of the group: count them once.
-        let (shards, whole): (Vec<_>, Vec<_>) = grads.iter().partition(|(name, _)| self.cut_along.contains_key(*name));
-        let shards = sum_of_squares(shards.into_iter().map(|(_, g)| g))?;
-        let sum_sq = sum_of_squares(whole.into_iter().map(|(_, g)| g))?
-            + all_reduce_scalar(self.mesh.tp(), shards, ReduceOp::Sum, &self.device)?;
-        let grad_norm = sum_sq.sqrt();
+        let grad_norm = self.cuts.sum_of_squares(&grads, self.mesh.tp(), &self.device)?.sqrt();
         let lr = self.config.schedule.lr(self.step);
         if grad_norm.is_finite() {
             if let Some(factor) = clip_factor(grad_norm, self.config.max_grad_norm) {
@@ -237,10 +176,10 @@ impl Train for TensorParallelTrainer {
             let has_moments = self.optimizer.steps() > 0;
             let (mut params, mut optimizer) = (HashMap::new(), HashMap::new());
             for (name, var) in self.params.iter() {
-                params.insert(name.to_string(), self.whole(name, var.as_tensor())?);
+                params.insert(name.to_string(), self.cuts.whole(self.mesh.tp(), name, var.as_tensor())?);
                 if has_moments {
                     for moment in AdamW::moment_names(name) {
-                        optimizer.insert(moment.clone(), self.whole(name, &moments[&moment])?);
+                        optimizer.insert(moment.clone(), self.cuts.whole(self.mesh.tp(), name, &moments[&moment])?);
                     }
                 }
             }
@@ -259,13 +198,16 @@ impl Train for TensorParallelTrainer {
         let checkpoint = Checkpoint::read(dir)?;
         checkpoint.ensure_fits(&self.model_config)?;
         let whole = ParamStore::from_tensors(checkpoint.params.clone())?;
-        let part = self.part_of(&whole)?;
+        let (layers, rank, ranks) =
+            (0..self.model_config.num_layers, self.mesh.tp().rank(), self.mesh.tp().world_size());
+        let part = part_of(&self.model_config, &whole, layers.clone(), rank, ranks)?;
         for (name, var) in self.params.iter() {
             var.set(&part[name].to_dtype(var.dtype())?.to_device(var.device())?)?;
         }
         let steps = checkpoint.state.optimizer_steps;
         // With a moment missing, AdamW's own check names it.
-        let moments = self.moments_part(&checkpoint.optimizer)?.unwrap_or_else(|| checkpoint.optimizer.clone());
+        let moments = moments_part(&self.model_config, &checkpoint.optimizer, layers, rank, ranks)?
+            .unwrap_or_else(|| checkpoint.optimizer.clone());
         self.optimizer.load_state(steps, &moments, &self.params)?;
         self.step = checkpoint.state.step;
         Ok(checkpoint.state.data)

@@ -71,9 +71,9 @@ struct Args {
     /// With --pipeline: the stages of one pipeline (default: --nproc).
     #[arg(long, value_name = "S", requires = "pipeline")]
     stages: Option<usize>,
-    /// Every block split across T tensor-parallel ranks (exercise 23),
-    /// replicated across the ranks.
-    #[arg(long = "tp", value_name = "T", conflicts_with_all = ["pipeline", "powersgd_rank", "ddp_overlap"])]
+    /// Every block split across T tensor-parallel ranks (exercise 23); with
+    /// --pipeline, every stage's blocks. Replicated across the ranks.
+    #[arg(long = "tp", value_name = "T", conflicts_with_all = ["powersgd_rank", "ddp_overlap"])]
     tensor_parallel: Option<usize>,
     /// The most megabytes of gradients one all-reduce carries.
     #[arg(long = "bucket-cap-mb", value_name = "MB", default_value = "25", value_parser = bucket_cap_bytes)]
@@ -242,7 +242,9 @@ fn report(args: &Args, config: &RunConfig, out_dir: &Path) -> Result<()> {
 
 fn strategy(args: &Args) -> Strategy {
     match (args.pipeline, args.tensor_parallel) {
-        (Some(schedule), _) => Strategy::Pipeline { schedule, stages: args.stages.unwrap_or(args.nproc) },
+        (Some(schedule), tp) => {
+            Strategy::Pipeline { schedule, stages: args.stages.unwrap_or(args.nproc), tp: tp.unwrap_or(1) }
+        }
         (None, Some(ranks)) => Strategy::TensorParallel { ranks },
         (None, None) => Strategy::Ddp,
     }
@@ -254,8 +256,11 @@ fn parallelism(args: &Args) -> String {
         n => format!(" × {n} replicas"),
     };
     match strategy(args) {
-        Strategy::Pipeline { schedule, stages } => {
+        Strategy::Pipeline { schedule, stages, tp: 1 } => {
             format!("a {schedule} pipeline of {stages} stages{}", replicas(stages))
+        }
+        Strategy::Pipeline { schedule, stages, tp } => {
+            format!("a {schedule} pipeline of {stages} stages split {tp} ways{}", replicas(stages * tp))
         }
         Strategy::TensorParallel { ranks } => format!("tensor parallelism over {ranks} ranks{}", replicas(ranks)),
         _ => "DDP".to_string(),

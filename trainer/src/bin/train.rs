@@ -111,8 +111,9 @@ struct Args {
     powersgd_rank: Option<u64>,
     /// Cut the blocks into S pipeline stages, one per rank, stepped by your
     /// exercise 21 on GPipe's schedule or by your exercise 24 on 1F1B's
-    /// (--pipeline-schedule); the micro-batches are --grad-accum's. With
-    /// more ranks than S, the pipeline is replicated across them, data-parallel.
+    /// (--pipeline-schedule); the micro-batches are --grad-accum's. With --tp
+    /// T each stage's blocks are split across T ranks. With more ranks than
+    /// S·T, the pipeline is replicated across them, data-parallel.
     #[arg(
         long = "pp",
         visible_alias = "pipeline-stages",
@@ -122,12 +123,12 @@ struct Args {
     pipeline_stages: Option<usize>,
     /// Split every block across T tensor-parallel ranks, Megatron style,
     /// stepped by your exercise 23 (the embedding and head stay whole on
-    /// every rank). With more ranks than T, the group is replicated across
-    /// them, data-parallel.
+    /// every rank); with --pp, each stage's blocks. With more ranks than T
+    /// (or S·T), the group is replicated across them, data-parallel.
     #[arg(
         long = "tp",
         value_name = "T",
-        conflicts_with_all = ["sharding", "precision", "powersgd_rank", "ddp_overlap", "pipeline_stages", "activation_checkpointing"]
+        conflicts_with_all = ["sharding", "precision", "powersgd_rank", "ddp_overlap", "activation_checkpointing"]
     )]
     tensor_parallel: Option<usize>,
     /// Data-parallel replicas: inferred as --nproc / (pp · tp); given, it is
@@ -247,7 +248,10 @@ fn run(args: Args) -> anyhow::Result<()> {
     };
     let world_size = launched.as_ref().map_or(args.launch.world_size(), |env| env.world_size);
     let strategy = match (args.pipeline_stages, args.tensor_parallel) {
-        (Some(stages), _) => pipeline(stages, args.pipeline_schedule, &args.strategy, world_size)?,
+        (Some(stages), tp) => {
+            let tp = tp.map(|ranks| check_tensor_split(ranks, &config.model)).transpose()?.unwrap_or(1);
+            pipeline(stages, tp, args.pipeline_schedule, &args.strategy, world_size)?
+        }
         (None, Some(ranks)) => tensor_parallel(ranks, &args.strategy, &config.model, world_size)?,
         (None, None) => {
             let node_size = launched.as_ref().map_or(args.launch.nproc_per_node, |env| env.local_world_size);
@@ -372,12 +376,21 @@ fn strategy(
     }
 }
 
-fn pipeline(stages: usize, schedule: PipelineSchedule, strategy: &str, world_size: usize) -> anyhow::Result<Strategy> {
+fn pipeline(
+    stages: usize,
+    tp: usize,
+    schedule: PipelineSchedule,
+    strategy: &str,
+    world_size: usize,
+) -> anyhow::Result<Strategy> {
     if strategy != "ddp" {
         anyhow::bail!("--pp cuts the model into stages; it does not combine with --strategy {strategy}");
     }
-    let strategy = Strategy::Pipeline { schedule, stages };
-    strategy.mesh(world_size).map_err(|e| anyhow::anyhow!("--pp {stages}: {e}"))?;
+    let strategy = Strategy::Pipeline { schedule, stages, tp };
+    strategy.mesh(world_size).map_err(|e| match tp {
+        1 => anyhow::anyhow!("--pp {stages}: {e}"),
+        _ => anyhow::anyhow!("--pp {stages} --tp {tp}: {e}"),
+    })?;
     Ok(strategy)
 }
 
@@ -385,8 +398,13 @@ fn tensor_parallel(ranks: usize, strategy: &str, model: &GptConfig, world_size: 
     if strategy != "ddp" {
         anyhow::bail!("--tp splits every block across ranks; it does not combine with --strategy {strategy}");
     }
-    let strategy = Strategy::TensorParallel { ranks };
+    let strategy = Strategy::TensorParallel { ranks: check_tensor_split(ranks, model)? };
     strategy.mesh(world_size).map_err(|e| anyhow::anyhow!("--tp {ranks}: {e}"))?;
+    Ok(strategy)
+}
+
+/// `ranks`, when every block of `model` splits evenly across that many tensor-parallel ranks.
+fn check_tensor_split(ranks: usize, model: &GptConfig) -> anyhow::Result<usize> {
     let cut =
         [("heads", model.num_heads), ("key/value heads", model.kv_heads()), ("MLP units", model.intermediate_size)];
     if let Some((what, count)) = cut.iter().find(|(_, count)| !count.is_multiple_of(ranks)) {
@@ -397,7 +415,7 @@ fn tensor_parallel(ranks: usize, strategy: &str, model: &GptConfig, world_size: 
     if model.bias {
         anyhow::bail!("--tp takes a model without biases: a row-parallel layer's bias would be added once per rank");
     }
-    Ok(strategy)
+    Ok(ranks)
 }
 
 fn override_with<T>(slot: &mut T, value: Option<T>) {

@@ -1,0 +1,106 @@
+//! Where a rank's tensor-parallel shards were cut, and what follows from it
+//! for whole-model work: the gradient norm (shards added over the group,
+//! whole parameters once), checkpoints (shards gathered along their cut),
+//! and a rank's part of a whole checkpoint (cut again as
+//! [`TensorParallelBlock::shard`] cuts it).
+
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
+
+use candle_core::{Device, Result, Tensor};
+
+use super::TensorParallelBlock;
+use crate::autograd::{sum_of_squares, Gradients};
+use crate::distributed::{all_reduce_scalar, ProcessGroup, ReduceOp};
+use crate::model::{layer_of, param_specs, GptConfig, ParamStore};
+use crate::train::AdamW;
+
+/// The dimension along which each shard joins the other ranks' into the
+/// whole parameter; the parameters not listed are whole on every rank.
+#[derive(Debug, Clone, Default)]
+pub struct ShardCuts {
+    cut_along: BTreeMap<String, usize>,
+}
+
+impl ShardCuts {
+    /// The cuts of `held`, a rank's parameters under the whole model's
+    /// names: where a shape differs from the whole parameter's.
+    pub fn of(config: &GptConfig, held: &ParamStore) -> Self {
+        let whole_shapes: HashMap<String, Vec<usize>> =
+            param_specs(config).into_iter().map(|spec| (spec.name, spec.shape.dims().to_vec())).collect();
+        let cut_along = held
+            .iter()
+            .filter_map(|(name, var)| {
+                let whole = whole_shapes.get(name)?;
+                let dim = var.dims().iter().zip(whole).position(|(part, whole)| part != whole)?;
+                Some((name.to_string(), dim))
+            })
+            .collect();
+        Self { cut_along }
+    }
+
+    /// The whole of `t`, this rank's part of parameter `name` (or of a
+    /// moment of it): gathered from the group `tp` along the dimension it
+    /// was cut on. Every rank of the group calls it.
+    pub fn whole(&self, tp: &dyn ProcessGroup, name: &str, t: &Tensor) -> Result<Tensor> {
+        match self.cut_along.get(name) {
+            None => Ok(t.clone()),
+            Some(0) => tp.all_gather(t),
+            Some(&dim) => tp.all_gather(&t.transpose(0, dim)?.contiguous()?)?.transpose(0, dim)?.contiguous(),
+        }
+    }
+
+    /// The squared L2 norm of the whole gradient whose parts `grads` this
+    /// rank holds: the shards' squares added over `tp`, the whole
+    /// parameters (the same on every rank of it) counted once.
+    pub fn sum_of_squares(&self, grads: &Gradients, tp: &dyn ProcessGroup, device: &Device) -> Result<f64> {
+        let (shards, whole): (Vec<_>, Vec<_>) = grads.iter().partition(|(name, _)| self.cut_along.contains_key(*name));
+        let shards = sum_of_squares(shards.into_iter().map(|(_, g)| g))?;
+        Ok(sum_of_squares(whole.into_iter().map(|(_, g)| g))? + all_reduce_scalar(tp, shards, ReduceOp::Sum, device)?)
+    }
+}
+
+/// Rank `rank` of `ranks`'s part of each parameter of the whole model
+/// `whole`: the parameters outside the blocks as they are, blocks `layers`
+/// cut as [`TensorParallelBlock::shard`] cuts them.
+pub fn part_of(
+    config: &GptConfig,
+    whole: &ParamStore,
+    layers: Range<usize>,
+    rank: usize,
+    ranks: usize,
+) -> Result<HashMap<String, Tensor>> {
+    let mut part: HashMap<String, Tensor> = whole
+        .iter()
+        .filter(|(name, _)| layer_of(name).is_none())
+        .map(|(n, v)| (n.to_string(), v.as_tensor().clone()))
+        .collect();
+    for layer in layers {
+        let shard = TensorParallelBlock::shard(config, whole, layer, rank, ranks)?;
+        part.extend(shard.params().iter().map(|(n, v)| (n.to_string(), v.as_tensor().clone())));
+    }
+    Ok(part)
+}
+
+/// The part of each AdamW moment in `saved` for the parameters
+/// [`part_of`] cuts, cut as they are; `None` when one is missing.
+pub fn moments_part(
+    config: &GptConfig,
+    saved: &HashMap<String, Tensor>,
+    layers: Range<usize>,
+    rank: usize,
+    ranks: usize,
+) -> Result<Option<HashMap<String, Tensor>>> {
+    let mut part = HashMap::new();
+    for kind in 0..2 {
+        let named = |name: &str| AdamW::moment_names(name)[kind].clone();
+        let mut whole = Vec::new();
+        for spec in param_specs(config) {
+            let Some(moment) = saved.get(&named(&spec.name)) else { return Ok(None) };
+            whole.push((spec.name, moment.clone()));
+        }
+        let cut = part_of(config, &ParamStore::from_tensors(whole)?, layers.clone(), rank, ranks)?;
+        part.extend(cut.into_iter().map(|(name, moment)| (named(&name), moment)));
+    }
+    Ok(Some(part))
+}
