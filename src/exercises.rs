@@ -118,6 +118,10 @@ mod ex25_device_mesh;
 #[cfg_attr(reference = "26", path = "../solutions/phase4_under_the_hood/ex26_data_parallel.rs")]
 mod ex26_data_parallel;
 
+#[cfg_attr(not(reference = "27"), path = "../exercises/phase4_under_the_hood/ex27_sequence_parallel.rs")]
+#[cfg_attr(reference = "27", path = "../solutions/phase4_under_the_hood/ex27_sequence_parallel.rs")]
+mod ex27_sequence_parallel;
+
 /// Phase 1: Model (exercises 1–7).
 pub mod phase1_model {
     pub use super::ex02_rotate_half::rotate_half;
@@ -140,7 +144,7 @@ pub mod phase3_fsdp {
     pub use super::ex14_wrap_policy::wrap_policy;
 }
 
-/// Phase 4: Under the hood (exercises 16–26).
+/// Phase 4: Under the hood (exercises 16–27).
 pub mod phase4_under_the_hood {
     pub use super::ex16_ring_all_reduce::ring_all_reduce;
     pub use super::ex19_overlapped_ddp::overlapped_all_reduce;
@@ -152,6 +156,7 @@ pub mod phase4_under_the_hood {
     pub use super::ex25_device_mesh::axis_group;
     pub use super::ex25_device_mesh::mesh_coords;
     pub use super::ex26_data_parallel::DataParallel;
+    pub use super::ex27_sequence_parallel::sequence_parallel_step;
 }
 
 /// The exercises a runtime calls before their phase: the learner's body once

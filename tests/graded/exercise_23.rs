@@ -22,20 +22,21 @@ use crate::fsdp_runs::as_values;
 use crate::process_ranks::on_processes;
 use crate::support::{cause, every_rank, explain_error, first_scaled_difference, mistake, values};
 
-const TIMEOUT: Duration = Duration::from_secs(20);
-const B: usize = 2;
-const T: usize = 5;
-const HIDDEN: usize = 16;
+pub(crate) const TIMEOUT: Duration = Duration::from_secs(20);
+pub(crate) const B: usize = 2;
+/// Tokens per sequence: even, so that exercise 27 cuts it in two.
+pub(crate) const T: usize = 6;
+pub(crate) const HIDDEN: usize = 16;
 const HEADS: usize = 4;
 const KV_HEADS: usize = 2;
 const HEAD_DIM: usize = HIDDEN / HEADS;
 const INTERMEDIATE: usize = 24;
-const P: &str = "model.layers.0";
+pub(crate) const P: &str = "model.layers.0";
 
-type Grads = BTreeMap<String, Vec<f32>>;
+pub(crate) type Grads = BTreeMap<String, Vec<f32>>;
 
 /// Grouped-query attention: four heads reading two key/value heads.
-fn config() -> GptConfig {
+pub(crate) fn config() -> GptConfig {
     GptConfig {
         vocab_size: 16,
         hidden_size: HIDDEN,
@@ -51,12 +52,12 @@ fn config() -> GptConfig {
     }
 }
 
-fn params() -> ParamStore {
+pub(crate) fn params() -> ParamStore {
     init_params(&config(), 23, &Device::Cpu).unwrap()
 }
 
 /// The block's input and ∂L/∂output, the same on every rank.
-fn batch() -> (Tensor, Tensor) {
+pub(crate) fn batch() -> (Tensor, Tensor) {
     let mut rng = InitRng::from_seed(230);
     let shape = (B, T, HIDDEN).into();
     (rng.normal(&shape, 1.0, &Device::Cpu).unwrap(), rng.normal(&shape, 0.1, &Device::Cpu).unwrap())
@@ -64,17 +65,17 @@ fn batch() -> (Tensor, Tensor) {
 
 /// What a rank ends the step with, or what it should.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-struct Outcome {
-    output: Vec<f32>,
-    grads: Grads,
-    grad_input: Vec<f32>,
+pub(crate) struct Outcome {
+    pub output: Vec<f32>,
+    pub grads: Grads,
+    pub grad_input: Vec<f32>,
 }
 
 /// One process, the whole block: `h = x + attn(norm₁(x))`, `y = h + mlp(norm₂(h))`,
 /// and its backward, the weight gradients cut to rank `rank` of `world`'s
 /// part. With `residual_gradients` false the residual paths carry no
 /// gradient (a mistake's result).
-fn reference(rank: usize, world: usize, residual_gradients: bool) -> Outcome {
+pub(crate) fn reference(rank: usize, world: usize, residual_gradients: bool) -> Outcome {
     let (config, params) = (config(), params());
     let weight = |name: &str| params.tensor(&format!("{P}.{name}.weight")).unwrap();
     let linear = |name: &str| Linear::new(weight(name), None);
@@ -166,7 +167,7 @@ fn run(world: usize) -> Vec<RankRun> {
 
 /// Where `got` first differs from `want`, in the order backward computes:
 /// the output, the MLP's pieces, attention's, then ∂L/∂x.
-fn outcome_difference(got: &Outcome, want: &Outcome) -> Option<String> {
+pub(crate) fn outcome_difference(got: &Outcome, want: &Outcome) -> Option<String> {
     if let Some(d) = first_scaled_difference(&got.output, &want.output) {
         return Some(format!("the block's output: {d}"));
     }
@@ -183,12 +184,12 @@ fn outcome_difference(got: &Outcome, want: &Outcome) -> Option<String> {
     first_scaled_difference(&got.grad_input, &want.grad_input).map(|d| format!("∂L/∂x: {d}"))
 }
 
-fn matches(got: &Outcome, want: &Outcome) -> bool {
+pub(crate) fn matches(got: &Outcome, want: &Outcome) -> bool {
     outcome_difference(got, want).is_none()
 }
 
 /// Whether each norm weight's gradients on the ranks, though wrong, sum to the right one.
-fn norm_gradients_are_parts(got: &[Outcome], want: &Outcome) -> bool {
+pub(crate) fn norm_gradients_are_parts(got: &[Outcome], want: &Outcome) -> bool {
     got.len() > 1
         && ["input_layernorm", "post_attention_layernorm"].iter().any(|piece| {
             let name = format!("{P}.{piece}.weight");

@@ -57,7 +57,7 @@ mod exercise_20;
 mod exercise_21;
 #[cfg(any(not(only_some_tests), tests_of = "22"))]
 mod exercise_22;
-#[cfg(any(not(only_some_tests), tests_of = "23"))]
+#[cfg(any(not(only_some_tests), tests_of = "23", tests_of = "27"))]
 mod exercise_23;
 #[cfg(any(not(only_some_tests), tests_of = "24"))]
 mod exercise_24;
@@ -65,6 +65,8 @@ mod exercise_24;
 mod exercise_25;
 #[cfg(any(not(only_some_tests), tests_of = "26"))]
 mod exercise_26;
+#[cfg(any(not(only_some_tests), tests_of = "27"))]
+mod exercise_27;
 // END exercise modules
 #[cfg(not(only_some_tests))]
 mod data;

@@ -1,4 +1,4 @@
-//! Phase 4's whole-phase checks, run once exercises 16-26 pass: training
+//! Phase 4's whole-phase checks, run once exercises 16-27 pass: training
 //! steps built from your own pieces, every rank a process of its own (the
 //! process backend over TCP, see `process_ranks.rs`), reach the parameters
 //! one process reaches with the runtime's AdamW.

@@ -52,9 +52,16 @@ pub fn exercises_called(options: &RunOptions) -> BTreeMap<u32, &'static str> {
         }
         Strategy::TensorParallel { .. } => {}
     }
-    if matches!(options.strategy, Strategy::TensorParallel { .. } | Strategy::Pipeline { tp: 2.., .. }) {
-        called.insert(20, "--tp (the MLP's split)");
-        called.insert(23, "--tp");
+    match options.strategy {
+        Strategy::TensorParallel { sequence_parallel: true, .. } => {
+            called.insert(20, "--tp (the MLP's split)");
+            called.insert(27, "--sequence-parallel");
+        }
+        Strategy::TensorParallel { .. } | Strategy::Pipeline { tp: 2.., .. } => {
+            called.insert(20, "--tp (the MLP's split)");
+            called.insert(23, "--tp");
+        }
+        _ => {}
     }
     if matches!(options.strategy, Strategy::Pipeline { .. } | Strategy::TensorParallel { .. }) {
         called.insert(25, "the device mesh of --pp and --tp");

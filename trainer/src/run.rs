@@ -218,9 +218,10 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>, 
             drop(params); // each stage keeps only its own parameters
             drive(options, dataset, trainer, device, num_params)
         }
-        Strategy::TensorParallel { .. } => {
+        Strategy::TensorParallel { sequence_parallel, .. } => {
             let mesh = DeviceMesh::new(pg, options.strategy.mesh(options.nproc)?)?;
             let trainer = TensorParallelTrainer::new(&model_config, &params, train_config, mesh, options.bucket_bytes)?;
+            let trainer = if sequence_parallel { trainer.with_sequence_parallel() } else { trainer };
             drop(params); // each rank keeps the root and its own shards
             drive(options, dataset, trainer, device, num_params)
         }
@@ -564,10 +565,14 @@ fn print_plan(options: &RunOptions, dataset: &Dataset, device: &Device, num_para
             );
         }
     }
-    if let Strategy::TensorParallel { ranks } = options.strategy {
+    if let Strategy::TensorParallel { ranks, sequence_parallel } = options.strategy {
         let replicas = options.nproc / ranks;
+        let stepped = match sequence_parallel {
+            true => "your exercise 27, norms and residuals cut along the sequence (--sequence-parallel)",
+            false => "your exercise 23",
+        };
         println!(
-            "tensor parallelism: every block split across {ranks} ranks (heads and MLP units), stepped by your exercise 23; \
+            "tensor parallelism: every block split across {ranks} ranks (heads and MLP units), stepped by {stepped}; \
              embedding and head whole on every rank; {replicas} data-parallel replica(s)"
         );
     }
@@ -680,7 +685,7 @@ mod tests {
         let pipeline = Strategy::Pipeline { schedule: PipelineSchedule::GPipe, stages: 2, tp: 1 };
         let cases = [
             (pipeline, false, false, true),
-            (Strategy::TensorParallel { ranks: 2 }, false, false, true),
+            (Strategy::TensorParallel { ranks: 2, sequence_parallel: false }, false, false, true),
             (Strategy::Ddp, true, false, true),
             (Strategy::Ddp, false, false, false),
             (pipeline, true, true, false),

@@ -18,9 +18,10 @@ pub enum Strategy {
     /// beyond one pipeline are data-parallel replicas of it.
     Pipeline { schedule: PipelineSchedule, stages: usize, tp: usize },
     /// Phase 4: every block split across `ranks` tensor-parallel ranks,
-    /// stepped by exercise 23 (its MLP cut by exercise 20); the ranks beyond
-    /// one group are data-parallel replicas of it.
-    TensorParallel { ranks: usize },
+    /// stepped by exercise 23, or by exercise 27 with the norms and
+    /// residuals cut along the sequence (its MLP cut by exercise 20); the
+    /// ranks beyond one group are data-parallel replicas of it.
+    TensorParallel { ranks: usize, sequence_parallel: bool },
 }
 
 impl Strategy {
@@ -29,7 +30,7 @@ impl Strategy {
     pub fn mesh(self, nproc: usize) -> candle_core::Result<MeshShape> {
         match self {
             Strategy::Pipeline { stages, tp, .. } => MeshShape::new(nproc, None, Some(stages), Some(tp)),
-            Strategy::TensorParallel { ranks } => MeshShape::new(nproc, None, None, Some(ranks)),
+            Strategy::TensorParallel { ranks, .. } => MeshShape::new(nproc, None, None, Some(ranks)),
             Strategy::Ddp | Strategy::Fsdp(_) => Ok(MeshShape::data_parallel(nproc)),
         }
     }

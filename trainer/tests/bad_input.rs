@@ -103,6 +103,14 @@ fn flags_that_do_not_apply_are_refused() {
         train(&dir, &["--dataset", "dummy", "--ddp-overlap", "--strategy", "fsdp"]),
         "--ddp-overlap applies to --strategy ddp only",
     );
+    let mut odd_sequences = Command::new(env!("CARGO_BIN_EXE_train"));
+    odd_sequences.args(["--seq-len", "33", "--dataset", "dummy", "--tp", "2", "--nproc", "2", "--sequence-parallel"]);
+    odd_sequences.arg("--checkpoint-dir").arg(&dir);
+    refused(
+        odd_sequences,
+        "--sequence-parallel cuts each sequence of 33 tokens into 2 chunks, one per tensor-parallel rank: use a \
+         --seq-len that 2 divides",
+    );
 }
 
 /// An elastic job's node range must make sense, and its batch must divide

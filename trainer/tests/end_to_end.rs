@@ -280,7 +280,7 @@ fn tensor_parallel_runs_train_as_one_process_and_their_checkpoints_move_between_
         let summary = train(&options).unwrap();
         (dir, summary)
     };
-    let tp2 = Strategy::TensorParallel { ranks: 2 };
+    let tp2 = Strategy::TensorParallel { ranks: 2, sequence_parallel: false };
     let (one_dir, one) = run("tp-one-process", 5, 1, Strategy::Ddp, None);
     for nproc in [2, 4] {
         let (dir, summary) = run(&format!("tp-on-{nproc}"), 3, nproc, tp2, None);
@@ -343,4 +343,32 @@ fn a_pipeline_of_tensor_parallel_stages_trains_as_one_process_and_its_checkpoint
         &checkpoint_params(&one_dir, 5),
         "pp 2 × tp 2 resuming one process",
     );
+}
+
+/// `--tp 2 --sequence-parallel` on 2 ranks and on 4 (dp 2 × tp 2) takes the
+/// steps one process takes, and its checkpoint resumes on one process.
+#[test]
+fn sequence_parallel_runs_train_as_one_process() {
+    let run = |name: &str, steps: usize, nproc: usize, strategy: Strategy, resume: Option<PathBuf>| {
+        let dir = scratch(name);
+        let mut options = options(dir.clone(), steps, nproc);
+        options.config.grad_accum_steps = 2;
+        options.checkpoint_every = 3;
+        options.strategy = strategy;
+        options.resume = resume.map(|from| checkpoints::step_dir(&from, 3));
+        train(&options).unwrap();
+        dir
+    };
+    let sp2 = Strategy::TensorParallel { ranks: 2, sequence_parallel: true };
+    let one_dir = run("sp-one-process", 5, 1, Strategy::Ddp, None);
+    for nproc in [2, 4] {
+        let dir = run(&format!("sp-on-{nproc}"), 3, nproc, sp2, None);
+        let what = format!("tp 2 with sequence parallelism on {nproc} ranks, step 3");
+        expect_same_params(&checkpoint_params(&dir, 3), &checkpoint_params(&one_dir, 3), &what);
+        if nproc == 4 {
+            let resumed = run("sp-resumed-by-one", 5, 1, Strategy::Ddp, Some(dir));
+            let what = "one process resuming tp 2 with sequence parallelism";
+            expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(&one_dir, 5), what);
+        }
+    }
 }

@@ -23,9 +23,9 @@ use candle_nn::Embedding;
 use crate::autograd::{accumulate, vjp, Gradients};
 use crate::distributed::ProcessGroup;
 use crate::model::{layer_of, Block, GptConfig, Linear, ParamStore, RmsNorm, RotaryCache, Weights};
-use crate::parallel::tensor::TensorParallelBlock;
+use crate::parallel::tensor::{backward_through, forward_through, BlockStep, TensorParallelBlock};
 use crate::phase1_model::next_token_loss;
-use crate::phase4_under_the_hood::{gpipe_step, one_f_one_b_step, tensor_parallel_step};
+use crate::phase4_under_the_hood::{gpipe_step, one_f_one_b_step};
 use crate::timeline;
 
 mod trainer;
@@ -322,7 +322,7 @@ impl PipelineStage {
             }
             StageBlocks::Split(split) => split,
         };
-        let (block_inputs, h) = split.forward(&x)?;
+        let (block_inputs, h) = forward_through(split.tp.as_ref(), &split.blocks, BlockStep::TensorParallel, &x)?;
         let (output, top) = match &self.head {
             Some(_) => {
                 let top = Var::from_tensor(&h)?;
@@ -394,7 +394,10 @@ impl PipelineStage {
             }
             None => (empty_grad_store()?, grad_output),
         };
-        let grad_input = split.backward(&kept.block_inputs, grad, &self.params, &mut store)?;
+        let (tp, blocks) = (split.tp.as_ref(), &split.blocks);
+        let grad_input = backward_through(tp, blocks, BlockStep::TensorParallel, &kept.block_inputs, grad, |grads| {
+            grads.iter().try_for_each(|(name, g)| accumulate(&mut store, self.params.get(name)?.as_tensor(), g.clone()))
+        })?;
         match self.is_first() {
             // The embedding's graph takes the gradient on to its weight.
             true => store.extend(vjp(&kept.input, &grad_input)?)?,
@@ -415,35 +418,6 @@ impl PipelineStage {
 
     fn record(&self, op: StageOp) {
         self.schedule.lock().unwrap_or_else(PoisonError::into_inner).push(op);
-    }
-}
-
-impl SplitBlocks {
-    /// `x` through every block (each exercise 23's step with a zero
-    /// gradient, for its output): each block's input, and the last output.
-    fn forward(&self, x: &Tensor) -> Result<(Vec<Tensor>, Tensor)> {
-        let mut inputs = Vec::with_capacity(self.blocks.len());
-        let mut h = x.detach();
-        for block in &self.blocks {
-            let output = tensor_parallel_step(self.tp.as_ref(), block, &h, &h.zeros_like()?)?.output;
-            inputs.push(std::mem::replace(&mut h, output));
-        }
-        Ok((inputs, h))
-    }
-
-    /// Every block again, last first, from `grad` (∂L/∂ the last output):
-    /// each block's parameter gradients go into `store` (as `params`' variables
-    /// hold them); returns ∂L/∂ the first block's input.
-    fn backward(&self, inputs: &[Tensor], grad: Tensor, params: &ParamStore, store: &mut GradStore) -> Result<Tensor> {
-        let mut grad = grad;
-        for (block, input) in self.blocks.iter().zip(inputs).rev() {
-            let step = tensor_parallel_step(self.tp.as_ref(), block, input, &grad)?;
-            for (name, g) in step.grads.iter() {
-                accumulate(store, params.get(name)?.as_tensor(), g.clone())?;
-            }
-            grad = step.grad_input;
-        }
-        Ok(grad)
     }
 }
 

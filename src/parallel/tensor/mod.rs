@@ -9,9 +9,11 @@
 
 mod sequence;
 mod shards;
+mod stepping;
 mod trainer;
 pub use sequence::{gather_sequence, scatter_sequence};
 pub use shards::{moments_part, part_of, ShardCuts};
+pub use stepping::{backward_through, forward_through, BlockStep};
 pub use trainer::TensorParallelTrainer;
 
 use candle_core::{bail, Module, Result, Tensor};

@@ -24,14 +24,16 @@ use std::path::Path;
 
 use candle_core::{bail, Device, Module, Result, Tensor, Var};
 
-use super::{moments_part, part_of, ShardCuts, TensorParallelBlock};
+use super::{
+    backward_through, forward_through, gather_sequence, moments_part, part_of, BlockStep, ShardCuts,
+    TensorParallelBlock,
+};
 use crate::autograd::{clip_factor, vjp, Gradients};
 use crate::distributed::{DeviceMesh, ProcessGroup};
 use crate::model::{layer_of, GptConfig, Outer, ParamStore};
 use crate::parallel::ddp::average_in_buckets;
 use crate::phase1_model::next_token_loss;
 use crate::phase2_training::param_groups;
-use crate::phase4_under_the_hood::tensor_parallel_step;
 use crate::train::{
     AdamW, Checkpoint, DataPosition, ParamGroup, StepCounters, StepStats, Train, TrainConfig, TrainerState,
 };
@@ -45,6 +47,8 @@ pub struct TensorParallelTrainer {
     /// The root's parameters and this rank's shards, under the whole model's names.
     params: ParamStore,
     cuts: ShardCuts,
+    /// Exercise 23, or 27 under sequence parallelism.
+    block_step: BlockStep,
     optimizer: AdamW,
     config: TrainConfig,
     mesh: DeviceMesh,
@@ -94,6 +98,7 @@ impl TensorParallelTrainer {
             root,
             params: held,
             cuts,
+            block_step: BlockStep::default(),
             optimizer,
             config,
             mesh,
@@ -108,38 +113,64 @@ impl TensorParallelTrainer {
         &self.params
     }
 
+    /// Steps every block with exercise 27 instead of 23: outside the split
+    /// matrices each rank keeps its chunk of the tokens, cut from the
+    /// embedding's output and gathered again before the final norm.
+    pub fn with_sequence_parallel(mut self) -> Self {
+        self.block_step = BlockStep::SequenceParallel;
+        self
+    }
+
     /// The loss of one micro-batch of `tokens`, with the gradients of this
     /// rank's parameters for it added to `grads`.
     fn micro_batch(&self, tokens: &Tensor, grads: &mut Gradients) -> Result<f64> {
         let tp = self.mesh.tp();
         let embedded = self.outer.embed_tokens.forward(tokens)?;
-        let (inputs, h) = self.through_blocks(&embedded)?;
-        let top = Var::from_tensor(&h.detach())?;
+        let (inputs, top) = self.through_blocks(&embedded)?;
+        let top = Var::from_tensor(&top)?;
         let logits = self.outer.lm_head.forward(&self.outer.norm.forward(top.as_tensor())?)?;
         let loss = next_token_loss(&logits, tokens)?;
         let head = loss.backward()?;
         grads.accumulate(&Gradients::from_store(&self.root, &head)?)?;
-        let Some(mut grad) = head.get(top.as_tensor()).cloned() else { bail!("the loss did not read the blocks") };
-        for (block, input) in self.blocks.iter().zip(&inputs).rev() {
-            let step = tensor_parallel_step(tp, block, input, &grad)?;
-            grads.accumulate(&step.grads)?;
-            grad = step.grad_input;
-        }
+        let Some(grad) = head.get(top.as_tensor()) else { bail!("the loss did not read the blocks") };
+        let grad = self.own_tokens(grad)?;
+        let grad = backward_through(tp, &self.blocks, self.block_step, &inputs, grad, |g| grads.accumulate(g))?;
+        let grad = self.all_tokens(&grad)?;
         grads.accumulate(&Gradients::from_store(&self.root, &vjp(&embedded, &grad)?)?)?;
         Ok(loss.to_scalar::<f32>()? as f64)
     }
 
     /// `embedded` (B, T, C) through every block, split over the group: each
-    /// block's input, and the last block's output.
+    /// block's input, and the last block's output, (B, T, C) on every rank.
     fn through_blocks(&self, embedded: &Tensor) -> Result<(Vec<Tensor>, Tensor)> {
-        let tp = self.mesh.tp();
-        let mut inputs = Vec::with_capacity(self.blocks.len());
-        let mut h = embedded.detach();
-        for block in &self.blocks {
-            let output = tensor_parallel_step(tp, block, &h, &h.zeros_like()?)?.output;
-            inputs.push(std::mem::replace(&mut h, output));
+        let x = self.own_tokens(&embedded.detach())?;
+        let (inputs, top) = forward_through(self.mesh.tp(), &self.blocks, self.block_step, &x)?;
+        Ok((inputs, self.all_tokens(&top)?))
+    }
+
+    /// This rank's chunk of the tokens of `t`, (B, T, C), under sequence
+    /// parallelism; `t` itself otherwise.
+    fn own_tokens(&self, t: &Tensor) -> Result<Tensor> {
+        if self.block_step != BlockStep::SequenceParallel {
+            return Ok(t.clone());
         }
-        Ok((inputs, h))
+        let (tp, seq_len) = (self.mesh.tp(), t.dim(1)?);
+        let (rank, ranks) = (tp.rank(), tp.world_size());
+        if !seq_len.is_multiple_of(ranks) {
+            bail!(
+                "--sequence-parallel cuts each sequence into {ranks} chunks, one per tensor-parallel rank, and \
+                 {seq_len} tokens do not split into {ranks}: use a --seq-len that {ranks} divides"
+            );
+        }
+        t.narrow(1, rank * seq_len / ranks, seq_len / ranks)
+    }
+
+    /// Every rank's chunk put together under sequence parallelism; `t` itself otherwise.
+    fn all_tokens(&self, t: &Tensor) -> Result<Tensor> {
+        match self.block_step {
+            BlockStep::SequenceParallel => gather_sequence(self.mesh.tp(), t),
+            BlockStep::TensorParallel => Ok(t.clone()),
+        }
     }
 }
 
@@ -232,7 +263,11 @@ impl Train for TensorParallelTrainer {
 
     fn layout(&self) -> String {
         let (ranks, replicas) = (self.mesh.shape().tp, self.mesh.shape().dp);
-        let split = format!("every block split across {ranks} tensor-parallel ranks, the root whole on each");
+        let sequence = match self.block_step {
+            BlockStep::SequenceParallel => " (norms and residuals cut along the sequence)",
+            BlockStep::TensorParallel => "",
+        };
+        let split = format!("every block split across {ranks} tensor-parallel ranks{sequence}, the root whole on each");
         match replicas {
             1 => split,
             _ => format!("{split}, in {replicas} data-parallel replicas"),

@@ -245,7 +245,7 @@ fn strategy(args: &Args) -> Strategy {
         (Some(schedule), tp) => {
             Strategy::Pipeline { schedule, stages: args.stages.unwrap_or(args.nproc), tp: tp.unwrap_or(1) }
         }
-        (None, Some(ranks)) => Strategy::TensorParallel { ranks },
+        (None, Some(ranks)) => Strategy::TensorParallel { ranks, sequence_parallel: false },
         (None, None) => Strategy::Ddp,
     }
 }
@@ -262,7 +262,7 @@ fn parallelism(args: &Args) -> String {
         Strategy::Pipeline { schedule, stages, tp } => {
             format!("a {schedule} pipeline of {stages} stages split {tp} ways{}", replicas(stages * tp))
         }
-        Strategy::TensorParallel { ranks } => format!("tensor parallelism over {ranks} ranks{}", replicas(ranks)),
+        Strategy::TensorParallel { ranks, .. } => format!("tensor parallelism over {ranks} ranks{}", replicas(ranks)),
         _ => "DDP".to_string(),
     }
 }

@@ -131,6 +131,11 @@ struct Args {
         conflicts_with_all = ["sharding", "precision", "powersgd_rank", "ddp_overlap", "activation_checkpointing"]
     )]
     tensor_parallel: Option<usize>,
+    /// With --tp: cut the norms and residuals of every block along the
+    /// sequence, each tensor-parallel rank keeping its chunk of the tokens,
+    /// stepped by your exercise 27 (Megatron's sequence parallelism).
+    #[arg(long, requires = "tensor_parallel", conflicts_with = "pipeline_stages")]
+    sequence_parallel: bool,
     /// Data-parallel replicas: inferred as --nproc / (pp · tp); given, it is
     /// checked against that, so that a job laid out by hand fails before it starts.
     #[arg(long = "dp", value_name = "D")]
@@ -252,7 +257,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             let tp = tp.map(|ranks| check_tensor_split(ranks, &config.model)).transpose()?.unwrap_or(1);
             pipeline(stages, tp, args.pipeline_schedule, &args.strategy, world_size)?
         }
-        (None, Some(ranks)) => tensor_parallel(ranks, &args.strategy, &config.model, world_size)?,
+        (None, Some(ranks)) => tensor_parallel(ranks, args.sequence_parallel, &args.strategy, &config, world_size)?,
         (None, None) => {
             let node_size = launched.as_ref().map_or(args.launch.nproc_per_node, |env| env.local_world_size);
             let (sharding, precision) = (args.sharding.as_deref(), args.precision.as_deref());
@@ -394,11 +399,25 @@ fn pipeline(
     Ok(strategy)
 }
 
-fn tensor_parallel(ranks: usize, strategy: &str, model: &GptConfig, world_size: usize) -> anyhow::Result<Strategy> {
+fn tensor_parallel(
+    ranks: usize,
+    sequence_parallel: bool,
+    strategy: &str,
+    config: &RunConfig,
+    world_size: usize,
+) -> anyhow::Result<Strategy> {
     if strategy != "ddp" {
         anyhow::bail!("--tp splits every block across ranks; it does not combine with --strategy {strategy}");
     }
-    let strategy = Strategy::TensorParallel { ranks: check_tensor_split(ranks, model)? };
+    if sequence_parallel && !config.seq_len.is_multiple_of(ranks) {
+        anyhow::bail!(
+            "--sequence-parallel cuts each sequence of {} tokens into {ranks} chunks, one per tensor-parallel rank: \
+             use a --seq-len that {ranks} divides",
+            config.seq_len
+        );
+    }
+    let ranks = check_tensor_split(ranks, &config.model)?;
+    let strategy = Strategy::TensorParallel { ranks, sequence_parallel };
     strategy.mesh(world_size).map_err(|e| anyhow::anyhow!("--tp {ranks}: {e}"))?;
     Ok(strategy)
 }

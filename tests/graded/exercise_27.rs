@@ -1,0 +1,166 @@
+//! Exercise 27: sequence parallelism. The expected values are one process's,
+//! as for exercise 23: the whole block, built from its modules, forward and
+//! backward, its output and ∂L/∂x cut to each rank's tokens, the weight
+//! gradients to its shards (the norms whole). The process group counts each
+//! collective's calls and bytes; a wrong result is compared with what each
+//! typical mistake gives.
+
+use candle_core::{Result, Tensor};
+use rstest::rstest;
+use workbook::distributed::{spawn_with_timeout, Collective, ProcessGroup};
+use workbook::parallel::tensor::TensorParallelBlock;
+use workbook::phase4_under_the_hood::sequence_parallel_step;
+
+use crate::exercise_23::{
+    batch, config, matches, norm_gradients_are_parts, outcome_difference, params, reference, Outcome, B, HIDDEN, P, T,
+    TIMEOUT,
+};
+use crate::fsdp_runs::as_values;
+use crate::process_ranks::on_processes;
+use crate::support::{cause, every_rank, explain_error, first_scaled_difference, mistake, values};
+
+const NORMS: [&str; 2] = ["input_layernorm", "post_attention_layernorm"];
+
+/// Rank `rank` of `world`'s tokens of a (B, T, C) tensor's values.
+fn tokens_of(whole: &[f32], rank: usize, world: usize) -> Vec<f32> {
+    let per_rank = T / world * HIDDEN;
+    whole.chunks(T * HIDDEN).flat_map(|sequence| sequence[rank * per_rank..(rank + 1) * per_rank].to_vec()).collect()
+}
+
+/// What rank `rank` of `world` should end with: one process's step, its
+/// output and ∂L/∂x cut to the rank's tokens. With `residual_gradients`
+/// false, a mistake's result.
+fn expected(rank: usize, world: usize, residual_gradients: bool) -> Outcome {
+    let whole = reference(rank, world, residual_gradients);
+    Outcome {
+        output: tokens_of(&whole.output, rank, world),
+        grads: whole.grads,
+        grad_input: tokens_of(&whole.grad_input, rank, world),
+    }
+}
+
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct RankRun {
+    step: std::result::Result<Outcome, String>,
+    all_gathers: u64,
+    reduce_scatters: u64,
+    all_reduce_bytes: u64,
+    /// Calls of any other collective.
+    others: u64,
+}
+
+fn rank_run(pg: Box<dyn ProcessGroup>) -> Result<RankRun> {
+    let (rank, world) = (pg.rank(), pg.world_size());
+    let block = TensorParallelBlock::shard(&config(), &params(), 0, rank, world)?;
+    let (x, grad_output) = batch();
+    let own = |t: &Tensor| t.narrow(1, rank * T / world, T / world);
+    let before = pg.stats();
+    let step = sequence_parallel_step(pg.as_ref(), &block, &own(&x)?, &own(&grad_output)?).map(|s| Outcome {
+        output: values(&s.output),
+        grads: as_values(s.grads.iter()),
+        grad_input: values(&s.grad_input),
+    });
+    let used = pg.stats().since(&before);
+    let counted = [Collective::AllGather, Collective::ReduceScatter, Collective::AllReduce];
+    let others = Collective::ALL.iter().filter(|c| !counted.contains(c)).map(|&c| used.calls(c)).sum();
+    Ok(RankRun {
+        step: step.map_err(|e| explain_error(&e)),
+        all_gathers: used.calls(Collective::AllGather),
+        reduce_scatters: used.calls(Collective::ReduceScatter),
+        all_reduce_bytes: used.bytes(Collective::AllReduce),
+        others,
+    })
+}
+
+fn steps(runs: &[RankRun]) -> Vec<Outcome> {
+    every_rank(runs.iter().map(|run| &run.step), "sequence_parallel_step", "rank")
+}
+
+fn run(world: usize) -> Vec<RankRun> {
+    spawn_with_timeout(world, TIMEOUT, |pg| rank_run(Box::new(pg)))
+        .unwrap_or_else(|e| panic!("the sequence-parallel step on {world} rank(s) failed: {}", explain_error(&e)))
+}
+
+/// Whether every norm weight's gradient on every rank is the right one divided by `world`.
+fn norm_gradients_divided(got: &[Outcome], want: &Outcome, world: usize) -> bool {
+    world > 1
+        && got.iter().all(|outcome| {
+            NORMS.iter().all(|piece| {
+                let name = format!("{P}.{piece}.weight");
+                let divided: Vec<f32> = want.grads[&name].iter().map(|g| g / world as f32).collect();
+                first_scaled_difference(&outcome.grads[&name], &divided).is_none()
+            })
+        })
+}
+
+/// Whether `got` is right but for the norms' weight gradients.
+fn right_but_the_norms(got: &Outcome, want: &Outcome) -> bool {
+    let mut with_norms = got.clone();
+    for piece in NORMS {
+        let name = format!("{P}.{piece}.weight");
+        with_norms.grads.insert(name.clone(), want.grads[&name].clone());
+    }
+    matches(&with_norms, want)
+}
+
+#[rstest]
+fn every_rank_gets_its_tokens_of_the_output_whole_norm_gradients_and_its_tokens_of_the_input_gradient(
+    #[values(1, 2)] world: usize,
+) {
+    let runs = run(world);
+    let got = steps(&runs);
+    for (rank, outcome) in got.iter().enumerate() {
+        let want = expected(rank, world, true);
+        let Some(difference) = outcome_difference(outcome, &want) else { continue };
+        let why = if !right_but_the_norms(outcome, &want) {
+            matches(outcome, &expected(rank, world, false)).then(|| mistake(27, "residual_gradient_dropped"))
+        } else if norm_gradients_divided(&got, &want, world) {
+            Some(mistake(27, "norm_gradient_averaged"))
+        } else if norm_gradients_are_parts(&got, &want) {
+            Some(mistake(27, "norm_gradient_from_own_tokens"))
+        } else {
+            None
+        };
+        panic!(
+            "rank {rank} of {world} (tokens {} to {}): {difference}{}",
+            rank * T / world,
+            (rank + 1) * T / world - 1,
+            cause(why)
+        );
+    }
+}
+
+#[test]
+fn a_step_gathers_and_scatters_the_activations_and_all_reduces_only_the_norm_gradients() {
+    let world = 2;
+    let runs = run(world);
+    steps(&runs);
+    let norm_bytes = (NORMS.len() * HIDDEN * 4) as u64;
+    let activation_bytes = (B * T * HIDDEN * 4) as u64;
+    for (rank, run) in runs.iter().enumerate() {
+        let why = (run.all_reduce_bytes >= activation_bytes && run.reduce_scatters < 4)
+            .then(|| mistake(27, "all_reduce_for_activations"));
+        assert!(
+            run.all_gathers == 4 && run.reduce_scatters == 4 && run.all_reduce_bytes <= norm_bytes && run.others == 0,
+            "rank {rank} of {world} issued {} all-gather(s), {} reduce-scatter(s), all-reduces of {} bytes and {} \
+             other collective(s); a block whose norms and residuals keep only this rank's tokens needs one all-gather \
+             and one reduce-scatter per sublayer in forward and again in backward (4 of each), and all-reduces of \
+             nothing but the norms' weight gradients ({norm_bytes} bytes){}",
+            run.all_gathers,
+            run.reduce_scatters,
+            run.all_reduce_bytes,
+            run.others,
+            cause(why)
+        );
+    }
+}
+
+/// Each rank a process, the activations and gradients exchanged over TCP.
+#[test]
+fn it_runs_across_processes_over_tcp() {
+    let runs: Vec<RankRun> = on_processes(2, |pg| rank_run(Box::new(pg)));
+    for (rank, outcome) in steps(&runs).iter().enumerate() {
+        let difference = outcome_difference(outcome, &expected(rank, 2, true));
+        assert!(difference.is_none(), "rank {rank}'s process: {}", difference.unwrap());
+    }
+}
