@@ -78,6 +78,7 @@ mod env;
 pub mod launch;
 #[cfg(feature = "nccl")]
 mod nccl;
+mod overridden;
 mod own_ring;
 mod p2p_trace;
 mod process_group;
@@ -97,7 +98,8 @@ pub use env::{init_from_env, DistEnv};
 pub use launch::{launch, relaunch_self, LaunchConfig};
 #[cfg(feature = "nccl")]
 pub use nccl::NcclProcessGroup;
-pub use own_ring::{AllReduceOverride, OwnRing, WithAllReduce};
+pub use overridden::{CollectiveOverride, WithOverride};
+pub use own_ring::OwnRing;
 pub use p2p_trace::{P2pRecorder, P2pTrace};
 pub use process_group::{all_reduce_scalar, while_busy, ProcessGroup, Properties};
 pub use reduce_op::ReduceOp;

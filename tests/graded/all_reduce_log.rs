@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use candle_core::{Result, Tensor};
-use workbook::distributed::{AllReduceOverride, ProcessGroup, ReduceOp, Work};
+use workbook::distributed::{CollectiveOverride, ProcessGroup, ReduceOp, Work};
 
 /// What the log saw, in order. `progress` is the caller's count at that
 /// moment (e.g. the gradients backward had handed over).
@@ -17,7 +17,7 @@ pub enum Event {
     Waited { progress: u64 },
 }
 
-/// Wraps a process group (through `WithAllReduce`) and logs its all-reduces.
+/// Wraps a process group (through `WithOverride`) and logs its all-reduces.
 #[derive(Clone)]
 pub struct AllReduceLog {
     progress: Arc<dyn Fn() -> u64 + Send + Sync>,
@@ -48,7 +48,7 @@ impl AllReduceLog {
     }
 }
 
-impl AllReduceOverride for AllReduceLog {
+impl CollectiveOverride for AllReduceLog {
     fn all_reduce(&self, inner: &dyn ProcessGroup, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
         self.started(t, true);
         inner.all_reduce(t, op)

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use candle_core::{Device, Result, Tensor};
-use workbook::distributed::{spawn_with_timeout, CpuProcessGroup, ProcessGroup, WithAllReduce};
+use workbook::distributed::{spawn_with_timeout, CpuProcessGroup, ProcessGroup, WithOverride};
 use workbook::phase4_under_the_hood::overlapped_all_reduce;
 
 use crate::all_reduce_log::{started_in, waits, AllReduceLog, Event};
@@ -42,7 +42,7 @@ fn backward_and_sync(pg: Box<dyn ProcessGroup>) -> Result<RankRun> {
     let produced = Arc::new(AtomicUsize::new(0));
     let counted = Arc::clone(&produced);
     let log = AllReduceLog::new(move || counted.load(Ordering::SeqCst) as u64);
-    let logged = WithAllReduce::new(pg, log.clone());
+    let logged = WithOverride::new(pg, log.clone());
     let backward = (0..SIZES.len()).map(|i| {
         produced.fetch_add(1, Ordering::SeqCst);
         let shape = if SIZES[i].is_multiple_of(2) { vec![2, SIZES[i] / 2] } else { vec![SIZES[i]] };

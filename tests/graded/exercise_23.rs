@@ -12,7 +12,7 @@ use std::time::Duration;
 use candle_core::{Device, Module, Result, Tensor, Var};
 use rstest::rstest;
 use workbook::autograd::vjp;
-use workbook::distributed::{spawn_with_timeout, AllReduceOverride, Collective, ProcessGroup, ReduceOp, WithAllReduce};
+use workbook::distributed::{spawn_with_timeout, Collective, CollectiveOverride, ProcessGroup, ReduceOp, WithOverride};
 use workbook::model::{Linear, Weights};
 use workbook::parallel::tensor::TensorParallelBlock;
 use workbook::phase4_under_the_hood::tensor_parallel_step;
@@ -123,7 +123,7 @@ fn part_of(name: &str, rank: usize, world: usize, whole: &Tensor) -> Tensor {
 #[derive(Clone)]
 struct Recorder(Arc<Mutex<Vec<String>>>);
 
-impl AllReduceOverride for Recorder {
+impl CollectiveOverride for Recorder {
     fn all_reduce(&self, inner: &dyn ProcessGroup, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
         self.0.lock().unwrap().push(format!("{op:?}"));
         inner.all_reduce(t, op)
@@ -143,7 +143,7 @@ fn rank_run(pg: Box<dyn ProcessGroup>) -> Result<RankRun> {
     let block = TensorParallelBlock::shard(&config(), &params(), 0, pg.rank(), pg.world_size())?;
     let (x, grad_output) = batch();
     let ops = Arc::new(Mutex::new(vec![]));
-    let pg = WithAllReduce::new(pg, Recorder(Arc::clone(&ops)));
+    let pg = WithOverride::new(pg, Recorder(Arc::clone(&ops)));
     let before = pg.stats();
     let step = tensor_parallel_step(&pg, &block, &x, &grad_output).map(|s| Outcome {
         output: values(&s.output),

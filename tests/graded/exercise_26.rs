@@ -12,7 +12,7 @@ use std::time::Duration;
 use candle_core::{Device, Result, Tensor};
 use rstest::rstest;
 use workbook::autograd::Gradients;
-use workbook::distributed::{spawn_with_timeout, CpuProcessGroup, ProcessGroup, WithAllReduce};
+use workbook::distributed::{spawn_with_timeout, CpuProcessGroup, ProcessGroup, WithOverride};
 use workbook::model::gradients_handed_over;
 use workbook::phase4_under_the_hood::DataParallel;
 use workbook::{init_params, Gpt, GptConfig, ParamStore};
@@ -84,7 +84,7 @@ fn step(pg: Box<dyn ProcessGroup>) -> Result<RankRun> {
     let began = Arc::new(AtomicU64::new(0));
     let since = Arc::clone(&began);
     let log = AllReduceLog::new(move || gradients_handed_over() - since.load(Ordering::SeqCst));
-    let pg = WithAllReduce::new(pg, log.clone());
+    let pg = WithOverride::new(pg, log.clone());
     let mut ddp = DataParallel::new(&config(), initial(rank), Box::new(pg), CAP)?;
     let mut losses = vec![];
     for m in 0..MICRO_BATCHES {

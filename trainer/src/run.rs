@@ -58,6 +58,8 @@ pub struct RunOptions {
     pub powersgd_rank: Option<usize>,
     /// Under DDP, all-reduce buckets during backward (exercise 19).
     pub ddp_overlap: bool,
+    /// Under FSDP, gather the next unit while one computes.
+    pub prefetch: bool,
     /// Under DDP, the most bytes of gradients one all-reduce carries.
     pub bucket_bytes: usize,
     /// Record a timeline of every rank's steps and communication into
@@ -209,6 +211,7 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>, 
         }
         Strategy::Fsdp(fsdp) => {
             let trainer = FsdpTrainer::new(&model_config, params, train_config, fsdp, pg)?;
+            let trainer = if options.prefetch { trainer.with_prefetch() } else { trainer };
             drive(options, dataset, trainer, device, num_params)
         }
         Strategy::Pipeline { schedule, .. } => {
@@ -541,6 +544,9 @@ fn print_plan(options: &RunOptions, dataset: &Dataset, device: &Device, num_para
     if options.ddp_overlap {
         println!("gradients: buckets all-reduced during backward, your exercise 19 (--ddp-overlap)");
     }
+    if options.prefetch {
+        println!("parameters: each unit's all-gather starts while the unit before it computes (--prefetch)");
+    }
     if let Strategy::Pipeline { schedule, stages, tp } = options.strategy {
         let micro_batches = c.grad_accum_steps;
         let layers: Vec<String> = (0..stages)
@@ -670,6 +676,7 @@ mod tests {
             own_ring,
             powersgd_rank: None,
             ddp_overlap: false,
+            prefetch: false,
             bucket_bytes: 1,
             unverified_nccl,
             trace: false,

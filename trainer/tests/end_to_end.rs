@@ -48,6 +48,7 @@ fn options(out_dir: PathBuf, max_steps: usize, nproc: usize) -> RunOptions {
         own_ring: false,
         powersgd_rank: None,
         ddp_overlap: false,
+        prefetch: false,
         bucket_bytes: workbook::parallel::ddp::DEFAULT_BUCKET_BYTES,
         unverified_nccl: false,
         trace: false,

@@ -245,6 +245,49 @@ fn a_traced_run_leaves_one_timeline_of_every_rank() {
     assert!(!dir.join("trace-rank1.json").exists(), "the per-rank parts are merged and removed");
 }
 
+/// `--prefetch` on two processes, whose collectives run on the TCP backend's
+/// communication thread: the same collectives in another order (each block's
+/// all-gather leaves before the block before it has reduce-scattered its
+/// gradient), two blocks gathered at once instead of one, and the weights of
+/// the run without it, to the bit.
+#[test]
+fn fsdp_prefetching_reorders_the_gathers_and_changes_no_weight() {
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let run = |name: &str, extra: &[&str]| {
+        let dir = scratch(name);
+        let flags = [&["--nproc", "2", "--strategy", "fsdp", "--trace"], extra].concat();
+        let output = succeed(&mut train(&dir, 3, &flags));
+        let trace: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("trace.json")).expect("trace.json")).unwrap();
+        let mut comm: Vec<(f64, String)> = trace["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["pid"] == 0 && e["cat"] == "comm" && e["ph"] == "X")
+            .filter(|e| !e["name"].as_str().unwrap().starts_with("busy"))
+            .map(|e| (e["ts"].as_f64().unwrap(), e["name"].as_str().unwrap().split(" #").next().unwrap().to_string()))
+            .collect();
+        comm.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let peak = String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .find_map(|l| l.split("gathered units, peak").nth(1).map(|v| v.trim().parse::<f64>().unwrap()))
+            .expect("the ledger's gathered peak");
+        (final_weights(&dir, 3), comm.into_iter().map(|(_, name)| name).collect::<Vec<_>>(), peak)
+    };
+    let (plain_weights, plain_order, plain_peak) = run("no-prefetch", &[]);
+    let (weights, order, peak) = run("prefetch", &["--prefetch"]);
+    assert!(weights == plain_weights, "prefetching changed the weights");
+    let sorted = |names: &[String]| {
+        let mut names = names.to_vec();
+        names.sort();
+        names
+    };
+    assert_eq!(sorted(&order), sorted(&plain_order), "prefetching must issue the same collectives");
+    assert_ne!(order, plain_order, "prefetching left the collectives in the order of the run without it");
+    // The tiny config's root unit is 0.25 MiB and a block's 0.77: one block more is whole at once.
+    assert!((peak - plain_peak - 0.77).abs() < 0.02, "gathered peak {peak} MiB with prefetching, {plain_peak} without");
+}
+
 /// `--max-restarts`: when a rank fails, the launcher starts every rank again
 /// as the job's next round, while restarts are left; each rank learns its
 /// round, and the last failure's code ends the job once none are left.

@@ -18,7 +18,8 @@
 
 use candle_core::{bail, Result};
 
-use crate::distributed::{CommStats, ProcessGroup, SingleProcess};
+use super::Prefetch;
+use crate::distributed::{CommStats, ProcessGroup, SingleProcess, WithOverride};
 
 pub struct FsdpGroups {
     world: Box<dyn ProcessGroup>,
@@ -56,6 +57,16 @@ impl FsdpGroups {
     /// The ranks this rank's units are sharded across.
     pub fn shard(&self) -> &dyn ProcessGroup {
         self.hybrid.as_ref().map_or(self.world.as_ref(), |(shard, _)| shard.as_ref())
+    }
+
+    /// Makes the shard group's all-gather prefetch as `prefetch` is told.
+    pub fn prefetch_with(&mut self, prefetch: Prefetch) {
+        let shard = match &mut self.hybrid {
+            Some((shard, _)) => shard,
+            None => &mut self.world,
+        };
+        let plain = std::mem::replace(shard, Box::new(SingleProcess::new()));
+        *shard = Box::new(WithOverride::new(plain, prefetch));
     }
 
     /// The ranks a unit's parameters are sharded across: the shard group when

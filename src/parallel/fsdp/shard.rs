@@ -77,13 +77,13 @@ pub struct GatheredBytes {
 const GATHERED_COUNTER: &str = "gathered bytes";
 
 impl GatheredBytes {
-    fn add(&self, bytes: u64) {
+    pub(crate) fn add(&self, bytes: u64) {
         let now = self.now.fetch_add(bytes, Ordering::Relaxed) + bytes;
         self.peak.fetch_max(now, Ordering::Relaxed);
         timeline::counter(GATHERED_COUNTER, now as f64);
     }
 
-    fn remove(&self, bytes: u64) {
+    pub(crate) fn remove(&self, bytes: u64) {
         let now = self.now.fetch_sub(bytes, Ordering::Relaxed) - bytes;
         timeline::counter(GATHERED_COUNTER, now as f64);
     }

@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use super::units::check_units;
 use super::{
     BlockCompute, FlatLayout, FlatView, FsdpGroups, GatheredBytes, LocalState, LossScaler, MemoryLedger,
-    MixedPrecisionPolicy, Precision, ShardedUnit, ShardingPlan, ShardingStrategy, StepLedger, UnitPlacement,
+    MixedPrecisionPolicy, Precision, Prefetch, ShardedUnit, ShardingPlan, ShardingStrategy, StepLedger, UnitPlacement,
 };
 use crate::autograd::{clip_factor, sum_of_squares, vjp};
 use crate::called_early::{fsdp_backward, fsdp_forward};
@@ -73,6 +73,8 @@ pub struct FsdpTrainer {
     groups: FsdpGroups,
     /// The bytes of gathered parameters the units hold, shared by them.
     gathered: Arc<GatheredBytes>,
+    /// Gathers the next unit while one computes, when asked for.
+    prefetch: Option<Prefetch>,
     ledger: StepLedger,
 }
 
@@ -165,8 +167,19 @@ impl FsdpTrainer {
             model_config: model_config.clone(),
             groups,
             gathered,
+            prefetch: None,
             ledger: StepLedger::default(),
         })
+    }
+
+    /// Gathers the next block's unit while one computes, in forward and in
+    /// backward (PyTorch: `forward_prefetch` and `backward_prefetch=BACKWARD_PRE`).
+    /// The numbers do not change; two units are whole at once.
+    pub fn with_prefetch(mut self) -> Self {
+        let prefetch = Prefetch::new(self.gathered.clone());
+        self.groups.prefetch_with(prefetch.clone());
+        self.prefetch = Some(prefetch);
+        self
     }
 
     /// The ranks this rank's units are sharded across: the whole job, or
@@ -266,11 +279,15 @@ impl FsdpTrainer {
         let (root, blocks) = split_root(&mut self.units)?;
         root.unshard(pg.all_gather(root.shard())?)?;
         let outer = root_modules(&self.model_config, root)?;
+        let prefetch = self.prefetch.as_ref();
+        let run_forward = |blocks: &mut [ShardedUnit]| {
+            prefetching(prefetch, blocks, Direction::Forward, |blocks| forward(&outer, pg, blocks, batch))
+        };
         // Activations: what the forward leaves allocated for its backward.
         // The counting allocator sees host memory only: on a GPU there is nothing to count.
         let (pass, held) = match batch.device().is_cpu() {
-            true => held_after(|| forward(&outer, pg, blocks, batch)),
-            false => (forward(&outer, pg, blocks, batch), None),
+            true => held_after(|| run_forward(blocks)),
+            false => (run_forward(blocks), None),
         };
         let pass = pass?;
         memory.activations_peak = memory.activations_peak.max(held);
@@ -283,7 +300,9 @@ impl FsdpTrainer {
         let Some(grad_output) = grads.remove(pass.output.as_tensor()) else {
             bail!("the loss does not depend on the last block's output");
         };
-        let grad_embedded = fsdp_backward(pg, blocks, &pass.inputs, &grad_output)?;
+        let grad_embedded = prefetching(prefetch, blocks, Direction::Backward, |blocks| {
+            fsdp_backward(pg, blocks, &pass.inputs, &grad_output)
+        })?;
         grads.extend(vjp(&pass.embedded, &grad_embedded)?)?;
         drop(outer);
         let Some(root_grad) = root.whole().and_then(|whole| grads.remove(whole)) else {
@@ -332,6 +351,34 @@ fn unit_step_body() -> &'static str {
     } else {
         "your unit step (exercise 22)"
     }
+}
+
+/// Which way the unit step goes through the blocks.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    Forward,
+    Backward,
+}
+
+/// Runs `work`, the unit step on `blocks`, with the parameter group
+/// prefetching their shards in the order `direction` gathers them, when
+/// prefetching is on.
+fn prefetching<R>(
+    prefetch: Option<&Prefetch>,
+    blocks: &mut [ShardedUnit],
+    direction: Direction,
+    work: impl FnOnce(&mut [ShardedUnit]) -> Result<R>,
+) -> Result<R> {
+    let Some(prefetch) = prefetch else { return work(blocks) };
+    let mut shards: Vec<Tensor> = blocks.iter().map(|unit| unit.shard().clone()).collect();
+    if direction == Direction::Backward {
+        shards.reverse();
+    }
+    prefetch.expect(shards);
+    let done = work(blocks);
+    let settled = prefetch.finish();
+    let done = done?;
+    settled.map(|()| done)
 }
 
 /// What one micro-batch's forward leaves for its backward.

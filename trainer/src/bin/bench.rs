@@ -152,6 +152,7 @@ fn run(args: Args) -> Result<()> {
         own_ring: args.allreduce == "ring",
         powersgd_rank: args.powersgd_rank,
         ddp_overlap: args.ddp_overlap,
+        prefetch: false,
         bucket_bytes: args.bucket_bytes,
         unverified_nccl: false,
         trace: false,

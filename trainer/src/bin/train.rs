@@ -148,6 +148,12 @@ struct Args {
     /// your exercise 19, instead of after it.
     #[arg(long, conflicts_with = "powersgd_rank")]
     ddp_overlap: bool,
+    /// With --strategy fsdp: gather the next unit's parameters while the
+    /// current one computes, in forward and backward (PyTorch's
+    /// forward_prefetch and backward_prefetch=BACKWARD_PRE); two units are
+    /// whole at once.
+    #[arg(long)]
+    prefetch: bool,
     /// With --strategy ddp: the most megabytes of gradients one all-reduce carries (PyTorch's bucket_cap_mb).
     #[arg(long = "bucket-cap-mb", value_name = "MB", default_value = "25", value_parser = bucket_cap_bytes)]
     bucket_bytes: usize,
@@ -215,6 +221,9 @@ fn run(args: Args) -> anyhow::Result<()> {
     }
     if args.powersgd_rank.is_some() && args.strategy != "ddp" {
         anyhow::bail!("--powersgd-rank applies to --strategy ddp only: FSDP reduce-scatters whole gradients");
+    }
+    if args.prefetch && args.strategy != "fsdp" {
+        anyhow::bail!("--prefetch applies to --strategy fsdp only: it gathers the next FSDP unit early");
     }
     if args.ddp_overlap && args.strategy != "ddp" {
         anyhow::bail!(
@@ -287,6 +296,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         own_ring: args.allreduce == "ring",
         powersgd_rank: args.powersgd_rank.map(|r| r as usize),
         ddp_overlap: args.ddp_overlap,
+        prefetch: args.prefetch,
         bucket_bytes: args.bucket_bytes,
         unverified_nccl: args.unverified_nccl,
         trace: args.trace,

@@ -1,0 +1,115 @@
+//! A process group with some of its collectives replaced and everything
+//! else the inner group's: exercise 16's ring as the trainer's all-reduce
+//! (`train --allreduce ring`), FSDP's prefetching all-gather, recorders in
+//! the tests. One wrapper forwards the rest, so no replacement can forget a
+//! method.
+
+use candle_core::{Result, Tensor};
+
+use super::{CommStats, ProcessGroup, Properties, ReduceOp, Work};
+
+/// What a [`WithOverride`] puts in place of its inner group's collectives;
+/// each method is the inner group's unless replaced.
+pub trait CollectiveOverride: Send {
+    fn all_reduce(&self, inner: &dyn ProcessGroup, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
+        inner.all_reduce(t, op)
+    }
+
+    /// The all-reduce started without waiting; by default this override's
+    /// all-reduce, done at once, so a replaced all-reduce is never bypassed.
+    fn all_reduce_async(&self, inner: &dyn ProcessGroup, t: &Tensor, op: ReduceOp) -> Result<Work> {
+        Ok(Work::done(self.all_reduce(inner, t, op)))
+    }
+
+    fn all_gather(&self, inner: &dyn ProcessGroup, t: &Tensor) -> Result<Tensor> {
+        inner.all_gather(t)
+    }
+
+    /// What the group guarantees with the replacement; by default the inner group's.
+    fn properties(&self, inner: &dyn ProcessGroup) -> Properties {
+        inner.properties()
+    }
+}
+
+/// `inner`, with the collectives `replacement` overrides replaced.
+pub struct WithOverride<R> {
+    inner: Box<dyn ProcessGroup>,
+    replacement: R,
+}
+
+impl<R: CollectiveOverride> WithOverride<R> {
+    pub fn new(inner: Box<dyn ProcessGroup>, replacement: R) -> Self {
+        Self { inner, replacement }
+    }
+}
+
+/// A subgroup's collectives are replaced too, by a clone of the replacement.
+impl<R: CollectiveOverride + Clone + 'static> ProcessGroup for WithOverride<R> {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+
+    fn world_size(&self) -> usize {
+        self.inner.world_size()
+    }
+
+    fn properties(&self) -> Properties {
+        self.replacement.properties(self.inner.as_ref())
+    }
+
+    fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
+        self.replacement.all_reduce(self.inner.as_ref(), t, op)
+    }
+
+    fn all_reduce_async(&self, t: &Tensor, op: ReduceOp) -> Result<Work> {
+        self.replacement.all_reduce_async(self.inner.as_ref(), t, op)
+    }
+
+    fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor> {
+        self.inner.broadcast(t, root)
+    }
+
+    fn all_gather(&self, t: &Tensor) -> Result<Tensor> {
+        self.replacement.all_gather(self.inner.as_ref(), t)
+    }
+
+    fn all_gather_async(&self, t: &Tensor) -> Result<Work> {
+        self.inner.all_gather_async(t)
+    }
+
+    fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
+        self.inner.reduce_scatter(t, op)
+    }
+
+    fn reduce_scatter_async(&self, t: &Tensor, op: ReduceOp) -> Result<Work> {
+        self.inner.reduce_scatter_async(t, op)
+    }
+
+    fn send(&self, t: &Tensor, dst: usize) -> Result<()> {
+        self.inner.send(t, dst)
+    }
+
+    fn recv(&self, like: &Tensor, src: usize) -> Result<Tensor> {
+        self.inner.recv(like, src)
+    }
+
+    fn send_recv(&self, t: &Tensor, dst: usize, like: &Tensor, src: usize) -> Result<Tensor> {
+        self.inner.send_recv(t, dst, like, src)
+    }
+
+    fn barrier(&self) -> Result<()> {
+        self.inner.barrier()
+    }
+
+    fn split(&self, color: usize) -> Result<Box<dyn ProcessGroup>> {
+        Ok(Box::new(Self::new(self.inner.split(color)?, self.replacement.clone())))
+    }
+
+    fn set_busy(&self, what: Option<&str>) {
+        self.inner.set_busy(what)
+    }
+
+    fn stats(&self) -> CommStats {
+        self.inner.stats()
+    }
+}
