@@ -264,7 +264,12 @@ fn fsdp_prefetching_reorders_the_gathers_and_changes_no_weight() {
             .unwrap()
             .iter()
             .filter(|e| e["pid"] == 0 && e["cat"] == "comm" && e["ph"] == "X")
-            .filter(|e| !e["name"].as_str().unwrap().starts_with("busy"))
+            // The step's collectives; barriers and busy notes come with the save.
+            .filter(|e| {
+                ["all_gather", "reduce_scatter", "all_reduce"]
+                    .iter()
+                    .any(|c| e["name"].as_str().unwrap().starts_with(c))
+            })
             .map(|e| (e["ts"].as_f64().unwrap(), e["name"].as_str().unwrap().split(" #").next().unwrap().to_string()))
             .collect();
         comm.sort_by(|a, b| a.0.total_cmp(&b.0));
