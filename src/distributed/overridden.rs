@@ -1,15 +1,15 @@
-//! A process group with some of its collectives replaced and everything
-//! else the inner group's: exercise 16's ring as the trainer's all-reduce
-//! (`train --allreduce ring`), FSDP's prefetching all-gather, recorders in
-//! the tests. One wrapper forwards the rest, so no replacement can forget a
+//! A process group with some of its calls replaced and everything else the
+//! inner group's: exercise 16's ring as the trainer's all-reduce (`train
+//! --allreduce ring`), FSDP's prefetching all-gather, the recorder of a
+//! ring's messages, recorders in the tests. One wrapper forwards the rest, so no replacement can forget a
 //! method.
 
 use candle_core::{Result, Tensor};
 
 use super::{CommStats, ProcessGroup, Properties, ReduceOp, Work};
 
-/// What a [`WithOverride`] puts in place of its inner group's collectives;
-/// each method is the inner group's unless replaced.
+/// What a [`WithOverride`] puts in place of its inner group's calls; each
+/// method is the inner group's unless replaced.
 pub trait CollectiveOverride: Send {
     fn all_reduce(&self, inner: &dyn ProcessGroup, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
         inner.all_reduce(t, op)
@@ -23,6 +23,18 @@ pub trait CollectiveOverride: Send {
 
     fn all_gather(&self, inner: &dyn ProcessGroup, t: &Tensor) -> Result<Tensor> {
         inner.all_gather(t)
+    }
+
+    fn send(&self, inner: &dyn ProcessGroup, t: &Tensor, dst: usize) -> Result<()> {
+        inner.send(t, dst)
+    }
+
+    fn recv(&self, inner: &dyn ProcessGroup, like: &Tensor, src: usize) -> Result<Tensor> {
+        inner.recv(like, src)
+    }
+
+    fn send_recv(&self, inner: &dyn ProcessGroup, t: &Tensor, dst: usize, like: &Tensor, src: usize) -> Result<Tensor> {
+        inner.send_recv(t, dst, like, src)
     }
 
     /// What the group guarantees with the replacement; by default the inner group's.
@@ -86,15 +98,15 @@ impl<R: CollectiveOverride + Clone + 'static> ProcessGroup for WithOverride<R> {
     }
 
     fn send(&self, t: &Tensor, dst: usize) -> Result<()> {
-        self.inner.send(t, dst)
+        self.replacement.send(self.inner.as_ref(), t, dst)
     }
 
     fn recv(&self, like: &Tensor, src: usize) -> Result<Tensor> {
-        self.inner.recv(like, src)
+        self.replacement.recv(self.inner.as_ref(), like, src)
     }
 
     fn send_recv(&self, t: &Tensor, dst: usize, like: &Tensor, src: usize) -> Result<Tensor> {
-        self.inner.send_recv(t, dst, like, src)
+        self.replacement.send_recv(self.inner.as_ref(), t, dst, like, src)
     }
 
     fn barrier(&self) -> Result<()> {

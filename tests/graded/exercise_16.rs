@@ -5,7 +5,7 @@
 //! what it received without adding to it, a receive from a rank that never
 //! sends to it), otherwise the first wrong element is reported.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use candle_core::{DType, Device, Tensor};
@@ -39,18 +39,18 @@ fn close(got: &[f32], want: &[f32]) -> bool {
 /// `len` elements shaped `shape`: each rank's result as numbers (or the
 /// error), and what each rank sent and received.
 fn run(world: usize, len: usize, shape: &[usize]) -> (std::result::Result<Vec<Vec<f32>>, String>, Vec<P2pTrace>) {
-    let traces: Vec<Mutex<P2pTrace>> = (0..world).map(|_| Mutex::default()).collect();
+    let traces: Vec<Arc<Mutex<P2pTrace>>> = (0..world).map(|_| Arc::default()).collect();
     let results = spawn_with_timeout(world, TIMEOUT, |pg| {
         let rank = pg.rank();
         let t = Tensor::from_vec(input(rank, len), shape, &Device::Cpu)?;
-        let recorded = P2pRecorder::new(pg, &traces[rank]);
+        let recorded = P2pRecorder::around(Box::new(pg), traces[rank].clone());
         let out = ring_all_reduce(&recorded, &t)?;
         if out.dims() != shape {
             candle_core::bail!("the result has shape {:?}, the input {shape:?}: keep the input's shape", out.dims());
         }
         out.flatten_all()?.to_vec1::<f32>()
     });
-    (results.map_err(|e| e.to_string()), traces.into_iter().map(|t| t.into_inner().unwrap()).collect())
+    (results.map_err(|e| e.to_string()), traces.iter().map(|t| t.lock().unwrap().clone()).collect())
 }
 
 /// A typical mistake the record of sends and receives shows, if one does;

@@ -8,7 +8,7 @@
 //! the tensor it comes from.
 
 use std::process::ExitCode;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Result};
 use candle_core::{Device, Tensor};
@@ -39,13 +39,13 @@ fn run(args: Args) -> Result<()> {
     if !(2..=8).contains(&args.nproc) || args.len < args.nproc {
         bail!("--nproc must be 2 to 8 and --len at least --nproc");
     }
-    let traces: Vec<Mutex<P2pTrace>> = (0..args.nproc).map(|_| Mutex::default()).collect();
+    let traces: Vec<Arc<Mutex<P2pTrace>>> = (0..args.nproc).map(|_| Arc::default()).collect();
     let results = spawn(args.nproc, |pg| {
         let rank = pg.rank();
         let t = Tensor::from_vec(input(rank, args.len), args.len, &Device::Cpu)?;
-        ring_all_reduce(&P2pRecorder::new(pg, &traces[rank]), &t)?.to_vec1::<f32>()
+        ring_all_reduce(&P2pRecorder::around(Box::new(pg), traces[rank].clone()), &t)?.to_vec1::<f32>()
     })?;
-    let traces: Vec<P2pTrace> = traces.into_iter().map(|t| t.into_inner().unwrap_or_else(|e| e.into_inner())).collect();
+    let traces: Vec<P2pTrace> = traces.iter().map(|t| t.lock().unwrap_or_else(|e| e.into_inner()).clone()).collect();
     let record = serde_json::json!({
         "inputs": (0..args.nproc).map(|r| input(r, args.len)).collect::<Vec<_>>(),
         "received": traces.iter().map(|t| &t.received).collect::<Vec<_>>(),
