@@ -1,7 +1,7 @@
 //! A process group with some of its calls replaced and everything else the
 //! inner group's: exercise 16's ring as the trainer's all-reduce (`train
-//! --allreduce ring`), FSDP's prefetching all-gather, the recorder of a
-//! ring's messages, recorders in the tests. One wrapper forwards the rest, so no replacement can forget a
+//! --allreduce ring`), FSDP's prefetching all-gather, ZeRO-1's clipping
+//! reduce-scatter, the recorder of a ring's messages, recorders in the tests. One wrapper forwards the rest, so no replacement can forget a
 //! method.
 
 use candle_core::{Result, Tensor};
@@ -23,6 +23,10 @@ pub trait CollectiveOverride: Send {
 
     fn all_gather(&self, inner: &dyn ProcessGroup, t: &Tensor) -> Result<Tensor> {
         inner.all_gather(t)
+    }
+
+    fn reduce_scatter(&self, inner: &dyn ProcessGroup, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
+        inner.reduce_scatter(t, op)
     }
 
     fn send(&self, inner: &dyn ProcessGroup, t: &Tensor, dst: usize) -> Result<()> {
@@ -90,7 +94,7 @@ impl<R: CollectiveOverride + Clone + 'static> ProcessGroup for WithOverride<R> {
     }
 
     fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
-        self.inner.reduce_scatter(t, op)
+        self.replacement.reduce_scatter(self.inner.as_ref(), t, op)
     }
 
     fn reduce_scatter_async(&self, t: &Tensor, op: ReduceOp) -> Result<Work> {

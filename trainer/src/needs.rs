@@ -38,6 +38,9 @@ pub fn exercises_called(options: &RunOptions) -> BTreeMap<u32, &'static str> {
                 called.insert(18, "--powersgd-rank");
             }
         }
+        Strategy::Zero1 => {
+            called.insert(17, "--strategy zero1");
+        }
         Strategy::Fsdp(_) => {
             called.insert(12, "--strategy fsdp");
             called.insert(13, "--strategy fsdp");

@@ -15,6 +15,7 @@ use workbook::parallel::ddp::Ddp;
 use workbook::parallel::fsdp::FsdpTrainer;
 use workbook::parallel::pipeline::PipelineTrainer;
 use workbook::parallel::tensor::TensorParallelTrainer;
+use workbook::parallel::zero::ZeroTrainer;
 use workbook::timeline;
 use workbook::train::{faults, DataPosition, StepStats, Train, Trainer};
 use workbook::{init_params, ParamStore};
@@ -209,6 +210,10 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>, 
             let trainer = Trainer::new(&model_config, params, train_config, ddp)?;
             drive(options, dataset, trainer, device, num_params)
         }
+        Strategy::Zero1 => {
+            let trainer = ZeroTrainer::new(&model_config, params, train_config, pg)?;
+            drive(options, dataset, trainer, device, num_params)
+        }
         Strategy::Fsdp(fsdp) => {
             let trainer = FsdpTrainer::new(&model_config, params, train_config, fsdp, pg)?;
             let trainer = if options.prefetch { trainer.with_prefetch() } else { trainer };
@@ -244,7 +249,7 @@ fn unverified_on(options: &RunOptions, pg: &dyn ProcessGroup) -> Option<&'static
         _ if options.own_ring => Some(
             "exercise 16's ring (it needs pg.send_recv's grouped exchange: a send then a recv waits forever there)",
         ),
-        Strategy::Ddp | Strategy::Fsdp(_) => None,
+        Strategy::Ddp | Strategy::Zero1 | Strategy::Fsdp(_) => None,
     }
 }
 
@@ -543,6 +548,12 @@ fn print_plan(options: &RunOptions, dataset: &Dataset, device: &Device, num_para
     }
     if options.ddp_overlap {
         println!("gradients: buckets all-reduced during backward, your exercise 19 (--ddp-overlap)");
+    }
+    if options.strategy == Strategy::Zero1 {
+        println!(
+            "optimizer: AdamW's moments sharded across the {} ranks, each step your exercise 17 (--strategy zero1)",
+            options.nproc
+        );
     }
     if options.prefetch {
         println!("parameters: each unit's all-gather starts while the unit before it computes (--prefetch)");

@@ -12,6 +12,8 @@ pub enum Strategy {
     Ddp,
     /// Phase 3: sharded units.
     Fsdp(FsdpConfig),
+    /// Phase 4: whole replicas, AdamW's state sharded, each step exercise 17's.
+    Zero1,
     /// Phase 4: the blocks cut into `stages` pipeline stages, stepped on
     /// GPipe's schedule (exercise 21) or 1F1B's (exercise 24), each stage's
     /// blocks split across `tp` tensor-parallel ranks (1: whole); the ranks
@@ -31,7 +33,7 @@ impl Strategy {
         match self {
             Strategy::Pipeline { stages, tp, .. } => MeshShape::new(nproc, None, Some(stages), Some(tp)),
             Strategy::TensorParallel { ranks, .. } => MeshShape::new(nproc, None, None, Some(ranks)),
-            Strategy::Ddp | Strategy::Fsdp(_) => Ok(MeshShape::data_parallel(nproc)),
+            Strategy::Ddp | Strategy::Zero1 | Strategy::Fsdp(_) => Ok(MeshShape::data_parallel(nproc)),
         }
     }
 }

@@ -80,6 +80,13 @@ fn a_run_calls_the_exercises_its_flags_choose() {
     let mut pipeline = options(PathBuf::from("unused"), 1, 2);
     pipeline.strategy = Strategy::Pipeline { schedule: PipelineSchedule::OneFOneB, stages: 2, tp: 1 };
     assert_eq!(called(&pipeline), [1, 2, 3, 4, 5, 6, 7, 8, 9, 24, 25]);
+    pipeline.strategy = Strategy::Pipeline { schedule: PipelineSchedule::GPipe, stages: 2, tp: 2 };
+    assert_eq!(called(&pipeline), [1, 2, 3, 4, 5, 6, 7, 8, 9, 20, 21, 23, 25]);
+    let mut zero1 = options(PathBuf::from("unused"), 1, 2);
+    zero1.strategy = Strategy::Zero1;
+    assert_eq!(called(&zero1), [1, 2, 3, 4, 5, 6, 7, 8, 9, 17]);
+    zero1.strategy = Strategy::TensorParallel { ranks: 2, sequence_parallel: true };
+    assert_eq!(called(&zero1), [1, 2, 3, 4, 5, 6, 7, 8, 9, 20, 25, 27]);
 }
 
 /// With an evaluation every 10 steps the last windows are held out: the
@@ -372,4 +379,32 @@ fn sequence_parallel_runs_train_as_one_process() {
             expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(&one_dir, 5), what);
         }
     }
+}
+
+/// `--strategy zero1` on 2 ranks takes the steps DDP on 2 takes, clipping
+/// included (every step here is clipped); its checkpoint holds whole
+/// tensors under AdamW's names, so one process resumes it and ZeRO-1
+/// resumes one process's, both reaching the uninterrupted run.
+#[test]
+fn zero1_trains_as_ddp_and_its_checkpoints_move_both_ways() {
+    let run = |name: &str, steps: usize, nproc: usize, strategy: Strategy, resume: Option<PathBuf>| {
+        let dir = scratch(name);
+        let mut options = options(dir.clone(), steps, nproc);
+        options.config.grad_accum_steps = 2;
+        options.checkpoint_every = 3;
+        options.strategy = strategy;
+        options.resume = resume.map(|from| checkpoints::step_dir(&from, 3));
+        let summary = train(&options).unwrap();
+        (dir, summary)
+    };
+    let (ddp_dir, ddp) = run("zero1-ddp", 5, 2, Strategy::Ddp, None);
+    let (dir, zero1) = run("zero1-on-2", 3, 2, Strategy::Zero1, None);
+    let (a, b) = (ddp.first.as_ref().unwrap().grad_norm, zero1.first.as_ref().unwrap().grad_norm);
+    assert!(a > 1.0, "the test's first step should be clipped (grad norm {a})");
+    assert!((a - b).abs() <= 1e-5 * a, "ZeRO-1's gradient norm at step 1 is {b}, DDP's {a}");
+    expect_same_params(&checkpoint_params(&dir, 3), &checkpoint_params(&ddp_dir, 3), "ZeRO-1 on 2 ranks, step 3");
+    let (resumed, _) = run("zero1-resumed-by-ddp", 5, 2, Strategy::Ddp, Some(dir));
+    expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(&ddp_dir, 5), "DDP resuming ZeRO-1");
+    let (resumed, _) = run("ddp-resumed-by-zero1", 5, 2, Strategy::Zero1, Some(ddp_dir.clone()));
+    expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(&ddp_dir, 5), "ZeRO-1 resuming DDP");
 }

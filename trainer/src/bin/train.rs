@@ -89,7 +89,8 @@ struct Args {
     /// Recompute each block in backward instead of keeping its activations.
     #[arg(long)]
     activation_checkpointing: bool,
-    /// `ddp` (whole replicas) or `fsdp` (sharded; see --sharding and --precision).
+    /// `ddp` (whole replicas), `zero1` (whole replicas, AdamW's state sharded by your
+    /// exercise 17) or `fsdp` (sharded; see --sharding and --precision).
     #[arg(long, default_value = "ddp")]
     strategy: String,
     /// With --strategy fsdp: full_shard (the default), shard_grad_op, no_shard or hybrid_shard.
@@ -366,15 +367,15 @@ fn strategy(
     node_size: usize,
 ) -> anyhow::Result<Strategy> {
     match name {
-        "ddp" => {
+        "ddp" | "zero1" => {
             let hybrid = hybrid_group_size.map(|_| "");
             if let Some(flag) = [("--sharding", sharding), ("--precision", precision), ("--hybrid-group-size", hybrid)]
                 .iter()
                 .find(|(_, v)| v.is_some())
             {
-                anyhow::bail!("{} applies to --strategy fsdp only; DDP keeps whole f32 replicas", flag.0);
+                anyhow::bail!("{} applies to --strategy fsdp only; {name} keeps whole f32 replicas", flag.0);
             }
-            Ok(Strategy::Ddp)
+            Ok(if name == "ddp" { Strategy::Ddp } else { Strategy::Zero1 })
         }
         "fsdp" => {
             let sharding: ShardingStrategy = sharding.unwrap_or("full_shard").parse()?;
@@ -387,7 +388,7 @@ fn strategy(
             let precision = precision.unwrap_or("fp32").parse()?;
             Ok(Strategy::Fsdp(FsdpConfig { sharding, precision, hybrid_group_size }))
         }
-        other => anyhow::bail!("unknown --strategy `{other}`: use ddp or fsdp"),
+        other => anyhow::bail!("unknown --strategy `{other}`: use ddp, zero1 or fsdp"),
     }
 }
 

@@ -1,7 +1,14 @@
 //! ZeRO's sharded optimizer on its own (stages 1 and 2): every rank keeps
 //! AdamW's moments for 1/N of the parameters only. Its step is exercise 17
-//! (`exercises/phase4_under_the_hood/ex17_sharded_adamw.rs`); FSDP's
+//! (`exercises/phase4_under_the_hood/ex17_sharded_adamw.rs`), which the
+//! [`ZeroTrainer`] (`train --strategy zero1`) takes every step with; FSDP's
 //! `SHARD_GRAD_OP` runs the same idea unit by unit.
+
+mod clip;
+mod trainer;
+
+pub use clip::ClipShards;
+pub use trainer::ZeroTrainer;
 
 use candle_core::Tensor;
 

@@ -1,0 +1,232 @@
+//! The ZeRO-1 trainer (`train --strategy zero1`): whole replicas as under
+//! DDP, but AdamW's moments sharded across the ranks and each step taken by
+//! the learner's exercise 17 over the whole model as one flat vector:
+//!
+//! ```text
+//! micro-batches   forward and backward on the whole model, gradients summed, divided by their count
+//! flatten         every parameter and its gradient end to end, in the model's order (P elements)
+//! decay           p · (1 − lr · wd) per element, here: exercise 8's groups give each parameter its wd
+//! step            exercise 17: reduce-scatter the gradient (clipped on its way, see clip.rs),
+//!                 AdamW on this rank's shard, all-gather the new parameters
+//! unflatten       the P new values back into the parameters
+//! ```
+//!
+//! The traffic is DDP's (a reduce-scatter and an all-gather make one
+//! all-reduce), the optimizer state per rank 1/N of DDP's. Weight decay is
+//! applied before the step, so the learner's step runs with a decay of 0:
+//! AdamW's decay is decoupled, so where it is applied does not change the
+//! result. A checkpoint holds whole tensors under AdamW's names, so a run
+//! moves between DDP, FSDP and ZeRO-1.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use candle_core::{bail, DType, Device, Result, Shape, Tensor};
+
+use super::{ClipShards, ShardedAdamW};
+use crate::autograd::Gradients;
+use crate::distributed::{ProcessGroup, WithOverride};
+use crate::model::{Gpt, GptConfig, ParamStore};
+use crate::parallel::ddp::broadcast_parameters;
+use crate::phase2_training::param_groups;
+use crate::train::{
+    AdamW, Checkpoint, DataPosition, Moments, ParamGroup, StepCounters, StepStats, Train, TrainConfig, TrainerState,
+};
+
+pub struct ZeroTrainer {
+    model: Gpt,
+    model_config: GptConfig,
+    params: ParamStore,
+    /// Each parameter's name and shape, in the order the flat vector holds them.
+    layout: Vec<(String, Shape)>,
+    /// The weight decay of every element of the flat vector.
+    decay: Tensor,
+    optimizer: ShardedAdamW,
+    /// The job's group, its reduce-scatter clipping.
+    pg: WithOverride<ClipShards>,
+    clip: ClipShards,
+    config: TrainConfig,
+    step: usize,
+}
+
+impl ZeroTrainer {
+    /// A ZeRO-1 trainer for `params` over `pg`; rank 0's parameters are first
+    /// copied to every rank.
+    pub fn new(
+        model_config: &GptConfig,
+        params: ParamStore,
+        config: TrainConfig,
+        pg: Box<dyn ProcessGroup>,
+    ) -> Result<Self> {
+        if config.grad_accum_steps == 0 {
+            bail!("grad_accum_steps must be at least 1");
+        }
+        broadcast_parameters(pg.as_ref(), &params)?;
+        let model = Gpt::new(model_config, &params)?.with_activation_checkpointing(config.activation_checkpointing);
+        let decay_of = ParamGroup::decay_by_name(&param_groups(&params, config.optimizer.weight_decay), &params)?;
+        let device = params.device()?;
+        let layout: Vec<(String, Shape)> =
+            params.iter().map(|(name, var)| (name.to_string(), var.shape().clone())).collect();
+        let decay = Tensor::cat(
+            &layout
+                .iter()
+                .map(|(name, shape)| Tensor::full(decay_of[name] as f32, shape.elem_count(), &device))
+                .collect::<Result<Vec<_>>>()?,
+            0,
+        )?;
+        let clip = ClipShards::new(config.max_grad_norm);
+        Ok(Self {
+            model,
+            model_config: model_config.clone(),
+            params,
+            layout,
+            decay,
+            optimizer: ShardedAdamW::new(config.optimizer.adamw, 0.0),
+            pg: WithOverride::new(pg, clip.clone()),
+            clip,
+            config,
+            step: 0,
+        })
+    }
+
+    /// One tensor per parameter, end to end in the layout's order.
+    fn flatten(&self, tensor_of: impl Fn(&str) -> Result<Tensor>) -> Result<Tensor> {
+        let parts = self.layout.iter().map(|(name, _)| tensor_of(name)?.flatten_all()).collect::<Result<Vec<_>>>()?;
+        Tensor::cat(&parts, 0)
+    }
+
+    /// The parameters' tensors in a flat vector of the layout, by name.
+    fn unflatten(&self, flat: &Tensor) -> Result<Vec<(String, Tensor)>> {
+        let mut offset = 0;
+        let mut named = Vec::with_capacity(self.layout.len());
+        for (name, shape) in &self.layout {
+            named.push((name.clone(), flat.narrow(0, offset, shape.elem_count())?.reshape(shape)?));
+            offset += shape.elem_count();
+        }
+        Ok(named)
+    }
+
+    /// Elements in the flat vector, and this rank's shard of it (its padded length / N).
+    fn shard_range(&self) -> (usize, std::ops::Range<usize>) {
+        let len: usize = self.layout.iter().map(|(_, shape)| shape.elem_count()).sum();
+        let (rank, n) = (self.pg.rank(), self.pg.world_size());
+        let shard = len.div_ceil(n);
+        (len, rank * shard..(rank + 1) * shard)
+    }
+
+    fn device(&self) -> &Device {
+        self.decay.device()
+    }
+}
+
+impl Train for ZeroTrainer {
+    fn train_step(&mut self, micro_batches: &[Tensor]) -> Result<StepStats> {
+        if micro_batches.is_empty() {
+            bail!("train_step needs at least one micro-batch");
+        }
+        let (mut grads, mut loss) = (Gradients::default(), 0.0);
+        for batch in micro_batches {
+            let pass = self.model.forward(batch, Some(batch))?;
+            loss += pass.loss_value()?;
+            grads.accumulate(&Gradients::from_store(&self.params, &pass.backward()?)?)?;
+        }
+        let k = micro_batches.len() as f64;
+        grads.scale(1.0 / k)?;
+        let grad = self.flatten(|name| match grads.get(name) {
+            Some(g) => Ok(g.clone()),
+            None => bail!("no gradient reached `{name}`: the loss does not depend on it"),
+        })?;
+        let lr = self.config.schedule.lr(self.step);
+        let decayed =
+            (self.flatten(|name| Ok(self.params.get(name)?.as_tensor().clone()))? * (self.decay.affine(-lr, 1.0))?)?;
+        let updated = self.optimizer.step(&self.pg, &decayed, &grad, lr)?;
+        let grad_norm = self.clip.take_norm()?;
+        if !grad_norm.is_finite() {
+            bail!("the gradient norm is {grad_norm} at step {}: the ZeRO-1 trainer cannot skip a step", self.step + 1);
+        }
+        for (name, value) in self.unflatten(&updated)? {
+            self.params.get(&name)?.set(&value)?;
+        }
+        self.step += 1;
+        let tokens = micro_batches.iter().map(Tensor::elem_count).sum();
+        Ok(StepStats { loss: loss / k, grad_norm, lr, tokens })
+    }
+
+    /// Every rank gathers the moments' shards; rank 0 writes them whole,
+    /// under AdamW's names, beside the parameters.
+    fn save_checkpoint(&self, dir: &Path, data: Option<DataPosition>) -> Result<()> {
+        let (len, _) = self.shard_range();
+        let mut optimizer = HashMap::new();
+        if let Some(moments) = &self.optimizer.moments {
+            for (kind, shard) in [&moments.exp_avg, &moments.exp_avg_sq].into_iter().enumerate() {
+                let whole = self.pg.all_gather(shard)?.narrow(0, 0, len)?;
+                for (name, moment) in self.unflatten(&whole)? {
+                    optimizer.insert(AdamW::moment_names(&name)[kind].clone(), moment);
+                }
+            }
+        }
+        if self.pg.rank() == 0 {
+            let params = self.params.iter().map(|(name, var)| (name.to_string(), var.as_tensor().clone())).collect();
+            let state =
+                TrainerState::new(self.step, self.optimizer.steps, self.model_config.clone(), self.config, data);
+            Checkpoint { params, optimizer, state }.write(dir)?;
+        }
+        self.pg.barrier()
+    }
+
+    /// Every rank reads the whole checkpoint and keeps its shard of the moments.
+    fn load_checkpoint(&mut self, dir: &Path) -> Result<Option<DataPosition>> {
+        let checkpoint = Checkpoint::read(dir)?;
+        checkpoint.ensure_fits(&self.model_config)?;
+        for (name, var) in self.params.iter() {
+            let Some(saved) = checkpoint.params.get(name) else {
+                bail!("the checkpoint in {} has no parameter `{name}`", dir.display());
+            };
+            var.set(&saved.to_dtype(var.dtype())?.to_device(var.device())?)?;
+        }
+        let steps = checkpoint.state.optimizer_steps;
+        self.optimizer.moments = match steps {
+            0 => None,
+            _ => {
+                let (len, range) = self.shard_range();
+                let shard_of = |kind: usize| -> Result<Tensor> {
+                    let whole =
+                        self.flatten(|name| match checkpoint.optimizer.get(&AdamW::moment_names(name)[kind]) {
+                            Some(moment) => moment.to_dtype(DType::F32)?.to_device(self.device()),
+                            None => bail!(
+                            "the checkpoint in {} has no {} for `{name}`: it was written before any optimizer step, \
+                             or by another optimizer",
+                            dir.display(),
+                            AdamW::moment_names(name)[kind]
+                        ),
+                        })?;
+                    whole.pad_with_zeros(0, 0, range.end.max(len) - len)?.narrow(0, range.start, range.len())
+                };
+                Some(Moments { exp_avg: shard_of(0)?, exp_avg_sq: shard_of(1)? })
+            }
+        };
+        self.optimizer.steps = steps;
+        self.step = checkpoint.state.step;
+        Ok(checkpoint.state.data)
+    }
+
+    fn counters(&self) -> StepCounters {
+        StepCounters { step: self.step, optimizer_steps: self.optimizer.steps, skipped_steps: 0 }
+    }
+
+    fn process_group(&self) -> &dyn ProcessGroup {
+        &self.pg
+    }
+
+    fn eval_loss(&mut self, tokens: &Tensor) -> Result<f64> {
+        self.model.forward(tokens, Some(tokens))?.loss_value()
+    }
+
+    fn layout(&self) -> String {
+        format!("ZeRO-1 over {} ranks: whole replicas, AdamW's state sharded by your exercise 17", self.pg.world_size())
+    }
+
+    fn report(&self) -> Option<String> {
+        None
+    }
+}
