@@ -11,7 +11,7 @@ use trainer::checkpoints;
 use trainer::compute::{Backend, DeviceKind};
 use trainer::config::workbook_root;
 use trainer::config::RunConfig;
-use trainer::run::{train, RunOptions};
+use trainer::run::{train, RunOptions, Summary};
 use trainer::strategy::Strategy;
 use workbook::data::{DataConfig, DatasetKind, SAMPLE_PATH};
 use workbook::parallel::fsdp::{FsdpConfig, Precision, ShardingStrategy};
@@ -250,6 +250,21 @@ fn a_pipeline_of_two_stages_trains_as_one_process_and_resumes_under_ddp() {
     assert_eq!(train(&more).unwrap().first.unwrap().step, 4, "one process continues the replicated pipeline's run");
 }
 
+/// `steps` steps of `strategy` on `nproc` ranks in a fresh directory named
+/// after `name`, two micro-batches each and a checkpoint every 3 steps,
+/// resuming from the checkpoint at step 3 of the run in `resume` when given:
+/// the run's directory and summary.
+fn run(name: &str, steps: usize, nproc: usize, strategy: Strategy, resume: Option<PathBuf>) -> (PathBuf, Summary) {
+    let dir = scratch(name);
+    let mut options = options(dir.clone(), steps, nproc);
+    options.config.grad_accum_steps = 2; // a pipeline's micro-batches
+    options.checkpoint_every = 3;
+    options.strategy = strategy;
+    options.resume = resume.map(|from| checkpoints::step_dir(&from, 3));
+    let summary = train(&options).unwrap();
+    (dir, summary)
+}
+
 /// The parameters of the checkpoint at `step` in `dir`.
 fn checkpoint_params(dir: &std::path::Path, step: usize) -> std::collections::HashMap<String, candle_core::Tensor> {
     let file = checkpoints::step_dir(dir, step).join("model.safetensors");
@@ -277,17 +292,6 @@ fn expect_same_params(
 /// reach one uninterrupted process's parameters.
 #[test]
 fn tensor_parallel_runs_train_as_one_process_and_their_checkpoints_move_between_layouts() {
-    let run = |name: &str, steps: usize, nproc: usize, strategy: Strategy, resume: Option<PathBuf>| {
-        let dir = scratch(name);
-        let mut options = options(dir.clone(), steps, nproc);
-        options.config.grad_accum_steps = 2;
-        options.checkpoint_every = 3;
-        options.strategy = strategy;
-        // Resumes from the other run's checkpoint at step 3.
-        options.resume = resume.map(|from| checkpoints::step_dir(&from, 3));
-        let summary = train(&options).unwrap();
-        (dir, summary)
-    };
     let tp2 = Strategy::TensorParallel { ranks: 2, sequence_parallel: false };
     let (one_dir, one) = run("tp-one-process", 5, 1, Strategy::Ddp, None);
     for nproc in [2, 4] {
@@ -319,16 +323,6 @@ fn tensor_parallel_runs_train_as_one_process_and_their_checkpoints_move_between_
 /// uninterrupted process's parameters.
 #[test]
 fn a_pipeline_of_tensor_parallel_stages_trains_as_one_process_and_its_checkpoints_move_between_meshes() {
-    let run = |name: &str, steps: usize, nproc: usize, strategy: Strategy, resume: Option<PathBuf>| {
-        let dir = scratch(name);
-        let mut options = options(dir.clone(), steps, nproc);
-        options.config.grad_accum_steps = 2; // the pipeline's micro-batches
-        options.checkpoint_every = 3;
-        options.strategy = strategy;
-        options.resume = resume.map(|from| checkpoints::step_dir(&from, 3));
-        let summary = train(&options).unwrap();
-        (dir, summary)
-    };
     let mesh = |schedule, tp| Strategy::Pipeline { schedule, stages: 2, tp };
     let (one_dir, one) = run("3d-one-process", 5, 1, Strategy::Ddp, None);
     let runs = [(PipelineSchedule::GPipe, 4, "pp 2 × tp 2"), (PipelineSchedule::OneFOneB, 8, "dp 2 × pp 2 × tp 2")];
@@ -357,24 +351,14 @@ fn a_pipeline_of_tensor_parallel_stages_trains_as_one_process_and_its_checkpoint
 /// steps one process takes, and its checkpoint resumes on one process.
 #[test]
 fn sequence_parallel_runs_train_as_one_process() {
-    let run = |name: &str, steps: usize, nproc: usize, strategy: Strategy, resume: Option<PathBuf>| {
-        let dir = scratch(name);
-        let mut options = options(dir.clone(), steps, nproc);
-        options.config.grad_accum_steps = 2;
-        options.checkpoint_every = 3;
-        options.strategy = strategy;
-        options.resume = resume.map(|from| checkpoints::step_dir(&from, 3));
-        train(&options).unwrap();
-        dir
-    };
     let sp2 = Strategy::TensorParallel { ranks: 2, sequence_parallel: true };
-    let one_dir = run("sp-one-process", 5, 1, Strategy::Ddp, None);
+    let (one_dir, _) = run("sp-one-process", 5, 1, Strategy::Ddp, None);
     for nproc in [2, 4] {
-        let dir = run(&format!("sp-on-{nproc}"), 3, nproc, sp2, None);
+        let (dir, _) = run(&format!("sp-on-{nproc}"), 3, nproc, sp2, None);
         let what = format!("tp 2 with sequence parallelism on {nproc} ranks, step 3");
         expect_same_params(&checkpoint_params(&dir, 3), &checkpoint_params(&one_dir, 3), &what);
         if nproc == 4 {
-            let resumed = run("sp-resumed-by-one", 5, 1, Strategy::Ddp, Some(dir));
+            let (resumed, _) = run("sp-resumed-by-one", 5, 1, Strategy::Ddp, Some(dir));
             let what = "one process resuming tp 2 with sequence parallelism";
             expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(&one_dir, 5), what);
         }
@@ -387,16 +371,6 @@ fn sequence_parallel_runs_train_as_one_process() {
 /// resumes one process's, both reaching the uninterrupted run.
 #[test]
 fn zero1_trains_as_ddp_and_its_checkpoints_move_both_ways() {
-    let run = |name: &str, steps: usize, nproc: usize, strategy: Strategy, resume: Option<PathBuf>| {
-        let dir = scratch(name);
-        let mut options = options(dir.clone(), steps, nproc);
-        options.config.grad_accum_steps = 2;
-        options.checkpoint_every = 3;
-        options.strategy = strategy;
-        options.resume = resume.map(|from| checkpoints::step_dir(&from, 3));
-        let summary = train(&options).unwrap();
-        (dir, summary)
-    };
     let (ddp_dir, ddp) = run("zero1-ddp", 5, 2, Strategy::Ddp, None);
     let (dir, zero1) = run("zero1-on-2", 3, 2, Strategy::Zero1, None);
     let (a, b) = (ddp.first.as_ref().unwrap().grad_norm, zero1.first.as_ref().unwrap().grad_norm);
