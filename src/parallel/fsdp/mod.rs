@@ -36,7 +36,7 @@ pub use groups::FsdpGroups;
 pub use ledger::{MemoryLedger, StepLedger};
 pub use precision::{LossScaler, MixedPrecisionPolicy, Precision};
 pub use prefetch::Prefetch;
-pub(crate) use shard::{BlockCompute, UnitPlacement};
+pub(crate) use shard::{BlockCompute, Pass, UnitPlacement};
 pub use shard::{GatheredBytes, LocalState, ShardedUnit};
 pub use strategy::{ShardingPlan, ShardingStrategy};
 pub use trainer::{FsdpConfig, FsdpTrainer};

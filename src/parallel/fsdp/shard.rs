@@ -48,6 +48,11 @@ pub struct ShardedUnit {
     whole: Option<Var>,
     /// What the unit step handed over with `add_grad` since the last `take_grad`, summed.
     added: Option<Tensor>,
+    /// Which pass the unit step is in, for the timeline.
+    pass: Pass,
+    /// The timeline's span of a block while it is whole: its compute, from
+    /// gather to free.
+    whole_span: Option<timeline::Span>,
     /// This step's gradient so far, in the reduce dtype: over `local` once
     /// reduce-scattered, the whole buffer while it is not.
     grad: Option<Tensor>,
@@ -56,6 +61,14 @@ pub struct ShardedUnit {
     /// Per weight-decay value, a 0/1 mask over `local` of the elements it applies to.
     decay_masks: Vec<(f64, Tensor)>,
     gathered: Arc<GatheredBytes>,
+}
+
+/// The pass a unit computes in, as the timeline names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Pass {
+    #[default]
+    Forward,
+    Backward,
 }
 
 /// What running a block's unit needs besides its parameters.
@@ -157,6 +170,8 @@ impl ShardedUnit {
             param_dtype,
             whole: None,
             added: None,
+            pass: Pass::default(),
+            whole_span: None,
             grad: None,
             moments,
             decay_masks,
@@ -206,6 +221,13 @@ impl ShardedUnit {
             self.gathered.add(bytes(whole.as_tensor()));
         }
         self.whole = Some(whole);
+        if let Some(block) = &self.block {
+            let pass = match self.pass {
+                Pass::Forward => "forward",
+                Pass::Backward => "backward",
+            };
+            self.whole_span = Some(timeline::span("compute", format!("{pass}, module {}", block.layer)));
+        }
         Ok(())
     }
 
@@ -213,6 +235,7 @@ impl ShardedUnit {
     /// (a graph that read them, say) holds them. The shard stays, and so does
     /// a replica the strategy keeps.
     pub fn reshard(&mut self) {
+        self.whole_span = None;
         if let Some(whole) = self.whole.take() {
             if self.gathers() {
                 self.gathered.remove(bytes(whole.as_tensor()));
@@ -229,7 +252,6 @@ impl ShardedUnit {
         let Some(whole) = &self.whole else {
             bail!("unit `{}` is sharded: all-gather its shards and unshard it before running it", self.name);
         };
-        let _span = timeline::span("compute", format!("block {}", block.layer));
         let view = FlatView { flat: whole.as_tensor(), layout: &self.layout };
         Layers::new(&block.config, &view, block.layer, &block.rotary)?.forward(x)
     }
@@ -288,6 +310,11 @@ impl ShardedUnit {
     /// The unit's layout: where each of its parameters sits in the flat buffer.
     pub fn layout(&self) -> &FlatLayout {
         &self.layout
+    }
+
+    /// Names the unit's compute on the timeline as part of `pass` from now on.
+    pub(crate) fn set_pass(&mut self, pass: Pass) {
+        self.pass = pass;
     }
 
     /// Whether this rank updates only a shard of the unit (so a full view needs an all-gather).

@@ -31,7 +31,8 @@ use serde::{Deserialize, Serialize};
 use super::units::check_units;
 use super::{
     BlockCompute, FlatLayout, FlatView, FsdpGroups, GatheredBytes, LocalState, LossScaler, MemoryLedger,
-    MixedPrecisionPolicy, Precision, Prefetch, ShardedUnit, ShardingPlan, ShardingStrategy, StepLedger, UnitPlacement,
+    MixedPrecisionPolicy, Pass, Precision, Prefetch, ShardedUnit, ShardingPlan, ShardingStrategy, StepLedger,
+    UnitPlacement,
 };
 use crate::autograd::{clip_factor, sum_of_squares, vjp};
 use crate::called_early::{fsdp_backward, fsdp_forward};
@@ -281,7 +282,7 @@ impl FsdpTrainer {
         let outer = root_modules(&self.model_config, root)?;
         let prefetch = self.prefetch.as_ref();
         let run_forward = |blocks: &mut [ShardedUnit]| {
-            prefetching(prefetch, blocks, Direction::Forward, |blocks| forward(&outer, pg, blocks, batch))
+            unit_step(prefetch, blocks, Pass::Forward, |blocks| forward(&outer, pg, blocks, batch))
         };
         // Activations: what the forward leaves allocated for its backward.
         // The counting allocator sees host memory only: on a GPU there is nothing to count.
@@ -300,7 +301,7 @@ impl FsdpTrainer {
         let Some(grad_output) = grads.remove(pass.output.as_tensor()) else {
             bail!("the loss does not depend on the last block's output");
         };
-        let grad_embedded = prefetching(prefetch, blocks, Direction::Backward, |blocks| {
+        let grad_embedded = unit_step(prefetch, blocks, Pass::Backward, |blocks| {
             fsdp_backward(pg, blocks, &pass.inputs, &grad_output)
         })?;
         grads.extend(vjp(&pass.embedded, &grad_embedded)?)?;
@@ -353,25 +354,19 @@ fn unit_step_body() -> &'static str {
     }
 }
 
-/// Which way the unit step goes through the blocks.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Direction {
-    Forward,
-    Backward,
-}
-
-/// Runs `work`, the unit step on `blocks`, with the parameter group
-/// prefetching their shards in the order `direction` gathers them, when
-/// prefetching is on.
-fn prefetching<R>(
+/// Runs `work`, the unit step on `blocks` in `pass`: the blocks name their
+/// compute after it on the timeline, and with prefetching on, the parameter
+/// group prefetches their shards in the order the pass gathers them.
+fn unit_step<R>(
     prefetch: Option<&Prefetch>,
     blocks: &mut [ShardedUnit],
-    direction: Direction,
+    pass: Pass,
     work: impl FnOnce(&mut [ShardedUnit]) -> Result<R>,
 ) -> Result<R> {
+    blocks.iter_mut().for_each(|unit| unit.set_pass(pass));
     let Some(prefetch) = prefetch else { return work(blocks) };
     let mut shards: Vec<Tensor> = blocks.iter().map(|unit| unit.shard().clone()).collect();
-    if direction == Direction::Backward {
+    if pass == Pass::Backward {
         shards.reverse();
     }
     prefetch.expect(shards);
@@ -382,7 +377,7 @@ fn prefetching<R>(
 }
 
 /// What one micro-batch's forward leaves for its backward.
-struct Pass {
+struct Forwarded {
     /// The embedding's output, with its graph back to the root unit.
     embedded: Tensor,
     /// Each block's input, kept by the unit step.
@@ -393,13 +388,13 @@ struct Pass {
 }
 
 /// The embedding, the blocks by the unit step, the final norm, head and loss.
-fn forward(outer: &Outer, pg: &dyn ProcessGroup, blocks: &mut [ShardedUnit], batch: &Tensor) -> Result<Pass> {
+fn forward(outer: &Outer, pg: &dyn ProcessGroup, blocks: &mut [ShardedUnit], batch: &Tensor) -> Result<Forwarded> {
     let embedded = outer.embed_tokens.forward(batch)?; // (B, T, C)
     let blocks_pass = fsdp_forward(pg, blocks, &embedded)?;
     let output = Var::from_tensor(&blocks_pass.output)?;
     let logits = outer.lm_head.forward(&outer.norm.forward(output.as_tensor())?)?; // (B, T, V)
     let loss = next_token_loss(&logits, batch)?;
-    Ok(Pass { embedded, inputs: blocks_pass.inputs, output, loss })
+    Ok(Forwarded { embedded, inputs: blocks_pass.inputs, output, loss })
 }
 
 /// The loop's view of the sharded trainer: its checkpoints are exercise 15.
