@@ -121,6 +121,17 @@ impl FlatLayout {
         masks.into_iter().map(|(v, m)| Ok((v, Tensor::from_vec(m, range.len(), device)?))).collect()
     }
 
+    /// `flat` (over the range `masks` were made for) with AdamW's decoupled
+    /// weight decay applied, `p · (1 − lr · wd)`, each element with its own
+    /// parameter's `wd` from [`masks_by`](Self::masks_by).
+    pub fn decayed(flat: &Tensor, masks: &[(f64, Tensor)], lr: f64) -> Result<Tensor> {
+        let mut factor = flat.zeros_like()?;
+        for (weight_decay, mask) in masks {
+            factor = (factor + (mask * (1.0 - lr * weight_decay))?)?;
+        }
+        flat * factor
+    }
+
     fn view(&self, flat: &Tensor, entry: &FlatEntry) -> Result<Tensor> {
         flat.narrow(0, entry.offset, entry.shape.elem_count())?.reshape(entry.shape.clone())
     }

@@ -390,13 +390,9 @@ impl ShardedUnit {
         adamw: &AdamWConfig,
         pg: &dyn ProcessGroup,
     ) -> Result<()> {
-        let p = self.master_params()?;
-        let mut factor = p.zeros_like()?;
-        for (weight_decay, mask) in &self.decay_masks {
-            factor = (factor + (mask * (1.0 - lr * weight_decay))?)?;
-        }
+        let decayed = FlatLayout::decayed(&self.master_params()?, &self.decay_masks, lr)?;
         let moments = Moments { exp_avg: self.moments.exp_avg.clone(), exp_avg_sq: self.moments.exp_avg_sq.clone() };
-        let (new_p, moments) = adamw.update(t, lr, &(p * factor)?, grad, moments)?;
+        let (new_p, moments) = adamw.update(t, lr, &decayed, grad, moments)?;
         self.moments = moments;
         self.set_master_params(new_p, pg)
     }

@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! micro-batches   forward and backward on the whole model, gradients summed, divided by their count
-//! flatten         every parameter and its gradient end to end, in the model's order (P elements)
+//! flatten         every parameter and its gradient end to end, in the model's order, padded to a
+//!                 multiple of the ranks (FSDP's FlatLayout over the whole model)
 //! decay           p · (1 − lr · wd) per element, here: exercise 8's groups give each parameter its wd
 //! step            exercise 17: reduce-scatter the gradient (clipped on its way, see clip.rs),
 //!                 AdamW on this rank's shard, all-gather the new parameters
@@ -21,13 +22,14 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use candle_core::{bail, DType, Device, Result, Shape, Tensor};
+use candle_core::{bail, Device, Result, Tensor};
 
 use super::{ClipShards, ShardedAdamW};
 use crate::autograd::Gradients;
 use crate::distributed::{ProcessGroup, WithOverride};
-use crate::model::{Gpt, GptConfig, ParamStore};
+use crate::model::{param_specs, Gpt, GptConfig, ParamStore};
 use crate::parallel::ddp::broadcast_parameters;
+use crate::parallel::fsdp::FlatLayout;
 use crate::phase2_training::param_groups;
 use crate::train::{
     AdamW, Checkpoint, DataPosition, Moments, ParamGroup, StepCounters, StepStats, Train, TrainConfig, TrainerState,
@@ -37,16 +39,18 @@ pub struct ZeroTrainer {
     model: Gpt,
     model_config: GptConfig,
     params: ParamStore,
-    /// Each parameter's name and shape, in the order the flat vector holds them.
-    layout: Vec<(String, Shape)>,
-    /// The weight decay of every element of the flat vector.
-    decay: Tensor,
+    /// Every parameter end to end in the model's order, padded to a
+    /// multiple of the ranks: the flat vector exercise 17 steps.
+    layout: FlatLayout,
+    /// Per weight-decay value, a 0/1 mask over the flat vector.
+    decay_masks: Vec<(f64, Tensor)>,
     optimizer: ShardedAdamW,
     /// The job's group, its reduce-scatter clipping.
     pg: WithOverride<ClipShards>,
     clip: ClipShards,
     config: TrainConfig,
     step: usize,
+    device: Device,
 }
 
 impl ZeroTrainer {
@@ -65,57 +69,28 @@ impl ZeroTrainer {
         let model = Gpt::new(model_config, &params)?.with_activation_checkpointing(config.activation_checkpointing);
         let decay_of = ParamGroup::decay_by_name(&param_groups(&params, config.optimizer.weight_decay), &params)?;
         let device = params.device()?;
-        let layout: Vec<(String, Shape)> =
-            params.iter().map(|(name, var)| (name.to_string(), var.shape().clone())).collect();
-        let decay = Tensor::cat(
-            &layout
-                .iter()
-                .map(|(name, shape)| Tensor::full(decay_of[name] as f32, shape.elem_count(), &device))
-                .collect::<Result<Vec<_>>>()?,
-            0,
-        )?;
+        let names: Vec<String> = param_specs(model_config).into_iter().map(|spec| spec.name).collect();
+        let layout = FlatLayout::new(model_config, &names, pg.world_size())?;
+        let decay_masks = layout.masks_by(0..layout.padded_len(), &device, |name| decay_of[name])?;
         let clip = ClipShards::new(config.max_grad_norm);
         Ok(Self {
             model,
             model_config: model_config.clone(),
             params,
             layout,
-            decay,
+            decay_masks,
             optimizer: ShardedAdamW::new(config.optimizer.adamw, 0.0),
             pg: WithOverride::new(pg, clip.clone()),
             clip,
             config,
             step: 0,
+            device,
         })
     }
 
-    /// One tensor per parameter, end to end in the layout's order.
-    fn flatten(&self, tensor_of: impl Fn(&str) -> Result<Tensor>) -> Result<Tensor> {
-        let parts = self.layout.iter().map(|(name, _)| tensor_of(name)?.flatten_all()).collect::<Result<Vec<_>>>()?;
-        Tensor::cat(&parts, 0)
-    }
-
-    /// The parameters' tensors in a flat vector of the layout, by name.
-    fn unflatten(&self, flat: &Tensor) -> Result<Vec<(String, Tensor)>> {
-        let mut offset = 0;
-        let mut named = Vec::with_capacity(self.layout.len());
-        for (name, shape) in &self.layout {
-            named.push((name.clone(), flat.narrow(0, offset, shape.elem_count())?.reshape(shape)?));
-            offset += shape.elem_count();
-        }
-        Ok(named)
-    }
-
-    /// Elements in the flat vector, and this rank's shard of it (its padded length / N).
-    fn shard_range(&self) -> (usize, std::ops::Range<usize>) {
-        let len: usize = self.layout.iter().map(|(_, shape)| shape.elem_count()).sum();
-        let (rank, n) = (self.pg.rank(), self.pg.world_size());
-        let shard = len.div_ceil(n);
-        (len, rank * shard..(rank + 1) * shard)
-    }
-
-    fn device(&self) -> &Device {
-        self.decay.device()
+    /// The parameters' values by name.
+    fn param_values(&self) -> HashMap<String, Tensor> {
+        self.params.iter().map(|(name, var)| (name.to_string(), var.as_tensor().clone())).collect()
     }
 }
 
@@ -132,19 +107,20 @@ impl Train for ZeroTrainer {
         }
         let k = micro_batches.len() as f64;
         grads.scale(1.0 / k)?;
-        let grad = self.flatten(|name| match grads.get(name) {
-            Some(g) => Ok(g.clone()),
-            None => bail!("no gradient reached `{name}`: the loss does not depend on it"),
-        })?;
+        if let Some(name) = self.layout.names().find(|name| grads.get(name).is_none()) {
+            bail!("no gradient reached `{name}`: the loss does not depend on it");
+        }
+        let grads: HashMap<String, Tensor> = grads.iter().map(|(name, g)| (name.to_string(), g.clone())).collect();
+        let grad = self.layout.flatten(&grads, &self.device)?;
         let lr = self.config.schedule.lr(self.step);
-        let decayed =
-            (self.flatten(|name| Ok(self.params.get(name)?.as_tensor().clone()))? * (self.decay.affine(-lr, 1.0))?)?;
+        let params = self.layout.flatten(&self.param_values(), &self.device)?;
+        let decayed = FlatLayout::decayed(&params, &self.decay_masks, lr)?;
         let updated = self.optimizer.step(&self.pg, &decayed, &grad, lr)?;
         let grad_norm = self.clip.take_norm()?;
         if !grad_norm.is_finite() {
             bail!("the gradient norm is {grad_norm} at step {}: the ZeRO-1 trainer cannot skip a step", self.step + 1);
         }
-        for (name, value) in self.unflatten(&updated)? {
+        for (name, value) in self.layout.unflatten(&updated)? {
             self.params.get(&name)?.set(&value)?;
         }
         self.step += 1;
@@ -155,18 +131,16 @@ impl Train for ZeroTrainer {
     /// Every rank gathers the moments' shards; rank 0 writes them whole,
     /// under AdamW's names, beside the parameters.
     fn save_checkpoint(&self, dir: &Path, data: Option<DataPosition>) -> Result<()> {
-        let (len, _) = self.shard_range();
         let mut optimizer = HashMap::new();
         if let Some(moments) = &self.optimizer.moments {
             for (kind, shard) in [&moments.exp_avg, &moments.exp_avg_sq].into_iter().enumerate() {
-                let whole = self.pg.all_gather(shard)?.narrow(0, 0, len)?;
-                for (name, moment) in self.unflatten(&whole)? {
+                for (name, moment) in self.layout.unflatten(&self.pg.all_gather(shard)?)? {
                     optimizer.insert(AdamW::moment_names(&name)[kind].clone(), moment);
                 }
             }
         }
         if self.pg.rank() == 0 {
-            let params = self.params.iter().map(|(name, var)| (name.to_string(), var.as_tensor().clone())).collect();
+            let params = self.param_values();
             let state =
                 TrainerState::new(self.step, self.optimizer.steps, self.model_config.clone(), self.config, data);
             Checkpoint { params, optimizer, state }.write(dir)?;
@@ -188,19 +162,21 @@ impl Train for ZeroTrainer {
         self.optimizer.moments = match steps {
             0 => None,
             _ => {
-                let (len, range) = self.shard_range();
+                let range = self.layout.shard_range(self.pg.rank(), self.pg.world_size());
                 let shard_of = |kind: usize| -> Result<Tensor> {
-                    let whole =
-                        self.flatten(|name| match checkpoint.optimizer.get(&AdamW::moment_names(name)[kind]) {
-                            Some(moment) => moment.to_dtype(DType::F32)?.to_device(self.device()),
-                            None => bail!(
-                            "the checkpoint in {} has no {} for `{name}`: it was written before any optimizer step, \
-                             or by another optimizer",
-                            dir.display(),
-                            AdamW::moment_names(name)[kind]
-                        ),
-                        })?;
-                    whole.pad_with_zeros(0, 0, range.end.max(len) - len)?.narrow(0, range.start, range.len())
+                    let mut named = HashMap::new();
+                    for (name, _) in self.params.iter() {
+                        let moment_name = &AdamW::moment_names(name)[kind];
+                        let Some(moment) = checkpoint.optimizer.get(moment_name) else {
+                            bail!(
+                                "the checkpoint in {} has no {moment_name}: it was written before any optimizer \
+                                 step, or by another optimizer",
+                                dir.display()
+                            );
+                        };
+                        named.insert(name.to_string(), moment.clone());
+                    }
+                    self.layout.flatten(&named, &self.device)?.narrow(0, range.start, range.len())
                 };
                 Some(Moments { exp_avg: shard_of(0)?, exp_avg_sq: shard_of(1)? })
             }
