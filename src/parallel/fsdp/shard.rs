@@ -159,14 +159,15 @@ impl ShardedUnit {
         };
         let decay_masks = layout.masks_by(local.clone(), full.device(), weight_decay_of)?;
         let moments = Moments::zeros_like(&Tensor::zeros(local.len(), DType::F32, full.device())?)?;
-        let mut unit = Self {
+        let gatherable = gatherable(replica.as_ref(), master.as_ref(), param_dtype)?;
+        Ok(Self {
             name,
             layout,
             block,
             local,
             replica,
             master,
-            gatherable: full.zeros_like()?,
+            gatherable,
             param_dtype,
             whole: None,
             added: None,
@@ -176,9 +177,7 @@ impl ShardedUnit {
             moments,
             decay_masks,
             gathered: at.gathered.clone(),
-        };
-        unit.gatherable = unit.make_gatherable()?;
-        Ok(unit)
+        })
     }
 
     /// The block this unit holds. The root unit holds none; the unit step never sees it.
@@ -297,8 +296,9 @@ impl ShardedUnit {
                 shard.dims()
             );
         }
-        self.master = Some(shard.detach().to_dtype(DType::F32)?);
-        self.gatherable = self.make_gatherable()?;
+        let master = shard.detach().to_dtype(DType::F32)?;
+        self.gatherable = gatherable(None, Some(&master), self.param_dtype)?;
+        self.master = Some(master);
         Ok(())
     }
 
@@ -450,21 +450,23 @@ impl ShardedUnit {
         if self.master.is_some() {
             self.master = Some(p);
         }
-        self.gatherable = self.make_gatherable()?;
+        self.gatherable = gatherable(self.replica.as_ref(), self.master.as_ref(), self.param_dtype)?;
         Ok(())
-    }
-
-    /// What the unit's all-gather starts from: the replica, or the master shard in the param dtype.
-    fn make_gatherable(&self) -> Result<Tensor> {
-        match &self.replica {
-            Some(replica) => Ok(replica.as_tensor().clone()),
-            None => self.master_params()?.to_dtype(self.param_dtype),
-        }
     }
 
     /// Where the unit's tensors live.
     pub fn device(&self) -> &Device {
         self.moments.exp_avg.device()
+    }
+}
+
+/// What a unit's all-gather starts from: the replica it keeps, or else its
+/// f32 master shard in the param dtype.
+fn gatherable(replica: Option<&Var>, master: Option<&Tensor>, param_dtype: DType) -> Result<Tensor> {
+    match (replica, master) {
+        (Some(replica), _) => Ok(replica.as_tensor().clone()),
+        (None, Some(master)) => master.to_dtype(param_dtype),
+        (None, None) => unreachable!("a unit without a replica keeps f32 master weights"),
     }
 }
 
