@@ -17,6 +17,14 @@ use candle_core::{bail, DType, Device, Result, Shape, Tensor};
 
 use crate::model::{param_specs, GptConfig, Weights};
 
+/// Each element's weight decay over a range of a flat buffer: runs of
+/// elements of one parameter, from [`FlatLayout::decay_runs`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecayRuns {
+    len: usize,
+    runs: Vec<(Range<usize>, f64)>,
+}
+
 /// Where each parameter of a unit sits in its flat buffer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FlatLayout {
@@ -93,43 +101,35 @@ impl FlatLayout {
         self.entries.iter().map(|e| Ok((e.name.clone(), self.view(flat, e)?))).collect()
     }
 
-    /// 0/1 masks over `range` of the buffer, one per distinct value of
-    /// `value_of(name)`, for per-parameter settings (weight decay) on a shard.
-    pub fn masks_by(
-        &self,
-        range: Range<usize>,
-        device: &Device,
-        value_of: impl Fn(&str) -> f64,
-    ) -> Result<Vec<(f64, Tensor)>> {
-        let mut masks: Vec<(f64, Vec<f32>)> = vec![];
-        for entry in &self.entries {
-            let (start, end) =
-                (entry.offset.max(range.start), (entry.offset + entry.shape.elem_count()).min(range.end));
-            if start >= end {
-                continue;
-            }
-            let value = value_of(&entry.name);
-            let index = match masks.iter().position(|(v, _)| *v == value) {
-                Some(i) => i,
-                None => {
-                    masks.push((value, vec![0.0; range.len()]));
-                    masks.len() - 1
-                }
-            };
-            masks[index].1[start - range.start..end - range.start].fill(1.0);
-        }
-        masks.into_iter().map(|(v, m)| Ok((v, Tensor::from_vec(m, range.len(), device)?))).collect()
+    /// The weight decay of every element of `range` of the buffer, as runs
+    /// of one parameter's `weight_decay_of(name)`; padding has none.
+    pub fn decay_runs(&self, range: Range<usize>, weight_decay_of: impl Fn(&str) -> f64) -> DecayRuns {
+        let runs = self
+            .entries
+            .iter()
+            .filter_map(|entry| {
+                let (start, end) =
+                    (entry.offset.max(range.start), (entry.offset + entry.shape.elem_count()).min(range.end));
+                (start < end).then(|| (start - range.start..end - range.start, weight_decay_of(&entry.name)))
+            })
+            .collect();
+        DecayRuns { len: range.len(), runs }
     }
 
-    /// `flat` (over the range `masks` were made for) with AdamW's decoupled
+    /// `flat` (over the range `decays` were made for) with AdamW's decoupled
     /// weight decay applied, `p · (1 − lr · wd)`, each element with its own
-    /// parameter's `wd` from [`masks_by`](Self::masks_by).
-    pub fn decayed(flat: &Tensor, masks: &[(f64, Tensor)], lr: f64) -> Result<Tensor> {
-        let mut factor = flat.zeros_like()?;
-        for (weight_decay, mask) in masks {
-            factor = (factor + (mask * (1.0 - lr * weight_decay))?)?;
+    /// parameter's `wd`; padding becomes zero.
+    pub fn decayed(flat: &Tensor, decays: &DecayRuns, lr: f64) -> Result<Tensor> {
+        if flat.dims() != [decays.len] {
+            bail!("a flat buffer of shape {:?} does not fit the {} elements its decays cover", flat.dims(), decays.len);
         }
-        flat * factor
+        // Built for the step and dropped after it: a factor kept per element
+        // would cost as much memory as one of AdamW's moments.
+        let mut factor = vec![0f32; decays.len];
+        for (run, weight_decay) in &decays.runs {
+            factor[run.clone()].fill((1.0 - lr * weight_decay) as f32);
+        }
+        flat * Tensor::from_vec(factor, decays.len, flat.device())?
     }
 
     fn view(&self, flat: &Tensor, entry: &FlatEntry) -> Result<Tensor> {

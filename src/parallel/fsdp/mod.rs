@@ -31,7 +31,7 @@ mod strategy;
 mod trainer;
 mod units;
 
-pub use flat::{FlatLayout, FlatView};
+pub use flat::{DecayRuns, FlatLayout, FlatView};
 pub use groups::FsdpGroups;
 pub use ledger::{MemoryLedger, StepLedger};
 pub use precision::{LossScaler, MixedPrecisionPolicy, Precision};

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use candle_core::{bail, DType, Device, Module, Result, Tensor, Var};
 
-use super::{comm, FlatLayout, FlatView, MixedPrecisionPolicy, ShardingPlan};
+use super::{comm, DecayRuns, FlatLayout, FlatView, MixedPrecisionPolicy, ShardingPlan};
 use crate::distributed::ProcessGroup;
 use crate::model::{GptConfig, Layers, RotaryCache};
 use crate::timeline;
@@ -58,8 +58,8 @@ pub struct ShardedUnit {
     grad: Option<Tensor>,
     /// AdamW's moments over `local`, f32.
     moments: Moments,
-    /// Per weight-decay value, a 0/1 mask over `local` of the elements it applies to.
-    decay_masks: Vec<(f64, Tensor)>,
+    /// Each element's weight decay over `local`.
+    decays: DecayRuns,
     gathered: Arc<GatheredBytes>,
 }
 
@@ -157,7 +157,7 @@ impl ShardedUnit {
             true => None,
             false => Some(full.narrow(0, local.start, local.len())?.force_contiguous()?),
         };
-        let decay_masks = layout.masks_by(local.clone(), full.device(), weight_decay_of)?;
+        let decays = layout.decay_runs(local.clone(), weight_decay_of);
         let moments = Moments::zeros_like(&Tensor::zeros(local.len(), DType::F32, full.device())?)?;
         let gatherable = gatherable(replica.as_ref(), master.as_ref(), param_dtype)?;
         Ok(Self {
@@ -175,7 +175,7 @@ impl ShardedUnit {
             whole_span: None,
             grad: None,
             moments,
-            decay_masks,
+            decays,
             gathered: at.gathered.clone(),
         })
     }
@@ -390,7 +390,7 @@ impl ShardedUnit {
         adamw: &AdamWConfig,
         pg: &dyn ProcessGroup,
     ) -> Result<()> {
-        let decayed = FlatLayout::decayed(&self.master_params()?, &self.decay_masks, lr)?;
+        let decayed = FlatLayout::decayed(&self.master_params()?, &self.decays, lr)?;
         let moments = Moments { exp_avg: self.moments.exp_avg.clone(), exp_avg_sq: self.moments.exp_avg_sq.clone() };
         let (new_p, moments) = adamw.update(t, lr, &decayed, grad, moments)?;
         self.moments = moments;

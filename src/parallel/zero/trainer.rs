@@ -29,7 +29,7 @@ use crate::autograd::Gradients;
 use crate::distributed::{ProcessGroup, WithOverride};
 use crate::model::{param_specs, Gpt, GptConfig, ParamStore};
 use crate::parallel::ddp::broadcast_parameters;
-use crate::parallel::fsdp::FlatLayout;
+use crate::parallel::fsdp::{DecayRuns, FlatLayout};
 use crate::phase2_training::param_groups;
 use crate::train::{
     AdamW, Checkpoint, DataPosition, Moments, ParamGroup, StepCounters, StepStats, Train, TrainConfig, TrainerState,
@@ -42,8 +42,8 @@ pub struct ZeroTrainer {
     /// Every parameter end to end in the model's order, padded to a
     /// multiple of the ranks: the flat vector exercise 17 steps.
     layout: FlatLayout,
-    /// Per weight-decay value, a 0/1 mask over the flat vector.
-    decay_masks: Vec<(f64, Tensor)>,
+    /// Each element's weight decay.
+    decays: DecayRuns,
     optimizer: ShardedAdamW,
     /// The job's group, its reduce-scatter clipping.
     pg: WithOverride<ClipShards>,
@@ -71,14 +71,14 @@ impl ZeroTrainer {
         let device = params.device()?;
         let names: Vec<String> = param_specs(model_config).into_iter().map(|spec| spec.name).collect();
         let layout = FlatLayout::new(model_config, &names, pg.world_size())?;
-        let decay_masks = layout.masks_by(0..layout.padded_len(), &device, |name| decay_of[name])?;
+        let decays = layout.decay_runs(0..layout.padded_len(), |name| decay_of[name]);
         let clip = ClipShards::new(config.max_grad_norm);
         Ok(Self {
             model,
             model_config: model_config.clone(),
             params,
             layout,
-            decay_masks,
+            decays,
             optimizer: ShardedAdamW::new(config.optimizer.adamw, 0.0),
             pg: WithOverride::new(pg, clip.clone()),
             clip,
@@ -114,7 +114,7 @@ impl Train for ZeroTrainer {
         let grad = self.layout.flatten(&grads, &self.device)?;
         let lr = self.config.schedule.lr(self.step);
         let params = self.layout.flatten(&self.param_values(), &self.device)?;
-        let decayed = FlatLayout::decayed(&params, &self.decay_masks, lr)?;
+        let decayed = FlatLayout::decayed(&params, &self.decays, lr)?;
         let updated = self.optimizer.step(&self.pg, &decayed, &grad, lr)?;
         let grad_norm = self.clip.take_norm()?;
         if !grad_norm.is_finite() {
