@@ -79,7 +79,10 @@ impl FlatLayout {
         self.entries.iter().map(|e| e.name.as_str())
     }
 
-    /// One padded f32 buffer from full tensors by name (e.g. a checkpoint's).
+    /// One padded f32 buffer from full tensors by name (e.g. a checkpoint's),
+    /// a copy outside autograd: FSDP keeps it as master weights for the whole
+    /// run, and a buffer that still recorded the variables it was made from
+    /// would chain every later update to the one before, keeping them all.
     pub fn flatten(&self, tensors: &HashMap<String, Tensor>, device: &Device) -> Result<Tensor> {
         let mut parts = Vec::with_capacity(self.entries.len() + 1);
         for entry in &self.entries {
@@ -89,7 +92,7 @@ impl FlatLayout {
             if t.shape() != &entry.shape {
                 bail!("`{}` has shape {:?}; the model needs {:?}", entry.name, t.shape(), entry.shape);
             }
-            parts.push(t.to_dtype(DType::F32)?.to_device(device)?.flatten_all()?);
+            parts.push(t.detach().to_dtype(DType::F32)?.to_device(device)?.flatten_all()?);
         }
         parts.push(Tensor::zeros(self.padded - self.numel, DType::F32, device)?);
         Tensor::cat(&parts, 0)
