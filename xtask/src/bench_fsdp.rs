@@ -75,9 +75,10 @@ pub fn bench_fsdp(ws: &Workspace) -> Result<bool> {
            stays gathered from its forward through its backward, as PyTorch's root does,\n  \
            so it is gathered once, not twice.\n\
          - at N = 1 nothing moves over a network, but the collectives still run (and count).\n\
-         Activations are what the forward leaves for backward, measured with a counting\n\
-         allocator: stage 3 recomputes its blocks (candle's graph would keep gathered\n\
-         weights alive), so it keeps only their inputs plus the root's.\n\n\
+         Activations are what the forward leaves for backward: every stage recomputes its\n\
+         blocks in backward (the unit step keeps no graph, which would keep gathered weights\n\
+         alive), so the forward leaves their inputs, counted by size, plus the root's saved\n\
+         tensors, measured with a counting allocator.\n\n\
          | config | precision | strategy | N | model states MiB | formula MiB | gathered peak MiB | activations MiB | traffic (Ψ) | theory (Ψ) | collectives AG/RS/AR | tokens/s |\n\
          |---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|\n{}",
         rows.concat(),

@@ -17,10 +17,11 @@ pub struct MemoryLedger {
     pub optimizer_state: u64,
     /// Gathered parameters of units alive at once, at most.
     pub gathered_peak: u64,
-    /// What the forward pass leaves allocated for backward (autograd's saved
-    /// tensors, or only block inputs where blocks are recomputed), at most.
-    /// Measured by [`CountingAllocator`](crate::memory::CountingAllocator);
-    /// `None` when the running binary does not install it.
+    /// What the forward pass leaves allocated for backward, at most: the
+    /// root's saved tensors, measured by
+    /// [`CountingAllocator`](crate::memory::CountingAllocator), and the block
+    /// inputs the unit step keeps, by their size. `None` when the running
+    /// binary does not install the allocator.
     pub activations_peak: Option<u64>,
 }
 

@@ -28,6 +28,7 @@ use std::sync::Arc;
 use candle_core::{bail, Module, Result, Tensor, Var};
 use serde::{Deserialize, Serialize};
 
+use super::shard::bytes;
 use super::units::check_units;
 use super::{
     BlockCompute, FlatLayout, FlatView, FsdpGroups, GatheredBytes, LocalState, LossScaler, MemoryLedger,
@@ -284,14 +285,11 @@ impl FsdpTrainer {
         let run_forward = |blocks: &mut [ShardedUnit]| {
             unit_step(prefetch, blocks, Pass::Forward, |blocks| forward(&outer, pg, blocks, batch))
         };
-        // Activations: what the forward leaves allocated for its backward.
+        let pass = run_forward(blocks)?;
         // The counting allocator sees host memory only: on a GPU there is nothing to count.
-        let (pass, held) = match batch.device().is_cpu() {
-            true => held_after(|| run_forward(blocks)),
-            false => (run_forward(blocks), None),
-        };
-        let pass = pass?;
-        memory.activations_peak = memory.activations_peak.max(held);
+        if batch.device().is_cpu() {
+            memory.activations_peak = memory.activations_peak.max(pass.held);
+        }
         let loss_value = pass.loss.to_scalar::<f32>()? as f64;
         let loss = match loss_scale {
             1.0 => pass.loss,
@@ -385,16 +383,28 @@ struct Forwarded {
     /// The last block's output, a leaf the head's backward reports on.
     output: Var,
     loss: Tensor,
+    /// Bytes the pass leaves allocated for backward (see [`MemoryLedger::activations_peak`]).
+    held: Option<u64>,
 }
 
 /// The embedding, the blocks by the unit step, the final norm, head and loss.
 fn forward(outer: &Outer, pg: &dyn ProcessGroup, blocks: &mut [ShardedUnit], batch: &Tensor) -> Result<Forwarded> {
-    let embedded = outer.embed_tokens.forward(batch)?; // (B, T, C)
+    // The root's pieces are measured where they run: the unit step's
+    // collectives would spoil a count of this thread's allocations, since
+    // another rank's thread may free what they hand over.
+    let (embedded, embed_held) = held_after(|| outer.embed_tokens.forward(batch)); // (B, T, C)
+    let embedded = embedded?;
     let blocks_pass = fsdp_forward(pg, blocks, &embedded)?;
-    let output = Var::from_tensor(&blocks_pass.output)?;
-    let logits = outer.lm_head.forward(&outer.norm.forward(output.as_tensor())?)?; // (B, T, V)
-    let loss = next_token_loss(&logits, batch)?;
-    Ok(Forwarded { embedded, inputs: blocks_pass.inputs, output, loss })
+    let (head, head_held) = held_after(|| -> Result<_> {
+        let output = Var::from_tensor(&blocks_pass.output)?;
+        let logits = outer.lm_head.forward(&outer.norm.forward(output.as_tensor())?)?; // (B, T, V)
+        Ok((next_token_loss(&logits, batch)?, output))
+    });
+    let (loss, output) = head?;
+    // The unit step keeps each block's input, the first being the embedding's output.
+    let inputs_held: u64 = blocks_pass.inputs.iter().skip(1).map(bytes).sum();
+    let held = embed_held.zip(head_held).map(|(embed, head)| embed + head + inputs_held);
+    Ok(Forwarded { embedded, inputs: blocks_pass.inputs, output, loss, held })
 }
 
 /// The loop's view of the sharded trainer: its checkpoints are exercise 15.
