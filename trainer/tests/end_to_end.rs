@@ -402,7 +402,7 @@ fn fsdp_master_weights_keep_no_autograd_history() {
         FsdpTrainer::new(&config.model, params, train_config, fsdp, Box::new(SingleProcess::new())).unwrap();
     let tokens = Tensor::zeros((2, 16), DType::U32, &Device::Cpu).unwrap();
     for _ in 0..2 {
-        trainer.train_step(&[tokens.clone()]).unwrap();
+        trainer.train_step(std::slice::from_ref(&tokens)).unwrap();
     }
     for unit in &trainer.units {
         let state = unit.local_state().unwrap();
