@@ -68,7 +68,7 @@ use crate::parallel::fsdp_unit::{BlockUnit, FsdpForward};
 /// carrying a graph; on return no unit is whole, and each unit was whole
 /// once.
 ///
-/// Pieces: `unit.shard()` (this rank's (P'/N,) shard), `pg.all_gather(t)`
+/// Pieces: `unit.shard()?` (this rank's (P'/N,) shard), `pg.all_gather(&t)`
 /// (every rank's shard in rank order, (P',)), `unit.unshard(whole)`,
 /// `unit.forward(x)`, `unit.reshard()`, `Tensor::detach`.
 pub fn fsdp_forward(pg: &dyn ProcessGroup, units: &mut [BlockUnit], x: &Tensor) -> Result<FsdpForward> {

@@ -10,7 +10,7 @@ pub fn fsdp_forward(pg: &dyn ProcessGroup, units: &mut [BlockUnit], x: &Tensor) 
     let mut inputs = Vec::with_capacity(units.len());
     let mut h = x.detach();
     for unit in units.iter_mut() {
-        unit.unshard(pg.all_gather(unit.shard())?)?;
+        unit.unshard(pg.all_gather(&unit.shard()?)?)?;
         // No graph: it would keep the whole parameters alive until backward.
         let output = unit.forward(&h)?.detach();
         unit.reshard();
@@ -30,7 +30,7 @@ pub fn fsdp_backward(
     }
     let mut grad = grad_output.clone();
     for (unit, input) in units.iter_mut().zip(inputs).rev() {
-        unit.unshard(pg.all_gather(unit.shard())?)?;
+        unit.unshard(pg.all_gather(&unit.shard()?)?)?;
         let input = Var::from_tensor(input)?;
         let grads = vjp(&unit.forward(input.as_tensor())?, &grad)?;
         let (Some(whole), Some(grad_input)) = (unit.whole().and_then(|w| grads.get(w)), grads.get(input.as_tensor()))

@@ -215,7 +215,8 @@ fn fsdp_rank(pg: Box<dyn ProcessGroup>) -> Result<Values> {
     let root = Root::of(&whole)?;
     let mut units = BlockUnit::shard_blocks(&model_config(), &whole, rank, world)?;
     drop(whole);
-    let shards = ParamStore::from_tensors(units.iter().map(|u| (shard_name(u.layer()), u.shard().clone())))?;
+    let shards = units.iter().map(|u| Ok((shard_name(u.layer()), u.shard()?))).collect::<Result<Vec<_>>>()?;
+    let shards = ParamStore::from_tensors(shards)?;
     let (mut root_optimizer, mut shard_optimizer) = (adamw(&root.params)?, adamw(&shards)?);
     for step in 0..STEPS {
         let batches = global_batches(step);
@@ -247,7 +248,7 @@ fn fsdp_rank(pg: Box<dyn ProcessGroup>) -> Result<Values> {
     }
     let mut held = values(&root.params);
     for unit in &units {
-        let whole = pg.all_gather(unit.shard())?;
+        let whole = pg.all_gather(&unit.shard()?)?;
         held.extend(as_values(unit.layout().unflatten(&whole)?.iter().map(|(n, t)| (n.as_str(), t))));
     }
     Ok(held)

@@ -61,6 +61,8 @@ pub struct RunOptions {
     pub ddp_overlap: bool,
     /// Under FSDP, gather the next unit while one computes.
     pub prefetch: bool,
+    /// Under FSDP, keep what only the optimizer step reads in a file in `out_dir`.
+    pub offload: bool,
     /// Under DDP, the most bytes of gradients one all-reduce carries.
     pub bucket_bytes: usize,
     /// Record a timeline of every rank's steps and communication into
@@ -217,6 +219,7 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>, 
         Strategy::Fsdp(fsdp) => {
             let trainer = FsdpTrainer::new(&model_config, params, train_config, fsdp, pg)?;
             let trainer = if options.prefetch { trainer.with_prefetch() } else { trainer };
+            let trainer = if options.offload { trainer.with_offload(&options.out_dir)? } else { trainer };
             drive(options, dataset, trainer, device, num_params)
         }
         Strategy::Pipeline { schedule, .. } => {
@@ -558,6 +561,12 @@ fn print_plan(options: &RunOptions, dataset: &Dataset, device: &Device, num_para
     if options.prefetch {
         println!("parameters: each unit's all-gather starts while the unit before it computes (--prefetch)");
     }
+    if options.offload {
+        println!(
+            "optimizer state: in a file in {} between steps, read back for the step (--offload)",
+            options.out_dir.display()
+        );
+    }
     if let Strategy::Pipeline { schedule, stages, tp } = options.strategy {
         let micro_batches = c.grad_accum_steps;
         let layers: Vec<String> = (0..stages)
@@ -688,6 +697,7 @@ mod tests {
             powersgd_rank: None,
             ddp_overlap: false,
             prefetch: false,
+            offload: false,
             bucket_bytes: 1,
             unverified_nccl,
             trace: false,

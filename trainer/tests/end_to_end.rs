@@ -49,6 +49,7 @@ fn options(out_dir: PathBuf, max_steps: usize, nproc: usize) -> RunOptions {
         powersgd_rank: None,
         ddp_overlap: false,
         prefetch: false,
+        offload: false,
         bucket_bytes: workbook::parallel::ddp::DEFAULT_BUCKET_BYTES,
         unverified_nccl: false,
         trace: false,
@@ -383,6 +384,44 @@ fn zero1_trains_as_ddp_and_its_checkpoints_move_both_ways() {
     expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(&ddp_dir, 5), "ZeRO-1 resuming DDP");
 }
 
+/// `--offload` keeps FSDP's moments, and a bf16 run's f32 master weights, in
+/// a file between steps: its checkpoints, and a resumed run's, are the very
+/// bytes of a run without it, and the file leaves no name behind.
+#[test]
+fn fsdp_offload_changes_no_bit_and_leaves_no_file() {
+    let fsdp = Strategy::Fsdp(FsdpConfig {
+        sharding: ShardingStrategy::FullShard,
+        precision: Precision::Bf16,
+        hybrid_group_size: None,
+    });
+    let (plain, _) = run("offload-plain", 5, 2, fsdp, None);
+    let offloaded = |name: &str, steps: usize, resume: Option<PathBuf>| {
+        let dir = scratch(name);
+        let mut options = options(dir.clone(), steps, 2);
+        options.config.grad_accum_steps = 2;
+        options.checkpoint_every = 3;
+        options.strategy = fsdp;
+        options.offload = true;
+        options.resume = resume.map(|from| checkpoints::step_dir(&from, 3));
+        train(&options).unwrap();
+        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert!(
+            left.iter().all(|name| !name.to_string_lossy().starts_with(".offload")),
+            "an offload file's name is left in {}: {left:?}",
+            dir.display()
+        );
+        dir
+    };
+    let first = offloaded("offload-first", 3, None);
+    let resumed = offloaded("offload-resumed", 5, Some(first.clone()));
+    for (dir, step) in [(&first, 3), (&resumed, 5)] {
+        for file in ["model.safetensors", "optimizer.safetensors"] {
+            let read = |dir: &PathBuf| std::fs::read(checkpoints::step_dir(dir, step).join(file)).unwrap();
+            assert!(read(dir) == read(&plain), "step {step}'s {file} differs with --offload");
+        }
+    }
+}
+
 /// FSDP's master weights are copies outside autograd. A shard that still
 /// recorded the variables it was cut from would make every step's update
 /// record the one before: the whole history stays in memory (at GPT-2
@@ -407,7 +446,7 @@ fn fsdp_master_weights_keep_no_autograd_history() {
     for unit in &trainer.units {
         let state = unit.local_state().unwrap();
         assert!(
-            !state.params.track_op() && !unit.shard().track_op(),
+            !state.params.track_op() && !unit.shard().unwrap().track_op(),
             "unit `{}`'s master weights still record the operations that made them",
             unit.name
         );

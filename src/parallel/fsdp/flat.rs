@@ -25,6 +25,21 @@ pub struct DecayRuns {
     runs: Vec<(Range<usize>, f64)>,
 }
 
+impl DecayRuns {
+    /// The decays of `range` of the elements these cover, counted from its start.
+    pub fn slice(&self, range: Range<usize>) -> DecayRuns {
+        let runs = self
+            .runs
+            .iter()
+            .filter_map(|(run, weight_decay)| {
+                let (start, end) = (run.start.max(range.start), run.end.min(range.end));
+                (start < end).then(|| (start - range.start..end - range.start, *weight_decay))
+            })
+            .collect();
+        DecayRuns { len: range.len(), runs }
+    }
+}
+
 /// Where each parameter of a unit sits in its flat buffer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FlatLayout {

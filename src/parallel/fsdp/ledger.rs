@@ -15,6 +15,9 @@ pub struct MemoryLedger {
     pub grads: u64,
     /// AdamW's two moments.
     pub optimizer_state: u64,
+    /// Master weights and moments kept in a file between steps (`--offload`),
+    /// counted in none of the above.
+    pub offloaded: u64,
     /// Gathered parameters of units alive at once, at most.
     pub gathered_peak: u64,
     /// What the forward pass leaves allocated for backward, at most: the
@@ -70,6 +73,9 @@ impl fmt::Display for StepLedger {
         writeln!(f, "  gradients              {:>10.2}", mib(m.grads))?;
         writeln!(f, "  optimizer state        {:>10.2}", mib(m.optimizer_state))?;
         writeln!(f, "  = model states         {:>10.2}", mib(m.model_states()))?;
+        if m.offloaded > 0 {
+            writeln!(f, "  offloaded to a file    {:>10.2}", mib(m.offloaded))?;
+        }
         writeln!(f, "  gathered units, peak   {:>10.2}", mib(m.gathered_peak))?;
         match m.activations_peak {
             Some(bytes) => writeln!(f, "  activations, peak      {:>10.2}", mib(bytes))?,

@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use candle_core::{bail, DType, Device, Module, Result, Tensor, Var};
 
+use super::offload::{OffloadFile, Parts, StepOnly};
 use super::{comm, DecayRuns, FlatLayout, FlatView, MixedPrecisionPolicy, ShardingPlan};
 use crate::distributed::ProcessGroup;
 use crate::model::{GptConfig, Layers, RotaryCache};
@@ -38,11 +39,9 @@ pub struct ShardedUnit {
     /// are not sharded.
     replica: Option<Var>,
     /// f32 master weights over `local`, unless an f32 replica already holds them.
-    master: Option<Tensor>,
-    /// What this rank brings to the unit's all-gather over its parameter
-    /// group, in the param dtype: its shard, or the replica.
-    gatherable: Tensor,
+    master: Option<StepOnly>,
     param_dtype: DType,
+    device: Device,
     /// The whole parameters while the unit computes: a variable, so a
     /// backward through the block gives their gradient.
     whole: Option<Var>,
@@ -57,7 +56,8 @@ pub struct ShardedUnit {
     /// reduce-scattered, the whole buffer while it is not.
     grad: Option<Tensor>,
     /// AdamW's moments over `local`, f32.
-    moments: Moments,
+    exp_avg: StepOnly,
+    exp_avg_sq: StepOnly,
     /// Each element's weight decay over `local`.
     decays: DecayRuns,
     gathered: Arc<GatheredBytes>,
@@ -158,23 +158,24 @@ impl ShardedUnit {
             false => Some(full.narrow(0, local.start, local.len())?.force_contiguous()?),
         };
         let decays = layout.decay_runs(local.clone(), weight_decay_of);
-        let moments = Moments::zeros_like(&Tensor::zeros(local.len(), DType::F32, full.device())?)?;
-        let gatherable = gatherable(replica.as_ref(), master.as_ref(), param_dtype)?;
+        let (len, device) = (local.len(), full.device());
+        let zeros = || Tensor::zeros(len, DType::F32, device);
         Ok(Self {
             name,
             layout,
             block,
             local,
             replica,
-            master,
-            gatherable,
+            master: master.map(StepOnly::InMemory),
+            device: device.clone(),
             param_dtype,
             whole: None,
             added: None,
             pass: Pass::default(),
             whole_span: None,
             grad: None,
-            moments,
+            exp_avg: StepOnly::InMemory(zeros()?),
+            exp_avg_sq: StepOnly::InMemory(zeros()?),
             decays,
             gathered: at.gathered.clone(),
         })
@@ -188,8 +189,21 @@ impl ShardedUnit {
     /// This rank's part of the unit's parameters over its parameter group,
     /// in the param dtype: P'/N elements, where P' is the padded parameter
     /// count and N the group's size (1 when parameters are kept whole).
-    pub fn shard(&self) -> &Tensor {
-        &self.gatherable
+    /// Under mixed precision it is cast from the f32 master shard each time,
+    /// as PyTorch's FSDP does, so that no 16-bit shard is kept between uses.
+    pub fn shard(&self) -> Result<Tensor> {
+        match &self.replica {
+            Some(replica) => Ok(replica.as_tensor().clone()),
+            None => self.master_params()?.to_dtype(self.param_dtype),
+        }
+    }
+
+    /// Elements of [`shard`](Self::shard).
+    fn shard_len(&self) -> usize {
+        match self.replica {
+            Some(_) => self.layout.padded_len(),
+            None => self.local.len(),
+        }
     }
 
     /// The unit's whole flat parameters, P' elements, while it is unsharded.
@@ -211,7 +225,7 @@ impl ShardedUnit {
                  got a tensor of shape {:?}",
                 self.name,
                 self.layout.padded_len(),
-                self.gatherable.elem_count(),
+                self.shard_len(),
                 whole.dims()
             );
         }
@@ -258,12 +272,12 @@ impl ShardedUnit {
     /// Adds `shard_grad`, this rank's part (as [`shard`](Self::shard)'s) of
     /// a gradient of the whole flat parameters, to the unit's gradient.
     pub fn add_grad(&mut self, shard_grad: &Tensor) -> Result<()> {
-        if shard_grad.dims() != self.gatherable.dims() {
+        if shard_grad.dims() != [self.shard_len()] {
             bail!(
                 "unit `{}` keeps a gradient shard of {} elements, like its parameter shard; got a tensor of shape {:?}. \
                  Reduce-scatter the whole buffer's gradient so that each rank keeps only its shard",
                 self.name,
-                self.gatherable.elem_count(),
+                self.shard_len(),
                 shard_grad.dims()
             );
         }
@@ -292,14 +306,12 @@ impl ShardedUnit {
             bail!(
                 "unit `{}` keeps a shard of {} elements, got a tensor of shape {:?}",
                 self.name,
-                self.gatherable.elem_count(),
+                self.shard_len(),
                 shard.dims()
             );
         }
-        let master = shard.detach().to_dtype(DType::F32)?;
-        self.gatherable = gatherable(None, Some(&master), self.param_dtype)?;
-        self.master = Some(master);
-        Ok(())
+        let Some(master) = &mut self.master else { unreachable!("a unit without a replica keeps f32 master weights") };
+        master.set(shard.detach().to_dtype(DType::F32)?)
     }
 
     /// The most bytes the slots of this rank's units held at once.
@@ -380,8 +392,9 @@ impl ShardedUnit {
         self.grad.as_ref().map_or(0, bytes)
     }
 
-    /// One AdamW step of the local range with `grad` (f32 over `local`), then
-    /// the replica refreshed (an all-gather when the optimizer is sharded).
+    /// One AdamW step of the local range with `grad` (f32 over `local`), in
+    /// pieces of [`STEP_CHUNK`] elements, then the replica refreshed (an
+    /// all-gather when the optimizer is sharded).
     pub(crate) fn step(
         &mut self,
         grad: &Tensor,
@@ -390,19 +403,32 @@ impl ShardedUnit {
         adamw: &AdamWConfig,
         pg: &dyn ProcessGroup,
     ) -> Result<()> {
-        let decayed = FlatLayout::decayed(&self.master_params()?, &self.decays, lr)?;
-        let moments = Moments { exp_avg: self.moments.exp_avg.clone(), exp_avg_sq: self.moments.exp_avg_sq.clone() };
-        let (new_p, moments) = adamw.update(t, lr, &decayed, grad, moments)?;
-        self.moments = moments;
-        self.set_master_params(new_p, pg)
+        let len = self.local.len();
+        let (mut params, mut exp_avg, mut exp_avg_sq) = (vec![], Parts::default(), Parts::default());
+        for start in (0..len).step_by(STEP_CHUNK) {
+            let range = start..len.min(start + STEP_CHUNK);
+            let decayed =
+                FlatLayout::decayed(&self.master_range(range.clone())?, &self.decays.slice(range.clone()), lr)?;
+            let moments = Moments {
+                exp_avg: self.exp_avg.get_range(range.clone())?,
+                exp_avg_sq: self.exp_avg_sq.get_range(range.clone())?,
+            };
+            let (new_p, moments) = adamw.update(t, lr, &decayed, &grad.narrow(0, start, range.len())?, moments)?;
+            self.exp_avg.put_part(&mut exp_avg, &moments.exp_avg)?;
+            self.exp_avg_sq.put_part(&mut exp_avg_sq, &moments.exp_avg_sq)?;
+            params.push(new_p);
+        }
+        self.exp_avg.end_parts(exp_avg)?;
+        self.exp_avg_sq.end_parts(exp_avg_sq)?;
+        self.set_master_params(Tensor::cat(&params, 0)?, pg)
     }
 
     /// The f32 state over the local range.
     pub fn local_state(&self) -> Result<LocalState> {
         Ok(LocalState {
             params: self.master_params()?,
-            exp_avg: self.moments.exp_avg.clone(),
-            exp_avg_sq: self.moments.exp_avg_sq.clone(),
+            exp_avg: self.exp_avg.get()?,
+            exp_avg_sq: self.exp_avg_sq.get()?,
         })
     }
 
@@ -422,21 +448,44 @@ impl ShardedUnit {
             }
         }
         let f32 = |t: &Tensor| t.to_dtype(DType::F32)?.force_contiguous();
-        self.moments = Moments { exp_avg: f32(&state.exp_avg)?, exp_avg_sq: f32(&state.exp_avg_sq)? };
+        self.exp_avg.set(f32(&state.exp_avg)?)?;
+        self.exp_avg_sq.set(f32(&state.exp_avg_sq)?)?;
         self.set_master_params(f32(&state.params)?, pg)
     }
 
-    /// Bytes held between steps: (params in the compute dtype, f32 master, moments).
-    pub(crate) fn held_bytes(&self) -> (u64, u64, u64) {
-        let replica = self.replica.as_ref().map_or(0, |v| bytes(v.as_tensor()));
-        let master = self.master.as_ref().map_or(0, bytes);
-        (replica, master, bytes(&self.moments.exp_avg) + bytes(&self.moments.exp_avg_sq))
+    /// Moves what only the optimizer step reads into `file`: the moments,
+    /// and the f32 master weights unless they are what the all-gather reads.
+    pub(crate) fn offload_to(&mut self, file: &Arc<OffloadFile>) -> Result<()> {
+        self.exp_avg.offload_to(file)?;
+        self.exp_avg_sq.offload_to(file)?;
+        match &mut self.master {
+            Some(master) if self.param_dtype != DType::F32 => master.offload_to(file),
+            _ => Ok(()),
+        }
+    }
+
+    /// Bytes held between steps, in memory: params in the compute dtype, f32
+    /// master, moments; and bytes offloaded to a file.
+    pub(crate) fn held_bytes(&self) -> HeldBytes {
+        let master = self.master.as_ref().map_or((0, 0), StepOnly::bytes);
+        let (exp_avg, exp_avg_sq) = (self.exp_avg.bytes(), self.exp_avg_sq.bytes());
+        HeldBytes {
+            params: self.replica.as_ref().map_or(0, |v| bytes(v.as_tensor())),
+            master: master.0,
+            optimizer: exp_avg.0 + exp_avg_sq.0,
+            offloaded: master.1 + exp_avg.1 + exp_avg_sq.1,
+        }
     }
 
     fn master_params(&self) -> Result<Tensor> {
+        self.master_range(0..self.local.len())
+    }
+
+    /// Elements `range` of the local range's f32 master weights.
+    fn master_range(&self, range: Range<usize>) -> Result<Tensor> {
         match (&self.master, &self.replica) {
-            (Some(master), _) => Ok(master.clone()),
-            (None, Some(replica)) => replica.as_tensor().narrow(0, self.local.start, self.local.len()),
+            (Some(master), _) => master.get_range(range),
+            (None, Some(replica)) => replica.as_tensor().narrow(0, self.local.start + range.start, range.len()),
             (None, None) => unreachable!("a unit without a replica keeps f32 master weights"),
         }
     }
@@ -447,27 +496,35 @@ impl ShardedUnit {
             let whole = if self.is_sharded() { comm::gather_unit(pg, &low)? } else { low };
             replica.set(&whole)?;
         }
-        if self.master.is_some() {
-            self.master = Some(p);
+        if let Some(master) = &mut self.master {
+            master.set(p)?;
         }
-        self.gatherable = gatherable(self.replica.as_ref(), self.master.as_ref(), self.param_dtype)?;
         Ok(())
     }
 
     /// Where the unit's tensors live.
     pub fn device(&self) -> &Device {
-        self.moments.exp_avg.device()
+        &self.device
     }
 }
 
-/// What a unit's all-gather starts from: the replica it keeps, or else its
-/// f32 master shard in the param dtype.
-fn gatherable(replica: Option<&Var>, master: Option<&Tensor>, param_dtype: DType) -> Result<Tensor> {
-    match (replica, master) {
-        (Some(replica), _) => Ok(replica.as_tensor().clone()),
-        (None, Some(master)) => master.to_dtype(param_dtype),
-        (None, None) => unreachable!("a unit without a replica keeps f32 master weights"),
-    }
+/// Elements of a unit's local range that one piece of its optimizer step
+/// updates: the step's temporaries then take a few times this many floats
+/// rather than a few times the unit's (the root unit holds the vocabulary's
+/// embedding and head), and offloaded state comes back a piece at a time.
+const STEP_CHUNK: usize = 1 << 16;
+
+/// Bytes a unit holds between steps, by what they are for.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct HeldBytes {
+    /// Parameters in the compute dtype, kept whole.
+    pub params: u64,
+    /// f32 master weights in memory.
+    pub master: u64,
+    /// AdamW's moments in memory.
+    pub optimizer: u64,
+    /// Master weights and moments in the offload file.
+    pub offloaded: u64,
 }
 
 pub(crate) fn bytes(t: &Tensor) -> u64 {

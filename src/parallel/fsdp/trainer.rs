@@ -32,8 +32,8 @@ use super::shard::bytes;
 use super::units::check_units;
 use super::{
     BlockCompute, FlatLayout, FlatView, FsdpGroups, GatheredBytes, LocalState, LossScaler, MemoryLedger,
-    MixedPrecisionPolicy, Pass, Precision, Prefetch, ShardedUnit, ShardingPlan, ShardingStrategy, StepLedger,
-    UnitPlacement,
+    MixedPrecisionPolicy, OffloadFile, Pass, Precision, Prefetch, ShardedUnit, ShardingPlan, ShardingStrategy,
+    StepLedger, UnitPlacement,
 };
 use crate::autograd::{clip_factor, sum_of_squares, vjp};
 use crate::called_early::{fsdp_backward, fsdp_forward};
@@ -184,6 +184,18 @@ impl FsdpTrainer {
         self
     }
 
+    /// Keeps what only the optimizer step reads (AdamW's moments, and f32
+    /// master weights when parameters compute in a lower precision) in a new
+    /// file in `dir`, read back during the step alone (PyTorch: `CPUOffload`,
+    /// here one level further down). The numbers do not change.
+    pub fn with_offload(mut self, dir: &Path) -> Result<Self> {
+        let file = OffloadFile::create(dir, self.groups.world().rank())?;
+        for unit in &mut self.units {
+            unit.offload_to(&file)?;
+        }
+        Ok(self)
+    }
+
     /// The ranks this rank's units are sharded across: the whole job, or
     /// under HYBRID_SHARD this rank's shard group.
     pub fn process_group(&self) -> &dyn ProcessGroup {
@@ -243,7 +255,11 @@ impl FsdpTrainer {
             grads.push(unit.take_reduced_grad(self.groups.shard(), self.groups.replicas(), &self.plan)?);
         }
         if let Some(scaler) = &self.scaler {
-            grads = grads.iter().map(|g| g * (1.0 / scaler.scale)).collect::<Result<_>>()?;
+            // A unit at a time: a second copy of every gradient at once would
+            // be the step's largest allocation.
+            for grad in &mut grads {
+                *grad = (&*grad * (1.0 / scaler.scale))?;
+            }
         }
         let grad_norm = self.global_norm(&grads)?;
         let overflowed = !grad_norm.is_finite();
@@ -254,20 +270,25 @@ impl FsdpTrainer {
         if overflowed {
             self.counters.skipped_steps += 1;
         } else {
-            if let Some(factor) = clip_factor(grad_norm, self.config.max_grad_norm) {
-                grads = grads.iter().map(|g| g * factor).collect::<Result<_>>()?;
-            }
+            let clip = clip_factor(grad_norm, self.config.max_grad_norm);
             self.counters.optimizer_steps += 1;
-            for (unit, grad) in self.units.iter_mut().zip(&grads) {
-                unit.step(grad, lr, self.counters.optimizer_steps, &self.config.optimizer.adamw, self.groups.shard())?;
+            // Each gradient is clipped as its unit steps and dropped after,
+            // the root (the largest unit) last, when the others' are gone.
+            for (unit, grad) in self.units.iter_mut().zip(grads).rev() {
+                let grad = match clip {
+                    Some(factor) => (grad * factor)?,
+                    None => grad,
+                };
+                unit.step(&grad, lr, self.counters.optimizer_steps, &self.config.optimizer.adamw, self.groups.shard())?;
             }
         }
         self.counters.step += 1;
         for unit in &self.units {
-            let (params, master, optimizer) = unit.held_bytes();
-            memory.params += params;
-            memory.master_params += master;
-            memory.optimizer_state += optimizer;
+            let held = unit.held_bytes();
+            memory.params += held.params;
+            memory.master_params += held.master;
+            memory.optimizer_state += held.optimizer;
+            memory.offloaded += held.offloaded;
         }
         self.ledger = StepLedger { memory, comm: self.groups.stats().since(&before) };
         Ok(StepStats { loss: loss_sum / k as f64, grad_norm, lr, tokens })
@@ -279,7 +300,7 @@ impl FsdpTrainer {
         let loss_scale = self.scaler.map_or(1.0, |s| s.scale);
         let pg = self.groups.params(self.plan.params);
         let (root, blocks) = split_root(&mut self.units)?;
-        root.unshard(pg.all_gather(root.shard())?)?;
+        root.unshard(pg.all_gather(&root.shard()?)?)?;
         let outer = root_modules(&self.model_config, root)?;
         let prefetch = self.prefetch.as_ref();
         let run_forward = |blocks: &mut [ShardedUnit]| {
@@ -363,7 +384,7 @@ fn unit_step<R>(
 ) -> Result<R> {
     blocks.iter_mut().for_each(|unit| unit.set_pass(pass));
     let Some(prefetch) = prefetch else { return work(blocks) };
-    let mut shards: Vec<Tensor> = blocks.iter().map(|unit| unit.shard().clone()).collect();
+    let mut shards = blocks.iter().map(ShardedUnit::shard).collect::<Result<Vec<_>>>()?;
     if pass == Pass::Backward {
         shards.reverse();
     }
@@ -426,7 +447,7 @@ impl Train for FsdpTrainer {
     fn eval_loss(&mut self, tokens: &Tensor) -> Result<f64> {
         let pg = self.groups.params(self.plan.params);
         let (root, blocks) = split_root(&mut self.units)?;
-        root.unshard(pg.all_gather(root.shard())?)?;
+        root.unshard(pg.all_gather(&root.shard()?)?)?;
         let loss = root_modules(&self.model_config, root).and_then(|outer| forward(&outer, pg, blocks, tokens));
         root.reshard();
         Ok(loss?.loss.to_scalar::<f32>()? as f64)

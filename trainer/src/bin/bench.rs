@@ -153,6 +153,7 @@ fn run(args: Args) -> Result<()> {
         powersgd_rank: args.powersgd_rank,
         ddp_overlap: args.ddp_overlap,
         prefetch: false,
+        offload: false,
         bucket_bytes: args.bucket_bytes,
         unverified_nccl: false,
         trace: false,

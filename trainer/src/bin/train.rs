@@ -155,6 +155,12 @@ struct Args {
     /// whole at once.
     #[arg(long)]
     prefetch: bool,
+    /// With --strategy fsdp: keep AdamW's moments (and f32 master weights
+    /// when parameters compute in bf16 or fp16) in a file in
+    /// --checkpoint-dir between steps, read back during the step alone
+    /// (PyTorch's CPUOffload, one level down: the disk).
+    #[arg(long)]
+    offload: bool,
     /// With --strategy ddp: the most megabytes of gradients one all-reduce carries (PyTorch's bucket_cap_mb).
     #[arg(long = "bucket-cap-mb", value_name = "MB", default_value = "25", value_parser = bucket_cap_bytes)]
     bucket_bytes: usize,
@@ -225,6 +231,9 @@ fn run(args: Args) -> anyhow::Result<()> {
     }
     if args.prefetch && args.strategy != "fsdp" {
         anyhow::bail!("--prefetch applies to --strategy fsdp only: it gathers the next FSDP unit early");
+    }
+    if args.offload && args.strategy != "fsdp" {
+        anyhow::bail!("--offload applies to --strategy fsdp only: it moves FSDP units' optimizer state to a file");
     }
     if args.ddp_overlap && args.strategy != "ddp" {
         anyhow::bail!(
@@ -298,6 +307,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         powersgd_rank: args.powersgd_rank.map(|r| r as usize),
         ddp_overlap: args.ddp_overlap,
         prefetch: args.prefetch,
+        offload: args.offload,
         bucket_bytes: args.bucket_bytes,
         unverified_nccl: args.unverified_nccl,
         trace: args.trace,
