@@ -114,22 +114,31 @@ pub fn take(root: &Path, resume: bool, overwrite: bool) -> Result<RunLock> {
 
 fn prepare(root: &Path, resume: bool, overwrite: bool) -> Result<()> {
     let steps = steps(root)?;
-    let Some(newest) = steps.last() else { return Ok(()) };
-    if resume {
+    let logs: Vec<PathBuf> = RUN_FILES.map(|f| root.join(f)).into_iter().filter(|f| f.exists()).collect();
+    if resume || (steps.is_empty() && logs.is_empty()) {
         return Ok(());
     }
     if !overwrite {
-        bail!(
-            "{} holds the checkpoints of an earlier run (newest: step {newest}): continue it with --resume, \
-             start afresh with --overwrite (which deletes them), or give this run its own --checkpoint-dir",
-            root.display()
-        );
+        match steps.last() {
+            Some(newest) => bail!(
+                "{} holds the checkpoints of an earlier run (newest: step {newest}): continue it with --resume, \
+                 start afresh with --overwrite (which deletes them), or give this run its own --checkpoint-dir",
+                root.display()
+            ),
+            // Appending to them would mix two runs in one loss curve.
+            None => bail!(
+                "{} holds the logs of an earlier run that saved no checkpoint ({}): start afresh with \
+                 --overwrite (which deletes them), or give this run its own --checkpoint-dir",
+                root.display(),
+                RUN_FILES.iter().filter(|f| root.join(f).exists()).copied().collect::<Vec<_>>().join(", ")
+            ),
+        }
     }
     for &step in &steps {
         let dir = step_dir(root, step);
         std::fs::remove_dir_all(&dir).with_context(|| format!("cannot remove {}", dir.display()))?;
     }
-    for file in RUN_FILES.map(|f| root.join(f)).iter().filter(|f| f.exists()) {
+    for file in &logs {
         std::fs::remove_file(file).with_context(|| format!("cannot remove {}", file.display()))?;
     }
     Ok(())

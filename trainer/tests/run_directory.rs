@@ -50,6 +50,25 @@ fn a_fresh_run_refuses_an_earlier_runs_checkpoints_unless_told() {
     assert_eq!(logged, [1, 2], "--overwrite starts metrics.jsonl afresh");
 }
 
+/// A run that ended before its first checkpoint leaves its logs; the next
+/// fresh run must not append to them and mix two runs in one loss curve.
+#[test]
+fn a_fresh_run_refuses_an_earlier_runs_logs_unless_told() {
+    let dir = scratch("fresh-logs");
+    succeeded(&train(&dir, 2, &[]));
+    // As if it had been killed before its first checkpoint.
+    std::fs::remove_dir_all(checkpoints::step_dir(&dir, 2)).unwrap();
+    let refused = train(&dir, 2, &[]);
+    assert_eq!(refused.status.code(), Some(1));
+    let message = stderr(&refused);
+    for offer in ["metrics.jsonl", "--overwrite", "--checkpoint-dir"] {
+        assert!(message.contains(offer), "the refusal should mention `{offer}`:\n{message}");
+    }
+    succeeded(&train(&dir, 2, &["--overwrite"]));
+    let logged: Vec<usize> = read_log(&dir.join("metrics.jsonl")).unwrap().iter().map(|r| r.step).collect();
+    assert_eq!(logged, [1, 2], "--overwrite starts metrics.jsonl afresh");
+}
+
 #[test]
 fn a_resume_rewrites_the_metrics_after_its_step_and_skips_stray_step_directories() {
     let dir = scratch("resume");
