@@ -563,7 +563,7 @@ fn print_plan(options: &RunOptions, dataset: &Dataset, device: &Device, num_para
     }
     if options.offload {
         println!(
-            "optimizer state: in a file in {} between steps, read back for the step (--offload)",
+            "optimizer state and f32 master weights: in a file in {}, read back when needed (--offload)",
             options.out_dir.display()
         );
     }

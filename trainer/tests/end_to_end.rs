@@ -384,19 +384,22 @@ fn zero1_trains_as_ddp_and_its_checkpoints_move_both_ways() {
     expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(&ddp_dir, 5), "ZeRO-1 resuming DDP");
 }
 
-/// `--offload` keeps FSDP's moments, and a bf16 run's f32 master weights, in
-/// a file between steps: its checkpoints, and a resumed run's, are the very
-/// bytes of a run without it, and the file leaves no name behind.
+/// `--offload` keeps FSDP's moments and f32 master shards in a file: in f32
+/// (where each all-gather reads its shard back) and in bf16 (where it casts
+/// from it), its checkpoints, and a resumed run's, are the very bytes of a
+/// run without it, and the file leaves no name behind.
 #[test]
 fn fsdp_offload_changes_no_bit_and_leaves_no_file() {
-    let fsdp = Strategy::Fsdp(FsdpConfig {
-        sharding: ShardingStrategy::FullShard,
-        precision: Precision::Bf16,
-        hybrid_group_size: None,
-    });
-    let (plain, _) = run("offload-plain", 5, 2, fsdp, None);
+    for precision in [Precision::Fp32, Precision::Bf16] {
+        offload_changes_no_bit_and_leaves_no_file(precision);
+    }
+}
+
+fn offload_changes_no_bit_and_leaves_no_file(precision: Precision) {
+    let fsdp = Strategy::Fsdp(FsdpConfig { sharding: ShardingStrategy::FullShard, precision, hybrid_group_size: None });
+    let (plain, _) = run(&format!("offload-plain-{precision}"), 5, 2, fsdp, None);
     let offloaded = |name: &str, steps: usize, resume: Option<PathBuf>| {
-        let dir = scratch(name);
+        let dir = scratch(&format!("{name}-{precision}"));
         let mut options = options(dir.clone(), steps, 2);
         options.config.grad_accum_steps = 2;
         options.checkpoint_every = 3;
@@ -417,7 +420,7 @@ fn fsdp_offload_changes_no_bit_and_leaves_no_file() {
     for (dir, step) in [(&first, 3), (&resumed, 5)] {
         for file in ["model.safetensors", "optimizer.safetensors"] {
             let read = |dir: &PathBuf| std::fs::read(checkpoints::step_dir(dir, step).join(file)).unwrap();
-            assert!(read(dir) == read(&plain), "step {step}'s {file} differs with --offload");
+            assert!(read(dir) == read(&plain), "{precision}: step {step}'s {file} differs with --offload");
         }
     }
 }

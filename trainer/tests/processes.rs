@@ -249,13 +249,25 @@ fn a_traced_run_leaves_one_timeline_of_every_rank() {
 /// communication thread: the same collectives in another order (each block's
 /// all-gather leaves before the block before it has reduce-scattered its
 /// gradient), two blocks gathered at once instead of one, and the weights of
-/// the run without it, to the bit.
+/// the run without it, to the bit; in f32, and in bf16, whose shards are cast
+/// from the f32 master for the gather.
 #[test]
 fn fsdp_prefetching_reorders_the_gathers_and_changes_no_weight() {
+    // A block of the tiny config is 0.77 MiB in f32.
+    prefetching_reorders_the_gathers_and_changes_no_weight("fp32", 0.77);
+}
+
+#[test]
+fn fsdp_prefetching_in_bf16_reorders_the_gathers_and_changes_no_weight() {
+    prefetching_reorders_the_gathers_and_changes_no_weight("bf16", 0.38);
+}
+
+/// The test above in `precision`, where one block is `block_mib` MiB.
+fn prefetching_reorders_the_gathers_and_changes_no_weight(precision: &str, block_mib: f64) {
     let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let run = |name: &str, extra: &[&str]| {
-        let dir = scratch(name);
-        let flags = [&["--nproc", "2", "--strategy", "fsdp", "--trace"], extra].concat();
+        let dir = scratch(&format!("{name}-{precision}"));
+        let flags = [&["--nproc", "2", "--strategy", "fsdp", "--trace", "--precision", precision], extra].concat();
         let output = succeed(&mut train(&dir, 3, &flags));
         let trace: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("trace.json")).expect("trace.json")).unwrap();
@@ -289,8 +301,11 @@ fn fsdp_prefetching_reorders_the_gathers_and_changes_no_weight() {
     };
     assert_eq!(sorted(&order), sorted(&plain_order), "prefetching must issue the same collectives");
     assert_ne!(order, plain_order, "prefetching left the collectives in the order of the run without it");
-    // The tiny config's root unit is 0.25 MiB and a block's 0.77: one block more is whole at once.
-    assert!((peak - plain_peak - 0.77).abs() < 0.02, "gathered peak {peak} MiB with prefetching, {plain_peak} without");
+    // One block more is whole at once.
+    assert!(
+        (peak - plain_peak - block_mib).abs() < 0.02,
+        "gathered peak {peak} MiB with prefetching, {plain_peak} without"
+    );
 }
 
 /// `--max-restarts`: when a rank fails, the launcher starts every rank again

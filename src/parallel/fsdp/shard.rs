@@ -42,6 +42,10 @@ pub struct ShardedUnit {
     master: Option<StepOnly>,
     param_dtype: DType,
     device: Device,
+    /// The shard handed to the prefetching group for this pass:
+    /// [`shard`](Self::shard) returns this very tensor until the pass ends,
+    /// so that the group knows each all-gather by its input.
+    pass_shard: Option<Tensor>,
     /// The whole parameters while the unit computes: a variable, so a
     /// backward through the block gives their gradient.
     whole: Option<Var>,
@@ -168,6 +172,7 @@ impl ShardedUnit {
             replica,
             master: master.map(StepOnly::InMemory),
             device: device.clone(),
+            pass_shard: None,
             param_dtype,
             whole: None,
             added: None,
@@ -192,10 +197,27 @@ impl ShardedUnit {
     /// Under mixed precision it is cast from the f32 master shard each time,
     /// as PyTorch's FSDP does, so that no 16-bit shard is kept between uses.
     pub fn shard(&self) -> Result<Tensor> {
+        if let Some(held) = &self.pass_shard {
+            return Ok(held.clone());
+        }
         match &self.replica {
             Some(replica) => Ok(replica.as_tensor().clone()),
             None => self.master_params()?.to_dtype(self.param_dtype),
         }
+    }
+
+    /// Makes [`shard`](Self::shard) hand out one tensor until
+    /// [`release_shard`](Self::release_shard), and returns it.
+    pub(crate) fn hold_shard(&mut self) -> Result<Tensor> {
+        self.pass_shard = None;
+        let shard = self.shard()?;
+        self.pass_shard = Some(shard.clone());
+        Ok(shard)
+    }
+
+    /// Ends [`hold_shard`](Self::hold_shard): a 16-bit shard is cast anew at each call again.
+    pub(crate) fn release_shard(&mut self) {
+        self.pass_shard = None;
     }
 
     /// Elements of [`shard`](Self::shard).
@@ -453,14 +475,15 @@ impl ShardedUnit {
         self.set_master_params(f32(&state.params)?, pg)
     }
 
-    /// Moves what only the optimizer step reads into `file`: the moments,
-    /// and the f32 master weights unless they are what the all-gather reads.
+    /// Moves the moments and the f32 master shard into `file`: the step
+    /// reads them back, and each all-gather its shard (as PyTorch's
+    /// `offload_params` copies a shard to the GPU before its all-gather).
     pub(crate) fn offload_to(&mut self, file: &Arc<OffloadFile>) -> Result<()> {
         self.exp_avg.offload_to(file)?;
         self.exp_avg_sq.offload_to(file)?;
         match &mut self.master {
-            Some(master) if self.param_dtype != DType::F32 => master.offload_to(file),
-            _ => Ok(()),
+            Some(master) => master.offload_to(file),
+            None => Ok(()),
         }
     }
 

@@ -184,10 +184,10 @@ impl FsdpTrainer {
         self
     }
 
-    /// Keeps what only the optimizer step reads (AdamW's moments, and f32
-    /// master weights when parameters compute in a lower precision) in a new
-    /// file in `dir`, read back during the step alone (PyTorch: `CPUOffload`,
-    /// here one level further down). The numbers do not change.
+    /// Keeps AdamW's moments and the f32 master shards in a new file in
+    /// `dir` between uses: the moments are read back by the step alone, a
+    /// shard by its all-gather and the step (PyTorch: `CPUOffload`, here one
+    /// level further down). The numbers do not change.
     pub fn with_offload(mut self, dir: &Path) -> Result<Self> {
         let file = OffloadFile::create(dir, self.groups.world().rank())?;
         for unit in &mut self.units {
@@ -384,12 +384,22 @@ fn unit_step<R>(
 ) -> Result<R> {
     blocks.iter_mut().for_each(|unit| unit.set_pass(pass));
     let Some(prefetch) = prefetch else { return work(blocks) };
-    let mut shards = blocks.iter().map(ShardedUnit::shard).collect::<Result<Vec<_>>>()?;
+    // The prefetching group knows a gather by its input: each unit hands
+    // out one shard tensor for the whole pass.
+    let held = blocks.iter_mut().map(ShardedUnit::hold_shard).collect::<Result<Vec<_>>>();
+    let mut shards = match held {
+        Ok(shards) => shards,
+        Err(e) => {
+            blocks.iter_mut().for_each(ShardedUnit::release_shard);
+            return Err(e);
+        }
+    };
     if pass == Pass::Backward {
         shards.reverse();
     }
     prefetch.expect(shards);
     let done = work(blocks);
+    blocks.iter_mut().for_each(ShardedUnit::release_shard);
     let settled = prefetch.finish();
     let done = done?;
     settled.map(|()| done)

@@ -155,10 +155,9 @@ struct Args {
     /// whole at once.
     #[arg(long)]
     prefetch: bool,
-    /// With --strategy fsdp: keep AdamW's moments (and f32 master weights
-    /// when parameters compute in bf16 or fp16) in a file in
-    /// --checkpoint-dir between steps, read back during the step alone
-    /// (PyTorch's CPUOffload, one level down: the disk).
+    /// With --strategy fsdp: keep AdamW's moments and the f32 master shards
+    /// in a file in --checkpoint-dir, read back when the step or an
+    /// all-gather needs them (PyTorch's CPUOffload, one level down: the disk).
     #[arg(long)]
     offload: bool,
     /// With --strategy ddp: the most megabytes of gradients one all-reduce carries (PyTorch's bucket_cap_mb).
