@@ -130,7 +130,7 @@ fn prepare(root: &Path, resume: bool, overwrite: bool) -> Result<()> {
                 "{} holds the logs of an earlier run that saved no checkpoint ({}): start afresh with \
                  --overwrite (which deletes them), or give this run its own --checkpoint-dir",
                 root.display(),
-                RUN_FILES.iter().filter(|f| root.join(f).exists()).copied().collect::<Vec<_>>().join(", ")
+                logs.iter().filter_map(|f| f.file_name()).map(|f| f.to_string_lossy()).collect::<Vec<_>>().join(", ")
             ),
         }
     }

@@ -122,16 +122,8 @@ impl FlatLayout {
     /// The weight decay of every element of `range` of the buffer, as runs
     /// of one parameter's `weight_decay_of(name)`; padding has none.
     pub fn decay_runs(&self, range: Range<usize>, weight_decay_of: impl Fn(&str) -> f64) -> DecayRuns {
-        let runs = self
-            .entries
-            .iter()
-            .filter_map(|entry| {
-                let (start, end) =
-                    (entry.offset.max(range.start), (entry.offset + entry.shape.elem_count()).min(range.end));
-                (start < end).then(|| (start - range.start..end - range.start, weight_decay_of(&entry.name)))
-            })
-            .collect();
-        DecayRuns { len: range.len(), runs }
+        let runs = self.entries.iter().map(|e| (e.offset..e.offset + e.shape.elem_count(), weight_decay_of(&e.name)));
+        DecayRuns { len: self.padded, runs: runs.collect() }.slice(range)
     }
 
     /// `flat` (over the range `decays` were made for) with AdamW's decoupled

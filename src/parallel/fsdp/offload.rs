@@ -17,6 +17,8 @@ use std::sync::{Arc, Mutex};
 
 use candle_core::{bail, DType, Device, Result, Tensor};
 
+use super::shard::bytes;
+
 /// One rank's offload file: regions appended as tensors are offloaded.
 #[derive(Debug)]
 pub struct OffloadFile {
@@ -201,7 +203,7 @@ impl StepOnly {
     /// Bytes it holds in memory, and bytes in the offload file.
     pub fn bytes(&self) -> (u64, u64) {
         match self {
-            Self::InMemory(t) => ((t.elem_count() * t.dtype().size_in_bytes()) as u64, 0),
+            Self::InMemory(t) => (bytes(t), 0),
             Self::OnDisk(offloaded) => (0, offloaded.bytes()),
         }
     }

@@ -176,7 +176,8 @@ impl Train for ZeroTrainer {
                         };
                         named.insert(name.to_string(), moment.clone());
                     }
-                    self.layout.flatten(&named, &self.device)?.narrow(0, range.start, range.len())
+                    // A copy of this rank's part, not a view that would keep the whole model's alive.
+                    self.layout.flatten(&named, &self.device)?.narrow(0, range.start, range.len())?.force_contiguous()
                 };
                 Some(Moments { exp_avg: shard_of(0)?, exp_avg_sq: shard_of(1)? })
             }
