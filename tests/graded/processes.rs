@@ -264,6 +264,33 @@ fn a_stopped_rank_falls_silent_and_the_others_fail_naming_it() {
     assert!(error.contains("rank 1 stopped answering"), "rank 0's error must say rank 1 fell silent: {error:?}");
 }
 
+#[test]
+fn a_rank_stopped_mid_all_reduce_is_named_within_the_timeout() {
+    // 64 MiB per rank: more than the sockets buffer, so rank 0's writer is
+    // still blocked sending its chunk when its receive gives up.
+    let elements = 16 << 20;
+    let results: Vec<Option<(String, f64)>> = on_processes_timing_out_after(2, SHORT_TIMEOUT_S, |pg| {
+        let pids = pg.all_gather(&Tensor::new(&[std::process::id()], &Device::Cpu)?)?.to_vec1::<u32>()?;
+        if pg.rank() == 1 {
+            signal("STOP", pids[1]);
+            std::thread::sleep(std::time::Duration::from_secs(3 * SHORT_TIMEOUT_S));
+            return Ok((String::new(), 0.0));
+        }
+        let start = std::time::Instant::now();
+        let big = Tensor::ones(elements, DType::F32, &Device::Cpu)?;
+        let error = pg.all_reduce(&big, ReduceOp::Sum).err().map(|e| e.to_string()).unwrap_or_default();
+        let waited = start.elapsed().as_secs_f64();
+        signal("CONT", pids[1]);
+        Ok((error, waited))
+    });
+    let (error, waited) = results[0].clone().expect("rank 0 reports");
+    assert!(error.contains("rank 1 stopped answering"), "rank 0's error must say rank 1 fell silent: {error:?}");
+    assert!(
+        waited < 1.8 * SHORT_TIMEOUT_S as f64,
+        "rank 0 gave up after {waited:.1} s with a {SHORT_TIMEOUT_S} s timeout: a blocked send held it back"
+    );
+}
+
 /// Sends `signal` to process `pid` with the system's `kill`.
 fn signal(signal: &str, pid: u32) {
     let status = Command::new("kill").args([&format!("-{signal}"), &pid.to_string()]).status();

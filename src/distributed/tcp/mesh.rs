@@ -11,7 +11,10 @@
 //! Reading is done by the rank's own thread. Writing goes through one thread
 //! per peer, so that a send returns at once: in a ring every rank sends before
 //! it receives, and with blocking writes of large chunks all of them would
-//! wait for each other forever.
+//! wait for each other forever. A queued message is a copy the writer owns;
+//! a ring step's chunk is not copied: the writer reads it where it lies while
+//! the rank's thread receives, and the step waits for the writer before it
+//! returns (see [`Mesh::send_while`]).
 //!
 //! Liveness: a writer with nothing to send sends a heartbeat, which says what
 //! long work (a checkpoint write) its rank is busy with, if any. A rank
@@ -22,8 +25,8 @@
 
 use std::cell::RefCell;
 use std::io::{self, ErrorKind, Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::sync::mpsc::{self, RecvTimeoutError, Sender};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -67,10 +70,83 @@ struct Wait<'a> {
 struct Peer {
     stream: TcpStream,
     /// Frames for the writer thread; `None` once the mesh is closing.
-    outbox: Option<Sender<Vec<u8>>>,
+    outbox: Option<Sender<Outgoing>>,
     writer: Option<JoinHandle<()>>,
     /// The first write error, reported by this rank's next call.
     write_error: Arc<Mutex<Option<String>>>,
+    /// How long the writer waits for something to send before a heartbeat.
+    heartbeat: Duration,
+}
+
+/// What a peer's writer thread sends next.
+enum Outgoing {
+    /// A whole frame, header and payload, that the writer owns.
+    Frame(Vec<u8>),
+    /// Frames whose payloads the writer reads from memory it borrows.
+    Borrowed(BorrowedFrames),
+}
+
+/// `headers[i]` followed by piece `i` of the `len` bytes at `payload`, cut in
+/// pieces of `piece` bytes. The writer answers on `done` once it no longer
+/// reads the bytes (or drops `done` unanswered).
+struct BorrowedFrames {
+    headers: Vec<[u8; HEADER_BYTES]>,
+    payload: *const u8,
+    len: usize,
+    piece: usize,
+    done: Sender<std::result::Result<(), String>>,
+}
+
+// SAFETY: the writer only reads the payload, and `Mesh::send_while`, the only
+// place that makes these frames, keeps the payload borrowed (so alive and
+// unchanged) until the writer has answered on `done` or dropped it.
+unsafe impl Send for BorrowedFrames {}
+
+impl BorrowedFrames {
+    fn write_to(&self, out: &mut TcpStream) -> io::Result<()> {
+        // SAFETY: see `BorrowedFrames`'s `Send`.
+        let payload = unsafe { std::slice::from_raw_parts(self.payload, self.len) };
+        for (header, piece) in self.headers.iter().zip(payload.chunks(self.piece)) {
+            out.write_all(header)?;
+            out.write_all(piece)?;
+        }
+        Ok(())
+    }
+}
+
+/// The writer's answer about borrowed frames. Dropping it waits for the
+/// answer, so that every way out of [`Mesh::send_while`], a panic included,
+/// outlives the writer's reads.
+struct WriterAnswer(Option<Receiver<std::result::Result<(), String>>>);
+
+impl WriterAnswer {
+    /// Waits for the writer; `Err` when it could not send the frames.
+    fn wait(mut self) -> std::result::Result<(), String> {
+        let answer = self.0.take().map(|done| done.recv());
+        answer.map_or(Ok(()), |answer| answer.unwrap_or_else(|_| Err("the connection is closed".into())))
+    }
+
+    /// Whether the writer has answered within `patience`.
+    fn answered_within(&mut self, patience: Duration) -> bool {
+        match &self.0 {
+            Some(done) => match done.recv_timeout(patience) {
+                Err(RecvTimeoutError::Timeout) => false,
+                _ => {
+                    self.0 = None;
+                    true
+                }
+            },
+            None => true,
+        }
+    }
+}
+
+impl Drop for WriterAnswer {
+    fn drop(&mut self) {
+        if let Some(done) = self.0.take() {
+            let _ = done.recv();
+        }
+    }
 }
 
 impl Mesh {
@@ -111,7 +187,7 @@ impl Mesh {
         *self.busy.lock().unwrap_or_else(PoisonError::into_inner) = what.map(str::to_string);
         let frame = heartbeat(&self.busy);
         for to in (0..self.peers.len()).filter(|&r| r != self.rank) {
-            let _ = self.queue(to, frame.clone());
+            let _ = self.queue(to, Outgoing::Frame(frame.clone()));
         }
     }
 
@@ -122,21 +198,52 @@ impl Mesh {
     }
 
     fn post(&self, to: usize, header: &[u8; HEADER_BYTES], payload: &[u8]) -> Result<()> {
+        let mut frame = Vec::with_capacity(HEADER_BYTES + payload.len());
+        frame.extend_from_slice(header);
+        frame.extend_from_slice(payload);
+        self.queue(to, Outgoing::Frame(frame))
+    }
+
+    /// Sends `payload` to rank `to` in frames of at most `piece` bytes, each
+    /// under the header `header` gives for its length, while `meanwhile` runs
+    /// on this thread (a ring step's receive); returns when both are done.
+    /// Nothing is copied: the writer thread reads `payload` where it lies,
+    /// and this call keeps it borrowed until the writer is done with it.
+    pub fn send_while<T>(
+        &self,
+        to: usize,
+        payload: &[u8],
+        piece: usize,
+        header: impl Fn(usize) -> Header,
+        meanwhile: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        self.check_failed()?;
+        let headers = payload.chunks(piece).map(|p| header(p.len()).encode()).collect();
+        let (done, answer) = mpsc::channel();
+        let frames = BorrowedFrames { headers, payload: payload.as_ptr(), len: payload.len(), piece, done };
+        self.queue(to, Outgoing::Borrowed(frames))?;
+        let mut answer = WriterAnswer(Some(answer));
+        let result = meanwhile();
+        if result.is_err() && !answer.answered_within(self.peer(to)?.heartbeat) {
+            // This rank has given up; a writer stuck on a peer that reads
+            // nothing would hold the payload (and the error) until its write
+            // timeout: end its write now.
+            let _ = self.peer(to)?.stream.shutdown(Shutdown::Both);
+        }
+        let written = answer.wait();
+        let value = result?;
+        written.map_err(|e| Error::Msg(format!("rank {} could not send to rank {to}: {e}", self.rank)))?;
+        Ok(value)
+    }
+
+    /// Hands `outgoing` to the writer thread of rank `to`.
+    fn queue(&self, to: usize, outgoing: Outgoing) -> Result<()> {
         let peer = self.peer(to)?;
         if let Some(e) = peer.write_error.lock().unwrap_or_else(PoisonError::into_inner).as_ref() {
             return Err(Error::Msg(format!("rank {} could not send to rank {to}: {e}", self.rank)));
         }
-        let mut frame = Vec::with_capacity(HEADER_BYTES + payload.len());
-        frame.extend_from_slice(header);
-        frame.extend_from_slice(payload);
-        self.queue(to, frame)
-    }
-
-    /// Hands a whole frame to the writer thread of rank `to`.
-    fn queue(&self, to: usize, frame: Vec<u8>) -> Result<()> {
-        let peer = self.peer(to)?;
         let gone = || Error::Msg(format!("rank {} could not send to rank {to}: the connection is closed", self.rank));
-        peer.outbox.as_ref().ok_or_else(gone)?.send(frame).map_err(|_| gone())
+        peer.outbox.as_ref().ok_or_else(gone)?.send(outgoing).map_err(|_| gone())
     }
 
     /// Reads the next message from rank `from`, which must be `expected`,
@@ -282,21 +389,26 @@ impl Peer {
         let interval = heartbeat_interval(timeout);
         stream.set_read_timeout(Some(interval))?;
         let mut out = stream.try_clone()?;
-        let (outbox, frames) = mpsc::channel::<Vec<u8>>();
+        let (outbox, queued) = mpsc::channel::<Outgoing>();
         let write_error = Arc::new(Mutex::new(None));
         let slot = Arc::clone(&write_error);
         let writer = thread::Builder::new().name(format!("send-to-rank-{rank}")).spawn(move || loop {
-            let frame = match frames.recv_timeout(interval) {
-                Ok(frame) => frame,
-                Err(RecvTimeoutError::Timeout) => heartbeat(&busy),
+            let written = match queued.recv_timeout(interval) {
+                Ok(Outgoing::Frame(frame)) => out.write_all(&frame),
+                Ok(Outgoing::Borrowed(frames)) => {
+                    let written = frames.write_to(&mut out);
+                    let _ = frames.done.send(written.as_ref().map(drop).map_err(io::Error::to_string));
+                    written
+                }
+                Err(RecvTimeoutError::Timeout) => out.write_all(&heartbeat(&busy)),
                 Err(RecvTimeoutError::Disconnected) => return,
             };
-            if let Err(e) = out.write_all(&frame) {
+            if let Err(e) = written {
                 *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(e.to_string());
                 return;
             }
         })?;
-        Ok(Self { stream, outbox: Some(outbox), writer: Some(writer), write_error })
+        Ok(Self { stream, outbox: Some(outbox), writer: Some(writer), write_error, heartbeat: interval })
     }
 }
 

@@ -71,34 +71,34 @@ impl Ring<'_> {
 
     /// Sends `out` to the successor while receiving the predecessor's chunk
     /// into `into`, either overwriting it or, with `add` = its dtype, adding
-    /// to it. Both go in pieces of [`PIECE`] bytes, so that sending, receiving
-    /// and adding overlap, and buffers stay small enough to be reused.
+    /// to it. `out` goes from where it lies, as the writer thread reads it;
+    /// `into` comes in pieces of [`PIECE`] bytes, so that receiving and adding
+    /// overlap and the scratch buffer stays small.
     fn exchange(&mut self, out: &[u8], into: &mut [u8], add: Option<DType>) -> Result<()> {
-        let (next, prev) = (self.next(), self.prev());
-        let mut scratch = vec![0u8; if add.is_some() { PIECE.min(into.len()) } else { 0 }];
-        let mut outgoing = out.chunks(PIECE);
-        let mut incoming = into.chunks_mut(PIECE);
-        loop {
-            let (piece_out, piece_in) = (outgoing.next(), incoming.next());
-            if piece_out.is_none() && piece_in.is_none() {
-                return Ok(());
-            }
-            if let Some(piece) = piece_out {
-                self.mesh.send(next, &self.header(piece.len()), piece)?;
-                self.sent += piece.len() as u64;
-            }
-            if let Some(piece) = piece_in {
-                let header = self.header(piece.len());
-                match add {
-                    None => self.mesh.recv(prev, &header, piece)?,
-                    Some(dtype) => {
-                        let received = &mut scratch[..piece.len()];
-                        self.mesh.recv(prev, &header, received)?;
-                        add_assign(dtype, piece, received)?;
+        let (mesh, prev) = (self.mesh, self.prev());
+        mesh.send_while(
+            self.next(),
+            out,
+            PIECE,
+            |len| self.header(len),
+            || {
+                let mut scratch = vec![0u8; if add.is_some() { PIECE.min(into.len()) } else { 0 }];
+                for piece in into.chunks_mut(PIECE) {
+                    let header = self.header(piece.len());
+                    match add {
+                        None => mesh.recv(prev, &header, piece)?,
+                        Some(dtype) => {
+                            let received = &mut scratch[..piece.len()];
+                            mesh.recv(prev, &header, received)?;
+                            add_assign(dtype, piece, received)?;
+                        }
                     }
                 }
-            }
-        }
+                Ok(())
+            },
+        )?;
+        self.sent += out.len() as u64;
+        Ok(())
     }
 
     /// Leaves chunk `rank` of `buf` summed over the ranks (the other chunks
