@@ -25,15 +25,12 @@ use crate::workspace::Workspace;
 pub const RESULTS: &str = "benchmarks/results.md";
 const THROUGHPUT_HEADING: &str = "## Training throughput";
 const BASELINE: &str = "benchmarks/pytorch_baseline.py";
-const GLOO_ALLREDUCE: &str = "benchmarks/allreduce_gloo.py";
-/// All-reduce payloads in MB, as nccl-tests sweeps them.
-const ALLREDUCE_SIZES_MB: &str = "1,4,16,64,256";
 const HOST: &str = "benchmarks/host.py";
 /// The allocator settings the trainer makes at start-up with `mallopt`
 /// (`workbook::memory::keep_freed_memory`: mmap threshold 32 MiB, no mmap,
 /// trim threshold 1 GiB), given to PyTorch's processes through glibc's
 /// tunables, so that neither side's allocator is tuned and the other's not.
-const SAME_ALLOCATOR: (&str, &str) = (
+pub const SAME_ALLOCATOR: (&str, &str) = (
     "GLIBC_TUNABLES",
     "glibc.malloc.mmap_threshold=33554432:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1073741824",
 );
@@ -49,13 +46,6 @@ pub struct Measurement {
     /// The largest peak resident memory of one rank, where ranks are processes.
     #[serde(default)]
     pub peak_memory_mib: Option<f64>,
-}
-
-/// One payload's all-reduce timing, as `allreduce` and the gloo script print it.
-#[derive(Debug, Deserialize)]
-struct Bandwidth {
-    bytes: u64,
-    busbw_gbs: f64,
 }
 
 /// What is trained and for how long: a config at a shape.
@@ -218,69 +208,9 @@ pub fn bench(ws: &Workspace, model_size: &str, steps: usize, large_steps: usize,
             shape.workload.title, shape.workload.steps, shape.workload.warmup
         );
     }
-    report += &allreduce_bandwidth(&ws.root, python.as_deref())?;
     replace_section(&ws.root.join(RESULTS), THROUGHPUT_HEADING, &report)?;
     println!("written to {RESULTS}");
     Ok(true)
-}
-
-/// The ring all-reduce's bus bandwidth on 2 processes beside gloo's, as a table.
-fn allreduce_bandwidth(root: &Path, python: Option<&str>) -> Result<String> {
-    println!("{}", render::bold("All-reduce bus bandwidth, 2 processes on loopback"));
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut ours = Command::new(&cargo);
-    ours.current_dir(root).args(["run", "--quiet", "--package", "trainer", "--bin", "allreduce", "--"]).args([
-        "--nproc",
-        "2",
-        "--sizes-mb",
-        ALLREDUCE_SIZES_MB,
-    ]);
-    let ours = bandwidths(&mut ours, "the workbook's allreduce")?;
-    let gloo = match python {
-        Some(python) => {
-            let mut gloo = Command::new(python);
-            gloo.current_dir(root)
-                .args([
-                    "-m",
-                    "torch.distributed.run",
-                    "--nproc_per_node",
-                    "2",
-                    "--master_port",
-                    &free_port()?.to_string(),
-                ])
-                .args([GLOO_ALLREDUCE, "--sizes-mb", ALLREDUCE_SIZES_MB])
-                .env(SAME_ALLOCATOR.0, SAME_ALLOCATOR.1);
-            bandwidths(&mut gloo, "the gloo all-reduce")?
-        }
-        None => vec![],
-    };
-    let mut table =
-        String::from("| payload | workbook ring, busbw GB/s | gloo, busbw GB/s | ratio |\n|---:|---:|---:|---:|\n");
-    for mine in &ours {
-        let theirs = gloo.iter().find(|g| g.bytes == mine.bytes);
-        let (gloo_bw, ratio) = theirs.map_or((String::new(), String::new()), |g| {
-            (format!("{:.2}", g.busbw_gbs), format!("{:.2}x", mine.busbw_gbs / g.busbw_gbs))
-        });
-        table += &format!("| {} MB | {:.2} | {gloo_bw} | {ratio} |\n", mine.bytes / 1_000_000, mine.busbw_gbs);
-    }
-    println!("{table}");
-    Ok(format!(
-        "\n### All-reduce bus bandwidth\n\nf32 payloads on 2 single-threaded processes on loopback, mean of 5 all-reduces after one\n\
-         warm-up; busbw = payload / time · 2(N−1)/N, as nccl-tests define it (`allreduce`,\n\
-         `benchmarks/allreduce_gloo.py`).\n\n{table}"
-    ))
-}
-
-fn bandwidths(command: &mut Command, what: &str) -> Result<Vec<Bandwidth>> {
-    let output = command.env("RAYON_NUM_THREADS", "1").output().with_context(|| format!("cannot run {what}"))?;
-    if !output.status.success() {
-        bail!("{what} failed:\n{}", String::from_utf8_lossy(&output.stderr));
-    }
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter_map(|line| line.find('{').map(|start| &line[start..]))
-        .map(|json| serde_json::from_str(json).with_context(|| format!("unexpected output of {what}: {json}")))
-        .collect()
 }
 
 impl Workload {
@@ -369,12 +299,12 @@ fn last_json_line<T: DeserializeOwned>(stdout: &[u8]) -> Result<T> {
     serde_json::from_str(line).with_context(|| format!("unexpected bench output: {text}"))
 }
 
-fn free_port() -> Result<u16> {
+pub fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 /// The interpreter for the PyTorch baselines, or `None` with a note saying why not.
-fn python_with_torch() -> Option<String> {
+pub fn python_with_torch() -> Option<String> {
     python_that_imports("torch").map_err(|why| println!("  PyTorch baseline skipped: {why}")).ok()
 }
 

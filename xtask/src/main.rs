@@ -5,6 +5,7 @@
 //! metadata file, `exercises/info.toml`.
 
 mod bench;
+mod bench_allreduce;
 mod bench_fsdp;
 mod bench_phase4;
 mod commands;
@@ -123,10 +124,10 @@ enum Task {
     Interop,
     /// Measure the reference trainer's tokens/s beside PyTorch's (or, with `fsdp`, each ZeRO
     /// stage's memory and traffic per rank beside the formulas; with `phase4`, what each Phase 4
-    /// exercise buys inside the trainer; with `mesh`, the parallelisms composed on four processes)
-    /// and write benchmarks/results.md.
+    /// exercise buys inside the trainer; with `mesh`, the parallelisms composed on four processes;
+    /// with `allreduce`, the ring's bus bandwidth beside gloo's) and write benchmarks/results.md.
     Bench {
-        /// `throughput` (the default), `fsdp`, `phase4` or `mesh`.
+        /// `throughput` (the default), `fsdp`, `phase4`, `mesh` or `allreduce`.
         #[arg(value_enum, default_value = "throughput")]
         what: BenchKind,
         /// A config in configs/: tiny, small or medium.
@@ -151,6 +152,7 @@ enum BenchKind {
     Fsdp,
     Phase4,
     Mesh,
+    Allreduce,
 }
 
 /// `cargo xtask estimate`'s options; the model is given by its size or its shape.
@@ -288,6 +290,7 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
             bench::bench(&ws, &model_size, steps, large_steps, rounds)
         }
         Task::Bench { what: BenchKind::Fsdp, .. } => bench_fsdp::bench_fsdp(&ws),
+        Task::Bench { what: BenchKind::Allreduce, rounds, .. } => bench_allreduce::bench_allreduce(&ws, rounds),
         Task::Bench { what: BenchKind::Mesh, model_size, steps, rounds, .. } => {
             bench_phase4::bench_mesh(&ws, &model_size, steps, rounds)
         }
