@@ -19,7 +19,7 @@ pub const TEST_BINARY: &str = "graded";
 
 /// Read by the workbook's build script: the exercises whose test modules the
 /// `graded` binary compiles.
-const ONLY_TESTS_VARIABLE: &str = "WORKBOOK_ONLY_TESTS_OF";
+pub const ONLY_TESTS_VARIABLE: &str = "WORKBOOK_ONLY_TESTS_OF";
 
 /// How one test ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,6 +7,7 @@
 mod bench;
 mod bench_allreduce;
 mod bench_fsdp;
+mod bench_loop;
 mod bench_phase4;
 mod commands;
 mod doctor;
@@ -125,9 +126,10 @@ enum Task {
     /// Measure the reference trainer's tokens/s beside PyTorch's (or, with `fsdp`, each ZeRO
     /// stage's memory and traffic per rank beside the formulas; with `phase4`, what each Phase 4
     /// exercise buys inside the trainer; with `mesh`, the parallelisms composed on four processes;
-    /// with `allreduce`, the ring's bus bandwidth beside gloo's) and write benchmarks/results.md.
+    /// with `allreduce`, the ring's bus bandwidth beside gloo's; with `loop`, the first verdict
+    /// on a fresh clone and the edit → verdict loop) and write benchmarks/results.md.
     Bench {
-        /// `throughput` (the default), `fsdp`, `phase4`, `mesh` or `allreduce`.
+        /// `throughput` (the default), `fsdp`, `phase4`, `mesh`, `allreduce` or `loop`.
         #[arg(value_enum, default_value = "throughput")]
         what: BenchKind,
         /// A config in configs/: tiny, small or medium.
@@ -153,6 +155,7 @@ enum BenchKind {
     Phase4,
     Mesh,
     Allreduce,
+    Loop,
 }
 
 /// `cargo xtask estimate`'s options; the model is given by its size or its shape.
@@ -291,6 +294,7 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
         }
         Task::Bench { what: BenchKind::Fsdp, .. } => bench_fsdp::bench_fsdp(&ws),
         Task::Bench { what: BenchKind::Allreduce, rounds, .. } => bench_allreduce::bench_allreduce(&ws, rounds),
+        Task::Bench { what: BenchKind::Loop, rounds, .. } => bench_loop::bench_loop(&ws, rounds),
         Task::Bench { what: BenchKind::Mesh, model_size, steps, rounds, .. } => {
             bench_phase4::bench_mesh(&ws, &model_size, steps, rounds)
         }
