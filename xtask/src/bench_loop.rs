@@ -115,9 +115,9 @@ fn report(first: &Verdict, verdicts: &[Verdict], load: &str) -> String {
          fresh clone of the last commit with the crates already downloaded. The edit rounds append a\n\
          line to exercise {EDITED}'s file, its body written, and run `cargo test exercise_{EDITED:02}`;\n\
          the build is what cargo reports as its own, the run the rest.\n\n\
-         | wait | median (range) over {n} edits |\n|---|---:|\n\
-         | first `cargo test exercise_01` on a fresh clone | {first_min:.0} min {first_s:.0} s (build {build_min:.0} min {build_s:.0} s) |\n\
-         | edit → verdict | {total} |\n\
+         | wait | seconds |\n|---|---:|\n\
+         | first `cargo test exercise_01` on a fresh clone (one run) | {first_min:.0} min {first_s:.0} s (build {build_min:.0} min {build_s:.0} s) |\n\
+         | edit → verdict, median (range) over {n} edits | {total} |\n\
          | of which the build | {build} |\n\
          | of which the run | {run} |\n",
         cpu = cpu_model(),
