@@ -18,9 +18,11 @@ interpreter named by WORKBOOK_PYTHON).
 """
 
 import argparse
+import contextlib
 import json
 import math
 import os
+import sys
 import time
 import tomllib
 
@@ -114,6 +116,8 @@ def main():
     parser.add_argument("--batch-size", type=int, help="sequences per step over all ranks; default: the config's")
     parser.add_argument("--grad-accum", type=int, help="micro-batches per step; default: the config's")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda for one GPU")
+    parser.add_argument("--profile", action="store_true",
+                        help="print the timed steps' ops by self CPU time (torch.profiler) to stderr")
     args = parser.parse_args()
     device = torch.device(args.device)
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -138,11 +142,8 @@ def main():
         lr=o["lr"], betas=(o["beta1"], o["beta2"]), eps=o["eps"],
     )
     b, t, k = cfg["batch_size"], cfg["seq_len"], cfg["grad_accum_steps"]
-    start = None
-    for step in range(args.warmup + args.steps):
-        if step == args.warmup:
-            synchronize(device)
-            start = time.perf_counter()
+
+    def optimizer_step():
         for micro in range(k):
             idx = torch.randint(0, vocab, (b // world, t), device=device)
             if world > 1 and micro < k - 1:
@@ -153,8 +154,21 @@ def main():
         torch.nn.utils.clip_grad_norm_(params, o["max_grad_norm"])
         opt.step()
         opt.zero_grad(set_to_none=True)
+
+    for _ in range(args.warmup):
+        optimizer_step()
     synchronize(device)
-    seconds = time.perf_counter() - start
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    profiler = torch.profiler.profile(activities=activities) if args.profile else contextlib.nullcontext()
+    with profiler:
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            optimizer_step()
+        synchronize(device)
+        seconds = time.perf_counter() - start
+    if args.profile:
+        table = profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+        print(table, file=sys.stderr)
     if world > 1:
         dist.destroy_process_group()
     if int(os.environ.get("RANK", "0")) == 0:
