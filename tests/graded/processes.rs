@@ -291,6 +291,38 @@ fn a_rank_stopped_mid_all_reduce_is_named_within_the_timeout() {
     );
 }
 
+#[test]
+fn on_three_ranks_a_rank_stopped_mid_all_reduce_is_the_one_both_others_name() {
+    // Rank 0 waits on rank 2 to receive; rank 1 waits on rank 2 to read what it sends.
+    let elements = 16 << 20;
+    let results: Vec<Option<(String, f64)>> = on_processes_timing_out_after(3, SHORT_TIMEOUT_S, |pg| {
+        let pids = pg.all_gather(&Tensor::new(&[std::process::id()], &Device::Cpu)?)?.to_vec1::<u32>()?;
+        if pg.rank() == 2 {
+            signal("STOP", pids[2]);
+            std::thread::sleep(std::time::Duration::from_secs(6 * SHORT_TIMEOUT_S));
+            return Ok((String::new(), 0.0));
+        }
+        let start = std::time::Instant::now();
+        let big = Tensor::ones(elements, DType::F32, &Device::Cpu)?;
+        let error = pg.all_reduce(&big, ReduceOp::Sum).err().map(|e| e.to_string()).unwrap_or_default();
+        let waited = start.elapsed().as_secs_f64();
+        if pg.rank() == 0 {
+            std::thread::sleep(std::time::Duration::from_secs(3 * SHORT_TIMEOUT_S)); // rank 1 too
+            signal("CONT", pids[2]);
+        }
+        Ok((error, waited))
+    });
+    for (rank, result) in results.iter().enumerate().take(2) {
+        let (error, waited) = result.clone().expect("ranks 0 and 1 report");
+        assert!(error.contains("rank 2 "), "rank {rank}'s error must name the stopped rank 2: {error:?}");
+        let blamed = (0..2).find(|r| error.contains(&format!("rank {r} closed")));
+        assert!(blamed.is_none(), "rank {rank} blames rank {blamed:?}, which only gave up: {error:?}");
+        // Rank 1's writer gives up once rank 2 has read nothing for a whole
+        // timeout, which the kernel's buffers stretch: about three timeouts.
+        assert!(waited < 4.5 * SHORT_TIMEOUT_S as f64, "rank {rank} gave up after {waited:.1} s");
+    }
+}
+
 /// Sends `signal` to process `pid` with the system's `kill`.
 fn signal(signal: &str, pid: u32) {
     let status = Command::new("kill").args([&format!("-{signal}"), &pid.to_string()]).status();

@@ -9,12 +9,13 @@
 //! each on a thread of its own, so silent strangers cannot hold up the ranks.
 //!
 //! Reading is done by the rank's own thread. Writing goes through one thread
-//! per peer, so that a send returns at once: in a ring every rank sends before
-//! it receives, and with blocking writes of large chunks all of them would
-//! wait for each other forever. A queued message is a copy the writer owns;
-//! a ring step's chunk is not copied: the writer reads it where it lies while
-//! the rank's thread receives, and the step waits for the writer before it
-//! returns (see [`Mesh::send_while`]).
+//! per peer, so that sending never waits for receiving: in a ring every rank
+//! sends before it receives, and with blocking writes of large chunks all of
+//! them would wait for each other forever. A message sent with [`Mesh::send`]
+//! is copied for the writer and the call returns at once; a ring step's chunk
+//! is not copied: the writer reads it where it lies while the rank's thread
+//! receives, and the step waits for the writer before it returns (see
+//! [`Mesh::send_while`]).
 //!
 //! Liveness: a writer with nothing to send sends a heartbeat, which says what
 //! long work (a checkpoint write) its rank is busy with, if any. A rank
@@ -23,7 +24,7 @@
 //! and not busy but sends nothing for this call (stuck, or it skipped the
 //! call), and a peer that is busy, whose wait is not charged to the timeout.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
@@ -51,6 +52,8 @@ pub(super) struct Mesh {
     timeout: Duration,
     /// Why this rank gave up, once it has: every later call fails with it.
     failure: RefCell<Option<String>>,
+    /// The peer this rank found silent for a whole timeout, if any.
+    silent_peer: Cell<Option<usize>>,
     /// What long work this rank is busy with, for its writers' heartbeats.
     busy: Arc<Mutex<Option<String>>>,
     /// What each peer last said it was busy with.
@@ -72,10 +75,9 @@ struct Peer {
     /// Frames for the writer thread; `None` once the mesh is closing.
     outbox: Option<Sender<Outgoing>>,
     writer: Option<JoinHandle<()>>,
-    /// The first write error, reported by this rank's next call.
+    /// The first write error, reported by this rank's next call (or by the
+    /// ring step waiting for the writer).
     write_error: Arc<Mutex<Option<String>>>,
-    /// How long the writer waits for something to send before a heartbeat.
-    heartbeat: Duration,
 }
 
 /// What a peer's writer thread sends next.
@@ -125,20 +127,6 @@ impl WriterAnswer {
         let answer = self.0.take().map(|done| done.recv());
         answer.map_or(Ok(()), |answer| answer.unwrap_or_else(|_| Err("the connection is closed".into())))
     }
-
-    /// Whether the writer has answered within `patience`.
-    fn answered_within(&mut self, patience: Duration) -> bool {
-        match &self.0 {
-            Some(done) => match done.recv_timeout(patience) {
-                Err(RecvTimeoutError::Timeout) => false,
-                _ => {
-                    self.0 = None;
-                    true
-                }
-            },
-            None => true,
-        }
-    }
 }
 
 impl Drop for WriterAnswer {
@@ -178,7 +166,7 @@ impl Mesh {
             .map(|(r, s)| s.map(|s| Peer::start(s, r, timeout, Arc::clone(&busy))).transpose())
             .collect::<Result<_>>()?;
         let peer_busy = RefCell::new(vec![None; world_size]);
-        Ok(Self { rank, peers, timeout, failure: RefCell::new(None), busy, peer_busy })
+        Ok(Self { rank, peers, timeout, failure: RefCell::new(None), silent_peer: Cell::new(None), busy, peer_busy })
     }
 
     /// Says what long work this rank is busy with (`None`: none), at once to
@@ -222,18 +210,41 @@ impl Mesh {
         let (done, answer) = mpsc::channel();
         let frames = BorrowedFrames { headers, payload: payload.as_ptr(), len: payload.len(), piece, done };
         self.queue(to, Outgoing::Borrowed(frames))?;
-        let mut answer = WriterAnswer(Some(answer));
+        let answer = WriterAnswer(Some(answer));
         let result = meanwhile();
-        if result.is_err() && !answer.answered_within(self.peer(to)?.heartbeat) {
-            // This rank has given up; a writer stuck on a peer that reads
-            // nothing would hold the payload (and the error) until its write
-            // timeout: end its write now.
+        if result.is_err() && self.silent_peer.get() == Some(to) {
+            // The writer may be blocked on this peer, which has been silent for
+            // a whole timeout: end its write now rather than after its own
+            // write timeout. A peer that is only slow is left to read on, so
+            // that this rank's abort reaches it after the chunk.
             let _ = self.peer(to)?.stream.shutdown(Shutdown::Both);
         }
         let written = answer.wait();
         let value = result?;
-        written.map_err(|e| Error::Msg(format!("rank {} could not send to rank {to}: {e}", self.rank)))?;
+        written.map_err(|e| {
+            let reason = self.write_failure(to, e);
+            self.abort(&reason);
+            Error::Msg(reason)
+        })?;
         Ok(value)
+    }
+
+    /// What to say when the writer could not send to rank `to`: the writer's
+    /// own error where it recorded one, and in words where the peer read
+    /// nothing for the whole write timeout.
+    fn write_failure(&self, to: usize, answer: String) -> String {
+        let recorded =
+            self.peer(to).ok().and_then(|p| p.write_error.lock().unwrap_or_else(PoisonError::into_inner).clone());
+        let error = recorded.unwrap_or(answer);
+        let me = self.rank;
+        if error.contains(STALLED_WRITE) {
+            format!(
+                "rank {to} read nothing that rank {me} sent for {:.0?}: its process is stopped or hung, its machine is down, or the network between them is cut",
+                self.timeout
+            )
+        } else {
+            format!("rank {me} could not send to rank {to}: {error}")
+        }
     }
 
     /// Hands `outgoing` to the writer thread of rank `to`.
@@ -341,6 +352,7 @@ impl Mesh {
         let now = Instant::now();
         let silent = now - wait.last_heard;
         if silent >= self.timeout {
+            self.silent_peer.set(Some(from));
             return Err(format!(
                 "rank {from} stopped answering while rank {me} waited in {waiting_for}: nothing from it, not even a heartbeat, for {silent:.0?}: its process is stopped or hung, its machine is down, or the network between them is cut"
             ));
@@ -367,8 +379,9 @@ impl Mesh {
 }
 
 impl Drop for Mesh {
-    /// Sends what is queued before the sockets close: a peer may still be
-    /// reading this rank's last chunks.
+    /// Sends what is queued before the sockets close (but to a peer whose
+    /// connection was shut for its silence): a peer may still be reading this
+    /// rank's last chunks.
     fn drop(&mut self) {
         for peer in self.peers.iter_mut().flatten() {
             peer.outbox = None;
@@ -397,18 +410,29 @@ impl Peer {
                 Ok(Outgoing::Frame(frame)) => out.write_all(&frame),
                 Ok(Outgoing::Borrowed(frames)) => {
                     let written = frames.write_to(&mut out);
-                    let _ = frames.done.send(written.as_ref().map(drop).map_err(io::Error::to_string));
+                    let _ = frames.done.send(written.as_ref().map(drop).map_err(describe_write_error));
                     written
                 }
                 Err(RecvTimeoutError::Timeout) => out.write_all(&heartbeat(&busy)),
                 Err(RecvTimeoutError::Disconnected) => return,
             };
             if let Err(e) = written {
-                *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(e.to_string());
+                *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(describe_write_error(&e));
                 return;
             }
         })?;
-        Ok(Self { stream, outbox: Some(outbox), writer: Some(writer), write_error, heartbeat: interval })
+        Ok(Self { stream, outbox: Some(outbox), writer: Some(writer), write_error })
+    }
+}
+
+/// Marks a write that the peer's reading never made room for: the socket's
+/// write timeout (the job's `--timeout`) ran out with nothing taken.
+const STALLED_WRITE: &str = "nothing was read for the whole timeout";
+
+fn describe_write_error(e: &io::Error) -> String {
+    match e.kind() {
+        ErrorKind::WouldBlock | ErrorKind::TimedOut => STALLED_WRITE.to_string(),
+        _ => e.to_string(),
     }
 }
 

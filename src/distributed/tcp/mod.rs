@@ -12,7 +12,8 @@
 //!
 //! Failures end in errors, not hangs: a peer that exits closes its sockets,
 //! which every rank waiting for it notices at once; a peer whose process
-//! stops falls silent (no heartbeats) and trips the timeout, as does a live
+//! stops falls silent (no heartbeats) and trips the timeout (a rank sending
+//! to it learns the same when it reads nothing for the timeout), as does a live
 //! peer that sends nothing for the call, unless it said it is busy
 //! ([`ProcessGroup::set_busy`]), e.g. writing a checkpoint; a peer that issues a different collective, or passes a
 //! different shape, sends a header this rank does not expect, and the error

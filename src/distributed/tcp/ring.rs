@@ -30,9 +30,10 @@ use super::wire::Header;
 use crate::distributed::chunk_ranges;
 use crate::kernels::buffers::add_assign;
 
-/// The piece a chunk is sent in: a multiple of every element size, large
-/// enough that per-message costs vanish, small enough to stay in cache and
-/// below the allocator's threshold for handing memory back to the OS.
+/// The piece a chunk travels in, one message each: a multiple of every
+/// element size, large enough that per-message costs vanish. The receiver's
+/// scratch buffer is one piece, small enough to stay in cache and below the
+/// allocator's threshold for handing memory back to the OS.
 const PIECE: usize = 1 << 20;
 
 /// One collective's view of the ring: who this rank is in its group, and
