@@ -125,9 +125,23 @@ impl WriterAnswer {
     /// Waits for the writer; `Err` when it could not send the frames.
     fn wait(mut self) -> std::result::Result<(), String> {
         let answer = self.0.take().map(|done| done.recv());
-        answer.map_or(Ok(()), |answer| answer.unwrap_or_else(|_| Err("the connection is closed".into())))
+        answer.map_or(Ok(()), |answer| answer.unwrap_or_else(|_| Err(CLOSED.into())))
+    }
+
+    /// The writer's answer, if it comes within `patience`.
+    fn answered_within(&mut self, patience: Duration) -> Option<std::result::Result<(), String>> {
+        let answer = match self.0.as_ref()?.recv_timeout(patience) {
+            Err(RecvTimeoutError::Timeout) => return None,
+            Ok(answer) => answer,
+            Err(RecvTimeoutError::Disconnected) => Err(CLOSED.into()),
+        };
+        self.0 = None;
+        Some(answer)
     }
 }
+
+/// What a writer that stopped without answering leaves to say.
+const CLOSED: &str = "the connection is closed";
 
 impl Drop for WriterAnswer {
     fn drop(&mut self) {
@@ -212,21 +226,80 @@ impl Mesh {
         self.queue(to, Outgoing::Borrowed(frames))?;
         let answer = WriterAnswer(Some(answer));
         let result = meanwhile();
-        if result.is_err() && self.silent_peer.get() == Some(to) {
-            // The writer may be blocked on this peer, which has been silent for
-            // a whole timeout: end its write now rather than after its own
-            // write timeout. A peer that is only slow is left to read on, so
-            // that this rank's abort reaches it after the chunk.
-            let _ = self.peer(to)?.stream.shutdown(Shutdown::Both);
-        }
-        let written = answer.wait();
+        let written = match &result {
+            Ok(_) => self.wait_for_writer(to, answer, &header(payload.len())),
+            Err(_) => {
+                if self.silent_peer.get() == Some(to) {
+                    // The writer may be blocked on this peer, which has been
+                    // silent for a whole timeout: end its write now rather than
+                    // after its own write timeout. A peer that is only slow is
+                    // left to read on, so that this rank's abort reaches it
+                    // after the chunk.
+                    let _ = self.peer(to)?.stream.shutdown(Shutdown::Both);
+                }
+                answer.wait().map_err(|e| self.write_failure(to, e))
+            }
+        };
         let value = result?;
-        written.map_err(|e| {
-            let reason = self.write_failure(to, e);
+        written.map_err(|reason| {
             self.abort(&reason);
             Error::Msg(reason)
         })?;
         Ok(value)
+    }
+
+    /// Waits for the writer to finish sending to rank `to`. It may be blocked
+    /// on `to` for as long as the write timeout; an abort that another peer
+    /// sends meanwhile ends the wait with that abort's reason (the root
+    /// cause, which would otherwise wait unread), after the connection to
+    /// `to` is shut to free the writer.
+    fn wait_for_writer(
+        &self,
+        to: usize,
+        mut answer: WriterAnswer,
+        waiting_for: &Header,
+    ) -> std::result::Result<(), String> {
+        loop {
+            if let Some(written) = answer.answered_within(heartbeat_interval(self.timeout)) {
+                return written.map_err(|e| self.write_failure(to, e));
+            }
+            if let Some(reason) = self.abort_from_a_peer(waiting_for) {
+                let _ = self.peer(to).map(|peer| peer.stream.shutdown(Shutdown::Both));
+                drop(answer); // waits for the writer, now that its write fails
+                return Err(reason);
+            }
+        }
+    }
+
+    /// An abort that some peer has sent, if one is next on its connection;
+    /// heartbeats before it are taken as [`Mesh::recv`] takes them. Any
+    /// other message stays where it is, for the call it belongs to. Looks at
+    /// each peer for at most the socket's read timeout (a heartbeat interval).
+    fn abort_from_a_peer(&self, waiting_for: &Header) -> Option<String> {
+        for from in (0..self.peers.len()).filter(|&r| r != self.rank) {
+            let Ok(peer) = self.peer(from) else { continue };
+            loop {
+                let mut raw = [0u8; HEADER_BYTES];
+                if !matches!(peer.stream.peek(&mut raw), Ok(HEADER_BYTES)) {
+                    break;
+                }
+                let now = Instant::now();
+                let mut wait = Wait { from, waiting_for, start: now, deadline: now + self.timeout, last_heard: now };
+                let (len, abort) = match Header::decode(&raw) {
+                    Some(Frame::Heartbeat { len }) => (len, false),
+                    Some(Frame::Abort { len }) => (len, true),
+                    _ => break,
+                };
+                let mut text = vec![0u8; HEADER_BYTES + len];
+                self.fill(&peer.stream, &mut text, &mut wait).ok()?;
+                let text = String::from_utf8_lossy(&text[HEADER_BYTES..]).into_owned();
+                if abort {
+                    return Some(text);
+                }
+                self.peer_busy.borrow_mut()[from] = (len > 0).then_some(text);
+            }
+        }
+        None
     }
 
     /// What to say when the writer could not send to rank `to`: the writer's
