@@ -266,23 +266,7 @@ fn a_stopped_rank_falls_silent_and_the_others_fail_naming_it() {
 
 #[test]
 fn a_rank_stopped_mid_all_reduce_is_named_within_the_timeout() {
-    // 64 MiB per rank: more than the sockets buffer, so rank 0's writer is
-    // still blocked sending its chunk when its receive gives up.
-    let elements = 16 << 20;
-    let results: Vec<Option<(String, f64)>> = on_processes_timing_out_after(2, SHORT_TIMEOUT_S, |pg| {
-        let pids = pg.all_gather(&Tensor::new(&[std::process::id()], &Device::Cpu)?)?.to_vec1::<u32>()?;
-        if pg.rank() == 1 {
-            signal("STOP", pids[1]);
-            std::thread::sleep(std::time::Duration::from_secs(2 * SHORT_TIMEOUT_S));
-            return Ok((String::new(), 0.0));
-        }
-        let start = std::time::Instant::now();
-        let big = Tensor::ones(elements, DType::F32, &Device::Cpu)?;
-        let error = pg.all_reduce(&big, ReduceOp::Sum).err().map(|e| e.to_string()).unwrap_or_default();
-        let waited = start.elapsed().as_secs_f64();
-        signal("CONT", pids[1]);
-        Ok((error, waited))
-    });
+    let results = all_reduce_beside_a_stopped_rank(2);
     let (error, waited) = results[0].clone().expect("rank 0 reports");
     assert!(error.contains("rank 1 stopped answering"), "rank 0's error must say rank 1 fell silent: {error:?}");
     assert!(
@@ -294,24 +278,7 @@ fn a_rank_stopped_mid_all_reduce_is_named_within_the_timeout() {
 #[test]
 fn on_three_ranks_a_rank_stopped_mid_all_reduce_is_the_one_both_others_name() {
     // Rank 0 waits on rank 2 to receive; rank 1 waits on rank 2 to read what it sends.
-    let elements = 16 << 20;
-    let results: Vec<Option<(String, f64)>> = on_processes_timing_out_after(3, SHORT_TIMEOUT_S, |pg| {
-        let pids = pg.all_gather(&Tensor::new(&[std::process::id()], &Device::Cpu)?)?.to_vec1::<u32>()?;
-        if pg.rank() == 2 {
-            signal("STOP", pids[2]);
-            std::thread::sleep(std::time::Duration::from_secs(2 * SHORT_TIMEOUT_S));
-            return Ok((String::new(), 0.0));
-        }
-        let start = std::time::Instant::now();
-        let big = Tensor::ones(elements, DType::F32, &Device::Cpu)?;
-        let error = pg.all_reduce(&big, ReduceOp::Sum).err().map(|e| e.to_string()).unwrap_or_default();
-        let waited = start.elapsed().as_secs_f64();
-        if pg.rank() == 0 {
-            std::thread::sleep(std::time::Duration::from_secs(SHORT_TIMEOUT_S)); // rank 1 too
-            signal("CONT", pids[2]);
-        }
-        Ok((error, waited))
-    });
+    let results = all_reduce_beside_a_stopped_rank(3);
     for (rank, result) in results.iter().enumerate().take(2) {
         let (error, waited) = result.clone().expect("ranks 0 and 1 report");
         assert!(error.contains("rank 2 "), "rank {rank}'s error must name the stopped rank 2: {error:?}");
@@ -320,6 +287,32 @@ fn on_three_ranks_a_rank_stopped_mid_all_reduce_is_the_one_both_others_name() {
         // Rank 1, blocked sending to rank 2, learns the cause from rank 0's abort.
         assert!(waited < 2.5 * SHORT_TIMEOUT_S as f64, "rank {rank} gave up after {waited:.1} s");
     }
+}
+
+/// The last of `world` ranks stops its process (SIGSTOP) while the others
+/// all-reduce 64 MiB each: more than the sockets buffer, so their writers
+/// are still blocked sending when they give up. Each other rank returns its
+/// error and how long it took; rank 0 wakes the stopped one afterwards.
+fn all_reduce_beside_a_stopped_rank(world: usize) -> Vec<Option<(String, f64)>> {
+    let elements = 16 << 20;
+    on_processes_timing_out_after(world, SHORT_TIMEOUT_S, |pg| {
+        let pids = pg.all_gather(&Tensor::new(&[std::process::id()], &Device::Cpu)?)?.to_vec1::<u32>()?;
+        let stopped = world - 1;
+        if pg.rank() == stopped {
+            signal("STOP", pids[stopped]);
+            std::thread::sleep(std::time::Duration::from_secs(2 * SHORT_TIMEOUT_S));
+            return Ok((String::new(), 0.0));
+        }
+        let start = std::time::Instant::now();
+        let big = Tensor::ones(elements, DType::F32, &Device::Cpu)?;
+        let error = pg.all_reduce(&big, ReduceOp::Sum).err().map(|e| e.to_string()).unwrap_or_default();
+        let waited = start.elapsed().as_secs_f64();
+        if pg.rank() == 0 {
+            std::thread::sleep(std::time::Duration::from_secs(SHORT_TIMEOUT_S)); // the others give up too
+            signal("CONT", pids[stopped]);
+        }
+        Ok((error, waited))
+    })
 }
 
 /// Sends `signal` to process `pid` with the system's `kill`.
