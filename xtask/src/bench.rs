@@ -308,6 +308,11 @@ pub fn python_with_torch() -> Option<String> {
     python_that_imports("torch").map_err(|why| println!("  PyTorch baseline skipped: {why}")).ok()
 }
 
+/// The smallest and the largest of `values`.
+pub fn extremes(values: &[f64]) -> (f64, f64) {
+    values.iter().fold((f64::MAX, f64::MIN), |(low, high), &v| (low.min(v), high.max(v)))
+}
+
 pub fn median(values: &[f64]) -> f64 {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
@@ -331,7 +336,7 @@ fn table(samples: &[Samples]) -> String {
         let (ratio, range) = match peer {
             Some(b) => {
                 let ratios: Vec<f64> = row.tokens_per_s.iter().zip(&b.tokens_per_s).map(|(w, p)| w / p).collect();
-                let (low, high) = ratios.iter().fold((f64::MAX, f64::MIN), |(lo, hi), &r| (lo.min(r), hi.max(r)));
+                let (low, high) = extremes(&ratios);
                 (format!("{:.2}x", median(&ratios)), format!("{low:.2}x to {high:.2}x"))
             }
             None => (String::new(), String::new()),

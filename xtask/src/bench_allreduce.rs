@@ -12,7 +12,9 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
-use crate::bench::{cpu_model, free_port, median, python_with_torch, replace_section, RESULTS, SAME_ALLOCATOR};
+use crate::bench::{
+    cpu_model, extremes, free_port, median, python_with_torch, replace_section, RESULTS, SAME_ALLOCATOR,
+};
 use crate::render;
 use crate::workspace::Workspace;
 
@@ -121,7 +123,7 @@ fn table(payloads: &[Payload]) -> String {
         let (gloo, ratio, range) = match ratios.is_empty() {
             true => (String::new(), String::new(), String::new()),
             false => {
-                let (low, high) = ratios.iter().fold((f64::MAX, f64::MIN), |(lo, hi), &r| (lo.min(r), hi.max(r)));
+                let (low, high) = extremes(&ratios);
                 (
                     format!("{:.2}", median(&payload.gloo)),
                     format!("{:.2}x", median(&ratios)),

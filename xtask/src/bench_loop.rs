@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 
-use crate::bench::{cpu_model, median, replace_section, RESULTS};
+use crate::bench::{cpu_model, extremes, median, replace_section, RESULTS};
 use crate::render;
 use crate::workspace::Workspace;
 
@@ -103,7 +103,7 @@ fn finished_in(stderr: &str) -> Option<f64> {
 
 fn report(first: &Verdict, verdicts: &[Verdict], load: &str) -> String {
     let range = |values: &[f64]| {
-        let (low, high) = values.iter().fold((f64::MAX, f64::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+        let (low, high) = extremes(values);
         format!("{:.1} s ({low:.1} to {high:.1})", median(values))
     };
     let totals: Vec<f64> = verdicts.iter().map(|v| v.seconds).collect();

@@ -326,7 +326,7 @@ impl Mesh {
         if let Some(e) = peer.write_error.lock().unwrap_or_else(PoisonError::into_inner).as_ref() {
             return Err(Error::Msg(format!("rank {} could not send to rank {to}: {e}", self.rank)));
         }
-        let gone = || Error::Msg(format!("rank {} could not send to rank {to}: the connection is closed", self.rank));
+        let gone = || Error::Msg(format!("rank {} could not send to rank {to}: {CLOSED}", self.rank));
         peer.outbox.as_ref().ok_or_else(gone)?.send(outgoing).map_err(|_| gone())
     }
 
