@@ -290,9 +290,8 @@ impl Mesh {
                     Some(Frame::Abort { len }) => (len, true),
                     _ => break,
                 };
-                let mut text = vec![0u8; HEADER_BYTES + len];
-                self.fill(&peer.stream, &mut text, &mut wait).ok()?;
-                let text = String::from_utf8_lossy(&text[HEADER_BYTES..]).into_owned();
+                self.fill(&peer.stream, &mut raw, &mut wait).ok()?; // the header peeked at
+                let text = self.read_text(&peer.stream, len, &mut wait).ok()?;
                 if abort {
                     return Some(text);
                 }
@@ -350,9 +349,8 @@ impl Mesh {
             self.fill(&peer.stream, &mut raw, &mut wait)?;
             match Header::decode(&raw) {
                 Some(Frame::Heartbeat { len }) => {
-                    let mut text = vec![0u8; len];
-                    self.fill(&peer.stream, &mut text, &mut wait)?;
-                    self.peer_busy.borrow_mut()[from] = (len > 0).then(|| String::from_utf8_lossy(&text).into_owned());
+                    let busy = self.read_text(&peer.stream, len, &mut wait)?;
+                    self.peer_busy.borrow_mut()[from] = (len > 0).then_some(busy);
                     // Heartbeats keep coming while a live peer sends nothing else.
                     self.still_waiting(&mut wait)?;
                 }
@@ -361,11 +359,7 @@ impl Mesh {
                     "rank {} expected {expected} from rank {from}, which sent {got}: every rank must issue the same collectives in the same order, with tensors of the same shape and dtype",
                     self.rank
                 )),
-                Some(Frame::Abort { len }) => {
-                    let mut reason = vec![0u8; len];
-                    self.fill(&peer.stream, &mut reason, &mut wait)?;
-                    return Err(String::from_utf8_lossy(&reason).into_owned());
-                }
+                Some(Frame::Abort { len }) => return Err(self.read_text(&peer.stream, len, &mut wait)?),
                 None => return Err(format!(
                     "rank {} received a message from rank {from} that is no header of this backend (a bug, or ranks built from different versions)",
                     self.rank
@@ -416,6 +410,13 @@ impl Mesh {
             }
         }
         Ok(())
+    }
+
+    /// The `len` bytes of text that follow a heartbeat's or an abort's header.
+    fn read_text(&self, stream: &TcpStream, len: usize, wait: &mut Wait) -> std::result::Result<String, String> {
+        let mut text = vec![0u8; len];
+        self.fill(stream, &mut text, wait)?;
+        Ok(String::from_utf8_lossy(&text).into_owned())
     }
 
     /// Whether to go on waiting: not after silence for the whole timeout,
