@@ -6,7 +6,7 @@
 //! megabytes a step at GPT-2's size. These loops sit here, in the crate that is
 //! optimised in every build, rather than in the backend.
 
-use candle_core::{bail, DType, Device, Result, Tensor};
+use candle_core::{bail, CpuStorage, DType, Device, Layout, Result, Storage, Tensor};
 use half::{bf16, f16};
 
 /// A tensor's elements, flat, in a vector of their own type, to be handled as
@@ -82,6 +82,18 @@ impl Elements {
             Self::I64(v) => Tensor::from_vec(v, shape, device),
             Self::U8(v) => Tensor::from_vec(v, shape, device),
         }
+    }
+}
+
+/// The bytes of a contiguous tensor in memory whose dtype collectives sum
+/// (f32, bf16, f16), where they lie; `None` for any other tensor.
+pub fn reducible_bytes<'a>(storage: &'a Storage, layout: &Layout) -> Option<&'a [u8]> {
+    let (start, end) = layout.contiguous_offsets()?;
+    match storage {
+        Storage::Cpu(CpuStorage::F32(v)) => Some(bytemuck::cast_slice(&v[start..end])),
+        Storage::Cpu(CpuStorage::BF16(v)) => Some(bytemuck::cast_slice(&v[start..end])),
+        Storage::Cpu(CpuStorage::F16(v)) => Some(bytemuck::cast_slice(&v[start..end])),
+        _ => None,
     }
 }
 

@@ -4,6 +4,7 @@
 
 use std::process::Command;
 
+use candle_core::DType::{BF16, F32};
 use candle_core::{DType, Device, Tensor};
 use rstest::rstest;
 use workbook::distributed::{while_busy, Collective, ProcessGroup, ReduceOp};
@@ -49,12 +50,15 @@ fn ring_sum(world: usize, len: usize, dtype: DType) -> Vec<f32> {
     (0..len).map(|i| orders[chunk_of(i)][i]).collect()
 }
 
+/// Elements enough for chunks of more than one 1 MiB piece on the wire.
+const MULTI_PIECE: usize = (1 << 20) + 3;
+
 /// 10 elements do not divide by 3 or 4, so the chunks differ in length; 1
 /// element leaves some ranks' chunks empty, and 0 all of them.
 #[rstest]
 fn ring_all_reduce_equals_the_sum_in_the_rings_order(
     #[values(2, 3, 4)] world: usize,
-    #[values((10, DType::F32), (10, DType::BF16), (1, DType::F32), (0, DType::F32))] case: (usize, DType),
+    #[values((10, F32), (10, BF16), (1, F32), (0, F32), (MULTI_PIECE, F32))] case: (usize, DType),
 ) {
     let (len, dtype) = case;
     let got: Vec<(Vec<f32>, bool)> = on_processes(world, |pg| {

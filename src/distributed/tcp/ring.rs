@@ -71,11 +71,11 @@ impl Ring<'_> {
     }
 
     /// Sends `out` to the successor while receiving the predecessor's chunk
-    /// into `into`, either overwriting it or, with `add` = its dtype, adding
-    /// to it. `out` goes from where it lies, as the writer thread reads it;
-    /// `into` comes in pieces of [`PIECE`] bytes, so that receiving and adding
-    /// overlap and the scratch buffer stays small.
-    fn exchange(&mut self, out: &[u8], into: &mut [u8], add: Option<DType>) -> Result<()> {
+    /// into `into`, landing it as `landing` says. `out` goes from where it
+    /// lies, as the writer thread reads it; `into` comes in pieces of
+    /// [`PIECE`] bytes, so that receiving and adding overlap and the scratch
+    /// buffer stays small.
+    fn exchange(&mut self, out: &[u8], into: &mut [u8], landing: Landing) -> Result<()> {
         let (mesh, prev) = (self.mesh, self.prev());
         mesh.send_while(
             self.next(),
@@ -83,17 +83,24 @@ impl Ring<'_> {
             PIECE,
             |len| self.header(len),
             || {
-                let mut scratch = vec![0u8; if add.is_some() { PIECE.min(into.len()) } else { 0 }];
-                for piece in into.chunks_mut(PIECE) {
+                let adds = !matches!(landing, Landing::Overwrite);
+                let mut scratch = vec![0u8; if adds { PIECE.min(into.len()) } else { 0 }];
+                for (index, piece) in into.chunks_mut(PIECE).enumerate() {
                     let header = self.header(piece.len());
-                    match add {
-                        None => mesh.recv(prev, &header, piece)?,
-                        Some(dtype) => {
-                            let received = &mut scratch[..piece.len()];
-                            mesh.recv(prev, &header, received)?;
-                            add_assign(dtype, piece, received)?;
+                    let dtype = match landing {
+                        Landing::Overwrite => {
+                            mesh.recv(prev, &header, piece)?;
+                            continue;
                         }
-                    }
+                        Landing::AddInPlace(dtype) => dtype,
+                        Landing::AddTo(dtype, own) => {
+                            piece.copy_from_slice(&own[index * PIECE..][..piece.len()]);
+                            dtype
+                        }
+                    };
+                    let received = &mut scratch[..piece.len()];
+                    mesh.recv(prev, &header, received)?;
+                    add_assign(dtype, piece, received)?;
                 }
                 Ok(())
             },
@@ -103,14 +110,28 @@ impl Ring<'_> {
     }
 
     /// Leaves chunk `rank` of `buf` summed over the ranks (the other chunks
-    /// hold partial sums). `chunks` are byte ranges of `buf`.
-    pub fn reduce_scatter(&mut self, buf: &mut [u8], chunks: &[Range<usize>], dtype: DType) -> Result<()> {
+    /// hold partial sums, or with [`Contribution::Lent`] are not written).
+    /// `chunks` are byte ranges of `buf`.
+    pub fn reduce_scatter(
+        &mut self,
+        buf: &mut [u8],
+        own: Contribution,
+        chunks: &[Range<usize>],
+        dtype: DType,
+    ) -> Result<()> {
         let r = self.rank as isize;
         for step in 0..self.world_size as isize - 1 {
             let out = chunks[self.chunk(r - step - 1)].clone();
             let into = chunks[self.chunk(r - step - 2)].clone();
-            let (sent, received) = disjoint(buf, out, into);
-            self.exchange(sent, received, Some(dtype))?;
+            let (sent, received) = disjoint(buf, out.clone(), into.clone());
+            match own {
+                Contribution::InBuffer => self.exchange(sent, received, Landing::AddInPlace(dtype))?,
+                Contribution::Lent(input) => {
+                    // Only the first step sends a chunk that no step summed into.
+                    let sent = if step == 0 { &input[out] } else { sent };
+                    self.exchange(sent, received, Landing::AddTo(dtype, &input[into]))?;
+                }
+            }
         }
         Ok(())
     }
@@ -122,7 +143,7 @@ impl Ring<'_> {
             let out = chunks[self.chunk(r - step)].clone();
             let into = chunks[self.chunk(r - step - 1)].clone();
             let (sent, received) = disjoint(buf, out, into);
-            self.exchange(sent, received, None)?;
+            self.exchange(sent, received, Landing::Overwrite)?;
         }
         Ok(())
     }
@@ -156,6 +177,26 @@ impl Ring<'_> {
         }
         Ok(())
     }
+}
+
+/// Where a reduce-scatter finds this rank's own elements.
+#[derive(Clone, Copy)]
+pub(super) enum Contribution<'a> {
+    /// Already in the buffer, which the received chunks are added into.
+    InBuffer,
+    /// In the caller's memory, read where each chunk is first sent or summed:
+    /// the buffer needs no copy of them beforehand.
+    Lent(&'a [u8]),
+}
+
+/// What a received chunk does to the chunk of the buffer it lands in.
+#[derive(Clone, Copy)]
+enum Landing<'a> {
+    Overwrite,
+    /// Adds itself to what the buffer holds.
+    AddInPlace(DType),
+    /// Writes its sum with `own`, this rank's elements of the chunk.
+    AddTo(DType, &'a [u8]),
 }
 
 /// `buf[a]` to read and `buf[b]` to write, two ranges that do not overlap.
