@@ -79,6 +79,27 @@ fn ring_all_reduce_equals_the_sum_in_the_rings_order(
     }
 }
 
+/// A view sums its own elements, wherever they lie in its storage: one
+/// that starts past the storage's first element, and one with strides.
+#[test]
+fn all_reduce_of_a_view_sums_the_views_elements() {
+    let offset = |t: &Tensor| t.narrow(0, 3, 8);
+    let strided = |t: &Tensor| t.narrow(0, 1, 12)?.reshape((3, 4))?.t();
+    let got: Vec<(Vec<f32>, Vec<f32>)> = on_processes(2, |pg| {
+        let whole = input(pg.rank(), 13, DType::F32);
+        let summed_offset = pg.all_reduce(&offset(&whole)?, ReduceOp::Sum)?;
+        let summed_strided = pg.all_reduce(&strided(&whole)?, ReduceOp::Sum)?;
+        Ok((as_f32(&summed_offset), as_f32(&summed_strided)))
+    });
+    // Two ranks: a + b = b + a, so the ring's sum is exactly this one.
+    let total = (input(0, 13, DType::F32) + input(1, 13, DType::F32)).unwrap();
+    let want = (as_f32(&offset(&total).unwrap()), as_f32(&strided(&total).unwrap()));
+    for (rank, got) in got.iter().enumerate() {
+        assert_eq!(got.0, want.0, "rank {rank}: all_reduce of elements 3..11 of a 13-element tensor");
+        assert_eq!(got.1, want.1, "rank {rank}: all_reduce of a transposed (strided) view");
+    }
+}
+
 /// What one rank got from the three collectives.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Collected {
