@@ -195,7 +195,7 @@ impl ProcessGroup for TcpProcessGroup {
         };
         let (len, dtype, n) = (t.elem_count(), t.dtype(), self.world_size);
         let sum = self.collective(Call::AllReduce(op), Some(t), Start::Zeros, move |ring, mut buf| {
-            ring_all_reduce(ring, &mut buf, Contribution::Lent(input.bytes()), len, dtype)?;
+            sum_over_ring(ring, &mut buf, Contribution::Lent(input.bytes()), len, dtype)?;
             Ok(buf)
         });
         // Only once the job has run, or was dropped unrun, may the tensor change.
@@ -207,7 +207,7 @@ impl ProcessGroup for TcpProcessGroup {
     fn all_reduce_async(&self, t: &Tensor, op: ReduceOp) -> Result<Work> {
         let (len, dtype, n) = (t.elem_count(), t.dtype(), self.world_size);
         let sum = self.collective(Call::AllReduce(op), Some(t), Start::CopyOfInput, move |ring, mut buf| {
-            ring_all_reduce(ring, &mut buf, Contribution::InBuffer, len, dtype)?;
+            sum_over_ring(ring, &mut buf, Contribution::InBuffer, len, dtype)?;
             Ok(buf)
         })?;
         let (dims, device) = (t.dims().to_vec(), t.device().clone());
@@ -377,7 +377,6 @@ impl Drop for Lane {
     }
 }
 
-/// Waits for a result from the communication thread.
 /// What a collective's buffer holds when the ring starts on it.
 #[derive(Clone, Copy)]
 enum Start {
@@ -387,9 +386,9 @@ enum Start {
     Zeros,
 }
 
-/// Sums `buf`'s `len` elements of `dtype` over the ring: reduce-scatter,
-/// then all-gather.
-fn ring_all_reduce(ring: &mut Ring, buf: &mut Elements, own: Contribution, len: usize, dtype: DType) -> Result<()> {
+/// Sums this rank's `len` elements of `dtype` (in `buf`, or lent, as `own`
+/// says) over the ring into `buf`: reduce-scatter, then all-gather.
+fn sum_over_ring(ring: &mut Ring, buf: &mut Elements, own: Contribution, len: usize, dtype: DType) -> Result<()> {
     let parts = chunks(len, ring.world_size, dtype.size_in_bytes());
     ring.reduce_scatter(buf.bytes_mut(), own, &parts, dtype)?;
     ring.all_gather(buf.bytes_mut(), &parts)
@@ -418,6 +417,7 @@ impl LentBytes {
     }
 }
 
+/// Waits for a result from the communication thread.
 fn received<T>(receiver: Receiver<Result<T>>) -> Result<T> {
     receiver.recv().map_err(|_| Error::Msg("the communication thread stopped before it answered".into()))?
 }
