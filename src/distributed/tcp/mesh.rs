@@ -322,10 +322,11 @@ impl Mesh {
     /// Hands `outgoing` to the writer thread of rank `to`.
     fn queue(&self, to: usize, outgoing: Outgoing) -> Result<()> {
         let peer = self.peer(to)?;
-        if let Some(e) = peer.write_error.lock().unwrap_or_else(PoisonError::into_inner).as_ref() {
-            return Err(Error::Msg(format!("rank {} could not send to rank {to}: {e}", self.rank)));
+        let recorded = peer.write_error.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        if let Some(error) = recorded {
+            return Err(Error::Msg(self.write_failure(to, error)));
         }
-        let gone = || Error::Msg(format!("rank {} could not send to rank {to}: {CLOSED}", self.rank));
+        let gone = || Error::Msg(self.write_failure(to, CLOSED.into()));
         peer.outbox.as_ref().ok_or_else(gone)?.send(outgoing).map_err(|_| gone())
     }
 
