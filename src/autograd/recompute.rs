@@ -16,6 +16,7 @@
 use candle_core::backprop::GradStore;
 use candle_core::{bail, Module, Result, Tensor, Var};
 
+use crate::parallel::on_threads;
 use crate::timeline;
 
 /// A module that can run under activation checkpointing.
@@ -27,10 +28,15 @@ pub trait Checkpointed: Module + Send + Sync {
     }
 }
 
-/// The modules run under activation checkpointing during one forward pass.
+/// What backward must do besides candle's pass over the loss's graph: replay
+/// the modules run under activation checkpointing during one forward pass
+/// and, when that forward ran the batch in parts on threads of their own
+/// ([`crate::model::ThreadedGpt`]), take each part's backward on its thread.
 #[derive(Default)]
 pub struct Recompute {
     records: Vec<Record>,
+    /// Each part's loss, scaled by its share of the batch, and its own tape.
+    parts: Vec<(Tensor, Recompute)>,
 }
 
 struct Record {
@@ -51,11 +57,41 @@ struct Replay {
 
 impl std::fmt::Debug for Recompute {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Recompute({} checkpointed modules)", self.records.len())
+        write!(f, "Recompute({} checkpointed modules, {} parts)", self.records.len(), self.parts.len())
     }
 }
 
 impl Recompute {
+    /// The tape of a forward that ran its batch in parts: each part's loss,
+    /// already scaled by its share of the batch, and that part's tape.
+    pub fn of_parts(parts: Vec<(Tensor, Recompute)>) -> Self {
+        Self { records: vec![], parts }
+    }
+
+    /// Whether the forward ran its batch in parts.
+    pub fn is_split(&self) -> bool {
+        !self.parts.is_empty()
+    }
+
+    /// The gradients of `loss` (the forward's): candle's `loss.backward()`
+    /// completed by [`Recompute::backward`]; for a forward run in parts, each
+    /// part's on a thread of its own, then summed, which is the gradient of
+    /// the sum of the scaled losses, `loss` itself.
+    pub fn gradients_of(&self, loss: &Tensor) -> Result<GradStore> {
+        if !self.is_split() {
+            let mut grads = loss.backward()?;
+            self.backward(&mut grads)?;
+            return Ok(grads);
+        }
+        let jobs = self.parts.iter().map(|(part_loss, tape)| move || tape.gradients_of(part_loss)).collect();
+        let mut stores = on_threads(jobs)?.into_iter();
+        let mut total = stores.next().expect("a split forward has parts");
+        // Only the parameters, which every part shares, are added; each
+        // part's activations have ids of their own.
+        stores.try_for_each(|part| total.extend(part))?;
+        Ok(total)
+    }
+
     /// Runs `module` on `x` without keeping its activations; it is recomputed in backward.
     pub fn checkpoint<M: Checkpointed + Clone + 'static>(&mut self, module: &M, x: &Tensor) -> Result<Tensor> {
         let span = timeline::span("compute", format!("forward, module {}", self.records.len()));

@@ -113,13 +113,12 @@ impl ForwardPass {
         Ok(loss.to_scalar::<f32>()? as f64)
     }
 
-    /// Gradients of the loss for every parameter, recomputing checkpointed blocks.
+    /// Gradients of the loss for every parameter, recomputing checkpointed
+    /// blocks; for a batch split across threads, each part's on its thread.
     pub fn backward(&self) -> Result<GradStore> {
         let Some(loss) = &self.loss else {
             bail!("backward needs a loss: call forward with labels");
         };
-        let mut grads = loss.backward()?;
-        self.recompute.backward(&mut grads)?;
-        Ok(grads)
+        self.recompute.gradients_of(loss)
     }
 }

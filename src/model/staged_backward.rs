@@ -63,6 +63,9 @@ impl ForwardPass {
         mut on_final: impl FnMut(&str, Tensor) -> Result<()>,
     ) -> Result<()> {
         let Some(loss) = &self.loss else { bail!("backward needs a loss: call forward with labels") };
+        if self.recompute.is_split() {
+            bail!("a batch split across threads hands its gradients over when backward ends: run it whole");
+        }
         if self.recompute.len() != config.num_layers {
             bail!(
                 "backward one block at a time needs every block in the recompute engine, but the forward ran {} of \

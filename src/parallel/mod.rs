@@ -10,6 +10,7 @@
 //! - [`powersgd`]: gradients compressed to low rank before they are averaged, exercise 18.
 //! - [`tensor`]: one layer's weights split across the ranks (Megatron), exercise 20.
 //! - [`pipeline`]: the blocks split into stages, one per rank, exercise 21.
+//! - [`threads`]: a rank's batch split across its threads, each running the whole model.
 //!
 //! Each strategy keeps its communication in its own `comm` file; every
 //! collective goes through a [`ProcessGroup`](crate::distributed::ProcessGroup).
@@ -20,4 +21,7 @@ pub mod fsdp_unit;
 pub mod pipeline;
 pub mod powersgd;
 pub mod tensor;
+pub mod threads;
 pub mod zero;
+
+pub(crate) use threads::on_threads;

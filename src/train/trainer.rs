@@ -11,6 +11,7 @@ use crate::autograd::Gradients;
 use crate::distributed::ProcessGroup;
 use crate::model::{Gpt, GptConfig, ParamStore};
 use crate::parallel::ddp::Ddp;
+use crate::parallel::threads::ThreadedGpt;
 use crate::phase2_training::param_groups;
 
 /// How the trainer steps.
@@ -40,7 +41,8 @@ pub struct StepStats {
 }
 
 pub struct Trainer {
-    pub model: Gpt,
+    /// The model, whose forward may split each batch across threads ([`Trainer::split_batches_across`]).
+    pub model: ThreadedGpt,
     pub params: ParamStore,
     pub optimizer: AdamW,
     /// Where micro-batch gradients accumulate until the optimizer step.
@@ -64,7 +66,19 @@ impl Trainer {
         let groups = param_groups(&params, config.optimizer.weight_decay);
         ParamGroup::decay_by_name(&groups, &params)?;
         let optimizer = AdamW::new(groups, config.optimizer.adamw)?;
+        let model = ThreadedGpt::new(model);
         Ok(Self { model, params, optimizer, grads: Gradients::default(), ddp, step: 0, config })
+    }
+
+    /// Splits each micro-batch's rows across up to `threads` threads of this
+    /// rank (CPU only): a step's arithmetic is unchanged, its operations run
+    /// side by side.
+    pub fn split_batches_across(mut self, threads: usize) -> Result<Self> {
+        if threads > 1 && self.ddp.overlaps() {
+            bail!("overlapped DDP takes backward a block at a time, which a batch split across threads cannot");
+        }
+        self.model = self.model.split_across(threads)?;
+        Ok(self)
     }
 }
 
@@ -93,7 +107,9 @@ impl Train for Trainer {
     }
     fn layout(&self) -> String {
         let overlap = if self.ddp.overlaps() { ", buckets all-reduced during backward" } else { "" };
-        format!("DDP over {} ranks{overlap}", self.ddp.world_size())
+        let threads = self.model.threads();
+        let split = if threads > 1 { format!(", each batch split across {threads} threads") } else { String::new() };
+        format!("DDP over {} ranks{overlap}{split}", self.ddp.world_size())
     }
     fn report(&self) -> Option<String> {
         None

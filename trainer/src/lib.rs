@@ -31,24 +31,64 @@ pub fn main_with(run: impl FnOnce() -> anyhow::Result<()>) -> std::process::Exit
     }
 }
 
-/// Gives each of `nproc` ranks `cores / nproc` threads for its tensor kernels,
-/// unless `RAYON_NUM_THREADS` was set by the user (`user_set`).
-///
-/// candle reads `RAYON_NUM_THREADS` at every matrix product. At the tiny
-/// config's sizes its kernels gain little from a second thread, so on 2 cores
-/// two single-threaded DDP ranks train about 1.6 times faster than one rank
-/// with two threads each competing for the cores. Call it from `main` before
-/// ranks start: setting the environment races with threads that read it.
-pub fn set_kernel_threads(nproc: usize, user_set: bool) {
-    if user_set {
-        return;
-    }
-    std::env::set_var("RAYON_NUM_THREADS", (cores() / nproc.max(1)).max(1).to_string());
+/// How one rank uses its share of the cores: each micro-batch's rows split
+/// across `batch` threads, each part's tensor operations on `kernel` threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RankThreads {
+    pub batch: usize,
+    pub kernel: usize,
 }
 
-/// The kernel threads each rank runs with (what [`set_kernel_threads`] chose).
-pub fn kernel_threads() -> usize {
-    std::env::var("RAYON_NUM_THREADS").ok().and_then(|n| n.parse().ok()).unwrap_or_else(cores)
+impl RankThreads {
+    /// Shares `threads` per rank (default: the cores / `nproc`) for a run
+    /// whose micro-batches can be split into `rows` parts per rank (1 where
+    /// the run cannot split them): as many parts as threads and rows allow,
+    /// the rest of the threads to each part's kernels. A kernel thread count
+    /// the user set in `RAYON_NUM_THREADS` is kept, and the parts are the
+    /// threads left for it.
+    ///
+    /// Why split: candle's matrix products use every kernel thread, but at
+    /// these sizes most of its other operations run on one, so on 2 cores
+    /// the tiny config trains about 1.8 times as fast with the batch split
+    /// across two single-threaded parts as with one part on two threads.
+    pub fn share(nproc: usize, threads: Option<usize>, rows: usize) -> Self {
+        let threads = threads.unwrap_or(cores() / nproc.max(1));
+        Self::of(threads, rows, user_kernel_threads())
+    }
+
+    /// `threads` shared for `rows` parts at most, `kernel` threads each when given.
+    fn of(threads: usize, rows: usize, kernel: Option<usize>) -> Self {
+        let (threads, rows) = (threads.max(1), rows.max(1));
+        match kernel {
+            Some(kernel) => Self { batch: (threads / kernel).clamp(1, rows), kernel },
+            None => {
+                let batch = threads.min(rows);
+                Self { batch, kernel: threads / batch }
+            }
+        }
+    }
+
+    /// Sets the kernel threads for the whole process. candle reads
+    /// `RAYON_NUM_THREADS` at every matrix product and sizes its elementwise
+    /// pool from `CANDLE_NUM_THREADS` once: parts on threads of their own
+    /// run their elementwise operations themselves, since that pool serves
+    /// one caller at a time. Call it from `main` before any thread starts:
+    /// setting the environment races with threads that read it.
+    pub fn apply(self) {
+        std::env::set_var("RAYON_NUM_THREADS", self.kernel.to_string());
+        if self.batch > 1 && std::env::var_os("CANDLE_NUM_THREADS").is_none() {
+            std::env::set_var("CANDLE_NUM_THREADS", "1");
+        }
+    }
+
+    /// Every thread the rank uses.
+    pub fn total(self) -> usize {
+        self.batch * self.kernel
+    }
+}
+
+fn user_kernel_threads() -> Option<usize> {
+    std::env::var("RAYON_NUM_THREADS").ok()?.parse().ok().filter(|&n| n > 0)
 }
 
 fn cores() -> usize {
@@ -61,5 +101,24 @@ fn cores() -> usize {
 fn quiet_error_backtraces() {
     if std::env::var_os("RUST_LIB_BACKTRACE").is_none() {
         std::env::set_var("RUST_LIB_BACKTRACE", "0");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RankThreads;
+
+    #[test]
+    fn a_ranks_threads_go_to_parts_of_the_batch_first_then_to_their_kernels() {
+        let of = |threads, rows, kernel| {
+            let RankThreads { batch, kernel } = RankThreads::of(threads, rows, kernel);
+            (batch, kernel)
+        };
+        assert_eq!(of(2, 16, None), (2, 1));
+        assert_eq!(of(16, 2, None), (2, 8));
+        assert_eq!(of(6, 4, None), (4, 1), "a part per row at most, a whole thread per kernel");
+        assert_eq!(of(8, 1, None), (1, 8), "a run that cannot split gives its threads to the kernels");
+        assert_eq!(of(8, 16, Some(2)), (4, 2), "RAYON_NUM_THREADS keeps its kernel threads");
+        assert_eq!(of(1, 16, Some(4)), (1, 4));
     }
 }

@@ -36,6 +36,9 @@ pub struct RunOptions {
     pub nproc: usize,
     /// The CPU, or one GPU per rank.
     pub device: DeviceKind,
+    /// Split each micro-batch's rows across up to this many threads of each
+    /// rank, where the run can ([`rows_to_split`]); see [`crate::RankThreads`].
+    pub batch_threads: usize,
     /// What carries the collectives when ranks are processes.
     pub backend: Backend,
     pub seed: u64,
@@ -210,6 +213,7 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>, 
             let ddp = ddp.with_bucket_bytes(options.bucket_bytes);
             let ddp = if options.ddp_overlap { ddp.with_overlap() } else { ddp };
             let trainer = Trainer::new(&model_config, params, train_config, ddp)?;
+            let trainer = trainer.split_batches_across(options.batch_threads.min(rows_to_split(options)))?;
             drive(options, dataset, trainer, device, num_params)
         }
         Strategy::Zero1 => {
@@ -236,6 +240,19 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>, 
             drop(params); // each rank keeps the root and its own shards
             drive(options, dataset, trainer, device, num_params)
         }
+    }
+}
+
+/// How many parts each rank's micro-batches can be split into across its
+/// threads: its rows under plain DDP on the CPU, else 1 (the other
+/// strategies run their batches whole; overlapped DDP takes backward a block
+/// at a time; a GPU's threads would each have a stream of their own).
+pub fn rows_to_split(options: &RunOptions) -> usize {
+    let splits = options.strategy == Strategy::Ddp && !options.ddp_overlap && options.device == DeviceKind::Cpu;
+    if splits {
+        options.config.batch_size / options.nproc.max(1)
+    } else {
+        1
     }
 }
 
@@ -546,6 +563,10 @@ fn print_plan(options: &RunOptions, dataset: &Dataset, device: &Device, num_para
         let carrier = if options.nproc > 1 { format!(", {carrier}") } else { String::new() };
         println!("device: one CUDA GPU per rank (rank 0 on {:?}){carrier}", device.location());
     }
+    let parts = options.batch_threads.min(rows_to_split(options));
+    if parts > 1 {
+        println!("threads: each rank's micro-batches split into {parts} parts, each on a thread of its own");
+    }
     if options.own_ring {
         println!("all-reduce: your ring from exercise 16 (--allreduce ring)");
     }
@@ -683,6 +704,7 @@ mod tests {
             data,
             nproc: 2,
             device: DeviceKind::Cuda,
+            batch_threads: 1,
             backend: Backend::Nccl,
             seed: 0,
             out_dir: PathBuf::from("unused"),

@@ -35,6 +35,7 @@ fn options(out_dir: PathBuf, max_steps: usize, nproc: usize) -> RunOptions {
         data,
         nproc,
         device: DeviceKind::Cpu,
+        batch_threads: 1,
         backend: Backend::Tcp,
         seed: 7,
         out_dir,
@@ -454,4 +455,52 @@ fn fsdp_master_weights_keep_no_autograd_history() {
             unit.name
         );
     }
+}
+
+/// The model run on a batch split across threads (parts of 2 and 3 rows)
+/// gives the loss, logits and gradients of the whole batch, with and
+/// without activation checkpointing: the parts' losses are weighted by their rows.
+#[test]
+fn a_forward_split_across_threads_gives_the_whole_batchs_loss_and_gradients() {
+    use candle_core::{Device, Tensor};
+    use workbook::parallel::threads::ThreadedGpt;
+    use workbook::{init_params, Gpt};
+
+    let max_diff =
+        |a: &Tensor, b: &Tensor| (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+    let config = RunConfig::load("tiny").unwrap().model;
+    let params = init_params(&config, 3, &Device::Cpu).unwrap();
+    let tokens: Vec<u32> = (0..5 * 12u32).map(|i| (i * 37 + i * i) % config.vocab_size as u32).collect();
+    let idx = Tensor::from_vec(tokens, (5, 12), &Device::Cpu).unwrap();
+    for checkpointing in [false, true] {
+        let gpt = Gpt::new(&config, &params).unwrap().with_activation_checkpointing(checkpointing);
+        let whole = gpt.forward(&idx, Some(&idx)).unwrap();
+        let split = ThreadedGpt::new(gpt).split_across(2).unwrap().forward(&idx, Some(&idx)).unwrap();
+        let (want, got) = (whole.loss_value().unwrap(), split.loss_value().unwrap());
+        assert!((got - want).abs() <= 1e-5, "checkpointing {checkpointing}: loss {got}, the whole batch's {want}");
+        assert!(max_diff(&split.logits, &whole.logits) <= 1e-5, "checkpointing {checkpointing}: the logits differ");
+        let (want, got) = (whole.backward().unwrap(), split.backward().unwrap());
+        for (name, param) in params.iter() {
+            let (want, got) = (want.get(param).unwrap(), got.get(param).unwrap());
+            let scale = want.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+            let diff = max_diff(got, want);
+            assert!(diff <= 1e-4 * scale, "checkpointing {checkpointing}: `{name}`'s gradient differs by {diff:e}");
+        }
+    }
+}
+
+/// A run whose micro-batches are split across 3 threads (8 rows: parts of
+/// 2, 3 and 3) takes the steps of a run that keeps them whole.
+#[test]
+fn a_run_with_its_batches_split_across_threads_takes_the_whole_batchs_steps() {
+    let (whole_dir, whole) = run("batch-whole", 3, 1, Strategy::Ddp, None);
+    let dir = scratch("batch-split");
+    let mut options = options(dir.clone(), 3, 1);
+    options.config.grad_accum_steps = 2;
+    options.checkpoint_every = 3;
+    options.batch_threads = 3;
+    let split = train(&options).unwrap();
+    let (got, want) = (split.last.unwrap().loss, whole.last.unwrap().loss);
+    assert!((got - want).abs() <= 1e-5, "the split run's last loss is {got}, the whole run's {want}");
+    expect_same_params(&checkpoint_params(&dir, 3), &checkpoint_params(&whole_dir, 3), "batches split across threads");
 }

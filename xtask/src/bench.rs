@@ -255,8 +255,11 @@ pub fn workbook_bench(root: &Path, workload: &Workload, ranks: Ranks, flags: &[&
     let mut command = Command::new(&cargo);
     command
         .current_dir(root)
-        .env("RAYON_NUM_THREADS", ranks.threads_per_rank.to_string())
+        // The trainer shares each rank's threads itself, as `cargo train` does.
+        .env_remove("RAYON_NUM_THREADS")
+        .env_remove("CANDLE_NUM_THREADS")
         .args(["run", "--quiet", "--package", "trainer", "--features", "solutions", "--bin", "bench", "--"])
+        .args(["--threads", &ranks.threads_per_rank.to_string()])
         .args(["--model-size", &workload.model_size])
         .args(["--steps", &workload.steps.to_string(), "--warmup", &workload.warmup.to_string()])
         .args(["--nproc", &ranks.nproc.to_string(), "--ranks", if ranks.processes { "processes" } else { "threads" }])

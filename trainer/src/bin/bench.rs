@@ -17,8 +17,9 @@ use trainer::compute::{Backend, ComputeArgs, DeviceKind};
 use trainer::config::{bucket_cap_bytes, RunConfig};
 use trainer::launching::RankKind;
 use trainer::metrics::{read_log, METRICS_FILE};
-use trainer::run::{peak_memory_mib, train, RunOptions};
+use trainer::run::{peak_memory_mib, rows_to_split, train, RunOptions};
 use trainer::strategy::Strategy;
+use trainer::RankThreads;
 use workbook::data::{DataConfig, DatasetKind};
 use workbook::distributed::{relaunch_self, DistEnv, LaunchConfig, DEFAULT_TIMEOUT};
 use workbook::parallel::ddp::DEFAULT_BUCKET_BYTES;
@@ -54,6 +55,9 @@ struct Args {
     /// Ranks as processes (through the launcher) or as threads of this one.
     #[arg(long, value_enum, default_value_t = RankKind::Processes)]
     ranks: RankKind,
+    /// The threads each rank uses, as `train --threads` (default: the cores / --nproc).
+    #[arg(long)]
+    threads: Option<usize>,
     /// `ring`: DDP all-reduces with exercise 16's ring (needs --features solutions or your code).
     #[arg(long, value_parser = ["backend", "ring"], default_value = "backend")]
     allreduce: String,
@@ -86,6 +90,8 @@ struct Args {
 /// What one rank used, written by each rank for the process that reports.
 #[derive(Serialize, Deserialize)]
 struct RankUsage {
+    /// How the rank used its threads.
+    threads: RankThreads,
     sent_bytes_per_step: f64,
     /// This process's peak resident memory; `None` where ranks are threads of one process.
     peak_memory_mib: Option<f64>,
@@ -125,7 +131,6 @@ fn run(args: Args) -> Result<()> {
         }
         return report(&args, &config, &out_dir);
     }
-    trainer::set_kernel_threads(args.nproc, std::env::var_os("RAYON_NUM_THREADS").is_some());
     let _ = std::fs::remove_dir_all(&out_dir);
     let data = DataConfig {
         kind: DatasetKind::Dummy,
@@ -134,11 +139,12 @@ fn run(args: Args) -> Result<()> {
         seq_len: config.seq_len,
         seed: 0,
     };
-    let options = RunOptions {
+    let mut options = RunOptions {
         config: config.clone(),
         data,
         nproc: args.nproc,
         device: args.compute.device,
+        batch_threads: 1, // chosen below
         backend: args.compute.backend(),
         seed: 0,
         out_dir: out_dir.clone(),
@@ -161,9 +167,14 @@ fn run(args: Args) -> Result<()> {
         log_every: usize::MAX,
         timeout: DEFAULT_TIMEOUT,
     };
+    // Ranks started by the launcher all run on this machine; so do thread ranks.
+    let threads = RankThreads::share(args.nproc, args.threads, rows_to_split(&options));
+    threads.apply();
+    options.batch_threads = threads.batch;
     let summary = train(&options)?;
     let shares_process = launched.is_none() && args.nproc > 1;
     let usage = RankUsage {
+        threads,
         sent_bytes_per_step: summary.sent_bytes_per_step,
         peak_memory_mib: if shares_process { None } else { peak_memory_mib() },
     };
@@ -202,7 +213,9 @@ fn report(args: &Args, config: &RunConfig, out_dir: &Path) -> Result<()> {
     let tokens = (end.step - start.step) * config.batch_size * config.grad_accum_steps * config.seq_len;
     let tokens_per_s = tokens as f64 / (end.elapsed_s - start.elapsed_s);
     let nproc = args.nproc;
+    let parts = usages[0].threads.batch;
     let mut setup = match (nproc, args.ranks) {
+        (1, _) if parts > 1 => format!("workbook, single process, batch split across {parts} threads"),
         (1, _) => "workbook, single process".to_string(),
         (_, RankKind::Processes) => format!("workbook, {} on {nproc} processes", parallelism(args)),
         (_, RankKind::Threads) => format!("workbook, {} on {nproc} thread ranks", parallelism(args)),
@@ -226,7 +239,8 @@ fn report(args: &Args, config: &RunConfig, out_dir: &Path) -> Result<()> {
     if args.bucket_bytes != DEFAULT_BUCKET_BYTES {
         setup.push_str(&format!(", {} MB buckets", args.bucket_bytes as f64 / (1024.0 * 1024.0)));
     }
-    let threads = nproc * trainer::kernel_threads();
+    // Thread ranks share their process's threads evenly.
+    let threads = nproc * usages[0].threads.total();
     println!(
         "{}",
         serde_json::json!({

@@ -16,8 +16,9 @@ use trainer::config::workbook_root;
 use trainer::config::{bucket_cap_bytes, RunConfig};
 use trainer::launching::{LaunchArgs, RankKind};
 use trainer::model_dir::ModelDir;
-use trainer::run::{open_dataset, peak_memory_mib, recorded_data_path, train, RunOptions};
+use trainer::run::{open_dataset, peak_memory_mib, recorded_data_path, rows_to_split, train, RunOptions};
 use trainer::strategy::Strategy;
+use trainer::RankThreads;
 use workbook::data::{DataConfig, DatasetKind, SAMPLE_PATH};
 use workbook::distributed::{DistEnv, MeshShape};
 use workbook::parallel::fsdp::{FsdpConfig, ShardingStrategy};
@@ -63,6 +64,12 @@ struct Args {
     /// Run the ranks as processes (the default) or as threads of this one.
     #[arg(long, value_enum, default_value_t = RankKind::Processes)]
     ranks: RankKind,
+    /// The threads each rank uses (default: this machine's cores / the
+    /// ranks on it). Under DDP on the CPU each micro-batch's rows are split
+    /// across them, one part per thread; elsewhere they run the tensor
+    /// operations. `RAYON_NUM_THREADS`, when set, fixes the latter.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    threads: Option<u64>,
     /// --device and --backend.
     #[command(flatten)]
     compute: ComputeArgs,
@@ -287,11 +294,12 @@ fn run(args: Args) -> anyhow::Result<()> {
         MeshShape::new(world_size, Some(dp), Some(shape.pp), Some(shape.tp))
             .map_err(|e| anyhow::anyhow!("--dp {dp}: {e}"))?;
     }
-    let options = RunOptions {
+    let mut options = RunOptions {
         config,
         data,
         nproc: world_size,
         device: args.compute.device,
+        batch_threads: 1, // chosen below, once the ranks are started
         backend: args.compute.backend(),
         seed: args.seed,
         out_dir: args.checkpoint_dir,
@@ -333,7 +341,10 @@ fn run(args: Args) -> anyhow::Result<()> {
         let code = args.launch.relaunch_self()?;
         std::process::exit(code);
     }
-    trainer::set_kernel_threads(options.nproc, std::env::var_os("RAYON_NUM_THREADS").is_some());
+    let ranks_here = launched.as_ref().map_or(args.launch.nproc_per_node, |env| env.local_world_size);
+    let threads = RankThreads::share(ranks_here, args.threads.map(|n| n as usize), rows_to_split(&options));
+    threads.apply();
+    options.batch_threads = threads.batch;
     let summary = train(&options)?;
     if !is_logger {
         return Ok(());
