@@ -39,6 +39,9 @@ pub const SAME_ALLOCATOR: (&str, &str) = (
 /// prints tokens/s only).
 #[derive(Debug, Deserialize)]
 pub struct Measurement {
+    /// The trainer's name for what it ran (how a rank used its threads included).
+    #[serde(default)]
+    pub setup: Option<String>,
     pub tokens_per_s: f64,
     /// The most tensor bytes one rank sent per optimizer step.
     #[serde(default)]
@@ -111,6 +114,8 @@ const WORKBOOK: Framework = Framework::Workbook { processes: true };
 /// One setup's tokens/s, one value per round.
 struct Samples {
     setup: Setup,
+    /// What the trainer called the run, where it says.
+    label: Option<String>,
     tokens_per_s: Vec<f64>,
 }
 
@@ -157,7 +162,9 @@ pub fn bench(ws: &Workspace, model_size: &str, steps: usize, large_steps: usize,
          same global batch, on random tokens; DDP splits the batch across the ranks. Both run with the\n\
          same allocator settings (the trainer's `mallopt` calls, given to PyTorch as `{}`), and\n\
          PyTorch's DDP does not broadcast buffers (the model has none). tokens/s counts every rank's\n\
-         tokens, and threads every rank's kernel threads. Each workbook row is compared with its\n\
+         tokens, and threads every thread of every rank (PyTorch's intra-op threads; the workbook\n\
+         splits a rank's batch across its threads, each part with single-threaded kernels, where the\n\
+         row says so). Each workbook row is compared with its\n\
          PyTorch peer (one process, or DDP on gloo with as many processes) on as many threads in the\n\
          same round; the table gives the median over rounds, the range of the ratios and every\n\
          round's tokens/s. README.md beside this file says where the time goes.\n",
@@ -181,7 +188,7 @@ pub fn bench(ws: &Workspace, model_size: &str, steps: usize, large_steps: usize,
             ))
         );
         let mut samples: Vec<Samples> =
-            shape.setups.iter().map(|&setup| Samples { setup, tokens_per_s: vec![] }).collect();
+            shape.setups.iter().map(|&setup| Samples { setup, label: None, tokens_per_s: vec![] }).collect();
         // Rounds interleave the two sides, so that a machine that slows down for
         // a while slows both, and each ratio is taken within one round.
         for round in 1..=rounds {
@@ -191,7 +198,9 @@ pub fn bench(ws: &Workspace, model_size: &str, steps: usize, large_steps: usize,
                 let tokens_per_s = match setup.framework {
                     Framework::Workbook { processes } => {
                         let ranks = Ranks { nproc: setup.nproc, threads_per_rank: setup.threads_per_rank, processes };
-                        workbook_bench(&ws.root, &shape.workload, ranks, &[])?.tokens_per_s
+                        let measured = workbook_bench(&ws.root, &shape.workload, ranks, &[])?;
+                        sample.label = measured.setup;
+                        measured.tokens_per_s
                     }
                     Framework::PyTorch => {
                         let python = python.as_deref().expect("peers need torch");
@@ -348,7 +357,7 @@ fn table(samples: &[Samples]) -> String {
         let rounds: Vec<String> = row.tokens_per_s.iter().map(|t| format!("{t:.0}")).collect();
         out.push_str(&format!(
             "| {} | {} | {tokens_per_s:.0} | {ratio} | {range} | {} |\n",
-            row.setup.name(),
+            row.label.clone().unwrap_or_else(|| row.setup.name()),
             row.setup.threads(),
             rounds.join(", ")
         ));
@@ -423,9 +432,13 @@ mod tests {
     #[test]
     fn ratios_are_taken_within_a_round_against_the_peer_with_as_many_ranks() {
         let samples = [
-            Samples { setup: Setup::new(WORKBOOK, 2, 1), tokens_per_s: vec![90.0, 200.0, 110.0] },
-            Samples { setup: Setup::new(Framework::PyTorch, 1, 2), tokens_per_s: vec![50.0, 50.0, 50.0] },
-            Samples { setup: Setup::new(Framework::PyTorch, 2, 1), tokens_per_s: vec![100.0, 200.0, 100.0] },
+            Samples { setup: Setup::new(WORKBOOK, 2, 1), label: None, tokens_per_s: vec![90.0, 200.0, 110.0] },
+            Samples { setup: Setup::new(Framework::PyTorch, 1, 2), label: None, tokens_per_s: vec![50.0, 50.0, 50.0] },
+            Samples {
+                setup: Setup::new(Framework::PyTorch, 2, 1),
+                label: None,
+                tokens_per_s: vec![100.0, 200.0, 100.0],
+            },
         ];
         let text = table(&samples);
         assert!(text.contains("| workbook, DDP on 2 processes | 2 | 110 | 1.00x | 0.90x to 1.10x |"), "{text}");

@@ -218,7 +218,7 @@ mod tests {
     use super::{table, Measurement, PLAIN_DDP, VARIANTS};
 
     fn run(tokens_per_s: f64, sent: f64, memory: Option<f64>) -> Measurement {
-        Measurement { tokens_per_s, sent_bytes_per_step: Some(sent), peak_memory_mib: memory }
+        Measurement { setup: None, tokens_per_s, sent_bytes_per_step: Some(sent), peak_memory_mib: memory }
     }
 
     #[test]
