@@ -2,8 +2,8 @@
 
 The workbook: `perf record` of the trainer's `bench` program (the dev build
 `cargo train` runs, reference solutions), its samples sorted into kinds of op
-by symbol, and per thread: the thread that runs the step, and the kernel
-pool's other threads. PyTorch: `pytorch_baseline.py --profile`
+by symbol, and per thread: the thread that runs the step, and the others
+(the parts of a batch split across threads, rayon's pool). PyTorch: `pytorch_baseline.py --profile`
 (torch.profiler), its ops' self CPU time sorted into the same kinds.
 
 Prints a markdown table per side: milliseconds of CPU per optimizer step in
@@ -48,6 +48,9 @@ PYTORCH_KINDS = [
 ]
 OTHER = "everything else"
 WAITING = "thread pool: waiting, waking"
+# The trainer's allocator settings (its `mallopt` calls), given to PyTorch as
+# `cargo xtask bench` does.
+SAME_ALLOCATOR = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1073741824"
 HZ = 499
 TOKENS_PER_STEP = 16 * 128  # the tiny config's batch
 
@@ -59,7 +62,7 @@ def kind_of(symbol, kinds):
     return OTHER
 
 
-ROLES = ["the step's thread", "rayon's pool (matrix products, kernels)", "candle's elementwise worker"]
+ROLES = ["the step's thread", "other threads (the batch's parts, rayon's pool)", "candle's elementwise worker"]
 
 
 def role_of(tid, comm, step_tid):
@@ -73,10 +76,11 @@ def workbook_profile(root, threads, steps):
     binary = os.path.join(root, "target", "debug", "bench")
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, "perf.data")
-        env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
+        # The trainer shares the threads itself, as `cargo train` does.
+        env = {k: v for k, v in os.environ.items() if k not in ("RAYON_NUM_THREADS", "CANDLE_NUM_THREADS")}
         run = subprocess.run(
             ["perf", "record", "-F", str(HZ), "-o", data, "--", binary, "--model-size", "tiny",
-             "--steps", str(steps), "--warmup", "5", "--nproc", "1", "--ranks", "threads"],
+             "--steps", str(steps), "--warmup", "5", "--nproc", "1", "--threads", str(threads)],
             cwd=root, env=env, capture_output=True, text=True, check=True)
         tokens_per_s = json.loads([l for l in run.stdout.splitlines() if l.startswith("{")][-1])["tokens_per_s"]
         report = subprocess.run(
@@ -105,7 +109,7 @@ def workbook_profile(root, threads, steps):
 
 def pytorch_profile(root, python, threads, steps):
     """Self CPU ms per step by kind (torch.profiler does not split by thread)."""
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), GLIBC_TUNABLES=SAME_ALLOCATOR)
     run = subprocess.run(
         [python, "benchmarks/pytorch_baseline.py", "--threads", str(threads), "--steps", str(steps),
          "--warmup", "5", "--profile"],

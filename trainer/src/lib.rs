@@ -49,8 +49,9 @@ impl RankThreads {
     ///
     /// Why split: candle's matrix products use every kernel thread, but at
     /// these sizes most of its other operations run on one, so on 2 cores
-    /// the tiny config trains about 1.8 times as fast with the batch split
-    /// across two single-threaded parts as with one part on two threads.
+    /// the tiny config trained about 1.6 times as fast with the batch split
+    /// across two single-threaded parts as with one part on two threads
+    /// (`benchmarks/README.md`).
     pub fn share(nproc: usize, threads: Option<usize>, rows: usize) -> Self {
         let threads = threads.unwrap_or(cores() / nproc.max(1));
         Self::of(threads, rows, user_kernel_threads())
