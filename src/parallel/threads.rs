@@ -103,14 +103,24 @@ fn part_rows(rows: usize, parts: usize) -> impl Iterator<Item = (usize, usize)> 
     (0..parts).map(move |i| (i * rows / parts, (i + 1) * rows / parts - i * rows / parts))
 }
 
-/// Runs each job on a thread of its own and returns their results in order,
-/// or the first job's error. A job that panics (an exercise's `todo!()`)
-/// panics this thread with its own message.
+/// Runs each job on a thread of its own (`batch part i`, its track in a
+/// `--trace` timeline) and returns their results in order, or the first
+/// job's error. A job that panics (an exercise's `todo!()`) panics this
+/// thread with its own message.
 pub(crate) fn on_threads<T: Send>(jobs: Vec<impl FnOnce() -> Result<T> + Send>) -> Result<Vec<T>> {
     let results = std::thread::scope(|scope| {
-        let handles: Vec<_> = jobs.into_iter().map(|job| scope.spawn(job)).collect();
-        handles.into_iter().map(|handle| handle.join().unwrap_or_else(|panic| resume_unwind(panic))).collect::<Vec<_>>()
-    });
+        let handles = jobs
+            .into_iter()
+            .enumerate()
+            .map(|(i, job)| std::thread::Builder::new().name(format!("batch part {i}")).spawn_scoped(scope, job))
+            .collect::<std::io::Result<Vec<_>>>()?;
+        Ok::<_, std::io::Error>(
+            handles
+                .into_iter()
+                .map(|handle| handle.join().unwrap_or_else(|panic| resume_unwind(panic)))
+                .collect::<Vec<_>>(),
+        )
+    })?;
     results.into_iter().collect()
 }
 

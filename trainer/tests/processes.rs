@@ -69,9 +69,11 @@ fn two_nodes_on_loopback_train_as_one_job_of_two_ranks() {
     let port = workbook::distributed::launch::free_port("127.0.0.1").unwrap().to_string();
     std::fs::create_dir_all(&nodes).unwrap();
     let token_file = nodes.join("job.token");
+    // One thread per rank on both sides: a rank alone on its node would
+    // otherwise split its batch across the node's cores, and sum in another order.
     let node = |rank: &str| {
-        let mut node =
-            train(&nodes, 4, &["--nnodes", "2", "--node-rank", rank, "--nproc", "1", "--master-port", &port]);
+        let mut node = train(&nodes, 4, &["--nnodes", "2", "--node-rank", rank, "--nproc", "1", "--threads", "1"]);
+        node.args(["--master-port", &port]);
         node.arg("--token-file").arg(&token_file).env_remove("WORKBOOK_JOB_TOKEN");
         node.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().expect("a node starts")
     };
@@ -91,7 +93,7 @@ fn two_nodes_on_loopback_train_as_one_job_of_two_ranks() {
         let mode = std::fs::metadata(&token_file).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600, "the token file must be readable by its owner only");
     }
-    succeed(&mut train(&single, 4, &["--nproc", "2"]));
+    succeed(&mut train(&single, 4, &["--nproc", "2", "--threads", "1"]));
     assert!(final_weights(&nodes, 4) == final_weights(&single, 4), "--nnodes 2 x --nproc 1 must train as --nproc 2");
 }
 
