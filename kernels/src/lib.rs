@@ -16,6 +16,8 @@
 //! `split_heads` / `merge_heads` do the same for attention's head reshapes.
 //! `scale_channels` multiplies by a per-channel weight with a cheap gradient
 //! for the weight (candle sums a broadcast's gradient element by element).
+//! `adamw_update` is AdamW's update of a parameter and its moments in one
+//! pass instead of a dozen (no backward: it is the optimizer's).
 //! [`buffers`] turns tensors into bytes and adds byte buffers elementwise, for
 //! the communication backend that sends tensors over sockets.
 //!
@@ -24,6 +26,7 @@
 //! builds (the workspace `Cargo.toml` says so): unoptimised, these loops run
 //! several times slower.
 
+mod adamw;
 pub mod buffers;
 mod cross_entropy;
 mod exp;
@@ -34,6 +37,7 @@ mod scale_channels;
 mod silu;
 mod softmax;
 
+pub use adamw::{adamw_update, AdamWStep};
 pub use cross_entropy::cross_entropy;
 pub use exp::exp;
 pub use heads::{merge_heads, split_heads};

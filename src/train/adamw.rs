@@ -20,6 +20,7 @@ use candle_core::{bail, DType, Result, Tensor};
 use serde::{Deserialize, Serialize};
 
 use crate::autograd::Gradients;
+use crate::kernels::{adamw_update, AdamWStep};
 use crate::model::ParamStore;
 
 /// The hyper-parameters shared by every group.
@@ -81,11 +82,8 @@ impl AdamWConfig {
         let Self { beta1, beta2, eps } = *self;
         let t = t as i32;
         let (correction1, correction2) = (1.0 - beta1.powi(t), 1.0 - beta2.powi(t));
-        let exp_avg = ((moments.exp_avg * beta1)? + (grad * (1.0 - beta1))?)?;
-        let exp_avg_sq = ((moments.exp_avg_sq * beta2)? + (grad.sqr()? * (1.0 - beta2))?)?;
-        let denom = ((&exp_avg_sq / correction2)?.sqrt()? + eps)?;
-        let update = ((&exp_avg / correction1)? / denom)?;
-        let new_p = (decayed - (update * lr)?)?;
+        let step = AdamWStep { lr, beta1, beta2, eps, correction1, correction2 };
+        let (new_p, exp_avg, exp_avg_sq) = adamw_update(decayed, grad, &moments.exp_avg, &moments.exp_avg_sq, step)?;
         Ok((new_p, Moments { exp_avg, exp_avg_sq }))
     }
 }
