@@ -8,8 +8,10 @@
 //! order as the composed version (no fused multiply-adds), so the results are
 //! the same.
 
-use candle_core::{bail, CpuStorage, DType, Layout, Result, Storage, Tensor};
+use candle_core::{bail, DType, Result, Storage, Tensor};
 use rayon::prelude::*;
+
+use super::rows::as_f32;
 
 /// Elements per unit of work when the update is spread over the kernel threads.
 const CHUNK: usize = 1 << 16;
@@ -51,7 +53,10 @@ pub fn adamw_update(
         bail!("adamw_update: the parameter, its gradient and its moments must have one shape");
     }
     let guards = inputs.map(|t| t.storage_and_layout());
-    let [d, g, m, v] = [0, 1, 2, 3].map(|i| f32_values(&guards[i].0, guards[i].1));
+    let [d, g, m, v] = [0, 1, 2, 3].map(|i| match &*guards[i].0 {
+        Storage::Cpu(storage) => as_f32(storage, guards[i].1, "adamw_update"),
+        _ => bail!("adamw_update: expected a tensor on the CPU"),
+    });
     let (d, g, m, v) = (d?, g?, m?, v?);
     let n = d.len();
     let (mut p_out, mut m_out, mut v_out) = (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
@@ -73,14 +78,6 @@ pub fn adamw_update(
         Tensor::from_vec(m_out, shape, device)?,
         Tensor::from_vec(v_out, shape, device)?,
     ))
-}
-
-/// The contiguous f32 elements of a CPU tensor's storage.
-fn f32_values<'a>(storage: &'a Storage, layout: &Layout) -> Result<&'a [f32]> {
-    match (storage, layout.contiguous_offsets()) {
-        (Storage::Cpu(CpuStorage::F32(values)), Some((start, end))) => Ok(&values[start..end]),
-        _ => bail!("adamw_update: expected a contiguous f32 tensor on the CPU"),
-    }
 }
 
 /// The update on one chunk. Each line is one of the composed version's ops:

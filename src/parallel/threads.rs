@@ -80,21 +80,16 @@ impl ThreadedGpt {
             .collect();
         let passes = on_threads(jobs)?;
         let logits = Tensor::cat(&passes.iter().map(|(pass, _)| &pass.logits).collect::<Vec<_>>(), 0)?;
-        let Some(_) = labels else {
+        if labels.is_none() {
             return Ok(ForwardPass { logits, loss: None, recompute: Recompute::default() });
-        };
-        let mut loss = None::<Tensor>;
+        }
         let mut tapes = Vec::with_capacity(parts);
         for (pass, share) in passes {
             let Some(part_loss) = pass.loss else { bail!("the forward with labels returned no loss") };
-            let scaled = (part_loss * share)?;
-            loss = Some(match loss {
-                Some(sum) => (sum + &scaled)?,
-                None => scaled.clone(),
-            });
-            tapes.push((scaled, pass.recompute));
+            tapes.push(((part_loss * share)?, pass.recompute));
         }
-        Ok(ForwardPass { logits, loss, recompute: Recompute::of_parts(tapes) })
+        let loss = tapes[1..].iter().try_fold(tapes[0].0.clone(), |sum, (scaled, _)| sum + scaled)?;
+        Ok(ForwardPass { logits, loss: Some(loss), recompute: Recompute::of_parts(tapes) })
     }
 }
 

@@ -213,7 +213,7 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>, 
             let ddp = ddp.with_bucket_bytes(options.bucket_bytes);
             let ddp = if options.ddp_overlap { ddp.with_overlap() } else { ddp };
             let trainer = Trainer::new(&model_config, params, train_config, ddp)?;
-            let trainer = trainer.split_batches_across(options.batch_threads.min(rows_to_split(options)))?;
+            let trainer = trainer.split_batches_across(options.batch_parts())?;
             drive(options, dataset, trainer, device, num_params)
         }
         Strategy::Zero1 => {
@@ -240,6 +240,14 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>, 
             drop(params); // each rank keeps the root and its own shards
             drive(options, dataset, trainer, device, num_params)
         }
+    }
+}
+
+impl RunOptions {
+    /// The parts each rank's micro-batches are split into: `batch_threads`,
+    /// where the run can split them at all ([`rows_to_split`]).
+    pub fn batch_parts(&self) -> usize {
+        self.batch_threads.min(rows_to_split(self))
     }
 }
 
@@ -563,7 +571,7 @@ fn print_plan(options: &RunOptions, dataset: &Dataset, device: &Device, num_para
         let carrier = if options.nproc > 1 { format!(", {carrier}") } else { String::new() };
         println!("device: one CUDA GPU per rank (rank 0 on {:?}){carrier}", device.location());
     }
-    let parts = options.batch_threads.min(rows_to_split(options));
+    let parts = options.batch_parts();
     if parts > 1 {
         println!("threads: each rank's micro-batches split into {parts} parts, each on a thread of its own");
     }
