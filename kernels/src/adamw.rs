@@ -8,13 +8,11 @@
 //! order as the composed version (no fused multiply-adds), so the results are
 //! the same.
 
-use candle_core::{bail, DType, Result, Storage, Tensor};
-use rayon::prelude::*;
+use std::ops::Range;
 
-use super::rows::as_f32;
+use candle_core::{bail, Result, Tensor};
 
-/// Elements per unit of work when the update is spread over the kernel threads.
-const CHUNK: usize = 1 << 16;
+use super::elementwise::{in_one_pass, map_chunks, with_f32s};
 
 /// The constants of one AdamW step.
 #[derive(Debug, Clone, Copy)]
@@ -46,58 +44,37 @@ pub fn adamw_update(
     step: AdamWStep,
 ) -> Result<(Tensor, Tensor, Tensor)> {
     let inputs = [decayed, grad, exp_avg, exp_avg_sq];
-    if inputs.iter().any(|t| !t.device().is_cpu() || t.dtype() != DType::F32 || !t.is_contiguous()) {
+    if !in_one_pass(&inputs) {
+        if inputs.iter().any(|t| t.shape() != decayed.shape()) {
+            bail!("adamw_update: the parameter, its gradient and its moments must have one shape");
+        }
         return composed(decayed, grad, exp_avg, exp_avg_sq, step);
     }
-    if inputs.iter().any(|t| t.shape() != decayed.shape()) {
-        bail!("adamw_update: the parameter, its gradient and its moments must have one shape");
-    }
-    let guards = inputs.map(|t| t.storage_and_layout());
-    let [d, g, m, v] = [0, 1, 2, 3].map(|i| match &*guards[i].0 {
-        Storage::Cpu(storage) => as_f32(storage, guards[i].1, "adamw_update"),
-        _ => bail!("adamw_update: expected a tensor on the CPU"),
-    });
-    let (d, g, m, v) = (d?, g?, m?, v?);
-    let n = d.len();
-    let (mut p_out, mut m_out, mut v_out) = (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
-    let run = |i: usize, p_out: &mut [f32], m_out: &mut [f32], v_out: &mut [f32]| {
-        let at = i * CHUNK..i * CHUNK + p_out.len();
-        update_chunk(step, [&d[at.clone()], &g[at.clone()], &m[at.clone()], &v[at]], p_out, m_out, v_out);
-    };
-    let chunks = p_out.chunks_mut(CHUNK).zip(m_out.chunks_mut(CHUNK)).zip(v_out.chunks_mut(CHUNK)).enumerate();
-    if n < 2 * CHUNK || rayon::current_num_threads() == 1 {
-        chunks.for_each(|(i, ((p, m), v))| run(i, p, m, v));
-    } else {
-        chunks.collect::<Vec<_>>().into_par_iter().for_each(|(i, ((p, m), v))| run(i, p, m, v));
-    }
-    drop(guards);
-    let shape = decayed.shape();
-    let device = decayed.device();
-    Ok((
-        Tensor::from_vec(p_out, shape, device)?,
-        Tensor::from_vec(m_out, shape, device)?,
-        Tensor::from_vec(v_out, shape, device)?,
-    ))
+    let [p, m, v] = with_f32s(inputs, "adamw_update", |[d, g, m, v]| {
+        map_chunks(d.len(), |r: Range<usize>| {
+            let (d, g, m, v) = (&d[r.clone()], &g[r.clone()], &m[r.clone()], &v[r]);
+            d.iter().zip(g).zip(m).zip(v).map(move |(((&d, &g), &m), &v)| update_one(step, d, g, m, v))
+        })
+    })?;
+    let (shape, device) = (decayed.shape(), decayed.device());
+    Ok((Tensor::from_vec(p, shape, device)?, Tensor::from_vec(m, shape, device)?, Tensor::from_vec(v, shape, device)?))
 }
 
-/// The update on one chunk. Each line is one of the composed version's ops:
-/// candle multiplies a tensor by an f64 scalar (and divides by one) as an
-/// f32 multiply by the scalar (or its reciprocal) plus an f32 zero.
+/// The update of one element: the new parameter, `m` and `v`. Each line is
+/// one of the composed version's ops: candle multiplies a tensor by an f64
+/// scalar (and divides by one) as an f32 multiply by the scalar (or its
+/// reciprocal) plus an f32 zero.
 #[inline(always)]
-fn update_chunk(s: AdamWStep, [d, g, m, v]: [&[f32]; 4], p_out: &mut [f32], m_out: &mut [f32], v_out: &mut [f32]) {
+fn update_one(s: AdamWStep, d: f32, g: f32, m: f32, v: f32) -> [f32; 3] {
     let (b1, one_minus_b1) = (s.beta1 as f32, (1.0 - s.beta1) as f32);
     let (b2, one_minus_b2) = (s.beta2 as f32, (1.0 - s.beta2) as f32);
     let (inv_c1, inv_c2) = ((1.0 / s.correction1) as f32, (1.0 / s.correction2) as f32);
     let (eps, lr) = (s.eps as f32, s.lr as f32);
-    for i in 0..p_out.len() {
-        let exp_avg = (m[i] * b1 + 0.0) + (g[i] * one_minus_b1 + 0.0);
-        let exp_avg_sq = (v[i] * b2 + 0.0) + ((g[i] * g[i]) * one_minus_b2 + 0.0);
-        let denom = (exp_avg_sq * inv_c2 + 0.0).sqrt() * 1.0 + eps;
-        let update = (exp_avg * inv_c1 + 0.0) / denom;
-        p_out[i] = d[i] - (update * lr + 0.0);
-        m_out[i] = exp_avg;
-        v_out[i] = exp_avg_sq;
-    }
+    let exp_avg = (m * b1 + 0.0) + (g * one_minus_b1 + 0.0);
+    let exp_avg_sq = (v * b2 + 0.0) + ((g * g) * one_minus_b2 + 0.0);
+    let denom = (exp_avg_sq * inv_c2 + 0.0).sqrt() * 1.0 + eps;
+    let update = (exp_avg * inv_c1 + 0.0) / denom;
+    [d - (update * lr + 0.0), exp_avg, exp_avg_sq]
 }
 
 /// The same update from candle's ops, for other devices and dtypes.

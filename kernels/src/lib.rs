@@ -17,7 +17,10 @@
 //! `scale_channels` multiplies by a per-channel weight with a cheap gradient
 //! for the weight (candle sums a broadcast's gradient element by element).
 //! `adamw_update` is AdamW's update of a parameter and its moments in one
-//! pass instead of a dozen (no backward: it is the optimizer's).
+//! pass instead of a dozen (no backward: it is the optimizer's). It and
+//! [`add`], [`scale`], [`sum_of_squares`] and [`all_finite`] are the passes
+//! between the model's passes, spread
+//! over threads of their own when [`set_threads_between_passes`] gave some.
 //! [`buffers`] turns tensors into bytes and adds byte buffers elementwise, for
 //! the communication backend that sends tensors over sockets.
 //!
@@ -29,6 +32,7 @@
 mod adamw;
 pub mod buffers;
 mod cross_entropy;
+mod elementwise;
 mod exp;
 mod heads;
 mod linear;
@@ -39,6 +43,7 @@ mod softmax;
 
 pub use adamw::{adamw_update, AdamWStep};
 pub use cross_entropy::cross_entropy;
+pub use elementwise::{add, all_finite, scale, set_threads_between_passes, sum_of_squares};
 pub use exp::exp;
 pub use heads::{merge_heads, split_heads};
 pub use linear::linear;

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Result, Tensor, Var};
 
+use crate::kernels;
 use crate::model::ParamStore;
 
 #[derive(Debug, Clone, Default)]
@@ -31,7 +32,7 @@ impl Gradients {
     pub fn accumulate(&mut self, other: &Gradients) -> Result<()> {
         for (name, grad) in &other.by_name {
             let sum = match self.by_name.get(name) {
-                Some(mine) => (mine + grad)?,
+                Some(mine) => kernels::add(mine, grad)?,
                 None => grad.clone(),
             };
             self.by_name.insert(name.clone(), sum);
@@ -65,7 +66,7 @@ impl Gradients {
     /// Multiplies every gradient by `factor`.
     pub fn scale(&mut self, factor: f64) -> Result<()> {
         for grad in self.by_name.values_mut() {
-            *grad = (&*grad * factor)?;
+            *grad = kernels::scale(grad, factor)?;
         }
         Ok(())
     }
@@ -73,7 +74,7 @@ impl Gradients {
     /// Whether no gradient holds an inf or a NaN.
     pub fn all_finite(&self) -> Result<bool> {
         for grad in self.by_name.values() {
-            if !grad.sum_all()?.to_dtype(DType::F32)?.to_scalar::<f32>()?.is_finite() {
+            if !kernels::all_finite(grad)? {
                 return Ok(false);
             }
         }
@@ -116,14 +117,10 @@ fn as_f32_gradient(var: &Var, grad: Option<Tensor>) -> Result<Tensor> {
     Ok(grad.detach())
 }
 
-/// The sum of the squares of every element of `grads` (f32 tensors), each
-/// tensor reduced in f32 and the tensors added in f64.
+/// The sum of the squares of every element of `grads` (f32 tensors), added
+/// in f64 across tensors ([`kernels::sum_of_squares`] within one).
 pub fn sum_of_squares<'a>(grads: impl IntoIterator<Item = &'a Tensor>) -> Result<f64> {
-    let mut sum_sq = 0f64;
-    for grad in grads {
-        sum_sq += grad.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
-    }
-    Ok(sum_sq)
+    grads.into_iter().map(kernels::sum_of_squares).sum()
 }
 
 /// What gradients of global norm `norm` are multiplied by to clip them to

@@ -16,6 +16,7 @@
 use candle_core::backprop::GradStore;
 use candle_core::{bail, Module, Result, Tensor, Var};
 
+use crate::kernels;
 use crate::parallel::on_threads;
 use crate::timeline;
 
@@ -86,9 +87,7 @@ impl Recompute {
         let jobs = self.parts.iter().map(|(part_loss, tape)| move || tape.gradients_of(part_loss)).collect();
         let mut stores = on_threads(jobs)?.into_iter();
         let mut total = stores.next().expect("a split forward has parts");
-        // Only the parameters, which every part shares, are added; each
-        // part's activations have ids of their own.
-        stores.try_for_each(|part| total.extend(part))?;
+        stores.try_for_each(|part| add_into(&mut total, &part))?;
         Ok(total)
     }
 
@@ -181,9 +180,24 @@ pub fn vjp(y: &Tensor, grad_y: &Tensor) -> Result<GradStore> {
 /// Adds `grad` to the gradient `grads` holds for `tensor`.
 pub fn accumulate(grads: &mut GradStore, tensor: &Tensor, grad: Tensor) -> Result<()> {
     let total = match grads.remove(tensor) {
-        Some(existing) => (existing + grad)?,
+        Some(existing) => kernels::add(&existing, &grad)?,
         None => grad,
     };
     grads.insert(tensor, total);
+    Ok(())
+}
+
+/// Adds each gradient of `part` to `total`'s for the same tensor. Only the
+/// parameters, which every part of a batch shares, meet there; each part's
+/// activations have ids of their own.
+fn add_into(total: &mut GradStore, part: &GradStore) -> Result<()> {
+    for &id in part.get_ids() {
+        let grad = part.get_id(id).expect("the store holds the ids it lists");
+        let sum = match total.get_id(id) {
+            Some(mine) => kernels::add(mine, grad)?,
+            None => grad.clone(),
+        };
+        total.insert_id(id, sum);
+    }
     Ok(())
 }

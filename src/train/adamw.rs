@@ -20,7 +20,7 @@ use candle_core::{bail, DType, Result, Tensor};
 use serde::{Deserialize, Serialize};
 
 use crate::autograd::Gradients;
-use crate::kernels::{adamw_update, AdamWStep};
+use crate::kernels::{adamw_update, scale, AdamWStep};
 use crate::model::ParamStore;
 
 /// The hyper-parameters shared by every group.
@@ -173,7 +173,7 @@ impl AdamW {
                     Some(m) => m,
                     None => Moments::zeros_like(&p)?,
                 };
-                let decayed = (&p * (1.0 - lr * group.weight_decay))?;
+                let decayed = scale(&p, 1.0 - lr * group.weight_decay)?;
                 let (new_p, moments) = self.config.update(self.steps, lr, &decayed, grad, moments)?;
                 var.set(&new_p.to_dtype(var.dtype())?)?;
                 self.moments.insert(name.clone(), moments);

@@ -339,3 +339,59 @@ fn adamw_update_matches_the_composed_update_bit_for_bit() {
     assert!((value(m) - m_want).abs() < 1e-7 && (value(v) - v_want).abs() < 1e-7);
     assert!((value(p) - p_want).abs() < 1e-6, "a worked update: {p_want}");
 }
+
+/// The passes between the model's passes give candle's results bit for bit:
+/// `add` is candle's `a + b`, `scale` its `a * factor` (an affine op, which
+/// turns −0 into +0), on the calling thread for a small tensor and over
+/// threads of their own for one of several chunks of work; a strided input
+/// takes candle's path.
+#[test]
+fn add_and_scale_between_passes_match_candles_ops_bit_for_bit() {
+    kernels::set_threads_between_passes(3).unwrap();
+    let bits = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|x| x.to_bits()).collect();
+    let same = |ours: &Tensor, theirs: &Tensor, what: &str| {
+        let (ours, theirs): (Vec<u32>, Vec<u32>) = (bits(ours), bits(theirs));
+        let first = ours.iter().zip(&theirs).position(|(a, b)| a != b);
+        assert_eq!(first, None, "{what} differs from candle's at element {first:?}");
+        assert_eq!(ours.len(), theirs.len(), "{what} has the wrong number of elements");
+    };
+    for n in [1000, (3 << 16) + 7] {
+        let (a, b) = (randn(&[n / 7, 7], 1.0), randn(&[n / 7, 7], 0.3).affine(-1.0, 0.0).unwrap());
+        let with_negative_zero = a.maximum(0.0).unwrap().neg().unwrap();
+        same(&kernels::add(&a, &b).unwrap(), &(&a + &b).unwrap(), &format!("add of {n} elements"));
+        same(&kernels::scale(&a, 0.37).unwrap(), &(&a * 0.37).unwrap(), &format!("scale of {n} elements"));
+        same(&kernels::scale(&with_negative_zero, 2.0).unwrap(), &(&with_negative_zero * 2.0).unwrap(), "scale of -0");
+        let strided = b.t().unwrap().contiguous().unwrap().t().unwrap();
+        same(&kernels::add(&a, &strided).unwrap(), &(&a + &b).unwrap(), "add of a strided tensor");
+    }
+    let err = kernels::add(&randn(&[4, 3], 1.0), &randn(&[3, 4], 1.0)).unwrap_err().to_string();
+    assert!(err.contains("shape mismatch"), "{err}");
+}
+
+/// The gradient norm's sum of squares is the f64 sum's to f32 rounding, the
+/// same on every call, and the finiteness check finds one NaN or inf among
+/// several chunks of work, and is not fooled by finite values whose sum of
+/// magnitudes overflows f32; a strided tensor takes candle's path.
+#[test]
+fn sum_of_squares_and_all_finite_over_chunks_of_work() {
+    kernels::set_threads_between_passes(3).unwrap();
+    let n = 7 * 28_090; // more than 3 chunks of 2^16
+    let x = randn(&[n], 1.0);
+    let exact: f64 = x.to_vec1::<f32>().unwrap().iter().map(|&v| v as f64 * v as f64).sum();
+    let ours = kernels::sum_of_squares(&x).unwrap();
+    assert!((ours - exact).abs() < 1e-5 * exact, "sum of squares {ours}, the f64 sum is {exact}");
+    assert_eq!(ours.to_bits(), kernels::sum_of_squares(&x).unwrap().to_bits(), "the same input gave another sum");
+    let strided = x.reshape((n / 7, 7)).unwrap().t().unwrap();
+    assert!((kernels::sum_of_squares(&strided).unwrap() - exact).abs() < 1e-4 * exact);
+    let with = |at: usize, value: f32| {
+        let mut values = vec![1e30f32; n];
+        values[at] = value;
+        Tensor::from_vec(values, (n / 7, 7), &Device::Cpu).unwrap()
+    };
+    for (t, name) in [(with(n - 3, 2.0), "finite"), (with(n - 3, f32::NAN), "NaN"), (with(5, f32::INFINITY), "inf")] {
+        let finite = name == "finite";
+        assert_eq!(kernels::all_finite(&t).unwrap(), finite, "all_finite of a tensor with an {name} element");
+        let strided = t.t().unwrap();
+        assert_eq!(kernels::all_finite(&strided).unwrap(), finite, "all_finite of a strided tensor ({name})");
+    }
+}

@@ -73,13 +73,20 @@ impl RankThreads {
     /// `RAYON_NUM_THREADS` at every matrix product and sizes its elementwise
     /// pool from `CANDLE_NUM_THREADS` once: parts on threads of their own
     /// run their elementwise operations themselves, since that pool serves
-    /// one caller at a time. Call it from `main` before any thread starts:
-    /// setting the environment races with threads that read it.
-    pub fn apply(self) {
+    /// one caller at a time. The passes over whole gradients and parameters
+    /// between the model's passes (summing the parts' gradients, the
+    /// optimizer's update) get every thread of the rank. Call it from `main`
+    /// before any thread starts: setting the environment races with threads
+    /// that read it.
+    pub fn apply(self) -> anyhow::Result<()> {
         std::env::set_var("RAYON_NUM_THREADS", self.kernel.to_string());
-        if self.batch > 1 && std::env::var_os("CANDLE_NUM_THREADS").is_none() {
-            std::env::set_var("CANDLE_NUM_THREADS", "1");
+        if self.batch > 1 {
+            if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
+                std::env::set_var("CANDLE_NUM_THREADS", "1");
+            }
+            workbook::kernels::set_threads_between_passes(self.total())?;
         }
+        Ok(())
     }
 
     /// Every thread the rank uses.

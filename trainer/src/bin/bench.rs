@@ -169,7 +169,7 @@ fn run(args: Args) -> Result<()> {
     };
     // Ranks started by the launcher all run on this machine; so do thread ranks.
     let threads = RankThreads::share(args.nproc, args.threads, rows_to_split(&options));
-    threads.apply();
+    threads.apply()?;
     options.batch_threads = threads.batch;
     let summary = train(&options)?;
     let shares_process = launched.is_none() && args.nproc > 1;

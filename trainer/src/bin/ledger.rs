@@ -50,7 +50,7 @@ fn run(args: Args) -> Result<()> {
     let plan = ShardingPlan::zero(args.stage.min(3));
     let model = config.model.clone();
     let seq_len = args.seq_len.min(model.max_seq_len);
-    trainer::RankThreads::share(args.nproc, None, 1).apply();
+    trainer::RankThreads::share(args.nproc, None, 1).apply()?;
     let mut ranks = spawn(args.nproc, |pg| {
         let params = init_params(&model, 0, &Device::Cpu)?;
         let num_params = params.num_params();

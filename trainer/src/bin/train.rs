@@ -343,7 +343,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     }
     let ranks_here = launched.as_ref().map_or(args.launch.nproc_per_node, |env| env.local_world_size);
     let threads = RankThreads::share(ranks_here, args.threads.map(|n| n as usize), rows_to_split(&options));
-    threads.apply();
+    threads.apply()?;
     options.batch_threads = threads.batch;
     let summary = train(&options)?;
     if !is_logger {
