@@ -116,11 +116,18 @@ run() {
         --checkpoint-dir /tmp/gpu-check-cuda --overwrite
     section "The same 60 steps on the CPU" "$CHECK/train" "${steps[@]}" --checkpoint-dir /tmp/gpu-check-cpu --overwrite
     local shape=(--steps 5 --warmup 1)
+    # The GPU's f32 peak without tensor cores (datasheets), for the MFU of the f32 rows.
+    local peak=()
+    case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
+        *H100*PCIe*) peak=(--peak-tflops 51) ;;
+        *H100* | *H200*) peak=(--peak-tflops 67) ;;
+    esac
     section "Trainer tokens/s, GPT-2 124M shape, T 1024, f32" "$CHECK/bench" --model-size small "${shape[@]}" \
-        --device cuda --ranks threads
+        --device cuda --ranks threads "${peak[@]}"
     section "PyTorch tokens/s on the same GPU, same shape" python3 benchmarks/pytorch_baseline.py \
         --config configs/small.toml "${shape[@]}" --device cuda
-    section "Trainer tokens/s, tiny config" "$CHECK/bench" --model-size tiny --steps 30 --device cuda --ranks threads
+    section "Trainer tokens/s, tiny config" "$CHECK/bench" --model-size tiny --steps 30 --device cuda --ranks threads \
+        "${peak[@]}"
     section "PyTorch tokens/s, tiny config" python3 benchmarks/pytorch_baseline.py --config configs/tiny.toml \
         --steps 30 --device cuda
     echo "report: $report"

@@ -1,10 +1,12 @@
 //! `bench`: training throughput of the workbook on a config, single process and DDP.
 //!
 //! Prints one JSON line per setup: `{"setup": "...", "nproc": N, "threads": T, "tokens_per_s": ...,
-//! "sent_bytes_per_step": ..., "peak_memory_mib": ...}`, where T counts the kernel threads of all
-//! ranks together, and the bytes one rank sent per step and its peak resident memory are the
-//! largest over the ranks (the memory is absent where ranks share a process or the OS does not
-//! report it).
+//! "model_tflops_per_s": ..., "mfu": ..., "sent_bytes_per_step": ..., "peak_memory_mib": ...}`,
+//! where T counts the kernel threads of all ranks together, and the bytes one rank sent per step
+//! and its peak resident memory are the largest over the ranks (the memory is absent where ranks
+//! share a process or the OS does not report it). The model's FLOP/s count a token as
+//! `GptConfig::training_flops_per_token` does; the MFU divides them by `--peak-tflops` per rank,
+//! and is absent without it.
 //! `cargo xtask bench` runs it beside the PyTorch baseline and writes the comparison.
 
 use std::path::{Path, PathBuf};
@@ -82,6 +84,11 @@ struct Args {
     /// The most megabytes of gradients one all-reduce carries.
     #[arg(long = "bucket-cap-mb", value_name = "MB", default_value = "25", value_parser = bucket_cap_bytes)]
     bucket_bytes: usize,
+    /// One device's peak TFLOP/s in the precision the run computes in (the
+    /// datasheet's: an H100 SXM's is about 67 in f32 without TF32, 989 in
+    /// dense bf16), for the model FLOPs utilisation (MFU) of the run.
+    #[arg(long, value_name = "TFLOPS", value_parser = positive_tflops)]
+    peak_tflops: Option<f64>,
     /// --device and --backend.
     #[command(flatten)]
     compute: ComputeArgs,
@@ -241,6 +248,8 @@ fn report(args: &Args, config: &RunConfig, out_dir: &Path) -> Result<()> {
     }
     // Thread ranks share their process's threads evenly.
     let threads = nproc * usages[0].threads.total();
+    let model_tflops_per_s = tokens_per_s * config.model.training_flops_per_token(config.seq_len) / 1e12;
+    let mfu = args.peak_tflops.map(|peak| model_tflops_per_s / (nproc as f64 * peak));
     println!(
         "{}",
         serde_json::json!({
@@ -248,6 +257,8 @@ fn report(args: &Args, config: &RunConfig, out_dir: &Path) -> Result<()> {
             "nproc": nproc,
             "threads": threads,
             "tokens_per_s": tokens_per_s,
+            "model_tflops_per_s": model_tflops_per_s,
+            "mfu": mfu,
             "sent_bytes_per_step": sent_bytes_per_step,
             "peak_memory_mib": peak_memory_mib,
             "final_loss": end.loss,
@@ -280,5 +291,12 @@ fn parallelism(args: &Args) -> String {
         }
         Strategy::TensorParallel { ranks, .. } => format!("tensor parallelism over {ranks} ranks{}", replicas(ranks)),
         _ => "DDP".to_string(),
+    }
+}
+
+fn positive_tflops(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(peak) if peak.is_finite() && peak > 0.0 => Ok(peak),
+        _ => Err(format!("`{text}` is not a peak: give the device's TFLOP/s as a positive number, e.g. 67")),
     }
 }
