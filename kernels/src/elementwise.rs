@@ -11,7 +11,9 @@
 //! its outputs are written once, never zero-filled first. Each element gets
 //! the f32 operation candle's op gives it, so the results are candle's; the
 //! reductions' sums are grouped by chunk, so they are the same whatever the
-//! threads, but not candle's to the last bit.
+//! threads, but not candle's to the last bit. Their results are fresh
+//! tensors outside any graph, as gradients and parameter updates are: no
+//! backward runs through them.
 
 use std::mem::MaybeUninit;
 use std::ops::Range;
