@@ -14,7 +14,7 @@
 //! block's all-reduce as soon as that block's gradients are final.
 
 use candle_core::backprop::GradStore;
-use candle_core::{bail, Module, Result, Tensor, Var};
+use candle_core::{bail, Module, Result, Tensor, TensorId, Var};
 
 use crate::kernels;
 use crate::parallel::on_threads;
@@ -179,12 +179,7 @@ pub fn vjp(y: &Tensor, grad_y: &Tensor) -> Result<GradStore> {
 
 /// Adds `grad` to the gradient `grads` holds for `tensor`.
 pub fn accumulate(grads: &mut GradStore, tensor: &Tensor, grad: Tensor) -> Result<()> {
-    let total = match grads.remove(tensor) {
-        Some(existing) => kernels::add(&existing, &grad)?,
-        None => grad,
-    };
-    grads.insert(tensor, total);
-    Ok(())
+    add_at(grads, tensor.id(), grad)
 }
 
 /// Adds each gradient of `part` to `total`'s for the same tensor. Only the
@@ -192,12 +187,17 @@ pub fn accumulate(grads: &mut GradStore, tensor: &Tensor, grad: Tensor) -> Resul
 /// activations have ids of their own.
 fn add_into(total: &mut GradStore, part: &GradStore) -> Result<()> {
     for &id in part.get_ids() {
-        let grad = part.get_id(id).expect("the store holds the ids it lists");
-        let sum = match total.get_id(id) {
-            Some(mine) => kernels::add(mine, grad)?,
-            None => grad.clone(),
-        };
-        total.insert_id(id, sum);
+        add_at(total, id, part.get_id(id).expect("the store holds the ids it lists").clone())?;
     }
+    Ok(())
+}
+
+/// Adds `grad` to the gradient `grads` holds for the tensor with `id`.
+fn add_at(grads: &mut GradStore, id: TensorId, grad: Tensor) -> Result<()> {
+    let total = match grads.get_id(id) {
+        Some(existing) => kernels::add(existing, &grad)?,
+        None => grad,
+    };
+    grads.insert_id(id, total);
     Ok(())
 }

@@ -5,7 +5,7 @@
 use candle_core::{DType, Device, Tensor, D};
 use workbook::{kernels, InitRng};
 
-use crate::support::{expect_close, grad, surrogate, var, BF16, F32};
+use crate::support::{expect_close, grad, surrogate, values, var, BF16, F32};
 
 /// Gaussian values of `shape` with standard deviation `std`, the same on every
 /// run: these checks compare two implementations, not against a fixture.
@@ -326,10 +326,7 @@ fn adamw_update_matches_the_composed_update_bit_for_bit() {
     for (what, a, b) in
         [("parameter", &fused.0, &composed.0), ("m", &fused.1, &composed.1), ("v", &fused.2, &composed.2)]
     {
-        let (a, b) =
-            (a.flatten_all().unwrap().to_vec1::<f32>().unwrap(), b.flatten_all().unwrap().to_vec1::<f32>().unwrap());
-        let first = a.iter().zip(&b).position(|(x, y)| x.to_bits() != y.to_bits());
-        assert_eq!(first, None, "the new {what} differs from the composed update's at element {first:?}");
+        expect_same_bits(a, b, &format!("the new {what}"), "the composed update's");
     }
     let one = |x: f32| Tensor::new(&[x], &Device::Cpu).unwrap();
     let (p, m, v) = adamw_update(&one(1.0), &one(0.5), &one(0.1), &one(0.001), step).unwrap();
@@ -340,6 +337,14 @@ fn adamw_update_matches_the_composed_update_bit_for_bit() {
     assert!((value(p) - p_want).abs() < 1e-6, "a worked update: {p_want}");
 }
 
+/// Fails unless `ours` and `theirs` have one shape and the same bits in every element.
+fn expect_same_bits(ours: &Tensor, theirs: &Tensor, what: &str, whose: &str) {
+    assert_eq!(ours.dims(), theirs.dims(), "{what} has the wrong shape");
+    let (ours, theirs) = (values(ours), values(theirs));
+    let first = ours.iter().zip(&theirs).position(|(a, b)| a.to_bits() != b.to_bits());
+    assert_eq!(first, None, "{what} differs from {whose} at element {first:?}");
+}
+
 /// The passes between the model's passes give candle's results bit for bit:
 /// `add` is candle's `a + b`, `scale` its `a * factor` (an affine op, which
 /// turns −0 into +0), on the calling thread for a small tensor and over
@@ -348,13 +353,7 @@ fn adamw_update_matches_the_composed_update_bit_for_bit() {
 #[test]
 fn add_and_scale_between_passes_match_candles_ops_bit_for_bit() {
     kernels::set_threads_between_passes(3).unwrap();
-    let bits = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|x| x.to_bits()).collect();
-    let same = |ours: &Tensor, theirs: &Tensor, what: &str| {
-        let (ours, theirs): (Vec<u32>, Vec<u32>) = (bits(ours), bits(theirs));
-        let first = ours.iter().zip(&theirs).position(|(a, b)| a != b);
-        assert_eq!(first, None, "{what} differs from candle's at element {first:?}");
-        assert_eq!(ours.len(), theirs.len(), "{what} has the wrong number of elements");
-    };
+    let same = |ours: &Tensor, theirs: &Tensor, what: &str| expect_same_bits(ours, theirs, what, "candle's");
     for n in [1000, (3 << 16) + 7] {
         let (a, b) = (randn(&[n / 7, 7], 1.0), randn(&[n / 7, 7], 0.3).affine(-1.0, 0.0).unwrap());
         let with_negative_zero = a.maximum(0.0).unwrap().neg().unwrap();
