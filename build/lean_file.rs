@@ -1,11 +1,12 @@
 //! `exercises/lean.txt`: the exercises whose reference body the crate compiles
 //! in place of the learner's. Read by the build script, written by `cargo
-//! xtask lean`; both compile this one file, so they agree on its format.
+//! xtask lean`; both compile this one file, so they agree on its format (the
+//! tests' build script parses its lists too).
 //!
 //! The format: `#` comments, then exercise numbers and ranges separated by
 //! commas or spaces, e.g. `1-15, 17`.
 
-// Each of the two programs that compile this file uses part of it.
+// Each program that compiles this file uses part of it.
 #![allow(dead_code)]
 
 use std::collections::BTreeSet;

@@ -14,9 +14,6 @@
 //!
 //! `WORKBOOK_LEAN`, when set, replaces the file (the workbook's own checks use
 //! it, so that a learner's choice never changes what they grade).
-//! `WORKBOOK_ONLY_TESTS_OF=5,7` compiles only those exercises' modules into
-//! the `graded` test binary (`cfg(tests_of = "5")`): the checks that
-//! rebuild it once per exercise link a fraction of it.
 
 use std::path::{Path, PathBuf};
 
@@ -25,18 +22,13 @@ mod lean_file;
 
 use lean_file::{LEAN_FILE, LEAN_VARIABLE};
 
-const ONLY_TESTS_VARIABLE: &str = "WORKBOOK_ONLY_TESTS_OF";
-
 fn main() {
     // The folder, not the file: a missing file would rebuild on every run, and
     // every exercise edit must refresh the list of unfinished ones anyway.
     println!("cargo::rerun-if-changed=exercises");
     println!("cargo::rerun-if-env-changed={LEAN_VARIABLE}");
-    println!("cargo::rerun-if-env-changed={ONLY_TESTS_VARIABLE}");
     println!("cargo::rustc-check-cfg=cfg(reference, values(any()))");
     println!("cargo::rustc-check-cfg=cfg(stand_in, values(any()))");
-    println!("cargo::rustc-check-cfg=cfg(only_some_tests)");
-    println!("cargo::rustc-check-cfg=cfg(tests_of, values(any()))");
 
     let leaned = match std::env::var(LEAN_VARIABLE) {
         Ok(list) => lean_file::parse(&list).unwrap_or_else(|bad| {
@@ -49,14 +41,6 @@ fn main() {
             ))
         }),
     };
-    if let Ok(list) = std::env::var(ONLY_TESTS_VARIABLE) {
-        let numbers = lean_file::parse(&list)
-            .unwrap_or_else(|_| fail(&format!("{ONLY_TESTS_VARIABLE}={list:?} is not a list of exercise numbers")));
-        println!("cargo::rustc-cfg=only_some_tests");
-        for number in numbers {
-            println!("cargo::rustc-cfg=tests_of=\"{number}\"");
-        }
-    }
 
     let exercises = exercise_files(Path::new("exercises"));
     let all_reference = std::env::var_os("CARGO_FEATURE_SOLUTIONS").is_some();

@@ -12,6 +12,8 @@ use workbook::data::{
     SAMPLE_PATH,
 };
 
+use crate::support::repository_root;
+
 /// A folder of its own under the system temp dir, removed when dropped.
 struct Scratch(PathBuf);
 
@@ -37,7 +39,7 @@ impl Drop for Scratch {
 }
 
 fn sample_path() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(SAMPLE_PATH)
+    repository_root().join(SAMPLE_PATH)
 }
 
 /// The first `n` stories of the bundled sample: enough text to exercise

@@ -2,7 +2,7 @@
 //! grades exercise 5. Expected numbers come from PyTorch (`tests/fixtures/generate.py`).
 //! `scaffolding` holds ungraded checks of the code around the exercises.
 //! The workbook's own checks build only some exercises' modules at times
-//! (`WORKBOOK_ONLY_TESTS_OF`, see `build/main.rs`); the helpers unused then are not
+//! (`WORKBOOK_ONLY_TESTS_OF`, see `tests/build.rs`); the helpers unused then are not
 //! a defect.
 #![cfg_attr(only_some_tests, allow(dead_code, unused_imports))]
 

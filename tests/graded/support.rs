@@ -4,7 +4,7 @@
 use std::backtrace::Backtrace;
 use std::collections::HashMap;
 use std::panic::PanicHookInfo;
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 
@@ -197,12 +197,18 @@ pub const F32: Tol = Tol { atol: 1e-5, rtol: 1e-4 };
 pub const BF16: Tol = Tol { atol: 2e-2, rtol: 2e-2 };
 
 /// The words of exercise `exercise`'s typical mistake `id`, from
+/// The workbook's root, where `exercises/`, `tests/` and `datasets/` are
+/// (this package is `tests/`).
+pub fn repository_root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the tests package sits in the workbook's root")
+}
+
 /// `exercises/info.toml`: the one place a mistake is described. Its fixture
 /// output, where it has one, is `mistake_<id>` (see [`Fixture::mistakes`]).
 pub fn mistake(exercise: u32, id: &str) -> &'static str {
     static MISTAKES: OnceLock<HashMap<(u32, String), String>> = OnceLock::new();
     let all = MISTAKES.get_or_init(|| {
-        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("exercises/info.toml");
+        let path = repository_root().join("exercises/info.toml");
         let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
         let info: toml::Table = text.parse().unwrap_or_else(|e| panic!("{} is not valid TOML: {e}", path.display()));
         let mut all = HashMap::new();
@@ -230,7 +236,7 @@ pub struct Fixture {
 
 pub fn fixture(exercise: u32) -> Fixture {
     let name = format!("exercise_{exercise:02}.safetensors");
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(&name);
+    let path = repository_root().join("tests/fixtures").join(&name);
     let tensors = candle_core::safetensors::load(&path, &Device::Cpu).unwrap_or_else(|e| {
         panic!(
             "cannot read the fixture {}: {e}\nIt ships with the workbook; restore it with `git checkout tests/fixtures`.",

@@ -161,7 +161,7 @@ pub fn unfinished_exercise(message: &str) -> Option<u32> {
     rest.split(':').next()?.trim().parse().ok()
 }
 
-/// Exercise numbers as build/main.rs reads them: `1,2,7`.
+/// Exercise numbers as the build scripts read them: `1,2,7`.
 fn list(numbers: &[u32]) -> String {
     numbers.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
 }

@@ -7,7 +7,7 @@
 //!   it (`cfg(reference = "N")`, set by `build/main.rs`), from `solutions/`;
 //! - `tests/graded/main.rs`, between its markers: one test module per exercise,
 //!   each compiled in every build but those that build a few exercises' tests
-//!   (`cfg(only_some_tests)`, set by `build/main.rs`);
+//!   (`cfg(only_some_tests)`, set by `tests/build.rs`);
 //! - `guide/src/SUMMARY.md`: the guide's table of contents.
 
 use std::fmt::Write as _;
