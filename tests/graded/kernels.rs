@@ -185,7 +185,6 @@ fn split_and_merge_heads_match_candle_forward_and_backward() {
     let ours = kernels::split_heads(&x, heads).unwrap();
     let theirs = x.reshape((b, t, heads, d)).unwrap().transpose(1, 2).unwrap().contiguous().unwrap();
     assert_eq!(ours.dims(), &[b, heads, t, d]);
-    let values = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
     assert_eq!(values(&ours), values(&theirs), "split_heads must equal reshape + transpose(1, 2)");
     let merged = kernels::merge_heads(&ours).unwrap();
     assert_eq!(merged.dims(), x.dims());
@@ -286,7 +285,6 @@ fn scale_channels_matches_candle_broadcast_mul_forward_and_backward() {
     let weight = var(&randn(&[24], 1.0));
     let ours = kernels::scale_channels(&x, &weight).unwrap();
     let theirs = x.broadcast_mul(&weight).unwrap();
-    let values = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
     assert_eq!(ours.dims(), theirs.dims(), "scale_channels keeps the shape of x");
     assert_eq!(values(&ours), values(&theirs), "scale_channels must compute x * weight exactly");
     let dy = randn(&[3, 100, 24], 1.0);
