@@ -196,13 +196,13 @@ pub const F32: Tol = Tol { atol: 1e-5, rtol: 1e-4 };
 /// A bf16 result: 8 bits of mantissa, so about 0.4% per rounding.
 pub const BF16: Tol = Tol { atol: 2e-2, rtol: 2e-2 };
 
-/// The words of exercise `exercise`'s typical mistake `id`, from
 /// The workbook's root, where `exercises/`, `tests/` and `datasets/` are
 /// (this package is `tests/`).
 pub fn repository_root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the tests package sits in the workbook's root")
 }
 
+/// The words of exercise `exercise`'s typical mistake `id`, from
 /// `exercises/info.toml`: the one place a mistake is described. Its fixture
 /// output, where it has one, is `mistake_<id>` (see [`Fixture::mistakes`]).
 pub fn mistake(exercise: u32, id: &str) -> &'static str {
