@@ -116,11 +116,14 @@ def main():
     parser.add_argument("--batch-size", type=int, help="sequences per step over all ranks; default: the config's")
     parser.add_argument("--grad-accum", type=int, help="micro-batches per step; default: the config's")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda for one GPU")
+    parser.add_argument("--tf32", action="store_true", help="f32 matrix products in TF32 on the GPU, as bench --tf32")
+    parser.add_argument("--autocast-bf16", action="store_true",
+                        help="forward under torch.autocast(dtype=torch.bfloat16) on the GPU, as bench --autocast-bf16")
     parser.add_argument("--profile", action="store_true",
                         help="print the timed steps' ops by self CPU time (torch.profiler) to stderr")
     args = parser.parse_args()
     device = torch.device(args.device)
-    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     with open(args.config, "rb") as f:
@@ -143,14 +146,20 @@ def main():
     )
     b, t, k = cfg["batch_size"], cfg["seq_len"], cfg["grad_accum_steps"]
 
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.autocast_bf16 else contextlib.nullcontext()
+
+    def loss_of(idx):
+        with autocast:
+            return step_model(idx) / k
+
     def optimizer_step():
         for micro in range(k):
             idx = torch.randint(0, vocab, (b // world, t), device=device)
             if world > 1 and micro < k - 1:
                 with step_model.no_sync():  # all-reduce once per step, as the workbook does
-                    (step_model(idx) / k).backward()
+                    loss_of(idx).backward()
             else:
-                (step_model(idx) / k).backward()
+                loss_of(idx).backward()
         torch.nn.utils.clip_grad_norm_(params, o["max_grad_norm"])
         opt.step()
         opt.zero_grad(set_to_none=True)

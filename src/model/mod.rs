@@ -20,7 +20,7 @@ pub use block::{Block, Layers};
 pub use config::GptConfig;
 pub use gpt::{ForwardPass, Gpt, Outer};
 pub use init::{init_params, InitRng};
-pub use linear::Linear;
+pub use linear::{autocast_bf16, set_autocast_bf16, Linear};
 pub use mlp::Mlp;
 pub use norm::RmsNorm;
 pub use params::{layer_of, param_specs, ParamKind, ParamSpec, ParamStore, Weights};

@@ -9,7 +9,7 @@ use crate::support::{expect_close, grad, surrogate, values, var, BF16, F32};
 
 /// Gaussian values of `shape` with standard deviation `std`, the same on every
 /// run: these checks compare two implementations, not against a fixture.
-fn randn(shape: &[usize], std: f64) -> Tensor {
+pub fn randn(shape: &[usize], std: f64) -> Tensor {
     InitRng::from_seed(shape.iter().product::<usize>() as u64).normal(&shape.into(), std, &Device::Cpu).unwrap()
 }
 
@@ -390,5 +390,40 @@ fn sum_of_squares_and_all_finite_over_chunks_of_work() {
         assert_eq!(kernels::all_finite(&t).unwrap(), finite, "all_finite of a tensor with an {name} element");
         let strided = t.t().unwrap();
         assert_eq!(kernels::all_finite(&strided).unwrap(), finite, "all_finite of a strided tensor ({name})");
+    }
+}
+
+/// ‖a − b‖ / ‖b‖ over all elements.
+fn relative_l2(a: &Tensor, b: &Tensor) -> f32 {
+    let norm = |t: &Tensor| t.sqr().unwrap().sum_all().unwrap().sqrt().unwrap().to_scalar::<f32>().unwrap();
+    norm(&(a - b).unwrap()) / norm(b)
+}
+
+#[test]
+fn linear_under_bf16_autocast_multiplies_in_bf16_and_keeps_f32_gradients() {
+    use candle_core::Module;
+    use workbook::model::{set_autocast_bf16, Linear};
+
+    // bf16 keeps 8 bits of mantissa: each rounding is off by up to 2^-9 ≈ 0.2%.
+    let bf16_error = 1e-2;
+    let x = var(&randn(&[3, 5, 64], 1.0));
+    let w = var(&randn(&[24, 64], 0.2));
+    let layer = Linear::new(w.as_tensor().clone(), None);
+    let exact = layer.forward(&x).unwrap();
+    set_autocast_bf16(true);
+    let cast = layer.forward(&x);
+    set_autocast_bf16(false);
+    let cast = cast.unwrap();
+    assert_eq!(cast.dtype(), DType::F32, "autocast hands back f32");
+    let error = relative_l2(&cast, &exact);
+    assert!(error > 0.0, "under autocast the product must be computed in bf16, and it equals f32's");
+    assert!(error < bf16_error, "Linear under bf16 autocast is off from f32 by {error} (relative L2)");
+    let dy = randn(cast.dims(), 1.0);
+    let (g_cast, g_exact) = (surrogate(&cast, &dy).backward().unwrap(), surrogate(&exact, &dy).backward().unwrap());
+    for (name, t) in [("x", &x), ("w", &w)] {
+        let got = grad(&g_cast, t, name, "autocast lost the backward pass");
+        assert_eq!(got.dtype(), DType::F32, "the gradient of {name} under autocast must stay f32");
+        let error = relative_l2(&got, &grad(&g_exact, t, name, ""));
+        assert!(error < bf16_error, "the gradient of {name} under bf16 autocast is off from f32's by {error}");
     }
 }

@@ -17,9 +17,34 @@ pub struct ComputeArgs {
     /// (GPUs, one per rank). Default: nccl with --device cuda in a build with NCCL, else tcp.
     #[arg(long, value_enum)]
     backend: Option<Backend>,
+    /// With --device cuda: f32 matrix products on the tensor cores in TF32
+    /// (inputs rounded to 10 bits of mantissa, sums in f32), as PyTorch's
+    /// `torch.backends.cuda.matmul.allow_tf32 = True`. Off by default, as in PyTorch.
+    #[arg(long)]
+    pub tf32: bool,
+    /// With --device cuda: the model's projections and head multiply in bf16,
+    /// the rest stays f32 (PyTorch's `torch.autocast(dtype=torch.bfloat16)`;
+    /// the weights stay f32 masters). Nothing to do under FSDP's --precision
+    /// bf16, whose weights are already bf16.
+    #[arg(long = "autocast-bf16")]
+    pub autocast_bf16: bool,
 }
 
 impl ComputeArgs {
+    /// Sets this process's precision of f32 matrix products on the GPU (TF32
+    /// or not), and checks that autocast has a GPU to run on; each rank's
+    /// thread turns autocast on for itself (`RunOptions::autocast_bf16`).
+    pub fn set_matmul_precision(&self) -> Result<()> {
+        if self.tf32 && self.device != DeviceKind::Cuda {
+            bail!("--tf32 changes how GPUs multiply f32 matrices: add --device cuda, or leave it out on the CPU");
+        }
+        if self.autocast_bf16 && self.device != DeviceKind::Cuda {
+            bail!("--autocast-bf16 is for GPUs, whose tensor cores multiply bf16 fast: add --device cuda");
+        }
+        candle_core::cuda::set_gemm_reduced_precision_f32(self.tf32);
+        Ok(())
+    }
+
     /// The backend asked for, or the device's default.
     pub fn backend(&self) -> Backend {
         self.backend.unwrap_or(Backend::default_for(self.device))
@@ -87,7 +112,9 @@ pub fn rank_device(kind: DeviceKind, local_rank: usize, backend: Backend) -> Res
         Backend::Nccl => local_rank,
         Backend::Tcp => local_rank % count,
     };
-    Device::new_cuda(ordinal).map_err(|e| anyhow!("opening GPU {ordinal}: {e}"))
+    let device = Device::new_cuda(ordinal).map_err(|e| anyhow!("opening GPU {ordinal}: {e}"))?;
+    workbook::memory::keep_freed_gpu_memory(&device).map_err(|e| anyhow!("GPU {ordinal}'s memory pool: {e}"))?;
+    Ok(device)
 }
 
 /// Joins the job this process was started in, over `backend`, with this

@@ -36,6 +36,8 @@ pub struct RunOptions {
     pub nproc: usize,
     /// The CPU, or one GPU per rank.
     pub device: DeviceKind,
+    /// The model's projections and head multiply in bf16 (`--autocast-bf16`).
+    pub autocast_bf16: bool,
     /// Split each micro-batch's rows across up to this many threads of each
     /// rank, where the run can ([`rows_to_split`]); see [`crate::RankThreads`].
     pub batch_threads: usize,
@@ -193,6 +195,7 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>, 
         );
     }
     let pg: Box<dyn ProcessGroup> = if options.own_ring { Box::new(OwnRing::around(pg)) } else { pg };
+    workbook::model::set_autocast_bf16(options.autocast_bf16);
     let model_config = options.config.model.clone();
     let params = match &options.init_from {
         Some(dir) => {
@@ -712,6 +715,7 @@ mod tests {
             data,
             nproc: 2,
             device: DeviceKind::Cuda,
+            autocast_bf16: false,
             batch_threads: 1,
             backend: Backend::Nccl,
             seed: 0,

@@ -145,6 +145,11 @@ fn gpu_flags_say_what_they_need() {
         train(&dir, &["--dataset", "dummy", "--device", "cuda", "--backend", "tcp", "--ddp-overlap"]),
         "drop --ddp-overlap on --device cuda",
     );
+    refused(
+        train(&dir, &["--dataset", "dummy", "--tf32"]),
+        "--tf32 changes how GPUs multiply f32 matrices: add --device cuda",
+    );
+    refused(train(&dir, &["--dataset", "dummy", "--autocast-bf16"]), "--autocast-bf16 is for GPUs");
 }
 
 /// Resuming at or past --max-steps has nothing to do, and says so instead of exiting 0.

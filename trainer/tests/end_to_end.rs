@@ -35,6 +35,7 @@ fn options(out_dir: PathBuf, max_steps: usize, nproc: usize) -> RunOptions {
         data,
         nproc,
         device: DeviceKind::Cpu,
+        autocast_bf16: false,
         batch_threads: 1,
         backend: Backend::Tcp,
         seed: 7,

@@ -113,6 +113,7 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<()> {
+    args.compute.set_matmul_precision()?;
     let mut config = RunConfig::load(&args.model_size)?;
     config.max_steps = args.warmup + args.steps;
     config.optimizer.warmup_steps = 1;
@@ -151,6 +152,7 @@ fn run(args: Args) -> Result<()> {
         data,
         nproc: args.nproc,
         device: args.compute.device,
+        autocast_bf16: args.compute.autocast_bf16,
         batch_threads: 1, // chosen below
         backend: args.compute.backend(),
         seed: 0,
@@ -233,6 +235,12 @@ fn report(args: &Args, config: &RunConfig, out_dir: &Path) -> Result<()> {
             (_, Backend::Nccl) => ", GPUs over NCCL",
             (_, Backend::Tcp) => ", GPUs over TCP",
         });
+        if args.compute.tf32 {
+            setup.push_str(", TF32");
+        }
+        if args.compute.autocast_bf16 {
+            setup.push_str(", bf16 autocast");
+        }
     }
     if args.allreduce == "ring" {
         setup.push_str(", your ring all-reduce");

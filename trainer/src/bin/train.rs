@@ -197,6 +197,7 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> anyhow::Result<()> {
+    args.compute.set_matmul_precision()?;
     let launched = DistEnv::from_env()?;
     let starts_ranks = args.launch.starts_processes(args.ranks)?;
     // One process speaks for the job: rank 0, not the launcher that starts it.
@@ -299,6 +300,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         data,
         nproc: world_size,
         device: args.compute.device,
+        autocast_bf16: args.compute.autocast_bf16,
         batch_threads: 1, // chosen below, once the ranks are started
         backend: args.compute.backend(),
         seed: args.seed,
