@@ -4,10 +4,13 @@
 use std::borrow::Cow;
 
 use candle_core::backend::BackendStorage;
-use candle_core::{bail, CpuStorage, CustomOp2, DType, Device, Layout, Result, Shape, Tensor};
+#[cfg(feature = "cuda")]
+use candle_core::CudaStorage;
+use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor};
 
 use super::exp::exp;
 use super::rows::{as_f32, compute_rows, for_each_row, from_f32, max, sum, RowKernel};
+use super::runs_fused;
 
 /// The mean over rows of `−log softmax(logits)[target]`, for `logits` (N, V)
 /// and `targets` (N) class indices: the fused counterpart of
@@ -18,7 +21,8 @@ pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
     if targets.dims() != [n] {
         bail!("cross_entropy: targets have shape {:?}, expected ({n}) for logits {:?}", targets.dims(), logits.dims());
     }
-    if !matches!(logits.device(), Device::Cpu) {
+    // The GPU kernels take u32 class indices.
+    if !runs_fused(logits) || (!logits.device().is_cpu() && targets.dtype() != DType::U32) {
         return candle_nn::loss::cross_entropy(logits, targets);
     }
     logits.contiguous()?.apply_op2(&targets.contiguous()?, CrossEntropy)
@@ -69,7 +73,14 @@ impl CustomOp2 for CrossEntropy {
         Ok((from_f32(vec![(total / n as f64) as f32], ls.dtype())?, Shape::from(())))
     }
 
-    /// d logits = (softmax(logits) − onehot(target)) · dloss / N; the targets get none.
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, ls: &CudaStorage, ll: &Layout, ts: &CudaStorage, tl: &Layout) -> Result<(CudaStorage, Shape)> {
+        super::cuda::cross_entropy(ls, ll, ts, tl)
+    }
+
+    /// d logits = (softmax(logits) − onehot(target)) · dloss / N; the targets
+    /// get none. dloss stays where it is: on a GPU, reading it here would
+    /// make the host wait for the whole forward pass.
     fn bwd(
         &self,
         logits: &Tensor,
@@ -77,8 +88,7 @@ impl CustomOp2 for CrossEntropy {
         _loss: &Tensor,
         dloss: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let scale = dloss.to_dtype(DType::F32)?.to_scalar::<f32>()? / logits.dim(0)? as f32;
-        Ok((Some(logits.apply_op2_no_bwd(targets, &CrossEntropyBackward { scale })?), None))
+        Ok((Some(logits.apply_op3_no_bwd(targets, &dloss.contiguous()?, &CrossEntropyBackward)?), None))
     }
 }
 
@@ -97,21 +107,42 @@ impl RowKernel for Losses<'_> {
     }
 }
 
-struct CrossEntropyBackward {
-    scale: f32,
-}
+/// Takes (logits, targets, dloss).
+struct CrossEntropyBackward;
 
-impl CustomOp2 for CrossEntropyBackward {
+impl CustomOp3 for CrossEntropyBackward {
     fn name(&self) -> &'static str {
         "workbook-cross-entropy-backward"
     }
 
-    fn cpu_fwd(&self, ls: &CpuStorage, ll: &Layout, ts: &CpuStorage, tl: &Layout) -> Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(
+        &self,
+        ls: &CpuStorage,
+        ll: &Layout,
+        ts: &CpuStorage,
+        tl: &Layout,
+        gs: &CpuStorage,
+        gl: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
         let logits = as_f32(ls, ll, self.name())?;
-        let (_, classes) = ll.shape().dims2()?;
+        let (n, classes) = ll.shape().dims2()?;
         let targets = indices(ts, tl, classes)?;
-        let rows = Gradients { logits: &logits, targets: &targets, classes, scale: self.scale };
+        let scale = as_f32(gs, gl, self.name())?[0] / n as f32;
+        let rows = Gradients { logits: &logits, targets: &targets, classes, scale };
         Ok((compute_rows(logits.len(), classes, &rows, ls.dtype())?, ll.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        ls: &CudaStorage,
+        ll: &Layout,
+        ts: &CudaStorage,
+        tl: &Layout,
+        gs: &CudaStorage,
+        gl: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        super::cuda::cross_entropy_backward(ls, ll, ts, tl, (gs, gl))
     }
 }
 

@@ -8,8 +8,11 @@
 //! here is one pass forward and one pass backward over rows of the last
 //! dimension, computed in f32 whatever the tensor's dtype, spread over the
 //! kernel threads. They compute the same functions as their candle
-//! counterparts (the tests compare them), so an exercise may use either; on a
-//! device other than the CPU they fall back to candle's composed ops.
+//! counterparts (the tests compare them), so an exercise may use either. On
+//! an NVIDIA GPU, `softmax`, `scaled_masked_softmax` and `cross_entropy` have
+//! CUDA kernels of the same shape (`cuda`, f32, chosen by
+//! `WORKBOOK_CUDA_KERNELS`); the other kernels, and every other device, fall
+//! back to candle's composed ops.
 //! `scaled_masked_softmax` also folds attention's scaling and causal mask into
 //! the softmax's pass.
 //! `linear` makes a linear layer one node of the graph instead of three, and
@@ -32,6 +35,8 @@
 mod adamw;
 pub mod buffers;
 mod cross_entropy;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod elementwise;
 mod exp;
 mod heads;
@@ -50,3 +55,16 @@ pub use linear::linear;
 pub use scale_channels::scale_channels;
 pub use silu::silu;
 pub use softmax::{scaled_masked_softmax, softmax};
+
+use candle_core::{Device, Tensor};
+
+/// Whether an op on `t` runs the fused kernel: always on the CPU; on an
+/// NVIDIA GPU for f32 tensors when the CUDA kernels are switched on.
+fn runs_fused(t: &Tensor) -> bool {
+    match t.device() {
+        Device::Cpu => true,
+        #[cfg(feature = "cuda")]
+        Device::Cuda(_) => t.dtype() == candle_core::DType::F32 && cuda::fused_enabled(),
+        _ => false,
+    }
+}

@@ -2,17 +2,20 @@
 //! optionally scaled and masked in the same pass, as attention needs.
 
 use candle_core::backend::BackendStorage;
-use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, DType, Device, Layout, Result, Shape, Tensor, D};
+#[cfg(feature = "cuda")]
+use candle_core::CudaStorage;
+use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor, D};
 
 use super::exp::exp;
 use super::rows::{as_f32, compute_rows, dot, max, sum, RowKernel};
+use super::runs_fused;
 
 /// `softmax(x)` over the last dimension, with a backward pass: the fused
 /// counterpart of `candle_nn::ops::softmax(x, D::Minus1)`, which it equals to
 /// rounding. (candle's fused `softmax_last_dim` has no backward pass.) A row
 /// that is entirely -inf gives NaN, as in PyTorch.
 pub fn softmax(x: &Tensor) -> Result<Tensor> {
-    if !matches!(x.device(), Device::Cpu) {
+    if !runs_fused(x) {
         return candle_nn::ops::softmax(x, D::Minus1);
     }
     x.contiguous()?.apply_op1(Softmax { scale: 1.0 })
@@ -43,7 +46,7 @@ pub fn scaled_masked_softmax(scores: &Tensor, allowed: &Tensor, scale: f64) -> R
             allowed.dtype()
         );
     }
-    if !matches!(scores.device(), Device::Cpu) {
+    if !runs_fused(scores) {
         let blocked = Tensor::full(f32::NEG_INFINITY, dims, scores.device())?.to_dtype(scores.dtype())?;
         let masked = allowed.broadcast_as(dims)?.where_cond(&(scores * scale)?, &blocked)?;
         return candle_nn::ops::softmax(&masked, D::Minus1);
@@ -81,6 +84,11 @@ impl CustomOp1 for Softmax {
         forward(storage, layout, self.scale, None)
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, storage: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
+        super::cuda::softmax(storage, layout, None, self.scale)
+    }
+
     fn bwd(&self, _x: &Tensor, y: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
         Ok(Some(backward(y, dy, self.scale)?))
     }
@@ -100,6 +108,11 @@ impl CustomOp2 for MaskedSoftmax {
             bail!("{}: the mask must be a contiguous u8 tensor", self.name());
         };
         forward(xs, xl, self.scale, Some(&mask[start..end]))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, xs: &CudaStorage, xl: &Layout, ms: &CudaStorage, ml: &Layout) -> Result<(CudaStorage, Shape)> {
+        super::cuda::softmax(xs, xl, Some((ms, ml)), self.scale)
     }
 
     fn bwd(&self, _x: &Tensor, _mask: &Tensor, y: &Tensor, dy: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
@@ -153,6 +166,11 @@ impl CustomOp2 for SoftmaxBackward {
         let width = last_dim(yl);
         let rows = BackwardRows { y: &y, dy: &dy, width, scale: self.scale };
         Ok((compute_rows(y.len(), width, &rows, ys.dtype())?, yl.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, ys: &CudaStorage, yl: &Layout, dys: &CudaStorage, dyl: &Layout) -> Result<(CudaStorage, Shape)> {
+        super::cuda::softmax_backward(ys, yl, dys, dyl, self.scale)
     }
 }
 

@@ -4,15 +4,19 @@
 //! as they do on the CPU: the same fixtures as exercises 7 and 10, moved to
 //! the GPU. With `--features nccl`, a one-rank NCCL group must hand back what
 //! it is given (NCCL refuses two ranks on one GPU, so a single GPU can show no
-//! more of it).
+//! more of it). The fused softmax and cross-entropy on the GPU
+//! (`WORKBOOK_CUDA_KERNELS=fused`, or candle's ops without it) must compute
+//! what candle's composed ops compute on the CPU, at attention's and GPT-2's
+//! vocabulary's widths.
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device, Tensor, D};
 use workbook::parallel::ddp::Ddp;
 use workbook::train::Trainer;
-use workbook::{param_specs, Gpt, ParamStore};
+use workbook::{kernels, param_specs, Gpt, ParamStore};
 
 use crate::exercise_10::{micro_batch, model_config, train_config};
-use crate::support::{expect_close, expect_update_close, fixture, ok, Fixture, Tol};
+use crate::kernels::randn;
+use crate::support::{expect_close, expect_update_close, fixture, grad, ok, surrogate, var, Fixture, Tol, F32};
 
 /// cuBLAS sums in another order than the CPU's kernels; float32 throughout.
 const LOGITS: Tol = Tol { atol: 1e-4, rtol: 1e-4 };
@@ -95,6 +99,65 @@ fn two_train_steps_on_the_gpu_match_pytorch() {
         let want = f.get(&format!("after.{name}"));
         expect_update_close(&before, &on_cpu(var), &want, UPDATE, &format!("`{name}` after two steps on the GPU"));
     }
+}
+
+/// `f` of `x` and its gradient under the surrogate loss Σ f(x) ⊙ dy, on the CPU.
+fn value_and_gradient(x: &Tensor, dy: &Tensor, f: impl Fn(&Tensor) -> Tensor) -> (Tensor, Tensor) {
+    let x = var(x);
+    let y = f(&x);
+    let grads = surrogate(&y, dy).backward().unwrap();
+    (on_cpu(&y), on_cpu(&grad(&grads, &x, "x", "the op lost its backward pass on the GPU")))
+}
+
+#[test]
+fn the_attention_softmax_on_the_gpu_matches_candles_on_the_cpu() {
+    let Some(device) = gpu() else { return };
+    // 300 keys: rows that no thread block size divides.
+    let (t, scale) = (300, 0.125);
+    let scores = randn(&[2, 3, t, t], 3.0);
+    let dy = randn(scores.dims(), 1.0);
+    let allowed = Tensor::tril2(t, DType::U8, &Device::Cpu).unwrap();
+    let composed = |x: &Tensor| {
+        let blocked = Tensor::full(f32::NEG_INFINITY, x.dims(), x.device()).unwrap();
+        let masked = allowed.broadcast_as(x.dims()).unwrap().where_cond(&(x * scale).unwrap(), &blocked).unwrap();
+        candle_nn::ops::softmax(&masked, D::Minus1).unwrap()
+    };
+    let (want, want_grad) = value_and_gradient(&scores, &dy, composed);
+    let allowed_gpu = allowed.to_device(&device).unwrap();
+    let (got, got_grad) =
+        value_and_gradient(&scores.to_device(&device).unwrap(), &dy.to_device(&device).unwrap(), |x| {
+            kernels::scaled_masked_softmax(x, &allowed_gpu, scale).unwrap()
+        });
+    expect_close(&got, &want, F32, "kernels::scaled_masked_softmax on the GPU", &[]);
+    expect_close(&got_grad, &want_grad, F32, "the gradient of kernels::scaled_masked_softmax on the GPU", &[]);
+
+    let rows = randn(&[7, 1000], 3.0);
+    let dy = randn(rows.dims(), 1.0);
+    let (want, want_grad) = value_and_gradient(&rows, &dy, |x| candle_nn::ops::softmax(x, D::Minus1).unwrap());
+    let (got, got_grad) = value_and_gradient(&rows.to_device(&device).unwrap(), &dy.to_device(&device).unwrap(), |x| {
+        kernels::softmax(x).unwrap()
+    });
+    expect_close(&got, &want, F32, "kernels::softmax on the GPU", &[]);
+    expect_close(&got_grad, &want_grad, F32, "the gradient of kernels::softmax on the GPU", &[]);
+}
+
+#[test]
+fn the_cross_entropy_on_the_gpu_matches_candles_on_the_cpu_at_gpt2s_vocabulary() {
+    let Some(device) = gpu() else { return };
+    let (n, v) = (19, 50_257);
+    let logits = randn(&[n, v], 3.0);
+    let targets = Tensor::from_vec((0..n as u32).map(|i| (i * 7919) % v as u32).collect(), n, &Device::Cpu).unwrap();
+    // A loss scaled by 3, so that the backward pass must use the incoming gradient.
+    let three = Tensor::new(3f32, &Device::Cpu).unwrap();
+    let (want, want_grad) =
+        value_and_gradient(&logits, &three, |x| candle_nn::loss::cross_entropy(x, &targets).unwrap());
+    let targets_gpu = targets.to_device(&device).unwrap();
+    let (got, got_grad) =
+        value_and_gradient(&logits.to_device(&device).unwrap(), &three.to_device(&device).unwrap(), |x| {
+            kernels::cross_entropy(x, &targets_gpu).unwrap()
+        });
+    expect_close(&got, &want, F32, "kernels::cross_entropy on the GPU", &[]);
+    expect_close(&got_grad, &want_grad, F32, "the gradient of kernels::cross_entropy on the GPU", &[]);
 }
 
 #[cfg(feature = "nccl")]

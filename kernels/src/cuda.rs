@@ -1,0 +1,304 @@
+//! The fused softmax and cross-entropy on an NVIDIA GPU: the same one pass
+//! per row forward and one backward as on the CPU, as CUDA kernels that
+//! NVRTC compiles from the source below the first time a process needs them.
+//!
+//! On the GPU, candle composes these ops from elementwise kernels and
+//! reductions, each a pass over the whole tensor in global memory: for
+//! attention's (B, H, T, T) scores and the head's (B·T, vocabulary) logits
+//! those passes, forward and backward, are much of a step. Here a thread
+//! block owns a row: it finds the row's max and sum of exponentials with
+//! warp shuffles, then writes the row once.
+//!
+//! Which path runs on a GPU is chosen by `WORKBOOK_CUDA_KERNELS` (see
+//! [`fused_enabled`]); f32 only, other dtypes take candle's composed ops.
+
+use std::sync::OnceLock;
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::{CudaView, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::nvrtc;
+use candle_core::cuda_backend::{CudaDevice, CudaStorage, WrapErr};
+use candle_core::{bail, Layout, Result, Shape};
+
+/// The environment variable that picks the GPU path: `fused` for these
+/// kernels, `composed` for candle's ops.
+pub const SWITCH: &str = "WORKBOOK_CUDA_KERNELS";
+
+/// Whether the fused kernels run on a GPU. The default stays `composed`
+/// until the fused kernels have been checked on a GPU against the composed ops.
+pub fn fused_enabled() -> bool {
+    static FUSED: OnceLock<bool> = OnceLock::new();
+    *FUSED.get_or_init(|| std::env::var(SWITCH).is_ok_and(|value| value == "fused"))
+}
+
+const MODULE: &str = "workbook-fused";
+
+/// Each kernel owns one row per thread block, of any block size that is a
+/// multiple of 32. Masked positions are -inf before the softmax, so a row
+/// with nothing allowed gives NaN, as the composed ops do.
+const SOURCE: &str = r#"
+#define NEG_INF __int_as_float(0xff800000)
+#define FULL_MASK 0xffffffffu
+
+__device__ float warp_max(float v) {
+    for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, offset));
+    return v;
+}
+
+__device__ float warp_sum(float v) {
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(FULL_MASK, v, offset);
+    return v;
+}
+
+// The block's max of one value per thread, handed to every thread. The first
+// barrier keeps a previous call's readers ahead of this call's writers.
+__device__ float block_max(float v) {
+    __shared__ float partial[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    return warp_max(lane < warps ? partial[lane] : NEG_INF);
+}
+
+__device__ float block_sum(float v) {
+    __shared__ float partial[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    return warp_sum(lane < warps ? partial[lane] : 0.0f);
+}
+
+// log sum exp of a row in one read: each thread keeps a running max and a
+// sum of exponentials relative to it, rescaled when the max grows.
+__device__ float row_log_sum_exp(const float* row, int width) {
+    float m = NEG_INF, s = 0.0f;
+    for (int j = threadIdx.x; j < width; j += blockDim.x) {
+        float v = row[j];
+        if (v > m) {
+            s = s * expf(m - v) + 1.0f;
+            m = v;
+        } else {
+            s += expf(v - m);
+        }
+    }
+    float top = block_max(m);
+    s = block_sum(m == NEG_INF ? 0.0f : s * expf(m - top));
+    return top + logf(s);
+}
+
+// y = softmax(scale * x) per row of width `width`; where `allowed` is not
+// null, row r is query r % queries and allowed[query * width + j] == 0 makes
+// position j -inf first.
+extern "C" __global__ void softmax_rows(const float* x, const unsigned char* allowed, float* y,
+                                        int width, int queries, float scale) {
+    const float* row = x + (size_t)blockIdx.x * width;
+    float* out = y + (size_t)blockIdx.x * width;
+    const unsigned char* keep = allowed ? allowed + (size_t)(blockIdx.x % queries) * width : 0;
+    float m = NEG_INF;
+    for (int j = threadIdx.x; j < width; j += blockDim.x)
+        if (!keep || keep[j]) m = fmaxf(m, scale * row[j]);
+    m = block_max(m);
+    float s = 0.0f;
+    for (int j = threadIdx.x; j < width; j += blockDim.x) {
+        float e = (!keep || keep[j]) ? expf(scale * row[j] - m) : 0.0f;
+        out[j] = e;
+        s += e;
+    }
+    float inv = 1.0f / block_sum(s);
+    for (int j = threadIdx.x; j < width; j += blockDim.x) out[j] *= inv;
+}
+
+// dx = scale * y * (dy - sum(y * dy)) per row.
+extern "C" __global__ void softmax_backward_rows(const float* y, const float* dy, float* dx, int width,
+                                                 float scale) {
+    size_t start = (size_t)blockIdx.x * width;
+    float d = 0.0f;
+    for (int j = threadIdx.x; j < width; j += blockDim.x) d += y[start + j] * dy[start + j];
+    d = block_sum(d);
+    for (int j = threadIdx.x; j < width; j += blockDim.x)
+        dx[start + j] = scale * (y[start + j] * (dy[start + j] - d));
+}
+
+// losses[r] = log sum exp(row r) - row r [targets[r]]; NaN for a target that
+// is not a class index.
+extern "C" __global__ void cross_entropy_rows(const float* logits, const unsigned int* targets, float* losses,
+                                              int classes) {
+    const float* row = logits + (size_t)blockIdx.x * classes;
+    float lse = row_log_sum_exp(row, classes);
+    if (threadIdx.x == 0) {
+        unsigned int t = targets[blockIdx.x];
+        losses[blockIdx.x] = t < (unsigned int)classes ? lse - row[t] : __int_as_float(0x7fc00000);
+    }
+}
+
+// d logits = (softmax(row) - onehot(target)) * dloss / rows per row.
+extern "C" __global__ void cross_entropy_backward_rows(const float* logits, const unsigned int* targets,
+                                                       const float* dloss, float* dlogits, int classes) {
+    const float* row = logits + (size_t)blockIdx.x * classes;
+    float scale = dloss[0] / gridDim.x;
+    float* out = dlogits + (size_t)blockIdx.x * classes;
+    float lse = row_log_sum_exp(row, classes);
+    unsigned int t = targets[blockIdx.x];
+    for (int j = threadIdx.x; j < classes; j += blockDim.x)
+        out[j] = expf(row[j] - lse) * scale - ((unsigned int)j == t ? scale : 0.0f);
+}
+
+// out[0] = the mean of n values, by one block.
+extern "C" __global__ void mean(const float* values, float* out, int n) {
+    float s = 0.0f;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) s += values[j];
+    s = block_sum(s);
+    if (threadIdx.x == 0) out[0] = s / n;
+}
+"#;
+
+/// The kernels' PTX, compiled once per process.
+fn ptx() -> Result<&'static str> {
+    static PTX: OnceLock<std::result::Result<String, String>> = OnceLock::new();
+    let compiled = PTX.get_or_init(|| nvrtc::compile_ptx(SOURCE).map(|ptx| ptx.to_src()).map_err(|e| e.to_string()));
+    match compiled {
+        Ok(ptx) => Ok(ptx),
+        Err(e) => bail!("NVRTC could not compile the workbook's fused CUDA kernels ({e}); set {SWITCH}=composed to use candle's ops"),
+    }
+}
+
+/// One thread block per row, of a size that suits `width` (a multiple of 32, at most `most`).
+fn rows_config(rows: usize, width: usize, most: usize) -> Result<LaunchConfig> {
+    let rows = match u32::try_from(rows) {
+        Ok(0) => bail!("workbook-fused: the input has no rows"),
+        Ok(rows) => rows,
+        Err(_) => bail!("workbook-fused: {rows} rows are more than one launch can take"),
+    };
+    let threads = width.next_power_of_two().clamp(32, most) as u32;
+    Ok(LaunchConfig { grid_dim: (rows, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 })
+}
+
+/// A contiguous tensor's elements, as a view of its device memory.
+fn view<'a, T: candle_core::cuda_backend::CudaDType>(
+    storage: &'a CudaStorage,
+    layout: &Layout,
+    op: &str,
+) -> Result<CudaView<'a, T>> {
+    let Some((start, end)) = layout.contiguous_offsets() else {
+        bail!("{op}: the input must be contiguous (call .contiguous() first)");
+    };
+    Ok(storage.as_cuda_slice::<T>()?.slice(start..end))
+}
+
+fn width_of(layout: &Layout) -> usize {
+    layout.dims().last().copied().unwrap_or(1).max(1)
+}
+
+fn as_i32(n: usize, what: &str) -> Result<i32> {
+    i32::try_from(n).or_else(|_| bail!("workbook-fused: {what} of {n} does not fit the kernels' 32-bit sizes"))
+}
+
+/// `softmax(scale · x)` over the last dimension, with `mask` (Tq, Tk) u8 where given.
+pub fn softmax(
+    x: &CudaStorage,
+    xl: &Layout,
+    mask: Option<(&CudaStorage, &Layout)>,
+    scale: f32,
+) -> Result<(CudaStorage, Shape)> {
+    let op = "workbook-softmax";
+    let device = x.device();
+    let (width, len) = (width_of(xl), xl.shape().elem_count());
+    let x = view::<f32>(x, xl, op)?;
+    let mask = match mask {
+        Some((storage, layout)) => Some((view::<u8>(storage, layout, op)?, layout.shape().elem_count() / width)),
+        None => None,
+    };
+    // A null pointer tells the kernel that nothing is masked.
+    let (null, queries) = (0u64, as_i32(mask.as_ref().map_or(1, |(_, queries)| *queries), "a mask")?);
+    let width_arg = as_i32(width, "a row")?;
+    // SAFETY (each alloc below): the kernel writes every element before anything reads it.
+    let mut y = unsafe { device.alloc::<f32>(len)? };
+    let func = device.get_or_load_custom_func("softmax_rows", MODULE, ptx()?)?;
+    let mut launch = func.builder();
+    launch.arg(&x);
+    match &mask {
+        Some((allowed, _)) => launch.arg(allowed),
+        None => launch.arg(&null),
+    };
+    launch.arg(&mut y).arg(&width_arg).arg(&queries).arg(&scale);
+    // SAFETY: the arguments match the kernel's parameters; every index stays inside them.
+    unsafe { launch.launch(rows_config(len / width, width, 256)?) }.w()?;
+    Ok((CudaStorage::wrap_cuda_slice(y, device.clone()), xl.shape().clone()))
+}
+
+/// `scale · y ⊙ (dy − Σ y ⊙ dy)` over the last dimension.
+pub fn softmax_backward(
+    y: &CudaStorage,
+    yl: &Layout,
+    dy: &CudaStorage,
+    dyl: &Layout,
+    scale: f32,
+) -> Result<(CudaStorage, Shape)> {
+    let op = "workbook-softmax-backward";
+    let device = y.device();
+    let (width, len) = (width_of(yl), yl.shape().elem_count());
+    let (y, dy) = (view::<f32>(y, yl, op)?, view::<f32>(dy, dyl, op)?);
+    let mut dx = unsafe { device.alloc::<f32>(len)? };
+    let func = device.get_or_load_custom_func("softmax_backward_rows", MODULE, ptx()?)?;
+    let width_arg = as_i32(width, "a row")?;
+    let mut launch = func.builder();
+    launch.arg(&y).arg(&dy).arg(&mut dx).arg(&width_arg).arg(&scale);
+    // SAFETY: as in `softmax`.
+    unsafe { launch.launch(rows_config(len / width, width, 256)?) }.w()?;
+    Ok((CudaStorage::wrap_cuda_slice(dx, device.clone()), yl.shape().clone()))
+}
+
+/// The mean over rows of `log Σ exp(logits) − logits[target]`, as a scalar.
+pub fn cross_entropy(
+    logits: &CudaStorage,
+    ll: &Layout,
+    targets: &CudaStorage,
+    tl: &Layout,
+) -> Result<(CudaStorage, Shape)> {
+    let op = "workbook-cross-entropy";
+    let device = logits.device();
+    let (rows, classes) = ll.shape().dims2()?;
+    let (logits, targets) = (view::<f32>(logits, ll, op)?, view::<u32>(targets, tl, op)?);
+    let mut losses = unsafe { device.alloc::<f32>(rows)? };
+    let classes_arg = as_i32(classes, "a vocabulary")?;
+    let func = device.get_or_load_custom_func("cross_entropy_rows", MODULE, ptx()?)?;
+    let mut launch = func.builder();
+    launch.arg(&logits).arg(&targets).arg(&mut losses).arg(&classes_arg);
+    // SAFETY: as in `softmax`.
+    unsafe { launch.launch(rows_config(rows, classes, 1024)?) }.w()?;
+    let mut loss = unsafe { device.alloc::<f32>(1)? };
+    let rows_arg = as_i32(rows, "a batch")?;
+    let func = device.get_or_load_custom_func("mean", MODULE, ptx()?)?;
+    let mut launch = func.builder();
+    launch.arg(&losses).arg(&mut loss).arg(&rows_arg);
+    // SAFETY: as in `softmax`.
+    unsafe { launch.launch(rows_config(1, rows, 1024)?) }.w()?;
+    Ok((CudaStorage::wrap_cuda_slice(loss, device.clone()), Shape::from(())))
+}
+
+/// `(softmax(logits) − onehot(target)) · dloss / N`, row by row, for N rows.
+pub fn cross_entropy_backward(
+    logits: &CudaStorage,
+    ll: &Layout,
+    targets: &CudaStorage,
+    tl: &Layout,
+    (dloss, gl): (&CudaStorage, &Layout),
+) -> Result<(CudaStorage, Shape)> {
+    let op = "workbook-cross-entropy-backward";
+    let device: &CudaDevice = logits.device();
+    let (rows, classes) = ll.shape().dims2()?;
+    let (logits, targets) = (view::<f32>(logits, ll, op)?, view::<u32>(targets, tl, op)?);
+    let dloss = view::<f32>(dloss, gl, op)?;
+    let mut dlogits = unsafe { device.alloc::<f32>(rows * classes)? };
+    let classes_arg = as_i32(classes, "a vocabulary")?;
+    let func = device.get_or_load_custom_func("cross_entropy_backward_rows", MODULE, ptx()?)?;
+    let mut launch = func.builder();
+    launch.arg(&logits).arg(&targets).arg(&dloss).arg(&mut dlogits).arg(&classes_arg);
+    // SAFETY: as in `softmax`.
+    unsafe { launch.launch(rows_config(rows, classes, 1024)?) }.w()?;
+    Ok((CudaStorage::wrap_cuda_slice(dlogits, device.clone()), ll.shape().clone()))
+}
