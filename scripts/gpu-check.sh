@@ -15,15 +15,19 @@
 #                                holding target/gpu-check.tar.xz: the single-GPU
 #                                checks and the one-rank NCCL group, the
 #                                multi-GPU checks (they skip on one GPU), 60
-#                                steps of training on the GPU against the
-#                                CPU's loss, and the trainer's tokens/s beside
-#                                PyTorch's on the same GPU; writes
-#                                $OUT/gpu-report.md (or ./gpu-report.md).
+#                                steps of training on the GPU (f32 and bf16
+#                                autocast) against the CPU's loss, the
+#                                trainer's tokens/s beside PyTorch's on the
+#                                same GPU in f32, TF32 and bf16 autocast, and
+#                                the GPU time of a step by kernel (Nsight
+#                                Compute); writes $OUT/gpu-report.md (or
+#                                ./gpu-report.md).
 #
-# The GPU machine needs the NVIDIA driver, python3 with PyTorch, and CUDA's
-# libraries (cuBLAS, cuRAND, NVRTC, NCCL), as PyTorch's pip wheels bring.
-# `run` takes about five minutes on an H100; the first `build` about twenty
-# on two cores (candle's CUDA kernels), later ones a minute.
+# The GPU machine needs the NVIDIA driver, python3 with PyTorch, CUDA's
+# libraries (cuBLAS, cuRAND, NVRTC, NCCL), as PyTorch's pip wheels bring, and
+# Nsight Compute's `ncu` for the profile.
+# `run` takes about six minutes on an H100; the first `build` about twenty
+# on two cores (candle's CUDA kernels), later ones a few.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -58,7 +62,9 @@ build() {
     local target=(--target-dir target/gpu --features nccl,solutions)
     cargo build --release --quiet -p trainer "${target[@]}" --bin train --bin bench
     local graded
-    graded=$(cargo test --quiet "${target[@]}" --test graded --no-run --message-format=json |
+    # The checks in release too: they share every crate with the trainer, where a
+    # test-profile build would compile candle's CUDA kernels a second time.
+    graded=$(cargo test --release --quiet "${target[@]}" --test graded --no-run --message-format=json |
         python3 -c 'import json,sys; print([m["executable"] for m in map(json.loads, sys.stdin) if m.get("executable") and "graded" in m["executable"]][-1])')
     rm -rf "$CHECK" && mkdir -p "$CHECK"
     cp target/gpu/release/train target/gpu/release/bench "$graded" "$CHECK/"
@@ -109,27 +115,46 @@ run() {
             echo "no PyTorch with CUDA"
         echo '```'
     } >"$report"
-    section "Single-GPU checks, the one-rank NCCL group, the multi-GPU checks (skip on one GPU)" \
-        "$CHECK/graded" gpu:: gpu_ranks:: watchdog:: --test-threads 1
+    # The fused CUDA kernels and the kept memory pool are opt-in until they have run here; every
+    # check below uses them, and the 124M rows compare them with what runs without them.
+    local fused=(env WORKBOOK_CUDA_KERNELS=fused WORKBOOK_CUDA_KEEP_FREED=1)
+    local composed=(env WORKBOOK_CUDA_KERNELS=composed)
+    section "Single-GPU checks (fused kernels), the one-rank NCCL group, the multi-GPU checks (skip on one GPU)" \
+        "${fused[@]}" "$CHECK/graded" gpu:: gpu_ranks:: watchdog:: --test-threads 1
     local steps=(--model-size tiny --dataset dummy --max-steps 60 --warmup-steps 5 --log-every 60)
-    section "60 steps of the tiny config on the GPU" "$CHECK/train" "${steps[@]}" --device cuda \
-        --checkpoint-dir /tmp/gpu-check-cuda --overwrite
+    section "60 steps of the tiny config on the GPU (fused kernels)" "${fused[@]}" "$CHECK/train" "${steps[@]}" \
+        --device cuda --checkpoint-dir /tmp/gpu-check-cuda --overwrite
+    section "The same 60 steps on the GPU with bf16 autocast" "${fused[@]}" "$CHECK/train" "${steps[@]}" \
+        --device cuda --autocast-bf16 --checkpoint-dir /tmp/gpu-check-bf16 --overwrite
     section "The same 60 steps on the CPU" "$CHECK/train" "${steps[@]}" --checkpoint-dir /tmp/gpu-check-cpu --overwrite
-    local shape=(--steps 5 --warmup 1)
-    # The GPU's f32 peak without tensor cores (datasheets), for the MFU of the f32 rows.
-    local peak=()
+    # The GPU's dense peaks (datasheets) in f32 without tensor cores, TF32 and bf16, for the MFU.
+    local f32=() tf32=() bf16=()
     case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
-        *H100*PCIe*) peak=(--peak-tflops 51) ;;
-        *H100* | *H200*) peak=(--peak-tflops 67) ;;
+        *H100*PCIe*) f32=(--peak-tflops 51) tf32=(--peak-tflops 378) bf16=(--peak-tflops 756) ;;
+        *H100* | *H200*) f32=(--peak-tflops 67) tf32=(--peak-tflops 495) bf16=(--peak-tflops 989) ;;
     esac
-    section "Trainer tokens/s, GPT-2 124M shape, T 1024, f32" "$CHECK/bench" --model-size small "${shape[@]}" \
-        --device cuda --ranks threads "${peak[@]}"
-    section "PyTorch tokens/s on the same GPU, same shape" python3 benchmarks/pytorch_baseline.py \
-        --config configs/small.toml "${shape[@]}" --device cuda
-    section "Trainer tokens/s, tiny config" "$CHECK/bench" --model-size tiny --steps 30 --device cuda --ranks threads \
-        "${peak[@]}"
-    section "PyTorch tokens/s, tiny config" python3 benchmarks/pytorch_baseline.py --config configs/tiny.toml \
+    local shape=(--steps 4 --warmup 1)
+    local small=("$CHECK/bench" --model-size small "${shape[@]}" --device cuda --ranks threads)
+    local torch_small=(python3 benchmarks/pytorch_baseline.py --config configs/small.toml "${shape[@]}" --device cuda)
+    section "Trainer, GPT-2 124M shape, T 1024, f32: candle's composed ops, CUDA's default memory pool" \
+        "${composed[@]}" "${small[@]}" "${f32[@]}"
+    section "Trainer, same, f32: candle's composed ops, freed memory kept in the pool" "${composed[@]}" \
+        WORKBOOK_CUDA_KEEP_FREED=1 "${small[@]}" "${f32[@]}"
+    section "Trainer, same, f32: fused kernels, freed memory kept" "${fused[@]}" "${small[@]}" "${f32[@]}"
+    section "PyTorch, same shape, f32" "${torch_small[@]}"
+    section "Trainer, same, TF32: fused kernels" "${fused[@]}" "${small[@]}" --tf32 "${tf32[@]}"
+    section "PyTorch, same shape, TF32" "${torch_small[@]}" --tf32
+    section "Trainer, same, bf16 autocast: fused kernels" "${fused[@]}" "${small[@]}" --autocast-bf16 "${bf16[@]}"
+    section "PyTorch, same shape, bf16 autocast" "${torch_small[@]}" --autocast-bf16
+    section "Trainer, tiny config, f32, fused kernels" "${fused[@]}" "$CHECK/bench" --model-size tiny --steps 30 \
+        --device cuda --ranks threads "${f32[@]}"
+    section "PyTorch, tiny config, f32" python3 benchmarks/pytorch_baseline.py --config configs/tiny.toml \
         --steps 30 --device cuda
+    # Two optimizer steps of one micro-batch (8 x 1024 tokens) under Nsight Compute.
+    local profiled=(--bench "$CHECK/bench" --steps 2 -- --model-size small --steps 1 --warmup 1 --batch-size 8
+        --grad-accum 1 --device cuda --ranks threads)
+    section "GPU time by kernel, 124M shape, one micro-batch, f32, fused kernels" "${fused[@]}" \
+        timeout 120 python3 benchmarks/gpu_profile.py "${profiled[@]}"
     echo "report: $report"
 }
 
@@ -142,7 +167,7 @@ section() {
     local log
     log=$(mktemp)
     "$@" >"$log" 2>&1 || status=$?
-    tail -n 40 "$log"
+    tail -n 60 "$log"
     {
         echo
         echo "## $heading"
@@ -150,7 +175,7 @@ section() {
         echo "\`$*\` (exit $status)"
         echo
         echo '```text'
-        tail -n 40 "$log"
+        tail -n 60 "$log"
         echo '```'
     } >>"$report"
 }
