@@ -11,6 +11,8 @@
 //!
 //! Which path runs on a GPU is chosen by `WORKBOOK_CUDA_KERNELS` (see
 //! [`fused_enabled`]); f32 only, other dtypes take candle's composed ops.
+//! `scripts/cuda-on-cpu/check.py` runs the kernels' source on the CPU against
+//! NumPy, for a change made without a GPU at hand.
 
 use std::sync::OnceLock;
 

@@ -1,0 +1,135 @@
+"""Runs the fused CUDA kernels of kernels/src/cuda.rs on the CPU and compares them with NumPy.
+
+Takes the kernels' source out of cuda.rs unchanged, compiles it with g++
+against shim.h (a thread per CUDA thread, real barriers, warp shuffles through
+shared memory) and driver.cpp, runs each kernel on random inputs, and checks
+the results against float64 NumPy: the attention softmax with its causal mask
+and scale, the plain softmax at widths a block's threads do and do not
+divide, a row with nothing allowed (NaN, as the CPU kernels give), the
+softmax's backward, and the mean cross-entropy and its gradient at GPT-2's
+vocabulary. It checks the kernels' arithmetic, not the Rust code that
+launches them, nor a GPU: that is scripts/gpu-check.sh's job.
+
+    python3 scripts/cuda-on-cpu/check.py       # needs g++ with C++20 and numpy
+
+Not part of any test; a run takes about half a minute.
+"""
+
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+HERE = pathlib.Path(__file__).resolve().parent
+CUDA_RS = HERE.parents[1] / "kernels" / "src" / "cuda.rs"
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def kernel_source():
+    text = CUDA_RS.read_text()
+    found = re.search(r'const SOURCE: &str = r#"(.*?)"#;', text, re.S)
+    if not found:
+        sys.exit(f"no `const SOURCE: &str = r#\"...\"#;` in {CUDA_RS}")
+    return found.group(1)
+
+
+def build(folder):
+    (folder / "kernels.cu").write_text(kernel_source())
+    driver = folder / "driver"
+    command = ["g++", "-std=c++20", "-O2", "-pthread", f"-I{HERE}", f"-I{folder}", str(HERE / "driver.cpp"), "-o", str(driver)]
+    subprocess.run(command, check=True)
+    return driver
+
+
+def run(driver, folder, inputs, *args):
+    for name, values in inputs.items():
+        values.tofile(folder / name)
+    subprocess.run([str(driver), str(folder), *map(str, args)], check=True)
+
+
+def read(folder, name, shape):
+    return np.fromfile(folder / name, dtype=np.float32).reshape(shape)
+
+
+def softmax_reference(x, allowed, scale):
+    scores = np.where(allowed, scale * x, -np.inf)
+    with np.errstate(invalid="ignore"):
+        e = np.exp(scores - scores.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+
+
+failures = []
+
+
+def compare(what, got, want):
+    close = np.allclose(got, want, rtol=RTOL, atol=ATOL, equal_nan=True)
+    error = np.nanmax(np.abs(got - want)) if np.isfinite(want).any() else 0.0
+    print(f"{'ok  ' if close else 'FAIL'} {what}: largest difference {error:.2e}")
+    if not close:
+        failures.append(what)
+
+
+def check_softmax(driver, folder, rng, rows_per_query, width, queries, scale, label):
+    rows = rows_per_query * max(queries, 1)
+    x = (rng.standard_normal((rows, width)) * 3).astype(np.float32)
+    dy = rng.standard_normal((rows, width)).astype(np.float32)
+    mask = np.tril(np.ones((queries, width), np.uint8)) if queries else None
+    inputs = {"x": x, "dy": dy} | ({"mask": mask} if queries else {})
+    run(driver, folder, inputs, "softmax", rows, width, queries, scale)
+    allowed = np.tile(mask, (rows_per_query, 1)).astype(bool) if queries else np.ones_like(x, bool)
+    y = softmax_reference(x.astype(np.float64), allowed, scale)
+    got = read(folder, "y", x.shape)
+    compare(f"{label}, forward", got, y)
+    if queries:
+        masked = got[~allowed]
+        print(f"{'ok  ' if (masked == 0).all() else 'FAIL'} {label}: masked weights exactly 0")
+        if not (masked == 0).all():
+            failures.append(f"{label}: masked weights")
+    dx = scale * y * (dy - (y * dy).sum(-1, keepdims=True))
+    compare(f"{label}, backward", read(folder, "dx", x.shape), dx)
+
+
+def check_nothing_allowed(driver, folder):
+    inputs = {"x": np.ones((1, 64), np.float32), "dy": np.ones((1, 64), np.float32), "mask": np.zeros((1, 64), np.uint8)}
+    run(driver, folder, inputs, "softmax", 1, 64, 1, 1.0)
+    nan = np.isnan(read(folder, "y", (1, 64))).all()
+    print(f"{'ok  ' if nan else 'FAIL'} a row with nothing allowed gives NaN")
+    if not nan:
+        failures.append("a row with nothing allowed")
+
+
+def check_cross_entropy(driver, folder, rng, rows, classes):
+    logits = (rng.standard_normal((rows, classes)) * 3).astype(np.float32)
+    targets = ((np.arange(rows) * 7919) % classes).astype(np.uint32)
+    dloss = np.array([3.0], np.float32)
+    run(driver, folder, {"logits": logits, "targets": targets, "dloss": dloss}, "cross_entropy", rows, classes)
+    x = logits.astype(np.float64)
+    top = x.max(-1, keepdims=True)
+    lse = (top + np.log(np.exp(x - top).sum(-1, keepdims=True)))[:, 0]
+    picked = x[np.arange(rows), targets]
+    compare(f"cross-entropy ({rows}, {classes}), loss", read(folder, "loss", (1,)), np.array([(lse - picked).mean()]))
+    grad = np.exp(x - lse[:, None])
+    grad[np.arange(rows), targets] -= 1
+    compare(f"cross-entropy ({rows}, {classes}), gradient", read(folder, "dlogits", x.shape), grad * dloss[0] / rows)
+
+
+def main():
+    rng = np.random.default_rng(7)
+    with tempfile.TemporaryDirectory() as name:
+        folder = pathlib.Path(name)
+        driver = build(folder)
+        check_softmax(driver, folder, rng, 2, 300, 300, 0.125, "causal softmax, 2 heads x T 300, scale 1/8")
+        check_softmax(driver, folder, rng, 7, 1000, 0, 1.0, "softmax, 7 rows of 1000")
+        check_softmax(driver, folder, rng, 5, 40, 0, 1.0, "softmax, 5 rows of 40 (64 threads)")
+        check_nothing_allowed(driver, folder)
+        check_cross_entropy(driver, folder, rng, 19, 50_257)
+        check_cross_entropy(driver, folder, rng, 5, 37)
+    if failures:
+        sys.exit(f"{len(failures)} check(s) failed: {', '.join(failures)}")
+
+
+if __name__ == "__main__":
+    main()
