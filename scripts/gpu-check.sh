@@ -159,14 +159,16 @@ run() {
 }
 
 # Runs a command, appending its heading, its output's end and its exit
-# status to the report; a failing step does not stop the others.
+# status to the report; a failing step does not stop the others, and one that
+# hangs (a GPU fault, a rank waiting forever) is stopped after three minutes
+# (exit 124) so that the steps after it still run within the machine's time.
 section() {
     local heading=$1 status=0
     shift
     echo "== $heading"
     local log
     log=$(mktemp)
-    "$@" >"$log" 2>&1 || status=$?
+    timeout 180 "$@" >"$log" 2>&1 || status=$?
     tail -n 60 "$log"
     {
         echo
