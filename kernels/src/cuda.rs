@@ -17,7 +17,7 @@
 use std::sync::OnceLock;
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{CudaView, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::cudarc::nvrtc;
 use candle_core::cuda_backend::{CudaDevice, CudaStorage, WrapErr};
 use candle_core::{bail, Layout, Result, Shape};
@@ -199,6 +199,27 @@ fn as_i32(n: usize, what: &str) -> Result<i32> {
     i32::try_from(n).or_else(|_| bail!("workbook-fused: {what} of {n} does not fit the kernels' 32-bit sizes"))
 }
 
+/// Room on `device` for `len` f32 results of a kernel.
+fn output(device: &CudaDevice, len: usize) -> Result<CudaSlice<f32>> {
+    // SAFETY: every kernel here writes each element of its output before anything reads it.
+    unsafe { device.alloc::<f32>(len) }
+}
+
+/// Runs kernel `$name` of the module on `$device`'s stream with launch
+/// configuration `$config`; `$push` pushes its arguments onto `$args` in the
+/// kernel's order. A macro, not a function: the pushed references must
+/// outlive the builder, which borrows the function loaded here.
+macro_rules! launch {
+    ($device:expr, $name:expr, $config:expr, |$args:ident| $push:block) => {{
+        let func = $device.get_or_load_custom_func($name, MODULE, ptx()?)?;
+        let mut $args = func.builder();
+        $push
+        // SAFETY: each call pushes its kernel's parameters in order and type,
+        // and the kernels index only inside the rows `$config` gives them.
+        unsafe { $args.launch($config) }.w()
+    }};
+}
+
 /// `softmax(scale · x)` over the last dimension, with `mask` (Tq, Tk) u8 where given.
 pub fn softmax(
     x: &CudaStorage,
@@ -217,18 +238,15 @@ pub fn softmax(
     // A null pointer tells the kernel that nothing is masked.
     let (null, queries) = (0u64, as_i32(mask.as_ref().map_or(1, |(_, queries)| *queries), "a mask")?);
     let width_arg = as_i32(width, "a row")?;
-    // SAFETY (each alloc below): the kernel writes every element before anything reads it.
-    let mut y = unsafe { device.alloc::<f32>(len)? };
-    let func = device.get_or_load_custom_func("softmax_rows", MODULE, ptx()?)?;
-    let mut launch = func.builder();
-    launch.arg(&x);
-    match &mask {
-        Some((allowed, _)) => launch.arg(allowed),
-        None => launch.arg(&null),
-    };
-    launch.arg(&mut y).arg(&width_arg).arg(&queries).arg(&scale);
-    // SAFETY: the arguments match the kernel's parameters; every index stays inside them.
-    unsafe { launch.launch(rows_config(len / width, width, 256)?) }.w()?;
+    let mut y = output(device, len)?;
+    launch!(device, "softmax_rows", rows_config(len / width, width, 256)?, |args| {
+        args.arg(&x);
+        match &mask {
+            Some((allowed, _)) => args.arg(allowed),
+            None => args.arg(&null),
+        };
+        args.arg(&mut y).arg(&width_arg).arg(&queries).arg(&scale);
+    })?;
     Ok((CudaStorage::wrap_cuda_slice(y, device.clone()), xl.shape().clone()))
 }
 
@@ -244,13 +262,11 @@ pub fn softmax_backward(
     let device = y.device();
     let (width, len) = (width_of(yl), yl.shape().elem_count());
     let (y, dy) = (view::<f32>(y, yl, op)?, view::<f32>(dy, dyl, op)?);
-    let mut dx = unsafe { device.alloc::<f32>(len)? };
-    let func = device.get_or_load_custom_func("softmax_backward_rows", MODULE, ptx()?)?;
     let width_arg = as_i32(width, "a row")?;
-    let mut launch = func.builder();
-    launch.arg(&y).arg(&dy).arg(&mut dx).arg(&width_arg).arg(&scale);
-    // SAFETY: as in `softmax`.
-    unsafe { launch.launch(rows_config(len / width, width, 256)?) }.w()?;
+    let mut dx = output(device, len)?;
+    launch!(device, "softmax_backward_rows", rows_config(len / width, width, 256)?, |args| {
+        args.arg(&y).arg(&dy).arg(&mut dx).arg(&width_arg).arg(&scale);
+    })?;
     Ok((CudaStorage::wrap_cuda_slice(dx, device.clone()), yl.shape().clone()))
 }
 
@@ -265,20 +281,15 @@ pub fn cross_entropy(
     let device = logits.device();
     let (rows, classes) = ll.shape().dims2()?;
     let (logits, targets) = (view::<f32>(logits, ll, op)?, view::<u32>(targets, tl, op)?);
-    let mut losses = unsafe { device.alloc::<f32>(rows)? };
-    let classes_arg = as_i32(classes, "a vocabulary")?;
-    let func = device.get_or_load_custom_func("cross_entropy_rows", MODULE, ptx()?)?;
-    let mut launch = func.builder();
-    launch.arg(&logits).arg(&targets).arg(&mut losses).arg(&classes_arg);
-    // SAFETY: as in `softmax`.
-    unsafe { launch.launch(rows_config(rows, classes, 1024)?) }.w()?;
-    let mut loss = unsafe { device.alloc::<f32>(1)? };
-    let rows_arg = as_i32(rows, "a batch")?;
-    let func = device.get_or_load_custom_func("mean", MODULE, ptx()?)?;
-    let mut launch = func.builder();
-    launch.arg(&losses).arg(&mut loss).arg(&rows_arg);
-    // SAFETY: as in `softmax`.
-    unsafe { launch.launch(rows_config(1, rows, 1024)?) }.w()?;
+    let (classes_arg, rows_arg) = (as_i32(classes, "a vocabulary")?, as_i32(rows, "a batch")?);
+    let mut losses = output(device, rows)?;
+    launch!(device, "cross_entropy_rows", rows_config(rows, classes, 1024)?, |args| {
+        args.arg(&logits).arg(&targets).arg(&mut losses).arg(&classes_arg);
+    })?;
+    let mut loss = output(device, 1)?;
+    launch!(device, "mean", rows_config(1, rows, 1024)?, |args| {
+        args.arg(&losses).arg(&mut loss).arg(&rows_arg);
+    })?;
     Ok((CudaStorage::wrap_cuda_slice(loss, device.clone()), Shape::from(())))
 }
 
@@ -291,16 +302,14 @@ pub fn cross_entropy_backward(
     (dloss, gl): (&CudaStorage, &Layout),
 ) -> Result<(CudaStorage, Shape)> {
     let op = "workbook-cross-entropy-backward";
-    let device: &CudaDevice = logits.device();
+    let device = logits.device();
     let (rows, classes) = ll.shape().dims2()?;
     let (logits, targets) = (view::<f32>(logits, ll, op)?, view::<u32>(targets, tl, op)?);
     let dloss = view::<f32>(dloss, gl, op)?;
-    let mut dlogits = unsafe { device.alloc::<f32>(rows * classes)? };
     let classes_arg = as_i32(classes, "a vocabulary")?;
-    let func = device.get_or_load_custom_func("cross_entropy_backward_rows", MODULE, ptx()?)?;
-    let mut launch = func.builder();
-    launch.arg(&logits).arg(&targets).arg(&dloss).arg(&mut dlogits).arg(&classes_arg);
-    // SAFETY: as in `softmax`.
-    unsafe { launch.launch(rows_config(rows, classes, 1024)?) }.w()?;
+    let mut dlogits = output(device, rows * classes)?;
+    launch!(device, "cross_entropy_backward_rows", rows_config(rows, classes, 1024)?, |args| {
+        args.arg(&logits).arg(&targets).arg(&dloss).arg(&mut dlogits).arg(&classes_arg);
+    })?;
     Ok((CudaStorage::wrap_cuda_slice(dlogits, device.clone()), ll.shape().clone()))
 }
