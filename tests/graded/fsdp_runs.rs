@@ -13,7 +13,7 @@ use workbook::parallel::fsdp::{FsdpConfig, FsdpTrainer, Precision, ShardingStrat
 use workbook::train::{AdamWConfig, CosineSchedule, LrSchedule, OptimizerConfig, StepStats, TrainConfig, Trainer};
 use workbook::{init_params, GptConfig, InitRng};
 
-use crate::support::ok;
+use crate::support::{l2_norm, ok};
 
 /// Rows of each micro-batch: divides across 1, 2 and 4 ranks.
 pub const GLOBAL_BATCH: usize = 4;
@@ -169,16 +169,12 @@ pub fn max_relative_difference(got: &HashMap<String, Tensor>, want: &HashMap<Str
     for (name, w) in want {
         let g = got.get(name).unwrap_or_else(|| panic!("no parameter `{name}`"));
         let diff = (g.to_dtype(DType::F32).unwrap() - w.to_dtype(DType::F32).unwrap()).unwrap();
-        let rel = l2(&diff) / l2(w).max(1e-12);
+        let rel = l2_norm(&diff) / l2_norm(w).max(1e-12);
         if rel > worst.0 {
             worst = (rel, name.clone());
         }
     }
     worst
-}
-
-fn l2(t: &Tensor) -> f64 {
-    t.to_dtype(DType::F64).unwrap().sqr().unwrap().sum_all().unwrap().to_scalar::<f64>().unwrap().sqrt()
 }
 
 /// Rank 0's parameters after `steps` steps of Phase 2's DDP trainer on `world_size` CPU ranks.

@@ -5,7 +5,7 @@
 use candle_core::{DType, Device, Tensor, D};
 use workbook::{kernels, InitRng};
 
-use crate::support::{expect_close, grad, surrogate, values, var, BF16, F32};
+use crate::support::{expect_close, grad, l2_norm, surrogate, values, var, BF16, F32};
 
 /// Gaussian values of `shape` with standard deviation `std`, the same on every
 /// run: these checks compare two implementations, not against a fixture.
@@ -394,9 +394,8 @@ fn sum_of_squares_and_all_finite_over_chunks_of_work() {
 }
 
 /// ‖a − b‖ / ‖b‖ over all elements.
-fn relative_l2(a: &Tensor, b: &Tensor) -> f32 {
-    let norm = |t: &Tensor| t.sqr().unwrap().sum_all().unwrap().sqrt().unwrap().to_scalar::<f32>().unwrap();
-    norm(&(a - b).unwrap()) / norm(b)
+fn relative_l2(a: &Tensor, b: &Tensor) -> f64 {
+    l2_norm(&(a - b).unwrap()) / l2_norm(b)
 }
 
 #[test]

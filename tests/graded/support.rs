@@ -462,6 +462,16 @@ pub fn var(t: &Tensor) -> candle_core::Var {
     candle_core::Var::from_tensor(t).expect("variable from fixture tensor")
 }
 
+/// ‖t‖, the L2 norm of all its elements, summed in f64.
+pub fn l2_norm(t: &Tensor) -> f64 {
+    t.to_dtype(DType::F64)
+        .and_then(|t| t.sqr())
+        .and_then(|t| t.sum_all())
+        .and_then(|t| t.to_scalar::<f64>())
+        .expect("norm")
+        .sqrt()
+}
+
 /// Asserts that the update `after - before` of a parameter matches the
 /// reference update `want_after - before` to within `rel` relative L2 error.
 ///
@@ -470,24 +480,16 @@ pub fn var(t: &Tensor) -> candle_core::Var {
 /// last bits of float rounding into a visible share of its step. The L2 error
 /// of the whole update stays tiny unless the step itself is wrong.
 pub fn expect_update_close(before: &Tensor, after: &Tensor, want_after: &Tensor, rel: f64, what: &str) {
-    let norm = |t: &Tensor| {
-        t.sqr()
-            .and_then(|t| t.sum_all())
-            .and_then(|t| t.to_dtype(DType::F64))
-            .and_then(|t| t.to_scalar::<f64>())
-            .expect("norm")
-            .sqrt()
-    };
     let ours = (after - before).expect("update");
     let reference = (want_after - before).expect("reference update");
-    let error = norm(&(&ours - &reference).expect("difference")) / norm(&reference).max(1e-30);
+    let error = l2_norm(&(&ours - &reference).expect("difference")) / l2_norm(&reference).max(1e-30);
     assert!(
         error <= rel,
         "{what}: the update differs from the reference by {:.3}% (relative L2; allowed {:.3}%); its size is {:.3e}, the reference's {:.3e}",
         100.0 * error,
         100.0 * rel,
-        norm(&ours),
-        norm(&reference)
+        l2_norm(&ours),
+        l2_norm(&reference)
     );
 }
 
