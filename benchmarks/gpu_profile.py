@@ -1,9 +1,11 @@
 """Where a training step's GPU time goes, kernel by kernel, from Nsight Compute.
 
-Runs `ncu` on the trainer's `bench` program, recording one metric, each
-kernel's duration (gpu__time_duration.sum), with the caches and clocks left as
-they are, and prints markdown: the GPU time per optimizer step in each kind of
-kernel, and the kernels that take the most. ncu runs the kernels one at a
+Runs `ncu` on the trainer's `bench` program, recording each kernel's
+duration (gpu__time_duration.sum) and its launch's threads, with the caches
+and clocks left as they are, and prints markdown: the GPU time per optimizer
+step in each kind of kernel, the kernels that take the most, and the
+(kernel, launch size) pairs that take the most, with the bandwidth an
+elementwise binary op of that size would reach. ncu runs the kernels one at a
 time, so the sum is the GPU's busy time, without the gaps in which it waits
 for the host; compare it with the step's wall time from an unprofiled `bench`.
 
@@ -27,6 +29,9 @@ import sys
 import tempfile
 
 METRIC = "gpu__time_duration.sum"
+# The launch's threads: candle's elementwise kernels start one per element
+# (in blocks of 1,024), so for them this is the tensor's size.
+THREADS = ("launch__grid_size", "launch__block_size")
 
 # (kind, pattern on the kernel's name), first match wins: cuBLAS's matrix
 # products, the workbook's fused kernels, then candle's kernels by name
@@ -35,6 +40,7 @@ KINDS = [
     ("matrix products (cuBLAS)", r"gemm|gemv|xmma|cutlass|splitKreduce|sm\d+_"),
     ("fused softmax (workbook)", r"^softmax_rows|^softmax_backward_rows"),
     ("fused cross-entropy (workbook)", r"^cross_entropy|^mean$"),
+    ("fused SiLU (workbook)", r"^silu_"),
     ("copies and layout changes", r"copy|transpose|cast_"),
     ("reductions (sum, max, softmax)", r"fast_sum|fast_max|fast_min|sum_|max_|min_|softmax|argm|reduce"),
     ("index ops (gather, index_select, index_add)", r"gather|scatter|^is_|^ia_|index"),
@@ -71,8 +77,8 @@ def to_ms(value, unit):
     return value * scale[unit]
 
 
-def durations(report):
-    """(kernel name, milliseconds) for every kernel launch in an ncu report."""
+def launches_in(report):
+    """(kernel name, milliseconds, threads) for every kernel launch in an ncu report."""
     text = subprocess.run(
         [ncu_path(), "--import", report, "--csv", "--page", "details", "--print-units", "base"],
         check=True,
@@ -80,9 +86,17 @@ def durations(report):
         text=True,
     ).stdout
     rows = csv.DictReader(io.StringIO(text[text.index('"ID"') :]))
+    launches = collections.defaultdict(dict)
     for row in rows:
+        metrics = launches[row["ID"]]
+        metrics["name"] = row["Kernel Name"]
         if row.get("Metric Name") == METRIC:
-            yield row["Kernel Name"], to_ms(row["Metric Value"], row["Metric Unit"])
+            metrics["ms"] = to_ms(row["Metric Value"], row["Metric Unit"])
+        elif row.get("Metric Name") in THREADS:
+            metrics[row["Metric Name"]] = int(float(row["Metric Value"].replace(",", "")))
+    for metrics in launches.values():
+        if "ms" in metrics:
+            yield metrics["name"], metrics["ms"], metrics.get(THREADS[0], 0) * metrics.get(THREADS[1], 0)
 
 
 def short(name, width=70):
@@ -101,19 +115,23 @@ def main():
 
     with tempfile.TemporaryDirectory() as folder:
         report = os.path.join(folder, "step.ncu-rep")
-        command = [ncu_path(), "--metrics", METRIC, "--cache-control", "none", "--clock-control", "none"]
+        metrics = ",".join((METRIC, *THREADS))
+        command = [ncu_path(), "--metrics", metrics, "--cache-control", "none", "--clock-control", "none"]
         command += ["--export", report, "--force-overwrite", args.bench, *bench_args]
         subprocess.run(command, check=True, stdout=sys.stderr)
-        launches = list(durations(report))
+        launches = list(launches_in(report))
 
     if not launches:
         sys.exit("ncu recorded no kernels")
     by_kind = collections.defaultdict(float)
     by_name = collections.defaultdict(lambda: [0, 0.0])
-    for name, ms in launches:
+    by_size = collections.defaultdict(lambda: [0, 0.0])
+    for name, ms, threads in launches:
         by_kind[kind_of(name)] += ms
         by_name[short(name)][0] += 1
         by_name[short(name)][1] += ms
+        by_size[(short(name, 30), threads)][0] += 1
+        by_size[(short(name, 30), threads)][1] += ms
     total = sum(by_kind.values())
     per_step = total / args.steps
     print(f"{len(launches) / args.steps:.0f} kernels and {per_step:.1f} ms of GPU time per optimizer step")
@@ -127,6 +145,12 @@ def main():
     print("|---|---:|---:|---:|")
     for name, (count, ms) in sorted(by_name.items(), key=lambda item: -item[1][1])[: args.top]:
         print(f"| `{name}` | {count / args.steps:g} | {ms / args.steps:.1f} | {100 * ms / total:.1f}% |")
+    print()
+    print(f"| kernel and launch size (the {args.top} that take the most) | threads | launches per step | ms per step | GB/s if 3 × 4 bytes a thread |")
+    print("|---|---:|---:|---:|---:|")
+    for (name, threads), (count, ms) in sorted(by_size.items(), key=lambda item: -item[1][1])[: args.top]:
+        rate = 12 * threads * count / (ms * 1e6)
+        print(f"| `{name}` | {threads:,} | {count / args.steps:g} | {ms / args.steps:.2f} | {rate:,.0f} |")
 
 
 if __name__ == "__main__":

@@ -17,8 +17,9 @@
 #                                multi-GPU checks (they skip on one GPU), 60
 #                                steps of training on the GPU (f32 and bf16
 #                                autocast) against the CPU's loss, the
-#                                trainer's tokens/s beside PyTorch's on the
-#                                same GPU in f32, TF32 and bf16 autocast, and
+#                                trainer's tokens/s (and candle's composed
+#                                ops') beside PyTorch's on the same GPU in
+#                                f32, TF32 and bf16 autocast, and
 #                                the GPU time of a step by kernel (Nsight
 #                                Compute); writes $OUT/gpu-report.md (or
 #                                ./gpu-report.md).
@@ -115,16 +116,15 @@ run() {
             echo "no PyTorch with CUDA"
         echo '```'
     } >"$report"
-    # The fused CUDA kernels and the kept memory pool are opt-in until they have run here; every
-    # check below uses them, and the 124M rows compare them with what runs without them.
-    local fused=(env WORKBOOK_CUDA_KERNELS=fused WORKBOOK_CUDA_KEEP_FREED=1)
+    # The workbook's ops on the GPU are the default; the first 124M row measures candle's
+    # composed ops instead, for the gain.
     local composed=(env WORKBOOK_CUDA_KERNELS=composed)
-    section "Single-GPU checks (fused kernels), the one-rank NCCL group, the multi-GPU checks (skip on one GPU)" \
-        "${fused[@]}" "$CHECK/graded" gpu:: gpu_ranks:: watchdog:: --test-threads 1
+    section "Single-GPU checks, the one-rank NCCL group, the multi-GPU checks (skip on one GPU)" \
+        "$CHECK/graded" gpu:: gpu_ranks:: watchdog:: --test-threads 1
     local steps=(--model-size tiny --dataset dummy --max-steps 60 --warmup-steps 5 --log-every 60)
-    section "60 steps of the tiny config on the GPU (fused kernels)" "${fused[@]}" "$CHECK/train" "${steps[@]}" \
+    section "60 steps of the tiny config on the GPU" "$CHECK/train" "${steps[@]}" \
         --device cuda --checkpoint-dir /tmp/gpu-check-cuda --overwrite
-    section "The same 60 steps on the GPU with bf16 autocast" "${fused[@]}" "$CHECK/train" "${steps[@]}" \
+    section "The same 60 steps on the GPU with bf16 autocast" "$CHECK/train" "${steps[@]}" \
         --device cuda --autocast-bf16 --checkpoint-dir /tmp/gpu-check-bf16 --overwrite
     section "The same 60 steps on the CPU" "$CHECK/train" "${steps[@]}" --checkpoint-dir /tmp/gpu-check-cpu --overwrite
     # The GPU's dense peaks (datasheets) in f32 without tensor cores, TF32 and bf16, for the MFU.
@@ -136,24 +136,21 @@ run() {
     local shape=(--steps 4 --warmup 1)
     local small=("$CHECK/bench" --model-size small "${shape[@]}" --device cuda --ranks threads)
     local torch_small=(python3 benchmarks/pytorch_baseline.py --config configs/small.toml "${shape[@]}" --device cuda)
-    section "Trainer, GPT-2 124M shape, T 1024, f32: candle's composed ops, CUDA's default memory pool" \
-        "${composed[@]}" "${small[@]}" "${f32[@]}"
-    section "Trainer, same, f32: candle's composed ops, freed memory kept in the pool" "${composed[@]}" \
-        WORKBOOK_CUDA_KEEP_FREED=1 "${small[@]}" "${f32[@]}"
-    section "Trainer, same, f32: fused kernels, freed memory kept" "${fused[@]}" "${small[@]}" "${f32[@]}"
+    section "Trainer, GPT-2 124M shape, T 1024, f32: candle's composed ops" "${composed[@]}" "${small[@]}" "${f32[@]}"
+    section "Trainer, same, f32: the workbook's ops" "${small[@]}" "${f32[@]}"
     section "PyTorch, same shape, f32" "${torch_small[@]}"
-    section "Trainer, same, TF32: fused kernels" "${fused[@]}" "${small[@]}" --tf32 "${tf32[@]}"
+    section "Trainer, same, TF32" "${small[@]}" --tf32 "${tf32[@]}"
     section "PyTorch, same shape, TF32" "${torch_small[@]}" --tf32
-    section "Trainer, same, bf16 autocast: fused kernels" "${fused[@]}" "${small[@]}" --autocast-bf16 "${bf16[@]}"
+    section "Trainer, same, bf16 autocast" "${small[@]}" --autocast-bf16 "${bf16[@]}"
     section "PyTorch, same shape, bf16 autocast" "${torch_small[@]}" --autocast-bf16
-    section "Trainer, tiny config, f32, fused kernels" "${fused[@]}" "$CHECK/bench" --model-size tiny --steps 30 \
+    section "Trainer, tiny config, f32" "$CHECK/bench" --model-size tiny --steps 30 \
         --device cuda --ranks threads "${f32[@]}"
     section "PyTorch, tiny config, f32" python3 benchmarks/pytorch_baseline.py --config configs/tiny.toml \
         --steps 30 --device cuda
     # Two optimizer steps of one micro-batch (8 x 1024 tokens) under Nsight Compute.
     local profiled=(--bench "$CHECK/bench" --steps 2 -- --model-size small --steps 1 --warmup 1 --batch-size 8
         --grad-accum 1 --device cuda --ranks threads)
-    section "GPU time by kernel, 124M shape, one micro-batch, f32, fused kernels" "${fused[@]}" \
+    section "GPU time by kernel, 124M shape, one micro-batch, f32" \
         timeout 120 python3 benchmarks/gpu_profile.py "${profiled[@]}"
     echo "report: $report"
 }

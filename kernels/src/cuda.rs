@@ -1,22 +1,27 @@
-//! The fused softmax and cross-entropy on an NVIDIA GPU: the same one pass
-//! per row forward and one backward as on the CPU, as CUDA kernels that
-//! NVRTC compiles from the source below the first time a process needs them.
+//! The workbook's ops on an NVIDIA GPU: the fused softmax, cross-entropy and
+//! SiLU as CUDA kernels that NVRTC compiles from the source below the first
+//! time a process needs them, and the one-node linear layer, head reshapes
+//! and channel broadcast as cuBLAS products and strided copies.
 //!
 //! On the GPU, candle composes these ops from elementwise kernels and
 //! reductions, each a pass over the whole tensor in global memory: for
 //! attention's (B, H, T, T) scores and the head's (B·T, vocabulary) logits
 //! those passes, forward and backward, are much of a step. Here a thread
 //! block owns a row: it finds the row's max and sum of exponentials with
-//! warp shuffles, then writes the row once.
+//! warp shuffles, then writes the row once. And every node of the autograd
+//! graph costs a zero-filled buffer and an addition per input in candle's
+//! backward pass, so the ops that candle builds from reshapes and transposes
+//! are one node each here.
 //!
 //! Which path runs on a GPU is chosen by `WORKBOOK_CUDA_KERNELS` (see
-//! [`fused_enabled`]); f32 only, other dtypes take candle's composed ops.
+//! [`fused_enabled`]); the kernels are f32 only, other dtypes take candle's
+//! composed ops.
 //! `scripts/cuda-on-cpu/check.py` runs the kernels' source on the CPU against
 //! NumPy, for a change made without a GPU at hand.
 
 use std::sync::OnceLock;
 
-use candle_core::backend::BackendStorage;
+use candle_core::backend::{BackendDevice, BackendStorage};
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::cudarc::nvrtc;
 use candle_core::cuda_backend::{CudaDevice, CudaStorage, WrapErr};
@@ -26,11 +31,12 @@ use candle_core::{bail, Layout, Result, Shape};
 /// kernels, `composed` for candle's ops.
 pub const SWITCH: &str = "WORKBOOK_CUDA_KERNELS";
 
-/// Whether the fused kernels run on a GPU. The default stays `composed`
-/// until the fused kernels have been checked on a GPU against the composed ops.
+/// Whether the workbook's ops run on a GPU (the default), or candle's
+/// composed ops (`WORKBOOK_CUDA_KERNELS=composed`), to compare or to rule
+/// them out.
 pub fn fused_enabled() -> bool {
     static FUSED: OnceLock<bool> = OnceLock::new();
-    *FUSED.get_or_init(|| std::env::var(SWITCH).is_ok_and(|value| value == "fused"))
+    *FUSED.get_or_init(|| std::env::var(SWITCH).map_or(true, |value| value != "composed"))
 }
 
 const MODULE: &str = "workbook-fused";
@@ -147,6 +153,22 @@ extern "C" __global__ void cross_entropy_backward_rows(const float* logits, cons
     unsigned int t = targets[blockIdx.x];
     for (int j = threadIdx.x; j < classes; j += blockDim.x)
         out[j] = expf(row[j] - lse) * scale - ((unsigned int)j == t ? scale : 0.0f);
+}
+
+// y = x * sigmoid(x), elementwise.
+extern "C" __global__ void silu_forward(const float* x, float* y, unsigned int n) {
+    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
+        float v = x[i];
+        y[i] = v / (1.0f + expf(-v));
+    }
+}
+
+// dx = dy * s * (1 + x * (1 - s)), with s = sigmoid(x).
+extern "C" __global__ void silu_backward(const float* x, const float* dy, float* dx, unsigned int n) {
+    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
+        float v = x[i], s = 1.0f / (1.0f + expf(-v));
+        dx[i] = dy[i] * s * (1.0f + v * (1.0f - s));
+    }
 }
 
 // out[0] = the mean of n values, by one block.
@@ -312,4 +334,71 @@ pub fn cross_entropy_backward(
         args.arg(&logits).arg(&targets).arg(&dloss).arg(&mut dlogits).arg(&classes_arg);
     })?;
     Ok((CudaStorage::wrap_cuda_slice(dlogits, device.clone()), ll.shape().clone()))
+}
+
+/// A grid-stride launch over `n` elements.
+fn elements_config(n: usize) -> Result<(LaunchConfig, u32)> {
+    let Ok(n) = u32::try_from(n) else { bail!("workbook-fused: {n} elements are more than the kernels' 32-bit count") };
+    Ok((LaunchConfig::for_num_elems(n.max(1)), n))
+}
+
+/// `x · sigmoid(x)` elementwise.
+pub fn silu(x: &CudaStorage, xl: &Layout) -> Result<(CudaStorage, Shape)> {
+    let device = x.device();
+    let len = xl.shape().elem_count();
+    let x = view::<f32>(x, xl, "workbook-silu")?;
+    let (config, n) = elements_config(len)?;
+    let mut y = output(device, len)?;
+    launch!(device, "silu_forward", config, |args| {
+        args.arg(&x).arg(&mut y).arg(&n);
+    })?;
+    Ok((CudaStorage::wrap_cuda_slice(y, device.clone()), xl.shape().clone()))
+}
+
+/// SiLU's gradient `dy · s · (1 + x · (1 − s))`, with `s = sigmoid(x)`.
+pub fn silu_backward(x: &CudaStorage, xl: &Layout, dy: &CudaStorage, dyl: &Layout) -> Result<(CudaStorage, Shape)> {
+    let op = "workbook-silu-backward";
+    let device = x.device();
+    let len = xl.shape().elem_count();
+    let (x, dy) = (view::<f32>(x, xl, op)?, view::<f32>(dy, dyl, op)?);
+    let (config, n) = elements_config(len)?;
+    let mut dx = output(device, len)?;
+    launch!(device, "silu_backward", config, |args| {
+        args.arg(&x).arg(&dy).arg(&mut dx).arg(&n);
+    })?;
+    Ok((CudaStorage::wrap_cuda_slice(dx, device.clone()), xl.shape().clone()))
+}
+
+/// A contiguous tensor's elements read as a row-major (rows × cols) matrix,
+/// or as the transpose of a row-major (cols × rows) one.
+pub struct Matrix<'a> {
+    pub storage: &'a CudaStorage,
+    pub layout: &'a Layout,
+    pub transposed: bool,
+}
+
+impl Matrix<'_> {
+    fn layout(&self, (rows, cols): (usize, usize), op: &str) -> Result<Layout> {
+        let Some((start, _)) = self.layout.contiguous_offsets() else {
+            bail!("{op}: the input must be contiguous (call .contiguous() first)");
+        };
+        let strides = if self.transposed { vec![1, rows] } else { vec![cols, 1] };
+        Ok(Layout::new(Shape::from((rows, cols)), strides, start))
+    }
+}
+
+/// `a · b` for `a` (m × k) and `b` (k × n), by cuBLAS, in their dtype.
+pub fn matmul(a: Matrix, b: Matrix, (m, n, k): (usize, usize, usize), op: &str) -> Result<CudaStorage> {
+    let (a_layout, b_layout) = (a.layout((m, k), op)?, b.layout((k, n), op)?);
+    a.storage.matmul(b.storage, (1, m, n, k), &a_layout, &b_layout)
+}
+
+/// The elements of `storage` in the order `layout` reads them, written
+/// contiguously into a new tensor of `shape`.
+pub fn copy_strided(storage: &CudaStorage, layout: &Layout, shape: Shape) -> Result<(CudaStorage, Shape)> {
+    let device = storage.device();
+    // SAFETY: the copy writes every element of the new storage.
+    let mut out = unsafe { device.alloc_uninit(&shape, storage.dtype())? };
+    storage.copy_strided_src(&mut out, 0, layout)?;
+    Ok((out, shape))
 }

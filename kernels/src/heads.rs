@@ -3,7 +3,10 @@
 
 use candle_core::{bail, CpuStorage, CustomOp1, Device, Layout, Result, Shape, Tensor};
 
+use super::on_gpu_path;
 use super::rows::{rearrange, Rearrange};
+#[cfg(feature = "cuda")]
+use candle_core::cuda_backend::CudaStorage;
 
 /// (B, T, C) → (B, H, T, D) with D = C / H, contiguous: each head's channels
 /// become a sequence of their own.
@@ -17,7 +20,7 @@ pub fn split_heads(x: &Tensor, heads: usize) -> Result<Tensor> {
         bail!("split_heads: {c} channels do not split into {heads} heads");
     }
     let d = c / heads;
-    if !matches!(x.device(), Device::Cpu) {
+    if !matches!(x.device(), Device::Cpu) && !on_gpu_path(x) {
         return x.reshape((b, t, heads, d))?.transpose(1, 2)?.contiguous();
     }
     let swap = SwapMiddle { rows: t, cols: heads, width: d, out: Shape::from((b, heads, t, d)) };
@@ -27,7 +30,7 @@ pub fn split_heads(x: &Tensor, heads: usize) -> Result<Tensor> {
 /// (B, H, T, D) → (B, T, H·D): the inverse of [`split_heads`].
 pub fn merge_heads(y: &Tensor) -> Result<Tensor> {
     let (b, h, t, d) = y.dims4()?;
-    if !matches!(y.device(), Device::Cpu) {
+    if !matches!(y.device(), Device::Cpu) && !on_gpu_path(y) {
         return y.transpose(1, 2)?.reshape((b, t, h * d));
     }
     let swap = SwapMiddle { rows: h, cols: t, width: d, out: Shape::from((b, t, h * d)) };
@@ -59,17 +62,37 @@ impl Rearrange for SwapMiddle {
     }
 }
 
+impl SwapMiddle {
+    fn check(&self, layout: &Layout) -> Result<()> {
+        let elements = layout.shape().elem_count();
+        if elements != self.out.elem_count() {
+            bail!("workbook-swap-heads: {elements} elements do not fill the shape {:?}", self.out);
+        }
+        Ok(())
+    }
+}
+
 impl CustomOp1 for SwapMiddle {
     fn name(&self) -> &'static str {
         "workbook-swap-heads"
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
-        let elements = layout.shape().elem_count();
-        if elements != self.out.elem_count() {
-            bail!("{}: {elements} elements do not fill the shape {:?}", self.name(), self.out);
-        }
+        self.check(layout)?;
         Ok((rearrange(storage, layout, self, self.name())?, self.out.clone()))
+    }
+
+    /// One strided copy: the input read as (batch, cols, rows, width).
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, storage: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
+        self.check(layout)?;
+        let Some((start, _)) = layout.contiguous_offsets() else {
+            bail!("{}: the input must be contiguous", self.name());
+        };
+        let batch = self.out.elem_count() / (self.rows * self.cols * self.width).max(1);
+        let source =
+            Layout::contiguous_with_offset((batch, self.rows, self.cols, self.width), start).transpose(1, 2)?;
+        super::cuda::copy_strided(storage, &source, self.out.clone())
     }
 
     fn bwd(&self, x: &Tensor, _y: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {

@@ -9,10 +9,12 @@
 //! dimension, computed in f32 whatever the tensor's dtype, spread over the
 //! kernel threads. They compute the same functions as their candle
 //! counterparts (the tests compare them), so an exercise may use either. On
-//! an NVIDIA GPU, `softmax`, `scaled_masked_softmax` and `cross_entropy` have
-//! CUDA kernels of the same shape (`cuda`, f32, chosen by
-//! `WORKBOOK_CUDA_KERNELS`); the other kernels, and every other device, fall
-//! back to candle's composed ops.
+//! an NVIDIA GPU, `softmax`, `scaled_masked_softmax`, `cross_entropy` and
+//! `silu` have CUDA kernels of the same shape (f32), and `linear`,
+//! `split_heads`, `merge_heads` and `scale_channels` are one node there too,
+//! through cuBLAS and strided copies (`cuda`; `WORKBOOK_CUDA_KERNELS=composed`
+//! turns all of it off); `adamw_update` and every other device fall back to
+//! candle's composed ops.
 //! `scaled_masked_softmax` also folds attention's scaling and causal mask into
 //! the softmax's pass.
 //! `linear` makes a linear layer one node of the graph instead of three, and
@@ -59,12 +61,17 @@ pub use softmax::{scaled_masked_softmax, softmax};
 use candle_core::{Device, Tensor};
 
 /// Whether an op on `t` runs the fused kernel: always on the CPU; on an
-/// NVIDIA GPU for f32 tensors when the CUDA kernels are switched on.
+/// NVIDIA GPU for f32 tensors unless switched off.
 fn runs_fused(t: &Tensor) -> bool {
+    matches!(t.device(), Device::Cpu) || (on_gpu_path(t) && t.dtype() == candle_core::DType::F32)
+}
+
+/// Whether `t` is on an NVIDIA GPU with the workbook's ops switched on there
+/// ([`cuda::fused_enabled`]), rather than candle's composed ones.
+fn on_gpu_path(t: &Tensor) -> bool {
     match t.device() {
-        Device::Cpu => true,
         #[cfg(feature = "cuda")]
-        Device::Cuda(_) => t.dtype() == candle_core::DType::F32 && cuda::fused_enabled(),
+        Device::Cuda(_) => cuda::fused_enabled(),
         _ => false,
     }
 }

@@ -4,7 +4,25 @@ use candle_core::{bail, CpuStorage, CustomOp2, DType, Device, Layout, Result, Sh
 use gemm::Parallelism;
 use rayon::prelude::*;
 
+#[cfg(feature = "cuda")]
+use super::cuda::{self, Matrix};
+use super::on_gpu_path;
 use super::rows::as_f32;
+#[cfg(feature = "cuda")]
+use candle_core::cuda_backend::CudaStorage;
+
+/// (..., k) with its last dimension replaced by `n`.
+fn with_last_dim(layout: &Layout, n: usize) -> Shape {
+    let mut dims = layout.dims().to_vec();
+    *dims.last_mut().expect("x has at least one dimension") = n;
+    Shape::from(dims)
+}
+
+/// A contiguous tensor read as a matrix, as is (`false`) or transposed.
+#[cfg(feature = "cuda")]
+fn matrix<'a>(storage: &'a CudaStorage, layout: &'a Layout, transposed: bool) -> Matrix<'a> {
+    Matrix { storage, layout, transposed }
+}
 
 /// `x · wᵀ` for `x` (..., C) and `w` (O, C): (..., O), with a backward pass.
 ///
@@ -13,7 +31,8 @@ use super::rows::as_f32;
 /// gradient in backward, and a weight gradient summed over the batch. Here the
 /// leading dimensions fold into the rows of one matrix product, one node,
 /// whose backward is two products: dx = dy · w and dw = dyᵀ · x. f32 on the
-/// CPU; other dtypes and devices take candle's composed path.
+/// CPU, any dtype on an NVIDIA GPU (cuBLAS); other devices take candle's
+/// composed path.
 pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     let (out_features, in_features) = w.dims2()?;
     let dims = x.dims();
@@ -22,7 +41,8 @@ pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     }
     let mut out_dims = dims.to_vec();
     *out_dims.last_mut().expect("checked above") = out_features;
-    if matches!(x.device(), Device::Cpu) && x.dtype() == DType::F32 && w.dtype() == DType::F32 {
+    let on_cpu = matches!(x.device(), Device::Cpu) && x.dtype() == DType::F32 && w.dtype() == DType::F32;
+    if on_cpu || (on_gpu_path(x) && x.dtype() == w.dtype()) {
         return x.contiguous()?.apply_op2(&w.contiguous()?, Linear);
     }
     let rows = x.elem_count() / in_features;
@@ -131,9 +151,15 @@ impl CustomOp2 for Linear {
         let (n, k) = wl.shape().dims2()?;
         let m = x.len() / k;
         let y = product(m, n, k, View::rows(&x, k), View::transposed(&w, k), true);
-        let mut dims = xl.dims().to_vec();
-        *dims.last_mut().expect("x has at least one dimension") = n;
-        Ok((CpuStorage::F32(y), Shape::from(dims)))
+        Ok((CpuStorage::F32(y), with_last_dim(xl, n)))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, xs: &CudaStorage, xl: &Layout, ws: &CudaStorage, wl: &Layout) -> Result<(CudaStorage, Shape)> {
+        let (n, k) = wl.shape().dims2()?;
+        let m = xl.shape().elem_count() / k;
+        let y = cuda::matmul(matrix(xs, xl, false), matrix(ws, wl, true), (m, n, k), self.name())?;
+        Ok((y, with_last_dim(xl, n)))
     }
 
     fn bwd(&self, x: &Tensor, w: &Tensor, _y: &Tensor, dy: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
@@ -160,6 +186,14 @@ impl CustomOp2 for InputGradient {
         let dx = product(dy.len() / n, k, n, View::rows(&dy, n), View::rows(&w, k), true);
         Ok((CpuStorage::F32(dx), self.x_shape.clone()))
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, dys: &CudaStorage, dyl: &Layout, ws: &CudaStorage, wl: &Layout) -> Result<(CudaStorage, Shape)> {
+        let (n, k) = wl.shape().dims2()?;
+        let m = dyl.shape().elem_count() / n;
+        let dx = cuda::matmul(matrix(dys, dyl, false), matrix(ws, wl, false), (m, k, n), self.name())?;
+        Ok((dx, self.x_shape.clone()))
+    }
 }
 
 /// dw = dyᵀ · x, the weight's (O, C) gradient.
@@ -176,5 +210,14 @@ impl CustomOp2 for WeightGradient {
         let k = xl.dims().last().copied().unwrap_or(1);
         let m = x.len() / k;
         Ok((CpuStorage::F32(weight_gradient(&dy, &x, m, n, k)), Shape::from((n, k))))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, dys: &CudaStorage, dyl: &Layout, xs: &CudaStorage, xl: &Layout) -> Result<(CudaStorage, Shape)> {
+        let n = dyl.dims().last().copied().unwrap_or(1);
+        let k = xl.dims().last().copied().unwrap_or(1);
+        let m = xl.shape().elem_count() / k;
+        let dw = cuda::matmul(matrix(dys, dyl, true), matrix(xs, xl, false), (n, k, m), self.name())?;
+        Ok((dw, Shape::from((n, k))))
     }
 }

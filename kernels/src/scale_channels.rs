@@ -5,7 +5,10 @@
 use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, CustomOp1, Device, Layout, Result, Shape, Tensor, D};
 
+use super::on_gpu_path;
 use super::rows::{as_f32, from_f32, rearrange, Rearrange};
+#[cfg(feature = "cuda")]
+use candle_core::cuda_backend::CudaStorage;
 
 /// `x * weight` for `x` (..., C) and `weight` (C): what `x.broadcast_mul(&weight)`
 /// computes, value for value, with a faster backward.
@@ -27,7 +30,7 @@ pub fn scale_channels(x: &Tensor, weight: &Tensor) -> Result<Tensor> {
 /// `v` (C) repeated into (rows, C), with a backward pass that sums the rows.
 fn broadcast_rows(v: &Tensor, rows: usize) -> Result<Tensor> {
     let width = v.dims1()?;
-    if !matches!(v.device(), Device::Cpu) {
+    if !matches!(v.device(), Device::Cpu) && !on_gpu_path(v) {
         return v.unsqueeze(0)?.broadcast_as((rows, width))?.contiguous();
     }
     v.contiguous()?.apply_op1(BroadcastRows { rows })
@@ -53,8 +56,25 @@ impl CustomOp1 for BroadcastRows {
         Ok((rearrange(storage, layout, self, self.name())?, Shape::from((self.rows, width))))
     }
 
+    /// One strided copy that reads the vector `rows` times.
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, storage: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
+        let Some((start, _)) = layout.contiguous_offsets() else {
+            bail!("{}: the input must be contiguous", self.name());
+        };
+        let shape = Shape::from((self.rows, layout.shape().elem_count()));
+        let source = Layout::contiguous_with_offset(layout.shape().elem_count(), start).broadcast_as(shape.clone())?;
+        super::cuda::copy_strided(storage, &source, shape)
+    }
+
     fn bwd(&self, _v: &Tensor, _y: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
-        Ok(Some(dy.contiguous()?.apply_op1_no_bwd(&SumRows)?))
+        let dy = dy.contiguous()?;
+        if dy.device().is_cuda() {
+            // The sum of the rows as the product (1 × rows) · dy: one cuBLAS call.
+            let ones = Tensor::ones((1, self.rows), dy.dtype(), dy.device())?;
+            return Ok(Some(ones.matmul(&dy)?.squeeze(0)?));
+        }
+        Ok(Some(dy.apply_op1_no_bwd(&SumRows)?))
     }
 }
 

@@ -1,10 +1,13 @@
 //! SiLU, `x · sigmoid(x)`, forward and backward each in one pass.
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, Device, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 
 use super::exp::exp;
 use super::rows::{as_f32, compute_rows, RowKernel};
+use super::runs_fused;
+#[cfg(feature = "cuda")]
+use candle_core::cuda_backend::CudaStorage;
 
 /// Elements per unit of work: SiLU has no rows, any split will do.
 const CHUNK: usize = 1 << 14;
@@ -12,7 +15,7 @@ const CHUNK: usize = 1 << 14;
 /// `x · sigmoid(x)` elementwise, with a backward pass: the fused counterpart
 /// of `candle_nn::ops::silu`.
 pub fn silu(x: &Tensor) -> Result<Tensor> {
-    if !matches!(x.device(), Device::Cpu) {
+    if !runs_fused(x) {
         return candle_nn::ops::silu(x);
     }
     x.contiguous()?.apply_op1(Silu)
@@ -34,6 +37,11 @@ impl CustomOp1 for Silu {
         let x = as_f32(storage, layout, self.name())?;
         let y = compute_rows(x.len(), CHUNK, &Chunks { x: &x }, storage.dtype())?;
         Ok((y, layout.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, storage: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
+        super::cuda::silu(storage, layout)
     }
 
     fn bwd(&self, x: &Tensor, _y: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
@@ -66,6 +74,11 @@ impl CustomOp2 for SiluBackward {
         let dy = as_f32(dys, dyl, self.name())?;
         let dx = compute_rows(x.len(), CHUNK, &BackwardChunks { x: &x, dy: &dy }, xs.dtype())?;
         Ok((dx, xl.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, xs: &CudaStorage, xl: &Layout, dys: &CudaStorage, dyl: &Layout) -> Result<(CudaStorage, Shape)> {
+        super::cuda::silu_backward(xs, xl, dys, dyl)
     }
 }
 

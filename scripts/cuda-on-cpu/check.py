@@ -6,8 +6,8 @@ shared memory) and driver.cpp, runs each kernel on random inputs, and checks
 the results against float64 NumPy: the attention softmax with its causal mask
 and scale, the plain softmax at widths a block's threads do and do not
 divide, a row with nothing allowed (NaN, as the CPU kernels give), the
-softmax's backward, and the mean cross-entropy and its gradient at GPT-2's
-vocabulary. It checks the kernels' arithmetic, not the Rust code that
+softmax's backward, the mean cross-entropy and its gradient at GPT-2's
+vocabulary, and SiLU with its gradient. It checks the kernels' arithmetic, not the Rust code that
 launches them, nor a GPU: that is scripts/gpu-check.sh's job.
 
     python3 scripts/cuda-on-cpu/check.py       # needs g++ with C++20 and numpy
@@ -116,6 +116,16 @@ def check_cross_entropy(driver, folder, rng, rows, classes):
     compare(f"cross-entropy ({rows}, {classes}), gradient", read(folder, "dlogits", x.shape), grad * dloss[0] / rows)
 
 
+def check_silu(driver, folder, rng, n, blocks):
+    x = (rng.standard_normal(n) * 4).astype(np.float32)
+    dy = rng.standard_normal(n).astype(np.float32)
+    run(driver, folder, {"x": x, "dy": dy}, "silu", n, blocks)
+    v = x.astype(np.float64)
+    s = 1 / (1 + np.exp(-v))
+    compare(f"SiLU, {n} elements on {blocks * 256} threads, forward", read(folder, "y", (n,)), v * s)
+    compare(f"SiLU, {n} elements on {blocks * 256} threads, backward", read(folder, "dx", (n,)), dy * s * (1 + v * (1 - s)))
+
+
 def main():
     rng = np.random.default_rng(7)
     with tempfile.TemporaryDirectory() as name:
@@ -127,6 +137,7 @@ def main():
         check_nothing_allowed(driver, folder)
         check_cross_entropy(driver, folder, rng, 19, 50_257)
         check_cross_entropy(driver, folder, rng, 5, 37)
+        check_silu(driver, folder, rng, 5_000, 3)
     if failures:
         sys.exit(f"{len(failures)} check(s) failed: {', '.join(failures)}")
 

@@ -63,15 +63,26 @@ static void cross_entropy(unsigned rows, int classes) {
     save("dlogits", dlogits);
 }
 
+// silu <n> <blocks>: x -> y; x, dy -> dx, on fewer threads than elements (the grid-stride loop).
+static void silu(unsigned n, unsigned blocks) {
+    auto x = load<float>("x", n), dy = load<float>("dy", n);
+    std::vector<float> y(n), dx(n);
+    launch(blocks, 256, [&] { silu_forward(x.data(), y.data(), n); });
+    launch(blocks, 256, [&] { silu_backward(x.data(), dy.data(), dx.data(), n); });
+    save("y", y);
+    save("dx", dx);
+}
+
 int main(int argc, char** argv) {
     if (argc < 3) {
-        std::fprintf(stderr, "usage: driver <folder> softmax <rows> <width> <queries> <scale> | cross_entropy <rows> <classes>\n");
+        std::fprintf(stderr, "usage: driver <folder> softmax <rows> <width> <queries> <scale> | cross_entropy <rows> <classes> | silu <n> <blocks>\n");
         return 2;
     }
     folder = argv[1];
     std::string kernel = argv[2];
     if (kernel == "softmax" && argc == 7) softmax(std::stoul(argv[3]), std::stoi(argv[4]), std::stoi(argv[5]), std::stof(argv[6]));
     else if (kernel == "cross_entropy" && argc == 5) cross_entropy(std::stoul(argv[3]), std::stoi(argv[4]));
+    else if (kernel == "silu" && argc == 5) silu(std::stoul(argv[3]), std::stoul(argv[4]));
     else return 2;
     return 0;
 }

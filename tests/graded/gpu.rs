@@ -5,9 +5,10 @@
 //! the GPU. With `--features nccl`, a one-rank NCCL group must hand back what
 //! it is given (NCCL refuses two ranks on one GPU, so a single GPU can show no
 //! more of it). The fused softmax and cross-entropy on the GPU
-//! (`WORKBOOK_CUDA_KERNELS=fused`, or candle's ops without it) must compute
-//! what candle's composed ops compute on the CPU, at attention's and GPT-2's
-//! vocabulary's widths.
+//! and the one-node linear layer, head reshapes, SiLU and channel scale (the
+//! default, or candle's ops with `WORKBOOK_CUDA_KERNELS=composed`) must
+//! compute what candle's composed ops compute on the CPU, the softmax and
+//! cross-entropy at attention's and GPT-2's vocabulary's widths.
 
 use candle_core::{DType, Device, Tensor, D};
 use workbook::parallel::ddp::Ddp;
@@ -16,7 +17,7 @@ use workbook::{kernels, param_specs, Gpt, ParamStore};
 
 use crate::exercise_10::{micro_batch, model_config, train_config};
 use crate::kernels::randn;
-use crate::support::{expect_close, expect_update_close, fixture, grad, ok, surrogate, var, Fixture, Tol, F32};
+use crate::support::{expect_close, expect_update_close, fixture, grad, ok, surrogate, var, Fixture, Tol, BF16, F32};
 
 /// cuBLAS sums in another order than the CPU's kernels; float32 throughout.
 const LOGITS: Tol = Tol { atol: 1e-4, rtol: 1e-4 };
@@ -158,6 +159,83 @@ fn the_cross_entropy_on_the_gpu_matches_candles_on_the_cpu_at_gpt2s_vocabulary()
         });
     expect_close(&got, &want, F32, "kernels::cross_entropy on the GPU", &[]);
     expect_close(&got_grad, &want_grad, F32, "the gradient of kernels::cross_entropy on the GPU", &[]);
+}
+
+/// Random values of `shape`, drawn apart from `randn(shape, ..)`'s.
+fn randn_other(shape: &[usize]) -> Tensor {
+    let n: usize = shape.iter().product();
+    randn(&[n + 1], 1.0).narrow(0, 0, n).unwrap().reshape(shape).unwrap()
+}
+
+/// `f` of `a` and `b` and both gradients under the surrogate loss Σ f(a, b) ⊙ dy, on the CPU.
+fn values_and_gradients(a: &Tensor, b: &Tensor, dy: &Tensor, f: impl Fn(&Tensor, &Tensor) -> Tensor) -> [Tensor; 3] {
+    let (a, b) = (var(a), var(b));
+    let y = f(&a, &b);
+    let grads = surrogate(&y, dy).backward().unwrap();
+    let lost = "the op lost its backward pass on the GPU";
+    [on_cpu(&y), on_cpu(&grad(&grads, &a, "a", lost)), on_cpu(&grad(&grads, &b, "b", lost))]
+}
+
+#[test]
+fn the_one_node_linear_heads_silu_and_channel_scale_on_the_gpu_match_candles_ops_on_the_cpu() {
+    let Some(device) = gpu() else { return };
+    let gpu = |t: &Tensor| t.to_device(&device).unwrap();
+    let (x, w, dy) = (randn(&[3, 5, 64], 1.0), randn(&[96, 64], 0.1), randn_other(&[3, 5, 96]));
+    let want = values_and_gradients(&x, &w, &dy, |x, w| x.broadcast_matmul(&w.t().unwrap()).unwrap());
+    let got = values_and_gradients(&gpu(&x), &gpu(&w), &gpu(&dy), |x, w| kernels::linear(x, w).unwrap());
+    for (what, got, want) in labelled(["kernels::linear", "its input's gradient", "its weight's gradient"], got, want) {
+        expect_close(&got, &want, LOGITS, &format!("{what} on the GPU"), &[]);
+    }
+    // bf16 operands, as autocast gives them: cuBLAS against the CPU's f32 product of the same values.
+    let bf16 = |t: &Tensor| t.to_dtype(DType::BF16).unwrap();
+    let y = kernels::linear(&gpu(&bf16(&x)), &gpu(&bf16(&w))).unwrap();
+    let want =
+        bf16(&x).to_dtype(DType::F32).unwrap().broadcast_matmul(&bf16(&w).to_dtype(DType::F32).unwrap().t().unwrap());
+    expect_close(
+        &on_cpu(&y.to_dtype(DType::F32).unwrap()),
+        &want.unwrap(),
+        BF16,
+        "kernels::linear of bf16 on the GPU",
+        &[],
+    );
+
+    let x = randn(&[2, 7, 48], 1.0);
+    let split_dy = randn_other(&[2, 3, 7, 16]);
+    let (want, want_grad) = value_and_gradient(&x, &split_dy, |x| {
+        x.reshape((2, 7, 3, 16)).unwrap().transpose(1, 2).unwrap().contiguous().unwrap()
+    });
+    let (got, got_grad) = value_and_gradient(&gpu(&x), &gpu(&split_dy), |x| kernels::split_heads(x, 3).unwrap());
+    expect_close(&got, &want, F32, "kernels::split_heads on the GPU", &[]);
+    expect_close(&got_grad, &want_grad, F32, "the gradient of kernels::split_heads on the GPU", &[]);
+    let (want, want_grad) =
+        value_and_gradient(&split_dy, &x, |y| y.transpose(1, 2).unwrap().reshape((2, 7, 48)).unwrap());
+    let (got, got_grad) = value_and_gradient(&gpu(&split_dy), &gpu(&x), |y| kernels::merge_heads(y).unwrap());
+    expect_close(&got, &want, F32, "kernels::merge_heads on the GPU", &[]);
+    expect_close(&got_grad, &want_grad, F32, "the gradient of kernels::merge_heads on the GPU", &[]);
+
+    // SiLU over more elements than one launch's threads cover at once.
+    let (x, dy) = (randn(&[3, 700, 129], 3.0), randn_other(&[3, 700, 129]));
+    let (want, want_grad) = value_and_gradient(&x, &dy, |x| candle_nn::ops::silu(x).unwrap());
+    let (got, got_grad) = value_and_gradient(&gpu(&x), &gpu(&dy), |x| kernels::silu(x).unwrap());
+    expect_close(&got, &want, F32, "kernels::silu on the GPU", &[]);
+    expect_close(&got_grad, &want_grad, F32, "the gradient of kernels::silu on the GPU", &[]);
+
+    let (x, weight, dy) = (randn(&[4, 9, 48], 1.0), randn(&[48], 1.0), randn_other(&[4, 9, 48]));
+    let want = values_and_gradients(&x, &weight, &dy, |x, w| x.broadcast_mul(w).unwrap());
+    let got = values_and_gradients(&gpu(&x), &gpu(&weight), &gpu(&dy), |x, w| kernels::scale_channels(x, w).unwrap());
+    let names = ["kernels::scale_channels", "its input's gradient", "its weight's gradient"];
+    for (what, got, want) in labelled(names, got, want) {
+        expect_close(&got, &want, F32, &format!("{what} on the GPU"), &[]);
+    }
+}
+
+/// Each name with the results it labels, the GPU's and the CPU's.
+fn labelled<const N: usize>(
+    names: [&str; N],
+    got: [Tensor; N],
+    want: [Tensor; N],
+) -> impl Iterator<Item = (&str, Tensor, Tensor)> {
+    names.into_iter().zip(got).zip(want).map(|((name, got), want)| (name, got, want))
 }
 
 #[cfg(feature = "nccl")]
