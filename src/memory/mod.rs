@@ -12,4 +12,4 @@ pub mod tuning;
 
 pub use counting::{held_after, thread_live_bytes, CountingAllocator};
 pub use footprint::{available_memory, Footprint};
-pub use tuning::{keep_freed_gpu_memory, keep_freed_memory, GPU_POOL_SWITCH};
+pub use tuning::keep_freed_memory;
