@@ -41,6 +41,7 @@ KINDS = [
     ("fused softmax (workbook)", r"^softmax_rows|^softmax_backward_rows"),
     ("fused cross-entropy (workbook)", r"^cross_entropy|^mean$"),
     ("fused SiLU (workbook)", r"^silu_"),
+    ("AdamW (workbook)", r"^adamw_update"),
     ("copies and layout changes", r"copy|transpose|cast_"),
     ("reductions (sum, max, softmax)", r"fast_sum|fast_max|fast_min|sum_|max_|min_|softmax|argm|reduce"),
     ("index ops (gather, index_select, index_add)", r"gather|scatter|^is_|^ia_|index"),

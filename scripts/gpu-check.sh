@@ -22,7 +22,9 @@
 #                                f32, TF32 and bf16 autocast, and
 #                                the GPU time of a step by kernel (Nsight
 #                                Compute); writes $OUT/gpu-report.md (or
-#                                ./gpu-report.md).
+#                                ./gpu-report.md). `run REGEX` runs only the
+#                                steps whose heading matches REGEX (bash's
+#                                =~), for a rerun that must be short.
 #
 # The GPU machine needs the NVIDIA driver, python3 with PyTorch, CUDA's
 # libraries (cuBLAS, cuRAND, NVRTC, NCCL), as PyTorch's pip wheels bring, and
@@ -162,6 +164,9 @@ run() {
 section() {
     local heading=$1 status=0
     shift
+    if [ -n "$only" ] && ! [[ $heading =~ $only ]]; then
+        return
+    fi
     echo "== $heading"
     local log
     log=$(mktemp)
@@ -179,11 +184,12 @@ section() {
     } >>"$report"
 }
 
+only=${2:-}
 case "${1:-}" in
 build) build ;;
 run) run ;;
 *)
-    echo "usage: scripts/gpu-check.sh build|run (see the top of this file)" >&2
+    echo "usage: scripts/gpu-check.sh build | run [regex] (see the top of this file)" >&2
     exit 2
     ;;
 esac

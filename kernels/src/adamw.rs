@@ -35,7 +35,7 @@ pub struct AdamWStep {
 /// ```
 ///
 /// Returns the new parameter, `m` and `v`. One pass for contiguous f32
-/// tensors on the CPU; candle's composed ops elsewhere.
+/// tensors on the CPU or an NVIDIA GPU; candle's composed ops elsewhere.
 pub fn adamw_update(
     decayed: &Tensor,
     grad: &Tensor,
@@ -44,6 +44,21 @@ pub fn adamw_update(
     step: AdamWStep,
 ) -> Result<(Tensor, Tensor, Tensor)> {
     let inputs = [decayed, grad, exp_avg, exp_avg_sq];
+    #[cfg(feature = "cuda")]
+    if inputs.iter().all(|t| super::runs_fused(t) && t.device().is_cuda() && t.is_contiguous())
+        && inputs.iter().all(|t| t.shape() == decayed.shape())
+    {
+        let constants = super::cuda::AdamWConstants {
+            beta1: step.beta1 as f32,
+            beta2: step.beta2 as f32,
+            inv_correction1: (1.0 / step.correction1) as f32,
+            inv_correction2: (1.0 / step.correction2) as f32,
+            eps: step.eps as f32,
+            lr: step.lr as f32,
+        };
+        let [p, m, v] = super::cuda::adamw_update(inputs, &constants)?;
+        return Ok((p, m, v));
+    }
     if !in_one_pass(&inputs) {
         if inputs.iter().any(|t| t.shape() != decayed.shape()) {
             bail!("adamw_update: the parameter, its gradient and its moments must have one shape");

@@ -25,7 +25,8 @@ use candle_core::backend::{BackendDevice, BackendStorage};
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::cudarc::nvrtc;
 use candle_core::cuda_backend::{CudaDevice, CudaStorage, WrapErr};
-use candle_core::{bail, Layout, Result, Shape};
+use candle_core::op::BackpropOp;
+use candle_core::{bail, Layout, Result, Shape, Storage, Tensor};
 
 /// The environment variable that picks the GPU path: `fused` for these
 /// kernels, `composed` for candle's ops.
@@ -168,6 +169,23 @@ extern "C" __global__ void silu_backward(const float* x, const float* dy, float*
     for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
         float v = x[i], s = 1.0f / (1.0f + expf(-v));
         dx[i] = dy[i] * s * (1.0f + v * (1.0f - s));
+    }
+}
+
+// AdamW's update of one parameter: m and v from the gradient, then the
+// parameter (already decayed) from them; inv_c1 and inv_c2 are the bias
+// corrections' reciprocals, 1 / (1 - b1^t) and 1 / (1 - b2^t).
+extern "C" __global__ void adamw_update(const float* decayed, const float* g, const float* m, const float* v,
+                                        float* p_out, float* m_out, float* v_out, unsigned int n, float b1,
+                                        float b2, float inv_c1, float inv_c2, float eps, float lr) {
+    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
+        float grad = g[i];
+        float exp_avg = m[i] * b1 + grad * (1.0f - b1);
+        float exp_avg_sq = v[i] * b2 + grad * grad * (1.0f - b2);
+        float denom = sqrtf(exp_avg_sq * inv_c2) + eps;
+        p_out[i] = decayed[i] - lr * (exp_avg * inv_c1 / denom);
+        m_out[i] = exp_avg;
+        v_out[i] = exp_avg_sq;
     }
 }
 
@@ -401,4 +419,48 @@ pub fn copy_strided(storage: &CudaStorage, layout: &Layout, shape: Shape) -> Res
     let mut out = unsafe { device.alloc_uninit(&shape, storage.dtype())? };
     storage.copy_strided_src(&mut out, 0, layout)?;
     Ok((out, shape))
+}
+
+/// AdamW's constants at one step, as the kernel takes them: β₁, β₂, the
+/// reciprocals of the bias corrections 1 − β₁ᵗ and 1 − β₂ᵗ, ε and the
+/// learning rate.
+pub struct AdamWConstants {
+    pub beta1: f32,
+    pub beta2: f32,
+    pub inv_correction1: f32,
+    pub inv_correction2: f32,
+    pub eps: f32,
+    pub lr: f32,
+}
+
+/// AdamW's update of a parameter already decayed, from contiguous f32
+/// tensors of one shape on one GPU: the new parameter, `m` and `v`, in one
+/// pass instead of a dozen.
+pub fn adamw_update(tensors: [&Tensor; 4], c: &AdamWConstants) -> Result<[Tensor; 3]> {
+    let op = "adamw_update";
+    let guards = tensors.map(|t| t.storage_and_layout());
+    let mut views = Vec::with_capacity(4);
+    for (storage, layout) in &guards {
+        let Storage::Cuda(storage) = &**storage else { bail!("{op}: expected tensors on a GPU") };
+        views.push(view::<f32>(storage, layout, op)?);
+    }
+    let device = tensors[0].device().as_cuda_device()?;
+    let len = tensors[0].elem_count();
+    let (config, n) = elements_config(len)?;
+    let mut outputs = [output(device, len)?, output(device, len)?, output(device, len)?];
+    launch!(device, "adamw_update", config, |args| {
+        views.iter().for_each(|v| {
+            args.arg(v);
+        });
+        outputs.iter_mut().for_each(|out| {
+            args.arg(out);
+        });
+        args.arg(&n).arg(&c.beta1).arg(&c.beta2).arg(&c.inv_correction1).arg(&c.inv_correction2);
+        args.arg(&c.eps).arg(&c.lr);
+    })?;
+    let shape = tensors[0].shape();
+    Ok(outputs.map(|out| {
+        let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(out, device.clone()));
+        Tensor::from_storage(storage, shape.clone(), BackpropOp::none(), false)
+    }))
 }

@@ -68,30 +68,67 @@ pub fn scale(a: &Tensor, factor: f64) -> Result<Tensor> {
     Tensor::from_vec(scaled, a.shape(), a.device())
 }
 
-/// The sum of the squares of the elements of `t`: each chunk summed in f32,
-/// the chunks' sums in f64.
-pub fn sum_of_squares(t: &Tensor) -> Result<f64> {
-    if !in_one_pass(&[t]) {
-        return Ok(t.to_dtype(DType::F32)?.sqr()?.sum_all()?.to_scalar::<f32>()? as f64);
+/// The sum of the squares of the elements of all `tensors`, added in f64
+/// across tensors: on the CPU each chunk summed in f32, the chunks' sums in
+/// f64; elsewhere each tensor summed where it lives, in f32.
+pub fn sum_of_squares(tensors: &[&Tensor]) -> Result<f64> {
+    let (one_pass, elsewhere): (Vec<&Tensor>, Vec<&Tensor>) = tensors.iter().partition(|t| in_one_pass(&[t]));
+    let mut total = 0.0;
+    for t in one_pass {
+        total += with_f32s([t], "sum_of_squares", |[x]| {
+            per_chunk(x.len(), |r| dot(&x[r.clone()], &x[r]) as f64).iter().sum::<f64>()
+        })?;
     }
-    with_f32s([t], "sum_of_squares", |[x]| per_chunk(x.len(), |r| dot(&x[r.clone()], &x[r]) as f64).iter().sum())
+    Ok(total + sums_read_back(&elsewhere, Tensor::sqr)?.iter().sum::<f64>())
 }
 
-/// Whether no element of `t` is an inf or a NaN.
-pub fn all_finite(t: &Tensor) -> Result<bool> {
-    if !in_one_pass(&[t]) {
-        let sum = t.to_dtype(DType::F32)?.abs()?.sum_all()?.to_scalar::<f32>()?;
-        // An inf or a NaN makes the sum of magnitudes one too, so a finite sum
-        // settles it; finite elements can still overflow it, so the elements
-        // decide the rest.
-        if sum.is_finite() {
-            return Ok(true);
-        }
-        return Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?.iter().all(|v| v.is_finite()));
-    }
+/// Whether no element of any of `tensors` is an inf or a NaN.
+pub fn all_finite(tensors: &[&Tensor]) -> Result<bool> {
+    let (one_pass, elsewhere): (Vec<&Tensor>, Vec<&Tensor>) = tensors.iter().partition(|t| in_one_pass(&[t]));
     // A chunk's elements are checked 16 at a time without branching, so the check vectorizes.
     let finite = |x: &[f32]| x.chunks(16).all(|lanes| lanes.iter().fold(true, |ok, v| ok & v.is_finite()));
-    with_f32s([t], "all_finite", |[x]| per_chunk(x.len(), |r| finite(&x[r])).into_iter().all(|ok| ok))
+    for t in one_pass {
+        if !with_f32s([t], "all_finite", |[x]| per_chunk(x.len(), |r| finite(&x[r])).into_iter().all(|ok| ok))? {
+            return Ok(false);
+        }
+    }
+    // An inf or a NaN makes the sum of magnitudes one too, so a finite sum
+    // settles it; finite elements can still overflow it, so the elements
+    // decide the rest.
+    for (t, sum) in elsewhere.iter().zip(sums_read_back(&elsewhere, Tensor::abs)?) {
+        if !sum.is_finite() && !t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?.iter().all(|v| v.is_finite()) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Σ f(t) over each tensor's elements, in f32, reduced where the tensor
+/// lives and read back once per device rather than once per tensor: on a GPU
+/// each read-back waits for every kernel queued before it.
+fn sums_read_back(tensors: &[&Tensor], f: impl Fn(&Tensor) -> Result<Tensor>) -> Result<Vec<f64>> {
+    let sums = tensors.iter().map(|t| sum_by_rows(&f(&t.to_dtype(DType::F32)?)?)).collect::<Result<Vec<_>>>()?;
+    let mut values = Vec::with_capacity(sums.len());
+    for group in sums.chunk_by(|a, b| a.device().same_device(b.device())) {
+        values.extend(Tensor::stack(group, 0)?.to_vec1::<f32>()?.into_iter().map(f64::from));
+    }
+    Ok(values)
+}
+
+/// The sum of `v`'s elements, rows of [`ROW`] first: on a GPU candle sums a
+/// whole tensor in one thread block, but each row in a block of its own.
+fn sum_by_rows(v: &Tensor) -> Result<Tensor> {
+    const ROW: usize = 1024;
+    let flat = v.flatten_all()?;
+    let (n, rows) = (flat.elem_count(), flat.elem_count() / ROW);
+    if rows == 0 {
+        return flat.sum_all();
+    }
+    let whole_rows = flat.narrow(0, 0, rows * ROW)?.reshape((rows, ROW))?.sum(1)?.sum_all()?;
+    if n == rows * ROW {
+        return Ok(whole_rows);
+    }
+    whole_rows + flat.narrow(0, rows * ROW, n - rows * ROW)?.sum_all()?
 }
 
 /// Whether `tensors` take the one-pass path: contiguous f32 on the CPU, of one shape.

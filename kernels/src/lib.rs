@@ -12,9 +12,10 @@
 //! an NVIDIA GPU, `softmax`, `scaled_masked_softmax`, `cross_entropy` and
 //! `silu` have CUDA kernels of the same shape (f32), and `linear`,
 //! `split_heads`, `merge_heads` and `scale_channels` are one node there too,
-//! through cuBLAS and strided copies (`cuda`; `WORKBOOK_CUDA_KERNELS=composed`
-//! turns all of it off); `adamw_update` and every other device fall back to
-//! candle's composed ops.
+//! through cuBLAS and strided copies, `adamw_update` is one kernel, and
+//! `sum_of_squares` and `all_finite` read a whole list of tensors back at
+//! once (`cuda`; `WORKBOOK_CUDA_KERNELS=composed` turns the kernels off);
+//! every other device falls back to candle's composed ops.
 //! `scaled_masked_softmax` also folds attention's scaling and causal mask into
 //! the softmax's pass.
 //! `linear` makes a linear layer one node of the graph instead of three, and

@@ -7,7 +7,7 @@ the results against float64 NumPy: the attention softmax with its causal mask
 and scale, the plain softmax at widths a block's threads do and do not
 divide, a row with nothing allowed (NaN, as the CPU kernels give), the
 softmax's backward, the mean cross-entropy and its gradient at GPT-2's
-vocabulary, and SiLU with its gradient. It checks the kernels' arithmetic, not the Rust code that
+vocabulary, SiLU with its gradient, and AdamW's update. It checks the kernels' arithmetic, not the Rust code that
 launches them, nor a GPU: that is scripts/gpu-check.sh's job.
 
     python3 scripts/cuda-on-cpu/check.py       # needs g++ with C++20 and numpy
@@ -126,6 +126,21 @@ def check_silu(driver, folder, rng, n, blocks):
     compare(f"SiLU, {n} elements on {blocks * 256} threads, backward", read(folder, "dx", (n,)), dy * s * (1 + v * (1 - s)))
 
 
+def check_adamw(driver, folder, rng, n, blocks):
+    decayed, g, m = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
+    v = np.abs(rng.standard_normal(n)).astype(np.float32)
+    b1, b2, eps, lr, t = 0.9, 0.95, 1e-8, 6e-4, 3
+    inv_c1, inv_c2 = 1 / (1 - b1**t), 1 / (1 - b2**t)
+    run(driver, folder, {"decayed": decayed, "g": g, "m": m, "v": v}, "adamw", n, blocks, b1, b2, inv_c1, inv_c2, eps, lr)
+    g64 = g.astype(np.float64)
+    m_new = b1 * m + (1 - b1) * g64
+    v_new = b2 * v + (1 - b2) * g64**2
+    p_new = decayed - lr * (m_new * inv_c1) / (np.sqrt(v_new * inv_c2) + eps)
+    for name, want in (("m", m_new), ("v", v_new), ("parameter", p_new)):
+        got = read(folder, {"m": "m_out", "v": "v_out", "parameter": "p"}[name], (n,))
+        compare(f"AdamW, {n} elements on {blocks * 256} threads, {name}", got, want)
+
+
 def main():
     rng = np.random.default_rng(7)
     with tempfile.TemporaryDirectory() as name:
@@ -138,6 +153,7 @@ def main():
         check_cross_entropy(driver, folder, rng, 19, 50_257)
         check_cross_entropy(driver, folder, rng, 5, 37)
         check_silu(driver, folder, rng, 5_000, 3)
+        check_adamw(driver, folder, rng, 3_000, 2)
     if failures:
         sys.exit(f"{len(failures)} check(s) failed: {', '.join(failures)}")
 

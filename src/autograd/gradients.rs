@@ -73,12 +73,7 @@ impl Gradients {
 
     /// Whether no gradient holds an inf or a NaN.
     pub fn all_finite(&self) -> Result<bool> {
-        for grad in self.by_name.values() {
-            if !kernels::all_finite(grad)? {
-                return Ok(false);
-            }
-        }
-        Ok(true)
+        kernels::all_finite(&self.by_name.values().collect::<Vec<_>>())
     }
 
     /// The L2 norm of all gradients taken together, computed in f32.
@@ -118,9 +113,9 @@ fn as_f32_gradient(var: &Var, grad: Option<Tensor>) -> Result<Tensor> {
 }
 
 /// The sum of the squares of every element of `grads` (f32 tensors), added
-/// in f64 across tensors ([`kernels::sum_of_squares`] within one).
+/// in f64 across tensors ([`kernels::sum_of_squares`]).
 pub fn sum_of_squares<'a>(grads: impl IntoIterator<Item = &'a Tensor>) -> Result<f64> {
-    grads.into_iter().map(kernels::sum_of_squares).sum()
+    kernels::sum_of_squares(&grads.into_iter().collect::<Vec<_>>())
 }
 
 /// What gradients of global norm `norm` are multiplied by to clip them to

@@ -229,6 +229,39 @@ fn the_one_node_linear_heads_silu_and_channel_scale_on_the_gpu_match_candles_ops
     }
 }
 
+#[test]
+fn the_optimizers_passes_on_the_gpu_match_the_cpus() {
+    let Some(device) = gpu() else { return };
+    let gpu = |t: &Tensor| t.to_device(&device).unwrap();
+    let n = 3 * 1024 + 77; // whole rows of the GPU's sums and a remainder
+    let (decayed, grad, m) = (randn(&[n], 1.0), randn_other(&[n]), randn(&[n, 1], 0.1).flatten_all().unwrap());
+    let v = randn_other(&[n, 1]).flatten_all().unwrap().abs().unwrap();
+    let step =
+        kernels::AdamWStep { lr: 6e-4, beta1: 0.9, beta2: 0.95, eps: 1e-8, correction1: 0.271, correction2: 0.142 };
+    let (p, m_new, v_new) = kernels::adamw_update(&decayed, &grad, &m, &v, step).unwrap();
+    let (gp, gm, gv) = kernels::adamw_update(&gpu(&decayed), &gpu(&grad), &gpu(&m), &gpu(&v), step).unwrap();
+    for (what, got, want) in labelled(["the parameter", "m", "v"], [gp, gm, gv], [p, m_new, v_new]) {
+        assert!(got.device().is_cuda(), "kernels::adamw_update left the GPU for {what}");
+        expect_close(&on_cpu(&got), &want, F32, &format!("kernels::adamw_update's {what} on the GPU"), &[]);
+    }
+
+    let tensors = [randn(&[n], 1.0), randn(&[40, 768], 0.5), randn(&[7], 2.0)];
+    let want = kernels::sum_of_squares(&tensors.iter().collect::<Vec<_>>()).unwrap();
+    let on_gpu: Vec<Tensor> = tensors.iter().map(gpu).collect();
+    let got = kernels::sum_of_squares(&on_gpu.iter().collect::<Vec<_>>()).unwrap();
+    assert!((got - want).abs() <= 1e-5 * want, "kernels::sum_of_squares on the GPU is {got}, on the CPU {want}");
+    assert!(
+        kernels::all_finite(&on_gpu.iter().collect::<Vec<_>>()).unwrap(),
+        "all_finite on the GPU found a non-finite value"
+    );
+    let with_nan = gpu(&Tensor::from_vec(vec![1f32, f32::NAN, 2.0], 3, &Device::Cpu).unwrap());
+    let listed = [&on_gpu[0], &with_nan, &on_gpu[1]];
+    assert!(
+        !kernels::all_finite(&listed).unwrap(),
+        "all_finite on the GPU missed a NaN in the second of three tensors"
+    );
+}
+
 /// Each name with the results it labels, the GPU's and the CPU's.
 fn labelled<const N: usize>(
     names: [&str; N],

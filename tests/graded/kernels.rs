@@ -375,11 +375,14 @@ fn sum_of_squares_and_all_finite_over_chunks_of_work() {
     let n = 7 * 28_090; // more than 3 chunks of 2^16
     let x = randn(&[n], 1.0);
     let exact: f64 = x.to_vec1::<f32>().unwrap().iter().map(|&v| v as f64 * v as f64).sum();
-    let ours = kernels::sum_of_squares(&x).unwrap();
+    let ours = kernels::sum_of_squares(&[&x]).unwrap();
     assert!((ours - exact).abs() < 1e-5 * exact, "sum of squares {ours}, the f64 sum is {exact}");
-    assert_eq!(ours.to_bits(), kernels::sum_of_squares(&x).unwrap().to_bits(), "the same input gave another sum");
+    assert_eq!(ours.to_bits(), kernels::sum_of_squares(&[&x]).unwrap().to_bits(), "the same input gave another sum");
+    // A strided tensor is summed by rows of 1,024 and a remainder, as on a GPU.
     let strided = x.reshape((n / 7, 7)).unwrap().t().unwrap();
-    assert!((kernels::sum_of_squares(&strided).unwrap() - exact).abs() < 1e-4 * exact);
+    assert!((kernels::sum_of_squares(&[&strided]).unwrap() - exact).abs() < 1e-4 * exact);
+    let both = kernels::sum_of_squares(&[&x, &strided, &x]).unwrap();
+    assert!((both - 3.0 * exact).abs() < 3e-4 * exact, "three tensors' sum of squares {both}, want {}", 3.0 * exact);
     let with = |at: usize, value: f32| {
         let mut values = vec![1e30f32; n];
         values[at] = value;
@@ -387,9 +390,12 @@ fn sum_of_squares_and_all_finite_over_chunks_of_work() {
     };
     for (t, name) in [(with(n - 3, 2.0), "finite"), (with(n - 3, f32::NAN), "NaN"), (with(5, f32::INFINITY), "inf")] {
         let finite = name == "finite";
-        assert_eq!(kernels::all_finite(&t).unwrap(), finite, "all_finite of a tensor with an {name} element");
+        assert_eq!(kernels::all_finite(&[&t]).unwrap(), finite, "all_finite of a tensor with an {name} element");
         let strided = t.t().unwrap();
-        assert_eq!(kernels::all_finite(&strided).unwrap(), finite, "all_finite of a strided tensor ({name})");
+        assert_eq!(kernels::all_finite(&[&strided]).unwrap(), finite, "all_finite of a strided tensor ({name})");
+        let clean = Tensor::ones(7, DType::F32, &Device::Cpu).unwrap();
+        let listed = kernels::all_finite(&[&clean, &strided, &clean]).unwrap();
+        assert_eq!(listed, finite, "all_finite of three tensors, the middle one strided ({name})");
     }
 }
 
