@@ -42,10 +42,11 @@
 //! backward rebuilds one block at a time: that block is reported apart, as
 //! `recompute`.
 //!
-//! Counted for the CPU, where the workbook's fused kernels run. On a GPU they
-//! fall back to candle's composed ops, which keep more (seven (B, H, T, T)
-//! tensors for the masked softmax instead of two): read the activations there
-//! as a floor. Not counted anywhere, though peak resident memory includes
+//! Counted for the workbook's fused kernels, which run on the CPU and, in f32,
+//! on a GPU. In other dtypes on a GPU, or with `WORKBOOK_CUDA_KERNELS=composed`,
+//! candle's composed ops run instead and keep more (seven (B, H, T, T) tensors
+//! for the masked softmax instead of two): read the activations there as a
+//! floor. Not counted anywhere, though peak resident memory includes
 //! them: the temporaries of backward (activation gradients; each parameter's
 //! gradient, padded to its FSDP unit's flat length before it reaches the
 //! gradient buffer) and of the optimizer step (a new tensor per AdamW
