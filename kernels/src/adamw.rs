@@ -45,18 +45,13 @@ pub fn adamw_update(
 ) -> Result<(Tensor, Tensor, Tensor)> {
     let inputs = [decayed, grad, exp_avg, exp_avg_sq];
     #[cfg(feature = "cuda")]
-    if inputs.iter().all(|t| super::runs_fused(t) && t.device().is_cuda() && t.is_contiguous())
-        && inputs.iter().all(|t| t.shape() == decayed.shape())
-    {
-        let constants = super::cuda::AdamWConstants {
-            beta1: step.beta1 as f32,
-            beta2: step.beta2 as f32,
-            inv_correction1: (1.0 / step.correction1) as f32,
-            inv_correction2: (1.0 / step.correction2) as f32,
-            eps: step.eps as f32,
-            lr: step.lr as f32,
-        };
-        let [p, m, v] = super::cuda::adamw_update(inputs, &constants)?;
+    if inputs.iter().all(|t| {
+        super::on_gpu_path(t)
+            && t.dtype() == candle_core::DType::F32
+            && t.is_contiguous()
+            && t.shape() == decayed.shape()
+    }) {
+        let [p, m, v] = super::cuda::adamw_update(inputs, &step)?;
         return Ok((p, m, v));
     }
     if !in_one_pass(&inputs) {

@@ -28,8 +28,10 @@ use candle_core::cuda_backend::{CudaDevice, CudaStorage, WrapErr};
 use candle_core::op::BackpropOp;
 use candle_core::{bail, Layout, Result, Shape, Storage, Tensor};
 
-/// The environment variable that picks the GPU path: `fused` for these
-/// kernels, `composed` for candle's ops.
+use super::AdamWStep;
+
+/// The environment variable that picks the GPU path: `composed` for candle's
+/// ops; unset or anything else for the workbook's.
 pub const SWITCH: &str = "WORKBOOK_CUDA_KERNELS";
 
 /// Whether the workbook's ops run on a GPU (the default), or candle's
@@ -42,8 +44,9 @@ pub fn fused_enabled() -> bool {
 
 const MODULE: &str = "workbook-fused";
 
-/// Each kernel owns one row per thread block, of any block size that is a
-/// multiple of 32. Masked positions are -inf before the softmax, so a row
+/// The softmax and cross-entropy kernels give each row a thread block, of any
+/// size that is a multiple of 32; SiLU and AdamW are elementwise, with a
+/// grid-stride loop. Masked positions are -inf before the softmax, so a row
 /// with nothing allowed gives NaN, as the composed ops do.
 const SOURCE: &str = r#"
 #define NEG_INF __int_as_float(0xff800000)
@@ -219,15 +222,22 @@ fn rows_config(rows: usize, width: usize, most: usize) -> Result<LaunchConfig> {
     Ok(LaunchConfig { grid_dim: (rows, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 })
 }
 
+/// Where a contiguous tensor's elements start and end in its storage; an
+/// error for any other layout, which no kernel or copy here reads.
+pub fn contiguous_range(layout: &Layout, op: &str) -> Result<(usize, usize)> {
+    match layout.contiguous_offsets() {
+        Some(range) => Ok(range),
+        None => bail!("{op}: the input must be contiguous (call .contiguous() first)"),
+    }
+}
+
 /// A contiguous tensor's elements, as a view of its device memory.
 fn view<'a, T: candle_core::cuda_backend::CudaDType>(
     storage: &'a CudaStorage,
     layout: &Layout,
     op: &str,
 ) -> Result<CudaView<'a, T>> {
-    let Some((start, end)) = layout.contiguous_offsets() else {
-        bail!("{op}: the input must be contiguous (call .contiguous() first)");
-    };
+    let (start, end) = contiguous_range(layout, op)?;
     Ok(storage.as_cuda_slice::<T>()?.slice(start..end))
 }
 
@@ -397,9 +407,7 @@ pub struct Matrix<'a> {
 
 impl Matrix<'_> {
     fn layout(&self, (rows, cols): (usize, usize), op: &str) -> Result<Layout> {
-        let Some((start, _)) = self.layout.contiguous_offsets() else {
-            bail!("{op}: the input must be contiguous (call .contiguous() first)");
-        };
+        let (start, _) = contiguous_range(self.layout, op)?;
         let strides = if self.transposed { vec![1, rows] } else { vec![cols, 1] };
         Ok(Layout::new(Shape::from((rows, cols)), strides, start))
     }
@@ -421,22 +429,10 @@ pub fn copy_strided(storage: &CudaStorage, layout: &Layout, shape: Shape) -> Res
     Ok((out, shape))
 }
 
-/// AdamW's constants at one step, as the kernel takes them: β₁, β₂, the
-/// reciprocals of the bias corrections 1 − β₁ᵗ and 1 − β₂ᵗ, ε and the
-/// learning rate.
-pub struct AdamWConstants {
-    pub beta1: f32,
-    pub beta2: f32,
-    pub inv_correction1: f32,
-    pub inv_correction2: f32,
-    pub eps: f32,
-    pub lr: f32,
-}
-
 /// AdamW's update of a parameter already decayed, from contiguous f32
 /// tensors of one shape on one GPU: the new parameter, `m` and `v`, in one
 /// pass instead of a dozen.
-pub fn adamw_update(tensors: [&Tensor; 4], c: &AdamWConstants) -> Result<[Tensor; 3]> {
+pub fn adamw_update(tensors: [&Tensor; 4], step: &AdamWStep) -> Result<[Tensor; 3]> {
     let op = "adamw_update";
     let guards = tensors.map(|t| t.storage_and_layout());
     let mut views = Vec::with_capacity(4);
@@ -448,6 +444,10 @@ pub fn adamw_update(tensors: [&Tensor; 4], c: &AdamWConstants) -> Result<[Tensor
     let len = tensors[0].elem_count();
     let (config, n) = elements_config(len)?;
     let mut outputs = [output(device, len)?, output(device, len)?, output(device, len)?];
+    // The kernel's constants, as the CPU's update_one rounds them to f32.
+    let (beta1, beta2) = (step.beta1 as f32, step.beta2 as f32);
+    let (inv_correction1, inv_correction2) = ((1.0 / step.correction1) as f32, (1.0 / step.correction2) as f32);
+    let (eps, lr) = (step.eps as f32, step.lr as f32);
     launch!(device, "adamw_update", config, |args| {
         views.iter().for_each(|v| {
             args.arg(v);
@@ -455,8 +455,7 @@ pub fn adamw_update(tensors: [&Tensor; 4], c: &AdamWConstants) -> Result<[Tensor
         outputs.iter_mut().for_each(|out| {
             args.arg(out);
         });
-        args.arg(&n).arg(&c.beta1).arg(&c.beta2).arg(&c.inv_correction1).arg(&c.inv_correction2);
-        args.arg(&c.eps).arg(&c.lr);
+        args.arg(&n).arg(&beta1).arg(&beta2).arg(&inv_correction1).arg(&inv_correction2).arg(&eps).arg(&lr);
     })?;
     let shape = tensors[0].shape();
     Ok(outputs.map(|out| {

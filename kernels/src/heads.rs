@@ -86,9 +86,7 @@ impl CustomOp1 for SwapMiddle {
     #[cfg(feature = "cuda")]
     fn cuda_fwd(&self, storage: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
         self.check(layout)?;
-        let Some((start, _)) = layout.contiguous_offsets() else {
-            bail!("{}: the input must be contiguous", self.name());
-        };
+        let (start, _) = super::cuda::contiguous_range(layout, self.name())?;
         let batch = self.out.elem_count() / (self.rows * self.cols * self.width).max(1);
         let source =
             Layout::contiguous_with_offset((batch, self.rows, self.cols, self.width), start).transpose(1, 2)?;

@@ -59,9 +59,7 @@ impl CustomOp1 for BroadcastRows {
     /// One strided copy that reads the vector `rows` times.
     #[cfg(feature = "cuda")]
     fn cuda_fwd(&self, storage: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
-        let Some((start, _)) = layout.contiguous_offsets() else {
-            bail!("{}: the input must be contiguous", self.name());
-        };
+        let (start, _) = super::cuda::contiguous_range(layout, self.name())?;
         let shape = Shape::from((self.rows, layout.shape().elem_count()));
         let source = Layout::contiguous_with_offset(layout.shape().elem_count(), start).broadcast_as(shape.clone())?;
         super::cuda::copy_strided(storage, &source, shape)
