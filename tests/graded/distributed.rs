@@ -260,6 +260,26 @@ fn mismatched_collectives_are_an_error_on_every_rank() {
     }
 }
 
+/// Three ranks each receive from the next before sending: none can ever
+/// send, which is found at once, not after the timeout.
+#[test]
+fn ranks_that_wait_for_each_other_in_recv_are_an_error_at_once() {
+    let started = std::time::Instant::now();
+    let errors = on_ranks(3, |pg| {
+        let t = Tensor::zeros(2, DType::F32, &Device::Cpu)?;
+        let next = (pg.rank() + 1) % 3;
+        let err = pg.recv(&t, next).unwrap_err().to_string();
+        Ok(err)
+    });
+    for err in &errors {
+        assert!(err.contains("the ranks wait for each other in a cycle"), "{err}");
+        for rank in 0..3 {
+            assert!(err.contains(&format!("rank {rank} waits in recv(src {})", (rank + 1) % 3)), "{err}");
+        }
+    }
+    assert!(started.elapsed() < std::time::Duration::from_secs(5), "found after {:?}", started.elapsed());
+}
+
 #[test]
 fn mismatched_shapes_are_an_error_on_every_rank() {
     let errors = on_ranks(2, |pg| {

@@ -38,9 +38,35 @@ struct State {
     /// Point-to-point tensors sent and not yet received, by (src, dst), in
     /// the order they were sent.
     mailboxes: HashMap<(usize, usize), VecDeque<Tensor>>,
+    /// The rank each rank waits in a recv from, while it does.
+    receiving: Vec<Option<usize>>,
     /// The subgroups split off this group, by split number and colour: an
     /// abort or a finished rank here is passed on to them.
     subgroups: HashMap<(u64, usize), Subgroup>,
+}
+
+impl State {
+    /// The ranks from `dst` on, each with the rank it waits in a recv from,
+    /// when that chain comes back to `dst` with no tensor waiting anywhere
+    /// along it: then no rank on it can ever reach its send.
+    fn receive_cycle(&self, dst: usize) -> Option<Vec<(usize, usize)>> {
+        let mut chain = vec![];
+        let mut at = dst;
+        loop {
+            let from = self.receiving[at]?;
+            if self.mailboxes.get(&(from, at)).is_some_and(|queue| !queue.is_empty()) || self.busy[from].is_some() {
+                return None;
+            }
+            chain.push((at, from));
+            if from == dst {
+                return Some(chain);
+            }
+            if chain.iter().any(|&(r, _)| r == from) {
+                return None; // a cycle that does not pass through `dst`: its own ranks report it
+            }
+            at = from;
+        }
+    }
 }
 
 struct Subgroup {
@@ -72,6 +98,7 @@ impl Rendezvous {
             finished: vec![false; world_size],
             busy: vec![None; world_size],
             mailboxes: HashMap::new(),
+            receiving: vec![None; world_size],
             subgroups: HashMap::new(),
         };
         Self { world_size, timeout, state: Mutex::new(state), changed: Condvar::new() }
@@ -121,8 +148,10 @@ impl Rendezvous {
     pub(super) fn collect(&self, src: usize, dst: usize) -> Result<Tensor> {
         let mut deadline = Instant::now() + self.timeout;
         let mut state = self.lock();
+        state.receiving[dst] = Some(src);
         loop {
             if let Some(t) = state.mailboxes.get_mut(&(src, dst)).and_then(VecDeque::pop_front) {
+                state.receiving[dst] = None;
                 return Ok(t);
             }
             if let Some(reason) = &state.aborted {
@@ -131,6 +160,16 @@ impl Rendezvous {
             if state.finished[src] {
                 let reason =
                     format!("rank {src} finished without sending the tensor rank {dst} waits for in recv(src {src})");
+                return Err(self.fail(&mut state, reason));
+            }
+            if let Some(cycle) = state.receive_cycle(dst) {
+                let waits: Vec<String> =
+                    cycle.iter().map(|&(r, from)| format!("rank {r} waits in recv(src {from})")).collect();
+                let reason = format!(
+                    "recv(src {src}) on rank {dst} can never complete: {}, and none of them has been sent anything: \
+                     the ranks wait for each other in a cycle, so none reaches the send another waits for",
+                    waits.join(", ")
+                );
                 return Err(self.fail(&mut state, reason));
             }
             state = match self.wait_until(state, deadline) {
