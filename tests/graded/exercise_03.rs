@@ -3,7 +3,7 @@
 use candle_core::Tensor;
 use workbook::apply_rotary_pos_emb;
 
-use crate::support::{expect_close, fixture, grad, mistake, ok, surrogate, var, Fixture, F32};
+use crate::support::{expect_close, expect_same, fixture, grad, mistake, ok, surrogate, var, Fixture, F32};
 
 fn rotated(f: &Fixture, q: &Tensor, k: &Tensor) -> (Tensor, Tensor) {
     ok(apply_rotary_pos_emb(q, k, &f.get("cos"), &f.get("sin")), "apply_rotary_pos_emb(q, k, cos, sin)")
@@ -58,16 +58,13 @@ fn scores_depend_only_on_relative_position() {
         for n in 1..t {
             let here = scores.narrow(2, m, 1).unwrap().narrow(3, n, 1).unwrap();
             let back = scores.narrow(2, m - 1, 1).unwrap().narrow(3, n - 1, 1).unwrap();
-            expect_close(
+            expect_same(
                 &here,
                 &back,
+                &format!("score(q at {}, k at {})", m - 1, n - 1),
                 F32,
-                &format!(
-                    "score(q at {m}, k at {n}) against score(q at {}, k at {}): RoPE makes them equal",
-                    m - 1,
-                    n - 1
-                ),
-                &[],
+                &format!("score(q at {m}, k at {n}), which RoPE makes equal to one position back for both"),
+                None,
             );
         }
     }

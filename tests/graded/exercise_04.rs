@@ -31,7 +31,7 @@ fn keeps_batch_and_sequence_and_returns_model_width() {
     let x = f.get("x").narrow(1, 0, 3).unwrap(); // (2, 3, 8)
     let out = ok(m.forward(&x), "Mlp::forward(x)");
     let want = f.get("out").narrow(1, 0, 3).unwrap();
-    expect_close(&out, &want, F32, "Mlp::forward on (2, 3, 8): every position is transformed on its own", &[]);
+    expect_close(&out, &want, F32, "Mlp::forward on (2, 3, 8), the first 3 positions of the fixture's x", &[]);
 }
 
 #[test]

@@ -7,13 +7,14 @@ use workbook::{init_params, GptConfig, ParamStore};
 
 use crate::support::{mistake, ok, value_failure};
 
-/// Four layers with biases; 256×256 projections hold 65,536 draws each.
+/// Five layers with biases, and eight heads, so that a depth scaling by the
+/// wrong count is caught; 256×256 projections hold 65,536 draws each.
 fn config() -> GptConfig {
     GptConfig {
         vocab_size: 512,
         hidden_size: 256,
-        num_layers: 4,
-        num_heads: 4,
+        num_layers: 5,
+        num_heads: 8,
         num_kv_heads: None,
         intermediate_size: 512,
         max_seq_len: 16,

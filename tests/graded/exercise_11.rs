@@ -226,13 +226,37 @@ fn refuses_a_checkpoint_of_another_model() {
 #[test]
 fn refuses_a_checkpoint_of_a_model_with_the_same_shapes() {
     let f = fixture(10);
-    let dir = scratch_dir("ex11-same-shapes").join("step_000000");
-    ok(trainer(&f, Ddp::single()).save_checkpoint(&dir, None), "save_checkpoint");
+    let dir = scratch_dir("ex11-same-shapes").join("step_000001");
+    ok(trained_for(&f, 1).save_checkpoint(&dir, None), "save_checkpoint");
     let other_eps = GptConfig { norm_eps: 3e-5, ..model_config(&f) };
     let mut other = trainer_of(&f, &other_eps);
+    // Moments and a step of its own, which the checkpoint's would overwrite.
+    train(&mut other, &f, 0);
+    let before = state_of(&other);
     assert!(
         other.load_checkpoint(&dir).is_err(),
         "a checkpoint of a model with norm_eps 1e-5 loaded into one with 3e-5, the same shapes: {}",
         mistake(11, "no_fit_check")
     );
+    let after = state_of(&other);
+    if let Some(((what, _), _)) = before.iter().zip(&after).find(|((_, a), (_, b))| !bit_equal(a, b)) {
+        panic!(
+            "load_checkpoint refused the checkpoint, but had already changed the trainer: its {what} is not \
+             as before the call. A refused checkpoint must leave the trainer as it was"
+        );
+    }
+    assert!(
+        other.step == 1 && other.optimizer.steps() == 1,
+        "load_checkpoint refused the checkpoint, but had already changed the trainer: step {} and AdamW's count {} \
+         after one step. A refused checkpoint must leave the trainer as it was",
+        other.step,
+        other.optimizer.steps()
+    );
+}
+
+/// Every tensor of a trainer's state, by what it is: parameters and AdamW's moments.
+fn state_of(t: &Trainer) -> Vec<(String, Tensor)> {
+    let params = t.params.iter().map(|(name, var)| (format!("parameter `{name}`"), var.as_tensor().clone()));
+    let moments = t.optimizer.state_tensors().into_iter().map(|(name, m)| (format!("optimizer state `{name}`"), m));
+    params.chain(moments).collect()
 }

@@ -19,17 +19,19 @@ pub fn expected(strategy: ShardingStrategy) -> ShardingPlan {
     ShardingPlan { params, grads, optimizer_state, replicate_across_nodes }
 }
 
-/// The mistake `got` shows for `strategy`, if it is a known one.
+/// The mistake `got` shows for `strategy`, if it is exactly that mistake's
+/// plan: the right plan with the one field the mistake gets wrong.
 fn diagnose(strategy: ShardingStrategy, got: &ShardingPlan) -> Option<&'static str> {
     use ShardingStrategy::*;
-    let id = match strategy {
-        ShardGradOp if got.params => "shard_grad_op_shards_params",
-        NoShard if got.optimizer_state => "no_shard_shards_optimizer",
-        FullShard | HybridShard if !got.grads => "full_shard_whole_grads",
-        HybridShard if !got.replicate_across_nodes => "hybrid_not_replicated",
-        _ => return None,
+    let want = expected(strategy);
+    let (id, mistaken) = match strategy {
+        ShardGradOp => ("shard_grad_op_shards_params", ShardingPlan { params: true, ..want }),
+        NoShard => ("no_shard_shards_optimizer", ShardingPlan { optimizer_state: true, ..want }),
+        FullShard => ("full_shard_whole_grads", ShardingPlan { grads: false, ..want }),
+        HybridShard if got.grads => ("hybrid_not_replicated", ShardingPlan { replicate_across_nodes: false, ..want }),
+        HybridShard => ("full_shard_whole_grads", ShardingPlan { grads: false, ..want }),
     };
-    Some(mistake(12, id))
+    (*got == mistaken).then(|| mistake(12, id))
 }
 
 /// The fields in which two plans differ.

@@ -34,18 +34,19 @@ fn read(dir: &Path) -> Checkpoint {
     ok(Checkpoint::read(dir), "reading the checkpoint")
 }
 
-#[test]
-fn a_one_rank_checkpoint_equals_the_single_process_one() {
-    let dir = scratch_dir("ex15-one-rank");
+/// After 2 steps, and before the first, when AdamW has no moments yet.
+#[rstest]
+fn a_one_rank_checkpoint_equals_the_single_process_one(#[values(0, 2)] steps: usize) {
+    let dir = scratch_dir(&format!("ex15-one-rank-{steps}"));
     ok(
         spawn(1, |pg| {
-            save(&trained(pg, FULL, 2), &dir);
+            save(&trained(pg, FULL, steps), &dir);
             Ok(())
         }),
         "one FSDP rank",
     );
     let checkpoint = read(&dir);
-    let single = single_process_trainer(2, 1.0);
+    let single = single_process_trainer(steps, 1.0);
     for (name, var) in single.params.iter() {
         let want = var.as_tensor();
         let Some(got) = checkpoint.params.get(name) else {
@@ -63,11 +64,19 @@ fn a_one_rank_checkpoint_equals_the_single_process_one() {
     }
     let saved_steps = checkpoint.state.optimizer_steps;
     assert!(
-        saved_steps == 2,
-        "the checkpoint records {saved_steps} optimizer steps, the run took 2 (self.trainer_state(data) records them): {}",
+        saved_steps == steps as u64,
+        "the checkpoint records {saved_steps} optimizer steps, the run took {steps} (self.trainer_state(data) \
+         records them): {}",
         mistake(15, "optimizer_not_saved")
     );
-    for (key, want) in &single.optimizer.state_tensors() {
+    let single_state = single.optimizer.state_tensors();
+    if let Some(key) = checkpoint.optimizer.keys().find(|key| !single_state.contains_key(*key)) {
+        panic!(
+            "the checkpoint holds optimizer state `{key}`, which one process's checkpoint after {steps} steps does \
+             not (before the first step AdamW has no moments)"
+        );
+    }
+    for (key, want) in &single_state {
         let Some(got) = checkpoint.optimizer.get(key) else {
             panic!(
                 "the checkpoint has no optimizer state `{key}` (exp_avg.<name> and exp_avg_sq.<name> of every parameter): {}",
@@ -159,6 +168,59 @@ fn only_rank_zero_writes() {
     );
     assert!(root.join("rank0").exists(), "rank 0 wrote no checkpoint");
     assert!(!root.join("rank1").exists(), "rank 1 wrote a checkpoint: {}", mistake(15, "every_rank_writes"));
+}
+
+/// No rank returns from saving before the file is complete.
+#[test]
+fn every_rank_meets_one_barrier_when_saving() {
+    let root = scratch_dir("ex15-barrier");
+    let barriers = ok(
+        spawn(2, |pg| {
+            let trainer = trained(pg, FULL, 1);
+            let before = trainer.process_group().stats().calls(Collective::Barrier);
+            trainer.save_checkpoint(&root.join("step_000001"), None)?;
+            Ok(trainer.process_group().stats().calls(Collective::Barrier) - before)
+        }),
+        "two ranks saving",
+    );
+    for (rank, &count) in barriers.iter().enumerate() {
+        assert!(
+            count == 1,
+            "rank {rank} met {count} barriers in save_checkpoint; every rank meets one, after rank 0 has written, \
+             so that no rank returns (and reads or deletes the checkpoint) before the file is complete"
+        );
+    }
+}
+
+/// Saved before the first step, the checkpoint holds no moments: loading it
+/// starts AdamW afresh, and the next step is the uninterrupted run's first.
+#[test]
+fn a_checkpoint_from_before_the_first_step_resumes() {
+    let dir = scratch_dir("ex15-step-0");
+    let straight = ok(spawn(2, |pg| Ok(gather_params(&trained(pg, FULL, 1)))), "uninterrupted ranks");
+    ok(
+        spawn(2, |pg| {
+            save(&trained(pg, FULL, 0), &dir);
+            Ok(())
+        }),
+        "ranks saving before the first step",
+    );
+    let resumed = ok(
+        spawn(2, |pg| {
+            let mut trainer = fsdp_trainer(Box::new(pg), FULL, train_config(1.0));
+            trainer.load_checkpoint(&dir)?;
+            fsdp_step(&mut trainer, 0);
+            Ok(gather_params(&trainer))
+        }),
+        "ranks loading a checkpoint saved before the first step",
+    );
+    for (name, want) in &straight[0] {
+        assert!(
+            bit_equal(&resumed[0][name], want),
+            "`{name}` one step after loading a checkpoint saved before the first step differs from the \
+             uninterrupted run's first step"
+        );
+    }
 }
 
 /// Saved by 4 ranks, loaded by 2 and by 1: every rank must take its own

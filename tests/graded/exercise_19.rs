@@ -19,8 +19,9 @@ use crate::support::{cause, mistake, number};
 const TIMEOUT: Duration = Duration::from_secs(10);
 /// The gradients in the order backward produces them, by element count (f32).
 const SIZES: [usize; 6] = [6, 10, 4, 8, 12, 2];
-/// 60 bytes: buckets of 6+10 (64 bytes), 4+8+12 (96 bytes), then the last 2 elements.
-const CAP: usize = 60;
+/// 64 bytes: buckets of 6+10 (64 bytes, exactly the cap, which closes a
+/// bucket), 4+8+12 (96 bytes), then the last 2 elements.
+const CAP: usize = 64;
 const BUCKETS: [usize; 3] = [16, 24, 2];
 /// How many gradients backward has produced when each bucket is full.
 const FULL_AFTER: [u64; 3] = [2, 5, 6];

@@ -223,6 +223,44 @@ fn the_gradients_are_what_one_process_computes_on_every_ranks_data(#[values(2, 3
     }
 }
 
+/// take_gradients hands the step's gradients over and keeps none: a second
+/// step on the same batches, the parameters untouched, gives the same ones.
+#[test]
+fn the_next_step_starts_from_no_gradients() {
+    let world = 2;
+    let steps = spawn_with_timeout(world, TIMEOUT, |pg: CpuProcessGroup| {
+        let rank = pg.rank();
+        let mut ddp = DataParallel::new(&config(), initial(rank), Box::new(pg), CAP)?;
+        let mut steps = vec![];
+        for _ in 0..2 {
+            for m in 0..MICRO_BATCHES {
+                ddp.forward_backward(&batch(rank, m), m + 1 == MICRO_BATCHES)?;
+            }
+            let all: Vec<Tensor> = ddp.take_gradients()?.iter().map(|(_, g)| g.flatten_all()).collect::<Result<_>>()?;
+            steps.push(Tensor::cat(&all, 0)?.to_vec1::<f32>()?);
+        }
+        Ok(steps)
+    })
+    .unwrap_or_else(|e| panic!("DataParallel on {world} thread ranks failed: {e}"));
+    for (rank, steps) in steps.iter().enumerate() {
+        let (first, second) = (&steps[0], &steps[1]);
+        let Some(i) = second.iter().zip(first).position(|(&s, &f)| !close(s, f)) else { continue };
+        let both = second.iter().zip(first).all(|(&s, &f)| close(s, 2.0 * f));
+        panic!(
+            "rank {rank}: a second step on the same batches gives gradient element {i} (all gradients in name order) \
+             {}, where the first gave {}{}",
+            number(second[i] as f64),
+            number(first[i] as f64),
+            if both {
+                "; every element is twice the first step's: that step's gradients stayed in the wrapper after \
+                 take_gradients, which must hand them over and keep none"
+            } else {
+                ""
+            }
+        );
+    }
+}
+
 #[test]
 fn accumulating_sends_nothing_and_the_last_micro_batch_sends_each_gradient_once() {
     for (rank, run) in run(2).iter().enumerate() {

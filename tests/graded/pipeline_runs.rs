@@ -38,8 +38,10 @@ pub struct Schedule {
     pub exercise: u32,
     pub name: &'static str,
     pub step: fn(&dyn ProcessGroup, &PipelineStage, &[Tensor]) -> candle_core::Result<PipelineStep>,
-    /// The micro-batches' losses summed, not averaged.
+    /// The micro-batches' losses summed, not averaged, in the reported loss.
     pub loss_summed: &'static str,
+    /// Each micro-batch's backward started from 1, not 1/M.
+    pub backward_from_one: &'static str,
     /// Each micro-batch's gradients replacing the previous ones'.
     pub gradients_not_accumulated: &'static str,
 }
@@ -200,7 +202,7 @@ pub fn expect_gradients_of_the_mean_loss(schedule: Schedule, stages: usize, micr
         matches(grads, &alone) || matches(grads, &scaled(&alone, 1.0 / m as f32))
     });
     let why = if matches(grads, &scaled(&want_here, m as f32)) {
-        Some(mistake(schedule.exercise, schedule.loss_summed))
+        Some(mistake(schedule.exercise, schedule.backward_from_one))
     } else {
         one_micro_batch.then(|| mistake(schedule.exercise, schedule.gradients_not_accumulated))
     };

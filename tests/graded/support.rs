@@ -302,26 +302,46 @@ pub fn ok<T>(result: candle_core::Result<T>, call: &str) -> T {
 }
 
 /// A candle error as a learner can act on it: without the backtrace candle
-/// attaches under `RUST_BACKTRACE=1`, and with what the common ones mean.
+/// attaches under `RUST_BACKTRACE=1`, and with the rule the common ones
+/// break (the rule of the op that failed, never a guess at the cause).
 pub fn explain_error(e: &candle_core::Error) -> String {
     let text = e.to_string();
     let message = without_backtrace(&text);
-    let meaning = [
-        (
-            "shape mismatch in",
+    let meaning = rule_broken(&text).map(|rule| format!("\n  That is: {rule}.")).unwrap_or_default();
+    format!("{}{meaning}", message.replace('\n', "\n  "))
+}
+
+/// The rule behind a common candle error, for the op the error names.
+fn rule_broken(text: &str) -> Option<&'static str> {
+    // The element-wise ops that need equal shapes; candle names the op in its error.
+    let same_shape = ["add", "sub", "mul", "div", "maximum", "minimum"];
+    if same_shape.iter().any(|op| text.contains(&format!("shape mismatch in {op},"))) {
+        return Some(
             "candle never broadcasts implicitly: combine tensors of different shapes with \
              broadcast_mul / broadcast_add / broadcast_sub / broadcast_div",
+        );
+    }
+    let rules = [
+        (
+            "shape mismatch in matmul",
+            "matmul multiplies (..., m, k) by (..., k, n): the left side's last dimension must equal the \
+             right side's second-to-last, and the leading dimensions must be equal",
+        ),
+        (
+            "shape mismatch in broadcast_",
+            "broadcasting lines the two shapes up from their last dimension, and each pair of sizes must be \
+             equal or one of them 1 (sum_keepdim and mean_keepdim keep a reduced dimension, as size 1)",
+        ),
+        (
+            "Shape mismatch, got buffer of size",
+            "a shape must hold exactly as many elements as the data it describes (a reshape keeps the count)",
         ),
         ("dtype mismatch in", "candle never converts dtypes implicitly: bring both sides to one dtype with to_dtype"),
         ("narrow invalid args", "narrow(dim, start, len) takes a start and a length, not a start and an end"),
         ("only supports contiguous tensors", "call .contiguous() on the tensor first (a transpose is a strided view)"),
         ("unexpected rank", "a dims2/dims3/dims4 call got a tensor with another number of dimensions"),
-    ]
-    .iter()
-    .find(|(pattern, _)| text.contains(pattern))
-    .map(|(_, meaning)| format!("\n  That is: {meaning}."))
-    .unwrap_or_default();
-    format!("{}{meaning}", message.replace('\n', "\n  "))
+    ];
+    rules.iter().find(|(pattern, _)| text.contains(pattern)).map(|(_, rule)| *rule)
 }
 
 pub fn values(t: &Tensor) -> Vec<f32> {
@@ -366,12 +386,15 @@ fn multi_index(mut flat: usize, dims: &[usize]) -> Vec<usize> {
     index
 }
 
-fn all_close(got: &Tensor, want: &Tensor, tol: Tol) -> bool {
+pub fn all_close(got: &Tensor, want: &Tensor, tol: Tol) -> bool {
     got.dims() == want.dims() && first_difference(&values(got), &values(want), tol).is_none()
 }
 
 /// What is wrong with `got` as an estimate of `want`, if anything.
-fn mismatch(got: &Tensor, want: &Tensor, tol: Tol, what: &str) -> Option<String> {
+/// Where `got` and `want` differ beyond `tol`, if they do. `other` names
+/// `want` when it is not the PyTorch reference (another output of the
+/// learner's own code, which the test compares against).
+fn mismatch(got: &Tensor, want: &Tensor, tol: Tol, what: &str, other: Option<&str>) -> Option<String> {
     if got.dims() != want.dims() {
         return Some(format!("{what}: wrong shape {:?}, expected {:?}", got.dims(), want.dims()));
     }
@@ -383,14 +406,19 @@ fn mismatch(got: &Tensor, want: &Tensor, tol: Tol, what: &str) -> Option<String>
         ));
     }
     let first = first_difference(&g, &w, tol)?;
-    Some(format!(
-        "{what}: does not match the PyTorch reference.\n  First difference at {:?}: got {}, expected {} (tolerance {} + {}·|expected|)",
-        multi_index(first.index, got.dims()),
-        number(first.got as f64),
-        number(first.want as f64),
-        number(tol.atol as f64),
-        number(tol.rtol as f64)
-    ))
+    let at = multi_index(first.index, got.dims());
+    let (got_value, want_value) = (number(first.got as f64), number(first.want as f64));
+    let tolerance = format!("tolerance {} + {}·|expected|", number(tol.atol as f64), number(tol.rtol as f64));
+    Some(match other {
+        None => format!(
+            "{what}: does not match the PyTorch reference.\n  First difference at {at:?}: got {got_value}, \
+             expected {want_value} ({tolerance})"
+        ),
+        Some(other) => format!(
+            "{what}: differs from {other}.\n  First difference at {at:?}: got {got_value}, where {other} has \
+             {want_value} ({tolerance})"
+        ),
+    })
 }
 
 /// Asserts that `got` equals the reference `want` within `tol`.
@@ -400,7 +428,7 @@ fn mismatch(got: &Tensor, want: &Tensor, tol: Tol, what: &str) -> Option<String>
 /// fixture); a mismatch that equals one of them is reported as that mistake,
 /// any other only by where it first differs: a guess would mislead.
 pub fn expect_close(got: &Tensor, want: &Tensor, tol: Tol, what: &str, mistakes: &[(&str, Tensor)]) {
-    let Some(mut message) = mismatch(got, want, tol, what) else { return };
+    let Some(mut message) = mismatch(got, want, tol, what, None) else { return };
     if let Some((mistake, _)) = mistakes.iter().find(|(_, output)| all_close(got, output, tol)) {
         message.push_str(&format!("\n  Your output is exactly what this mistake produces: {mistake}."));
     }
@@ -410,7 +438,16 @@ pub fn expect_close(got: &Tensor, want: &Tensor, tol: Tol, what: &str, mistakes:
 /// Asserts that `got` equals `want` within `tol`; on failure, names the cause
 /// the caller established from the output, if any (see [`cause`]).
 pub fn expect_close_because(got: &Tensor, want: &Tensor, tol: Tol, what: &str, established: Option<&str>) {
-    if let Some(message) = mismatch(got, want, tol, what) {
+    if let Some(message) = mismatch(got, want, tol, what, None) {
+        panic!("{message}{}", cause(established));
+    }
+}
+
+/// Asserts that `got` equals `other`, another output of the learner's own
+/// code (`other_name` says which), within `tol`; on failure, names the
+/// cause the caller established, if any (see [`cause`]).
+pub fn expect_same(got: &Tensor, other: &Tensor, other_name: &str, tol: Tol, what: &str, established: Option<&str>) {
+    if let Some(message) = mismatch(got, other, tol, what, Some(other_name)) {
         panic!("{message}{}", cause(established));
     }
 }

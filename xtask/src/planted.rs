@@ -33,25 +33,60 @@ const ORIGINALS: &str = "target/planted-originals";
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PlantsFile {
-    plant: Vec<Plant>,
+    plant: Vec<NamedEntry>,
+    #[serde(default)]
+    neighbour: Vec<NeighbourEntry>,
+}
+
+/// A `[[plant]]`: a mistake of info.toml, which a failure must name.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NamedEntry {
+    exercise: u32,
+    mistake: String,
+    edits: Vec<(String, String)>,
+}
+
+/// A `[[neighbour]]`: a mistake close to named ones whose output no test can
+/// tell apart from others', so a failure must name no cause at all.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NeighbourEntry {
+    exercise: u32,
+    what: String,
+    edits: Vec<(String, String)>,
 }
 
 /// One mistake written into a reference solution.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug)]
 pub struct Plant {
     pub exercise: u32,
-    /// Its id in info.toml.
-    pub mistake: String,
+    /// Its id in info.toml; `None` for a neighbour, which no failure may name.
+    pub mistake: Option<String>,
+    /// How verify's messages call it: the id, or what a neighbour does.
+    pub label: String,
     /// `[old, new]` pairs applied in order; each `old` occurs exactly once.
     pub edits: Vec<(String, String)>,
 }
 
-/// Reads the plants.
+/// Reads the plants, named mistakes and neighbours.
 pub fn load(root: &Path) -> Result<Vec<Plant>> {
     let path = root.join(PLANTS_FILE);
     let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
-    Ok(toml::from_str::<PlantsFile>(&text).with_context(|| format!("{PLANTS_FILE} is not valid"))?.plant)
+    let file = toml::from_str::<PlantsFile>(&text).with_context(|| format!("{PLANTS_FILE} is not valid"))?;
+    let named = file.plant.into_iter().map(|p| Plant {
+        exercise: p.exercise,
+        label: p.mistake.clone(),
+        mistake: Some(p.mistake),
+        edits: p.edits,
+    });
+    let neighbours = file.neighbour.into_iter().map(|n| Plant {
+        exercise: n.exercise,
+        mistake: None,
+        label: format!("neighbour: {}", n.what),
+        edits: n.edits,
+    });
+    Ok(named.chain(neighbours).collect())
 }
 
 /// `source` with the plant's edits applied.
@@ -62,7 +97,7 @@ pub fn apply(plant: &Plant, source: &str) -> Result<String> {
             1 => planted = planted.replacen(old.as_str(), new, 1),
             found => bail!(
                 "planting `{}` in exercise {}: {old:?} occurs {found} times in the solution, not once",
-                plant.mistake,
+                plant.label,
                 plant.exercise
             ),
         }
@@ -121,10 +156,16 @@ fn calls(workbook: &Workbook, from: u32, to: u32) -> bool {
     workbook.chain(from).contains(&to)
 }
 
-/// What went wrong with one plant in a run, if anything.
+/// What went wrong with one plant in a run, if anything: a named plant must
+/// fail a test that names it and no other of its exercise's mistakes; a
+/// neighbour must fail a test that names none of them.
 pub fn judge(exercise: &Exercise, plant: &Plant, run: &TestRun) -> Vec<String> {
-    let Some(text) = exercise.mistakes.iter().find(|m| m.id == plant.mistake).map(|m| m.text.as_str()) else {
-        return vec![format!("exercise {} lists no mistake `{}`", exercise.number, plant.mistake)];
+    let own = match &plant.mistake {
+        Some(id) => match exercise.mistakes.iter().find(|m| &m.id == id) {
+            Some(mistake) => Some(mistake),
+            None => return vec![format!("exercise {} lists no mistake `{id}`", exercise.number)],
+        },
+        None => None,
     };
     let filter = exercise.test_filter();
     let failures: Vec<(&str, &str)> = run
@@ -134,18 +175,18 @@ pub fn judge(exercise: &Exercise, plant: &Plant, run: &TestRun) -> Vec<String> {
         .collect();
     let mut problems = Vec::new();
     if failures.is_empty() {
-        problems.push(format!("planted `{}`: every test of exercise {} passes", plant.mistake, exercise.number));
-    } else if !failures.iter().any(|(_, message)| message.contains(text)) {
+        problems.push(format!("planted `{}`: every test of exercise {} passes", plant.label, exercise.number));
+    } else if let Some(own) = own.filter(|own| !failures.iter().any(|(_, message)| message.contains(&own.text))) {
         problems.push(format!(
             "planted `{}`: no failure names it; {} says:\n{}",
-            plant.mistake,
+            own.id,
             failures[0].0,
             crate::render::indented(failures[0].1, 6)
         ));
     }
-    for other in exercise.mistakes.iter().filter(|m| m.id != plant.mistake) {
+    for other in exercise.mistakes.iter().filter(|m| own.is_none_or(|own| own.id != m.id)) {
         if let Some((name, _)) = failures.iter().find(|(_, message)| message.contains(&other.text)) {
-            problems.push(format!("planted `{}`: {name} blames another mistake, `{}`", plant.mistake, other.id));
+            problems.push(format!("planted `{}`: {name} blames another mistake, `{}`", plant.label, other.id));
         }
     }
     problems
@@ -215,7 +256,7 @@ mod tests {
 
     fn plant(exercise: u32, mistake: &str, edits: &[(&str, &str)]) -> Plant {
         let edits = edits.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
-        Plant { exercise, mistake: mistake.to_string(), edits }
+        Plant { exercise, mistake: Some(mistake.to_string()), label: mistake.to_string(), edits }
     }
 
     /// Exercises 1 and 2 on their own, 3 calling 2's code.
@@ -270,7 +311,7 @@ mod tests {
         ];
         let builds: Vec<Vec<(u32, &str)>> = builds(&workbook(), &plants)
             .iter()
-            .map(|build| build.iter().map(|p| (p.exercise, p.mistake.as_str())).collect())
+            .map(|build| build.iter().map(|p| (p.exercise, p.label.as_str())).collect())
             .collect();
         assert_eq!(builds, [vec![(1, "typo"), (2, "typo")], vec![(1, "slip"), (3, "typo")], vec![(3, "slip")]]);
     }
@@ -298,5 +339,10 @@ mod tests {
         assert!(judge(exercise, &typo, &run(&["wrong"]))[0].contains("no failure names it"));
         let blamed = judge(exercise, &typo, &run(&["a typo", "Likely cause: a slip"]));
         assert!(blamed.len() == 1 && blamed[0].contains("blames another mistake, `slip`"), "{blamed:?}");
+        let neighbour = Plant { exercise: 1, mistake: None, label: "neighbour: a near miss".into(), edits: vec![] };
+        assert!(judge(exercise, &neighbour, &run(&["", "wrong at [2]"])).is_empty());
+        assert!(judge(exercise, &neighbour, &run(&[""]))[0].contains("every test of exercise 1 passes"));
+        let blamed = judge(exercise, &neighbour, &run(&["wrong. Likely cause: a typo."]));
+        assert!(blamed.len() == 1 && blamed[0].contains("blames another mistake, `typo`"), "{blamed:?}");
     }
 }

@@ -428,7 +428,10 @@ fn stubs_fail(ws: &Workspace, tally: &mut Tally) -> Option<TestRun> {
 /// reference solution, fails a test of its exercise that names it, and no
 /// failure blames another of the exercise's mistakes.
 fn planted_mistakes(ws: &Workspace, tally: &mut Tally) {
-    tally.section(&format!("Planted mistakes are caught by name ({})", planted::PLANTS_FILE));
+    tally.section(&format!(
+        "Planted mistakes are caught by name, their neighbours blamed on none ({})",
+        planted::PLANTS_FILE
+    ));
     let plants = match planted::load(&ws.root) {
         Ok(plants) => plants,
         Err(error) => return tally.check(false, || format!("{error:#}")),
@@ -436,7 +439,10 @@ fn planted_mistakes(ws: &Workspace, tally: &mut Tally) {
     for exercise in &ws.workbook.exercises {
         let outputs = planted::fixture_outputs(&ws.root, exercise.number);
         for mistake in exercise.mistakes.iter().filter(|m| !planted::has_fixture_output(&outputs, &m.id)) {
-            let count = plants.iter().filter(|p| p.exercise == exercise.number && p.mistake == mistake.id).count();
+            let count = plants
+                .iter()
+                .filter(|p| p.exercise == exercise.number && p.mistake.as_ref() == Some(&mistake.id))
+                .count();
             tally.check(count == 1, || {
                 format!(
                     "exercise {}: mistake `{}` has no fixture output and {count} plants in {}; it needs one",
@@ -474,7 +480,7 @@ fn planted_mistakes(ws: &Workspace, tally: &mut Tally) {
         for (plant, exercise) in build.iter().zip(&exercises) {
             let problems = match &run {
                 Ok(run) => planted::judge(exercise, plant, run),
-                Err(error) => vec![format!("planting `{}` in exercise {}: {error:#}", plant.mistake, plant.exercise)],
+                Err(error) => vec![format!("planting `{}` in exercise {}: {error:#}", plant.label, plant.exercise)],
             };
             tally.check(problems.is_empty(), || problems.join("\n  "));
         }

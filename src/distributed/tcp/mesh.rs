@@ -37,6 +37,7 @@ use candle_core::{Error, Result};
 use super::wire::{Frame, Header, HEADER_BYTES, MAX_REASON};
 use crate::distributed::auth::{self, Purpose};
 use crate::distributed::store::StoreClient;
+use crate::distributed::Collective;
 use crate::error::io_context;
 
 const HELLO: &[u8; 4] = b"WBRK";
@@ -341,6 +342,26 @@ impl Mesh {
         })
     }
 
+    /// Why a message from `from` is not the `expected` one: the rule the two
+    /// ranks broke, which the headers show.
+    fn mismatch(&self, from: usize, expected: &Header, got: &Header) -> String {
+        let me = self.rank;
+        let point_to_point = expected.kind == Collective::Send && got.kind == Collective::Send;
+        let rule = if point_to_point && got.seq != expected.seq {
+            format!(
+                "each recv from rank {from} takes that rank's next send to rank {me}, in order, so the two ranks \
+                 disagree on how many messages went from {from} to {me} before this one (check each send's \
+                 destination and each recv's source)"
+            )
+        } else if point_to_point {
+            "a send and its recv must carry tensors of the same shape and dtype".to_string()
+        } else {
+            "every rank must issue the same collectives in the same order, with tensors of the same shape and dtype"
+                .to_string()
+        };
+        format!("rank {me} expected {expected} from rank {from}, which sent {got}: {rule}")
+    }
+
     fn receive(&self, from: usize, expected: &Header, into: &mut [u8]) -> std::result::Result<(), String> {
         let peer = self.peer(from).map_err(|e| e.to_string())?;
         let now = Instant::now();
@@ -356,10 +377,7 @@ impl Mesh {
                     self.still_waiting(&mut wait)?;
                 }
                 Some(Frame::Message(got)) if got == *expected => return self.fill(&peer.stream, into, &mut wait),
-                Some(Frame::Message(got)) => return Err(format!(
-                    "rank {} expected {expected} from rank {from}, which sent {got}: every rank must issue the same collectives in the same order, with tensors of the same shape and dtype",
-                    self.rank
-                )),
+                Some(Frame::Message(got)) => return Err(self.mismatch(from, expected, &got)),
                 Some(Frame::Abort { len }) => return Err(self.read_text(&peer.stream, len, &mut wait)?),
                 None => return Err(format!(
                     "rank {} received a message from rank {from} that is no header of this backend (a bug, or ranks built from different versions)",
