@@ -14,7 +14,7 @@ use workbook::distributed::{chunk_ranges, spawn_with_timeout, Collective, P2pRec
 use workbook::phase4_under_the_hood::ring_all_reduce;
 
 use crate::process_ranks::on_processes;
-use crate::support::{cause, mistake, number};
+use crate::support::{cause, first_mismatch, mistake, number};
 
 /// Long enough for any healthy ring on a busy machine, short enough that a
 /// ring whose ranks wait for each other fails fast.
@@ -32,7 +32,11 @@ fn expected(world: usize, len: usize) -> Vec<f32> {
 
 /// Whether `got` equals `want` within f32 rounding of a sum in another order.
 fn close(got: &[f32], want: &[f32]) -> bool {
-    got.len() == want.len() && got.iter().zip(want).all(|(g, w)| (g - w).abs() <= 1e-5 + 1e-5 * w.abs())
+    got.len() == want.len() && got.iter().zip(want).all(|(&g, &w)| near(g as f64, w as f64))
+}
+
+fn near(got: f64, want: f64) -> bool {
+    (got - want).abs() <= 1e-5 + 1e-5 * want.abs()
 }
 
 /// Runs the learner's ring on `world` thread ranks, each on its `input` of
@@ -183,7 +187,10 @@ fn it_runs_across_processes_over_tcp() {
         let t = Tensor::from_vec(input(pg.rank(), len), len, &Device::Cpu)?;
         ring_all_reduce(&pg, &t)?.to_vec1::<f32>()
     });
+    let want: Vec<f64> = expected(world, len).into_iter().map(f64::from).collect();
     for (rank, values) in got.iter().enumerate() {
-        assert!(close(values, &expected(world, len)), "rank {rank}'s process got {values:?}");
+        if let Some(difference) = first_mismatch(values, &want, near) {
+            panic!("rank {rank}'s process: {difference} (the sum over the ranks)");
+        }
     }
 }

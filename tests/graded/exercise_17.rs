@@ -14,7 +14,7 @@ use workbook::parallel::zero::ShardedAdamW;
 use workbook::train::AdamWConfig;
 
 use crate::process_ranks::on_processes;
-use crate::support::{cause, mistake, number};
+use crate::support::{cause, first_mismatch, mistake, number};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 const STEPS: usize = 3;
@@ -118,7 +118,11 @@ fn run(world: usize, len: usize) -> Vec<RankRun> {
 }
 
 fn close(got: &[f32], want: &[f64]) -> bool {
-    got.len() == want.len() && got.iter().zip(want).all(|(&g, &w)| (g as f64 - w).abs() <= 1e-5 + 1e-5 * w.abs())
+    got.len() == want.len() && got.iter().zip(want).all(|(&g, &w)| near(g as f64, w))
+}
+
+fn near(got: f64, want: f64) -> bool {
+    (got - want).abs() <= 1e-5 + 1e-5 * want.abs()
 }
 
 /// Which typical mistake gives exactly `got`, if one does.
@@ -229,6 +233,8 @@ fn it_runs_across_processes_over_tcp() {
     let runs: Vec<RankRun> = on_processes(world, |pg| train(&pg, len));
     let want = expected(Adam::Textbook, world, len);
     for (rank, got) in runs.iter().enumerate() {
-        assert!(close(&got.params, &want), "rank {rank}'s process got {:?}", got.params);
+        if let Some(difference) = first_mismatch(&got.params, &want, near) {
+            panic!("rank {rank}'s process: its parameters after the steps: {difference}");
+        }
     }
 }

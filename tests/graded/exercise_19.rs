@@ -14,7 +14,7 @@ use workbook::phase4_under_the_hood::overlapped_all_reduce;
 
 use crate::all_reduce_log::{started_in, waits, AllReduceLog, Event};
 use crate::process_ranks::on_processes;
-use crate::support::{cause, mistake, number};
+use crate::support::{cause, first_mismatch, mistake, number};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 /// The gradients in the order backward produces them, by element count (f32).
@@ -136,8 +136,10 @@ fn it_runs_across_processes_over_tcp() {
     let runs: Vec<RankRun> = on_processes(world, |pg| backward_and_sync(Box::new(pg)));
     for (rank, run) in runs.iter().enumerate() {
         for (i, (name, _, values)) in run.averaged.iter().enumerate() {
-            let mean: Vec<f32> = (0..SIZES[i]).map(|j| (grad(0, i)[j] + grad(1, i)[j]) / 2.0).collect();
-            assert!(values.iter().zip(&mean).all(|(v, m)| (v - m).abs() <= 1e-5), "rank {rank}'s process: `{name}`");
+            let mean: Vec<f64> = (0..SIZES[i]).map(|j| f64::from(grad(0, i)[j] + grad(1, i)[j]) / 2.0).collect();
+            if let Some(difference) = first_mismatch(values, &mean, |g, m| (g - m).abs() <= 1e-5) {
+                panic!("rank {rank}'s process: `{name}`: {difference} (the mean over the 2 ranks)");
+            }
         }
     }
 }

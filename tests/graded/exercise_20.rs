@@ -12,7 +12,7 @@ use workbook::distributed::{spawn_with_timeout, Collective, ProcessGroup};
 use workbook::parallel::tensor::TensorParallelMlp;
 
 use crate::process_ranks::on_processes;
-use crate::support::{cause, mistake, number};
+use crate::support::{cause, first_mismatch, mistake, number};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 const C: usize = 8;
@@ -101,8 +101,11 @@ fn run(world: usize) -> Vec<RankRun> {
 }
 
 fn close(got: &[f32], want: &Matrix) -> bool {
-    let want: Vec<f64> = want.iter().flatten().copied().collect();
-    got.len() == want.len() && got.iter().zip(&want).all(|(&g, w)| (g as f64 - w).abs() <= 1e-5 + 1e-5 * w.abs())
+    first_mismatch(got, &want.concat(), near).is_none()
+}
+
+fn near(got: f64, want: f64) -> bool {
+    (got - want).abs() <= 1e-5 + 1e-5 * want.abs()
 }
 
 #[rstest]
@@ -193,6 +196,12 @@ fn a_width_the_ranks_do_not_divide_is_an_error() {
 fn it_runs_across_processes_over_tcp() {
     let runs: Vec<RankRun> = on_processes(2, |pg| rank_run(&pg));
     for (rank, got) in runs.iter().enumerate() {
-        assert!(got.output.as_ref().is_ok_and(|y| close(y, &whole())), "rank {rank}'s process got {:?}", got.output);
+        let difference = match &got.output {
+            Ok(y) => first_mismatch(y, &whole().concat(), near),
+            Err(error) => Some(format!("an error: {error}")),
+        };
+        if let Some(difference) = difference {
+            panic!("rank {rank}'s process: its output: {difference} (the whole MLP's)");
+        }
     }
 }

@@ -19,7 +19,7 @@ use workbook::{init_params, Gpt, GptConfig, ParamStore};
 
 use crate::all_reduce_log::{started_in, waits, AllReduceLog, Event};
 use crate::process_ranks::on_processes;
-use crate::support::{cause, mistake, number};
+use crate::support::{cause, first_mismatch, mistake, number};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 /// Micro-batches per step: the first accumulates, the second syncs.
@@ -130,9 +130,16 @@ fn close(got: f32, want: f32) -> bool {
 
 /// Whether every gradient of `got` equals `want`'s times `factor`.
 fn equals_scaled(got: &[(String, Vec<usize>, Vec<f32>)], want: &Gradients, factor: f32) -> bool {
-    got.iter().all(|(name, _, values)| {
+    first_scaled_mismatch(got, want, factor).is_none()
+}
+
+/// The first gradient of `got` that differs from `want`'s times `factor`, and where.
+fn first_scaled_mismatch(got: &[(String, Vec<usize>, Vec<f32>)], want: &Gradients, factor: f32) -> Option<String> {
+    got.iter().find_map(|(name, _, values)| {
         let w = want.get(name).map(|t| t.flatten_all().unwrap().to_vec1::<f32>().unwrap()).unwrap_or_default();
-        w.len() == values.len() && values.iter().zip(&w).all(|(&g, &w)| close(g, w * factor))
+        let scaled: Vec<f64> = w.iter().map(|&w| f64::from(w * factor)).collect();
+        let difference = first_mismatch(values, &scaled, |g, w| close(g as f32, w as f32))?;
+        Some(format!("`{name}`: {difference}"))
     })
 }
 
@@ -309,7 +316,12 @@ fn buckets_travel_while_backward_runs() {
     let runs: Vec<RankRun> = on_processes(world, |pg| step(Box::new(pg)));
     let want = expected(world, 0..MICRO_BATCHES);
     for (rank, run) in runs.iter().enumerate() {
-        assert!(equals_scaled(&run.gradients, &want, 1.0), "rank {rank}'s process: the averaged gradients");
+        if let Some(difference) = first_scaled_mismatch(&run.gradients, &want, 1.0) {
+            panic!(
+                "rank {rank}'s process: after {MICRO_BATCHES} micro-batches, {difference} (one process: the mean \
+                 over ranks of each rank's gradient, summed over the micro-batches)"
+            );
+        }
         let starts: Vec<(bool, u64)> = run
             .events
             .iter()

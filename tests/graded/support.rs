@@ -348,6 +348,17 @@ pub fn values(t: &Tensor) -> Vec<f32> {
     t.to_dtype(DType::F32).and_then(|t| t.flatten_all()).and_then(|t| t.to_vec1::<f32>()).expect("tensor to f32 values")
 }
 
+/// For a failure message: where `got` first differs from `want` by `near`
+/// ("element i is g, expected w"), or how their lengths differ; `None`
+/// when they agree everywhere.
+pub fn first_mismatch(got: &[f32], want: &[f64], near: impl Fn(f64, f64) -> bool) -> Option<String> {
+    if got.len() != want.len() {
+        return Some(format!("{} elements, expected {}", got.len(), want.len()));
+    }
+    let i = got.iter().zip(want).position(|(&g, &w)| !near(g as f64, w))?;
+    Some(format!("element {i} is {}, expected {}", number(got[i] as f64), number(want[i])))
+}
+
 /// The first place where `got` and `want` differ beyond `tol`.
 struct Difference {
     index: usize,
