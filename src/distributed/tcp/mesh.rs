@@ -457,8 +457,14 @@ impl Mesh {
             wait.deadline = now + self.timeout;
             return Ok(());
         }
+        // A receive can also wait on a peer that waits in a receive of its own.
+        let or_waiting = if waiting_for.kind == Collective::Send {
+            ", it waits in a recv of its own (ranks that each receive before they send wait for each other forever),"
+        } else {
+            ""
+        };
         Err(format!(
-            "{waiting_for} timed out after {:.0?} on rank {me}: rank {from} is alive (its heartbeats arrive) but sent nothing for this call: it is stuck in its own work, or it skipped this call (every rank must issue the same collectives in the same order); if its work legitimately takes longer, raise --timeout",
+            "{waiting_for} timed out after {:.0?} on rank {me}: rank {from} is alive (its heartbeats arrive) but sent nothing for this call: it is stuck in its own work{or_waiting} or it skipped this call (every rank must issue the same collectives in the same order); if its work legitimately takes longer, raise --timeout",
             now - wait.start
         ))
     }
