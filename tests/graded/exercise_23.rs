@@ -188,14 +188,18 @@ pub(crate) fn matches(got: &Outcome, want: &Outcome) -> bool {
     outcome_difference(got, want).is_none()
 }
 
-/// Whether each norm weight's gradients on the ranks, though wrong, sum to the right one.
+/// Whether each norm weight's gradients on the ranks, though wrong, sum to
+/// the right one, each rank's its own part (the same wrong value on every
+/// rank, N times too small, is another mistake: an average).
 pub(crate) fn norm_gradients_are_parts(got: &[Outcome], want: &Outcome) -> bool {
     got.len() > 1
         && ["input_layernorm", "post_attention_layernorm"].iter().any(|piece| {
             let name = format!("{P}.{piece}.weight");
             let sum: Vec<f32> =
                 (0..want.grads[&name].len()).map(|i| got.iter().map(|o| o.grads[&name][i]).sum()).collect();
-            first_scaled_difference(&got[0].grads[&name], &want.grads[&name]).is_some()
+            let own_parts = got.iter().any(|o| o.grads[&name] != got[0].grads[&name]);
+            own_parts
+                && first_scaled_difference(&got[0].grads[&name], &want.grads[&name]).is_some()
                 && first_scaled_difference(&sum, &want.grads[&name]).is_none()
         })
 }

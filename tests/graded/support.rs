@@ -316,10 +316,16 @@ fn rule_broken(text: &str) -> Option<&'static str> {
     // The element-wise ops that need equal shapes; candle names the op in its error.
     let same_shape = ["add", "sub", "mul", "div", "maximum", "minimum"];
     if same_shape.iter().any(|op| text.contains(&format!("shape mismatch in {op},"))) {
-        return Some(
-            "candle never broadcasts implicitly: combine tensors of different shapes with \
-             broadcast_mul / broadcast_add / broadcast_sub / broadcast_div",
-        );
+        return Some(match operand_shapes(text).is_some_and(|(lhs, rhs)| broadcastable(&lhs, &rhs)) {
+            true => {
+                "candle never broadcasts implicitly: combine tensors of different shapes with \
+                 broadcast_mul / broadcast_add / broadcast_sub / broadcast_div"
+            }
+            false => {
+                "the two shapes differ, and would not broadcast either: lined up from their last dimension, \
+                 each pair of sizes must be equal or one of them 1"
+            }
+        });
     }
     let rules = [
         (
@@ -342,6 +348,20 @@ fn rule_broken(text: &str) -> Option<&'static str> {
         ("unexpected rank", "a dims2/dims3/dims4 call got a tensor with another number of dimensions"),
     ];
     rules.iter().find(|(pattern, _)| text.contains(pattern)).map(|(_, rule)| *rule)
+}
+
+/// The `lhs: [..], rhs: [..]` shapes of a candle shape error.
+fn operand_shapes(text: &str) -> Option<(Vec<usize>, Vec<usize>)> {
+    let dims = |after: &str| -> Option<Vec<usize>> {
+        let list = text.split(after).nth(1)?.strip_prefix('[')?.split(']').next()?;
+        list.split(", ").filter(|d| !d.is_empty()).map(|d| d.parse().ok()).collect()
+    };
+    Some((dims("lhs: ")?, dims("rhs: ")?))
+}
+
+/// Whether two shapes broadcast: from the last dimension, each pair equal or one of them 1.
+fn broadcastable(lhs: &[usize], rhs: &[usize]) -> bool {
+    lhs.iter().rev().zip(rhs.iter().rev()).all(|(&l, &r)| l == r || l == 1 || r == 1)
 }
 
 pub fn values(t: &Tensor) -> Vec<f32> {
