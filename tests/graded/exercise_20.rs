@@ -70,6 +70,8 @@ fn as_tensor(m: &Matrix, shape: &[usize]) -> candle_core::Result<Tensor> {
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 struct RankRun {
     shapes: [Vec<usize>; 3],
+    /// The three shards' values, row by row.
+    held: [Vec<f32>; 3],
     /// The forward's output, or its error (a shard of the wrong shape fails there).
     output: Result<Vec<f32>, String>,
     /// (all-reduce calls, their payload bytes, all-gather calls) in forward.
@@ -85,14 +87,17 @@ fn shard_for(pg: &dyn ProcessGroup) -> candle_core::Result<TensorParallelMlp> {
 
 fn rank_run(pg: &dyn ProcessGroup) -> candle_core::Result<RankRun> {
     let shard = shard_for(pg)?;
-    let shapes = [&shard.gate_proj, &shard.up_proj, &shard.down_proj].map(|t| t.dims().to_vec());
+    let shards = [&shard.gate_proj, &shard.up_proj, &shard.down_proj];
+    let shapes = shards.map(|t| t.dims().to_vec());
+    let [gate, up, down] = shards.map(|t| t.flatten_all().and_then(|t| t.to_vec1::<f32>()));
+    let held = [gate?, up?, down?];
     let before = pg.stats();
     let output = shard.forward(pg, &as_tensor(&x(), &[2, 3, C])?).and_then(|y| y.flatten_all()?.to_vec1::<f32>());
     let output = output.map_err(|e| e.to_string());
     let used = pg.stats().since(&before);
     let collectives =
         (used.calls(Collective::AllReduce), used.bytes(Collective::AllReduce), used.calls(Collective::AllGather));
-    Ok(RankRun { shapes, output, collectives })
+    Ok(RankRun { shapes, held, output, collectives })
 }
 
 fn run(world: usize) -> Vec<RankRun> {
@@ -124,6 +129,19 @@ fn each_rank_holds_the_part_of_each_weight_its_units_need(#[values(1, 2, 3, 4)] 
              gate and up ({part}, {C}) and down ({C}, {part}){}",
             cause(why)
         );
+        // Its units are rows of gate and up, columns of down.
+        let units = rank * part..(rank + 1) * part;
+        let (gate, up, down) = weights();
+        let down_cols: Matrix = down.iter().map(|row| row[units.clone()].to_vec()).collect();
+        let want = [gate[units.clone()].concat(), up[units.clone()].concat(), down_cols.concat()];
+        for ((name, held), want) in ["gate", "up", "down"].iter().zip(&got.held).zip(&want) {
+            if let Some(difference) = first_mismatch(held, want, near) {
+                panic!(
+                    "rank {rank} of {world} holds {name} of the right shape, but not its own hidden units \
+                     {units:?} (rows of gate and up, columns of down): {difference}"
+                );
+            }
+        }
     }
 }
 
