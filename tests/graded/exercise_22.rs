@@ -57,6 +57,8 @@ fn batch(rank: usize) -> (Tensor, Tensor) {
 /// One process, the blocks resident, on rank `rank`'s batch: the output, each
 /// unit's gradient laid out as its flat buffer (padded for `world`), and ∂L/∂x.
 struct Reference {
+    /// What goes into each unit: x, then each unit's output but the last's.
+    unit_inputs: Vec<Vec<f32>>,
     output: Vec<f32>,
     unit_grads: Vec<Vec<f32>>,
     grad_input: Vec<f32>,
@@ -69,7 +71,9 @@ impl Reference {
         let (x, grad_output) = batch(rank);
         let x = Var::from_tensor(&x).unwrap();
         let mut h = x.as_tensor().clone();
+        let mut unit_inputs = vec![];
         for layer in 0..UNITS {
+            unit_inputs.push(values(&h));
             h = candle_core::Module::forward(&Block::new(&config, &params, layer, &rotary).unwrap(), &h).unwrap();
         }
         let grads = vjp(&h, &grad_output).unwrap();
@@ -81,7 +85,7 @@ impl Reference {
         let units = BlockUnit::shard_blocks(&config, &params, 0, world).unwrap();
         let unit_grads =
             units.iter().map(|unit| values(&unit.layout().flatten(&by_name, &Device::Cpu).unwrap())).collect();
-        Self { output: values(&h), unit_grads, grad_input: values(grads.get(x.as_tensor()).unwrap()) }
+        Self { unit_inputs, output: values(&h), unit_grads, grad_input: values(grads.get(x.as_tensor()).unwrap()) }
     }
 }
 
@@ -113,6 +117,8 @@ struct Step {
     output: Vec<f32>,
     /// Whether the output, and each kept input, carry a graph.
     graphs: Vec<bool>,
+    /// The inputs the forward kept, one per unit.
+    inputs: Vec<Vec<f32>>,
     unit_grads: Vec<Option<Vec<f32>>>,
     grad_input: Vec<f32>,
 }
@@ -132,6 +138,7 @@ fn rank_run(pg: &dyn ProcessGroup) -> candle_core::Result<RankRun> {
             whole_after: (whole_after_forward, whole(&units)),
             output: values(&forward.output),
             graphs,
+            inputs: forward.inputs.iter().map(values).collect(),
             unit_grads: units.iter().map(|u| u.grad().map(values)).collect(),
             grad_input: values(&grad_input),
         })
@@ -236,6 +243,27 @@ fn only_one_unit_is_whole_at_a_time(#[values(2, 3)] world: usize) {
             step.whole_after.1,
             cause(established)
         );
+    }
+}
+
+/// Backward replays each unit from the input the forward kept for it.
+#[test]
+fn the_forward_keeps_each_units_input() {
+    let got = steps(&run(2));
+    for (rank, step) in got.iter().enumerate() {
+        let want = Reference::of_rank(rank, 2).unit_inputs;
+        assert!(step.inputs.len() == UNITS, "rank {rank} kept {} inputs for {UNITS} units", step.inputs.len());
+        for (unit, (kept, want)) in step.inputs.iter().zip(&want).enumerate() {
+            let Some(difference) = first_scaled_difference(kept, want) else { continue };
+            // What the unit gave out, which is the next one's input (or the output, for the last).
+            let reference = Reference::of_rank(rank, 2);
+            let given = reference.unit_inputs.get(unit + 1).unwrap_or(&reference.output);
+            let its_output = first_scaled_difference(kept, given).is_none();
+            panic!(
+                "rank {rank}: the input kept for unit {unit} is not what went into it: {difference}{}",
+                if its_output { "; it is what came out of it" } else { "" }
+            );
+        }
     }
 }
 

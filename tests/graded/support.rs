@@ -373,7 +373,7 @@ pub fn values(t: &Tensor) -> Vec<f32> {
 /// when they agree everywhere.
 pub fn first_mismatch(got: &[f32], want: &[f64], near: impl Fn(f64, f64) -> bool) -> Option<String> {
     if got.len() != want.len() {
-        return Some(format!("{} elements, expected {}", got.len(), want.len()));
+        return Some(format!("it has {} elements, expected {}", got.len(), want.len()));
     }
     let i = got.iter().zip(want).position(|(&g, &w)| !near(g as f64, w))?;
     Some(format!("element {i} is {}, expected {}", number(got[i] as f64), number(want[i])))
@@ -603,10 +603,8 @@ pub fn every_rank<'a, T: Clone + 'a>(
 /// largest magnitude (f32 arithmetic in another order), or holds a NaN: for
 /// gradients, whose small elements carry the rounding of the large ones.
 pub fn first_scaled_difference(got: &[f32], want: &[f32]) -> Option<String> {
-    if got.len() != want.len() {
-        return Some(format!("it has {} elements, expected {}", got.len(), want.len()));
-    }
     let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let i = got.iter().zip(want).position(|(g, w)| g.is_nan() || (g - w).abs() > 1e-4 * scale + 1e-7)?;
-    Some(format!("element {i} is {}, expected {}", number(got[i] as f64), number(want[i] as f64)))
+    let want: Vec<f64> = want.iter().map(|&w| f64::from(w)).collect();
+    // In f32, as the gradients were computed.
+    first_mismatch(got, &want, |g, w| ((g - w) as f32).abs() <= 1e-4 * scale + 1e-7)
 }
