@@ -58,11 +58,16 @@ fn run(world: usize, len: usize, shape: &[usize]) -> (std::result::Result<Vec<Ve
 }
 
 /// A typical mistake the record of sends and receives shows, if one does;
-/// `finished`: the ranks returned (with wrong numbers) rather than failing.
-fn diagnose(traces: &[P2pTrace], world: usize, len: usize, finished: bool) -> Option<&'static str> {
-    // A rank waited for one that never sent to it.
+/// `failure`: the group's error, `None` when the ranks returned (with wrong
+/// numbers) rather than failing.
+fn diagnose(traces: &[P2pTrace], world: usize, len: usize, failure: Option<&str>) -> Option<&'static str> {
+    let finished = failure.is_none();
+    // A rank waited for one that never sent to it, and that is what stopped
+    // the group: after another error, the ranks stop before sending all.
+    let waits = ["can never complete", "did not send", "finished without sending"];
+    let stuck = failure.is_some_and(|e| waits.iter().any(|w| e.contains(w)));
     let sends_to = |src: usize, dst: usize| traces.get(src).is_some_and(|t| t.sent_to.contains(&dst));
-    if traces.iter().enumerate().any(|(rank, t)| t.waited_on.iter().any(|&src| !sends_to(src, rank))) {
+    if stuck && traces.iter().enumerate().any(|(rank, t)| t.waited_on.iter().any(|&src| !sends_to(src, rank))) {
         return Some(mistake(16, "wrong_neighbour"));
     }
     // Every message a whole len / N when N does not divide len: the rest was cut off.
@@ -125,7 +130,7 @@ fn every_rank_gets_the_sum_of_every_ranks_tensor(
         Ok(got) => got,
         Err(e) => panic!(
             "ring_all_reduce on {world} ranks, a tensor of shape {shape:?}, failed: {e}{}",
-            cause(diagnose(&traces, world, len, false))
+            cause(diagnose(&traces, world, len, Some(&e)))
         ),
     };
     for (rank, values) in got.iter().enumerate() {
@@ -139,7 +144,7 @@ fn every_rank_gets_the_sum_of_every_ranks_tensor(
              expected {} (the sum over the ranks){}",
             number(values[first] as f64),
             number(want[first] as f64),
-            cause(diagnose(&traces, world, len, true))
+            cause(diagnose(&traces, world, len, None))
         );
     }
 }
