@@ -118,7 +118,7 @@ fn run(world: usize, len: usize) -> Vec<RankRun> {
 }
 
 fn close(got: &[f32], want: &[f64]) -> bool {
-    got.len() == want.len() && got.iter().zip(want).all(|(&g, &w)| near(g as f64, w))
+    first_mismatch(got, want, near).is_none()
 }
 
 fn near(got: f64, want: f64) -> bool {

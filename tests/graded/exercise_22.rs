@@ -251,12 +251,11 @@ fn only_one_unit_is_whole_at_a_time(#[values(2, 3)] world: usize) {
 fn the_forward_keeps_each_units_input() {
     let got = steps(&run(2));
     for (rank, step) in got.iter().enumerate() {
-        let want = Reference::of_rank(rank, 2).unit_inputs;
+        let reference = Reference::of_rank(rank, 2);
         assert!(step.inputs.len() == UNITS, "rank {rank} kept {} inputs for {UNITS} units", step.inputs.len());
-        for (unit, (kept, want)) in step.inputs.iter().zip(&want).enumerate() {
+        for (unit, (kept, want)) in step.inputs.iter().zip(&reference.unit_inputs).enumerate() {
             let Some(difference) = first_scaled_difference(kept, want) else { continue };
             // What the unit gave out, which is the next one's input (or the output, for the last).
-            let reference = Reference::of_rank(rank, 2);
             let given = reference.unit_inputs.get(unit + 1).unwrap_or(&reference.output);
             let its_output = first_scaled_difference(kept, given).is_none();
             panic!(

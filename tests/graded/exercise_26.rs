@@ -251,13 +251,13 @@ fn the_next_step_starts_from_no_gradients() {
     .unwrap_or_else(|e| panic!("DataParallel on {world} thread ranks failed: {e}"));
     for (rank, steps) in steps.iter().enumerate() {
         let (first, second) = (&steps[0], &steps[1]);
-        let Some(i) = second.iter().zip(first).position(|(&s, &f)| !close(s, f)) else { continue };
-        let both = second.iter().zip(first).all(|(&s, &f)| close(s, 2.0 * f));
+        let times = |factor: f32| first.iter().map(|&f| f64::from(factor * f)).collect::<Vec<f64>>();
+        let same = |s: f64, f: f64| close(s as f32, f as f32);
+        let Some(difference) = first_mismatch(second, &times(1.0), same) else { continue };
+        let both = first_mismatch(second, &times(2.0), same).is_none();
         panic!(
-            "rank {rank}: a second step on the same batches gives gradient element {i} (all gradients in name order) \
-             {}, where the first gave {}{}",
-            number(second[i] as f64),
-            number(first[i] as f64),
+            "rank {rank}: a second step on the same batches, all gradients in name order: {difference} (what the \
+             first step gave){}",
             if both {
                 "; every element is twice the first step's: that step's gradients stayed in the wrapper after \
                  take_gradients, which must hand them over and keep none"

@@ -421,7 +421,6 @@ pub fn all_close(got: &Tensor, want: &Tensor, tol: Tol) -> bool {
     got.dims() == want.dims() && first_difference(&values(got), &values(want), tol).is_none()
 }
 
-/// What is wrong with `got` as an estimate of `want`, if anything.
 /// Where `got` and `want` differ beyond `tol`, if they do. `other` names
 /// `want` when it is not the PyTorch reference (another output of the
 /// learner's own code, which the test compares against).

@@ -61,12 +61,36 @@ struct NeighbourEntry {
 #[derive(Debug)]
 pub struct Plant {
     pub exercise: u32,
-    /// Its id in info.toml; `None` for a neighbour, which no failure may name.
-    pub mistake: Option<String>,
-    /// How verify's messages call it: the id, or what a neighbour does.
-    pub label: String,
+    kind: PlantKind,
     /// `[old, new]` pairs applied in order; each `old` occurs exactly once.
     pub edits: Vec<(String, String)>,
+}
+
+/// What a plant's failures must say.
+#[derive(Debug)]
+enum PlantKind {
+    /// A mistake of info.toml, by its id: a failure must name it.
+    Named(String),
+    /// A near miss, by what it does: no failure may name any mistake.
+    Neighbour(String),
+}
+
+impl Plant {
+    /// Its mistake's id in info.toml; `None` for a neighbour.
+    pub fn mistake(&self) -> Option<&str> {
+        match &self.kind {
+            PlantKind::Named(id) => Some(id),
+            PlantKind::Neighbour(_) => None,
+        }
+    }
+
+    /// How verify's messages call it.
+    pub fn label(&self) -> String {
+        match &self.kind {
+            PlantKind::Named(id) => id.clone(),
+            PlantKind::Neighbour(what) => format!("neighbour: {what}"),
+        }
+    }
 }
 
 /// Reads the plants, named mistakes and neighbours.
@@ -76,14 +100,12 @@ pub fn load(root: &Path) -> Result<Vec<Plant>> {
     let file = toml::from_str::<PlantsFile>(&text).with_context(|| format!("{PLANTS_FILE} is not valid"))?;
     let named = file.plant.into_iter().map(|p| Plant {
         exercise: p.exercise,
-        label: p.mistake.clone(),
-        mistake: Some(p.mistake),
+        kind: PlantKind::Named(p.mistake),
         edits: p.edits,
     });
     let neighbours = file.neighbour.into_iter().map(|n| Plant {
         exercise: n.exercise,
-        mistake: None,
-        label: format!("neighbour: {}", n.what),
+        kind: PlantKind::Neighbour(n.what),
         edits: n.edits,
     });
     Ok(named.chain(neighbours).collect())
@@ -97,7 +119,7 @@ pub fn apply(plant: &Plant, source: &str) -> Result<String> {
             1 => planted = planted.replacen(old.as_str(), new, 1),
             found => bail!(
                 "planting `{}` in exercise {}: {old:?} occurs {found} times in the solution, not once",
-                plant.label,
+                plant.label(),
                 plant.exercise
             ),
         }
@@ -160,8 +182,8 @@ fn calls(workbook: &Workbook, from: u32, to: u32) -> bool {
 /// fail a test that names it and no other of its exercise's mistakes; a
 /// neighbour must fail a test that names none of them.
 pub fn judge(exercise: &Exercise, plant: &Plant, run: &TestRun) -> Vec<String> {
-    let own = match &plant.mistake {
-        Some(id) => match exercise.mistakes.iter().find(|m| &m.id == id) {
+    let own = match plant.mistake() {
+        Some(id) => match exercise.mistakes.iter().find(|m| m.id == id) {
             Some(mistake) => Some(mistake),
             None => return vec![format!("exercise {} lists no mistake `{id}`", exercise.number)],
         },
@@ -175,7 +197,7 @@ pub fn judge(exercise: &Exercise, plant: &Plant, run: &TestRun) -> Vec<String> {
         .collect();
     let mut problems = Vec::new();
     if failures.is_empty() {
-        problems.push(format!("planted `{}`: every test of exercise {} passes", plant.label, exercise.number));
+        problems.push(format!("planted `{}`: every test of exercise {} passes", plant.label(), exercise.number));
     } else if let Some(own) = own.filter(|own| !failures.iter().any(|(_, message)| message.contains(&own.text))) {
         problems.push(format!(
             "planted `{}`: no failure names it; {} says:\n{}",
@@ -186,7 +208,7 @@ pub fn judge(exercise: &Exercise, plant: &Plant, run: &TestRun) -> Vec<String> {
     }
     for other in exercise.mistakes.iter().filter(|m| own.is_none_or(|own| own.id != m.id)) {
         if let Some((name, _)) = failures.iter().find(|(_, message)| message.contains(&other.text)) {
-            problems.push(format!("planted `{}`: {name} blames another mistake, `{}`", plant.label, other.id));
+            problems.push(format!("planted `{}`: {name} blames another mistake, `{}`", plant.label(), other.id));
         }
     }
     problems
@@ -256,7 +278,7 @@ mod tests {
 
     fn plant(exercise: u32, mistake: &str, edits: &[(&str, &str)]) -> Plant {
         let edits = edits.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
-        Plant { exercise, mistake: Some(mistake.to_string()), label: mistake.to_string(), edits }
+        Plant { exercise, kind: PlantKind::Named(mistake.to_string()), edits }
     }
 
     /// Exercises 1 and 2 on their own, 3 calling 2's code.
@@ -311,7 +333,7 @@ mod tests {
         ];
         let builds: Vec<Vec<(u32, &str)>> = builds(&workbook(), &plants)
             .iter()
-            .map(|build| build.iter().map(|p| (p.exercise, p.label.as_str())).collect())
+            .map(|build| build.iter().map(|p| (p.exercise, p.mistake().unwrap_or_default())).collect())
             .collect();
         assert_eq!(builds, [vec![(1, "typo"), (2, "typo")], vec![(1, "slip"), (3, "typo")], vec![(3, "slip")]]);
     }
@@ -339,7 +361,7 @@ mod tests {
         assert!(judge(exercise, &typo, &run(&["wrong"]))[0].contains("no failure names it"));
         let blamed = judge(exercise, &typo, &run(&["a typo", "Likely cause: a slip"]));
         assert!(blamed.len() == 1 && blamed[0].contains("blames another mistake, `slip`"), "{blamed:?}");
-        let neighbour = Plant { exercise: 1, mistake: None, label: "neighbour: a near miss".into(), edits: vec![] };
+        let neighbour = Plant { exercise: 1, kind: PlantKind::Neighbour("a near miss".into()), edits: vec![] };
         assert!(judge(exercise, &neighbour, &run(&["", "wrong at [2]"])).is_empty());
         assert!(judge(exercise, &neighbour, &run(&[""]))[0].contains("every test of exercise 1 passes"));
         let blamed = judge(exercise, &neighbour, &run(&["wrong. Likely cause: a typo."]));

@@ -441,7 +441,7 @@ fn planted_mistakes(ws: &Workspace, tally: &mut Tally) {
         for mistake in exercise.mistakes.iter().filter(|m| !planted::has_fixture_output(&outputs, &m.id)) {
             let count = plants
                 .iter()
-                .filter(|p| p.exercise == exercise.number && p.mistake.as_ref() == Some(&mistake.id))
+                .filter(|p| p.exercise == exercise.number && p.mistake() == Some(mistake.id.as_str()))
                 .count();
             tally.check(count == 1, || {
                 format!(
@@ -480,7 +480,7 @@ fn planted_mistakes(ws: &Workspace, tally: &mut Tally) {
         for (plant, exercise) in build.iter().zip(&exercises) {
             let problems = match &run {
                 Ok(run) => planted::judge(exercise, plant, run),
-                Err(error) => vec![format!("planting `{}` in exercise {}: {error:#}", plant.label, plant.exercise)],
+                Err(error) => vec![format!("planting `{}` in exercise {}: {error:#}", plant.label(), plant.exercise)],
             };
             tally.check(problems.is_empty(), || problems.join("\n  "));
         }
