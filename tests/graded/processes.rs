@@ -314,6 +314,48 @@ fn on_three_ranks_a_rank_stopped_mid_all_reduce_is_the_one_both_others_name() {
     }
 }
 
+/// On a 2 × 2 mesh (pairs {0, 1} and {2, 3}, columns {0, 2} and {1, 3}),
+/// rank 2 stops; rank 1 waits on rank 0 in their pair's all-reduce while
+/// rank 0 waits on rank 2 in their column's. Rank 0 is alive but sends rank 1
+/// nothing: rank 1 must learn that rank 2 is the cause, not blame rank 0.
+#[test]
+fn on_a_mesh_the_stopped_rank_is_named_not_the_rank_waiting_on_it() {
+    let results = on_processes_timing_out_after(4, SHORT_TIMEOUT_S, |pg| {
+        let pids = pg.all_gather(&Tensor::new(&[std::process::id()], &Device::Cpu)?)?.to_vec1::<u32>()?;
+        let (pair, column) = (pg.split(pg.rank() / 2)?, pg.split(pg.rank() % 2)?);
+        let one = Tensor::new(&[1f32], &Device::Cpu)?;
+        let error = match pg.rank() {
+            2 => {
+                signal("STOP", pids[2]);
+                std::thread::sleep(std::time::Duration::from_secs(4 * SHORT_TIMEOUT_S));
+                return Ok(String::new());
+            }
+            0 => {
+                // Rank 1's wait on rank 0 began first, so its deadline comes first.
+                std::thread::sleep(std::time::Duration::from_millis(500 * SHORT_TIMEOUT_S));
+                let error = column.all_reduce(&one, ReduceOp::Sum).err();
+                std::thread::sleep(std::time::Duration::from_secs(SHORT_TIMEOUT_S)); // rank 1 gives up too
+                signal("CONT", pids[2]);
+                error
+            }
+            1 => pair.all_reduce(&one, ReduceOp::Sum).err(),
+            _ => None,
+        };
+        Ok(error.map(|e| e.to_string()).unwrap_or_default())
+    });
+    for rank in [0, 1] {
+        let error = results[rank].clone().expect("ranks 0 and 1 report");
+        assert!(
+            error.contains("rank 2 stopped answering"),
+            "rank {rank}'s error must name the stopped rank 2: {error:?}"
+        );
+        assert!(
+            !error.contains("rank 0 is alive"),
+            "rank {rank} blames rank 0, which only waited on rank 2: {error:?}"
+        );
+    }
+}
+
 /// The last of `world` ranks stops its process (SIGSTOP) while the others
 /// all-reduce 64 MiB each: more than the sockets buffer, so their writers
 /// are still blocked sending when they give up. Each other rank returns its

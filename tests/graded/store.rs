@@ -225,9 +225,10 @@ fn connect_retries_until_the_server_binds() {
     store.set("key", b"v").expect("the late server must serve the early client");
 }
 
-/// A rank's mesh listener greets newcomers side by side: twenty strangers
-/// that connect and say nothing cannot hold the job past its start-up, and
-/// one with the wrong token is not taken for a rank.
+/// A rank's mesh listener greets newcomers side by side, each for a short
+/// while: a thousand strangers that connect and say nothing, far more than
+/// it greets at once, cannot keep the real rank out or hold the job past its
+/// start-up, and one with the wrong token is not taken for a rank.
 #[test]
 fn silent_strangers_on_a_ranks_port_do_not_stall_the_job() {
     use workbook::distributed::{ProcessGroup, ReduceOp, Rendezvous, TcpProcessGroup};
@@ -249,7 +250,7 @@ fn silent_strangers_on_a_ranks_port_do_not_stall_the_job() {
         let rank0 = s.spawn(|| rank(0));
         let store = StoreClient::connect(&master, TOKEN, TIMEOUT).unwrap();
         let addr = String::from_utf8(store.get("addr/0", TIMEOUT).unwrap()).unwrap();
-        let _silent: Vec<TcpStream> = (0..20).map(|_| TcpStream::connect(&addr).unwrap()).collect();
+        let _silent: Vec<TcpStream> = (0..1000).map(|_| TcpStream::connect(&addr).unwrap()).collect();
         let mut impostor = TcpStream::connect(&addr).unwrap();
         impostor.write_all(b"WBRK\x01\x00\x00\x00").unwrap(); // claims to be rank 1
         impostor.set_read_timeout(Some(TIMEOUT)).unwrap();

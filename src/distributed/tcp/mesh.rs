@@ -23,8 +23,13 @@
 //! (the peer's process is stopped or its machine gone), a peer that is alive
 //! and not busy but sends nothing for this call (stuck, or it skipped the
 //! call), and a peer that is busy, whose wait is not charged to the timeout.
+//! Heartbeats also say which rank their sender waits on: on a mesh of
+//! groups a rank often waits on a peer that waits on a third, and the third
+//! is the one to name, so the first gives the peer one more timeout to find
+//! out why and pass the cause on.
 
 use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
@@ -41,9 +46,18 @@ use crate::distributed::Collective;
 use crate::error::io_context;
 
 const HELLO: &[u8; 4] = b"WBRK";
-/// Connections greeted at once; more newcomers than this are closed unread
-/// until some greeting ends (a flood of strangers costs no more threads).
+/// Connections greeted at once. A newcomer beyond this closes the oldest
+/// greeting still under way, so strangers that say nothing cannot fill every
+/// place and keep a rank out: a flood costs no more threads, and a real rank
+/// that is closed this way dials again.
 const MAX_GREETING: usize = 64;
+/// How long one connection may take to say who it is and prove the token. A
+/// rank on the same network needs milliseconds; a silent stranger loses its
+/// place after this.
+const GREETING_PATIENCE: Duration = Duration::from_secs(2);
+/// The pause before a rank dials again after its connection was closed
+/// during the greeting.
+const REDIAL_AFTER: Duration = Duration::from_millis(50);
 
 /// This rank's connections to the others.
 pub(super) struct Mesh {
@@ -55,20 +69,40 @@ pub(super) struct Mesh {
     failure: RefCell<Option<String>>,
     /// The peer this rank found silent for a whole timeout, if any.
     silent_peer: Cell<Option<usize>>,
-    /// What long work this rank is busy with, for its writers' heartbeats.
-    busy: Arc<Mutex<Option<String>>>,
-    /// What each peer last said it was busy with.
-    peer_busy: RefCell<Vec<Option<String>>>,
+    /// What this rank's writers' heartbeats say of it.
+    status: Arc<Mutex<Status>>,
+    /// What each peer last said of itself.
+    peer_status: RefCell<Vec<Status>>,
 }
 
-/// One wait for a message from a peer: when it gives up, and when the peer
-/// was last heard from at all.
+/// What a rank's heartbeats say of it.
+#[derive(Debug, Clone, Default)]
+struct Status {
+    /// The long work (a checkpoint write) it is busy with.
+    busy: Option<String>,
+    /// The rank it waits to hear from. A rank that waits on a live peer
+    /// which itself waits on a third gives that peer time to find out why,
+    /// so that the rank at the root of a chain of waits is the one named.
+    waiting_on: Option<usize>,
+}
+
+/// One wait for a message from a peer: when it gives up, when the peer
+/// was last heard from at all, and whether the deadline was already moved
+/// for a peer that waits on another rank.
 struct Wait<'a> {
     from: usize,
     waiting_for: &'a Header,
     start: Instant,
     deadline: Instant,
     last_heard: Instant,
+    extended: bool,
+}
+
+impl<'a> Wait<'a> {
+    fn new(from: usize, waiting_for: &'a Header, timeout: Duration) -> Self {
+        let now = Instant::now();
+        Self { from, waiting_for, start: now, deadline: now + timeout, last_heard: now, extended: false }
+    }
 }
 
 struct Peer {
@@ -114,6 +148,22 @@ impl BorrowedFrames {
             out.write_all(piece)?;
         }
         Ok(())
+    }
+}
+
+/// While alive, this rank's heartbeats say it waits on a peer.
+struct WaitingOn<'a>(&'a Mutex<Status>);
+
+impl<'a> WaitingOn<'a> {
+    fn tell(status: &'a Mutex<Status>, peer: usize) -> Self {
+        status.lock().unwrap_or_else(PoisonError::into_inner).waiting_on = Some(peer);
+        Self(status)
+    }
+}
+
+impl Drop for WaitingOn<'_> {
+    fn drop(&mut self) {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).waiting_on = None;
     }
 }
 
@@ -174,21 +224,22 @@ impl Mesh {
             *slot = Some(dial(&addr, rank, peer, token, timeout)?);
         }
         accept_higher(&listener, &mut streams, rank, token, timeout)?;
-        let busy = Arc::new(Mutex::new(None));
+        let status = Arc::new(Mutex::new(Status::default()));
         let peers = streams
             .into_iter()
             .enumerate()
-            .map(|(r, s)| s.map(|s| Peer::start(s, r, timeout, Arc::clone(&busy))).transpose())
+            .map(|(r, s)| s.map(|s| Peer::start(s, r, timeout, Arc::clone(&status))).transpose())
             .collect::<Result<_>>()?;
-        let peer_busy = RefCell::new(vec![None; world_size]);
-        Ok(Self { rank, peers, timeout, failure: RefCell::new(None), silent_peer: Cell::new(None), busy, peer_busy })
+        let peer_status = RefCell::new(vec![Status::default(); world_size]);
+        let failure = RefCell::new(None);
+        Ok(Self { rank, peers, timeout, failure, silent_peer: Cell::new(None), status, peer_status })
     }
 
     /// Says what long work this rank is busy with (`None`: none), at once to
     /// every peer and in every heartbeat after.
     pub fn set_busy(&self, what: Option<&str>) {
-        *self.busy.lock().unwrap_or_else(PoisonError::into_inner) = what.map(str::to_string);
-        let frame = heartbeat(&self.busy);
+        self.status.lock().unwrap_or_else(PoisonError::into_inner).busy = what.map(str::to_string);
+        let frame = heartbeat(&self.status);
         for to in (0..self.peers.len()).filter(|&r| r != self.rank) {
             let _ = self.queue(to, Outgoing::Frame(frame.clone()));
         }
@@ -284,11 +335,10 @@ impl Mesh {
                 if !matches!(peer.stream.peek(&mut raw), Ok(HEADER_BYTES)) {
                     break;
                 }
-                let now = Instant::now();
-                let mut wait = Wait { from, waiting_for, start: now, deadline: now + self.timeout, last_heard: now };
-                let (len, abort) = match Header::decode(&raw) {
-                    Some(Frame::Heartbeat { len }) => (len, false),
-                    Some(Frame::Abort { len }) => (len, true),
+                let mut wait = Wait::new(from, waiting_for, self.timeout);
+                let (len, waits_on, abort) = match Header::decode(&raw) {
+                    Some(Frame::Heartbeat { len, waits_on }) => (len, waits_on, false),
+                    Some(Frame::Abort { len }) => (len, None, true),
                     _ => break,
                 };
                 self.fill(&peer.stream, &mut raw, &mut wait).ok()?; // the header peeked at
@@ -296,7 +346,7 @@ impl Mesh {
                 if abort {
                     return Some(text);
                 }
-                self.peer_busy.borrow_mut()[from] = (len > 0).then_some(text);
+                self.peer_status.borrow_mut()[from] = Status { busy: (len > 0).then_some(text), waiting_on: waits_on };
             }
         }
         None
@@ -364,15 +414,15 @@ impl Mesh {
 
     fn receive(&self, from: usize, expected: &Header, into: &mut [u8]) -> std::result::Result<(), String> {
         let peer = self.peer(from).map_err(|e| e.to_string())?;
-        let now = Instant::now();
-        let mut wait = Wait { from, waiting_for: expected, start: now, deadline: now + self.timeout, last_heard: now };
+        let mut wait = Wait::new(from, expected, self.timeout);
+        let _told = WaitingOn::tell(&self.status, from);
         loop {
             let mut raw = [0u8; HEADER_BYTES];
             self.fill(&peer.stream, &mut raw, &mut wait)?;
             match Header::decode(&raw) {
-                Some(Frame::Heartbeat { len }) => {
+                Some(Frame::Heartbeat { len, waits_on }) => {
                     let busy = self.read_text(&peer.stream, len, &mut wait)?;
-                    self.peer_busy.borrow_mut()[from] = (len > 0).then_some(busy);
+                    self.peer_status.borrow_mut()[from] = Status { busy: (len > 0).then_some(busy), waiting_on: waits_on };
                     // Heartbeats keep coming while a live peer sends nothing else.
                     self.still_waiting(&mut wait)?;
                 }
@@ -453,9 +503,24 @@ impl Mesh {
         if now < wait.deadline {
             return Ok(());
         }
-        if self.peer_busy.borrow()[from].is_some() {
+        let peer = self.peer_status.borrow()[from].clone();
+        if peer.busy.is_some() {
             wait.deadline = now + self.timeout;
             return Ok(());
+        }
+        // A peer that waits on a third rank finds out within a timeout
+        // whether that rank is gone, and then tells this one why.
+        let third = peer.waiting_on.filter(|&r| r != me);
+        if third.is_some() && !wait.extended {
+            wait.extended = true;
+            wait.deadline = now + self.timeout;
+            return Ok(());
+        }
+        if let Some(third) = third {
+            return Err(format!(
+                "{waiting_for} timed out after {:.0?} on rank {me}: rank {from} is alive but itself still waits on rank {third}, which kept it from this call: look at rank {third} (stopped, stuck, or in another call); if its work legitimately takes longer, raise --timeout",
+                now - wait.start
+            ));
         }
         // A receive can also wait on a peer that waits in a receive of its own.
         let or_waiting = if waiting_for.kind == Collective::Send {
@@ -494,7 +559,7 @@ impl Drop for Mesh {
 }
 
 impl Peer {
-    fn start(stream: TcpStream, rank: usize, timeout: Duration, busy: Arc<Mutex<Option<String>>>) -> Result<Self> {
+    fn start(stream: TcpStream, rank: usize, timeout: Duration, status: Arc<Mutex<Status>>) -> Result<Self> {
         stream.set_nodelay(true)?;
         // A peer that stops reading must not keep this rank from exiting.
         stream.set_write_timeout(Some(timeout))?;
@@ -512,7 +577,7 @@ impl Peer {
                     let _ = frames.done.send(written.as_ref().map(drop).map_err(describe_write_error));
                     written
                 }
-                Err(RecvTimeoutError::Timeout) => out.write_all(&heartbeat(&busy)),
+                Err(RecvTimeoutError::Timeout) => out.write_all(&heartbeat(&status)),
                 Err(RecvTimeoutError::Disconnected) => return,
             };
             if let Err(e) = written {
@@ -541,12 +606,12 @@ fn heartbeat_interval(timeout: Duration) -> Duration {
     (timeout / 8).clamp(Duration::from_millis(20), Duration::from_secs(1))
 }
 
-/// A heartbeat frame carrying what this rank is busy with.
-fn heartbeat(busy: &Mutex<Option<String>>) -> Vec<u8> {
-    let busy = busy.lock().unwrap_or_else(PoisonError::into_inner);
-    let text = busy.as_deref().unwrap_or_default().as_bytes();
+/// A heartbeat frame carrying what this rank is busy with and whom it waits on.
+fn heartbeat(status: &Mutex<Status>) -> Vec<u8> {
+    let status = status.lock().unwrap_or_else(PoisonError::into_inner);
+    let text = status.busy.as_deref().unwrap_or_default().as_bytes();
     let text = &text[..text.len().min(MAX_REASON)];
-    let mut frame = Header::heartbeat(text.len()).to_vec();
+    let mut frame = Header::heartbeat(text.len(), status.waiting_on).to_vec();
     frame.extend_from_slice(text);
     frame
 }
@@ -563,26 +628,42 @@ pub(super) fn local_address_towards(master: SocketAddr) -> io::Result<IpAddr> {
     Ok(probe.local_addr()?.ip())
 }
 
-/// Connects to rank `peer` at `addr`, says who is calling and proves it is of the job.
+/// Connects to rank `peer` at `addr`, says who is calling and proves it is of
+/// the job. A connection closed during the greeting (the peer had too many
+/// strangers to greet at once) is dialled again until `timeout` has passed.
 fn dial(addr: &[u8], rank: usize, peer: usize, token: &str, timeout: Duration) -> Result<TcpStream> {
     let text = String::from_utf8_lossy(addr);
     let target: SocketAddr = text
         .parse()
         .map_err(|_| Error::Msg(format!("rank {peer} published `{text}` as its address, which is not one")))?;
     let who = format!("rank {peer} at {target}");
-    let mut stream = TcpStream::connect_timeout(&target, timeout)
-        .map_err(|e| io_context(format!("rank {rank} cannot connect to {who}"), e))?;
-    stream.set_read_timeout(Some(timeout))?;
-    let hello = [&HELLO[..], &(rank as u32).to_le_bytes()].concat();
-    stream
-        .write_all(&hello)
-        .and_then(|()| auth::dial(&mut stream, token, Purpose::Mesh, &who))
-        .map_err(|e| io_context(format!("rank {rank} cannot join {who}"), e))?;
-    Ok(stream)
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+        let mut stream = TcpStream::connect_timeout(&target, left)
+            .map_err(|e| io_context(format!("rank {rank} cannot connect to {who}"), e))?;
+        stream.set_read_timeout(Some(left))?;
+        let hello = [&HELLO[..], &(rank as u32).to_le_bytes()].concat();
+        match stream.write_all(&hello).and_then(|()| auth::dial(&mut stream, token, Purpose::Mesh, &who)) {
+            Ok(()) => return Ok(stream),
+            Err(e) if closed_by_peer(&e) && Instant::now() + REDIAL_AFTER < deadline => thread::sleep(REDIAL_AFTER),
+            Err(e) => return Err(io_context(format!("rank {rank} cannot join {who}"), e)),
+        }
+    }
+}
+
+/// Whether `e` says the other side closed the connection: what a greeting
+/// cut short looks like from the dialling side.
+fn closed_by_peer(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::UnexpectedEof | ErrorKind::ConnectionReset | ErrorKind::BrokenPipe | ErrorKind::ConnectionAborted
+    )
 }
 
 /// Accepts one connection from each rank above `rank`, ignoring strangers.
-/// Each newcomer is greeted on its own thread, all against one deadline.
+/// Each newcomer is greeted on its own thread, for at most
+/// [`GREETING_PATIENCE`] and never past the job's formation deadline.
 fn accept_higher(
     listener: &TcpListener,
     streams: &mut [Option<TcpStream>],
@@ -592,24 +673,36 @@ fn accept_higher(
 ) -> Result<()> {
     let deadline = Instant::now() + timeout;
     listener.set_nonblocking(true)?;
-    let (greeted, arrivals) = mpsc::channel::<Option<(usize, TcpStream)>>();
-    let mut greeting = 0;
+    let (greeted, arrivals) = mpsc::channel::<(u64, Option<(usize, TcpStream)>)>();
+    // The greetings under way, oldest first, each with its number.
+    let mut greeting: VecDeque<(u64, Claim)> = VecDeque::new();
+    let mut next_number = 0u64;
     while let Some(missing) = (rank + 1..streams.len()).find(|&r| streams[r].is_none()) {
-        while let Ok(arrival) = arrivals.try_recv() {
-            greeting -= 1;
+        while let Ok((number, arrival)) = arrivals.try_recv() {
+            greeting.retain(|(n, _)| *n != number);
             if let Some((peer, stream)) = arrival {
                 streams[peer].get_or_insert(stream);
             }
         }
         match listener.accept() {
-            Ok((stream, _)) if greeting < MAX_GREETING => {
-                let (greeted, token, world_size) = (greeted.clone(), token.to_string(), streams.len());
-                greeting += 1;
+            Ok((stream, _)) => {
+                let Ok(handle) = stream.try_clone() else { continue };
+                if greeting.len() >= MAX_GREETING {
+                    if let Some((_, oldest)) = greeting.pop_front() {
+                        close_unless_taken(&oldest);
+                    }
+                }
+                next_number += 1;
+                let claim: Claim = Arc::new(Mutex::new(Some(handle)));
+                greeting.push_back((next_number, Arc::clone(&claim)));
+                let (greeted, token, world_size, number) =
+                    (greeted.clone(), token.to_string(), streams.len(), next_number);
+                let patience = deadline.min(Instant::now() + GREETING_PATIENCE);
                 thread::spawn(move || {
-                    let _ = greeted.send(greet(stream, &token, rank, world_size, deadline));
+                    let arrival = greet(stream, &token, rank, world_size, patience).filter(|_| take(&claim));
+                    let _ = greeted.send((number, arrival));
                 });
             }
-            Ok(_) => {} // closed unread: too many greetings at once
             Err(e) if e.kind() == ErrorKind::WouldBlock => {
                 if Instant::now() >= deadline {
                     return Err(Error::Msg(format!(
@@ -622,6 +715,23 @@ fn accept_higher(
         }
     }
     Ok(())
+}
+
+/// A handle on a connection being greeted, which either the greeting (on
+/// success) or the listener (closing the oldest greeting) takes first: a
+/// connection that proved the token is never closed by the listener.
+type Claim = Arc<Mutex<Option<TcpStream>>>;
+
+/// Takes the claim for the greeting; `false` when the listener closed it first.
+fn take(claim: &Claim) -> bool {
+    claim.lock().unwrap_or_else(PoisonError::into_inner).take().is_some()
+}
+
+/// Closes a greeting's connection, unless the greeting already took it.
+fn close_unless_taken(claim: &Claim) {
+    if let Some(handle) = claim.lock().unwrap_or_else(PoisonError::into_inner).take() {
+        let _ = handle.shutdown(Shutdown::Both);
+    }
 }
 
 /// The rank a new connection speaks for, with the connection, if it is one

@@ -23,7 +23,8 @@ const ABORT: u8 = u8::MAX;
 pub(super) const MAX_REASON: usize = 4096;
 /// The kind byte of a heartbeat: a peer's writer sends one whenever it has
 /// been idle for a while, so silence means the peer is gone, not just slow.
-/// Its payload, when not empty, says what long work the peer is busy with.
+/// Its payload, when not empty, says what long work the peer is busy with;
+/// its header, which rank the peer waits for, if it waits for one.
 const HEARTBEAT: u8 = u8::MAX - 1;
 
 /// What a frame holds: a message of a collective or point-to-point call, or a peer's abort.
@@ -35,9 +36,10 @@ pub(super) enum Frame {
         len: usize,
     },
     /// A peer is alive; what it is busy with (`len` bytes of text, none when
-    /// it is not) follows.
+    /// it is not) follows. `waits_on`: the rank it waits to hear from, if any.
     Heartbeat {
         len: usize,
+        waits_on: Option<usize>,
     },
 }
 
@@ -105,9 +107,13 @@ impl Header {
         Self::text_frame(ABORT, len)
     }
 
-    /// The header of a heartbeat whose busy text is `len` bytes long.
-    pub fn heartbeat(len: usize) -> [u8; HEADER_BYTES] {
-        Self::text_frame(HEARTBEAT, len)
+    /// The header of a heartbeat whose busy text is `len` bytes long, from a
+    /// rank that waits on rank `waits_on` (if it waits on one).
+    pub fn heartbeat(len: usize, waits_on: Option<usize>) -> [u8; HEADER_BYTES] {
+        let mut out = Self::text_frame(HEARTBEAT, len);
+        let code = waits_on.map_or(0, |rank| rank as u32 + 1); // 0: waits on no one
+        out[12..16].copy_from_slice(&code.to_le_bytes());
+        out
     }
 
     fn text_frame(kind: u8, len: usize) -> [u8; HEADER_BYTES] {
@@ -123,7 +129,11 @@ impl Header {
         let text_len = (u64_at(24) as usize).min(MAX_REASON);
         match bytes[8] {
             ABORT => return Some(Frame::Abort { len: text_len }),
-            HEARTBEAT => return Some(Frame::Heartbeat { len: text_len }),
+            HEARTBEAT => {
+                let code = u32::from_le_bytes(bytes[12..16].try_into().expect("4 bytes"));
+                let waits_on = code.checked_sub(1).map(|rank| rank as usize);
+                return Some(Frame::Heartbeat { len: text_len, waits_on });
+            }
             _ => {}
         }
         Some(Frame::Message(Self {
