@@ -11,5 +11,5 @@ pub mod footprint;
 pub mod tuning;
 
 pub use counting::{held_after, thread_live_bytes, CountingAllocator};
-pub use footprint::{available_memory, Footprint};
+pub use footprint::{available_memory, Footprint, RunShape};
 pub use tuning::keep_freed_memory;

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context, Result};
 use serde::Deserialize;
 use workbook::data::Tokenizer;
-use workbook::memory::{available_memory, Footprint};
+use workbook::memory::{available_memory, Footprint, RunShape};
 use workbook::train::{AdamWConfig, CosineSchedule, LrSchedule, OptimizerConfig, TrainConfig};
 use workbook::GptConfig;
 
@@ -138,8 +138,9 @@ impl RunConfig {
         }
     }
 
-    /// Checks what no single field can: that the pieces fit together on `world_size` ranks.
-    pub fn validate(&self, world_size: usize) -> Result<()> {
+    /// Checks what no single field can: that the pieces fit together on
+    /// `world_size` data-parallel ranks, `ranks_here` of which share this machine.
+    pub fn validate(&self, world_size: usize, ranks_here: usize) -> Result<()> {
         if world_size == 0 {
             bail!("--nproc must be at least 1");
         }
@@ -173,28 +174,57 @@ impl RunConfig {
             );
         }
         self.model.validate()?;
-        self.check_fits(world_size)
+        self.check_fits(world_size, ranks_here)
     }
 
     /// Fails, before anything is allocated, when the machine's free memory
     /// cannot hold even the run's smallest footprint (where the OS says how
-    /// much is free).
-    fn check_fits(&self, world_size: usize) -> Result<()> {
-        let need = Footprint::of(&self.model, self.batch_size / world_size, self.seq_len);
+    /// much is free), naming the setting that asks for the most.
+    fn check_fits(&self, world_size: usize, ranks_here: usize) -> Result<()> {
+        let run = RunShape {
+            micro_batch: self.batch_size / world_size,
+            seq_len: self.seq_len,
+            grad_accum: self.grad_accum_steps,
+            ranks_here: ranks_here.max(1),
+        };
+        let need = Footprint::of(&self.model, run);
         let Some(available) = available_memory() else { return Ok(()) };
         if need.total() <= available {
             return Ok(());
         }
         let gib = |bytes: f64| format!("{:.1} GiB", bytes / (1u64 << 30) as f64);
+        let each_rank = match run.ranks_here {
+            1 => String::new(),
+            n => format!(", on each of the {n} ranks on this machine"),
+        };
+        let parts = [
+            (need.model_states, "parameters, gradients and AdamW state".to_string(), "a smaller model".to_string()),
+            (
+                need.rotary,
+                format!("the rotary tables of max_seq_len {}{each_rank}", self.model.max_seq_len),
+                "a smaller max_seq_len in the config".to_string(),
+            ),
+            (
+                need.attention,
+                format!(
+                    "one layer's attention scores for {} sequences of {} tokens{each_rank}",
+                    run.micro_batch, run.seq_len
+                ),
+                "a smaller --batch-size or --seq-len".to_string(),
+            ),
+            (
+                need.batches,
+                format!("the tokens of one step's {} micro-batches (--grad-accum){each_rank}", run.grad_accum),
+                format!("a smaller --grad-accum than {}", run.grad_accum),
+            ),
+        ];
+        let (_, _, remedy) = parts.iter().max_by(|a, b| a.0.total_cmp(&b.0)).expect("four parts");
+        let fewer_ranks = if run.ranks_here > 1 { ", or fewer ranks on this machine (--nproc)" } else { "" };
+        let listed: Vec<String> = parts.iter().map(|(bytes, what, _)| format!("{} for {what}", gib(*bytes))).collect();
         bail!(
-            "this run needs at least {} ({} for parameters, gradients and AdamW state; {} for the rotary tables \
-             of max_seq_len {}; {} for one layer's attention scores) but the machine has {} free: choose a \
-             smaller model, a shorter max_seq_len or seq_len, or a smaller batch",
+            "this run needs at least {} ({}) but the machine has {} free: choose {remedy}{fewer_ranks}",
             gib(need.total()),
-            gib(need.model_states),
-            gib(need.rotary),
-            self.model.max_seq_len,
-            gib(need.attention),
+            listed.join("; "),
             gib(available)
         )
     }

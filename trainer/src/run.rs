@@ -119,7 +119,9 @@ pub fn train(options: &RunOptions) -> Result<Summary> {
             );
         }
     }
-    options.config.validate(options.strategy.mesh(options.nproc)?.dp)?;
+    // Thread ranks all share this machine; a launched rank learns how many do from its launcher.
+    let ranks_here = launched.as_ref().map_or(options.nproc, |env| env.local_world_size);
+    options.config.validate(options.strategy.mesh(options.nproc)?.dp, ranks_here)?;
     options.backend.check(options.device)?;
     if options.ddp_overlap && options.device == DeviceKind::Cuda {
         // candle's CUDA device queues each host thread's work on that thread's

@@ -67,6 +67,27 @@ fn a_config_file_out_of_range_is_refused() {
     }
 }
 
+/// Sizes the run multiplies are counted before anything is allocated: a
+/// billion micro-batches per step is refused by the flag that asks for it,
+/// not found out by the operating system's out-of-memory killer.
+#[test]
+fn a_step_too_large_for_the_machine_is_refused_by_its_flag() {
+    if workbook::memory::available_memory().is_none() {
+        return; // the OS does not say how much memory is free
+    }
+    let dir = scratch("runaway");
+    let dummy = ["--dataset", "dummy", "--max-steps", "3"];
+    let with = |extra: &[&str]| train(&dir, &[&dummy[..], extra].concat());
+    refused(with(&["--grad-accum", "1000000000"]), "choose a smaller --grad-accum than 1000000000");
+    refused(
+        with(&["--grad-accum", "1000000000", "--nproc", "2"]),
+        "micro-batches (--grad-accum), on each of the 2 ranks on this machine",
+    );
+    let mut wide = Command::new(env!("CARGO_BIN_EXE_train"));
+    wide.args(["--dataset", "dummy", "--batch-size", "4000000", "--seq-len", "32", "--checkpoint-dir"]).arg(&dir);
+    refused(wide, "choose a smaller --batch-size or --seq-len");
+}
+
 #[test]
 fn flags_that_do_not_apply_are_refused() {
     let dir = scratch("flags");

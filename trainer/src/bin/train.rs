@@ -331,7 +331,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     if starts_ranks {
         // Tokenise once here, not in every rank at the same time.
         for world_size in args.launch.world_sizes() {
-            options.config.validate(options.strategy.mesh(world_size)?.dp)?;
+            options.config.validate(options.strategy.mesh(world_size)?.dp, args.launch.nproc_per_node)?;
         }
         // Rank 0, which writes the checkpoints, runs on node 0: its launcher
         // takes the directory (other nodes may share its filesystem).
