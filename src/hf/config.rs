@@ -12,7 +12,7 @@ use crate::data::Tokenizer;
 use crate::error::io_path;
 use crate::model::GptConfig;
 
-const GENERATION_CONFIG_FILE: &str = "generation_config.json";
+pub(super) const GENERATION_CONFIG_FILE: &str = "generation_config.json";
 
 /// Writes `config.json` and `generation_config.json` for a model of shape
 /// `config` whose weights are stored in `dtype`.

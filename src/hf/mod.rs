@@ -28,6 +28,15 @@ use crate::model::GptConfig;
 /// The file that marks a Hugging Face model directory.
 pub const CONFIG_FILE: &str = "config.json";
 
+/// Every file [`write_model_files`] may write.
+pub const MODEL_DIR_FILES: [&str; 5] = [
+    CONFIG_FILE,
+    config::GENERATION_CONFIG_FILE,
+    tokenizer::TOKENIZER_FILE,
+    tokenizer::TOKENIZER_CONFIG_FILE,
+    tokenizer::SPECIAL_TOKENS_FILE,
+];
+
 /// A model read from a Hugging Face directory.
 #[derive(Debug, Clone)]
 pub struct Pretrained {

@@ -18,9 +18,9 @@ use super::config::write_json;
 use crate::data::{Tokenizer, END_OF_TEXT};
 use crate::error::io_path;
 
-const TOKENIZER_FILE: &str = "tokenizer.json";
-const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
-const SPECIAL_TOKENS_FILE: &str = "special_tokens_map.json";
+pub(super) const TOKENIZER_FILE: &str = "tokenizer.json";
+pub(super) const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
+pub(super) const SPECIAL_TOKENS_FILE: &str = "special_tokens_map.json";
 
 /// Writes `tokenizer.json`, `tokenizer_config.json` and `special_tokens_map.json`.
 pub fn write_tokenizer(dir: &Path, tokenizer: Tokenizer, max_len: usize) -> Result<()> {

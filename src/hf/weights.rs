@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
-use std::path::Path;
+use std::path::{Component, Path};
 
 use candle_core::{bail, DType, Device, Result, Tensor};
 use serde::Deserialize;
@@ -35,8 +35,7 @@ pub fn read_weights(dir: &Path, config: &GptConfig) -> Result<HashMap<String, Te
     // A buffer older exports carry; the model computes its rotary table itself.
     tensors.retain(|name, _| !name.ends_with("rotary_emb.inv_freq"));
     if config.tie_word_embeddings {
-        // Some exports write the tied head out as well; it is the embedding.
-        tensors.remove("lm_head.weight");
+        drop_tied_head(dir, &mut tensors)?;
     }
     let specs = param_specs(config);
     let mut params = HashMap::with_capacity(specs.len());
@@ -65,6 +64,44 @@ pub fn read_weights(dir: &Path, config: &GptConfig) -> Result<HashMap<String, Te
     Ok(params)
 }
 
+/// Some exports write a tied head out beside the embedding; a copy of the
+/// embedding is dropped. A head that differs from it is refused: tying
+/// would replace it (transformers keeps both untied and only warns), so the
+/// model would not compute what the weights say.
+fn drop_tied_head(dir: &Path, tensors: &mut HashMap<String, Tensor>) -> Result<()> {
+    const HEAD: &str = "lm_head.weight";
+    const EMBEDDING: &str = "model.embed_tokens.weight";
+    let (Some(head), Some(embedding)) = (tensors.get(HEAD), tensors.get(EMBEDDING)) else {
+        tensors.remove(HEAD);
+        return Ok(());
+    };
+    let same = head.shape() == embedding.shape()
+        && head.to_dtype(DType::F32)?.eq(&embedding.to_dtype(DType::F32)?)?.flatten_all()?.min(0)?.to_scalar::<u8>()?
+            == 1;
+    if !same {
+        bail!(
+            "{}: config.json says tie_word_embeddings: true, but the weights hold an `{HEAD}` that differs from              `{EMBEDDING}`; tying would replace that head. Set tie_word_embeddings to false in config.json to load              the head as it is, or remove `{HEAD}` from the weights to tie it to the embedding",
+            dir.display()
+        );
+    }
+    tensors.remove(HEAD);
+    Ok(())
+}
+
+/// `file` as an index names it, when it is a file of `dir` itself: a plain
+/// name, not a path that leads out of the model directory.
+fn shard_in(dir: &Path, file: &str) -> Result<String> {
+    let mut parts = Path::new(file).components();
+    match (parts.next(), parts.next()) {
+        (Some(Component::Normal(_)), None) => Ok(file.to_string()),
+        _ => bail!(
+            "{} lists the shard `{file}`, which is not a file of {}: an index names shards by their file names              beside it",
+            dir.join(INDEX_FILE).display(),
+            dir.display()
+        ),
+    }
+}
+
 /// The safetensors files of `dir`: the shards of its index, or its one file.
 fn weight_files(dir: &Path) -> Result<Vec<String>> {
     let index = dir.join(INDEX_FILE);
@@ -74,7 +111,8 @@ fn weight_files(dir: &Path) -> Result<Vec<String>> {
             Ok(index) => index,
             Err(e) => bail!("{} is not a safetensors index: {e}", dir.join(INDEX_FILE).display()),
         };
-        let mut files: Vec<String> = index.weight_map.into_values().collect();
+        let mut files: Vec<String> =
+            index.weight_map.values().map(|file| shard_in(dir, file)).collect::<Result<_>>()?;
         files.sort();
         files.dedup();
         return Ok(files);

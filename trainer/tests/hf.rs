@@ -99,6 +99,53 @@ fn llama_variants_the_model_lacks_are_refused_by_name_not_loaded_wrongly() {
     assert!(err.contains("no config.json"), "{err}");
 }
 
+/// The fixture's weights in a scratch directory, with an `lm_head.weight`
+/// made from the embedding by `head`.
+fn fixture_with_head(name: &str, head: impl Fn(&Tensor) -> Tensor) -> PathBuf {
+    let dir = edited_fixture(name, "tie_word_embeddings", json!(true));
+    let mut weights = candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu).unwrap();
+    let embedding = &weights["model.embed_tokens.weight"];
+    weights.insert("lm_head.weight".into(), head(embedding));
+    candle_core::safetensors::save(&weights, dir.join("model.safetensors")).unwrap();
+    dir
+}
+
+/// A tied model whose file also holds a head: a copy of the embedding is
+/// the tied head, but one that differs is refused by name, since tying would
+/// replace it (transformers keeps it and warns).
+#[test]
+fn a_tied_config_with_a_head_of_its_own_is_refused_not_tied_over() {
+    let copy = fixture_with_head("tied-copy", |embedding| embedding.copy().unwrap());
+    let loaded = Pretrained::read(&copy).expect("a head equal to the embedding is the tied head");
+    assert!(!loaded.params.contains_key("lm_head.weight"), "the tied head is the embedding");
+    let differs = fixture_with_head("tied-differs", |embedding| (embedding + 0.5).unwrap());
+    let err = Pretrained::read(&differs).unwrap_err().to_string();
+    for named in ["tie_word_embeddings", "`lm_head.weight` that differs"] {
+        assert!(err.contains(named), "the error should name {named}:\n{err}");
+    }
+}
+
+/// An index's shard names are files beside it; one that leads out of the
+/// model directory is refused before anything is read.
+#[test]
+fn an_index_naming_files_outside_the_model_directory_is_refused() {
+    let outside = scratch("outside.safetensors");
+    std::fs::copy(fixture_dir().join("model.safetensors"), &outside).unwrap();
+    // Both lead to a real file: the sibling of the model directory.
+    let up = format!("../{}", outside.file_name().unwrap().to_str().unwrap());
+    for (name, shard) in [("index-up", up), ("index-abs", outside.display().to_string())] {
+        let dir = scratch(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(fixture_dir().join("config.json"), dir.join("config.json")).unwrap();
+        let weights = candle_core::safetensors::load(&outside, &Device::Cpu).unwrap();
+        let map: serde_json::Map<String, Value> = weights.keys().map(|k| (k.clone(), json!(shard))).collect();
+        let index = json!({ "metadata": {}, "weight_map": map });
+        std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
+        let err = Pretrained::read(&dir).unwrap_err().to_string();
+        assert!(err.contains("which is not a file of"), "{name}: the shard `{shard}` must be refused:\n{err}");
+    }
+}
+
 #[test]
 fn gpt2s_tokenizer_file_has_its_50000_merges_and_both_tokenizers_are_recognised() {
     for tokenizer in Tokenizer::ALL {
