@@ -150,6 +150,35 @@ impl Checkpoint {
         Self::missing_files(dir).is_empty()
     }
 
+    /// Whether `dir` is a directory (not a link to one) holding nothing but
+    /// files a save writes, as a save or a deletion killed midway leaves it.
+    /// A directory with anything else in it is someone else's.
+    pub fn holds_only_saved_files(dir: &Path) -> bool {
+        let saved = |name: &str| {
+            [MODEL_FILE, OPTIMIZER_FILE, STATE_FILE, CHECKSUM_FILE].contains(&name)
+                || crate::hf::MODEL_DIR_FILES.contains(&name)
+        };
+        let is_dir = fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir());
+        is_dir
+            && fs::read_dir(dir).is_ok_and(|entries| {
+                entries.into_iter().all(|entry| {
+                    entry.is_ok_and(|e| {
+                        e.file_type().is_ok_and(|t| t.is_file()) && saved(&e.file_name().to_string_lossy())
+                    })
+                })
+            })
+    }
+
+    /// Whether `dir` is a whole checkpoint that a save wrote, by its content:
+    /// every file a checkpoint needs, each listed in its `checksums.json` and
+    /// matching it, a state that reads, and nothing else.
+    pub fn is_written_by_a_save(dir: &Path) -> bool {
+        Self::holds_only_saved_files(dir)
+            && Self::is_complete(dir)
+            && dir.join(CHECKSUM_FILE).is_file()
+            && Self::verify(dir).is_ok_and(|unchecked| unchecked.is_empty())
+    }
+
     /// The files a checkpoint cannot do without that `dir` lacks.
     pub fn missing_files(dir: &Path) -> Vec<&'static str> {
         ESSENTIAL_FILES.into_iter().filter(|file| !dir.join(file).is_file()).collect()

@@ -90,25 +90,38 @@ fn warn_unchecked(dir: &Path, unchecked: &[&str]) {
 }
 
 /// Deletes all but the newest `keep` checkpoints under `root`. Each is first
-/// renamed to the debris name `.step_NNNNNN.pruned`, so that a kill midway
-/// never leaves a half-deleted checkpoint under its own name.
+/// renamed to a debris name, `.step_NNNNNN.pruned` (or `.pruned-N` where
+/// something else has that name), so that a kill midway never leaves a
+/// half-deleted checkpoint under its own name.
 pub fn prune(root: &Path, keep: usize) -> Result<()> {
     let steps = steps(root)?;
     for &step in steps.iter().take(steps.len().saturating_sub(keep)) {
-        let (dir, pruned) = (step_dir(root, step), root.join(format!(".step_{step:06}.pruned")));
+        let dir = step_dir(root, step);
+        let pruned = (0..)
+            .map(|n| match n {
+                0 => root.join(format!(".step_{step:06}.pruned")),
+                n => root.join(format!(".step_{step:06}.pruned-{n}")),
+            })
+            .find(|path| std::fs::symlink_metadata(path).is_err())
+            .expect("some name is free");
         std::fs::rename(&dir, &pruned).with_context(|| format!("cannot move {} aside", dir.display()))?;
         std::fs::remove_dir_all(&pruned).with_context(|| format!("cannot remove {}", pruned.display()))?;
     }
     Ok(())
 }
 
-/// Takes `root` for a run (see [`RunLock`]) and readies it: a fresh run (not
-/// `resume`) refuses a directory holding another run's checkpoints, which it
-/// would otherwise mix with its own, unless `overwrite` says to delete them.
-/// The process that starts the ranks holds the lock until the job ends.
+/// Takes `root` for a run (see [`RunLock`]) and readies it: a checkpoint a
+/// killed save set aside is put back; a fresh run (not `resume`) refuses a
+/// directory holding another run's checkpoints, which it would otherwise mix
+/// with its own, unless `overwrite` says to delete them; only then is what
+/// killed saves left deleted, so a run that refuses deletes nothing. The
+/// process that starts the ranks holds the lock until the job ends.
 pub fn take(root: &Path, resume: bool, overwrite: bool) -> Result<RunLock> {
     let lock = RunLock::acquire(root)?;
+    let debris = find_debris(root)?;
+    restore_set_aside(root, &debris)?;
     prepare(root, resume, overwrite)?;
+    remove_debris(root, &debris)?;
     Ok(lock)
 }
 
@@ -152,8 +165,7 @@ pub struct RunLock {
 }
 
 impl RunLock {
-    /// Takes the directory, or fails at once if another run holds it. Then
-    /// clears what killed saves left behind, which only a holder may do.
+    /// Takes the directory, or fails at once if another run holds it.
     pub fn acquire(root: &Path) -> Result<Self> {
         std::fs::create_dir_all(root).with_context(|| format!("cannot create {}", root.display()))?;
         let path = root.join(LOCK_FILE);
@@ -170,50 +182,67 @@ impl RunLock {
                 path.display()
             );
         }
-        remove_debris(root)?;
         Ok(Self { _file: file })
     }
 }
 
-/// What a save or a prune that never finished left, which only the trainer
-/// names so: `.step_NNNNNN.partial-ID` (a save's staging directory) and
-/// `.step_NNNNNN.pruned` (a checkpoint being deleted) are removed; a
-/// checkpoint set aside while its step was saved again (`.step_NNNNNN.old`,
-/// holding a `trainer_state.json`) goes back in place if the new one never
-/// arrived, and is removed if it did. Nothing else is touched.
-fn remove_debris(root: &Path) -> Result<()> {
-    let remove =
-        |path: &Path| std::fs::remove_dir_all(path).with_context(|| format!("cannot remove {}", path.display()));
+/// What a save or a prune that never finished left under `root`, each with
+/// its path, recognised by name and by content (see [`Debris`]): a
+/// directory, never a link, holding only what the trainer writes there.
+fn find_debris(root: &Path) -> Result<Vec<(PathBuf, Debris)>> {
+    let mut found = vec![];
     for entry in std::fs::read_dir(root).with_context(|| format!("cannot list {}", root.display()))?.flatten() {
-        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
-            continue;
+        let path = entry.path();
+        let ours = match debris_of(&entry.file_name().to_string_lossy()) {
+            Some(Debris::SetAside(_)) => Checkpoint::is_written_by_a_save(&path),
+            Some(Debris::Staging | Debris::Pruned) => Checkpoint::holds_only_saved_files(&path),
+            None => false,
+        };
+        if let Some(debris) = debris_of(&entry.file_name().to_string_lossy()).filter(|_| ours) {
+            found.push((path, debris));
         }
-        let (name, path) = (entry.file_name().to_string_lossy().into_owned(), entry.path());
-        match debris_of(&name) {
-            None => {}
-            Some(Debris::Staging | Debris::Pruned) => remove(&path)?,
-            Some(Debris::SetAside(_)) if !path.join("trainer_state.json").is_file() => {}
-            Some(Debris::SetAside(step)) => {
-                let dir = step_dir(root, step);
-                if Checkpoint::is_complete(&dir) {
-                    remove(&path)?;
-                } else if !dir.exists() {
-                    std::fs::rename(&path, &dir).with_context(|| format!("cannot restore {}", dir.display()))?;
-                } else {
-                    eprintln!(
-                        "warning: left {} and {} as they are: the first is not a complete checkpoint, so neither \
-                         was written by one save",
-                        dir.display(),
-                        path.display()
-                    );
-                }
-            }
+    }
+    Ok(found)
+}
+
+/// Puts back each checkpoint that a save set aside (`.step_NNNNNN.old`)
+/// while it wrote the same step again, if the new one never arrived.
+fn restore_set_aside(root: &Path, debris: &[(PathBuf, Debris)]) -> Result<()> {
+    for (path, debris) in debris {
+        let &Debris::SetAside(step) = debris else { continue };
+        let dir = step_dir(root, step);
+        if std::fs::symlink_metadata(&dir).is_err() {
+            std::fs::rename(path, &dir).with_context(|| format!("cannot restore {}", dir.display()))?;
         }
     }
     Ok(())
 }
 
-/// What a save or prune that never finished leaves.
+/// Deletes the staging directories of killed saves (`.step_NNNNNN.partial-ID`),
+/// the checkpoints whose deletion was killed (`.step_NNNNNN.pruned`), and
+/// set-aside checkpoints whose step was written again. Nothing else is touched.
+fn remove_debris(root: &Path, debris: &[(PathBuf, Debris)]) -> Result<()> {
+    let remove =
+        |path: &Path| std::fs::remove_dir_all(path).with_context(|| format!("cannot remove {}", path.display()));
+    for (path, debris) in debris.iter().filter(|(path, _)| path.exists()) {
+        match *debris {
+            Debris::Staging | Debris::Pruned => remove(path)?,
+            Debris::SetAside(step) if Checkpoint::is_complete(&step_dir(root, step)) => remove(path)?,
+            Debris::SetAside(step) => eprintln!(
+                "warning: left {} and {} as they are: the first is not a complete checkpoint, so neither was \
+                 written by one save",
+                step_dir(root, step).display(),
+                path.display()
+            ),
+        }
+    }
+    Ok(())
+}
+
+/// What a save or prune that never finished leaves. Only a directory whose
+/// name says which and whose content the trainer wrote is taken for one: a
+/// staging or pruned directory holds only files a save writes, and a set-aside
+/// checkpoint is a whole one whose files match its `checksums.json`.
 enum Debris {
     /// A save's staging directory.
     Staging,
@@ -230,6 +259,9 @@ fn debris_of(name: &str) -> Option<Debris> {
     match suffix {
         "old" => Some(Debris::SetAside(step)),
         "pruned" => Some(Debris::Pruned),
+        _ if suffix.strip_prefix("pruned-").is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())) => {
+            Some(Debris::Pruned)
+        }
         _ => {
             let id = suffix.strip_prefix("partial-")?;
             (!id.is_empty() && id.bytes().all(|b| b.is_ascii_digit() || b == b'-')).then_some(Debris::Staging)

@@ -186,16 +186,29 @@ fn snapshot(dir: &Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
     files
 }
 
-/// Names that look like the trainer's debris but that it did not write are
-/// the user's: a failed run, a run, and a run with --overwrite leave them be.
+/// Names that look like the trainer's debris but whose content it did not
+/// write are the user's: a failed run, a run, a refused run and a run with
+/// --overwrite leave them be, even where they carry the trainer's own
+/// debris names and a file named like a checkpoint's.
 #[test]
 fn a_run_touches_no_file_it_did_not_write() {
     let dir = scratch("not-ours");
     let user = dir.join("user");
-    for name in ["notes", ".notes.old", "step_2", ".step_2.old", ".step_000002.partial-x", ".step_000002.old"] {
+    let names = [
+        "notes",
+        ".notes.old",
+        "step_2",
+        ".step_2.old",
+        ".step_000002.partial-x",
+        ".step_000002.old",
+        ".step_000003.pruned",
+        ".step_000003.partial-77",
+    ];
+    for name in names {
         std::fs::create_dir_all(user.join(name)).unwrap();
         std::fs::write(user.join(name).join("important.txt"), format!("precious: {name}")).unwrap();
     }
+    std::fs::write(user.join(".step_000002.old").join("trainer_state.json"), r#"{"mine": true}"#).unwrap();
     std::fs::write(user.join(".bashrc.old"), "alias ll='ls -l'").unwrap();
     let ours = |path: &Path| {
         let name = path.strip_prefix(&user).unwrap().iter().next().unwrap().to_string_lossy().into_owned();
@@ -208,6 +221,9 @@ fn a_run_touches_no_file_it_did_not_write() {
     assert!(!failed.status.success(), "a run on a missing file must fail");
     assert_eq!(theirs(), before, "a failed run changed files it did not write");
     succeeded(&train(&user, 2, &[]));
+    let refused = train(&user, 2, &[]);
+    assert!(stderr(&refused).contains("holds the checkpoints of an earlier run"), "{}", stderr(&refused));
+    assert_eq!(theirs(), before, "a run that refused to start changed files it did not write");
     succeeded(&train(&user, 2, &["--overwrite"]));
     assert_eq!(theirs(), before, "two runs changed files they did not write");
     assert!(!user.join("bashrc").exists() && !user.join("step_000002").join("important.txt").exists());
@@ -226,6 +242,24 @@ fn what_a_killed_prune_left_is_finished_by_the_next_run() {
     succeeded(&train(&dir, 6, &["--resume", "--keep-checkpoints", "2"]));
     assert!(!pruned.exists(), "the half-deleted checkpoint is removed");
     assert_eq!(checkpoints::steps(&dir).unwrap(), [4, 6]);
+}
+
+/// A link that has a debris name is the user's: the prune that would use the
+/// name picks another, and the link and what it points to stay.
+#[cfg(unix)]
+#[test]
+fn a_link_with_a_debris_name_neither_stops_a_prune_nor_is_followed() {
+    let dir = scratch("linked");
+    let elsewhere = scratch("linked-target");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    std::fs::write(elsewhere.join("important.txt"), "precious").unwrap();
+    std::fs::create_dir_all(&dir).unwrap();
+    let link = dir.join(".step_000002.pruned");
+    std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
+    succeeded(&train(&dir, 6, &["--keep-checkpoints", "2"]));
+    assert_eq!(checkpoints::steps(&dir).unwrap(), [4, 6], "the prune went on past the link");
+    assert_eq!(std::fs::read_link(&link).unwrap(), elsewhere, "the link is left as it was");
+    assert_eq!(std::fs::read_to_string(elsewhere.join("important.txt")).unwrap(), "precious");
 }
 
 /// The state, the checksums and the Hugging Face files are checked like the
