@@ -4,7 +4,7 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use figures::loss::StepPoint;
 use serde::{Deserialize, Serialize};
 
@@ -39,6 +39,24 @@ pub struct StepRecord {
     /// The updates skipped so far for a non-finite gradient.
     #[serde(default)]
     pub skipped_steps: u64,
+}
+
+impl StepRecord {
+    /// The record of the held-out loss measured before the first step (step
+    /// 0): nothing was trained, so the training fields are NaN.
+    pub fn before_training(eval_loss: f64, memory_mib: Vec<f64>) -> Self {
+        Self {
+            step: 0,
+            loss: f64::NAN,
+            lr: f64::NAN,
+            grad_norm: f64::NAN,
+            tokens_per_s: f64::NAN,
+            elapsed_s: 0.0,
+            eval_loss: Some(eval_loss),
+            memory_mib,
+            skipped_steps: 0,
+        }
+    }
 }
 
 /// An f64 as a JSON number when finite, else as a word.
@@ -111,15 +129,19 @@ impl MetricsLog {
     }
 }
 
-/// What TensorBoard plots of a step, by tag.
+/// What TensorBoard plots of a step, by tag: before the first step (step
+/// 0), only the evaluation.
 fn scalars(record: &StepRecord) -> Vec<(String, f64)> {
-    let mut scalars = vec![
-        ("train/loss".to_string(), record.loss),
-        ("train/learning_rate".to_string(), record.lr),
-        ("train/grad_norm".to_string(), record.grad_norm),
-        ("train/tokens_per_s".to_string(), record.tokens_per_s),
-        ("train/skipped_steps".to_string(), record.skipped_steps as f64),
-    ];
+    let mut scalars = match record.step {
+        0 => vec![],
+        _ => vec![
+            ("train/loss".to_string(), record.loss),
+            ("train/learning_rate".to_string(), record.lr),
+            ("train/grad_norm".to_string(), record.grad_norm),
+            ("train/tokens_per_s".to_string(), record.tokens_per_s),
+            ("train/skipped_steps".to_string(), record.skipped_steps as f64),
+        ],
+    };
     if let Some(loss) = record.eval_loss {
         scalars.extend([("eval/loss".to_string(), loss), ("eval/perplexity".to_string(), loss.exp())]);
     }
@@ -130,7 +152,8 @@ fn scalars(record: &StepRecord) -> Vec<(String, f64)> {
 
 /// Reads every record of a `metrics.jsonl`. A last line cut short (a run
 /// killed, or a disk that filled, in the middle of writing it) is left out;
-/// a bad line anywhere else is an error.
+/// a bad line anywhere else is left out with a warning that names it: the
+/// log is a record of the run, and resuming never depends on it.
 pub fn read_log(path: &Path) -> Result<Vec<StepRecord>> {
     Ok(read_lines(path)?.into_iter().map(|(record, _)| record).collect())
 }
@@ -144,7 +167,7 @@ fn read_lines(path: &Path) -> Result<Vec<(StepRecord, String)>> {
         match serde_json::from_str(line) {
             Ok(record) => records.push((record, line.to_string())),
             Err(_) if index + 1 == lines.len() && !text.ends_with('\n') => break,
-            Err(e) => bail!("bad line {} in {}: {e}: {line}", index + 1, path.display()),
+            Err(e) => eprintln!("warning: skipping bad line {} of {}: {e}: {line}", index + 1, path.display()),
         }
     }
     Ok(records)

@@ -356,8 +356,16 @@ fn drive(
         evaluate(trainer, dataset, held_out, per_rank_batch, device).map(Some)
     };
     let first_eval = eval(&mut trainer)?;
-    if let (true, Some(loss)) = (is_logger, first_eval) {
-        say(&bar, eval_line(trainer.counters().step, loss));
+    if let Some(loss) = first_eval {
+        // Every rank takes part in gathering the memory figures.
+        let memory_mib = memory_per_rank(trainer.process_group(), device)?;
+        if is_logger {
+            say(&bar, eval_line(trainer.counters().step, loss));
+        }
+        // A resumed run measured this step's loss before it stopped, if it was due.
+        if let (Some(log), 0) = (log.as_mut(), trainer.counters().step) {
+            log.record(&StepRecord::before_training(loss, memory_mib))?;
+        }
     }
     let mut last_eval = first_eval;
     while trainer.counters().step < config.max_steps {

@@ -94,7 +94,8 @@ fn a_run_calls_the_exercises_its_flags_choose() {
 
 /// With an evaluation every 10 steps the last windows are held out: the
 /// loss on them falls, metrics.jsonl records it at the steps that measured
-/// it, and a resume that would hold out another tail is refused.
+/// it (step 0: before the first), and a resume that would hold out another
+/// tail is refused.
 #[test]
 fn held_out_loss_falls_and_a_resume_keeps_the_split() {
     let dir = scratch("held-out");
@@ -107,7 +108,8 @@ fn held_out_loss_falls_and_a_resume_keeps_the_split() {
     );
     let records = trainer::metrics::read_log(&dir.join("metrics.jsonl")).unwrap();
     let evaluated: Vec<usize> = records.iter().filter(|r| r.eval_loss.is_some()).map(|r| r.step).collect();
-    assert_eq!(evaluated, [10, 20], "evaluated every 10 steps");
+    assert_eq!(evaluated, [0, 10, 20], "evaluated before the first step and every 10 steps");
+    assert_eq!(records[0].eval_loss, Some(before), "step 0 records the loss before training");
     let mut without = options(dir.clone(), 25, 1);
     without.resume = Some(dir.clone());
     let error = train(&without).unwrap_err().to_string();

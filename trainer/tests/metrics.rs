@@ -37,14 +37,17 @@ fn non_finite_values_are_written_as_words_and_read_back() {
     assert_eq!(records[1].loss, 2.5);
 }
 
+/// A bad line is left out of what is read, wherever it is: the log never
+/// keeps a run from resuming.
 #[test]
-fn a_torn_last_line_is_left_out_and_a_bad_middle_line_is_an_error() {
+fn a_torn_last_line_and_a_bad_middle_line_are_left_out() {
     let path = scratch("torn");
     let good = serde_json::to_string(&record(1, 3.0)).unwrap();
     std::fs::write(&path, format!("{good}\n{{\"step\":2,\"lo")).unwrap();
     assert_eq!(read_log(&path).unwrap().len(), 1);
     std::fs::write(&path, format!("{{\"step\":2,\"lo\n{good}\n")).unwrap();
-    assert!(read_log(&path).unwrap_err().to_string().starts_with("bad line 1 in"));
+    let steps: Vec<usize> = read_log(&path).unwrap().iter().map(|r| r.step).collect();
+    assert_eq!(steps, [1], "the bad first line is skipped, the good one after it read");
 }
 
 #[test]

@@ -49,17 +49,18 @@ fn the_checksum_is_tensorboards() {
     assert_eq!(&framed[12..15], b"abc");
 }
 
-/// A file-version event, then one event per step: a resumed run rewrites the
-/// steps it kept instead of logging them twice.
+/// A file-version event, the evaluation before the first step (step 0),
+/// then one event per step: a resumed run rewrites the steps it kept
+/// instead of logging them twice.
 #[test]
 fn one_event_per_step_even_after_a_resume() {
     let dir = scratch("tensorboard");
     train(&dir, 6, &[]);
     let events = dir.join(EVENTS_FILE);
-    assert_eq!(records(&events).len(), 1 + 6);
+    assert_eq!(records(&events).len(), 1 + 1 + 6);
     let older = dir.join("step_000004");
     train(&dir, 8, &["--resume", older.to_str().unwrap()]);
-    assert_eq!(records(&events).len(), 1 + 8, "resumed at step 4: steps 1-4 kept, 5-8 trained again");
+    assert_eq!(records(&events).len(), 1 + 1 + 8, "resumed at step 4: steps 0-4 kept, 5-8 trained again");
     assert!(records(&events)[0].windows(13).any(|w| w == b"brain.Event:2"));
 
     let python = std::env::var("WORKBOOK_PYTHON").unwrap_or_else(|_| "python3".into());
@@ -70,7 +71,7 @@ fn one_event_per_step_even_after_a_resume() {
               len(acc.Scalars('train/skipped_steps')), len(acc.Scalars('memory/rank_0_mib')))";
     match Command::new(&python).args(["-c", script]).arg(&dir).output() {
         Ok(out) if out.status.success() => {
-            assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "8 [4, 8] 8 8", "what TensorBoard read");
+            assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "8 [0, 4, 8] 8 9", "what TensorBoard read");
         }
         _ => println!("skipped TensorBoard's own reader: `{python}` has no tensorboard package"),
     }
