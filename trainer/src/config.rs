@@ -106,6 +106,11 @@ impl RunConfig {
         } else {
             workbook_root()?.join("configs").join(format!("{size}.toml"))
         };
+        // A name with a separator or an extension was meant as a file.
+        let looks_like_a_path = size.contains(['/', '\\']) || size.ends_with(".toml");
+        if !path.is_file() && looks_like_a_path {
+            bail!("there is no config file at {size}: check the path given to --model-size");
+        }
         if !path.is_file() {
             bail!("unknown model size `{size}`: choose {} or give the path of a config file", SIZES.join(", "));
         }

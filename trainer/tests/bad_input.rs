@@ -88,6 +88,18 @@ fn a_step_too_large_for_the_machine_is_refused_by_its_flag() {
     refused(wide, "choose a smaller --batch-size or --seq-len");
 }
 
+/// A config path that is not there is named as a path, not taken for an
+/// unknown model size.
+#[test]
+fn a_missing_config_file_is_named() {
+    let dir = scratch("no-config");
+    refused(
+        train(&dir, &["--model-size", "/nonexistent/run.toml", "--dataset", "dummy"]),
+        "there is no config file at /nonexistent/run.toml",
+    );
+    refused(train(&dir, &["--model-size", "huge", "--dataset", "dummy"]), "unknown model size `huge`");
+}
+
 #[test]
 fn flags_that_do_not_apply_are_refused() {
     let dir = scratch("flags");
@@ -206,6 +218,19 @@ fn launcher_settings_that_cannot_work_are_refused() {
     let mut two_machines = train(&dir, &["--dataset", "dummy", "--nnodes", "2", "--master-port", "29597"]);
     two_machines.env_remove("WORKBOOK_JOB_TOKEN");
     refused(two_machines, "needs a secret that only its nodes know");
+    let mut guessable = train(&dir, &["--dataset", "dummy", "--nnodes", "2", "--master-port", "29597"]);
+    guessable.env("WORKBOOK_JOB_TOKEN", "a");
+    refused(guessable, "holds a token of 1 characters, which could be guessed: use at least 16");
+}
+
+/// Counts that 0 would make meaningless are refused by clap, not quietly
+/// read as 1.
+#[test]
+fn counts_of_zero_are_refused() {
+    let dir = scratch("zeros");
+    for flag in ["--checkpoint-every", "--keep-checkpoints", "--log-every"] {
+        refused_argument(train(&dir, &["--dataset", "dummy", flag, "0"]), "0 is not in 1..");
+    }
 }
 
 /// A batch needs that many different windows.

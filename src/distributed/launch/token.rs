@@ -54,9 +54,19 @@ fn fresh() -> String {
     rand::random::<[u8; 32]>().iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The fewest characters a token the user gives may have: a short one can
+/// be guessed by whoever reaches the port.
+const SHORTEST_TOKEN: usize = 16;
+
 fn checked(token: String, from: &str) -> Result<String> {
     match token.trim() {
         "" => bail!("launch: {from} holds no token: it is empty"),
+        token if token.chars().count() < SHORTEST_TOKEN => bail!(
+            "launch: {from} holds a token of {} characters, which could be guessed: use at least {SHORTEST_TOKEN} \
+             random ones, e.g. the output of `openssl rand -hex 32` (or pass --token-file PATH on node 0, which \
+             writes a fresh one there)",
+            token.chars().count()
+        ),
         token => Ok(token.to_string()),
     }
 }

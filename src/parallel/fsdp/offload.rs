@@ -34,7 +34,12 @@ impl OffloadFile {
     /// nothing behind. Never opens a file that was already there.
     pub fn create(dir: &Path, rank: usize) -> Result<Arc<Self>> {
         let path = dir.join(format!(".offload-rank{rank}-{}", std::process::id()));
-        let file = OpenOptions::new().read(true).write(true).create_new(true).open(&path).map_err(|e| {
+        let mut options = OpenOptions::new();
+        options.read(true).write(true).create_new(true);
+        // The optimizer's state is the owner's alone, for the moment its name exists.
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let file = options.open(&path).map_err(|e| {
             candle_core::Error::msg(format!(
                 "cannot create the offload file {}: {e}; --offload needs a directory it may write to",
                 path.display()

@@ -86,11 +86,12 @@ struct Args {
     /// Delete an earlier run's checkpoints in --checkpoint-dir instead of refusing to start.
     #[arg(long, conflicts_with = "resume")]
     overwrite: bool,
-    #[arg(long, default_value_t = 100)]
-    checkpoint_every: usize,
+    /// Save a checkpoint every this many steps (and after the last).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+    checkpoint_every: u64,
     /// How many of the newest checkpoints to keep.
-    #[arg(long, default_value_t = 3)]
-    keep_checkpoints: usize,
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+    keep_checkpoints: u64,
     #[arg(long, default_value_t = 1337)]
     seed: u64,
     /// Recompute each block in backward instead of keeping its activations.
@@ -179,8 +180,8 @@ struct Args {
     #[arg(long)]
     trace: bool,
     /// Without a terminal, print a line every this many steps.
-    #[arg(long, default_value_t = 10)]
-    log_every: usize,
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    log_every: u64,
     /// Hold out the last 1% of the data (never trained on) and print the
     /// loss and perplexity on it before the first step, every N steps and
     /// after the last; metrics.jsonl and loss.svg show it too.
@@ -305,8 +306,8 @@ fn run(args: Args) -> anyhow::Result<()> {
         backend: args.compute.backend(),
         seed: args.seed,
         out_dir: args.checkpoint_dir,
-        checkpoint_every: args.checkpoint_every.max(1),
-        keep_checkpoints: args.keep_checkpoints.max(1),
+        checkpoint_every: args.checkpoint_every as usize,
+        keep_checkpoints: args.keep_checkpoints as usize,
         resume,
         overwrite: args.overwrite,
         init_from: args.init_from,
@@ -320,7 +321,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         bucket_bytes: args.bucket_bytes,
         unverified_nccl: args.unverified_nccl,
         trace: args.trace,
-        log_every: args.log_every.max(1),
+        log_every: args.log_every as usize,
         eval_every: args.eval_every.map(|n| n as usize),
         timeout: args.launch.config().timeout(),
     };
