@@ -194,6 +194,18 @@ impl Checkpoint {
         Ok(unchecked)
     }
 
+    /// Whether `dir` has a `checksums.json`: without one, nothing in it can be
+    /// told intact.
+    pub fn has_checksums(dir: &Path) -> bool {
+        dir.join(CHECKSUM_FILE).is_file()
+    }
+
+    /// Fails if a file that `dir`'s `checksums.json` lists is missing or not
+    /// what was written; a directory without one passes.
+    pub fn verify_listed_files(dir: &Path) -> Result<()> {
+        verify_checksums(dir, None).map(|_| ())
+    }
+
     /// Reads the checkpoint in `dir`, with errors that say what is wrong with it.
     pub fn read(dir: &Path) -> Result<Self> {
         let (state, params) = Self::read_model(dir)?;

@@ -50,13 +50,16 @@ fn step_of(name: &str) -> Option<usize> {
 
 /// The newest complete and intact checkpoint under `root` (a newer one that
 /// lacks a file or fails its checks is skipped, with a warning), or `root`
-/// itself when it is a checkpoint.
+/// itself when it is a checkpoint. One without a `checksums.json`, which
+/// cannot be told intact, is taken only when no older one can be: a deleted
+/// `checksums.json` must not put a damaged checkpoint ahead of a good one.
 pub fn resolve(root: &Path) -> Result<PathBuf> {
     if root.join("trainer_state.json").is_file() {
         warn_unchecked(root, &Checkpoint::verify(root)?);
         return Ok(root.to_path_buf());
     }
     let steps = step_dirs(root)?;
+    let mut without_checksums = vec![];
     for &step in steps.iter().rev() {
         let dir = step_dir(root, step);
         let missing = Checkpoint::missing_files(&dir);
@@ -65,12 +68,24 @@ pub fn resolve(root: &Path) -> Result<PathBuf> {
             continue;
         }
         match Checkpoint::verify(&dir) {
+            Ok(unchecked) if !Checkpoint::has_checksums(&dir) => without_checksums.push((dir, unchecked)),
             Ok(unchecked) => {
+                for (passed, _) in &without_checksums {
+                    eprintln!(
+                        "warning: skipping {}: it has no checksums.json, so it cannot be told intact, and {} can",
+                        passed.display(),
+                        dir.display()
+                    );
+                }
                 warn_unchecked(&dir, &unchecked);
                 return Ok(dir);
             }
             Err(e) => eprintln!("warning: skipping {}: {e}", dir.display()),
         }
+    }
+    if let Some((dir, unchecked)) = without_checksums.into_iter().next() {
+        warn_unchecked(&dir, &unchecked);
+        return Ok(dir);
     }
     match steps.is_empty() {
         true => bail!("no checkpoint in {}: train first, or point at a step_NNNNNN directory", root.display()),
@@ -169,12 +184,12 @@ impl RunLock {
     pub fn acquire(root: &Path) -> Result<Self> {
         std::fs::create_dir_all(root).with_context(|| format!("cannot create {}", root.display()))?;
         let path = root.join(LOCK_FILE);
-        let file = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .with_context(|| format!("cannot open {}", path.display()))?;
+        let mut options = File::options();
+        options.create(true).truncate(false).write(true);
+        // Anyone who can open the lock can hold it: it is the owner's alone.
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let file = options.open(&path).with_context(|| format!("cannot open {}", path.display()))?;
         if file.try_lock().is_err() {
             bail!(
                 "another run is using {} (it holds {}): wait for it to finish, or give this run its own --checkpoint-dir",

@@ -33,6 +33,13 @@ pub fn generate(
         let idx = Tensor::new(&tokens[start..], &Device::Cpu)?.unsqueeze(0)?; // (1, T)
         let logits = model.forward(&idx, None)?.logits; // (1, T, V)
         let last = logits.squeeze(0)?.get(tokens.len() - start - 1)?.to_dtype(DType::F32)?; // (V)
+        if last.to_vec1::<f32>()?.iter().any(|l| !l.is_finite()) {
+            // argmax would pick token 0 and sampling would fail on the weights: say why instead.
+            candle_core::bail!(
+                "the model's scores for the next token are not finite (NaN or infinity): its weights are broken, \
+                 from a training run that diverged; use an earlier checkpoint"
+            );
+        }
         let next = pick(&last, sampling, rng)?;
         if Some(next) == stop {
             break;

@@ -31,6 +31,8 @@ impl ModelDir {
     pub fn open(path: &Path) -> Result<Self> {
         let is_checkpoint = path.join("trainer_state.json").is_file();
         if !is_checkpoint && path.join(CONFIG_FILE).is_file() {
+            // A checkpoint that lost its state still lists its files' checksums.
+            Checkpoint::verify_listed_files(path)?;
             let Pretrained { config, params, tokenizer } = Pretrained::read(path)?;
             let context_len = config.max_seq_len;
             return Ok(Self { dir: path.to_path_buf(), config, params, tokenizer, context_len });
@@ -42,6 +44,20 @@ impl ModelDir {
             None => (None, state.model.max_seq_len),
         };
         Ok(Self { dir, config: state.model, params, tokenizer, context_len })
+    }
+
+    /// The names of the parameters holding a NaN or an infinity: a model
+    /// whose training diverged, whose output means nothing.
+    pub fn non_finite_params(&self) -> Result<Vec<String>> {
+        let mut names = vec![];
+        for (name, tensor) in &self.params {
+            let values = tensor.to_dtype(candle_core::DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+            if values.iter().any(|v| !v.is_finite()) {
+                names.push(name.clone());
+            }
+        }
+        names.sort();
+        Ok(names)
     }
 
     /// The model, built on its weights.

@@ -108,6 +108,22 @@ fn what_killed_saves_left_is_cleared_or_put_back() {
     assert_eq!(checkpoints::steps(&dir).unwrap(), [2, 4, 6]);
 }
 
+/// The metrics log is a record, not state: a bad line in it is skipped
+/// with a warning that names it, and the checkpoint resumes.
+#[test]
+fn a_bad_line_in_the_metrics_log_does_not_stop_a_resume() {
+    let dir = scratch("bad-metrics");
+    succeeded(&train(&dir, 2, &[]));
+    let path = dir.join("metrics.jsonl");
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, format!("{{\"step\": oops}}\n{text}")).unwrap();
+    let resumed = train(&dir, 4, &["--resume"]);
+    succeeded(&resumed);
+    assert!(stderr(&resumed).contains("skipping bad line 1 of"), "{}", stderr(&resumed));
+    let logged: Vec<usize> = read_log(&path).unwrap().iter().map(|r| r.step).collect();
+    assert_eq!(logged, [1, 2, 3, 4]);
+}
+
 #[test]
 fn a_moved_workbook_resumes_its_runs() {
     let root = scratch("workbook");
@@ -244,6 +260,18 @@ fn what_a_killed_prune_left_is_finished_by_the_next_run() {
     assert_eq!(checkpoints::steps(&dir).unwrap(), [4, 6]);
 }
 
+/// The run's lock is its owner's alone: another user who could open it
+/// could hold it and keep every run out of the directory.
+#[cfg(unix)]
+#[test]
+fn the_lock_is_readable_by_its_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = scratch("lock-mode");
+    succeeded(&train(&dir, 2, &[]));
+    let mode = std::fs::metadata(dir.join(".lock")).unwrap().permissions().mode();
+    assert_eq!(mode & 0o077, 0, "the lock's mode is {:o}", mode & 0o777);
+}
+
 /// A link that has a debris name is the user's: the prune that would use the
 /// name picks another, and the link and what it points to stay.
 #[cfg(unix)]
@@ -325,6 +353,69 @@ fn a_checkpoint_from_before_full_checksums_resumes_with_a_warning() {
     succeeded(&resumed);
     assert!(String::from_utf8_lossy(&resumed.stdout).contains("at step 4"), "it resumes from step 4");
     assert!(stderr(&resumed).contains("trainer_state.json: read unchecked"), "{}", stderr(&resumed));
+}
+
+/// A checkpoint whose checksums.json was deleted cannot be told intact: a
+/// damaged one is passed over for the older one that can, by resume and by
+/// infer; and infer checks the files a checksums.json lists even in a
+/// directory that lost its trainer_state.json (read as Hugging Face's).
+#[test]
+fn a_checkpoint_without_checksums_never_goes_ahead_of_an_intact_one() {
+    let dir = scratch("no-checksums");
+    succeeded(&train(&dir, 4, &[]));
+    let newest = checkpoints::step_dir(&dir, 4);
+    let model = newest.join("model.safetensors");
+    let mut bytes = std::fs::read(&model).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x10; // one flipped bit in a weight
+    std::fs::write(&model, bytes).unwrap();
+    let state = std::fs::read(newest.join("trainer_state.json")).unwrap();
+    std::fs::remove_file(newest.join("trainer_state.json")).unwrap();
+    let infer = |path: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_infer")).args(["--max-new-tokens", "2", "--checkpoint"]).arg(path).output()
+    };
+    let read_as_hf = infer(&newest).unwrap();
+    assert!(!read_as_hf.status.success(), "a damaged file that checksums.json lists must not load");
+    assert!(stderr(&read_as_hf).contains("model.safetensors is corrupt"), "{}", stderr(&read_as_hf));
+    std::fs::write(newest.join("trainer_state.json"), state).unwrap();
+    std::fs::remove_file(newest.join("checksums.json")).unwrap();
+    let fell_back = infer(&dir).unwrap();
+    assert!(fell_back.status.success(), "{}", stderr(&fell_back));
+    assert!(stderr(&fell_back).contains("it has no checksums.json"), "{}", stderr(&fell_back));
+    let resumed = train(&dir, 6, &["--resume"]);
+    succeeded(&resumed);
+    assert!(String::from_utf8_lossy(&resumed.stdout).contains("at step 2"), "it resumes from the intact step 2");
+}
+
+/// A model whose training diverged loads with a warning that names a
+/// broken parameter, and generating from it stops with a clear error, for
+/// sampling and greedy decoding alike, instead of printing token 0 or an
+/// error about sampling weights.
+#[test]
+fn infer_warns_of_weights_that_are_not_finite() {
+    let dir = scratch("nan-weights");
+    succeeded(&train(&dir, 2, &[]));
+    let step = checkpoints::step_dir(&dir, 2);
+    let mut weights =
+        candle_core::safetensors::load(step.join("model.safetensors"), &candle_core::Device::Cpu).unwrap();
+    let norm = weights["model.norm.weight"].clone();
+    weights.insert("model.norm.weight".into(), (norm * f64::NAN).unwrap());
+    candle_core::safetensors::save(&weights, step.join("model.safetensors")).unwrap();
+    for file in ["trainer_state.json", "checksums.json", "optimizer.safetensors"] {
+        std::fs::remove_file(step.join(file)).unwrap(); // a Hugging Face directory now
+    }
+    for temperature in ["0.8", "0"] {
+        let infer = Command::new(env!("CARGO_BIN_EXE_infer"))
+            .args(["--max-new-tokens", "2", "--temperature", temperature, "--checkpoint"])
+            .arg(&step)
+            .output()
+            .unwrap();
+        let message = stderr(&infer);
+        assert_eq!(infer.status.code(), Some(1), "temperature {temperature}: {message}");
+        assert!(message.contains("parameters hold NaN or infinity (first: model.norm.weight)"), "{message}");
+        assert!(message.contains("scores for the next token are not finite"), "{message}");
+        assert!(infer.stdout.iter().all(|&b| b != 0), "temperature {temperature}: NUL bytes printed");
+    }
 }
 
 /// A directory that has a checkpoint's name but none of its files is not

@@ -58,6 +58,15 @@ fn main() -> ExitCode {
 
 fn run(args: Args) -> anyhow::Result<()> {
     let source = ModelDir::open(&args.checkpoint)?;
+    let broken = source.non_finite_params()?;
+    if let Some(first) = broken.first() {
+        eprintln!(
+            "warning: {} of {}'s parameters hold NaN or infinity (first: {first}): its training diverged and what \
+             it generates means nothing; use an earlier checkpoint",
+            broken.len(),
+            source.dir.display()
+        );
+    }
     let tokenizer = source.tokenizer(args.tokenizer.as_deref().map(str::parse).transpose()?)?;
     let model = source.model()?;
     let prompt = tokenizer.encode(&args.prompt);
