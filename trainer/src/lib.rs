@@ -17,6 +17,17 @@ pub mod run;
 pub mod strategy;
 pub mod tensorboard;
 
+/// `println!` for what a program reports on standard output, except that a
+/// closed output (`train | head -1`) ends the printing, not the program: a
+/// run goes on training, logging metrics and saving checkpoints.
+#[macro_export]
+macro_rules! report {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
 /// The `main` of each program: runs `run`, and turns an error into one line
 /// on stderr and a failing exit code instead of a panic.
 pub fn main_with(run: impl FnOnce() -> anyhow::Result<()>) -> std::process::ExitCode {

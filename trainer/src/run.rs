@@ -26,6 +26,7 @@ use crate::config::{workbook_root, RunConfig};
 use crate::eval::{evaluate, HeldOut};
 use crate::metrics::{self, loss_curve_svg, read_log, MetricsLog, StepRecord, METRICS_FILE};
 use crate::model_dir::ModelDir;
+use crate::report;
 use crate::strategy::Strategy;
 
 /// Everything a run needs besides its config file.
@@ -338,7 +339,7 @@ fn drive(
         }
         if is_logger {
             metrics::truncate_after(&options.out_dir.join(METRICS_FILE), step)?;
-            println!("resumed from {} at step {step}", dir.display());
+            report!("resumed from {} at step {step}", dir.display());
         }
     }
     if is_logger {
@@ -411,9 +412,13 @@ fn drive(
                 say(&bar, eval_line(step, loss));
             }
             if bar.is_hidden() && (step.is_multiple_of(options.log_every) || step == config.max_steps) {
-                println!(
+                report!(
                     "step {:>6}  loss {:.4}  lr {:.2e}  grad norm {:.3}  {:.0} tok/s",
-                    record.step, record.loss, record.lr, record.grad_norm, record.tokens_per_s
+                    record.step,
+                    record.loss,
+                    record.lr,
+                    record.grad_norm,
+                    record.tokens_per_s
                 );
             }
         }
@@ -432,7 +437,7 @@ fn drive(
         let records = read_log(&options.out_dir.join(METRICS_FILE))?;
         std::fs::write(options.out_dir.join("loss.svg"), loss_curve_svg(&records)?)?;
         if let Some(report) = trainer.report() {
-            println!("{report}");
+            report!("{report}");
         }
     }
     Ok(Summary {
@@ -494,7 +499,7 @@ fn write_trace(pg: &dyn ProcessGroup, out_dir: &Path) -> Result<()> {
         parts.len()
     };
     if pg.rank() == 0 {
-        println!("timeline of {ranks} rank(s): {} (open it in https://ui.perfetto.dev)", whole.display());
+        report!("timeline of {ranks} rank(s): {} (open it in https://ui.perfetto.dev)", whole.display());
     }
     Ok(())
 }
@@ -550,7 +555,7 @@ fn report_anomalies(bar: &ProgressBar, record: &StepRecord, stats: &StepStats, s
 /// file, a launcher's pipe), where `ProgressBar::println` would drop it.
 fn say(bar: &ProgressBar, line: String) {
     if bar.is_hidden() {
-        println!("{line}");
+        report!("{line}");
     } else {
         bar.println(line);
     }
@@ -568,43 +573,43 @@ fn progress_bar(visible: bool, position: usize, len: usize) -> ProgressBar {
 fn print_plan(options: &RunOptions, dataset: &Dataset, device: &Device, num_params: usize) {
     let c = &options.config;
     let memory = num_params * (4 + 4 + 8); // f32 parameters, gradients, two moments
-    println!(
+    report!(
         "model: {:.2}M parameters ({} layers, width {}), {:.1} MiB for parameters + gradients + AdamW state per rank",
         num_params as f64 / 1e6,
         c.model.num_layers,
         c.model.hidden_size,
         memory as f64 / (1 << 20) as f64
     );
-    println!("data: {dataset:?}");
+    report!("data: {dataset:?}");
     if device.is_cuda() {
         let carrier = match options.backend {
             Backend::Nccl => "collectives over NCCL",
             Backend::Tcp => "collectives over TCP through the host",
         };
         let carrier = if options.nproc > 1 { format!(", {carrier}") } else { String::new() };
-        println!("device: one CUDA GPU per rank (rank 0 on {:?}){carrier}", device.location());
+        report!("device: one CUDA GPU per rank (rank 0 on {:?}){carrier}", device.location());
     }
     let parts = options.batch_parts();
     if parts > 1 {
-        println!("threads: each rank's micro-batches split into {parts} parts, each on a thread of its own");
+        report!("threads: each rank's micro-batches split into {parts} parts, each on a thread of its own");
     }
     if options.own_ring {
-        println!("all-reduce: your ring from exercise 16 (--allreduce ring)");
+        report!("all-reduce: your ring from exercise 16 (--allreduce ring)");
     }
     if options.ddp_overlap {
-        println!("gradients: buckets all-reduced during backward, your exercise 19 (--ddp-overlap)");
+        report!("gradients: buckets all-reduced during backward, your exercise 19 (--ddp-overlap)");
     }
     if options.strategy == Strategy::Zero1 {
-        println!(
+        report!(
             "optimizer: AdamW's moments sharded across the {} ranks, each step your exercise 17 (--strategy zero1)",
             options.nproc
         );
     }
     if options.prefetch {
-        println!("parameters: each unit's all-gather starts while the unit before it computes (--prefetch)");
+        report!("parameters: each unit's all-gather starts while the unit before it computes (--prefetch)");
     }
     if options.offload {
-        println!(
+        report!(
             "optimizer state and f32 master weights: in a file in {}, read back when needed (--offload)",
             options.out_dir.display()
         );
@@ -614,7 +619,7 @@ fn print_plan(options: &RunOptions, dataset: &Dataset, device: &Device, num_para
         let layers: Vec<String> = (0..stages)
             .map(|s| format!("{:?}", workbook::parallel::pipeline::stage_layers(c.model.num_layers, stages, s)))
             .collect();
-        println!(
+        report!(
             "pipeline: {stages} stages (layers {}), your {schedule} step from exercise {} over {micro_batches} micro-batches: bubble (S-1)/(M+S-1) = {:.0}%, at most {} micro-batch(es) in flight on stage 0",
             layers.join(", "),
             schedule.exercise(),
@@ -622,13 +627,13 @@ fn print_plan(options: &RunOptions, dataset: &Dataset, device: &Device, num_para
             schedule.most_in_flight(0, stages, micro_batches)
         );
         if tp > 1 {
-            println!(
+            report!(
                 "tensor parallelism: every stage's blocks split across {tp} ranks (heads and MLP units), stepped by your exercise 23; embedding and head whole"
             );
         }
         let replicas = options.nproc / (stages * tp);
         if replicas > 1 {
-            println!(
+            report!(
                 "data parallelism: {replicas} replicas of the pipeline, each stage's gradients averaged with the same stage of the others"
             );
         }
@@ -639,15 +644,15 @@ fn print_plan(options: &RunOptions, dataset: &Dataset, device: &Device, num_para
             true => "your exercise 27, norms and residuals cut along the sequence (--sequence-parallel)",
             false => "your exercise 23",
         };
-        println!(
+        report!(
             "tensor parallelism: every block split across {ranks} ranks (heads and MLP units), stepped by {stepped}; \
              embedding and head whole on every rank; {replicas} data-parallel replica(s)"
         );
     }
     if let Some(rank) = options.powersgd_rank {
-        println!("gradients: matrices averaged as rank-{rank} PowerSGD estimates, your exercise 18 (--powersgd-rank)");
+        report!("gradients: matrices averaged as rank-{rank} PowerSGD estimates, your exercise 18 (--powersgd-rank)");
     }
-    println!(
+    report!(
         "batch: {} sequences x {} tokens x {} micro-batches = {} tokens per step, on {} rank(s)",
         c.batch_size,
         c.seq_len,
@@ -655,7 +660,7 @@ fn print_plan(options: &RunOptions, dataset: &Dataset, device: &Device, num_para
         c.batch_size * c.seq_len * c.grad_accum_steps,
         options.nproc
     );
-    println!("output: {}", options.out_dir.display());
+    report!("output: {}", options.out_dir.display());
 }
 
 /// Every rank's memory in MiB, rank 0 first (see [`StepRecord::memory_mib`]),

@@ -260,6 +260,29 @@ fn what_a_killed_prune_left_is_finished_by_the_next_run() {
     assert_eq!(checkpoints::steps(&dir).unwrap(), [4, 6]);
 }
 
+/// `train | head -1`: a closed standard output stops the printing, not the
+/// run, which trains to the end and saves its checkpoints.
+#[test]
+fn a_closed_output_stops_the_printing_not_the_run() {
+    use std::io::{BufRead, BufReader};
+    let dir = scratch("closed-stdout");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_train"))
+        .args(["--dataset", "dummy", "--seq-len", "32", "--batch-size", "4", "--warmup-steps", "1"])
+        .args(["--max-steps", "6", "--checkpoint-every", "2", "--log-every", "1", "--checkpoint-dir"])
+        .arg(&dir)
+        .env("RAYON_NUM_THREADS", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap(); // then closed, as by `head -1`
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success(), "train failed after its output closed:\n{}", stderr(&output));
+    assert!(!stderr(&output).contains("panicked"), "{}", stderr(&output));
+    assert_eq!(checkpoints::steps(&dir).unwrap(), [2, 4, 6], "every checkpoint is saved");
+}
+
 /// The run's lock is its owner's alone: another user who could open it
 /// could hold it and keep every run out of the directory.
 #[cfg(unix)]

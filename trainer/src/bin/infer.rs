@@ -12,6 +12,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use trainer::generate::{generate, Sampling};
 use trainer::model_dir::ModelDir;
+use trainer::report;
 
 /// Generate text from a trained model.
 #[derive(Parser)]
@@ -84,6 +85,6 @@ fn run(args: Args) -> anyhow::Result<()> {
     let mut rng = ChaCha8Rng::seed_from_u64(args.seed);
     let new =
         generate(&model, &prompt, args.max_new_tokens, source.context_len, sampling, Some(tokenizer.eot()), &mut rng)?;
-    println!("{}{}", args.prompt, tokenizer.decode(&new));
+    report!("{}{}", args.prompt, tokenizer.decode(&new));
     Ok(())
 }

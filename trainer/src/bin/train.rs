@@ -16,6 +16,7 @@ use trainer::config::workbook_root;
 use trainer::config::{bucket_cap_bytes, RunConfig};
 use trainer::launching::{LaunchArgs, RankKind};
 use trainer::model_dir::ModelDir;
+use trainer::report;
 use trainer::run::{open_dataset, peak_memory_mib, recorded_data_path, rows_to_split, train, RunOptions};
 use trainer::strategy::Strategy;
 use trainer::RankThreads;
@@ -225,9 +226,10 @@ fn run(args: Args) -> anyhow::Result<()> {
     if args.warmup_steps.is_none() && config.optimizer.warmup_steps >= config.max_steps {
         config.optimizer.warmup_steps = (config.max_steps / 10).max(1).min(config.max_steps - 1);
         if is_logger {
-            println!(
+            report!(
                 "note: warmup shortened to {} steps to fit --max-steps {}",
-                config.optimizer.warmup_steps, config.max_steps
+                config.optimizer.warmup_steps,
+                config.max_steps
             );
         }
     }
@@ -270,7 +272,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     if let Some(step) = newest.filter(|&step| continuing && step >= config.max_steps) {
         // A rank failed after the last save: the job is done, not to be trained again.
         if is_logger {
-            println!("the job reached step {step} before this restart: nothing is left to train");
+            report!("the job reached step {step} before this restart: nothing is left to train");
         }
         return Ok(());
     }
@@ -327,7 +329,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     };
     trainer::needs::check_finished(&options)?;
     if let Some(note) = trainer::needs::lean_note().filter(|_| is_logger || starts_ranks) {
-        println!("{note}");
+        report!("{note}");
     }
     if starts_ranks {
         // Tokenise once here, not in every rank at the same time.
@@ -353,7 +355,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         return Ok(());
     }
     if let (Some(first), Some(last)) = (summary.first, summary.last) {
-        println!(
+        report!(
             "trained {} steps in {:.0} s: loss {:.3} at step {} -> {:.3} at step {}; {:.0} tokens/s",
             last.step - first.step + 1,
             summary.seconds,
@@ -365,19 +367,19 @@ fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     if let Some((before, after)) = summary.eval_loss {
-        println!("held-out loss {before:.3} -> {after:.3} (perplexity {:.2} -> {:.2})", before.exp(), after.exp());
+        report!("held-out loss {before:.3} -> {after:.3} (perplexity {:.2} -> {:.2})", before.exp(), after.exp());
     }
     if summary.skipped_updates > 0 {
-        println!("{} update(s) skipped for non-finite gradients", summary.skipped_updates);
+        report!("{} update(s) skipped for non-finite gradients", summary.skipped_updates);
     }
     if let Some(mib) = peak_memory_mib() {
         let host = if summary.gpu_memory_mib.is_some() { " on the host" } else { "" };
-        println!("peak memory{host}: {mib:.0} MiB");
+        report!("peak memory{host}: {mib:.0} MiB");
     }
     if let Some((used, total)) = summary.gpu_memory_mib {
-        println!("GPU memory in use at the end: {used:.0} of {total:.0} MiB (every process's on this GPU)");
+        report!("GPU memory in use at the end: {used:.0} of {total:.0} MiB (every process's on this GPU)");
     }
-    println!("checkpoints, metrics.jsonl, the TensorBoard events and loss.svg are in {}", options.out_dir.display());
+    report!("checkpoints, metrics.jsonl, the TensorBoard events and loss.svg are in {}", options.out_dir.display());
     Ok(())
 }
 
