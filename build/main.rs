@@ -17,9 +17,12 @@
 
 use std::path::{Path, PathBuf};
 
+#[path = "body.rs"]
+mod body;
 #[path = "lean_file.rs"]
 mod lean_file;
 
+use body::Body;
 use lean_file::{LEAN_FILE, LEAN_VARIABLE};
 
 fn main() {
@@ -44,16 +47,16 @@ fn main() {
 
     let exercises = exercise_files(Path::new("exercises"));
     let all_reference = std::env::var_os("CARGO_FEATURE_SOLUTIONS").is_some();
-    let reference: Vec<u32> =
-        exercises.iter().map(|(n, _)| *n).filter(|n| all_reference || leaned.contains(n)).collect();
+    let bodies: Vec<(u32, Body)> = exercises
+        .iter()
+        .map(|(n, file)| (*n, Body::of(all_reference || leaned.contains(n), holds_its_stub(*n, file))))
+        .collect();
+    let with = |body| bodies.iter().filter(|(_, b)| *b == body).map(|(n, _)| *n).collect::<Vec<u32>>();
+    let reference = with(Body::Leaned);
     for number in &reference {
         println!("cargo::rustc-cfg=reference=\"{number}\"");
     }
-    let unfinished: Vec<u32> = exercises
-        .iter()
-        .filter(|(n, file)| !reference.contains(n) && holds_its_stub(*n, file))
-        .map(|(n, _)| *n)
-        .collect();
+    let unfinished = with(Body::NotStarted);
     for number in &unfinished {
         println!("cargo::rustc-cfg=stand_in=\"{number}\"");
     }

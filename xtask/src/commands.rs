@@ -2,6 +2,7 @@
 //! Each reads the metadata, grades through `grading`, records through
 //! `progress` and prints through `render`.
 
+use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 
 use anyhow::{bail, Context, Result};
@@ -11,8 +12,9 @@ use crate::grading::{phase_filter, Outcome, Runner, TestResult, TestRun, TEST_BI
 use crate::lean;
 use crate::metadata::{Exercise, Hint};
 use crate::progress::{Progress, State, PROGRESS_FILE};
-use crate::render::{self, bold, dim, green, red};
+use crate::render::{self, bold, dim, green, red, yellow};
 use crate::stub;
+use crate::tally::{self, Tally};
 use crate::workspace::Workspace;
 
 /// Where `next` starts looking.
@@ -26,76 +28,93 @@ pub enum Start {
     Exercise(u32),
 }
 
-/// Shows the first exercise from `start` on whose graded tests do not all
-/// pass (leaned-on exercises skipped), and returns its number; `None` when
-/// every one passes.
+/// Shows the first exercise from `start` on that the learner's own code
+/// does not pass yet (leaned-on exercises skipped), and returns its number;
+/// `None` when there is none.
 pub fn next(ws: &Workspace, start: Start) -> Result<Option<u32>> {
     print_lean_note(ws);
-    let first = match start {
-        Start::First => 0,
+    let candidates = match start {
+        Start::First => to_grade(ws, 0)?,
         Start::Phase(phase) => {
-            ws.workbook.exercises_in(ws.workbook.phase(phase)?.number).map(|e| e.number).min().unwrap_or(0)
+            let first = ws.workbook.exercises_in(ws.workbook.phase(phase)?.number).map(|e| e.number).min();
+            to_grade(ws, first.unwrap_or(0))?
         }
-        Start::Exercise(number) => ws.workbook.exercise(number)?.number,
+        Start::Exercise(number) => vec![ws.workbook.exercise(number)?],
     };
-    // A shipped stub never passes, so the next exercise is at the latest the
-    // first one still untouched: only the exercises up to it need grading.
-    let mut candidates = Vec::new();
-    for exercise in ws.workbook.exercises.iter().filter(|e| e.number >= first && !ws.leans_on(e.number)) {
-        candidates.push(exercise);
-        if !ws.started(exercise)? || matches!(start, Start::Exercise(_)) {
-            break;
-        }
-    }
     let (states, run) = grade(ws, &candidates)?;
     let shown = match start {
         Start::Exercise(_) => candidates.iter().zip(states).next(),
         _ => candidates.iter().zip(states).find(|(_, state)| *state != State::Done),
     };
+    let all = known_states(ws)?;
     let Some((exercise, state)) = shown else {
-        all_done(ws);
+        nothing_left(ws, &Tally::of(all));
         return Ok(None);
     };
     println!();
-    if let Some(finished) = phase_just_finished(ws, exercise) {
+    if let Some(finished) = tally::phase_completed_before(&ws.workbook, exercise, &all) {
         println!("{}", green(&format!("Phase {finished} is complete.")));
         println!("`cargo xtask check-phase {finished}` grades it as a whole.\n");
     }
-    let progress = Progress::load(&ws.root);
     let chain: Vec<render::Link> = ws
         .workbook
         .chain(exercise.number)
         .into_iter()
-        .map(|n| render::Link { number: n, state: link_state(ws, &progress, n) })
+        .map(|n| render::Link { number: n, state: all.get(&n).copied().unwrap_or(State::Unchecked) })
         .collect();
     render::exercise_card(&ws.workbook, exercise, &ws.position(exercise), &chain);
+    let number = exercise.number;
     match state {
         State::Failing => {
             let (passed, total) = count(run.under(&exercise.test_filter()));
             println!();
             println!("{}", red(&format!("Started: {passed}/{total} checks pass so far.")));
-            println!("`cargo xtask check {}` shows which fail and why.", exercise.number);
+            println!("`cargo xtask check {number}` shows which fail and why.");
         }
-        State::Done => println!("\n{}", green(&format!("Exercise {} already passes.", exercise.number))),
-        _ => {}
+        State::Done => println!("\n{}", green(&format!("Exercise {number} already passes."))),
+        State::Leaned => println!(
+            "\n{}",
+            yellow(&render::wrap(
+                &format!(
+                    "Exercise {number} is leaned on: the reference body runs in place of yours. \
+                     `cargo xtask lean --off {number}` compiles your code again."
+                ),
+                0
+            ))
+        ),
+        State::NotStarted | State::Unchecked => {}
     }
-    Ok(Some(exercise.number))
+    Ok(Some(number))
 }
 
-/// Where exercise `number` stands as a link of another's chain: leaned on,
-/// or its last known state (a stub is not started, whatever was recorded).
-fn link_state(ws: &Workspace, progress: &Progress, number: u32) -> render::LinkState {
-    if ws.leans_on(number) {
-        return render::LinkState::Reference;
+/// The exercises `next` grades to find the first not done from exercise
+/// `first` on, leaned-on ones skipped. A shipped stub never passes, so that
+/// one is at the latest the first still untouched: grading stops there.
+fn to_grade(ws: &Workspace, first: u32) -> Result<Vec<&Exercise>> {
+    let mut candidates = Vec::new();
+    for exercise in ws.workbook.exercises.iter().filter(|e| e.number >= first && !ws.leans_on(e.number)) {
+        candidates.push(exercise);
+        if !ws.started(exercise)? {
+            break;
+        }
     }
-    let started = ws.workbook.exercise(number).and_then(|e| ws.started(e)).unwrap_or(true);
-    match (started, progress.get(number)) {
-        (_, _) if ws.solutions => render::LinkState::Done,
-        (false, _) => render::LinkState::Unfinished(State::NotStarted),
-        (true, Some(State::Done)) => render::LinkState::Done,
-        (true, Some(state)) => render::LinkState::Unfinished(state),
-        (true, None) => render::LinkState::Unfinished(State::Unchecked),
+    Ok(candidates)
+}
+
+/// Every exercise's state without running a test: the states just graded
+/// and recorded, the others as last known (see [`State::known`]).
+fn known_states(ws: &Workspace) -> Result<BTreeMap<u32, State>> {
+    let progress = Progress::load(&ws.root);
+    ws.workbook.exercises.iter().map(|e| Ok((e.number, known_state(ws, e, &progress)?))).collect()
+}
+
+/// `exercise`'s state as [`State::known`] tells it; with `--solutions`
+/// every body is the reference, which passes.
+fn known_state(ws: &Workspace, exercise: &Exercise, progress: &Progress) -> Result<State> {
+    if ws.solutions {
+        return Ok(State::Done);
     }
+    Ok(State::known(ws.leans_on(exercise.number), ws.started(exercise)?, progress.get(exercise.number)))
 }
 
 /// The one line that says which exercises run their reference body, if any.
@@ -109,37 +128,28 @@ fn print_lean_note(ws: &Workspace) {
 pub fn list(ws: &Workspace, quick: bool) -> Result<bool> {
     print_lean_note(ws);
     let exercises: Vec<&Exercise> = ws.workbook.exercises.iter().collect();
-    let states: Vec<State> = if quick {
-        let progress = record(ws, [])?;
-        exercises.iter().map(|e| progress.get(e.number).unwrap_or(State::Unchecked)).collect()
-    } else {
-        grade(ws, &exercises)?.0
-    };
+    if !quick {
+        grade(ws, &exercises)?;
+    }
+    let states = known_states(ws)?;
     let progress = Progress::load(&ws.root);
     let title_width = exercises.iter().map(|e| e.title.chars().count()).max().unwrap_or(0);
-    let done = |state: &&State| **state == State::Done;
+    let state = |e: &Exercise| states.get(&e.number).copied().unwrap_or(State::Unchecked);
     for phase in &ws.workbook.phases {
-        let in_phase: Vec<(&Exercise, State)> =
-            exercises.iter().zip(&states).filter(|(e, _)| e.phase == phase.number).map(|(e, s)| (*e, *s)).collect();
+        let in_phase: Vec<&Exercise> = ws.workbook.exercises_in(phase.number).collect();
         if in_phase.is_empty() {
             continue;
         }
-        let phase_done = in_phase.iter().map(|(_, s)| s).filter(done).count();
+        let tally = Tally::of(in_phase.iter().map(|e| (e.number, state(e))));
         println!();
-        println!(
-            "{}  {}",
-            bold(&format!("Phase {}: {}", phase.number, phase.title)),
-            render::tally(phase_done, in_phase.len())
-        );
+        println!("{}  {}", bold(&format!("Phase {}: {}", phase.number, phase.title)), render::tally(&tally));
         println!("  {}", dim(&render::wrap(&phase.summary, 2)));
-        for (exercise, state) in in_phase {
-            let state = if ws.leans_on(exercise.number) { None } else { Some(state) };
-            render::list_row(exercise, state, progress.hint_tiers(exercise.number), title_width);
+        for exercise in in_phase {
+            render::list_row(exercise, state(exercise), progress.hint_tiers(exercise.number), title_width);
         }
     }
-    let all_done = states.iter().filter(done).count();
     println!();
-    println!("{} {}", bold("Overall:"), render::tally(all_done, states.len()));
+    println!("{} {}", bold("Overall:"), render::tally(&Tally::of(states)));
     if quick {
         println!("{}", dim(&format!("(last known states from {PROGRESS_FILE}; drop --quick to run the tests)")));
     }
@@ -215,31 +225,30 @@ pub fn check_phase(ws: &Workspace, number: u32) -> Result<bool> {
     for (exercise, state) in exercises.iter().zip(&states) {
         let (passed, total) = count(run.under(&exercise.test_filter()));
         let verdict = match state {
-            _ if ws.leans_on(exercise.number) => dim("reference body (leaned on)"),
             State::Done => green(&format!("{passed}/{total} checks passed")),
+            State::Leaned => dim("reference body (leaned on)"),
             State::NotStarted => dim("not started"),
-            _ => red(&format!("{passed}/{total} checks passed")),
+            State::Failing | State::Unchecked => red(&format!("{passed}/{total} checks passed")),
         };
         println!("  {:>2}  {:<title_width$}  {verdict}", exercise.number, exercise.title);
     }
+    let tally = Tally::of(exercises.iter().map(|e| e.number).zip(states));
     // A leaned-on exercise runs the reference, which passes: the phase's
     // whole-run checks go ahead with it.
-    let mut passing =
-        exercises.iter().zip(&states).filter(|(e, s)| **s == State::Done || ws.leans_on(e.number)).count();
-    let mut total = exercises.len();
-    if let Some(whole_phase_passes) = check_whole_phase(ws, number, passing == total)? {
-        total += 1;
-        passing += usize::from(whole_phase_passes);
-    }
+    let whole_phase = check_whole_phase(ws, number, tally.open.is_empty())?;
+    let (summary, passes) = tally::phase_summary(number, &tally, whole_phase);
     println!();
-    let summary = format!("phase {number}: {passing}/{total} checks pass");
-    if passing == total {
-        println!("{}", green(&bold(&summary)));
-    } else {
-        println!("{}", red(&bold(&summary)));
+    match passes {
+        true => println!("{}", green(&bold(&summary))),
+        false => println!("{}", red(&bold(&summary))),
+    }
+    if !tally.leaned.is_empty() {
+        println!("`cargo xtask lean --off {}` grades your code there.", lean::ranges(&tally.leaned));
+    }
+    if !tally.open.is_empty() {
         println!("`cargo xtask check N` shows the failing checks of exercise N.");
     }
-    Ok(passing == total)
+    Ok(passes)
 }
 
 /// Runs the checks of phase `number` as a whole (`tests/graded/phase_N.rs`,
@@ -379,10 +388,15 @@ fn confirm(question: &str) -> Result<bool> {
     Ok(matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes"))
 }
 
-fn all_done(ws: &Workspace) {
-    let count = ws.workbook.exercises.len();
+/// What `next` says when, from where it started, the learner's own code
+/// passes every exercise not leaned on: well done only when that is all of them.
+fn nothing_left(ws: &Workspace, all: &Tally) {
     println!();
-    println!("{}", green(&bold(&format!("All {count} exercises pass. Well done!"))));
+    if !all.complete() {
+        all.what_is_left().iter().for_each(|line| println!("{}", render::wrap(line, 0)));
+        return;
+    }
+    println!("{}", green(&bold(&format!("All {} exercises pass, all of them your own code. Well done!", all.total()))));
     println!("Next, grade each phase as a whole (this also runs the phase-level checks):");
     for phase in &ws.workbook.phases {
         if ws.workbook.exercises_in(phase.number).next().is_some() {
@@ -392,23 +406,19 @@ fn all_done(ws: &Workspace) {
     println!("and `cargo xtask list` for the overview.");
 }
 
-/// The phase that ends just before `exercise`, when `exercise` opens a new one.
-fn phase_just_finished(ws: &Workspace, exercise: &Exercise) -> Option<u32> {
-    let previous = ws.workbook.exercise(exercise.number.checked_sub(1)?).ok()?;
-    (previous.phase != exercise.phase).then_some(previous.phase)
-}
-
-/// States of `exercises`: a stub is not started; the others are graded in one
-/// test run, which is also returned. The states are recorded, except those of
-/// exercises leaned on: their tests would grade the reference.
+/// States of `exercises`: leaned on, not started, or graded in one test run,
+/// which is also returned. Every state is recorded.
 fn grade(ws: &Workspace, exercises: &[&Exercise]) -> Result<(Vec<State>, TestRun)> {
     let started: Vec<bool> = exercises.iter().map(|e| ws.started(e)).collect::<Result<_>>()?;
     let graded = |(e, s): &(&&Exercise, &bool)| **s && !ws.leans_on(e.number);
     let filters: Vec<String> = exercises.iter().zip(&started).filter(graded).map(|(e, _)| e.test_filter()).collect();
     let run = if filters.is_empty() { TestRun::default() } else { ws.runner().run(&filters)? };
-    let states: Vec<State> = exercises.iter().zip(&started).map(|(e, s)| state_of(*s, &run, e)).collect();
-    let fresh = exercises.iter().zip(&states).filter(|(e, _)| !ws.leans_on(e.number));
-    record(ws, fresh.map(|(e, s)| (e.number, *s)))?;
+    let state = |(e, s): (&&Exercise, &bool)| match ws.leans_on(e.number) {
+        true => State::Leaned,
+        false => state_of(*s, &run, e),
+    };
+    let states: Vec<State> = exercises.iter().zip(&started).map(state).collect();
+    record(ws, exercises.iter().map(|e| e.number).zip(states.iter().copied()))?;
     Ok((states, run))
 }
 
@@ -434,25 +444,20 @@ fn count<'a>(results: impl Iterator<Item = &'a TestResult>) -> (usize, usize) {
 }
 
 /// Updates the progress file with freshly graded states; every other
-/// exercise keeps its last known state unless its body is the stub again.
-/// Grading the solutions says nothing about the learner, so it is not recorded.
-fn record(ws: &Workspace, graded: impl IntoIterator<Item = (u32, State)>) -> Result<Progress> {
-    let mut progress = Progress::load(&ws.root);
+/// exercise keeps its last known state unless what runs has changed since
+/// (see [`State::known`]). Grading the solutions says nothing about the
+/// learner, so it is not recorded.
+fn record(ws: &Workspace, graded: impl IntoIterator<Item = (u32, State)>) -> Result<()> {
     if ws.solutions {
-        return Ok(progress);
+        return Ok(());
     }
+    let mut progress = Progress::load(&ws.root);
     for (number, state) in graded {
         progress.set(number, state);
     }
     for exercise in &ws.workbook.exercises {
-        let state = match (ws.started(exercise)?, progress.get(exercise.number)) {
-            (false, _) => State::NotStarted,
-            (true, None | Some(State::NotStarted)) => State::Unchecked,
-            (true, Some(known)) => known,
-        };
-        progress.set(exercise.number, state);
+        progress.set(exercise.number, known_state(ws, exercise, &progress)?);
     }
     progress.retain(|number| ws.workbook.exercise(number).is_ok());
-    progress.save(&ws.root)?;
-    Ok(progress)
+    progress.save(&ws.root)
 }

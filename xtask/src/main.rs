@@ -25,6 +25,7 @@ mod registry;
 mod render;
 mod stories;
 mod stub;
+mod tally;
 mod verify;
 mod watch;
 mod workspace;

@@ -13,6 +13,11 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
+#[path = "../../build/body.rs"]
+mod body;
+
+use body::Body;
+
 /// The file's name, relative to the repository root.
 pub const PROGRESS_FILE: &str = ".workbook-progress";
 
@@ -20,34 +25,57 @@ pub const PROGRESS_FILE: &str = ".workbook-progress";
 const FORMAT: u32 = 3;
 
 const HEADER: &str = "# Last known state of each exercise, written by `cargo xtask` (check, next, list, reset).\n\
-                      # States: done, failing, not-started, unchecked; `NN hints K`: K hint tiers read.\n";
+                      # States: done, failing, unchecked (your code), leaned (the reference runs), not-started;\n\
+                      # `NN hints K`: K hint tiers read.\n";
 
-/// Where an exercise stands.
+/// Where an exercise stands. Every report keeps three cases apart: the
+/// learner's own code (done, failing, or edited since it was graded), the
+/// reference body leaned on in its place, and the shipped stub. Only the
+/// first can be done: a leaned exercise passes on code the learner did not write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum State {
-    /// Every graded test passes.
+    /// Your code: every graded test passes.
     Done,
-    /// The body was edited but some graded test fails.
+    /// Your code: some graded test fails.
     Failing,
-    /// The body is still the shipped `todo!` stub.
-    NotStarted,
-    /// The body was edited since the tests last ran.
+    /// Your code, edited since the tests last ran.
     Unchecked,
+    /// Leaned on (`cargo xtask lean`): the build compiles the reference body in place of yours.
+    Leaned,
+    /// The shipped `todo!` stub, not leaned on.
+    NotStarted,
 }
 
 impl State {
-    /// The word used in the progress file and in `list`.
+    /// The word used in the progress file.
     pub fn word(self) -> &'static str {
         match self {
             State::Done => "done",
             State::Failing => "failing",
-            State::NotStarted => "not-started",
             State::Unchecked => "unchecked",
+            State::Leaned => "leaned",
+            State::NotStarted => "not-started",
+        }
+    }
+
+    /// Whether the learner's own code runs (not the reference, not the stub).
+    pub fn is_yours(self) -> bool {
+        matches!(self, State::Done | State::Failing | State::Unchecked)
+    }
+
+    /// What can be told without running the tests: leaned on, still the
+    /// stub, or else the learner's code as last graded (unchecked when it
+    /// never was, or when it was the reference or the stub then).
+    pub fn known(leaned: bool, started: bool, recorded: Option<State>) -> State {
+        match Body::of(leaned, !started) {
+            Body::Leaned => State::Leaned,
+            Body::NotStarted => State::NotStarted,
+            Body::Yours => recorded.filter(|graded| graded.is_yours()).unwrap_or(State::Unchecked),
         }
     }
 
     fn from_word(word: &str) -> Option<Self> {
-        [State::Done, State::Failing, State::NotStarted, State::Unchecked]
+        [State::Done, State::Failing, State::Unchecked, State::Leaned, State::NotStarted]
             .into_iter()
             .find(|state| state.word() == word)
     }
@@ -149,6 +177,19 @@ mod tests {
         let text = progress.render();
         assert!(text.ends_with("01 done\n05 failing\n12 not-started\n05 hints 2\n"), "{text}");
         assert_eq!(Progress::parse(&text), progress);
+    }
+
+    #[test]
+    fn what_runs_decides_before_what_was_recorded() {
+        assert_eq!(State::known(true, true, Some(State::Done)), State::Leaned, "leaned: your verdict is not what runs");
+        assert_eq!(State::known(false, false, Some(State::Done)), State::NotStarted, "reset to the stub");
+        assert_eq!(State::known(false, true, Some(State::Failing)), State::Failing);
+        assert_eq!(
+            State::known(false, true, Some(State::Leaned)),
+            State::Unchecked,
+            "back from leaning: not graded yet"
+        );
+        assert_eq!(State::known(false, true, None), State::Unchecked);
     }
 
     #[test]

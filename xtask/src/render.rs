@@ -10,6 +10,7 @@ use crate::grading::{unfinished_exercise, Outcome, TestResult};
 use crate::lean::{ranges, ranges_by};
 use crate::metadata::{Exercise, Hint, Workbook};
 use crate::progress::State;
+use crate::tally::Tally;
 
 /// Column at which wrapped text continues, after a field label.
 const LABEL_WIDTH: usize = 12;
@@ -99,16 +100,14 @@ pub fn code_list(names: &[String]) -> String {
 /// An exercise of the chain another one calls, and where it stands.
 pub struct Link {
     pub number: u32,
-    pub state: LinkState,
+    pub state: State,
 }
 
-/// Where a link of the chain stands.
-pub enum LinkState {
-    Done,
-    /// Leaned on: its reference body runs.
-    Reference,
-    /// Not started, failing or not checked: calling it may panic.
-    Unfinished(State),
+impl Link {
+    /// Not done and not leaned on: calling it may panic or go wrong.
+    fn unfinished(&self) -> bool {
+        !matches!(self.state, State::Done | State::Leaned)
+    }
 }
 
 /// The card `next` shows: what to write, where, how to test it, and the
@@ -132,8 +131,7 @@ pub fn exercise_card(workbook: &Workbook, exercise: &Exercise, position: &str, c
     println!();
     field("test it", &format!("cargo test {}   (or: cargo xtask check {})", exercise.test_module(), exercise.number));
     field("stuck?", &format!("cargo xtask hint {}   (the idea; add --more for the next tier)", exercise.number));
-    let unfinished: BTreeSet<u32> =
-        chain.iter().filter(|link| matches!(link.state, LinkState::Unfinished(_))).map(|link| link.number).collect();
+    let unfinished: BTreeSet<u32> = chain.iter().filter(|link| link.unfinished()).map(|link| link.number).collect();
     if !unfinished.is_empty() {
         let list = ranges(&unfinished);
         println!();
@@ -156,12 +154,12 @@ pub fn exercise_card(workbook: &Workbook, exercise: &Exercise, position: &str, c
 /// `4 SwiGLU MLP (done), 20 Tensor-parallel MLP (not started)`; a longer
 /// chain by state: `1-5, 7 (done); 6 (not started); 8-10 (reference)`.
 fn chain_in_words(workbook: &Workbook, chain: &[Link]) -> String {
-    let word = |state: &LinkState| match state {
-        LinkState::Done => "done",
-        LinkState::Reference => "reference",
-        LinkState::Unfinished(State::NotStarted) => "not started",
-        LinkState::Unfinished(State::Failing) => "failing",
-        LinkState::Unfinished(_) => "not checked",
+    let word = |state: &State| match state {
+        State::Done => "done",
+        State::Leaned => "reference",
+        State::NotStarted => "not started",
+        State::Failing => "failing",
+        State::Unchecked => "not checked",
     };
     if chain.is_empty() {
         return "no other exercise: it stands on its own".to_string();
@@ -178,14 +176,14 @@ fn chain_in_words(workbook: &Workbook, chain: &[Link]) -> String {
     format!("exercises {}", groups.join("; "))
 }
 
-/// One row of `list`; `state` is `None` for an exercise leaned on.
-pub fn list_row(exercise: &Exercise, state: Option<State>, hint_tiers: u8, title_width: usize) {
+/// One row of `list`.
+pub fn list_row(exercise: &Exercise, state: State, hint_tiers: u8, title_width: usize) {
     let label = match state {
-        None => dim("reference body (leaned on)"),
-        Some(State::Done) => green("done"),
-        Some(State::Failing) => red("failing"),
-        Some(State::NotStarted) => dim("not started"),
-        Some(State::Unchecked) => yellow("edited, not checked yet"),
+        State::Done => green("done"),
+        State::Failing => red("failing"),
+        State::Unchecked => yellow("edited, not checked yet"),
+        State::Leaned => dim("reference body (leaned on)"),
+        State::NotStarted => dim("not started"),
     };
     let hints = match hint_tiers {
         0 => String::new(),
@@ -194,13 +192,11 @@ pub fn list_row(exercise: &Exercise, state: Option<State>, hint_tiers: u8, title
     println!("  {:>2}  {:<title_width$}  {label}{hints}", exercise.number, exercise.title);
 }
 
-/// `k/n done`, green when complete.
-pub fn tally(done: usize, total: usize) -> String {
-    let text = format!("{done}/{total} done");
-    if done == total {
-        green(&text)
-    } else {
-        text
+/// `k/n done` (and how many are leaned on), green when all are done with the learner's own code.
+pub fn tally(tally: &Tally) -> String {
+    match tally.complete() {
+        true => green(&tally.words()),
+        false => tally.words(),
     }
 }
 
@@ -260,13 +256,13 @@ mod tests {
     fn a_short_chain_is_named_and_a_long_one_grouped_by_state() {
         let workbook = real();
         let link = |number, state| Link { number, state };
-        let short = [link(4, LinkState::Done), link(20, LinkState::Unfinished(State::NotStarted))];
+        let short = [link(4, State::Done), link(20, State::NotStarted)];
         assert_eq!(chain_in_words(&workbook, &short), "4 SwiGLU MLP (done), 20 Tensor-parallel MLP (not started)");
         let long: Vec<Link> = (1..=10)
             .map(|n| match n {
-                6 => link(n, LinkState::Unfinished(State::Failing)),
-                8.. => link(n, LinkState::Reference),
-                _ => link(n, LinkState::Done),
+                6 => link(n, State::Failing),
+                8.. => link(n, State::Leaned),
+                _ => link(n, State::Done),
             })
             .collect();
         assert_eq!(chain_in_words(&workbook, &long), "exercises 1-5, 7 (done); 6 (failing); 8-10 (reference)");

@@ -1,6 +1,7 @@
 //! `watch`: grade the exercise whose file was saved (or, for any other file
 //! under exercises/, the current one) whenever one changes, and move on to the
-//! next one when it passes.
+//! next one when it passes. With nothing left for `next`, it keeps watching:
+//! the exercise saved next is graded, leaned on or not.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver};
@@ -31,8 +32,7 @@ pub fn watch(mut ws: Workspace) -> Result<bool> {
     loop {
         match current {
             None => match commands::next(&ws, commands::Start::First) {
-                Ok(Some(number)) => current = Some(number),
-                Ok(None) => return Ok(true),
+                Ok(number) => current = number,
                 Err(error) => eprintln!("{} {error:#}", red("error:")),
             },
             Some(number) => match commands::check(&ws, number) {
@@ -79,10 +79,10 @@ fn wait_for_change(changes: &Receiver<notify::Result<Event>>) -> Result<Vec<Path
     Ok(edited)
 }
 
-/// The exercise whose file `path` is, unless it is leaned on (its checks would grade the reference).
+/// The exercise whose file `path` is. One leaned on is graded too: `check`
+/// then says that the reference runs in its place, and how to grade yours.
 fn exercise_of(ws: &Workspace, path: &Path) -> Option<u32> {
-    let exercise = ws.workbook.exercises.iter().find(|e| path.ends_with(&e.file))?;
-    (!ws.leans_on(exercise.number)).then_some(exercise.number)
+    ws.workbook.exercises.iter().find(|e| path.ends_with(&e.file)).map(|e| e.number)
 }
 
 /// Reads (which the build itself causes) do not count; edits of source files do.

@@ -1,0 +1,190 @@
+//! Progress counted the same way in every report: done means the learner's
+//! own code passes. Exercises leaned on the reference pass too, on code the
+//! learner did not write, so they are counted apart and named, as are those
+//! not done yet.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::lean::ranges;
+use crate::metadata::{Exercise, Workbook};
+use crate::progress::State;
+
+/// Where a set of exercises stands, by number.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// Your code passes every graded test.
+    pub done: BTreeSet<u32>,
+    /// The reference body runs in place of yours.
+    pub leaned: BTreeSet<u32>,
+    /// Not started, failing, or edited since the tests last ran.
+    pub open: BTreeSet<u32>,
+}
+
+impl Tally {
+    pub fn of(states: impl IntoIterator<Item = (u32, State)>) -> Self {
+        let mut tally = Self::default();
+        for (number, state) in states {
+            let bucket = match state {
+                State::Done => &mut tally.done,
+                State::Leaned => &mut tally.leaned,
+                State::Failing | State::Unchecked | State::NotStarted => &mut tally.open,
+            };
+            bucket.insert(number);
+        }
+        tally
+    }
+
+    pub fn total(&self) -> usize {
+        self.done.len() + self.leaned.len() + self.open.len()
+    }
+
+    /// Every exercise done, all of them with the learner's own code.
+    pub fn complete(&self) -> bool {
+        self.leaned.is_empty() && self.open.is_empty()
+    }
+
+    /// `11/27 done`, with `, 16 leaned on the reference` when some are.
+    pub fn words(&self) -> String {
+        let done = format!("{}/{} done", self.done.len(), self.total());
+        match self.leaned.len() {
+            0 => done,
+            leaned => format!("{done}, {leaned} leaned on the reference"),
+        }
+    }
+
+    /// What stands between the learner and every exercise done with their own
+    /// code, one sentence each: how many pass, which are leaned on and how to
+    /// take them back, which are still to do.
+    pub fn what_is_left(&self) -> Vec<String> {
+        let mut lines = vec![format!("{}/{} exercises pass with your own code.", self.done.len(), self.total())];
+        if !self.leaned.is_empty() {
+            lines.push(format!(
+                "{} {} on the reference: `cargo xtask lean --off {}` puts your code back, and \
+                 `cargo xtask next` then shows the first to do.",
+                exercises(&self.leaned),
+                if self.leaned.len() == 1 { "leans" } else { "lean" },
+                ranges(&self.leaned),
+            ));
+        }
+        if !self.open.is_empty() {
+            lines.push(format!(
+                "{} {} not done yet: `cargo xtask next` shows the first.",
+                exercises(&self.open),
+                if self.open.len() == 1 { "is" } else { "are" },
+            ));
+        }
+        lines
+    }
+}
+
+/// `Exercise 6` or `Exercises 1-5, 7`.
+fn exercises(numbers: &BTreeSet<u32>) -> String {
+    match numbers.len() {
+        1 => format!("Exercise {}", ranges(numbers)),
+        _ => format!("Exercises {}", ranges(numbers)),
+    }
+}
+
+/// `check-phase`'s last line, and whether the phase passes: its exercises
+/// whose own code passes, and its checks as a whole (`whole_phase`, when it
+/// has them), out of all. Exercises leaned on pass on the reference: they
+/// are named and not counted as passing.
+pub fn phase_summary(phase: u32, exercises: &Tally, whole_phase: Option<bool>) -> (String, bool) {
+    let passing = exercises.done.len() + usize::from(whole_phase == Some(true));
+    let total = exercises.total() + usize::from(whole_phase.is_some());
+    let summary = format!("phase {phase}: {passing}/{total} checks pass");
+    let summary = match exercises.leaned.len() {
+        0 => summary,
+        1 => format!(
+            "{summary}; exercise {} is leaned on the reference, so it does not count",
+            ranges(&exercises.leaned)
+        ),
+        _ => format!(
+            "{summary}; exercises {} are leaned on the reference, so they do not count",
+            ranges(&exercises.leaned)
+        ),
+    };
+    (summary, passing == total)
+}
+
+/// The phase that ends just before `exercise`, when `exercise` opens a new
+/// one and the learner's own code passes every exercise of that phase.
+pub fn phase_completed_before(workbook: &Workbook, exercise: &Exercise, states: &BTreeMap<u32, State>) -> Option<u32> {
+    let previous = workbook.exercise(exercise.number.checked_sub(1)?).ok()?;
+    let phase = (previous.phase != exercise.phase).then_some(previous.phase)?;
+    let in_phase = workbook.exercises_in(phase).map(|e| (e.number, states.get(&e.number).copied()));
+    let tally = Tally::of(in_phase.map(|(number, state)| (number, state.unwrap_or(State::Unchecked))));
+    tally.complete().then_some(phase)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn real() -> Workbook {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        Workbook::load(root).expect("the real info.toml parses")
+    }
+
+    fn every(workbook: &Workbook, state: impl Fn(u32) -> State) -> BTreeMap<u32, State> {
+        workbook.exercises.iter().map(|e| (e.number, state(e.number))).collect()
+    }
+
+    #[test]
+    fn a_workbook_leaned_on_throughout_is_not_done() {
+        let workbook = real();
+        let n = workbook.exercises.len();
+        let tally = Tally::of(every(&workbook, |_| State::Leaned));
+        assert!(!tally.complete());
+        assert_eq!(tally.words(), format!("0/{n} done, {n} leaned on the reference"));
+        let left = tally.what_is_left().join(" ");
+        assert!(left.starts_with(&format!("0/{n} exercises pass with your own code.")), "{left}");
+        assert!(
+            left.contains(&format!("Exercises 1-{n} lean on the reference: `cargo xtask lean --off 1-{n}`")),
+            "{left}"
+        );
+    }
+
+    #[test]
+    fn leaned_exercises_are_counted_apart_from_yours() {
+        let workbook = real();
+        let n = workbook.exercises.len();
+        let tally = Tally::of(every(&workbook, |number| if number <= 11 { State::Done } else { State::Leaned }));
+        assert!(!tally.complete());
+        assert_eq!(tally.words(), format!("11/{n} done, {} leaned on the reference", n - 11));
+        let tally = Tally::of(every(&workbook, |number| if number == 3 { State::Failing } else { State::Done }));
+        assert_eq!(tally.words(), format!("{}/{n} done", n - 1));
+        assert_eq!(tally.what_is_left()[1], "Exercise 3 is not done yet: `cargo xtask next` shows the first.");
+        assert!(Tally::of(every(&workbook, |_| State::Done)).complete());
+    }
+
+    #[test]
+    fn check_phase_counts_leaned_exercises_apart() {
+        let yours_and_leaned =
+            Tally::of([(1, State::Done), (2, State::Done)].into_iter().chain((3..=7).map(|n| (n, State::Leaned))));
+        let (summary, passes) = phase_summary(1, &yours_and_leaned, Some(true));
+        assert_eq!(
+            summary,
+            "phase 1: 3/8 checks pass; exercises 3-7 are leaned on the reference, so they do not count"
+        );
+        assert!(!passes);
+        let yours = Tally::of((1..=7).map(|n| (n, State::Done)));
+        assert_eq!(phase_summary(1, &yours, Some(true)), ("phase 1: 8/8 checks pass".to_string(), true));
+        assert_eq!(phase_summary(1, &yours, None), ("phase 1: 7/7 checks pass".to_string(), true));
+        assert!(!phase_summary(1, &yours, Some(false)).1);
+    }
+
+    #[test]
+    fn a_phase_is_complete_only_when_your_code_passes_all_of_it() {
+        let workbook = real();
+        let first_of_phase_4 = workbook.exercises_in(4).min_by_key(|e| e.number).unwrap();
+        let fresh = every(&workbook, |_| State::NotStarted);
+        assert_eq!(phase_completed_before(&workbook, first_of_phase_4, &fresh), None);
+        let leaned = every(&workbook, |n| if n == 12 { State::Leaned } else { State::Done });
+        assert_eq!(phase_completed_before(&workbook, first_of_phase_4, &leaned), None);
+        let yours = every(&workbook, |_| State::Done);
+        assert_eq!(phase_completed_before(&workbook, first_of_phase_4, &yours), Some(3));
+        let inside_a_phase = workbook.exercise(2).unwrap();
+        assert_eq!(phase_completed_before(&workbook, inside_a_phase, &yours), None);
+    }
+}
