@@ -4,6 +4,7 @@
 //!
 //! `train` and `infer` (in `src/bin/`) are thin command lines over this library.
 
+mod banner;
 pub mod checkpoints;
 pub mod compute;
 pub mod config;

@@ -16,6 +16,17 @@ use crate::strategy::Strategy;
 #[path = "../../build/lean_file.rs"]
 mod lean_file;
 
+/// Which body of an exercise runs, by the build script's own rule.
+#[path = "../../build/body.rs"]
+mod body;
+
+pub use body::Body;
+
+/// Which body of exercise `number` this build runs.
+pub fn body(number: u32) -> Body {
+    Body::of(REFERENCE.contains(&number), UNFINISHED.contains(&number))
+}
+
 /// Each exercise the run calls, with why.
 pub fn exercises_called(options: &RunOptions) -> BTreeMap<u32, &'static str> {
     let mut called = BTreeMap::new();

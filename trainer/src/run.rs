@@ -20,6 +20,7 @@ use workbook::timeline;
 use workbook::train::{faults, DataPosition, StepStats, Train, Trainer};
 use workbook::{init_params, ParamStore};
 
+use crate::banner;
 use crate::checkpoints;
 use crate::compute::{self, Backend, DeviceKind};
 use crate::config::{workbook_root, RunConfig};
@@ -343,7 +344,7 @@ fn drive(
         }
     }
     if is_logger {
-        print_plan(options, dataset, device, num_params);
+        print_plan(options, dataset, device, num_params)?;
     }
     let mut log = if is_logger { Some(MetricsLog::open(&options.out_dir)?) } else { None };
     let bar = progress_bar(is_logger, trainer.counters().step, config.max_steps);
@@ -570,7 +571,7 @@ fn progress_bar(visible: bool, position: usize, len: usize) -> ProgressBar {
     bar
 }
 
-fn print_plan(options: &RunOptions, dataset: &Dataset, device: &Device, num_params: usize) {
+fn print_plan(options: &RunOptions, dataset: &Dataset, device: &Device, num_params: usize) -> Result<()> {
     let c = &options.config;
     let memory = num_params * (4 + 4 + 8); // f32 parameters, gradients, two moments
     report!(
@@ -593,17 +594,8 @@ fn print_plan(options: &RunOptions, dataset: &Dataset, device: &Device, num_para
     if parts > 1 {
         report!("threads: each rank's micro-batches split into {parts} parts, each on a thread of its own");
     }
-    if options.own_ring {
-        report!("all-reduce: your ring from exercise 16 (--allreduce ring)");
-    }
-    if options.ddp_overlap {
-        report!("gradients: buckets all-reduced during backward, your exercise 19 (--ddp-overlap)");
-    }
-    if options.strategy == Strategy::Zero1 {
-        report!(
-            "optimizer: AdamW's moments sharded across the {} ranks, each step your exercise 17 (--strategy zero1)",
-            options.nproc
-        );
+    for line in banner::exercise_lines(options)? {
+        report!("{line}");
     }
     if options.prefetch {
         report!("parameters: each unit's all-gather starts while the unit before it computes (--prefetch)");
@@ -614,44 +606,6 @@ fn print_plan(options: &RunOptions, dataset: &Dataset, device: &Device, num_para
             options.out_dir.display()
         );
     }
-    if let Strategy::Pipeline { schedule, stages, tp } = options.strategy {
-        let micro_batches = c.grad_accum_steps;
-        let layers: Vec<String> = (0..stages)
-            .map(|s| format!("{:?}", workbook::parallel::pipeline::stage_layers(c.model.num_layers, stages, s)))
-            .collect();
-        report!(
-            "pipeline: {stages} stages (layers {}), your {schedule} step from exercise {} over {micro_batches} micro-batches: bubble (S-1)/(M+S-1) = {:.0}%, at most {} micro-batch(es) in flight on stage 0",
-            layers.join(", "),
-            schedule.exercise(),
-            100.0 * (stages - 1) as f64 / (micro_batches + stages - 1) as f64,
-            schedule.most_in_flight(0, stages, micro_batches)
-        );
-        if tp > 1 {
-            report!(
-                "tensor parallelism: every stage's blocks split across {tp} ranks (heads and MLP units), stepped by your exercise 23; embedding and head whole"
-            );
-        }
-        let replicas = options.nproc / (stages * tp);
-        if replicas > 1 {
-            report!(
-                "data parallelism: {replicas} replicas of the pipeline, each stage's gradients averaged with the same stage of the others"
-            );
-        }
-    }
-    if let Strategy::TensorParallel { ranks, sequence_parallel } = options.strategy {
-        let replicas = options.nproc / ranks;
-        let stepped = match sequence_parallel {
-            true => "your exercise 27, norms and residuals cut along the sequence (--sequence-parallel)",
-            false => "your exercise 23",
-        };
-        report!(
-            "tensor parallelism: every block split across {ranks} ranks (heads and MLP units), stepped by {stepped}; \
-             embedding and head whole on every rank; {replicas} data-parallel replica(s)"
-        );
-    }
-    if let Some(rank) = options.powersgd_rank {
-        report!("gradients: matrices averaged as rank-{rank} PowerSGD estimates, your exercise 18 (--powersgd-rank)");
-    }
     report!(
         "batch: {} sequences x {} tokens x {} micro-batches = {} tokens per step, on {} rank(s)",
         c.batch_size,
@@ -661,6 +615,7 @@ fn print_plan(options: &RunOptions, dataset: &Dataset, device: &Device, num_para
         options.nproc
     );
     report!("output: {}", options.out_dir.display());
+    Ok(())
 }
 
 /// Every rank's memory in MiB, rank 0 first (see [`StepRecord::memory_mib`]),

@@ -1,0 +1,185 @@
+//! The lines of a run's banner that say how it spreads over its ranks and
+//! which exercises step it, each named with whose body runs: the learner's,
+//! the reference leaned on in its place, or the reference standing in for a
+//! stub. A learner who leans on an exercise never reads "your exercise" for it.
+
+use workbook::distributed::MeshShape;
+use workbook::parallel::fsdp::ShardingStrategy;
+use workbook::parallel::pipeline::stage_layers;
+
+use crate::needs::{self, Body};
+use crate::run::RunOptions;
+use crate::strategy::Strategy;
+
+/// The banner's lines about the exercises this run steps with.
+pub fn exercise_lines(options: &RunOptions) -> candle_core::Result<Vec<String>> {
+    let mesh = options.strategy.mesh(options.nproc)?;
+    let named = |number| named(number, needs::body(number));
+    let mut lines = Vec::new();
+    if options.own_ring {
+        lines.push(format!(
+            "all-reduce (--allreduce ring): every one runs the ring from {}; here it carries {}",
+            named(16),
+            ring_carries(options.strategy, mesh, options.powersgd_rank.is_some())
+        ));
+    }
+    if options.ddp_overlap {
+        lines.push(format!("gradients (--ddp-overlap): buckets all-reduced during backward by {}", named(19)));
+    }
+    if let Some(rank) = options.powersgd_rank {
+        lines.push(format!(
+            "gradients (--powersgd-rank): matrices averaged as rank-{rank} PowerSGD estimates by {}",
+            named(18)
+        ));
+    }
+    match options.strategy {
+        Strategy::Ddp => {}
+        Strategy::Zero1 => lines.push(format!(
+            "optimizer (--strategy zero1): AdamW's moments sharded across the {} ranks, each step by {}",
+            options.nproc,
+            named(17)
+        )),
+        Strategy::Fsdp(_) => lines.push(format!(
+            "FSDP: every block's unit step (gather, compute, free; gather again, reduce-scatter) by {}",
+            named(22)
+        )),
+        Strategy::Pipeline { schedule, stages, .. } => {
+            let layers = options.config.model.num_layers;
+            let micro_batches = options.config.grad_accum_steps;
+            let cut: Vec<String> = (0..stages).map(|s| format!("{:?}", stage_layers(layers, stages, s))).collect();
+            lines.push(format!(
+                "pipeline: {stages} stages (layers {}), the {schedule} step of {} over {micro_batches} micro-batches: \
+                 bubble (S-1)/(M+S-1) = {:.0}%, at most {} micro-batch(es) in flight on stage 0",
+                cut.join(", "),
+                named(schedule.exercise()),
+                100.0 * (stages - 1) as f64 / (micro_batches + stages - 1) as f64,
+                schedule.most_in_flight(0, stages, micro_batches)
+            ));
+            if mesh.tp > 1 {
+                lines.push(format!(
+                    "tensor parallelism: every stage's blocks split across {} ranks (heads and MLP units), stepped by \
+                     {}; embedding and head whole",
+                    mesh.tp,
+                    named(23)
+                ));
+            }
+        }
+        Strategy::TensorParallel { sequence_parallel, .. } => {
+            let stepped = match sequence_parallel {
+                true => format!("{}, norms and residuals cut along the sequence (--sequence-parallel)", named(27)),
+                false => named(23),
+            };
+            lines.push(format!(
+                "tensor parallelism: every block split across {} ranks (heads and MLP units), stepped by {stepped}; \
+                 embedding and head whole on every rank",
+                mesh.tp
+            ));
+        }
+    }
+    if mesh.tp > 1 {
+        lines.push(format!(
+            "MLP split: each block's MLP weights cut by `TensorParallelMlp::shard` from {}; its `forward` is not \
+             used by this run",
+            named(20)
+        ));
+    }
+    if matches!(options.strategy, Strategy::Pipeline { .. } | Strategy::TensorParallel { .. }) {
+        lines.push(format!(
+            "mesh: dp {} x pp {} x tp {}, each rank's place and groups laid out by {}",
+            mesh.dp,
+            mesh.pp,
+            mesh.tp,
+            named(25)
+        ));
+        if mesh.dp > 1 {
+            lines.push(format!(
+                "data parallelism: {} replicas, each rank's gradients averaged with the same place in the others",
+                mesh.dp
+            ));
+        }
+    }
+    Ok(lines)
+}
+
+/// Exercise `number` as the banner names it, by whose body runs.
+fn named(number: u32, body: Body) -> String {
+    match body {
+        Body::Yours => format!("your exercise {number}"),
+        Body::Leaned if cfg!(feature = "solutions") => format!("exercise {number}'s reference body"),
+        Body::Leaned => format!("exercise {number}'s reference body (leaned on)"),
+        // A run that calls a stub is refused before it starts, except where an
+        // earlier phase's runtime has the reference stand in (exercise 22).
+        Body::NotStarted => format!("exercise {number}'s reference body, standing in until you start yours"),
+    }
+}
+
+/// What goes through exercise 16's ring: every all-reduce of the run, on
+/// every group of the mesh, which under some layouts is little more than
+/// the logged loss. Reduce-scatters and all-gathers stay the backend's.
+fn ring_carries(strategy: Strategy, mesh: MeshShape, powersgd: bool) -> String {
+    let across_replicas = |what: &str| (mesh.dp > 1).then(|| format!("{what} across the {} replicas", mesh.dp));
+    let gradients = match strategy {
+        Strategy::Ddp if powersgd => across_replicas("the gradients' PowerSGD factors"),
+        Strategy::Ddp | Strategy::Pipeline { .. } | Strategy::TensorParallel { .. } => across_replicas("the gradients"),
+        Strategy::Fsdp(config) => match config.sharding {
+            ShardingStrategy::NoShard => across_replicas("the gradients"),
+            ShardingStrategy::HybridShard => Some("each shard's gradients across the groups that hold it".to_string()),
+            ShardingStrategy::FullShard | ShardingStrategy::ShardGradOp => None,
+        },
+        Strategy::Zero1 => None,
+    };
+    // Sequence parallelism turns the partial sums into reduce-scatters and
+    // all-gathers; the norms, which saw a chunk of the tokens each, still sum.
+    let within_blocks = match strategy {
+        Strategy::TensorParallel { sequence_parallel: true, .. } => "the norms' gradients",
+        _ => "every block's partial sums, forward and backward,",
+    };
+    let partial_sums = (mesh.tp > 1).then(|| format!("{within_blocks} across the {} tensor-parallel ranks", mesh.tp));
+    // Whole replicas (DDP, ZeRO-1) take the norm of gradients they already hold.
+    let sharded = !matches!(strategy, Strategy::Ddp | Strategy::Zero1);
+    let norm = sharded.then(|| "the gradient norm".to_string());
+    let carried: Vec<String> =
+        [partial_sums, gradients, norm, Some("the logged loss".to_string())].into_iter().flatten().collect();
+    let (last, rest) = carried.split_last().expect("the logged loss is always there");
+    let listed = match rest {
+        [] => format!("only {last}"),
+        _ => format!("{} and {last}", rest.join(", ")),
+    };
+    match mesh.dp {
+        1 => format!("{listed} (one replica: no gradients to average)"),
+        _ => listed,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use workbook::parallel::pipeline::PipelineSchedule;
+
+    use super::*;
+
+    #[test]
+    fn an_exercise_is_yours_only_when_your_code_runs() {
+        assert_eq!(named(23, Body::Yours), "your exercise 23");
+        assert!(named(23, Body::Leaned).starts_with("exercise 23's reference body"));
+        assert_eq!(named(22, Body::NotStarted), "exercise 22's reference body, standing in until you start yours");
+    }
+
+    #[test]
+    fn the_ring_says_what_it_carries_with_one_replica() {
+        let pipeline = Strategy::Pipeline { schedule: PipelineSchedule::GPipe, stages: 2, tp: 1 };
+        let carried = ring_carries(pipeline, pipeline.mesh(2).unwrap(), false);
+        assert_eq!(carried, "the gradient norm and the logged loss (one replica: no gradients to average)");
+        let tp = Strategy::TensorParallel { ranks: 2, sequence_parallel: false };
+        let carried = ring_carries(tp, tp.mesh(4).unwrap(), false);
+        assert!(carried.starts_with("every block's partial sums, forward and backward, across the 2"), "{carried}");
+        assert!(carried.contains("the gradients across the 2 replicas"), "{carried}");
+        let sequence = Strategy::TensorParallel { ranks: 2, sequence_parallel: true };
+        let carried = ring_carries(sequence, sequence.mesh(2).unwrap(), false);
+        assert!(carried.starts_with("the norms' gradients across the 2 tensor-parallel ranks"), "{carried}");
+        assert_eq!(ring_carries(Strategy::Zero1, Strategy::Zero1.mesh(2).unwrap(), false), "only the logged loss");
+        let alone = ring_carries(Strategy::Ddp, Strategy::Ddp.mesh(1).unwrap(), false);
+        assert_eq!(alone, "only the logged loss (one replica: no gradients to average)");
+        let ddp = ring_carries(Strategy::Ddp, Strategy::Ddp.mesh(2).unwrap(), false);
+        assert_eq!(ddp, "the gradients across the 2 replicas and the logged loss");
+    }
+}
