@@ -13,8 +13,8 @@ use crate::lean;
 use crate::metadata::{Exercise, Hint};
 use crate::progress::{Progress, State, PROGRESS_FILE};
 use crate::render::{self, bold, dim, green, red, yellow};
+use crate::standing::{self, Standing};
 use crate::stub;
-use crate::tally::{self, Tally};
 use crate::workspace::Workspace;
 
 /// Where `next` starts looking.
@@ -48,11 +48,11 @@ pub fn next(ws: &Workspace, start: Start) -> Result<Option<u32>> {
     };
     let all = known_states(ws)?;
     let Some((exercise, state)) = shown else {
-        nothing_left(ws, &Tally::of(all));
+        nothing_left(ws, &Standing::of(all));
         return Ok(None);
     };
     println!();
-    if let Some(finished) = tally::phase_completed_before(&ws.workbook, exercise, &all) {
+    if let Some(finished) = standing::phase_completed_before(&ws.workbook, exercise, &all) {
         println!("{}", green(&format!("Phase {finished} is complete.")));
         println!("`cargo xtask check-phase {finished}` grades it as a whole.\n");
     }
@@ -140,16 +140,20 @@ pub fn list(ws: &Workspace, quick: bool) -> Result<bool> {
         if in_phase.is_empty() {
             continue;
         }
-        let tally = Tally::of(in_phase.iter().map(|e| (e.number, state(e))));
+        let phase_standing = Standing::of(in_phase.iter().map(|e| (e.number, state(e))));
         println!();
-        println!("{}  {}", bold(&format!("Phase {}: {}", phase.number, phase.title)), render::tally(&tally));
+        println!(
+            "{}  {}",
+            bold(&format!("Phase {}: {}", phase.number, phase.title)),
+            render::standing(&phase_standing)
+        );
         println!("  {}", dim(&render::wrap(&phase.summary, 2)));
         for exercise in in_phase {
             render::list_row(exercise, state(exercise), progress.hint_tiers(exercise.number), title_width);
         }
     }
     println!();
-    println!("{} {}", bold("Overall:"), render::tally(&Tally::of(states)));
+    println!("{} {}", bold("Overall:"), render::standing(&Standing::of(states)));
     if quick {
         println!("{}", dim(&format!("(last known states from {PROGRESS_FILE}; drop --quick to run the tests)")));
     }
@@ -232,20 +236,20 @@ pub fn check_phase(ws: &Workspace, number: u32) -> Result<bool> {
         };
         println!("  {:>2}  {:<title_width$}  {verdict}", exercise.number, exercise.title);
     }
-    let tally = Tally::of(exercises.iter().map(|e| e.number).zip(states));
+    let in_phase = Standing::of(exercises.iter().map(|e| e.number).zip(states));
     // A leaned-on exercise runs the reference, which passes: the phase's
     // whole-run checks go ahead with it.
-    let whole_phase = check_whole_phase(ws, number, tally.open.is_empty())?;
-    let (summary, passes) = tally::phase_summary(number, &tally, whole_phase);
+    let whole_phase = check_whole_phase(ws, number, in_phase.open.is_empty())?;
+    let (summary, passes) = standing::phase_summary(number, &in_phase, whole_phase);
     println!();
     match passes {
         true => println!("{}", green(&bold(&summary))),
         false => println!("{}", red(&bold(&summary))),
     }
-    if !tally.leaned.is_empty() {
-        println!("`cargo xtask lean --off {}` grades your code there.", lean::ranges(&tally.leaned));
+    if !in_phase.leaned.is_empty() {
+        println!("`cargo xtask lean --off {}` grades your code there.", lean::ranges(&in_phase.leaned));
     }
-    if !tally.open.is_empty() {
+    if !in_phase.open.is_empty() {
         println!("`cargo xtask check N` shows the failing checks of exercise N.");
     }
     Ok(passes)
@@ -390,7 +394,7 @@ fn confirm(question: &str) -> Result<bool> {
 
 /// What `next` says when, from where it started, the learner's own code
 /// passes every exercise not leaned on: well done only when that is all of them.
-fn nothing_left(ws: &Workspace, all: &Tally) {
+fn nothing_left(ws: &Workspace, all: &Standing) {
     println!();
     if !all.complete() {
         all.what_is_left().iter().for_each(|line| println!("{}", render::wrap(line, 0)));

@@ -10,7 +10,7 @@ use crate::grading::{unfinished_exercise, Outcome, TestResult};
 use crate::lean::{ranges, ranges_by};
 use crate::metadata::{Exercise, Hint, Workbook};
 use crate::progress::State;
-use crate::tally::Tally;
+use crate::standing::Standing;
 
 /// Column at which wrapped text continues, after a field label.
 const LABEL_WIDTH: usize = 12;
@@ -193,10 +193,10 @@ pub fn list_row(exercise: &Exercise, state: State, hint_tiers: u8, title_width: 
 }
 
 /// `k/n done` (and how many are leaned on), green when all are done with the learner's own code.
-pub fn tally(tally: &Tally) -> String {
-    match tally.complete() {
-        true => green(&tally.words()),
-        false => tally.words(),
+pub fn standing(standing: &Standing) -> String {
+    match standing.complete() {
+        true => green(&standing.words()),
+        false => standing.words(),
     }
 }
 

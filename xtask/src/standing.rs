@@ -11,7 +11,7 @@ use crate::progress::State;
 
 /// Where a set of exercises stands, by number.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Tally {
+pub struct Standing {
     /// Your code passes every graded test.
     pub done: BTreeSet<u32>,
     /// The reference body runs in place of yours.
@@ -20,18 +20,18 @@ pub struct Tally {
     pub open: BTreeSet<u32>,
 }
 
-impl Tally {
+impl Standing {
     pub fn of(states: impl IntoIterator<Item = (u32, State)>) -> Self {
-        let mut tally = Self::default();
+        let mut standing = Self::default();
         for (number, state) in states {
             let bucket = match state {
-                State::Done => &mut tally.done,
-                State::Leaned => &mut tally.leaned,
-                State::Failing | State::Unchecked | State::NotStarted => &mut tally.open,
+                State::Done => &mut standing.done,
+                State::Leaned => &mut standing.leaned,
+                State::Failing | State::Unchecked | State::NotStarted => &mut standing.open,
             };
             bucket.insert(number);
         }
-        tally
+        standing
     }
 
     pub fn total(&self) -> usize {
@@ -89,7 +89,7 @@ fn exercises(numbers: &BTreeSet<u32>) -> String {
 /// whose own code passes, and its checks as a whole (`whole_phase`, when it
 /// has them), out of all. Exercises leaned on pass on the reference: they
 /// are named and not counted as passing.
-pub fn phase_summary(phase: u32, exercises: &Tally, whole_phase: Option<bool>) -> (String, bool) {
+pub fn phase_summary(phase: u32, exercises: &Standing, whole_phase: Option<bool>) -> (String, bool) {
     let passing = exercises.done.len() + usize::from(whole_phase == Some(true));
     let total = exercises.total() + usize::from(whole_phase.is_some());
     let summary = format!("phase {phase}: {passing}/{total} checks pass");
@@ -113,8 +113,8 @@ pub fn phase_completed_before(workbook: &Workbook, exercise: &Exercise, states: 
     let previous = workbook.exercise(exercise.number.checked_sub(1)?).ok()?;
     let phase = (previous.phase != exercise.phase).then_some(previous.phase)?;
     let in_phase = workbook.exercises_in(phase).map(|e| (e.number, states.get(&e.number).copied()));
-    let tally = Tally::of(in_phase.map(|(number, state)| (number, state.unwrap_or(State::Unchecked))));
-    tally.complete().then_some(phase)
+    let standing = Standing::of(in_phase.map(|(number, state)| (number, state.unwrap_or(State::Unchecked))));
+    standing.complete().then_some(phase)
 }
 
 #[cfg(test)]
@@ -134,10 +134,10 @@ mod tests {
     fn a_workbook_leaned_on_throughout_is_not_done() {
         let workbook = real();
         let n = workbook.exercises.len();
-        let tally = Tally::of(every(&workbook, |_| State::Leaned));
-        assert!(!tally.complete());
-        assert_eq!(tally.words(), format!("0/{n} done, {n} leaned on the reference"));
-        let left = tally.what_is_left().join(" ");
+        let standing = Standing::of(every(&workbook, |_| State::Leaned));
+        assert!(!standing.complete());
+        assert_eq!(standing.words(), format!("0/{n} done, {n} leaned on the reference"));
+        let left = standing.what_is_left().join(" ");
         assert!(left.starts_with(&format!("0/{n} exercises pass with your own code.")), "{left}");
         assert!(
             left.contains(&format!("Exercises 1-{n} lean on the reference: `cargo xtask lean --off 1-{n}`")),
@@ -149,26 +149,26 @@ mod tests {
     fn leaned_exercises_are_counted_apart_from_yours() {
         let workbook = real();
         let n = workbook.exercises.len();
-        let tally = Tally::of(every(&workbook, |number| if number <= 11 { State::Done } else { State::Leaned }));
-        assert!(!tally.complete());
-        assert_eq!(tally.words(), format!("11/{n} done, {} leaned on the reference", n - 11));
-        let tally = Tally::of(every(&workbook, |number| if number == 3 { State::Failing } else { State::Done }));
-        assert_eq!(tally.words(), format!("{}/{n} done", n - 1));
-        assert_eq!(tally.what_is_left()[1], "Exercise 3 is not done yet: `cargo xtask next` shows the first.");
-        assert!(Tally::of(every(&workbook, |_| State::Done)).complete());
+        let standing = Standing::of(every(&workbook, |number| if number <= 11 { State::Done } else { State::Leaned }));
+        assert!(!standing.complete());
+        assert_eq!(standing.words(), format!("11/{n} done, {} leaned on the reference", n - 11));
+        let standing = Standing::of(every(&workbook, |number| if number == 3 { State::Failing } else { State::Done }));
+        assert_eq!(standing.words(), format!("{}/{n} done", n - 1));
+        assert_eq!(standing.what_is_left()[1], "Exercise 3 is not done yet: `cargo xtask next` shows the first.");
+        assert!(Standing::of(every(&workbook, |_| State::Done)).complete());
     }
 
     #[test]
     fn check_phase_counts_leaned_exercises_apart() {
         let yours_and_leaned =
-            Tally::of([(1, State::Done), (2, State::Done)].into_iter().chain((3..=7).map(|n| (n, State::Leaned))));
+            Standing::of([(1, State::Done), (2, State::Done)].into_iter().chain((3..=7).map(|n| (n, State::Leaned))));
         let (summary, passes) = phase_summary(1, &yours_and_leaned, Some(true));
         assert_eq!(
             summary,
             "phase 1: 3/8 checks pass; exercises 3-7 are leaned on the reference, so they do not count"
         );
         assert!(!passes);
-        let yours = Tally::of((1..=7).map(|n| (n, State::Done)));
+        let yours = Standing::of((1..=7).map(|n| (n, State::Done)));
         assert_eq!(phase_summary(1, &yours, Some(true)), ("phase 1: 8/8 checks pass".to_string(), true));
         assert_eq!(phase_summary(1, &yours, None), ("phase 1: 7/7 checks pass".to_string(), true));
         assert!(!phase_summary(1, &yours, Some(false)).1);
