@@ -62,7 +62,8 @@ pub fn next(ws: &Workspace, start: Start) -> Result<Option<u32>> {
         .into_iter()
         .map(|n| render::Link { number: n, state: all.get(&n).copied().unwrap_or(State::Unchecked) })
         .collect();
-    render::exercise_card(&ws.workbook, exercise, &ws.position(exercise), &chain);
+    let hints_read = Progress::load(&ws.root).hints(exercise.number).seen();
+    render::exercise_card(&ws.workbook, exercise, &ws.position(exercise), &chain, hints_read);
     let number = exercise.number;
     match state {
         State::Failing => {
@@ -149,7 +150,7 @@ pub fn list(ws: &Workspace, quick: bool) -> Result<bool> {
         );
         println!("  {}", dim(&render::wrap(&phase.summary, 2)));
         for exercise in in_phase {
-            render::list_row(exercise, state(exercise), progress.hint_tiers(exercise.number), title_width);
+            render::list_row(exercise, state(exercise), progress.hints(exercise.number), title_width);
         }
     }
     println!();
@@ -207,9 +208,13 @@ pub fn check(ws: &Workspace, number: u32) -> Result<bool> {
                 ws.position(exercise)
             );
         }
-        println!(
-            "Stuck? `cargo xtask hint {number}` gives the idea and the mistakes these checks catch; `--more` goes further."
-        );
+        let stuck = match render::hint_ladder(number, Progress::load(&ws.root).hints(number).seen()) {
+            Some(ladder) => format!("Stuck? {ladder}."),
+            None => {
+                format!("Stuck? You have read every tier of the hint: `cargo xtask hint {number}` shows them again.")
+            }
+        };
+        println!("{}", render::wrap(&stuck, 0));
     }
     Ok(state == State::Done)
 }
@@ -318,14 +323,14 @@ fn print_verdict(label: &str, run: &TestRun, filter: &str, rerun: &str) -> bool 
     passes
 }
 
-/// Prints the hint's tiers read so far (at least the first; with `more`, one
-/// tier further), with the last tier the mistakes the tests catch (each says
-/// what is right, so it comes with the recipe), and records the tiers read.
-pub fn hint(ws: &Workspace, number: u32, more: bool) -> Result<bool> {
+/// Prints the hint's tiers read so far (at least the first; one tier further
+/// for each `--more`), with the last tier the mistakes the tests catch (each
+/// says what is right, so it comes with the recipe), and records the tiers
+/// read: apart once the exercise passes.
+pub fn hint(ws: &Workspace, number: u32, more: u8) -> Result<bool> {
     let exercise = ws.workbook.exercise(number)?;
     let mut progress = Progress::load(&ws.root);
-    let seen = progress.hint_tiers(number);
-    let shown = if more { seen.max(1) + 1 } else { seen.max(1) }.min(Hint::TIERS);
+    let shown = progress.hints(number).seen().max(1).saturating_add(more).min(Hint::TIERS);
     println!("{}", bold(&format!("Hint for exercise {number}: {}", exercise.title)));
     for (tier, (heading, text)) in exercise.hint.tiers().into_iter().enumerate().take(shown.into()) {
         println!();
@@ -333,15 +338,13 @@ pub fn hint(ws: &Workspace, number: u32, more: bool) -> Result<bool> {
         println!("{}", render::indented(text.trim(), 2));
     }
     println!();
-    match exercise.hint.tiers().get(usize::from(shown)) {
-        Some((next, _)) => println!(
-            "{}",
-            dim(&format!("Try it with this first; `cargo xtask hint {number} --more` shows {}.", next.to_lowercase()))
-        ),
+    match render::hint_ladder(number, shown) {
+        Some(ladder) => println!("{}", dim(&render::wrap(&format!("Try it with this first; {ladder}."), 0))),
         None => println!("{}", dim("That was the last tier.")),
     }
     if !ws.solutions {
-        progress.read_hint(number, shown);
+        let passed = known_state(ws, exercise, &progress)? == State::Done;
+        progress.read_hint(number, shown, passed);
         progress.save(&ws.root)?;
     }
     if shown == Hint::TIERS {

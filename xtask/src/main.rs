@@ -75,14 +75,15 @@ enum Task {
         /// The phase number, e.g. 1.
         phase: u32,
     },
-    /// Show the hint for an exercise: the idea first, `--more` for the pieces, then the recipe with the
-    /// mistakes its tests catch.
+    /// Show the hint for an exercise: the idea first, `--more` for the pieces, `--more --more` for
+    /// the recipe with the mistakes its tests catch.
     Hint {
         /// The exercise number, e.g. 5.
         exercise: u32,
-        /// Show the next tier: the pieces after the idea, then the recipe.
-        #[arg(long)]
-        more: bool,
+        /// One tier past those already read, for each time it is given: the pieces after the idea,
+        /// then the recipe.
+        #[arg(long, action = clap::ArgAction::Count)]
+        more: u8,
     },
     /// Put an exercise's shipped `todo!` stub back (your code in its functions is lost).
     Reset {
@@ -309,7 +310,14 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
 mod tests {
     use clap::Parser;
 
-    use super::Cli;
+    use super::{Cli, Task};
+
+    /// `--more` may be given again: each one is a tier further.
+    #[test]
+    fn more_counts_its_repeats() {
+        let cli = Cli::try_parse_from(["xtask", "hint", "12", "--more", "--more"]).expect("parses");
+        assert!(matches!(cli.command, Task::Hint { exercise: 12, more: 2 }));
+    }
 
     /// NaN, infinite or zero sizes would print nonsense: they are refused by name.
     #[test]

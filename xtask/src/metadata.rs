@@ -115,9 +115,13 @@ impl Hint {
     /// How many tiers a hint has.
     pub const TIERS: u8 = 3;
 
+    /// Each tier's heading, first tier first.
+    pub const HEADINGS: [&'static str; Hint::TIERS as usize] = ["The idea", "The pieces", "The recipe"];
+
     /// Each tier with its heading, first tier first.
     pub fn tiers(&self) -> [(&'static str, &str); Hint::TIERS as usize] {
-        [("The idea", &self.idea), ("The pieces", &self.pieces), ("The recipe", &self.recipe)]
+        let [idea, pieces, recipe] = Self::HEADINGS;
+        [(idea, &self.idea), (pieces, &self.pieces), (recipe, &self.recipe)]
     }
 }
 

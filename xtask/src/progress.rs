@@ -2,7 +2,8 @@
 //!
 //! `.workbook-progress` at the repository root holds a `format` line, one
 //! line per exercise, e.g. `05 done`, and one per exercise whose hint was
-//! read, e.g. `05 hints 2` (tiers seen). A file without the format line is
+//! read, e.g. `05 hints 2` (tiers seen before it passed) or `05
+//! hints-after-passing 3` (once it had). A file without the format line is
 //! from before it existed and reads the same; one from a newer format is
 //! ignored. `check`, `next`, `list`, `hint` and `reset` rewrite it; `list
 //! --quick` reads it instead of running the tests. It is only a record:
@@ -26,7 +27,11 @@ const FORMAT: u32 = 3;
 
 const HEADER: &str = "# Last known state of each exercise, written by `cargo xtask` (check, next, list, reset).\n\
                       # States: done, failing, unchecked (your code), leaned (the reference runs), not-started;\n\
-                      # `NN hints K`: K hint tiers read.\n";
+                      # `NN hints K`: K hint tiers read before passing; `NN hints-after-passing K`: after.\n";
+
+/// The words before a count of hint tiers read: before the exercise passed, and after.
+const BEFORE_PASSING: &str = "hints";
+const AFTER_PASSING: &str = "hints-after-passing";
 
 /// Where an exercise stands. Every report keeps three cases apart: the
 /// learner's own code (done, failing, or edited since it was graded), the
@@ -81,11 +86,26 @@ impl State {
     }
 }
 
+/// How many tiers of one exercise's hint were read before it passed, and
+/// after: a tier read to compare with a finished answer is no help given.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HintsRead {
+    pub before_passing: u8,
+    pub after_passing: u8,
+}
+
+impl HintsRead {
+    /// The most tiers read at any time: what `hint` shows again.
+    pub fn seen(self) -> u8 {
+        self.before_passing.max(self.after_passing)
+    }
+}
+
 /// Exercise number to state, and to the hint tiers read.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Progress {
     states: BTreeMap<u32, State>,
-    hints: BTreeMap<u32, u8>,
+    hints: BTreeMap<u32, HintsRead>,
 }
 
 impl Progress {
@@ -108,15 +128,17 @@ impl Progress {
         self.states.insert(number, state);
     }
 
-    /// How many tiers of exercise `number`'s hint were read (0 when none).
-    pub fn hint_tiers(&self, number: u32) -> u8 {
-        self.hints.get(&number).copied().unwrap_or(0)
+    /// How many tiers of exercise `number`'s hint were read (none by default).
+    pub fn hints(&self, number: u32) -> HintsRead {
+        self.hints.get(&number).copied().unwrap_or_default()
     }
 
-    /// Records that `tiers` tiers of the hint were read; never lowers the count.
-    pub fn read_hint(&mut self, number: u32, tiers: u8) {
-        let seen = self.hints.entry(number).or_insert(0);
-        *seen = (*seen).max(tiers);
+    /// Records that `tiers` tiers of the hint were read, before or after the
+    /// exercise passed; never lowers a count.
+    pub fn read_hint(&mut self, number: u32, tiers: u8, after_passing: bool) {
+        let read = self.hints.entry(number).or_default();
+        let count = if after_passing { &mut read.after_passing } else { &mut read.before_passing };
+        *count = (*count).max(tiers);
     }
 
     /// Drops exercises that no longer exist.
@@ -135,9 +157,9 @@ impl Progress {
             let Some((number, rest)) = line.trim().split_once(' ') else { continue };
             let Ok(number) = number.parse() else { continue };
             match rest.trim().split_once(' ') {
-                Some(("hints", tiers)) => {
+                Some((word @ (BEFORE_PASSING | AFTER_PASSING), tiers)) => {
                     if let Ok(tiers) = tiers.trim().parse() {
-                        progress.read_hint(number, tiers);
+                        progress.read_hint(number, tiers, word == AFTER_PASSING);
                     }
                 }
                 _ => {
@@ -155,8 +177,12 @@ impl Progress {
         for (number, state) in &self.states {
             text.push_str(&format!("{number:02} {}\n", state.word()));
         }
-        for (number, tiers) in &self.hints {
-            text.push_str(&format!("{number:02} hints {tiers}\n"));
+        for (number, read) in &self.hints {
+            for (word, tiers) in [(BEFORE_PASSING, read.before_passing), (AFTER_PASSING, read.after_passing)] {
+                if tiers > 0 {
+                    text.push_str(&format!("{number:02} {word} {tiers}\n"));
+                }
+            }
         }
         text
     }
@@ -172,10 +198,14 @@ mod tests {
         progress.set(5, State::Failing);
         progress.set(1, State::Done);
         progress.set(12, State::NotStarted);
-        progress.read_hint(5, 2);
-        progress.read_hint(5, 1); // reading the first tier again keeps the count
+        progress.read_hint(5, 2, false);
+        progress.read_hint(5, 1, false); // reading the first tier again keeps the count
+        progress.read_hint(1, 3, true);
         let text = progress.render();
-        assert!(text.ends_with("01 done\n05 failing\n12 not-started\n05 hints 2\n"), "{text}");
+        let expected = "01 done\n05 failing\n12 not-started\n01 hints-after-passing 3\n05 hints 2\n";
+        assert!(text.ends_with(expected), "{text}");
+        assert_eq!(progress.hints(1), HintsRead { before_passing: 0, after_passing: 3 });
+        assert_eq!(progress.hints(1).seen(), 3);
         assert_eq!(Progress::parse(&text), progress);
     }
 

@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 use crate::grading::{unfinished_exercise, Outcome, TestResult};
 use crate::lean::{ranges, ranges_by};
 use crate::metadata::{Exercise, Hint, Workbook};
-use crate::progress::State;
+use crate::progress::{HintsRead, State};
 use crate::standing::Standing;
 
 /// Column at which wrapped text continues, after a field label.
@@ -112,7 +112,7 @@ impl Link {
 
 /// The card `next` shows: what to write, where, how to test it, and the
 /// exercises it calls (the whole chain), with those still to do first.
-pub fn exercise_card(workbook: &Workbook, exercise: &Exercise, position: &str, chain: &[Link]) {
+pub fn exercise_card(workbook: &Workbook, exercise: &Exercise, position: &str, chain: &[Link], hints_read: u8) {
     let total = workbook.exercises.len();
     let phase = workbook.phase(exercise.phase).map(|p| p.title.as_str()).unwrap_or("?");
     println!("{}", bold(&format!("Exercise {} of {total}: {}", exercise.number, exercise.title)));
@@ -130,7 +130,10 @@ pub fn exercise_card(workbook: &Workbook, exercise: &Exercise, position: &str, c
     field("guide", &exercise.chapter_file().display().to_string());
     println!();
     field("test it", &format!("cargo test {}   (or: cargo xtask check {})", exercise.test_module(), exercise.number));
-    field("stuck?", &format!("cargo xtask hint {}   (the idea; add --more for the next tier)", exercise.number));
+    let number = exercise.number;
+    let stuck = hint_ladder(number, hints_read)
+        .unwrap_or_else(|| format!("every tier of the hint read: `cargo xtask hint {number}` shows them again"));
+    field("stuck?", &stuck);
     let unfinished: BTreeSet<u32> = chain.iter().filter(|link| link.unfinished()).map(|link| link.number).collect();
     if !unfinished.is_empty() {
         let list = ranges(&unfinished);
@@ -177,7 +180,7 @@ fn chain_in_words(workbook: &Workbook, chain: &[Link]) -> String {
 }
 
 /// One row of `list`.
-pub fn list_row(exercise: &Exercise, state: State, hint_tiers: u8, title_width: usize) {
+pub fn list_row(exercise: &Exercise, state: State, hints: HintsRead, title_width: usize) {
     let label = match state {
         State::Done => green("done"),
         State::Failing => red("failing"),
@@ -185,11 +188,44 @@ pub fn list_row(exercise: &Exercise, state: State, hint_tiers: u8, title_width: 
         State::Leaned => dim("reference body (leaned on)"),
         State::NotStarted => dim("not started"),
     };
-    let hints = match hint_tiers {
-        0 => String::new(),
-        tiers => dim(&format!("  (hint: {tiers} of {} tiers read)", Hint::TIERS)),
+    let of = |tiers| format!("{tiers} of {} tiers", Hint::TIERS);
+    let hints = match (hints.before_passing, hints.after_passing) {
+        (0, 0) => String::new(),
+        (before, after) if after <= before => dim(&format!("  (hint: {} read)", of(before))),
+        (0, after) => dim(&format!("  (hint: {} read after passing)", of(after))),
+        (before, after) => dim(&format!("  (hint: {} read, {after} after passing)", of(before))),
     };
     println!("  {:>2}  {:<title_width$}  {label}{hints}", exercise.number, exercise.title);
+}
+
+/// The hint commands past the `read` tiers already read, each with what its
+/// tier gives: "`cargo xtask hint 5` gives the idea, `--more` the pieces,
+/// `--more --more` the recipe with the mistakes the checks catch". `None`
+/// once every tier is read. Plain `hint` shows the tiers read (at least the
+/// first), and each `--more` one more.
+pub fn hint_ladder(number: u32, read: u8) -> Option<String> {
+    let plain = read.max(1);
+    let first_new = if read == 0 { 1 } else { read + 1 };
+    let steps: Vec<(String, String)> = (first_new..=Hint::TIERS)
+        .map(|tier| {
+            let flags = vec!["--more"; usize::from(tier - plain)].join(" ");
+            let heading = Hint::HEADINGS[usize::from(tier - 1)].to_lowercase();
+            let gives = match tier == Hint::TIERS {
+                true => format!("{heading} with the mistakes the checks catch"),
+                false => heading,
+            };
+            (flags, gives)
+        })
+        .collect();
+    let ((flags, gives), rest) = steps.split_first()?;
+    let command = format!("cargo xtask hint {number} {flags}");
+    let first = format!("`{}` gives {gives}", command.trim_end());
+    Some(
+        std::iter::once(first)
+            .chain(rest.iter().map(|(flags, gives)| format!("`{flags}` {gives}")))
+            .collect::<Vec<_>>()
+            .join(", "),
+    )
 }
 
 /// `k/n done` (and how many are leaned on), green when all are done with the learner's own code.
@@ -275,6 +311,20 @@ mod tests {
         assert!(text.contains("exercise 8 (AdamW parameter groups)"), "{text}");
         assert!(text.contains("`cargo xtask lean 8`") && text.contains("`cargo xtask next 8`"), "{text}");
         assert!(text.contains("nothing yet about exercise 18's code"), "{text}");
+    }
+
+    #[test]
+    fn the_hint_ladder_says_what_each_further_tier_gives() {
+        let fresh = hint_ladder(5, 0).unwrap();
+        assert_eq!(
+            fresh,
+            "`cargo xtask hint 5` gives the idea, `--more` the pieces, `--more --more` the recipe with the \
+             mistakes the checks catch"
+        );
+        let after_the_idea = hint_ladder(5, 1).unwrap();
+        assert!(after_the_idea.starts_with("`cargo xtask hint 5 --more` gives the pieces, `--more --more` the recipe"));
+        assert!(hint_ladder(5, 2).unwrap().starts_with("`cargo xtask hint 5 --more` gives the recipe"));
+        assert_eq!(hint_ladder(5, Hint::TIERS), None);
     }
 
     #[test]
