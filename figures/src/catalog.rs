@@ -49,15 +49,22 @@ fn json<T: DeserializeOwned>(data: &Path, file: &str) -> Result<T> {
 }
 
 /// The last step of the trace `file`.
-fn last_step(data: &Path, file: &str) -> Result<trace::Trace> {
+pub(crate) fn last_step(data: &Path, file: &str) -> Result<trace::Trace> {
     trace::read(&data.join(file))?.last_step()
+}
+
+/// The records of the `metrics.jsonl` the loss curve is drawn from, one per step.
+pub(crate) fn loss_curve_records(data: &Path) -> Result<Vec<serde_json::Value>> {
+    read(data, "loss-curve.metrics.jsonl")?
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|line| serde_json::from_str(line).with_context(|| format!("bad metrics line: {line}")))
+        .collect()
 }
 
 fn loss_curve(data: &Path) -> Result<String> {
     let mut points = vec![];
-    for line in read(data, "loss-curve.metrics.jsonl")?.lines().filter(|l| !l.trim().is_empty()) {
-        let record: serde_json::Value =
-            serde_json::from_str(line).with_context(|| format!("bad metrics line: {line}"))?;
+    for record in loss_curve_records(data)? {
         let number = |key: &str| record[key].as_f64().unwrap_or(f64::NAN);
         points.push(StepPoint {
             step: record["step"].as_u64().unwrap_or(0) as usize,

@@ -1,13 +1,15 @@
 //! The workbook's figures, drawn as SVG from what its runs recorded: a run's
 //! loss curve, and the guide's pictures (pipeline schedules, the FSDP
-//! timeline, the ring's steps, memory per rank). Every figure is a pure
-//! function of its data, so a figure committed to the guide can be checked
-//! against what its data draws today.
+//! timeline, the ring's steps, memory per rank); and the measured numbers
+//! the guide's chapters quote. Every figure and number file is a pure
+//! function of its data, so one committed to the guide can be checked
+//! against what its data gives today.
 
 pub mod catalog;
 mod lanes;
 pub mod loss;
 mod megatron;
+pub mod numbers;
 mod pipeline;
 mod ranks;
 mod ring;

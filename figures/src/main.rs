@@ -1,12 +1,21 @@
-//! `figures draw DATA OUT` draws every guide figure from the recorded data
-//! in DATA into OUT; `figures check DATA OUT` says which figures in OUT are
-//! not what their data draws today.
+//! `figures draw ROOT` draws every guide figure from the recorded data in
+//! the workbook at ROOT and writes the numbers its chapters quote;
+//! `figures check ROOT` says which figures or number files are not what
+//! their data gives today.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{bail, Result};
 use figures::catalog::FIGURES;
+use figures::numbers::{Sources, NUMBER_FILES};
+
+/// Where the workbook keeps what this program reads and writes.
+const DATA: &str = "guide/figure-data";
+const FIGURES_DIR: &str = "guide/src/figures";
+const NUMBERS_DIR: &str = "guide/src/numbers";
+const RESULTS: &str = "benchmarks/results.md";
+const CONFIGS: &str = "configs";
 
 fn main() -> ExitCode {
     match run() {
@@ -20,28 +29,45 @@ fn main() -> ExitCode {
 
 fn run() -> Result<ExitCode> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [command, data, out] = args.as_slice() else {
-        bail!("usage: figures draw|check <data dir> <figures dir>");
+    let [command, root] = args.as_slice() else {
+        bail!("usage: figures draw|check <workbook root>");
     };
-    let (data, out) = (PathBuf::from(data), PathBuf::from(out));
-    let mut stale = 0;
+    let root = PathBuf::from(root);
+    let write = match command.as_str() {
+        "draw" => true,
+        "check" => false,
+        other => bail!("unknown command `{other}`: draw or check"),
+    };
+    let data = root.join(DATA);
+    let sources = Sources::read(&root.join(RESULTS), &data, &root.join(CONFIGS))?;
+    let mut outputs = vec![];
     for figure in FIGURES {
-        let svg = figure.draw(&data)?;
-        let path = out.join(figure.file);
-        match command.as_str() {
-            "draw" => {
-                std::fs::create_dir_all(&out)?;
-                std::fs::write(&path, svg)?;
-                println!("drew {}", path.display());
-            }
-            "check" => {
-                if std::fs::read_to_string(&path).ok().as_deref() != Some(svg.as_str()) {
-                    println!("{} is stale: its data draws another picture (run `cargo xtask figures`)", path.display());
-                    stale += 1;
-                }
-            }
-            other => bail!("unknown command `{other}`: draw or check"),
+        outputs.push((root.join(FIGURES_DIR).join(figure.file), figure.draw(&data)?));
+    }
+    for numbers in NUMBER_FILES {
+        outputs.push((root.join(NUMBERS_DIR).join(numbers.file), numbers.render(&sources)?));
+    }
+    let mut stale = 0;
+    for (path, text) in &outputs {
+        if write {
+            std::fs::create_dir_all(path.parent().unwrap_or(Path::new(".")))?;
+            std::fs::write(path, text)?;
+            println!("wrote {}", path.display());
+        } else if std::fs::read_to_string(path).ok().as_deref() != Some(text.as_str()) {
+            println!("{} is stale: its data gives another text (run `cargo xtask figures`)", path.display());
+            stale += 1;
         }
     }
+    for leftover in leftovers(&root.join(NUMBERS_DIR), &outputs) {
+        println!("{} is written by nothing: delete it", leftover.display());
+        stale += 1;
+    }
     Ok(if stale == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// The files in `dir` that no output is written to: what a renamed or
+/// dropped number file left behind, which a chapter could still include.
+fn leftovers(dir: &Path, outputs: &[(PathBuf, String)]) -> Vec<PathBuf> {
+    let entries = std::fs::read_dir(dir).into_iter().flatten().flatten();
+    entries.map(|e| e.path()).filter(|path| !outputs.iter().any(|(written, _)| written == path)).collect()
 }

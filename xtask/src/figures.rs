@@ -1,8 +1,10 @@
-//! `cargo xtask figures`: the guide's figures. Each is drawn by the
-//! `figures` program from data recorded from the workbook's own runs and
-//! committed in `guide/figure-data/`; `--record` runs those again first (the
-//! reference trainer, a few minutes), and `verify` checks that every figure
-//! in `guide/src/figures/` is what its data draws.
+//! `cargo xtask figures`: the guide's figures and the numbers its chapters
+//! quote. The `figures` program draws each figure from data recorded from
+//! the workbook's own runs and committed in `guide/figure-data/`, and writes
+//! each quoted number into `guide/src/numbers/` from those runs and
+//! `benchmarks/results.md`; `--record` runs the recorded runs again first
+//! (the reference trainer, a few minutes), and `verify` checks that every
+//! figure and number file is what its data gives.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -15,10 +17,12 @@ use crate::bench_fsdp::{measure, read_config, reference_program, states};
 use crate::estimate::{Precision, Strategy};
 use crate::workspace::Workspace;
 
+/// Where the `figures` program reads the recorded runs and writes the figures.
 pub const DATA: &str = "guide/figure-data";
 pub const FIGURES: &str = "guide/src/figures";
 
-/// Draws every figure from the committed data; with `record`, records the data first.
+/// Draws every figure and writes every quoted number from the committed
+/// data; with `record`, records the data first.
 pub fn figures(ws: &Workspace, record: bool) -> Result<bool> {
     if record {
         record_all(&ws.root)?;
@@ -26,12 +30,12 @@ pub fn figures(ws: &Workspace, record: bool) -> Result<bool> {
     run_figures(&ws.root, "draw")
 }
 
-/// Runs the `figures` program: `draw` writes the figures, `check` says
-/// which are stale and fails if any is.
+/// Runs the `figures` program: `draw` writes the figures and number files,
+/// `check` says which are stale and fails if any is.
 pub fn run_figures(root: &Path, command: &str) -> Result<bool> {
     let status = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
         .current_dir(root)
-        .args(["run", "--quiet", "--package", "figures", "--", command, DATA, FIGURES])
+        .args(["run", "--quiet", "--package", "figures", "--", command, "."])
         .status()
         .context("cannot run cargo")?;
     Ok(status.success())

@@ -111,7 +111,8 @@ enum Task {
     /// Write the lists that follow from exercises/info.toml: src/exercises.rs, the graded
     /// tests' module list and the guide's SUMMARY.md (for whoever adds an exercise).
     Update,
-    /// Draw the guide's figures (guide/src/figures/) from the runs recorded in guide/figure-data/.
+    /// Draw the guide's figures (guide/src/figures/) and write the numbers its chapters quote
+    /// (guide/src/numbers/) from the runs recorded in guide/figure-data/ and benchmarks/results.md.
     Figures {
         /// Record those runs again first, with the reference trainer (a few minutes).
         #[arg(long)]

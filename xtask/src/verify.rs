@@ -589,7 +589,9 @@ fn guide_builds(ws: &Workspace, tally: &mut Tally) {
 /// figure in `guide/src/figures/`.
 fn figures_current_and_shown(ws: &Workspace, tally: &mut Tally) {
     match figures::run_figures(&ws.root, "check") {
-        Ok(current) => tally.check(current, || "a figure is stale (named above): run `cargo xtask figures`".into()),
+        Ok(current) => {
+            tally.check(current, || "a figure or number file is stale (named above): run `cargo xtask figures`".into())
+        }
         Err(error) => tally.check(false, || format!("cannot check the figures: {error:#}")),
     }
     let chapters: String = files_under(&ws.root, Path::new("guide/src"))
