@@ -20,6 +20,8 @@ use crate::workspace::Workspace;
 /// Where the `figures` program reads the recorded runs and writes the figures.
 pub const DATA: &str = "guide/figure-data";
 pub const FIGURES: &str = "guide/src/figures";
+/// Where it writes the quoted numbers, one file of mdBook anchors per source.
+pub const NUMBERS: &str = "guide/src/numbers";
 
 /// Draws every figure and writes every quoted number from the committed
 /// data; with `record`, records the data first.

@@ -21,6 +21,7 @@ mod migrate;
 mod planted;
 mod progress;
 mod python;
+mod quoted;
 mod registry;
 mod render;
 mod standing;

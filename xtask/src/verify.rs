@@ -18,6 +18,7 @@ use crate::grading::{
 use crate::lean;
 use crate::metadata::{self, Exercise};
 use crate::planted;
+use crate::quoted;
 use crate::registry;
 use crate::render::{bold, green, indented, red};
 use crate::stub;
@@ -562,12 +563,17 @@ fn no_warnings(ws: &Workspace, builds: [(&str, Option<TestRun>); 2], tally: &mut
 }
 
 /// Part 7: every path of the workbook a chapter cites exists, every figure
-/// is what its recorded data draws and is shown by a chapter, and the guide
-/// builds, when mdbook is installed.
+/// and quoted number is what its recorded data gives, every figure is shown
+/// and every measured number included from a run, and the guide builds,
+/// when mdbook is installed.
 fn guide_builds(ws: &Workspace, tally: &mut Tally) {
-    tally.section("Guide: cited paths exist, figures are current and shown, the book builds (mdbook build guide)");
+    tally.section(
+        "Guide: cited paths exist, figures and numbers are current, numbers come from runs, the book builds \
+         (mdbook build guide)",
+    );
     cited_paths_exist(ws, tally);
     figures_current_and_shown(ws, tally);
+    numbers_from_runs(ws, tally);
     match Command::new("mdbook").args(["build", "guide"]).current_dir(&ws.root).output() {
         Err(error) if error.kind() == ErrorKind::NotFound => {
             println!("  skipped: mdbook is not on PATH (`cargo install mdbook` adds this check)");
@@ -603,6 +609,71 @@ fn figures_current_and_shown(ws: &Workspace, tally: &mut Tally) {
         let name = figure.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         tally.check(chapters.contains(&format!("figures/{name})")), || {
             format!("{} is shown by no chapter: link it as ![...](../figures/{name})", figure.display())
+        });
+    }
+}
+
+/// Every measured number a chapter shows is included from the files the
+/// figures program writes from committed runs: none is typed with a unit
+/// outside an include (the worked examples `quoted::WORKED` lists aside),
+/// every include names an anchor a number file has, and every anchor is
+/// quoted by some chapter.
+fn numbers_from_runs(ws: &Workspace, tally: &mut Tally) {
+    let guide = ws.root.join("guide/src");
+    let numbers = ws.root.join(figures::NUMBERS);
+    let mut included = BTreeSet::new();
+    for chapter in markdown_files(&guide).into_iter().filter(|chapter| !chapter.starts_with(&numbers)) {
+        let text = std::fs::read_to_string(&chapter).unwrap_or_default();
+        let name = chapter.strip_prefix(&guide).unwrap_or(&chapter).to_string_lossy().replace('\\', "/");
+        no_typed_numbers(&name, &text, tally);
+        for include in quoted::includes(&text) {
+            let target = quoted::resolve(&chapter, include.path);
+            if target.starts_with(&numbers) {
+                let anchor = include.anchor.unwrap_or_default();
+                let file = std::fs::read_to_string(&target).unwrap_or_default();
+                tally.check(quoted::anchors(&file).contains(anchor), || {
+                    format!(
+                        "guide/src/{name} includes `{}:{anchor}`, which no number file has: mdBook would show \
+                         nothing (name one of the anchors `cargo xtask figures` writes there)",
+                        include.path
+                    )
+                });
+                included.insert((target, anchor.to_string()));
+            }
+        }
+    }
+    for file in files_under(&ws.root, Path::new(figures::NUMBERS)) {
+        let text = ws.read(&file).unwrap_or_default();
+        for anchor in quoted::anchors(&text) {
+            tally.check(included.contains(&(ws.root.join(&file), anchor.to_string())), || {
+                format!("{}: `{anchor}` is quoted by no chapter: quote it, or stop writing it", file.display())
+            });
+        }
+    }
+    for (chapter, _) in quoted::WORKED {
+        tally.check(guide.join(chapter).is_file(), || {
+            format!("xtask/src/quoted.rs allows numbers in guide/src/{chapter}, which does not exist")
+        });
+    }
+}
+
+/// The chapter `name` (under `guide/src/`) types no measured number, and
+/// holds every phrase `quoted::WORKED` allows in it.
+fn no_typed_numbers(name: &str, text: &str, tally: &mut Tally) {
+    let worked: Vec<&str> = quoted::WORKED.iter().filter(|(c, _)| *c == name).map(|(_, phrase)| *phrase).collect();
+    let (typed, unused) = quoted::typed_numbers(text, &worked);
+    tally.check(typed.is_empty(), || {
+        let list: Vec<String> = typed.iter().map(|t| format!("line {}: `{}`", t.line, t.text)).collect();
+        format!(
+            "guide/src/{name} types measured numbers ({}): include each from the file `cargo xtask figures` \
+             writes from its run (guide/src/numbers/); a constant or a number worked on the page goes in \
+             xtask/src/quoted.rs",
+            list.join(", ")
+        )
+    });
+    for phrase in unused {
+        tally.check(false, || {
+            format!("xtask/src/quoted.rs allows `{phrase}` in guide/src/{name}, which no longer holds it")
         });
     }
 }
