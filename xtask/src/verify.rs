@@ -683,6 +683,17 @@ mod tests {
     use super::cited_paths;
 
     #[test]
+    fn the_guide_shows_flags_as_typed() {
+        let book = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../guide/book.toml")).unwrap();
+        let config: toml::Table = toml::from_str(&book).unwrap();
+        assert_eq!(
+            config["output"]["html"].get("smart-punctuation").and_then(|v| v.as_bool()),
+            Some(false),
+            "guide/book.toml: mdBook's smart punctuation shows `--ddp-overlap` outside code as an en dash and a word"
+        );
+    }
+
+    #[test]
     fn a_chapter_cites_paths_under_the_workbooks_folders_not_placeholders() {
         let folders = ["src/".to_string(), "tests/".to_string()];
         let text = "see `src/parallel/pipeline/mod.rs:304`, `tests/graded/gpu.rs`, `step_NNNNNN`, \
