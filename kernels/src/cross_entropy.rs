@@ -73,8 +73,13 @@ impl CustomOp2 for CrossEntropy {
         Ok((from_f32(vec![(total / n as f64) as f32], ls.dtype())?, Shape::from(())))
     }
 
+    /// Refuses a target that is no class index, as the CPU does, rather than
+    /// a NaN loss a step would skip in silence. The targets are read back
+    /// for it: a few bytes per row, and a wait for the work queued before.
     #[cfg(feature = "cuda")]
     fn cuda_fwd(&self, ls: &CudaStorage, ll: &Layout, ts: &CudaStorage, tl: &Layout) -> Result<(CudaStorage, Shape)> {
+        let (_, classes) = ll.shape().dims2()?;
+        indices(&ts.to_cpu_storage()?, tl, classes)?;
         super::cuda::cross_entropy(ls, ll, ts, tl)
     }
 

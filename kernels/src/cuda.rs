@@ -85,7 +85,9 @@ __device__ float block_sum(float v) {
 }
 
 // log sum exp of a row in one read: each thread keeps a running max and a
-// sum of exponentials relative to it, rescaled when the max grows.
+// sum of exponentials relative to it, rescaled when the max grows. A -inf
+// adds nothing (while the running max is -inf too, exp(v - m) would be NaN);
+// a row of nothing but -inf is NaN, as on the CPU.
 __device__ float row_log_sum_exp(const float* row, int width) {
     float m = NEG_INF, s = 0.0f;
     for (int j = threadIdx.x; j < width; j += blockDim.x) {
@@ -93,13 +95,13 @@ __device__ float row_log_sum_exp(const float* row, int width) {
         if (v > m) {
             s = s * expf(m - v) + 1.0f;
             m = v;
-        } else {
+        } else if (v != NEG_INF) {
             s += expf(v - m);
         }
     }
     float top = block_max(m);
     s = block_sum(m == NEG_INF ? 0.0f : s * expf(m - top));
-    return top + logf(s);
+    return top == NEG_INF ? __int_as_float(0x7fc00000) : top + logf(s);
 }
 
 // y = softmax(scale * x) per row of width `width`; where `allowed` is not
@@ -159,17 +161,20 @@ extern "C" __global__ void cross_entropy_backward_rows(const float* logits, cons
         out[j] = expf(row[j] - lse) * scale - ((unsigned int)j == t ? scale : 0.0f);
 }
 
+// The elementwise kernels index with size_t: with 32-bit indices, i + stride
+// would wrap around for n near 2^32 and the loop would never end.
+
 // y = x * sigmoid(x), elementwise.
-extern "C" __global__ void silu_forward(const float* x, float* y, unsigned int n) {
-    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
+extern "C" __global__ void silu_forward(const float* x, float* y, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)blockDim.x * gridDim.x) {
         float v = x[i];
         y[i] = v / (1.0f + expf(-v));
     }
 }
 
 // dx = dy * s * (1 + x * (1 - s)), with s = sigmoid(x).
-extern "C" __global__ void silu_backward(const float* x, const float* dy, float* dx, unsigned int n) {
-    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
+extern "C" __global__ void silu_backward(const float* x, const float* dy, float* dx, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)blockDim.x * gridDim.x) {
         float v = x[i], s = 1.0f / (1.0f + expf(-v));
         dx[i] = dy[i] * s * (1.0f + v * (1.0f - s));
     }
@@ -177,16 +182,22 @@ extern "C" __global__ void silu_backward(const float* x, const float* dy, float*
 
 // AdamW's update of one parameter: m and v from the gradient, then the
 // parameter (already decayed) from them; inv_c1 and inv_c2 are the bias
-// corrections' reciprocals, 1 / (1 - b1^t) and 1 / (1 - b2^t).
+// corrections' reciprocals, 1 / (1 - b1^t) and 1 / (1 - b2^t), and
+// one_minus_b1, one_minus_b2 are computed in f64 on the host. Each line is
+// one f32 operation of the CPU's update_one, in its order, its "+ 0.0f"s
+// included (they turn -0 into +0); compiled without fused multiply-adds, the
+// results are the CPU's to the bit.
 extern "C" __global__ void adamw_update(const float* decayed, const float* g, const float* m, const float* v,
-                                        float* p_out, float* m_out, float* v_out, unsigned int n, float b1,
-                                        float b2, float inv_c1, float inv_c2, float eps, float lr) {
-    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
+                                        float* p_out, float* m_out, float* v_out, size_t n, float b1,
+                                        float one_minus_b1, float b2, float one_minus_b2, float inv_c1,
+                                        float inv_c2, float eps, float lr) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)blockDim.x * gridDim.x) {
         float grad = g[i];
-        float exp_avg = m[i] * b1 + grad * (1.0f - b1);
-        float exp_avg_sq = v[i] * b2 + grad * grad * (1.0f - b2);
-        float denom = sqrtf(exp_avg_sq * inv_c2) + eps;
-        p_out[i] = decayed[i] - lr * (exp_avg * inv_c1 / denom);
+        float exp_avg = (m[i] * b1 + 0.0f) + (grad * one_minus_b1 + 0.0f);
+        float exp_avg_sq = (v[i] * b2 + 0.0f) + ((grad * grad) * one_minus_b2 + 0.0f);
+        float denom = sqrtf(exp_avg_sq * inv_c2 + 0.0f) * 1.0f + eps;
+        float update = (exp_avg * inv_c1 + 0.0f) / denom;
+        p_out[i] = decayed[i] - (update * lr + 0.0f);
         m_out[i] = exp_avg;
         v_out[i] = exp_avg_sq;
     }
@@ -201,10 +212,23 @@ extern "C" __global__ void mean(const float* values, float* out, int n) {
 }
 "#;
 
-/// The kernels' PTX, compiled once per process.
+/// The kernels' PTX, compiled once per process. NVRTC fuses a multiply and
+/// an add into one rounding by default (`fmad`); the CPU rounds each, so
+/// with fusion AdamW's GPU update would differ from the CPU's in the last
+/// bits. Division and square root stay IEEE-exact, denormals kept, as the
+/// CPU's.
 fn ptx() -> Result<&'static str> {
     static PTX: OnceLock<std::result::Result<String, String>> = OnceLock::new();
-    let compiled = PTX.get_or_init(|| nvrtc::compile_ptx(SOURCE).map(|ptx| ptx.to_src()).map_err(|e| e.to_string()));
+    let options = nvrtc::CompileOptions {
+        fmad: Some(false),
+        prec_div: Some(true),
+        prec_sqrt: Some(true),
+        ftz: Some(false),
+        ..Default::default()
+    };
+    let compiled = PTX.get_or_init(|| {
+        nvrtc::compile_ptx_with_opts(SOURCE, options).map(|ptx| ptx.to_src()).map_err(|e| e.to_string())
+    });
     match compiled {
         Ok(ptx) => Ok(ptx),
         Err(e) => bail!("NVRTC could not compile the workbook's fused CUDA kernels ({e}); set {SWITCH}=composed to use candle's ops"),
@@ -364,10 +388,12 @@ pub fn cross_entropy_backward(
     Ok((CudaStorage::wrap_cuda_slice(dlogits, device.clone()), ll.shape().clone()))
 }
 
-/// A grid-stride launch over `n` elements.
-fn elements_config(n: usize) -> Result<(LaunchConfig, u32)> {
-    let Ok(n) = u32::try_from(n) else { bail!("workbook-fused: {n} elements are more than the kernels' 32-bit count") };
-    Ok((LaunchConfig::for_num_elems(n.max(1)), n))
+/// A grid-stride launch over `n` elements: one thread per element up to
+/// u32::MAX elements (what `for_num_elems` counts), beyond that each thread
+/// loops over the rest.
+fn elements_config(n: usize) -> (LaunchConfig, u64) {
+    let blocks_for = u32::try_from(n).unwrap_or(u32::MAX).max(1);
+    (LaunchConfig::for_num_elems(blocks_for), n as u64)
 }
 
 /// `x · sigmoid(x)` elementwise.
@@ -375,7 +401,7 @@ pub fn silu(x: &CudaStorage, xl: &Layout) -> Result<(CudaStorage, Shape)> {
     let device = x.device();
     let len = xl.shape().elem_count();
     let x = view::<f32>(x, xl, "workbook-silu")?;
-    let (config, n) = elements_config(len)?;
+    let (config, n) = elements_config(len);
     let mut y = output(device, len)?;
     launch!(device, "silu_forward", config, |args| {
         args.arg(&x).arg(&mut y).arg(&n);
@@ -389,7 +415,7 @@ pub fn silu_backward(x: &CudaStorage, xl: &Layout, dy: &CudaStorage, dyl: &Layou
     let device = x.device();
     let len = xl.shape().elem_count();
     let (x, dy) = (view::<f32>(x, xl, op)?, view::<f32>(dy, dyl, op)?);
-    let (config, n) = elements_config(len)?;
+    let (config, n) = elements_config(len);
     let mut dx = output(device, len)?;
     launch!(device, "silu_backward", config, |args| {
         args.arg(&x).arg(&dy).arg(&mut dx).arg(&n);
@@ -442,10 +468,11 @@ pub fn adamw_update(tensors: [&Tensor; 4], step: &AdamWStep) -> Result<[Tensor; 
     }
     let device = tensors[0].device().as_cuda_device()?;
     let len = tensors[0].elem_count();
-    let (config, n) = elements_config(len)?;
+    let (config, n) = elements_config(len);
     let mut outputs = [output(device, len)?, output(device, len)?, output(device, len)?];
     // The kernel's constants, as the CPU's update_one rounds them to f32.
     let (beta1, beta2) = (step.beta1 as f32, step.beta2 as f32);
+    let (one_minus_beta1, one_minus_beta2) = ((1.0 - step.beta1) as f32, (1.0 - step.beta2) as f32);
     let (inv_correction1, inv_correction2) = ((1.0 / step.correction1) as f32, (1.0 / step.correction2) as f32);
     let (eps, lr) = (step.eps as f32, step.lr as f32);
     launch!(device, "adamw_update", config, |args| {
@@ -455,7 +482,8 @@ pub fn adamw_update(tensors: [&Tensor; 4], step: &AdamWStep) -> Result<[Tensor; 
         outputs.iter_mut().for_each(|out| {
             args.arg(out);
         });
-        args.arg(&n).arg(&beta1).arg(&beta2).arg(&inv_correction1).arg(&inv_correction2).arg(&eps).arg(&lr);
+        args.arg(&n).arg(&beta1).arg(&one_minus_beta1).arg(&beta2).arg(&one_minus_beta2);
+        args.arg(&inv_correction1).arg(&inv_correction2).arg(&eps).arg(&lr);
     })?;
     let shape = tensors[0].shape();
     Ok(outputs.map(|out| {

@@ -73,15 +73,19 @@ static void silu(unsigned n, unsigned blocks) {
     save("dx", dx);
 }
 
-// adamw <n> <blocks> <b1> <b2> <inv_c1> <inv_c2> <eps> <lr>: decayed, g, m, v -> p, m_out, v_out.
+// adamw <n> <blocks> <b1> <1-b1> <b2> <1-b2> <inv_c1> <inv_c2> <eps> <lr>, each constant as its f32's
+// bits (so that it reaches the kernel exactly as the host rounded it): decayed, g, m, v -> p, m_out, v_out.
 static void adamw(unsigned n, unsigned blocks, char** constants) {
-    float c[6];
-    for (int i = 0; i < 6; i++) c[i] = std::stof(constants[i]);
+    float c[8];
+    for (int i = 0; i < 8; i++) {
+        unsigned bits = std::stoul(constants[i]);
+        std::memcpy(&c[i], &bits, sizeof bits);
+    }
     auto decayed = load<float>("decayed", n), g = load<float>("g", n), m = load<float>("m", n), v = load<float>("v", n);
     std::vector<float> p(n), m_out(n), v_out(n);
     launch(blocks, 256, [&] {
         adamw_update(decayed.data(), g.data(), m.data(), v.data(), p.data(), m_out.data(), v_out.data(), n, c[0], c[1],
-                     c[2], c[3], c[4], c[5]);
+                     c[2], c[3], c[4], c[5], c[6], c[7]);
     });
     save("p", p);
     save("m_out", m_out);
@@ -90,7 +94,7 @@ static void adamw(unsigned n, unsigned blocks, char** constants) {
 
 int main(int argc, char** argv) {
     if (argc < 3) {
-        std::fprintf(stderr, "usage: driver <folder> softmax <rows> <width> <queries> <scale> | cross_entropy <rows> <classes> | silu <n> <blocks> | adamw <n> <blocks> <b1> <b2> <inv_c1> <inv_c2> <eps> <lr>\n");
+        std::fprintf(stderr, "usage: driver <folder> softmax <rows> <width> <queries> <scale> | cross_entropy <rows> <classes> | silu <n> <blocks> | adamw <n> <blocks> <b1> <1-b1> <b2> <1-b2> <inv_c1> <inv_c2> <eps> <lr>\n");
         return 2;
     }
     folder = argv[1];
@@ -98,7 +102,7 @@ int main(int argc, char** argv) {
     if (kernel == "softmax" && argc == 7) softmax(std::stoul(argv[3]), std::stoi(argv[4]), std::stoi(argv[5]), std::stof(argv[6]));
     else if (kernel == "cross_entropy" && argc == 5) cross_entropy(std::stoul(argv[3]), std::stoi(argv[4]));
     else if (kernel == "silu" && argc == 5) silu(std::stoul(argv[3]), std::stoul(argv[4]));
-    else if (kernel == "adamw" && argc == 11) adamw(std::stoul(argv[3]), std::stoul(argv[4]), argv + 5);
+    else if (kernel == "adamw" && argc == 13) adamw(std::stoul(argv[3]), std::stoul(argv[4]), argv + 5);
     else return 2;
     return 0;
 }

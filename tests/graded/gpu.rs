@@ -16,7 +16,7 @@ use workbook::train::Trainer;
 use workbook::{kernels, param_specs, Gpt, ParamStore};
 
 use crate::exercise_10::{micro_batch, model_config, train_config};
-use crate::kernels::randn;
+use crate::kernels::{expect_same_bits, randn};
 use crate::support::{expect_close, expect_update_close, fixture, grad, ok, surrogate, var, Fixture, Tol, BF16, F32};
 
 /// cuBLAS sums in another order than the CPU's kernels; float32 throughout.
@@ -161,6 +161,26 @@ fn the_cross_entropy_on_the_gpu_matches_candles_on_the_cpu_at_gpt2s_vocabulary()
     expect_close(&got_grad, &want_grad, F32, "the gradient of kernels::cross_entropy on the GPU", &[]);
 }
 
+/// The cases the CPU's cross-entropy settles, settled the same way on the
+/// GPU: -inf logits ahead of finite ones in a row (a thread's running max
+/// starts at -inf) add nothing, and a target that is no class index is
+/// refused with the CPU's message, not turned into a NaN loss.
+#[test]
+fn the_cross_entropy_on_the_gpu_treats_minus_infinity_and_bad_targets_as_the_cpu_does() {
+    let Some(device) = gpu() else { return };
+    let (n, v) = (3, 3000); // more classes than a block's 1024 threads
+    let blocked = Tensor::full(f32::NEG_INFINITY, (n, 64), &Device::Cpu).unwrap();
+    let logits = Tensor::cat(&[&blocked, &randn(&[n, v - 64], 3.0)], 1).unwrap();
+    let targets = Tensor::new(&[100u32, 2000, 2999], &Device::Cpu).unwrap();
+    let want = kernels::cross_entropy(&logits, &targets).unwrap();
+    let got = kernels::cross_entropy(&logits.to_device(&device).unwrap(), &targets.to_device(&device).unwrap());
+    expect_close(&on_cpu(&got.unwrap()), &want, F32, "kernels::cross_entropy on the GPU with -inf logits", &[]);
+    let beyond = Tensor::new(&[100u32, 3000, 5], &device).unwrap();
+    let cpu_error = kernels::cross_entropy(&logits, &beyond.to_device(&Device::Cpu).unwrap()).unwrap_err();
+    let gpu_error = kernels::cross_entropy(&logits.to_device(&device).unwrap(), &beyond).unwrap_err();
+    assert_eq!(gpu_error.to_string(), cpu_error.to_string(), "a target beyond the classes, on the GPU");
+}
+
 /// Random values of `shape`, drawn apart from `randn(shape, ..)`'s.
 fn randn_other(shape: &[usize]) -> Tensor {
     let n: usize = shape.iter().product();
@@ -240,9 +260,11 @@ fn the_optimizers_passes_on_the_gpu_match_the_cpus() {
         kernels::AdamWStep { lr: 6e-4, beta1: 0.9, beta2: 0.95, eps: 1e-8, correction1: 0.271, correction2: 0.142 };
     let (p, m_new, v_new) = kernels::adamw_update(&decayed, &grad, &m, &v, step).unwrap();
     let (gp, gm, gv) = kernels::adamw_update(&gpu(&decayed), &gpu(&grad), &gpu(&m), &gpu(&v), step).unwrap();
+    // The kernel is compiled without fused multiply-adds and does the CPU's
+    // f32 operations in the CPU's order: the same bits, not just close.
     for (what, got, want) in labelled(["the parameter", "m", "v"], [gp, gm, gv], [p, m_new, v_new]) {
         assert!(got.device().is_cuda(), "kernels::adamw_update left the GPU for {what}");
-        expect_close(&on_cpu(&got), &want, F32, &format!("kernels::adamw_update's {what} on the GPU"), &[]);
+        expect_same_bits(&on_cpu(&got), &want, &format!("kernels::adamw_update's {what} on the GPU"), "the CPU's");
     }
 
     let tensors = [randn(&[n], 1.0), randn(&[40, 768], 0.5), randn(&[7], 2.0)];

@@ -336,7 +336,7 @@ fn adamw_update_matches_the_composed_update_bit_for_bit() {
 }
 
 /// Fails unless `ours` and `theirs` have one shape and the same bits in every element.
-fn expect_same_bits(ours: &Tensor, theirs: &Tensor, what: &str, whose: &str) {
+pub fn expect_same_bits(ours: &Tensor, theirs: &Tensor, what: &str, whose: &str) {
     assert_eq!(ours.dims(), theirs.dims(), "{what} has the wrong shape");
     let (ours, theirs) = (values(ours), values(theirs));
     let first = ours.iter().zip(&theirs).position(|(a, b)| a.to_bits() != b.to_bits());
