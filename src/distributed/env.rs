@@ -10,7 +10,7 @@
 //! | `MASTER_ADDR`      | the host of rank 0, which hosts the store           |
 //! | `MASTER_PORT`      | the store's port                                    |
 //! | `WORKBOOK_JOB_TOKEN` | a secret shared by the job's ranks (the launcher makes one); required unless `MASTER_ADDR` is loopback |
-//! | `WORKBOOK_TIMEOUT_S` | how long a rank waits for another (default 60)   |
+//! | `WORKBOOK_TIMEOUT_S` | how long a rank waits for another (default 60; for an NCCL collective, 600, as PyTorch's) |
 //! | `WORKBOOK_ELASTIC_ROUND` | in an [elastic](super::launch) job, its round: 0, then one more at every restart |
 //!
 //! A cluster scheduler's script sets the first six from its own variables
@@ -47,6 +47,8 @@ pub struct DistEnv {
     pub master_port: u16,
     pub token: String,
     pub timeout: Duration,
+    /// Whether `WORKBOOK_TIMEOUT_S` chose `timeout`, rather than the default.
+    pub timeout_given: bool,
     /// In an elastic job, how many times its ranks have been started before
     /// this round: from 1 on, the program continues the job.
     pub elastic_round: Option<usize>,
@@ -66,7 +68,8 @@ impl DistEnv {
         }
         let local_world_size = optional_number("LOCAL_WORLD_SIZE")?.unwrap_or(world_size);
         let local_rank = optional_number("LOCAL_RANK")?.unwrap_or(rank % local_world_size.max(1));
-        let timeout = match optional_number("WORKBOOK_TIMEOUT_S")? {
+        let given = optional_number("WORKBOOK_TIMEOUT_S")?;
+        let timeout = match given {
             Some(0) => {
                 bail!("WORKBOOK_TIMEOUT_S is 0: every wait for another rank would fail at once; give at least 1")
             }
@@ -94,6 +97,7 @@ impl DistEnv {
                 .ok_or_else(|| candle_core::Error::Msg("MASTER_PORT must be a port number, from 1 to 65535".into()))?,
             token,
             timeout,
+            timeout_given: given.is_some(),
             elastic_round: optional_number(ELASTIC_ROUND)?,
         }))
     }
@@ -108,7 +112,19 @@ impl DistEnv {
             timeout: self.timeout,
         }
     }
+
+    /// The rendezvous for NCCL's collectives: without `WORKBOOK_TIMEOUT_S`,
+    /// a call may wait [`NCCL_DEFAULT_TIMEOUT`] before the watchdog ends the
+    /// rank, since a GPU collective also waits out its peers' host work.
+    pub fn nccl_rendezvous(&self) -> Rendezvous {
+        let timeout = if self.timeout_given { self.timeout } else { NCCL_DEFAULT_TIMEOUT };
+        Rendezvous { timeout, ..self.rendezvous() }
+    }
 }
+
+/// How long an NCCL call may wait when no timeout is given: PyTorch's
+/// ProcessGroupNCCL default, ten minutes.
+pub const NCCL_DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Whether `host` names this machine's loopback, which no other machine reaches.
 fn is_loopback(host: &str) -> bool {

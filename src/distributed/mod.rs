@@ -71,6 +71,7 @@
 //! ```
 
 pub mod auth;
+mod busy_board;
 mod collective;
 mod cpu;
 mod device_mesh;
@@ -88,13 +89,15 @@ mod single;
 mod stats;
 pub mod store;
 mod tcp;
+mod unverified;
 pub mod watchdog;
 mod work;
 
+pub use busy_board::BusyBoard;
 pub use collective::{chunk_ranges, Collective};
 pub use cpu::{spawn, spawn_with_timeout, CpuProcessGroup, DEFAULT_TIMEOUT};
 pub use device_mesh::{Axis, DeviceMesh, MeshCoords, MeshShape};
-pub use env::{init_from_env, DistEnv};
+pub use env::{init_from_env, DistEnv, NCCL_DEFAULT_TIMEOUT};
 pub use launch::{launch, relaunch_self, LaunchConfig};
 #[cfg(feature = "nccl")]
 pub use nccl::NcclProcessGroup;
@@ -106,4 +109,5 @@ pub use reduce_op::ReduceOp;
 pub use single::SingleProcess;
 pub use stats::CommStats;
 pub use tcp::{Rendezvous, TcpProcessGroup};
+pub use unverified::{allow_unverified_nccl, refuse_unverified};
 pub use work::Work;

@@ -32,8 +32,13 @@
 //! event and ends the rank, with a message, when one has not completed
 //! within the rendezvous timeout, so the job ends instead of hanging
 //! ([`Properties::detects_dead_peers`] stays false: the others learn of it
-//! only by their own timeouts). A send completes only once its receive is
-//! posted ([`Properties::buffered_sends`] is false).
+//! only by their own timeouts). The limit is `WORKBOOK_TIMEOUT_S`, or ten
+//! minutes without it, as PyTorch's: a call waits on the GPU for peers that
+//! may be busy on the host. A rank busy with long work (a checkpoint write)
+//! says so on the job's store ([`BusyBoard`]), which rank 0 keeps serving,
+//! and a watchdog about to fire gives a late call another timeout while any
+//! rank says it is busy. A send completes only once its receive is posted
+//! ([`Properties::buffered_sends`] is false).
 //!
 //! **Blocking.** The communicator is NCCL's default, blocking kind
 //! (`ncclCommInitRank` without a config): a call returns once it is queued,
@@ -44,8 +49,11 @@
 //! through a stand-in `nvcc` (`.ci/fake-nvcc/nvcc`). On one GPU (an H100,
 //! NCCL 2.28) a group of one rank joined through the store and ran every
 //! collective and the barrier (`tests/graded/gpu.rs`); two or more ranks,
-//! which need as many GPUs, have not run, and neither have the watchdog and
-//! [`split`](ProcessGroup::split)'s subgroups.
+//! which need as many GPUs, have not run, and neither have the watchdog,
+//! the busy board, [`split`](ProcessGroup::split)'s subgroups and
+//! [`send_recv`](ProcessGroup::send_recv)'s grouped calls. The last two are
+//! refused where they are called, with two ranks or more, unless the
+//! process opts in ([`allow_unverified_nccl`](super::allow_unverified_nccl)).
 
 use std::cell::{Cell, RefCell};
 use std::ffi::c_char;
@@ -59,10 +67,15 @@ use candle_core::cuda_backend::{CudaDType, CudaStorageSlice, WrapErr};
 use candle_core::op::BackpropOp;
 use candle_core::{bail, CudaDevice, CudaStorage, DType, Device, Error, Result, Storage, Tensor};
 
+use std::sync::Arc;
+
 use super::collective::{check_peer, Call};
 use super::process_group::members_of_color;
+use super::store::StoreServer;
 use super::watchdog::Watchdog;
-use super::{Collective, CommStats, DistEnv, ProcessGroup, Properties, ReduceOp, Rendezvous};
+use super::{
+    refuse_unverified, BusyBoard, Collective, CommStats, DistEnv, ProcessGroup, Properties, ReduceOp, Rendezvous,
+};
 
 /// The store key under which rank 0 publishes NCCL's unique id.
 const ID_KEY: &str = "nccl_id";
@@ -89,6 +102,12 @@ pub struct NcclProcessGroup {
     queued: Cell<u64>,
     /// The longest a call may take: the watchdog's limit, a subgroup's too.
     timeout: Duration,
+    /// Where the job's ranks say what long work they are busy with; shared
+    /// with the watchdog and with subgroups.
+    board: Arc<BusyBoard>,
+    /// Rank 0's store server, which serves the board as long as any group of
+    /// this rank lives.
+    _server: Option<Arc<StoreServer>>,
 }
 
 // SAFETY: `Comm` holds NCCL's raw communicator pointer, so the compiler
@@ -122,23 +141,30 @@ impl NcclProcessGroup {
         stream.context().bind_to_thread().w()?;
         let comm = Comm::from_rank(stream, rank, world_size, id)
             .map_err(|e| nccl_error(&format!("rank {rank} joining the NCCL communicator"), e))?;
-        // Every rank has read the id once ncclCommInitRank returns on rank 0,
-        // so the store (dropped here) has done its work.
-        Ok(Self::of_comm(comm, device, rv.timeout))
+        let board = Arc::new(BusyBoard::join(store.client, rank, world_size)?);
+        Ok(Self::of_comm(comm, device, rv.timeout, board, store.server.map(Arc::new)))
     }
 
     /// The handle on `comm`, whose calls queue on `device`'s stream and
-    /// which a watchdog ends after `timeout` without progress.
-    fn of_comm(comm: Comm, device: &CudaDevice, timeout: Duration) -> Self {
+    /// which a watchdog ends after `timeout` without progress, unless some
+    /// rank of the job says on `board` that it is busy.
+    fn of_comm(
+        comm: Comm,
+        device: &CudaDevice,
+        timeout: Duration,
+        board: Arc<BusyBoard>,
+        server: Option<Arc<StoreServer>>,
+    ) -> Self {
         let (rank, world_size) = (comm.rank(), comm.world_size());
         let watchdog = (world_size > 1).then(|| {
-            Watchdog::start(timeout, move |why| {
+            let asked = Arc::clone(&board);
+            Watchdog::start(timeout, Box::new(move || asked.anyone_busy()), move |why| {
                 eprintln!("error: rank {rank}: {why}");
                 end_process()
             })
         });
         let (device, stats, queued) = (device.clone(), RefCell::default(), Cell::new(0));
-        Self { rank, world_size, device, comm, stats, watchdog, queued, timeout }
+        Self { rank, world_size, device, comm, stats, watchdog, queued, timeout, board, _server: server }
     }
 
     /// Joins the job this process was started in on GPU `LOCAL_RANK`
@@ -151,7 +177,7 @@ impl NcclProcessGroup {
             return Ok(None);
         };
         let device = Device::new_cuda(env.local_rank)?;
-        Self::init(&env.rendezvous(), device.as_cuda_device()?).map(Some)
+        Self::init(&env.nccl_rendezvous(), device.as_cuda_device()?).map(Some)
     }
 
     /// This rank's GPU: the device every tensor handed to the group must be on.
@@ -182,14 +208,18 @@ impl NcclProcessGroup {
     /// `out_dims`, as a tensor (`None` for a send, which has no result); the
     /// watchdog watches it.
     fn launch(&self, op: Op, input: &Tensor, out_dims: Option<&[usize]>) -> Result<Option<Tensor>> {
-        let out = self.enqueue(op, input, out_dims)?;
+        // Queued on the stream, the call is ordered before the free of the
+        // input's contiguous copy, which may go when this returns.
+        let (out, _input) = self.enqueue(op, input, out_dims)?;
         self.watch(op)?;
         Ok(out)
     }
 
     /// [`launch`](Self::launch), unwatched: inside an NCCL group nothing
     /// runs before the group ends, so the group's caller watches it then.
-    fn enqueue(&self, op: Op, input: &Tensor, out_dims: Option<&[usize]>) -> Result<Option<Tensor>> {
+    /// Returns the result and the flat buffer NCCL reads, which the caller
+    /// keeps until the call is queued on the stream.
+    fn enqueue(&self, op: Op, input: &Tensor, out_dims: Option<&[usize]>) -> Result<(Option<Tensor>, Tensor)> {
         if !input.device().same_device(&self.device()) {
             bail!(
                 "{op}: the tensor is on {:?}, not on this rank's NCCL device {:?}; move it with `to_device(&pg.device())` \
@@ -200,19 +230,22 @@ impl NcclProcessGroup {
         }
         // NCCL reads one flat buffer: the input's elements, in order.
         let input = input.contiguous()?;
-        let (storage, layout) = input.storage_and_layout();
-        let (Storage::Cuda(storage), Some((start, end))) = (&*storage, layout.contiguous_offsets()) else {
-            bail!("{op}: a contiguous CUDA tensor was expected here (a bug in the backend)");
+        let out = {
+            let (storage, layout) = input.storage_and_layout();
+            let (Storage::Cuda(storage), Some((start, end))) = (&*storage, layout.contiguous_offsets()) else {
+                bail!("{op}: a contiguous CUDA tensor was expected here (a bug in the backend)");
+            };
+            match &storage.slice {
+                CudaStorageSlice::F32(s) => self.queue(op, &s.slice(start..end), out_dims)?,
+                CudaStorageSlice::BF16(s) => self.queue(op, &s.slice(start..end), out_dims)?,
+                CudaStorageSlice::F16(s) => self.queue(op, &s.slice(start..end), out_dims)?,
+                _ => bail!(
+                    "{op}: the NCCL backend carries f32, bf16 or f16 tensors, got {}: convert it first",
+                    input.dtype().as_str()
+                ),
+            }
         };
-        match &storage.slice {
-            CudaStorageSlice::F32(s) => self.queue(op, &s.slice(start..end), out_dims),
-            CudaStorageSlice::BF16(s) => self.queue(op, &s.slice(start..end), out_dims),
-            CudaStorageSlice::F16(s) => self.queue(op, &s.slice(start..end), out_dims),
-            _ => bail!(
-                "{op}: the NCCL backend carries f32, bf16 or f16 tensors, got {}: convert it first",
-                input.dtype().as_str()
-            ),
-        }
+        Ok((out, input))
     }
 
     /// [`launch`](Self::launch) once the input is a flat buffer of `T`s.
@@ -345,6 +378,9 @@ impl ProcessGroup for NcclProcessGroup {
     /// carries it to the others (`ncclCommSplit` would need a newer cudarc
     /// than candle's; the result is the same).
     fn split(&self, color: usize) -> Result<Box<dyn ProcessGroup>> {
+        if self.world_size > 1 {
+            refuse_unverified("a subgroup's communicator (split: a mesh's groups, HYBRID_SHARD's shard groups)")?;
+        }
         let (members, place) = members_of_color(self, color, &self.device())?;
         let id_bytes = match place {
             0 => id_to_bytes(&Id::new().map_err(|e| nccl_error("creating a subgroup's NCCL id", e))?),
@@ -357,7 +393,8 @@ impl ProcessGroup for NcclProcessGroup {
         stream.context().bind_to_thread().w()?;
         let comm = Comm::from_rank(stream, place, members.len(), id_from_bytes(&theirs)?)
             .map_err(|e| nccl_error(&format!("rank {} joining a subgroup of ranks {members:?}", self.rank), e))?;
-        Ok(Box::new(Self::of_comm(comm, &self.device, self.timeout)))
+        let server = self._server.clone();
+        Ok(Box::new(Self::of_comm(comm, &self.device, self.timeout, Arc::clone(&self.board), server)))
     }
 
     /// The send and the receive queued as one NCCL group, so that neither
@@ -365,11 +402,15 @@ impl ProcessGroup for NcclProcessGroup {
     fn send_recv(&self, t: &Tensor, dst: usize, like: &Tensor, src: usize) -> Result<Tensor> {
         check_peer(Collective::Send, dst, self.rank, self.world_size)?;
         check_peer(Collective::Recv, src, self.rank, self.world_size)?;
-        group_start().map_err(|e| nccl_error("send_recv: ncclGroupStart", e))?;
-        let sent = self.enqueue(Op::Send { dst }, t, None);
-        let received = sent.and_then(|_| self.enqueue(Op::Recv { src }, like, Some(like.dims())));
+        if self.world_size > 1 {
+            refuse_unverified("send_recv's grouped send and receive (exercise 16's ring, the pipelines' exchanges)")?;
+        }
+        let mut group = Group::start()?;
+        let received = group
+            .enqueue(self, Op::Send { dst }, t, None)
+            .and_then(|_| group.enqueue(self, Op::Recv { src }, like, Some(like.dims())));
         // The group is ended whatever happened inside it, or NCCL stays in it.
-        let ended = group_end().map_err(|e| nccl_error("send_recv: ncclGroupEnd", e));
+        let ended = group.end();
         let received = received?;
         ended?;
         self.watch(Op::Recv { src })?;
@@ -382,8 +423,63 @@ impl ProcessGroup for NcclProcessGroup {
         received.ok_or_else(|| Error::Msg("send_recv: NCCL gave no result (a bug in the backend)".into()))
     }
 
+    /// Says it on the job's store, where every rank's watchdog reads it
+    /// before it would end a rank for a late call.
+    fn set_busy(&self, what: Option<&str>) {
+        if let Err(e) = self.board.say(what) {
+            eprintln!("warning: rank {}: could not say on the store that it is busy: {e}", self.rank);
+        }
+    }
+
     fn stats(&self) -> CommStats {
         self.stats.borrow().clone()
+    }
+}
+
+/// An NCCL group (`ncclGroupStart` … `ncclGroupEnd`). The calls queued in it
+/// reach the stream only when it ends, so the buffers they read are kept
+/// here until then: a contiguous copy freed earlier would be freed on the
+/// stream before the calls that read it, and its memory could be handed to
+/// the next allocation (the receive's buffer) while a send still reads it.
+struct Group {
+    kept: Vec<Tensor>,
+    ended: bool,
+}
+
+impl Group {
+    fn start() -> Result<Self> {
+        group_start().map_err(|e| nccl_error("ncclGroupStart", e))?;
+        Ok(Self { kept: vec![], ended: false })
+    }
+
+    /// Queues `op` in the group; its input stays alive until the group ends.
+    fn enqueue(
+        &mut self,
+        pg: &NcclProcessGroup,
+        op: Op,
+        input: &Tensor,
+        out_dims: Option<&[usize]>,
+    ) -> Result<Option<Tensor>> {
+        let (out, read) = pg.enqueue(op, input, out_dims)?;
+        self.kept.push(read);
+        Ok(out)
+    }
+
+    /// Ends the group, queuing its calls; then its buffers may go.
+    fn end(mut self) -> Result<()> {
+        self.ended = true;
+        group_end().map_err(|e| nccl_error("ncclGroupEnd", e))?;
+        Ok(())
+    }
+}
+
+impl Drop for Group {
+    /// A group left without `end` (a panic) is still ended, before its
+    /// buffers are dropped: NCCL would otherwise stay in it.
+    fn drop(&mut self) {
+        if !self.ended {
+            let _ = group_end();
+        }
     }
 }
 

@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use candle_core::{DType, Device, Tensor};
-use workbook::distributed::{ProcessGroup, ReduceOp};
+use workbook::distributed::{allow_unverified_nccl, ProcessGroup, ReduceOp};
 use workbook::parallel::fsdp::{FsdpConfig, Precision, ShardingStrategy};
 
 use crate::fsdp_runs::{
@@ -142,4 +142,57 @@ fn phase_3_full_shard_over_nccl_reaches_what_one_process_reaches() {
         Ok(as_values(&fsdp_rank(Box::new(pg), fsdp, train_config(CLIP), STEPS, &device).0))
     });
     check_every_rank(&per_rank, &format!("FSDP full_shard on {world} GPUs over NCCL"));
+}
+
+/// The NCCL paths that have never run with two GPUs or more, opted into
+/// here: a split into two subgroups (even and odd ranks) and an all-reduce
+/// in each, and send_recv's grouped exchange around a ring, on a tensor
+/// that is not contiguous (its copy must outlive the group).
+#[test]
+fn never_run_nccl_paths_split_subgroups_and_send_recv_match_their_definitions() {
+    let Some(world) = world_size() else { return };
+    const LEN: usize = 8;
+    let per_rank: Vec<Values> = on_gpu_processes(world, |pg| {
+        allow_unverified_nccl(true);
+        let (rank, device) = (pg.rank(), pg.device());
+        let mine = input(rank, LEN, DType::F32).to_device(&device)?;
+        let parity = pg.split(rank % 2)?;
+        let in_parity = parity.all_reduce(&mine, ReduceOp::Sum)?;
+        let strided = mine.reshape((2, LEN / 2))?.t()?; // not contiguous
+        let from_left = pg.send_recv(&strided, (rank + 1) % world, &strided, (rank + world - 1) % world)?;
+        Ok(as_values([("subgroup all_reduce", &in_parity), ("send_recv from the left", &from_left)]))
+    });
+    let inputs: Vec<Vec<f32>> = (0..world).map(|r| input(r, LEN, DType::F32).to_vec1().unwrap()).collect();
+    let transposed = |x: &[f32]| -> Vec<f32> { (0..LEN).map(|i| x[(i % 2) * (LEN / 2) + i / 2]).collect() };
+    for (rank, got) in per_rank.iter().enumerate() {
+        let same_parity: Vec<&Vec<f32>> = inputs.iter().skip(rank % 2).step_by(2).collect();
+        let want = [
+            ("subgroup all_reduce", (0..LEN).map(|i| same_parity.iter().map(|x| x[i]).sum()).collect::<Vec<f32>>()),
+            ("send_recv from the left", transposed(&inputs[(rank + world - 1) % world])),
+        ];
+        for (name, want) in want {
+            let got = &got[name];
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (g - w).abs() <= 1e-5 * w.abs().max(1.0),
+                    "{name} over NCCL on rank {rank} of {world}: element {i} is {g}, its definition gives {w}"
+                );
+            }
+        }
+    }
+}
+
+/// HYBRID_SHARD: shard groups of two GPUs, replicated across them (on four
+/// GPUs; on two, one shard group), through split's subgroups.
+#[test]
+fn phase_3_hybrid_shard_over_nccl_reaches_what_one_process_reaches() {
+    let Some(world) = world_size() else { return };
+    let fsdp =
+        FsdpConfig { sharding: ShardingStrategy::HybridShard, precision: Precision::Fp32, hybrid_group_size: Some(2) };
+    let per_rank = on_gpu_processes(world, |pg| {
+        allow_unverified_nccl(true);
+        let device = pg.device();
+        Ok(as_values(&fsdp_rank(Box::new(pg), fsdp, train_config(CLIP), STEPS, &device).0))
+    });
+    check_every_rank(&per_rank, &format!("FSDP hybrid_shard (groups of 2) on {world} GPUs over NCCL"));
 }

@@ -262,3 +262,18 @@ fn silent_strangers_on_a_ranks_port_do_not_stall_the_job() {
     assert!(started.elapsed() < Duration::from_secs(10), "the job took {:?} to form", started.elapsed());
     assert_eq!(sums, [2.0, 2.0]);
 }
+
+/// The board on which NCCL's ranks say what long work they are busy with:
+/// a watchdog reads the first busy rank, in rank order, and nobody once
+/// they are done; a rank that never joined counts as not busy.
+#[test]
+fn the_busy_board_tells_a_watchdog_who_is_busy() {
+    use workbook::distributed::BusyBoard;
+    let (_server, addr) = server();
+    let boards: Vec<BusyBoard> = (0..2).map(|rank| BusyBoard::join(client(&addr), rank, 3).unwrap()).collect();
+    assert_eq!(boards[0].anyone_busy(), None, "nobody is busy yet (rank 2 never joined)");
+    boards[1].say(Some("writing a checkpoint")).unwrap();
+    assert_eq!(boards[0].anyone_busy().as_deref(), Some("rank 1: writing a checkpoint"));
+    boards[1].say(None).unwrap();
+    assert_eq!(boards[0].anyone_busy(), None, "rank 1 is done");
+}

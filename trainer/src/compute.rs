@@ -127,7 +127,7 @@ pub fn join(env: &DistEnv, backend: Backend, device: &Device) -> Result<Box<dyn 
 
 #[cfg(feature = "nccl")]
 fn join_nccl(env: &DistEnv, device: &Device) -> candle_core::Result<Box<dyn ProcessGroup>> {
-    let group = workbook::distributed::NcclProcessGroup::init(&env.rendezvous(), device.as_cuda_device()?)?;
+    let group = workbook::distributed::NcclProcessGroup::init(&env.nccl_rendezvous(), device.as_cuda_device()?)?;
     Ok(Box::new(group))
 }
 

@@ -192,12 +192,8 @@ pub fn open_dataset(config: &DataConfig) -> Result<Dataset> {
 
 /// One rank's run on `device`: its trainer, by strategy, driven by [`drive`].
 fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>, device: &Device) -> Result<Summary> {
-    if let Some(what) = unverified_on(options, pg.as_ref()) {
-        bail!(
-            "over NCCL, {what} has never run with two GPUs or more: pass --unverified-nccl to run it anyway (a rank \
-             that waits longer than --timeout ends the job with a message), or use --backend tcp"
-        );
-    }
+    // What NCCL has never run with two GPUs is refused where it is called.
+    workbook::distributed::allow_unverified_nccl(options.unverified_nccl);
     let pg: Box<dyn ProcessGroup> = if options.own_ring { Box::new(OwnRing::around(pg)) } else { pg };
     workbook::model::set_autocast_bf16(options.autocast_bf16);
     let model_config = options.config.model.clone();
@@ -268,23 +264,6 @@ pub fn rows_to_split(options: &RunOptions) -> usize {
         options.config.batch_size / options.nproc.max(1)
     } else {
         1
-    }
-}
-
-/// What of this run over `pg` has never run with two GPUs or more, unless
-/// `--unverified-nccl` says to run it anyway.
-fn unverified_on(options: &RunOptions, pg: &dyn ProcessGroup) -> Option<&'static str> {
-    if options.unverified_nccl || options.backend != Backend::Nccl || pg.world_size() == 1 {
-        return None;
-    }
-    match options.strategy {
-        Strategy::Pipeline { .. } | Strategy::TensorParallel { .. } => {
-            Some("a mesh's subgroups (a communicator of their own for each group)")
-        }
-        _ if options.own_ring => Some(
-            "exercise 16's ring (it needs pg.send_recv's grouped exchange: a send then a recv waits forever there)",
-        ),
-        Strategy::Ddp | Strategy::Zero1 | Strategy::Fsdp(_) => None,
     }
 }
 
@@ -658,81 +637,5 @@ pub fn recorded_data_path(path: &Path, root: Option<&Path>) -> PathBuf {
     match root.as_deref().and_then(|root| absolute.strip_prefix(root).ok()) {
         Some(inside) => inside.to_path_buf(),
         None => absolute,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::path::PathBuf;
-
-    use workbook::distributed::{spawn, ProcessGroup};
-    use workbook::parallel::pipeline::PipelineSchedule;
-
-    use super::*;
-    use crate::config::RunConfig;
-
-    fn over_nccl(strategy: Strategy, own_ring: bool, unverified_nccl: bool) -> RunOptions {
-        let config = RunConfig::load("tiny").unwrap();
-        let data = DataConfig {
-            kind: workbook::data::DatasetKind::Dummy,
-            path: None,
-            tokenizer: config.tokenizer,
-            seq_len: config.seq_len,
-            seed: 0,
-        };
-        RunOptions {
-            config,
-            data,
-            nproc: 2,
-            device: DeviceKind::Cuda,
-            autocast_bf16: false,
-            batch_threads: 1,
-            backend: Backend::Nccl,
-            seed: 0,
-            out_dir: PathBuf::from("unused"),
-            checkpoint_every: 1,
-            keep_checkpoints: 1,
-            resume: None,
-            overwrite: false,
-            init_from: None,
-            activation_checkpointing: false,
-            strategy,
-            own_ring,
-            powersgd_rank: None,
-            ddp_overlap: false,
-            prefetch: false,
-            offload: false,
-            bucket_bytes: 1,
-            unverified_nccl,
-            trace: false,
-            log_every: 1,
-            eval_every: None,
-            timeout: Duration::from_secs(1),
-        }
-    }
-
-    /// What NCCL has never run with two GPUs is refused unless asked for; what it has run is not.
-    #[test]
-    fn never_run_nccl_paths_need_the_opt_in() {
-        let pipeline = Strategy::Pipeline { schedule: PipelineSchedule::GPipe, stages: 2, tp: 1 };
-        let cases = [
-            (pipeline, false, false, true),
-            (Strategy::TensorParallel { ranks: 2, sequence_parallel: false }, false, false, true),
-            (Strategy::Ddp, true, false, true),
-            (Strategy::Ddp, false, false, false),
-            (pipeline, true, true, false),
-        ];
-        spawn(2, |pg| {
-            for (strategy, own_ring, opt_in, refused) in cases {
-                let options = over_nccl(strategy, own_ring, opt_in);
-                assert_eq!(
-                    unverified_on(&options, &pg).is_some(),
-                    refused,
-                    "{strategy:?}, ring {own_ring}, opt-in {opt_in}"
-                );
-            }
-            Ok(pg.rank())
-        })
-        .unwrap();
     }
 }
