@@ -172,8 +172,9 @@ struct Args {
     /// With --strategy ddp: the most megabytes of gradients one all-reduce carries (PyTorch's bucket_cap_mb).
     #[arg(long = "bucket-cap-mb", value_name = "MB", default_value = "25", value_parser = bucket_cap_bytes)]
     bucket_bytes: usize,
-    /// Run over NCCL what has never run there with two GPUs or more: a
-    /// mesh's subgroups (--pp, --tp) and your exercise 16's ring.
+    /// Run over NCCL what has never run there with two GPUs or more:
+    /// subgroups (--pp, --tp, --sharding hybrid_shard) and send_recv (your
+    /// exercise 16's ring).
     #[arg(long)]
     unverified_nccl: bool,
     /// Record what every rank did when into <checkpoint-dir>/trace.json, a
