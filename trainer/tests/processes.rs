@@ -42,6 +42,23 @@ fn final_weights(dir: &Path, step: usize) -> Vec<u8> {
     std::fs::read(checkpoints::step_dir(dir, step).join("model.safetensors")).expect("the final checkpoint")
 }
 
+/// A run whose updates diverge (an absurd learning rate) skips each update
+/// whose gradient is not finite and goes on, under every strategy: the
+/// same skip everywhere, ZeRO-1 included (whose sharded step updates the
+/// moments before the norm is known, and puts them back).
+#[test]
+fn a_diverging_run_skips_its_updates_and_goes_on_under_every_strategy() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let layouts: [&[&str]; 5] =
+        [&["--strategy", "ddp"], &["--strategy", "zero1"], &["--strategy", "fsdp"], &["--tp", "2"], &["--pp", "2"]];
+    for layout in layouts {
+        let dir = scratch(&format!("diverging{}", layout.join("")));
+        let output = succeed(&mut train(&dir, 4, &[&["--nproc", "2", "--lr", "1e30"][..], layout].concat()));
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(stdout.contains("3 update(s) skipped for non-finite gradients"), "{layout:?}:\n{stdout}");
+    }
+}
+
 #[test]
 fn two_processes_train_exactly_as_two_thread_ranks() {
     let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());

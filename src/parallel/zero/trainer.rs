@@ -50,6 +50,8 @@ pub struct ZeroTrainer {
     clip: ClipShards,
     config: TrainConfig,
     step: usize,
+    /// Steps whose gradient norm was not finite, taken without an update.
+    skipped_steps: u64,
     device: Device,
 }
 
@@ -84,6 +86,7 @@ impl ZeroTrainer {
             clip,
             config,
             step: 0,
+            skipped_steps: 0,
             device,
         })
     }
@@ -115,13 +118,21 @@ impl Train for ZeroTrainer {
         let lr = self.config.schedule.lr(self.step);
         let params = self.layout.flatten(&self.param_values(), &self.device)?;
         let decayed = FlatLayout::decayed(&params, &self.decays, lr)?;
+        // Exercise 17 updates the moments within its step, and the norm is
+        // known only after it: a step whose gradient is not finite puts the
+        // moments (tensors are immutable: these are the old ones, not copies)
+        // and the step count back and leaves the parameters, as every
+        // strategy skips such a step. The norm is the same on every rank.
+        let (moments_before, steps_before) = (self.optimizer.moments.clone(), self.optimizer.steps);
         let updated = self.optimizer.step(&self.pg, &decayed, &grad, lr)?;
         let grad_norm = self.clip.take_norm()?;
-        if !grad_norm.is_finite() {
-            bail!("the gradient norm is {grad_norm} at step {}: the ZeRO-1 trainer cannot skip a step", self.step + 1);
-        }
-        for (name, value) in self.layout.unflatten(&updated)? {
-            self.params.get(&name)?.set(&value)?;
+        if grad_norm.is_finite() {
+            for (name, value) in self.layout.unflatten(&updated)? {
+                self.params.get(&name)?.set(&value)?;
+            }
+        } else {
+            (self.optimizer.moments, self.optimizer.steps) = (moments_before, steps_before);
+            self.skipped_steps += 1;
         }
         self.step += 1;
         let tokens = micro_batches.iter().map(Tensor::elem_count).sum();
@@ -188,7 +199,7 @@ impl Train for ZeroTrainer {
     }
 
     fn counters(&self) -> StepCounters {
-        StepCounters { step: self.step, optimizer_steps: self.optimizer.steps, skipped_steps: 0 }
+        StepCounters { step: self.step, optimizer_steps: self.optimizer.steps, skipped_steps: self.skipped_steps }
     }
 
     fn process_group(&self) -> &dyn ProcessGroup {
