@@ -5,7 +5,6 @@ use std::backtrace::Backtrace;
 use std::collections::HashMap;
 use std::panic::PanicHookInfo;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use candle_core::backprop::GradStore;
@@ -16,10 +15,11 @@ use candle_core::{DType, Device, Tensor};
 ///   is and, when it is another exercise's, which one blocks the check;
 /// - any other panic (an overflow, an index out of bounds in the code under
 ///   test) prints where in the workbook's own files it happened and its
-///   message on one line, with the rank inside a multi-rank test. The same
-///   panic again prints one line, or nothing in a rank (`spawn` reports it as
-///   the test's failure). With `RUST_BACKTRACE=1` the process's first such
-///   panic adds one backtrace, cut to the workbook's frames.
+///   message on one line, with the rank inside a multi-rank test. With
+///   `RUST_BACKTRACE=1` it adds the backtrace, cut to the workbook's frames.
+///   Each failing test shows its own: libtest prints a test's output under
+///   its name, so what one test printed is not seen with another. Within
+///   one test the same panic again (another rank's) prints nothing more.
 ///
 /// candle folds a backtrace into every error when backtraces are on
 /// (`RUST_LIB_BACKTRACE=1`, set here unless it is set already): every message
@@ -38,13 +38,13 @@ fn readable_failures() {
         let graded = info.location().is_some_and(|at| at.file().replace('\\', "/").starts_with("tests/graded/"));
         let unfinished = message.starts_with("not yet implemented");
         let thread = std::thread::current();
-        let rank = thread.name().and_then(|name| name.strip_prefix("rank-"));
+        let (rank, test) = whose_thread(thread.name());
         match (graded || unfinished, rank) {
-            (false, rank) => report_other_panic(info, &message, rank),
+            (false, rank) => report_other_panic(info, &message, rank, test),
             (true, Some(_)) => {}
             (true, None) if unfinished => {
                 let at = info.location().map(|at| at.to_string()).unwrap_or_default();
-                eprintln!("{}: {message}", at.trim_start_matches("src/../"));
+                eprintln!("{}: {message}", workbook_file(&at).unwrap_or(at));
                 blocked_note(&message).inspect(|note| eprintln!("{note}"));
             }
             (true, None) => {
@@ -55,62 +55,135 @@ fn readable_failures() {
     }));
 }
 
-/// One line for a panic that is not a verdict: where and what (see [`readable_failures`]).
-fn report_other_panic(info: &PanicHookInfo, message: &str, rank: Option<&str>) {
-    static PRINTED: Mutex<Vec<String>> = Mutex::new(Vec::new());
-    static BACKTRACE_SHOWN: AtomicBool = AtomicBool::new(false);
+/// The rank and the test a thread belongs to, from its name: libtest names
+/// a test's thread after the test, and `spawn` names a rank's thread
+/// `rank-R of TEST` after the thread that started it.
+fn whose_thread(name: Option<&str>) -> (Option<&str>, &str) {
+    let name = name.unwrap_or_default();
+    match name.strip_prefix("rank-") {
+        Some(rank) => match rank.split_once(" of ") {
+            Some((rank, test)) => (Some(rank), test),
+            None => (Some(rank), ""),
+        },
+        None => (None, name),
+    }
+}
+
+/// One line for a panic that is not a verdict: where and what, and with
+/// `RUST_BACKTRACE=1` the workbook's frames, once per test (see [`readable_failures`]).
+fn report_other_panic(info: &PanicHookInfo, message: &str, rank: Option<&str>, test: &str) {
+    static PRINTED: Mutex<Vec<(String, String)>> = Mutex::new(Vec::new());
     let wants_backtrace = matches!(std::env::var("RUST_BACKTRACE").as_deref(), Ok("1" | "full"));
-    let here = info.location().map(|at| at.to_string()).filter(|at| workbook_path(at));
+    let here = info.location().and_then(|at| workbook_file(&at.to_string()));
     let backtrace = (here.is_none() || wants_backtrace).then(|| Backtrace::force_capture().to_string());
+    let frames = backtrace.as_deref().map(workbook_frames).unwrap_or_default();
     let at = here
-        .or_else(|| backtrace.as_deref().and_then(|b| workbook_frames(b).into_iter().map(|(_, at)| at).next()))
+        .or_else(|| frames.first().map(|(_, at)| at.clone()))
         .or_else(|| info.location().map(|at| at.to_string()))
         .unwrap_or_default();
-    let line = format!("{}: {message}", at.trim_start_matches("src/../"));
-    let first = {
+    let line = format!("{at}: {message}");
+    let key = (test.to_string(), line.clone());
+    let first_in_test = {
         let mut printed = PRINTED.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let first = !printed.contains(&line);
+        let first = !printed.contains(&key);
         if first {
-            printed.push(line.clone());
+            printed.push(key);
         }
         first
     };
-    match (first, rank) {
-        (false, Some(_)) => {}
-        (false, None) => eprintln!("{line} (the same panic as above)"),
-        (true, rank) => {
-            eprintln!("{}{line}", rank.map(|r| format!("rank {r}: ")).unwrap_or_default());
-            if let Some(backtrace) =
-                backtrace.filter(|_| wants_backtrace && !BACKTRACE_SHOWN.swap(true, Ordering::SeqCst))
-            {
-                eprintln!("backtrace, the workbook's frames only:");
-                for (function, at) in workbook_frames(&backtrace) {
-                    eprintln!("  {function}\n      at {}", at.trim_start_matches("src/../"));
-                }
-            }
-        }
+    if !first_in_test {
+        return;
+    }
+    eprintln!("{}{line}", rank.map(|r| format!("rank {r}: ")).unwrap_or_default());
+    if wants_backtrace {
+        eprintln!("{}", frames_report(&frames));
     }
 }
 
-/// Whether a source path is one of the workbook's own files (relative), not std's or a crate's.
-fn workbook_path(path: &str) -> bool {
-    let path = path.trim_start_matches("./");
-    ["exercises/", "solutions/", "src/", "tests/", "kernels/"].iter().any(|dir| path.starts_with(dir))
+/// The workbook's frames of a backtrace for a failure, innermost first, out
+/// to the first in the tests (the test, or the helper of the tests that
+/// called the code under test): what lies beyond is the tests' plumbing.
+/// One line each, the place first, with no `at ` to start it, which
+/// [`without_backtrace`] would take for a backtrace's and drop (a rank's
+/// output passes through it).
+fn frames_report(frames: &[(String, String)]) -> String {
+    let out_to_the_test = match frames.iter().position(|(_, at)| at.starts_with("tests/")) {
+        Some(test) => &frames[..=test],
+        None => frames,
+    };
+    if out_to_the_test.is_empty() {
+        return "backtrace: none of its frames is in the workbook's files".into();
+    }
+    let lines: Vec<String> = out_to_the_test.iter().map(|(function, at)| format!("  {at} in {function}")).collect();
+    format!("backtrace, the workbook's frames only:\n{}", lines.join("\n"))
 }
 
-/// The frames of a printed backtrace that lie in the workbook's files, but
-/// for this file's (the hook's own): (function, file:line:column).
+/// The folders of the workbook's own source files, relative to its root.
+const WORKBOOK_DIRS: [&str; 5] = ["exercises/", "solutions/", "src/", "tests/", "kernels/"];
+
+/// `path`, a source path as a panic or a backtrace prints it (with or
+/// without `:line:column`), relative to the workbook's root when it is one
+/// of the workbook's own files; `None` for std's and other crates'.
+///
+/// A panic prints the path rustc was given, relative to the root
+/// (`src/../exercises/…`); a backtrace prints it absolute, or from the
+/// current directory (`./graded/…`, the tests' package) when it lies below it.
+fn workbook_file(path: &str) -> Option<String> {
+    let path = path.replace('\\', "/");
+    let root = repository_root().to_string_lossy().replace('\\', "/");
+    let absolute = match path.strip_prefix("./") {
+        Some(below) => format!("{}/{below}", std::env::current_dir().ok()?.to_string_lossy().replace('\\', "/")),
+        None if path.starts_with('/') || path.get(1..3) == Some(":/") => path,
+        None => format!("{root}/{path}"),
+    };
+    let relative = lexically_normal(&absolute).strip_prefix(&format!("{}/", lexically_normal(&root)))?.to_string();
+    // A C library's frame may also print `./` and a path of its own build (`./nptl/…`).
+    let file = relative.split(':').next().unwrap_or_default();
+    let ours = WORKBOOK_DIRS.iter().any(|dir| relative.starts_with(dir)) && repository_root().join(file).is_file();
+    ours.then_some(relative)
+}
+
+/// A `/`-separated path without its `.` parts, each `..` cancelling the part before it.
+fn lexically_normal(path: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for part in path.split('/') {
+        match part {
+            "." => {}
+            ".." if parts.last().is_some_and(|last| !last.is_empty() && *last != "..") => drop(parts.pop()),
+            _ => parts.push(part),
+        }
+    }
+    parts.join("/")
+}
+
+/// The frames of a printed backtrace that lie in the workbook's files, as
+/// (function, path:line:column from the root), innermost first. A panic's
+/// backtrace holds this hook's frames too, above std's marker
+/// `__rust_end_short_backtrace`: they are left out.
 fn workbook_frames(backtrace: &str) -> Vec<(String, String)> {
-    let lines: Vec<&str> = backtrace.lines().collect();
+    let lines: Vec<&str> = backtrace.lines().map(str::trim).collect();
+    let function = |line: &str| line.split_once(": ").map_or(line, |(_, name)| name).to_string();
+    let start = lines.iter().position(|line| line.contains("__rust_end_short_backtrace")).map_or(0, |i| i + 1);
+    let hook = ["report_other_panic", "readable_failures"];
     let mut frames = Vec::new();
-    for pair in lines.windows(2) {
-        let Some(at) = pair[1].trim().strip_prefix("at ") else { continue };
-        let function = pair[0].trim().split_once(": ").map_or(pair[0].trim(), |(_, name)| name);
-        if workbook_path(at) && !at.contains("graded/support.rs") && !pair[0].trim().starts_with("at ") {
-            frames.push((function.to_string(), at.trim_start_matches("./").to_string()));
+    for pair in lines[start..].windows(2) {
+        let Some(at) = pair[1].strip_prefix("at ") else { continue };
+        let Some(at) = workbook_file(at).filter(|_| !pair[0].starts_with("at ")) else { continue };
+        let function = short_name(&function(pair[0]));
+        if !hook.iter().any(|name| function.contains(name)) {
+            frames.push((function, at));
         }
     }
     frames
+}
+
+/// A function's name without its generic arguments (`run_rank<(u64, …)>` is
+/// `run_rank`); a trait method's (`<A as B>::f`) stays whole.
+fn short_name(function: &str) -> String {
+    match function.starts_with('<') {
+        true => function.to_string(),
+        false => function.split('<').next().unwrap_or(function).to_string(),
+    }
 }
 
 /// `text` (a message that may hold a candle error with its backtrace)
@@ -127,21 +200,11 @@ pub fn without_backtrace(text: &str) -> String {
     let message: Vec<&str> = text.lines().filter(|line| !is_backtrace(line) && !line.trim().is_empty()).collect();
     let raised_at = workbook_frames(text)
         .into_iter()
-        .map(|(_, at)| at.trim_start_matches("src/../").to_string())
+        .map(|(_, at)| at)
         .find(|at| at.starts_with("exercises/") || at.starts_with("solutions/"));
     match raised_at {
-        Some(at) if message.len() < text.lines().count() => format!(
-            "{}
-  (raised in {at})",
-            message.join(
-                "
-"
-            )
-        ),
-        _ => message.join(
-            "
-",
-        ),
+        Some(at) if message.len() < text.lines().count() => format!("{}\n  (raised in {at})", message.join("\n")),
+        _ => message.join("\n"),
     }
 }
 
@@ -606,4 +669,105 @@ pub fn first_scaled_difference(got: &[f32], want: &[f32]) -> Option<String> {
     let want: Vec<f64> = want.iter().map(|&w| f64::from(w)).collect();
     // In f32, as the gradients were computed.
     first_mismatch(got, &want, |g, w| ((g - w) as f32).abs() <= 1e-4 * scale + 1e-7)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn root() -> String {
+        repository_root().to_string_lossy().replace('\\', "/")
+    }
+
+    #[test]
+    fn a_workbook_file_is_found_however_the_path_is_printed() {
+        let exercise = "exercises/phase4_under_the_hood/ex16_ring_all_reduce.rs:59:42";
+        assert_eq!(
+            workbook_file("src/../exercises/phase4_under_the_hood/ex16_ring_all_reduce.rs:59:42").unwrap(),
+            exercise
+        );
+        let absolute = format!("{}/src/../{exercise}", root());
+        assert_eq!(workbook_file(&absolute).unwrap(), exercise);
+        let here = std::env::current_dir().unwrap().to_string_lossy().replace('\\', "/");
+        let below_here = format!(
+            "./{}",
+            format!("{}/tests/graded/exercise_16.rs:158:9", root()).strip_prefix(&format!("{here}/")).unwrap()
+        );
+        assert_eq!(workbook_file(&below_here).unwrap(), "tests/graded/exercise_16.rs:158:9");
+        for outside in [
+            "/rustc/59807616e1fa2540724bfbac14d7976d7e4a3860/library/core/src/bool.rs:66:24",
+            "/home/me/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/candle-core-0.11.1/src/tensor.rs:10:5",
+            "./nptl/pthread_create.c:442:8",
+        ] {
+            assert_eq!(workbook_file(outside), None, "{outside}");
+        }
+    }
+
+    /// A rank's panic as `Backtrace` prints it (shortened): the hook, std's
+    /// panic machinery, then the exercise, the test and the launcher.
+    fn rank_panic_backtrace() -> String {
+        let root = root();
+        format!(
+            "   0: graded::support::report_other_panic::{{{{closure}}}}
+             at ./graded/support.rs:64:65
+   1: core::bool::<impl bool>::then
+             at /rustc/5980/library/core/src/bool.rs:66:24
+   2: report_other_panic
+             at ./graded/support.rs:64:57
+   7: std::panicking::panic_with_hook
+   9: std::sys::backtrace::__rust_end_short_backtrace::<std::panicking::panic_handler::{{closure#0}}, !>
+  11: core::panicking::panic_fmt
+  13: workbook::exercises::ex16_ring_all_reduce::ring_all_reduce
+             at {root}/src/../exercises/phase4_under_the_hood/ex16_ring_all_reduce.rs:59:42
+  14: graded::exercise_16::each_rank_sends_2_n_minus_1_chunks_of_a_nth_of_the_tensor::{{{{closure}}}}
+             at {root}/tests/graded/exercise_16.rs:158:9
+  19: catch_unwind<core::result::Result<(u64, u64, u64), candle_core::error::Error>>
+  21: run_rank<(u64, u64, u64), graded::exercise_16::{{closure_env#0}}>
+             at {root}/src/distributed/cpu/spawn.rs:94:18
+  34: start_thread
+             at ./nptl/pthread_create.c:442:8"
+        )
+    }
+
+    #[test]
+    fn a_panics_frames_are_the_workbooks_below_the_panic() {
+        let frames = workbook_frames(&rank_panic_backtrace());
+        let want = [
+            (
+                "workbook::exercises::ex16_ring_all_reduce::ring_all_reduce",
+                "exercises/phase4_under_the_hood/ex16_ring_all_reduce.rs:59:42",
+            ),
+            (
+                "graded::exercise_16::each_rank_sends_2_n_minus_1_chunks_of_a_nth_of_the_tensor::{{closure}}",
+                "tests/graded/exercise_16.rs:158:9",
+            ),
+            ("run_rank", "src/distributed/cpu/spawn.rs:94:18"),
+        ];
+        let want: Vec<(String, String)> = want.iter().map(|(f, at)| (f.to_string(), at.to_string())).collect();
+        assert_eq!(frames, want);
+        let report = frames_report(&frames);
+        assert_eq!(
+            report,
+            "backtrace, the workbook's frames only:\n  exercises/phase4_under_the_hood/ex16_ring_all_reduce.rs:59:42 \
+             in workbook::exercises::ex16_ring_all_reduce::ring_all_reduce\n  tests/graded/exercise_16.rs:158:9 in \
+             graded::exercise_16::each_rank_sends_2_n_minus_1_chunks_of_a_nth_of_the_tensor::{{closure}}"
+        );
+        assert_eq!(without_backtrace(&report), report, "a rank's output keeps its frames");
+    }
+
+    #[test]
+    fn a_candle_error_says_where_in_an_exercise_it_was_raised() {
+        let error = format!("narrow invalid args start + len > dim_len\n{}", rank_panic_backtrace());
+        assert_eq!(
+            without_backtrace(&error),
+            "narrow invalid args start + len > dim_len\n  (raised in exercises/phase4_under_the_hood/ex16_ring_all_reduce.rs:59:42)"
+        );
+    }
+
+    #[test]
+    fn a_ranks_thread_names_its_rank_and_its_test() {
+        assert_eq!(whose_thread(Some("rank-2 of exercise_16::it_sums")), (Some("2"), "exercise_16::it_sums"));
+        assert_eq!(whose_thread(Some("rank-0")), (Some("0"), ""));
+        assert_eq!(whose_thread(Some("exercise_16::it_sums")), (None, "exercise_16::it_sums"));
+    }
 }

@@ -19,6 +19,11 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 /// Runs `f` on `world_size` ranks, each a thread with its own
 /// [`CpuProcessGroup`], and returns their results in rank order.
 ///
+/// Rank r's thread is named `rank-r`, or `rank-r of NAME` when the thread
+/// that calls `spawn` is named NAME other than `main` (a test's thread,
+/// which libtest names after the test): a panic report can then say whose
+/// rank panicked.
+///
 /// If a rank's `f` returns an error or panics, the other ranks' collectives
 /// fail at once instead of waiting for it, and `spawn` returns the root cause,
 /// naming the rank (e.g. `rank 1 failed: ...`), rather than the errors it
@@ -42,13 +47,15 @@ where
         bail!("spawn: world_size must be at least 1");
     }
     let rendezvous = Arc::new(Rendezvous::new(world_size, timeout));
+    let caller = thread::current().name().filter(|&name| name != "main").map(|name| format!(" of {name}"));
+    let caller = caller.unwrap_or_default();
     let (f, meeting_point) = (&f, &*rendezvous);
     let results: Vec<Result<T>> = thread::scope(|scope| {
         let mut ranks = Vec::with_capacity(world_size);
         for rank in 0..world_size {
             let group = CpuProcessGroup::new(rank, Arc::clone(&rendezvous));
             let started = thread::Builder::new()
-                .name(format!("rank-{rank}"))
+                .name(format!("rank-{rank}{caller}"))
                 .spawn_scoped(scope, move || run_rank(f, group, meeting_point));
             match started {
                 Ok(handle) => ranks.push(handle),
