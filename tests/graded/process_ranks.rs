@@ -6,10 +6,11 @@
 //! [`on_processes`] is the harness: in the parent it starts the ranks and
 //! returns what each rank's body returned (sent back as JSON); in a rank it
 //! runs the body and exits. A failing rank's own output becomes the test's
-//! failure message, once.
+//! failure message, once, followed by the output of any rank it says
+//! explains its failure (one that left, one to look at).
 
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Command, Output};
 use std::sync::Mutex;
 
 use serde::de::DeserializeOwned;
@@ -85,7 +86,7 @@ fn on_processes_joining<G: ProcessGroup, T: Serialize + DeserializeOwned>(
     if std::env::var(RANK_OF).as_deref() == Ok(test.as_str()) {
         run_rank(join, body);
     }
-    collect(start_ranks(world, &test, seconds), world)
+    collect(start_ranks(world, &test, seconds), world, &test)
 }
 
 fn this_test() -> String {
@@ -141,16 +142,11 @@ fn start_ranks(world: usize, test: &str, timeout_s: u64) -> (tempdir::Dir, KeptR
     (dir, run)
 }
 
-/// Each rank's result, or a failure showing the first failing rank's output.
-fn collect<T: DeserializeOwned>((dir, run): (tempdir::Dir, KeptRun), world: usize) -> Vec<Option<T>> {
+/// Each rank's result, or a failure showing the first failing rank's output
+/// (see [`failure_report`]).
+fn collect<T: DeserializeOwned>((dir, run): (tempdir::Dir, KeptRun), world: usize, test: &str) -> Vec<Option<T>> {
     if let Some(rank) = run.first_failure {
-        let out = &run.outputs[rank];
-        let others = run.outputs.iter().filter(|o| !o.status.success()).count() - 1;
-        panic!(
-            "rank {rank} of {world} failed ({}; {others} other rank(s) failed or were stopped after it):\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
+        panic!("{}", failure_report(&run.outputs, rank, test));
     }
     (0..world)
         .map(|rank| {
@@ -166,6 +162,150 @@ fn collect<T: DeserializeOwned>((dir, run): (tempdir::Dir, KeptRun), world: usiz
             }))
         })
         .collect()
+}
+
+/// How many of a rank's last lines a failure shows, of each of its streams.
+const SHOWN_LINES: usize = 40;
+
+/// The failure of a run whose rank `first` failed first: its status and
+/// output, then the output of each rank that output says explains it (one
+/// that closed its connection, one to look at), and so on down the chain.
+fn failure_report(outputs: &[Output], first: usize, test: &str) -> String {
+    let (world, others) = (outputs.len(), outputs.iter().filter(|o| !o.status.success()).count() - 1);
+    let mut report = format!(
+        "rank {first} of {world} failed ({}; {others} other rank(s) failed or were stopped after it):\n{}",
+        outputs[first].status,
+        own_output(&outputs[first], test)
+    );
+    let mut shown = vec![first];
+    let mut rank = first;
+    while let Some(blamed) = blamed_rank(&String::from_utf8_lossy(&outputs[rank].stderr)) {
+        if blamed >= world || shown.contains(&blamed) {
+            break;
+        }
+        let output = &outputs[blamed];
+        report += &format!("\nrank {blamed}'s own output ({}):\n{}", output.status, own_output(output, test));
+        shown.push(blamed);
+        rank = blamed;
+    }
+    report
+}
+
+/// The rank a failing rank's output names as the one to look at: `look at
+/// rank N`, or else `rank N closed its connection`.
+fn blamed_rank(output: &str) -> Option<usize> {
+    let words: Vec<&str> = output.split_whitespace().collect();
+    let number = |word: &str| word.trim_end_matches([',', ':', ';', '.', ')']).parse::<usize>().ok();
+    let look_at = words.windows(4).find(|w| w[..3] == ["look", "at", "rank"]).and_then(|w| number(w[3]));
+    let closed = || {
+        words
+            .windows(5)
+            .find(|w| w[0] == "rank" && w[2..] == ["closed", "its", "connection"])
+            .and_then(|w| number(w[1]))
+    };
+    look_at.or_else(closed)
+}
+
+/// What a rank printed, for a failure: the last [`SHOWN_LINES`] lines of its
+/// standard error, then of what the one test it runs, `test`, printed on its
+/// standard output.
+fn own_output(output: &Output, test: &str) -> String {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let mut shown = match stderr.trim().is_empty() {
+        true => "(nothing on its standard error)".to_string(),
+        false => last_lines(&stderr.lines().collect::<Vec<_>>()),
+    };
+    let printed = printed_by_the_test(&stdout, test);
+    if !printed.is_empty() {
+        shown += &format!("\nits standard output:\n{}", last_lines(&printed.lines().collect::<Vec<_>>()));
+    }
+    shown
+}
+
+/// A rank's standard output without libtest's: its test's line, which the
+/// test's own output continues (`--nocapture`), and after a panic the report
+/// from `FAILED` on (a rank that returns exits before libtest says more).
+fn printed_by_the_test<'a>(stdout: &'a str, test: &str) -> &'a str {
+    let body = stdout.split_once(&format!("test {test} ... ")).map_or(stdout, |(_, body)| body);
+    let end = body.rfind("FAILED\n\nfailures:").unwrap_or(body.len());
+    body[..end].trim()
+}
+
+/// The last [`SHOWN_LINES`] of `lines`, saying how many came before.
+fn last_lines(lines: &[&str]) -> String {
+    let lines: Vec<&str> = lines.iter().copied().skip_while(|line| line.trim().is_empty()).collect();
+    let cut = lines.len().saturating_sub(SHOWN_LINES);
+    let earlier = match cut {
+        0 => String::new(),
+        n => format!("({n} earlier line(s) not shown)\n"),
+    };
+    format!("{earlier}{}", lines[cut..].join("\n").trim_end())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::process::ExitStatus;
+
+    use super::*;
+
+    #[test]
+    fn the_rank_a_failure_blames_is_the_one_to_look_at_or_the_one_that_left() {
+        let closed = "error: rank 2 closed its connection while rank 0 waited in recv #3: rank 2 exited or crashed \
+                      (its own output says why)";
+        assert_eq!(blamed_rank(closed), Some(2));
+        let waits = "all_reduce timed out after 30s on rank 0: rank 1 is alive but itself still waits on rank 3, \
+                     which kept it from this call: look at rank 3 (stopped, stuck, or in another call)";
+        assert_eq!(blamed_rank(waits), Some(3));
+        assert_eq!(blamed_rank("ring_all_reduce failed: rank 0 failed: panicked: attempt to subtract"), None);
+    }
+
+    #[test]
+    fn a_ranks_output_is_cut_to_its_last_lines_without_libtests() {
+        let many: Vec<String> = (0..SHOWN_LINES + 5).map(|i| format!("line {i}")).collect();
+        let output = Output {
+            status: ExitStatus::default(),
+            stderr: many.join("\n").into_bytes(),
+            stdout: b"\nrunning 1 test\ntest exercise_16::it_runs ... my debug print\nFAILED\n\nfailures:\n\nfailures:\n    \
+                      exercise_16::it_runs\n\ntest result: FAILED. 0 passed; 1 failed\n"
+                .to_vec(),
+        };
+        let shown = own_output(&output, "exercise_16::it_runs");
+        assert!(shown.starts_with("(5 earlier line(s) not shown)\nline 5\n"), "{shown}");
+        assert!(shown.ends_with(&format!("line {}\nits standard output:\nmy debug print", SHOWN_LINES + 4)), "{shown}");
+    }
+
+    #[test]
+    fn a_failure_shows_the_output_of_the_rank_it_blames() {
+        let output = |code: i32, stderr: &str| Output {
+            status: exit_status(code),
+            stdout: Vec::new(),
+            stderr: stderr.as_bytes().to_vec(),
+        };
+        let outputs = [
+            output(1, "rank 1 closed its connection while rank 0 waited in recv #1: rank 1 exited or crashed"),
+            output(
+                101,
+                "exercises/phase4_under_the_hood/ex16_ring_all_reduce.rs:59:42: attempt to subtract with overflow",
+            ),
+        ];
+        let report = failure_report(&outputs, 0, "exercise_16::it_runs");
+        assert!(report.starts_with("rank 0 of 2 failed (exit status: 1; 1 other rank(s)"), "{report}");
+        assert!(
+            report.contains("\nrank 1's own output (exit status: 101):\nexercises/phase4_under_the_hood/ex16"),
+            "{report}"
+        );
+    }
+
+    #[cfg(unix)]
+    fn exit_status(code: i32) -> ExitStatus {
+        std::os::unix::process::ExitStatusExt::from_raw(code << 8)
+    }
+
+    #[cfg(windows)]
+    fn exit_status(code: i32) -> ExitStatus {
+        std::os::windows::process::ExitStatusExt::from_raw(code as u32)
+    }
 }
 
 /// A temporary directory removed when dropped.
