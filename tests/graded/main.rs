@@ -69,6 +69,8 @@ mod exercise_26;
 mod exercise_27;
 // END exercise modules
 #[cfg(not(only_some_tests))]
+mod candle_primer;
+#[cfg(not(only_some_tests))]
 mod data;
 #[cfg(not(only_some_tests))]
 mod distributed;
