@@ -46,9 +46,12 @@
 //! a stage's M backwards contribute to ∂L/∂W_s, and from what gradient does
 //! the last stage start one? Two facts to watch: messages between two ranks
 //! arrive in the order they were sent, and nothing in a received gradient
-//! says which micro-batch it belongs to; and candle's backward gives
-//! gradients for variables (`Var`) only (`store.get` gives `None` for
-//! anything else).
+//! says which micro-batch it belongs to; and candle's backward gives a
+//! whole gradient only to variables (`Var`). A tensor that is not one still
+//! gets a gradient in the `GradStore` when it met a tracked tensor in an
+//! operation, but only the part that flows through such operations, and
+//! nothing fails (the guide's candle primer, `guide/src/candle-primer.md`,
+//! says which tensors the store holds).
 //!
 //! Read first: Huang et al. 2019, "GPipe: Efficient Training of Giant Neural
 //! Networks using Pipeline Parallelism", section 2 and figure 2.

@@ -18,6 +18,7 @@ const GPIPE: Schedule = Schedule {
     loss_summed: "loss_summed",
     backward_from_one: "backward_from_one",
     gradients_not_accumulated: "gradients_not_accumulated",
+    input_not_a_var: Some("input_not_a_var"),
 };
 
 #[rstest]

@@ -21,6 +21,7 @@ const ONE_F_ONE_B: Schedule = Schedule {
     loss_summed: "loss_summed",
     backward_from_one: "backward_from_one",
     gradients_not_accumulated: "gradients_not_accumulated",
+    input_not_a_var: None,
 };
 
 /// The typical mistake whose schedules `got` are, when exactly one mistake gives them.

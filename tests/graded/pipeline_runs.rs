@@ -44,6 +44,9 @@ pub struct Schedule {
     pub backward_from_one: &'static str,
     /// Each micro-batch's gradients replacing the previous ones'.
     pub gradients_not_accumulated: &'static str,
+    /// A received activation used as it arrived, not made a `Var`, where
+    /// the exercise lists that mistake.
+    pub input_not_a_var: Option<&'static str>,
 }
 
 /// Four layers: one to four stages of whole blocks.
@@ -131,6 +134,8 @@ pub struct StageRun {
     pub schedule: Vec<StageOp>,
     /// (send calls, their bytes).
     sends: (u64, u64),
+    /// Forwards run on an input that tracks no gradient (not a `Var`).
+    untracked_inputs: usize,
 }
 
 fn stage_run(pg: &dyn ProcessGroup, schedule: Schedule, micro_batch_count: usize) -> candle_core::Result<StageRun> {
@@ -144,6 +149,7 @@ fn stage_run(pg: &dyn ProcessGroup, schedule: Schedule, micro_batch_count: usize
         step: step.map_err(|e| explain_error(&e)),
         schedule: stage.take_schedule(),
         sends: (used.calls(Collective::Send), used.bytes(Collective::Send)),
+        untracked_inputs: stage.take_untracked_inputs(),
     })
 }
 
@@ -184,7 +190,8 @@ fn of_stage(grads: &Grads, got: &Grads) -> Grads {
 pub fn expect_gradients_of_the_mean_loss(schedule: Schedule, stages: usize, micro_batch_count: usize) {
     let reference = Reference::new(micro_batch_count);
     let want = reference.mean_grads();
-    let got = steps(&run(schedule, stages, micro_batch_count), schedule);
+    let runs = run(schedule, stages, micro_batch_count);
+    let got = steps(&runs, schedule);
     let mut held: Vec<&String> = got.iter().flat_map(|(_, grads)| grads.keys()).collect();
     held.sort();
     assert!(
@@ -203,8 +210,10 @@ pub fn expect_gradients_of_the_mean_loss(schedule: Schedule, stages: usize, micr
     });
     let why = if matches(grads, &scaled(&want_here, m as f32)) {
         Some(mistake(schedule.exercise, schedule.backward_from_one))
+    } else if one_micro_batch {
+        Some(mistake(schedule.exercise, schedule.gradients_not_accumulated))
     } else {
-        one_micro_batch.then(|| mistake(schedule.exercise, schedule.gradients_not_accumulated))
+        input_not_a_var(&runs, bad, schedule)
     };
     let cut = match (why, bad + 1 < stages) {
         (None, true) => format!(
@@ -221,6 +230,15 @@ pub fn expect_gradients_of_the_mean_loss(schedule: Schedule, stages: usize, micr
         first_difference(grads, &want_here).unwrap_or_else(|| "it holds other parameters".into()),
         cause(why)
     );
+}
+
+/// The mistake of a received activation not made a `Var`, when the stage
+/// after the wrong stage `bad` is right and ran forwards on inputs that
+/// track no gradient: the gradient it sent back across the cut is then
+/// incomplete, whatever else is wrong.
+fn input_not_a_var(runs: &[StageRun], bad: usize, schedule: Schedule) -> Option<&'static str> {
+    let untracked = runs.get(bad + 1).is_some_and(|after| after.untracked_inputs > 0);
+    untracked.then_some(schedule.input_not_a_var?).map(|id| mistake(schedule.exercise, id))
 }
 
 /// Only the last stage reports a loss, the mean over the micro-batches.
@@ -266,9 +284,12 @@ pub fn expect_one_send_per_micro_batch_and_cut(schedule: Schedule, stages: usize
 pub fn expect_the_same_across_processes(schedule: Schedule) {
     let want = Reference::new(M).mean_grads();
     let runs: Vec<StageRun> = on_processes(2, |pg| stage_run(&pg, schedule, M));
-    for (s, (_, grads)) in steps(&runs, schedule).iter().enumerate() {
-        let difference = first_difference(grads, &of_stage(&want, grads));
-        assert!(difference.is_none(), "stage {s}'s process: {}", difference.unwrap_or_default());
+    // Backward runs from the last stage to the first: the last stage that is wrong is where it starts.
+    let differences: Vec<Option<String>> =
+        steps(&runs, schedule).iter().map(|(_, grads)| first_difference(grads, &of_stage(&want, grads))).collect();
+    if let Some(bad) = differences.iter().rposition(Option::is_some) {
+        let why = input_not_a_var(&runs, bad, schedule);
+        panic!("stage {bad}'s process: {}{}", differences[bad].as_deref().unwrap_or_default(), cause(why));
     }
 }
 

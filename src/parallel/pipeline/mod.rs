@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::ops::Range;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use candle_core::backprop::GradStore;
@@ -44,6 +45,8 @@ pub struct PipelineStage {
     hidden_size: usize,
     dtype: DType,
     schedule: Mutex<Vec<StageOp>>,
+    /// Forwards run on an input that tracks no gradient (see [`PipelineStage::take_untracked_inputs`]).
+    untracked_inputs: AtomicUsize,
 }
 
 /// A stage's blocks: whole, or split across a tensor-parallel group.
@@ -256,6 +259,7 @@ impl PipelineStage {
             hidden_size: config.hidden_size,
             dtype,
             schedule: Mutex::new(vec![]),
+            untracked_inputs: AtomicUsize::new(0),
         })
     }
 
@@ -315,6 +319,9 @@ impl PipelineStage {
         };
         let split = match &self.blocks {
             StageBlocks::Whole(blocks) => {
+                if !self.is_first() && !input.track_op() {
+                    self.untracked_inputs.fetch_add(1, Ordering::Relaxed);
+                }
                 for block in blocks {
                     x = block.forward(&x)?;
                 }
@@ -414,6 +421,16 @@ impl PipelineStage {
     /// The forwards and backwards run since the last call, in order.
     pub fn take_schedule(&self) -> Vec<StageOp> {
         std::mem::take(&mut *self.schedule.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// How many forwards since the last call read an input that tracks no
+    /// gradient (neither a `Var` nor computed from one), on a stage of whole
+    /// blocks after the first. candle's backward gives such an input only
+    /// the part of its gradient that flows through operations where it met
+    /// a tracked tensor (such as a block's residual additions): the gradient
+    /// a stage sends back for it is incomplete, and nothing fails.
+    pub fn take_untracked_inputs(&self) -> usize {
+        self.untracked_inputs.swap(0, Ordering::Relaxed)
     }
 
     fn record(&self, op: StageOp) {
