@@ -18,6 +18,8 @@ use serde::Serialize;
 use workbook::distributed::launch::{free_port, run_keeping_output, KeptRun};
 use workbook::distributed::{init_from_env, LaunchConfig, ProcessGroup, TcpProcessGroup};
 
+use crate::support::without_backtrace;
+
 /// Set in a rank's environment: the test it runs, and where its result goes.
 const RANK_OF: &str = "WORKBOOK_TEST_RANK_OF";
 const RESULT_DIR: &str = "WORKBOOK_TEST_RESULTS";
@@ -207,10 +209,11 @@ fn blamed_rank(output: &str) -> Option<usize> {
 }
 
 /// What a rank printed, for a failure: the last [`SHOWN_LINES`] lines of its
-/// standard error, then of what the one test it runs, `test`, printed on its
-/// standard output.
+/// standard error without the backtraces candle folds into its errors (the
+/// message stays, and where in an exercise it was raised), then of what the
+/// one test it runs, `test`, printed on its standard output.
 fn own_output(output: &Output, test: &str) -> String {
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = without_backtrace(&String::from_utf8_lossy(&output.stderr));
     let stdout = String::from_utf8_lossy(&output.stdout);
     let mut shown = match stderr.trim().is_empty() {
         true => "(nothing on its standard error)".to_string(),
@@ -273,6 +276,15 @@ mod tests {
         let shown = own_output(&output, "exercise_16::it_runs");
         assert!(shown.starts_with("(5 earlier line(s) not shown)\nline 5\n"), "{shown}");
         assert!(shown.ends_with(&format!("line {}\nits standard output:\nmy debug print", SHOWN_LINES + 4)), "{shown}");
+    }
+
+    #[test]
+    fn a_ranks_error_keeps_its_message_above_a_long_backtrace() {
+        let frames: Vec<String> =
+            (0..2 * SHOWN_LINES).map(|i| format!("  {i}: candle_core::f\n      at src/x.rs:{i}:1")).collect();
+        let stderr = format!("rank 1 fails on purpose\n{}", frames.join("\n"));
+        let output = Output { status: ExitStatus::default(), stderr: stderr.into_bytes(), stdout: Vec::new() };
+        assert_eq!(own_output(&output, "processes::it"), "rank 1 fails on purpose");
     }
 
     #[test]
