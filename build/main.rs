@@ -1,16 +1,18 @@
 //! Chooses, per exercise, which body the crate compiles: the learner's file in
 //! `exercises/`, or the reference in `solutions/` for the exercises the learner
-//! leans on (`cargo xtask lean`, recorded in `exercises/lean.txt`).
+//! leans on (`cargo xtask lean`, recorded in `exercises/lean.txt`) and for
+//! those whose file does not parse (with a warning that says where it stops),
+//! so that one syntax error does not stop every other exercise from building.
 //!
 //! A build script, not RUSTFLAGS, so that the choice reaches plain `cargo test`
 //! and `cargo train`, and changing it rebuilds this crate alone, never candle.
 //! It sets `cfg(reference = "N")` for each exercise that compiles its reference
-//! body (read by `src/exercises.rs`) and writes `exercise_bodies.rs`: which exercises run the
-//! reference and which still hold their shipped `todo!`, so the trainer can say
-//! what a run needs before it starts. An exercise that still holds its stub
-//! also gets `cfg(stand_in = "N")`: where an earlier phase's runtime already
-//! calls it (the FSDP trainer calls exercise 22), the reference stands in
-//! until the learner starts it.
+//! body (read by `src/exercises.rs`) and writes `exercise_bodies.rs`: which
+//! exercises are leaned on, which do not parse and why, and which still hold
+//! their shipped `todo!`, so the trainer can say what a run needs before it
+//! starts. An exercise that still holds its stub also gets `cfg(stand_in =
+//! "N")`: where an earlier phase's runtime already calls it (the FSDP trainer
+//! calls exercise 22), the reference stands in until the learner starts it.
 //!
 //! `WORKBOOK_LEAN`, when set, replaces the file (the workbook's own checks use
 //! it, so that a learner's choice never changes what they grade).
@@ -21,6 +23,8 @@ use std::path::{Path, PathBuf};
 mod body;
 #[path = "lean_file.rs"]
 mod lean_file;
+#[path = "syntax.rs"]
+mod syntax;
 
 use body::Body;
 use lean_file::{LEAN_FILE, LEAN_VARIABLE};
@@ -47,15 +51,28 @@ fn main() {
 
     let exercises = exercise_files(Path::new("exercises"));
     let all_reference = std::env::var_os("CARGO_FEATURE_SOLUTIONS").is_some();
-    let bodies: Vec<(u32, Body)> = exercises
-        .iter()
-        .map(|(n, file)| (*n, Body::of(all_reference || leaned.contains(n), holds_its_stub(*n, file))))
-        .collect();
-    let with = |body| bodies.iter().filter(|(_, b)| *b == body).map(|(n, _)| *n).collect::<Vec<u32>>();
-    let reference = with(Body::Leaned);
-    for number in &reference {
+    let mut unparsable = Vec::new();
+    let mut bodies: Vec<(u32, Body)> = Vec::new();
+    for (number, file) in &exercises {
+        // An unreadable file is left to rustc, which says why.
+        let source = std::fs::read_to_string(file).unwrap_or_default();
+        let leaned = all_reference || leaned.contains(number);
+        // A file compiled from the reference anyway is not parsed: its text is unused.
+        let parsed = if leaned { Ok(()) } else { syntax::check(&source) };
+        let holds_stub = source.contains(&format!("todo!(\"Exercise {number}:"));
+        let body = Body::of(leaned, parsed.is_ok(), holds_stub);
+        if let (Body::DoesNotParse, Err(error)) = (body, parsed) {
+            let sentence = error.sentence(&file.to_string_lossy().replace('\\', "/"));
+            println!("cargo::warning={sentence}");
+            unparsable.push((*number, sentence));
+        }
+        bodies.push((*number, body));
+    }
+    for (number, _) in bodies.iter().filter(|(_, body)| body.compiles_reference()) {
         println!("cargo::rustc-cfg=reference=\"{number}\"");
     }
+    let with = |body| bodies.iter().filter(|(_, b)| *b == body).map(|(n, _)| *n).collect::<Vec<u32>>();
+    let reference = with(Body::Leaned);
     let unfinished = with(Body::NotStarted);
     for number in &unfinished {
         println!("cargo::rustc-cfg=stand_in=\"{number}\"");
@@ -66,6 +83,9 @@ fn main() {
         "/// The exercises compiled from their reference body in `solutions/`: all of\n\
          /// them with `--features solutions`, otherwise those leaned on (`cargo xtask lean`).\n\
          pub const REFERENCE: &[u32] = &{reference:?};\n\
+         /// The exercises whose file in `exercises/` does not parse, each with the\n\
+         /// sentence that says where: their reference body is compiled in its place.\n\
+         pub const UNPARSABLE: &[(u32, &str)] = &{unparsable:?};\n\
          /// The exercises compiled from `exercises/` whose file still holds its\n\
          /// shipped `todo!`: calling them panics.\n\
          pub const UNFINISHED: &[u32] = &{unfinished:?};\n"
@@ -93,9 +113,4 @@ fn exercise_files(dir: &Path) -> Vec<(u32, PathBuf)> {
     }
     files.sort();
     files
-}
-
-/// Whether exercise `number`'s shipped `todo!` line is still in its file.
-fn holds_its_stub(number: u32, file: &Path) -> bool {
-    std::fs::read_to_string(file).is_ok_and(|text| text.contains(&format!("todo!(\"Exercise {number}:")))
 }

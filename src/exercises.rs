@@ -2,8 +2,9 @@
 //!
 //! Written by `cargo xtask update` from `exercises/info.toml`; edit that file,
 //! not this one. Each exercise module is read from `exercises/`, or from
-//! `solutions/` with `--features solutions` and for the exercises leaned on
-//! (`cargo xtask lean`): `build/main.rs` sets `cfg(reference = "N")` for those.
+//! `solutions/` with `--features solutions`, for the exercises leaned on
+//! (`cargo xtask lean`) and for those whose file does not parse:
+//! `build/main.rs` sets `cfg(reference = "N")` for those.
 //! Exercises are methods of the machinery's types or free functions; a phase
 //! module re-exports the latter.
 //! No lint is silenced: a shipped stub borrows its arguments, so rustc's
@@ -168,7 +169,19 @@ pub mod called_early {
     pub use super::ex22_fsdp_unit_step_stand_in::{fsdp_backward, fsdp_forward};
 }
 
+/// The rule that chose each exercise's body, the build script's own.
+#[path = "../build/body.rs"]
+mod body;
+
 /// Which body each exercise runs, as `build/main.rs` chose it.
 pub mod bodies {
     include!(concat!(env!("OUT_DIR"), "/exercise_bodies.rs"));
+
+    pub use super::body::Body;
+
+    /// Which body exercise `number` runs in this build, by the build script's rule.
+    pub fn body(number: u32) -> Body {
+        let parses = !UNPARSABLE.iter().any(|(n, _)| *n == number);
+        Body::of(REFERENCE.contains(&number), parses, UNFINISHED.contains(&number))
+    }
 }

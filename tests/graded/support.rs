@@ -223,17 +223,23 @@ fn blocked_note(message: &str) -> Option<String> {
 }
 
 /// A note before any test runs when the tests asked for grade an exercise
-/// whose reference body is compiled in place of the learner's (`cargo xtask lean`).
+/// whose reference body is compiled in place of the learner's: leaned on
+/// (`cargo xtask lean`), or because the learner's file does not parse.
 #[ctor::ctor(unsafe)]
 fn say_which_bodies_run() {
     let asked: Vec<String> = std::env::args().skip(1).filter(|arg| !arg.starts_with('-')).collect();
+    let is_asked = |number: u32| asked.iter().any(|arg| arg.starts_with(&format!("exercise_{number:02}")));
     for &number in workbook::exercise_bodies::REFERENCE {
-        let module = format!("exercise_{number:02}");
-        if cfg!(not(feature = "solutions")) && asked.iter().any(|arg| arg.starts_with(&module)) {
+        if cfg!(not(feature = "solutions")) && is_asked(number) {
             eprintln!(
                 "note: exercise {number} is leaned on (exercises/lean.txt): these checks grade its reference body, \
                  not your code; `cargo xtask lean --off {number}` grades yours."
             );
+        }
+    }
+    for (number, sentence) in workbook::exercise_bodies::UNPARSABLE {
+        if is_asked(*number) {
+            eprintln!("note: {sentence}: these checks grade its reference body, not your code.");
         }
     }
 }

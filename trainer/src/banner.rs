@@ -1,7 +1,8 @@
 //! The lines of a run's banner that say how it spreads over its ranks and
 //! which exercises step it, each named with whose body runs: the learner's,
-//! the reference leaned on in its place, or the reference standing in for a
-//! stub. A learner who leans on an exercise never reads "your exercise" for it.
+//! the reference leaned on in its place, the reference compiled in place of a
+//! file that does not parse, or the reference standing in for a stub. A
+//! learner whose code does not run never reads "your exercise" for it.
 
 use workbook::distributed::MeshShape;
 use workbook::parallel::fsdp::ShardingStrategy;
@@ -107,6 +108,9 @@ fn named(number: u32, body: Body) -> String {
         Body::Yours => format!("your exercise {number}"),
         Body::Leaned if cfg!(feature = "solutions") => format!("exercise {number}'s reference body"),
         Body::Leaned => format!("exercise {number}'s reference body (leaned on)"),
+        Body::DoesNotParse => {
+            format!("exercise {number}'s reference body, in place of your file, which does not parse")
+        }
         // A run that calls a stub is refused before it starts, except where an
         // earlier phase's runtime has the reference stand in (exercise 22).
         Body::NotStarted => format!("exercise {number}'s reference body, standing in until you start yours"),
@@ -162,6 +166,10 @@ mod tests {
         assert_eq!(named(23, Body::Yours), "your exercise 23");
         assert!(named(23, Body::Leaned).starts_with("exercise 23's reference body"));
         assert_eq!(named(22, Body::NotStarted), "exercise 22's reference body, standing in until you start yours");
+        assert_eq!(
+            named(16, Body::DoesNotParse),
+            "exercise 16's reference body, in place of your file, which does not parse"
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::{bail, Result};
-use workbook::exercise_bodies::{REFERENCE, UNFINISHED};
+use workbook::exercise_bodies::{REFERENCE, UNFINISHED, UNPARSABLE};
 
 use workbook::parallel::pipeline::PipelineSchedule;
 
@@ -16,16 +16,8 @@ use crate::strategy::Strategy;
 #[path = "../../build/lean_file.rs"]
 mod lean_file;
 
-/// Which body of an exercise runs, by the build script's own rule.
-#[path = "../../build/body.rs"]
-mod body;
-
-pub use body::Body;
-
-/// Which body of exercise `number` this build runs.
-pub fn body(number: u32) -> Body {
-    Body::of(REFERENCE.contains(&number), UNFINISHED.contains(&number))
-}
+/// Which body of an exercise this build runs, by the build script's own rule.
+pub use workbook::exercise_bodies::{body, Body};
 
 /// Each exercise the run calls, with why.
 pub fn exercises_called(options: &RunOptions) -> BTreeMap<u32, &'static str> {
@@ -113,15 +105,18 @@ fn unfinished_called(called: &BTreeMap<u32, &str>, unfinished: &[u32]) -> Option
     ))
 }
 
-/// The one line that says which exercises run their reference body, when
-/// the learner leans on some (`None` with all of them: `--features solutions`).
-pub fn lean_note() -> Option<String> {
-    (!REFERENCE.is_empty() && !cfg!(feature = "solutions")).then(|| {
+/// The lines that say which exercises run their reference body: one for
+/// those the learner leans on (none with all of them: `--features
+/// solutions`), and one for each file that does not parse, with where it stops.
+pub fn body_notes() -> Vec<String> {
+    let leaned = (!REFERENCE.is_empty() && !cfg!(feature = "solutions")).then(|| {
         format!(
-            "exercises {} run their reference bodies (`cargo xtask lean`); your code everywhere else",
-            lean_file::ranges(&REFERENCE.iter().copied().collect())
+            "exercises {} run their reference bodies (`cargo xtask lean`); your code everywhere else{}",
+            lean_file::ranges(&REFERENCE.iter().copied().collect()),
+            if UNPARSABLE.is_empty() { "" } else { " that parses" }
         )
-    })
+    });
+    leaned.into_iter().chain(UNPARSABLE.iter().map(|(_, sentence)| format!("warning: {sentence}"))).collect()
 }
 
 #[cfg(test)]

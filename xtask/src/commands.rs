@@ -11,7 +11,7 @@ use crate::doctor::GpuBuild;
 use crate::grading::{phase_filter, Outcome, Runner, TestResult, TestRun, TEST_BINARY};
 use crate::lean;
 use crate::metadata::{Exercise, Hint};
-use crate::progress::{Progress, State, PROGRESS_FILE};
+use crate::progress::{Body, Progress, State, PROGRESS_FILE};
 use crate::render::{self, bold, dim, green, red, yellow};
 use crate::standing::{self, Standing};
 use crate::stub;
@@ -32,7 +32,7 @@ pub enum Start {
 /// does not pass yet (leaned-on exercises skipped), and returns its number;
 /// `None` when there is none.
 pub fn next(ws: &Workspace, start: Start) -> Result<Option<u32>> {
-    print_lean_note(ws);
+    print_body_notes(ws)?;
     let candidates = match start {
         Start::First => to_grade(ws, 0)?,
         Start::Phase(phase) => {
@@ -83,6 +83,16 @@ pub fn next(ws: &Workspace, start: Start) -> Result<Option<u32>> {
                 0
             ))
         ),
+        State::DoesNotParse => println!(
+            "\n{}",
+            red(&render::wrap(
+                &format!(
+                    "Its file does not parse, where the note above says: the reference body runs in its place \
+                     until you fix it; then `cargo xtask check {number}` grades your code."
+                ),
+                0
+            ))
+        ),
         State::NotStarted | State::Unchecked => {}
     }
     Ok(Some(number))
@@ -115,19 +125,32 @@ fn known_state(ws: &Workspace, exercise: &Exercise, progress: &Progress) -> Resu
     if ws.solutions {
         return Ok(State::Done);
     }
-    Ok(State::known(ws.leans_on(exercise.number), ws.started(exercise)?, progress.get(exercise.number)))
+    Ok(State::known(ws.body(exercise)?, progress.get(exercise.number)))
 }
 
-/// The one line that says which exercises run their reference body, if any.
-fn print_lean_note(ws: &Workspace) {
+/// The lines that say which exercises run their reference body, if any:
+/// those leaned on, and each whose file does not parse, with where it stops.
+fn print_body_notes(ws: &Workspace) -> Result<()> {
+    print_body_notes_but(ws, None)
+}
+
+/// [`print_body_notes`], without exercise `except`'s file when it does not
+/// parse (its own report says so).
+fn print_body_notes_but(ws: &Workspace, except: Option<u32>) -> Result<()> {
     if let Some(line) = lean::note(&ws.leaned) {
         println!("{}", dim(&line));
     }
+    for exercise in ws.workbook.exercises.iter().filter(|e| Some(e.number) != except) {
+        if let Some(sentence) = ws.does_not_parse(exercise)? {
+            println!("{}", yellow(&render::wrap(&format!("note: {sentence}."), 0)));
+        }
+    }
+    Ok(())
 }
 
 /// All exercises, by phase, with their state and the progress per phase.
 pub fn list(ws: &Workspace, quick: bool) -> Result<bool> {
-    print_lean_note(ws);
+    print_body_notes(ws)?;
     let exercises: Vec<&Exercise> = ws.workbook.exercises.iter().collect();
     if !quick {
         grade(ws, &exercises)?;
@@ -174,7 +197,20 @@ pub fn check(ws: &Workspace, number: u32) -> Result<bool> {
         );
         return Ok(false);
     }
-    print_lean_note(ws);
+    if let Some(sentence) = ws.does_not_parse(exercise)? {
+        println!("{}", red(&render::wrap(&format!("{sentence}."), 0)));
+        println!(
+            "{}",
+            render::wrap(
+                "Its checks would grade the reference, not your code, so none ran. Fix it and run this again \
+                 (under `cargo xtask watch`, save it).",
+                0
+            )
+        );
+        record(ws, [(number, State::DoesNotParse)])?;
+        return Ok(false);
+    }
+    print_body_notes_but(ws, Some(number))?;
     let prefix = exercise.test_filter();
     let run = ws.runner().run(std::slice::from_ref(&prefix))?;
     if run.under(&prefix).next().is_none() {
@@ -227,7 +263,7 @@ pub fn check_phase(ws: &Workspace, number: u32) -> Result<bool> {
         bail!("phase {number} ({}) has no exercises yet", phase.title);
     }
     println!("{}", bold(&format!("Checking phase {number}: {}", phase.title)));
-    print_lean_note(ws);
+    print_body_notes(ws)?;
     let (states, run) = grade(ws, &exercises)?;
     println!();
     let title_width = exercises.iter().map(|e| e.title.chars().count()).max().unwrap_or(0);
@@ -236,6 +272,7 @@ pub fn check_phase(ws: &Workspace, number: u32) -> Result<bool> {
         let verdict = match state {
             State::Done => green(&format!("{passed}/{total} checks passed")),
             State::Leaned => dim("reference body (leaned on)"),
+            State::DoesNotParse => red("does not parse: the reference runs in its place"),
             State::NotStarted => dim("not started"),
             State::Failing | State::Unchecked => red(&format!("{passed}/{total} checks passed")),
         };
@@ -413,18 +450,19 @@ fn nothing_left(ws: &Workspace, all: &Standing) {
     println!("and `cargo xtask list` for the overview.");
 }
 
-/// States of `exercises`: leaned on, not started, or graded in one test run,
-/// which is also returned. Every state is recorded.
+/// States of `exercises`: leaned on, not parsing, not started, or the
+/// learner's code graded in one test run, which is also returned. Every
+/// state is recorded.
 fn grade(ws: &Workspace, exercises: &[&Exercise]) -> Result<(Vec<State>, TestRun)> {
-    let started: Vec<bool> = exercises.iter().map(|e| ws.started(e)).collect::<Result<_>>()?;
-    let graded = |(e, s): &(&&Exercise, &bool)| **s && !ws.leans_on(e.number);
-    let filters: Vec<String> = exercises.iter().zip(&started).filter(graded).map(|(e, _)| e.test_filter()).collect();
+    let bodies: Vec<Body> = exercises.iter().map(|e| ws.body(e)).collect::<Result<_>>()?;
+    let graded = |(_, body): &(&&Exercise, &Body)| **body == Body::Yours;
+    let filters: Vec<String> = exercises.iter().zip(&bodies).filter(graded).map(|(e, _)| e.test_filter()).collect();
     let run = if filters.is_empty() { TestRun::default() } else { ws.runner().run(&filters)? };
-    let state = |(e, s): (&&Exercise, &bool)| match ws.leans_on(e.number) {
-        true => State::Leaned,
-        false => state_of(*s, &run, e),
+    let state = |(e, body): (&&Exercise, &Body)| match body {
+        Body::Yours => state_of(true, &run, e),
+        other => State::known(*other, None),
     };
-    let states: Vec<State> = exercises.iter().zip(&started).map(state).collect();
+    let states: Vec<State> = exercises.iter().zip(&bodies).map(state).collect();
     record(ws, exercises.iter().map(|e| e.number).zip(states.iter().copied()))?;
     Ok((states, run))
 }

@@ -17,7 +17,7 @@ use anyhow::{Context, Result};
 #[path = "../../build/body.rs"]
 mod body;
 
-use body::Body;
+pub use body::Body;
 
 /// The file's name, relative to the repository root.
 pub const PROGRESS_FILE: &str = ".workbook-progress";
@@ -26,17 +26,19 @@ pub const PROGRESS_FILE: &str = ".workbook-progress";
 const FORMAT: u32 = 3;
 
 const HEADER: &str = "# Last known state of each exercise, written by `cargo xtask` (check, next, list, reset).\n\
-                      # States: done, failing, unchecked (your code), leaned (the reference runs), not-started;\n\
+                      # States: done, failing, unchecked (your code), leaned (the reference runs), does-not-parse\n\
+                      # (the reference runs until your file parses), not-started;\n\
                       # `NN hints K`: K hint tiers read before passing; `NN hints-after-passing K`: after.\n";
 
 /// The words before a count of hint tiers read: before the exercise passed, and after.
 const BEFORE_PASSING: &str = "hints";
 const AFTER_PASSING: &str = "hints-after-passing";
 
-/// Where an exercise stands. Every report keeps three cases apart: the
+/// Where an exercise stands. Every report keeps four cases apart: the
 /// learner's own code (done, failing, or edited since it was graded), the
-/// reference body leaned on in its place, and the shipped stub. Only the
-/// first can be done: a leaned exercise passes on code the learner did not write.
+/// reference body leaned on in its place, the reference compiled in place of
+/// a file that does not parse, and the shipped stub. Only the first can be
+/// done: the reference passes on code the learner did not write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum State {
     /// Your code: every graded test passes.
@@ -47,6 +49,8 @@ pub enum State {
     Unchecked,
     /// Leaned on (`cargo xtask lean`): the build compiles the reference body in place of yours.
     Leaned,
+    /// Your file does not parse: the build compiles the reference body in its place until it does.
+    DoesNotParse,
     /// The shipped `todo!` stub, not leaned on.
     NotStarted,
 }
@@ -59,6 +63,7 @@ impl State {
             State::Failing => "failing",
             State::Unchecked => "unchecked",
             State::Leaned => "leaned",
+            State::DoesNotParse => "does-not-parse",
             State::NotStarted => "not-started",
         }
     }
@@ -68,19 +73,21 @@ impl State {
         matches!(self, State::Done | State::Failing | State::Unchecked)
     }
 
-    /// What can be told without running the tests: leaned on, still the
-    /// stub, or else the learner's code as last graded (unchecked when it
-    /// never was, or when it was the reference or the stub then).
-    pub fn known(leaned: bool, started: bool, recorded: Option<State>) -> State {
-        match Body::of(leaned, !started) {
+    /// What can be told without running the tests from the body the build
+    /// compiles: leaned on, a file that does not parse, still the stub, or
+    /// else the learner's code as last graded (unchecked when it never was,
+    /// or when it was the reference or the stub then).
+    pub fn known(body: Body, recorded: Option<State>) -> State {
+        match body {
             Body::Leaned => State::Leaned,
+            Body::DoesNotParse => State::DoesNotParse,
             Body::NotStarted => State::NotStarted,
             Body::Yours => recorded.filter(|graded| graded.is_yours()).unwrap_or(State::Unchecked),
         }
     }
 
     fn from_word(word: &str) -> Option<Self> {
-        [State::Done, State::Failing, State::Unchecked, State::Leaned, State::NotStarted]
+        [State::Done, State::Failing, State::Unchecked, State::Leaned, State::DoesNotParse, State::NotStarted]
             .into_iter()
             .find(|state| state.word() == word)
     }
@@ -211,15 +218,25 @@ mod tests {
 
     #[test]
     fn what_runs_decides_before_what_was_recorded() {
-        assert_eq!(State::known(true, true, Some(State::Done)), State::Leaned, "leaned: your verdict is not what runs");
-        assert_eq!(State::known(false, false, Some(State::Done)), State::NotStarted, "reset to the stub");
-        assert_eq!(State::known(false, true, Some(State::Failing)), State::Failing);
+        let known =
+            |leaned, parses, started: bool, recorded| State::known(Body::of(leaned, parses, !started), recorded);
+        assert_eq!(known(true, true, true, Some(State::Done)), State::Leaned, "leaned: your verdict is not what runs");
+        assert_eq!(known(true, false, true, None), State::Leaned, "leaned: the file is not compiled, parsed or not");
+        assert_eq!(known(false, false, true, Some(State::Done)), State::DoesNotParse, "the reference runs instead");
+        assert_eq!(known(false, false, false, None), State::DoesNotParse, "a stub that does not parse is not run");
+        assert_eq!(known(false, true, false, Some(State::Done)), State::NotStarted, "reset to the stub");
+        assert_eq!(known(false, true, true, Some(State::Failing)), State::Failing);
         assert_eq!(
-            State::known(false, true, Some(State::Leaned)),
+            known(false, true, true, Some(State::Leaned)),
             State::Unchecked,
             "back from leaning: not graded yet"
         );
-        assert_eq!(State::known(false, true, None), State::Unchecked);
+        assert_eq!(
+            known(false, true, true, Some(State::DoesNotParse)),
+            State::Unchecked,
+            "parses again: not graded yet"
+        );
+        assert_eq!(known(false, true, true, None), State::Unchecked);
     }
 
     #[test]

@@ -3,8 +3,9 @@
 //! `verify` fails while one is stale.
 //!
 //! - `src/exercises.rs`: the phase modules, each exercise file read from
-//!   `exercises/` or, with `--features solutions` or when the learner leans on
-//!   it (`cfg(reference = "N")`, set by `build/main.rs`), from `solutions/`;
+//!   `exercises/` or, with `--features solutions`, when the learner leans on
+//!   it or when it does not parse (`cfg(reference = "N")`, set by
+//!   `build/main.rs`), from `solutions/`;
 //! - `tests/graded/main.rs`, between its markers: one test module per exercise,
 //!   each compiled in every build but those that build a few exercises' tests
 //!   (`cfg(only_some_tests)`, set by `tests/build.rs`);
@@ -65,8 +66,9 @@ fn exercises_rs(workbook: &Workbook) -> Result<String> {
          //!\n\
          //! Written by `cargo xtask update` from `exercises/info.toml`; edit that file,\n\
          //! not this one. Each exercise module is read from `exercises/`, or from\n\
-         //! `solutions/` with `--features solutions` and for the exercises leaned on\n\
-         //! (`cargo xtask lean`): `build/main.rs` sets `cfg(reference = \"N\")` for those.\n\
+         //! `solutions/` with `--features solutions`, for the exercises leaned on\n\
+         //! (`cargo xtask lean`) and for those whose file does not parse:\n\
+         //! `build/main.rs` sets `cfg(reference = \"N\")` for those.\n\
          //! Exercises are methods of the machinery's types or free functions; a phase\n\
          //! module re-exports the latter.\n\
          //! No lint is silenced: a shipped stub borrows its arguments, so rustc's\n\
@@ -136,8 +138,15 @@ fn exercises_rs(workbook: &Workbook) -> Result<String> {
         )?;
     }
     out.push_str(
-        "\n/// Which body each exercise runs, as `build/main.rs` chose it.\npub mod bodies {\n    \
-         include!(concat!(env!(\"OUT_DIR\"), \"/exercise_bodies.rs\"));\n}\n",
+        "\n/// The rule that chose each exercise's body, the build script's own.\n\
+         #[path = \"../build/body.rs\"]\nmod body;\n\
+         \n/// Which body each exercise runs, as `build/main.rs` chose it.\npub mod bodies {\n    \
+         include!(concat!(env!(\"OUT_DIR\"), \"/exercise_bodies.rs\"));\n\n    \
+         pub use super::body::Body;\n\n    \
+         /// Which body exercise `number` runs in this build, by the build script's rule.\n    \
+         pub fn body(number: u32) -> Body {\n        \
+         let parses = !UNPARSABLE.iter().any(|(n, _)| *n == number);\n        \
+         Body::of(REFERENCE.contains(&number), parses, UNFINISHED.contains(&number))\n    }\n}\n",
     );
     Ok(out)
 }

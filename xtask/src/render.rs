@@ -104,9 +104,9 @@ pub struct Link {
 }
 
 impl Link {
-    /// Not done and not leaned on: calling it may panic or go wrong.
+    /// Not done and not the reference: calling it may panic or go wrong.
     fn unfinished(&self) -> bool {
-        !matches!(self.state, State::Done | State::Leaned)
+        !matches!(self.state, State::Done | State::Leaned | State::DoesNotParse)
     }
 }
 
@@ -160,6 +160,7 @@ fn chain_in_words(workbook: &Workbook, chain: &[Link]) -> String {
     let word = |state: &State| match state {
         State::Done => "done",
         State::Leaned => "reference",
+        State::DoesNotParse => "does not parse",
         State::NotStarted => "not started",
         State::Failing => "failing",
         State::Unchecked => "not checked",
@@ -186,6 +187,7 @@ pub fn list_row(exercise: &Exercise, state: State, hints: HintsRead, title_width
         State::Failing => red("failing"),
         State::Unchecked => yellow("edited, not checked yet"),
         State::Leaned => dim("reference body (leaned on)"),
+        State::DoesNotParse => red("does not parse: the reference runs in its place"),
         State::NotStarted => dim("not started"),
     };
     let of = |tiers| format!("{tiers} of {} tiers", Hint::TIERS);

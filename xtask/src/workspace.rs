@@ -9,7 +9,14 @@ use anyhow::{bail, Context, Result};
 use crate::grading::{Bodies, Runner};
 use crate::lean;
 use crate::metadata::{Exercise, Workbook, INFO_FILE};
+use crate::progress::Body;
 use crate::stub;
+
+/// The build script's own check of whether an exercise file parses.
+#[path = "../../build/syntax.rs"]
+mod syntax;
+
+pub use syntax::SyntaxError;
 
 pub struct Workspace {
     pub root: PathBuf,
@@ -57,6 +64,34 @@ impl Workspace {
     /// Whether the build compiles exercise `number`'s reference body in place of the learner's.
     pub fn leans_on(&self, number: u32) -> bool {
         self.leaned.contains(&number)
+    }
+
+    /// Where the exercise's file stops parsing as Rust; `None` when it
+    /// parses, and with `--solutions`, which compiles none of the learner's files.
+    pub fn syntax_error(&self, exercise: &Exercise) -> Result<Option<SyntaxError>> {
+        if self.solutions {
+            return Ok(None);
+        }
+        Ok(syntax::check(&self.read(&exercise.file)?).err())
+    }
+
+    /// Which body of the exercise the build compiles, by the build script's rule.
+    pub fn body(&self, exercise: &Exercise) -> Result<Body> {
+        let leaned = self.leans_on(exercise.number);
+        // Leaning wins whatever the file holds, so its text need not be parsed.
+        let parses = leaned || self.syntax_error(exercise)?.is_none();
+        Ok(Body::of(leaned, parses, !self.started(exercise)?))
+    }
+
+    /// What every command says of an exercise whose file does not parse:
+    /// where it stops, and that the reference runs meanwhile. `None` when the
+    /// build compiles the learner's file, or leans on the reference anyway.
+    pub fn does_not_parse(&self, exercise: &Exercise) -> Result<Option<String>> {
+        if self.leans_on(exercise.number) {
+            return Ok(None);
+        }
+        let file = exercise.file.to_string_lossy().replace('\\', "/");
+        Ok(self.syntax_error(exercise)?.map(|error| error.sentence(&file)))
     }
 
     /// `exercises/phase1_model/ex05_causal_attention.rs:42`, pointing at the

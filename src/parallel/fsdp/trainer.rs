@@ -362,14 +362,12 @@ fn root_modules(config: &GptConfig, root: &ShardedUnit) -> Result<Outer> {
 
 /// Whose unit step the blocks run, in words.
 fn unit_step_body() -> &'static str {
-    use crate::exercise_bodies::{REFERENCE, UNFINISHED};
-    const UNIT_STEP: u32 = 22;
-    if UNFINISHED.contains(&UNIT_STEP) {
-        "the reference unit step standing in for exercise 22"
-    } else if REFERENCE.contains(&UNIT_STEP) {
-        "exercise 22's reference unit step"
-    } else {
-        "your unit step (exercise 22)"
+    use crate::exercise_bodies::{body, Body};
+    match body(22) {
+        Body::NotStarted => "the reference unit step standing in for exercise 22",
+        Body::Leaned => "exercise 22's reference unit step",
+        Body::DoesNotParse => "exercise 22's reference unit step, in place of your file, which does not parse",
+        Body::Yours => "your unit step (exercise 22)",
     }
 }
 

@@ -329,8 +329,8 @@ fn run(args: Args) -> anyhow::Result<()> {
         timeout: args.launch.config().timeout(),
     };
     trainer::needs::check_finished(&options)?;
-    if let Some(note) = trainer::needs::lean_note().filter(|_| is_logger || starts_ranks) {
-        report!("{note}");
+    if is_logger || starts_ranks {
+        trainer::needs::body_notes().iter().for_each(|note| report!("{note}"));
     }
     if starts_ranks {
         // Tokenise once here, not in every rank at the same time.
