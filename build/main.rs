@@ -16,6 +16,8 @@
 //!
 //! `WORKBOOK_LEAN`, when set, replaces the file (the workbook's own checks use
 //! it, so that a learner's choice never changes what they grade).
+//! `WORKBOOK_PLANTED` names the exercises whose copy under `target/planted/`
+//! `verify` compiles in place of the reference (`cfg(planted = "N")`).
 
 use std::path::{Path, PathBuf};
 
@@ -23,18 +25,23 @@ use std::path::{Path, PathBuf};
 mod body;
 #[path = "lean_file.rs"]
 mod lean_file;
+#[path = "planted_dir.rs"]
+mod planted_dir;
 #[path = "syntax.rs"]
 mod syntax;
 
 use body::Body;
 use lean_file::{LEAN_FILE, LEAN_VARIABLE};
+use planted_dir::PLANTED_VARIABLE;
 
 fn main() {
     // The folder, not the file: a missing file would rebuild on every run, and
     // every exercise edit must refresh the list of unfinished ones anyway.
     println!("cargo::rerun-if-changed=exercises");
     println!("cargo::rerun-if-env-changed={LEAN_VARIABLE}");
+    println!("cargo::rerun-if-env-changed={PLANTED_VARIABLE}");
     println!("cargo::rustc-check-cfg=cfg(reference, values(any()))");
+    println!("cargo::rustc-check-cfg=cfg(planted, values(any()))");
     println!("cargo::rustc-check-cfg=cfg(stand_in, values(any()))");
 
     let leaned = match std::env::var(LEAN_VARIABLE) {
@@ -68,8 +75,15 @@ fn main() {
         }
         bodies.push((*number, body));
     }
-    for (number, _) in bodies.iter().filter(|(_, body)| body.compiles_reference()) {
-        println!("cargo::rustc-cfg=reference=\"{number}\"");
+    let planted = std::env::var(PLANTED_VARIABLE)
+        .map_or(Ok(Default::default()), |list| lean_file::parse(&list))
+        .unwrap_or_else(|bad| fail(&format!("{PLANTED_VARIABLE}: `{bad}` is not an exercise number or range")));
+    for (number, body) in &bodies {
+        if planted.contains(number) {
+            println!("cargo::rustc-cfg=planted=\"{number}\"");
+        } else if body.compiles_reference() {
+            println!("cargo::rustc-cfg=reference=\"{number}\"");
+        }
     }
     let with = |body| bodies.iter().filter(|(_, b)| *b == body).map(|(n, _)| *n).collect::<Vec<u32>>();
     let reference = with(Body::Leaned);

@@ -13,6 +13,7 @@ use std::process::{Command, Stdio};
 use anyhow::{bail, Context, Result};
 
 use crate::lean::LEAN_VARIABLE;
+use crate::planted::PLANTED_VARIABLE;
 
 /// The test binary that holds every graded test.
 pub const TEST_BINARY: &str = "graded";
@@ -57,6 +58,8 @@ pub enum Bodies {
     Learners,
     /// Every reference body (`--features solutions`).
     Reference,
+    /// Every reference body, but these exercises' planted copies (`verify`).
+    Planted(Vec<u32>),
     /// The reference bodies of these exercises and the shipped stubs of the
     /// others, whatever the learner leans on: the workbook's own checks.
     ReferenceOf(Vec<u32>),
@@ -85,6 +88,7 @@ impl Runner {
         };
         let lean = match &self.bodies {
             Bodies::ReferenceOf(numbers) => format!("{LEAN_VARIABLE}={} ", list(numbers)),
+            Bodies::Planted(numbers) => format!("{PLANTED_VARIABLE}={} ", list(numbers)),
             _ => String::new(),
         };
         format!("{lean}cargo test --test {TEST_BINARY}{features} --no-fail-fast")
@@ -92,7 +96,7 @@ impl Runner {
 
     /// The cargo features of the build, comma-separated, if any.
     fn features(&self) -> Option<String> {
-        let solutions = (self.bodies == Bodies::Reference).then_some("solutions");
+        let solutions = matches!(self.bodies, Bodies::Reference | Bodies::Planted(_)).then_some("solutions");
         let features: Vec<&str> = solutions.into_iter().chain(self.gpu).collect();
         (!features.is_empty()).then(|| features.join(","))
     }
@@ -116,6 +120,10 @@ impl Runner {
         if let Bodies::ReferenceOf(numbers) = &self.bodies {
             command.env(LEAN_VARIABLE, list(numbers));
         }
+        match &self.bodies {
+            Bodies::Planted(numbers) => command.env(PLANTED_VARIABLE, list(numbers)),
+            _ => command.env_remove(PLANTED_VARIABLE),
+        };
         match &self.only_tests_of {
             Some(numbers) => command.env(ONLY_TESTS_VARIABLE, list(numbers)),
             None => command.env_remove(ONLY_TESTS_VARIABLE),

@@ -266,9 +266,6 @@ fn main() -> ExitCode {
 /// Runs one task; `Ok(false)` means it ran but something did not pass.
 fn run(cli: Cli) -> anyhow::Result<bool> {
     let ws = Workspace::open(cli.solutions)?;
-    for file in planted::restore(&ws.root)? {
-        println!("{}: put back; an interrupted `cargo xtask verify` had left a planted mistake in it", file.display());
-    }
     migrate::carry_over(&ws)?;
     match cli.command {
         Task::Next { exercise, phase } => {

@@ -10,9 +10,10 @@
 //! `verify` builds the solutions with the edit and runs the exercise's tests.
 //!
 //! Plants of independent exercises (neither calls the other's code, per
-//! `depends`) share a build. The original files are copied aside before a
-//! plant is written, and put back after its run, or by the next `cargo
-//! xtask` command if the run was interrupted.
+//! `depends`) share a build. A planted solution is a copy under
+//! `target/planted/`, which the build compiles in place of the reference
+//! (see `build/planted_dir.rs`): the tracked files are never edited, so a
+//! run that is killed leaves nothing to put back.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -27,8 +28,10 @@ use crate::workspace::Workspace;
 /// Where the plants are listed, relative to the repository root.
 pub const PLANTS_FILE: &str = "solutions/mistakes.toml";
 
-/// Where the original solution files wait while a plant is in place.
-const ORIGINALS: &str = "target/planted-originals";
+#[path = "../../build/planted_dir.rs"]
+mod planted_dir;
+
+pub use planted_dir::{PLANTED_DIR, PLANTED_VARIABLE};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -214,19 +217,24 @@ pub fn judge(exercise: &Exercise, plant: &Plant, run: &TestRun) -> Vec<String> {
     problems
 }
 
-/// The solution files of one build with their plants in place; dropping it
-/// puts the originals back.
+/// The planted copies of one build's solution files, under [`PLANTED_DIR`];
+/// dropping it removes them.
 pub struct Planted {
-    root: PathBuf,
-    files: Vec<PathBuf>,
+    dir: PathBuf,
+    /// The exercises whose copy the build compiles in place of the reference.
+    pub exercises: Vec<u32>,
 }
 
 impl Planted {
-    /// Writes each plant into its exercise's solution file, the original
-    /// copied aside first.
+    /// Writes each plant into a copy of its exercise's solution file.
     pub fn write(ws: &Workspace, plants: &[&Plant]) -> Result<Self> {
-        let mut planted = Self { root: ws.root.clone(), files: Vec::new() };
+        let dir = ws.root.join(PLANTED_DIR);
+        // What an earlier run that was killed left: stale copies are never read, but take room.
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).with_context(|| format!("cannot clear {}", dir.display()))?;
+        }
         let mut sources: BTreeMap<PathBuf, String> = BTreeMap::new();
+        let mut exercises = Vec::new();
         for plant in plants {
             let file = ws.workbook.exercise(plant.exercise)?.solution_file()?;
             let source = match sources.remove(&file) {
@@ -234,41 +242,23 @@ impl Planted {
                 None => ws.read(&file)?,
             };
             sources.insert(file, apply(plant, &source)?);
+            exercises.push(plant.exercise);
         }
         for (file, source) in sources {
-            let aside = ws.root.join(ORIGINALS).join(&file);
-            std::fs::create_dir_all(aside.parent().expect("a file has a parent"))?;
-            std::fs::copy(ws.root.join(&file), &aside)
-                .with_context(|| format!("cannot copy {} aside", file.display()))?;
-            planted.files.push(file.clone());
-            std::fs::write(ws.root.join(&file), source).with_context(|| format!("cannot write {}", file.display()))?;
+            let copy = dir.join(&file);
+            std::fs::create_dir_all(copy.parent().expect("a file has a parent"))?;
+            std::fs::write(&copy, source).with_context(|| format!("cannot write {}", copy.display()))?;
         }
-        Ok(planted)
+        exercises.sort_unstable();
+        exercises.dedup();
+        Ok(Self { dir, exercises })
     }
 }
 
 impl Drop for Planted {
     fn drop(&mut self) {
-        if let Err(error) = restore(&self.root) {
-            eprintln!("cannot put the reference solutions back: {error:#}");
-        }
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-/// Puts back every original a plant displaced; says so when a run was
-/// interrupted. Returns the files restored.
-pub fn restore(root: &Path) -> Result<Vec<PathBuf>> {
-    let aside = root.join(ORIGINALS);
-    let mut restored = Vec::new();
-    for file in crate::verify::files_under(&aside, Path::new("")) {
-        std::fs::copy(aside.join(&file), root.join(&file))
-            .with_context(|| format!("cannot restore {} from {}", file.display(), aside.display()))?;
-        restored.push(file);
-    }
-    if aside.exists() {
-        std::fs::remove_dir_all(&aside).with_context(|| format!("cannot remove {}", aside.display()))?;
-    }
-    Ok(restored)
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 
 use crate::metadata::{Chapter, Exercise, Workbook};
+use crate::planted::PLANTED_DIR;
 use crate::workspace::Workspace;
 
 const EXERCISES_RS: &str = "src/exercises.rs";
@@ -68,7 +69,9 @@ fn exercises_rs(workbook: &Workbook) -> Result<String> {
          //! not this one. Each exercise module is read from `exercises/`, or from\n\
          //! `solutions/` with `--features solutions`, for the exercises leaned on\n\
          //! (`cargo xtask lean`) and for those whose file does not parse:\n\
-         //! `build/main.rs` sets `cfg(reference = \"N\")` for those.\n\
+         //! `build/main.rs` sets `cfg(reference = \"N\")` for those. `cargo xtask\n\
+         //! verify` compiles a copy with a planted mistake from `target/planted/`\n\
+         //! instead (`cfg(planted = \"N\")`), never editing the tracked files.\n\
          //! Exercises are methods of the machinery's types or free functions; a phase\n\
          //! module re-exports the latter.\n\
          //! No lint is silenced: a shipped stub borrows its arguments, so rustc's\n\
@@ -100,7 +103,13 @@ fn exercises_rs(workbook: &Workbook) -> Result<String> {
             out.push('\n');
             // Paths are relative to src/, where this file lies.
             let reference = format!("reference = \"{}\"", exercise.number);
-            for (cfg, file) in [(format!("not({reference})"), &exercise.file), (reference, &solution)] {
+            let planted = format!("planted = \"{}\"", exercise.number);
+            let planted_copy = Path::new(PLANTED_DIR).join(&solution);
+            for (cfg, file) in [
+                (format!("not(any({reference}, {planted}))"), &exercise.file),
+                (reference, &solution),
+                (planted, &planted_copy),
+            ] {
                 writeln!(out, "#[cfg_attr({cfg}, path = \"../{}\")]", slashes(file))?;
             }
             writeln!(out, "mod {module};")?;

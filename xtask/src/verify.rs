@@ -469,14 +469,12 @@ fn planted_mistakes(ws: &Workspace, tally: &mut Tally) {
             let only_tests_of = Some(build.iter().map(|p| p.exercise).collect());
             let runner = Runner {
                 root: ws.root.clone(),
-                bodies: Bodies::Reference,
+                bodies: Bodies::Planted(planted.exercises.clone()),
                 only_tests_of,
                 quiet_build: true,
                 gpu: None,
             };
-            let run = runner.run(&filters);
-            drop(planted);
-            run
+            runner.run(&filters)
         });
         for (plant, exercise) in build.iter().zip(&exercises) {
             let problems = match &run {
