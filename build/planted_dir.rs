@@ -7,6 +7,3 @@
 
 /// The exercises whose planted copy the build compiles, as `WORKBOOK_LEAN` lists them.
 pub const PLANTED_VARIABLE: &str = "WORKBOOK_PLANTED";
-
-/// The planted copies' folder, relative to the repository root.
-pub const PLANTED_DIR: &str = "target/planted";

@@ -31,7 +31,11 @@ pub const PLANTS_FILE: &str = "solutions/mistakes.toml";
 #[path = "../../build/planted_dir.rs"]
 mod planted_dir;
 
-pub use planted_dir::{PLANTED_DIR, PLANTED_VARIABLE};
+pub use planted_dir::PLANTED_VARIABLE;
+
+/// The planted copies' folder, relative to the repository root; the paths
+/// `cargo xtask update` writes into `src/exercises.rs` point into it.
+pub const PLANTED_DIR: &str = "target/planted";
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

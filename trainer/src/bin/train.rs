@@ -22,7 +22,7 @@ use trainer::strategy::Strategy;
 use trainer::RankThreads;
 use workbook::data::{DataConfig, DatasetKind, SAMPLE_PATH};
 use workbook::distributed::{DistEnv, MeshShape};
-use workbook::parallel::fsdp::{FsdpConfig, ShardingStrategy};
+use workbook::parallel::fsdp::{FsdpConfig, Precision, ShardingStrategy};
 use workbook::parallel::pipeline::PipelineSchedule;
 use workbook::GptConfig;
 
@@ -34,8 +34,8 @@ struct Args {
     #[arg(long, default_value = "tiny")]
     model_size: String,
     /// dummy (random tokens), tinystories or openwebtext.
-    #[arg(long, default_value = "tinystories")]
-    dataset: String,
+    #[arg(long, default_value = "tinystories", value_parser = parsed::<DatasetKind>)]
+    dataset: DatasetKind,
     /// The text file. Default: datasets/TinyStoriesV2-GPT4-train.txt (the bundled sample until that is
     /// downloaded) or datasets/owt_train.txt.
     #[arg(long)]
@@ -100,18 +100,18 @@ struct Args {
     activation_checkpointing: bool,
     /// `ddp` (whole replicas), `zero1` (whole replicas, AdamW's state sharded by your
     /// exercise 17) or `fsdp` (sharded; see --sharding and --precision).
-    #[arg(long, default_value = "ddp")]
-    strategy: String,
+    #[arg(long, value_enum, default_value_t = StrategyName::Ddp)]
+    strategy: StrategyName,
     /// With --strategy fsdp: full_shard (the default), shard_grad_op, no_shard or hybrid_shard.
-    #[arg(long)]
-    sharding: Option<String>,
+    #[arg(long, value_parser = parsed::<ShardingStrategy>)]
+    sharding: Option<ShardingStrategy>,
     /// With --sharding hybrid_shard: the ranks of one shard group, consecutive
     /// ranks replicated across groups (default: the ranks of one node).
     #[arg(long, value_name = "RANKS")]
     hybrid_group_size: Option<usize>,
     /// With --strategy fsdp: fp32 (the default), bf16 or fp16.
-    #[arg(long)]
-    precision: Option<String>,
+    #[arg(long, value_parser = parsed::<Precision>)]
+    precision: Option<Precision>,
     /// `ring` all-reduces with your exercise 16 instead of the backend's own ring.
     #[arg(long, value_parser = ["backend", "ring"], default_value = "backend")]
     allreduce: String,
@@ -237,21 +237,21 @@ fn run(args: Args) -> anyhow::Result<()> {
     if args.lr.is_some() {
         config.optimizer.min_lr = config.optimizer.lr / 10.0;
     }
-    if args.powersgd_rank.is_some() && args.strategy != "ddp" {
+    if args.powersgd_rank.is_some() && args.strategy != StrategyName::Ddp {
         anyhow::bail!("--powersgd-rank applies to --strategy ddp only: FSDP reduce-scatters whole gradients");
     }
-    if args.prefetch && args.strategy != "fsdp" {
+    if args.prefetch && args.strategy != StrategyName::Fsdp {
         anyhow::bail!("--prefetch applies to --strategy fsdp only: it gathers the next FSDP unit early");
     }
-    if args.offload && args.strategy != "fsdp" {
+    if args.offload && args.strategy != StrategyName::Fsdp {
         anyhow::bail!("--offload applies to --strategy fsdp only: it moves FSDP units' optimizer state to a file");
     }
-    if args.ddp_overlap && args.strategy != "ddp" {
+    if args.ddp_overlap && args.strategy != StrategyName::Ddp {
         anyhow::bail!(
             "--ddp-overlap applies to --strategy ddp only: FSDP reduce-scatters each unit in its own backward"
         );
     }
-    let kind: DatasetKind = args.dataset.parse()?;
+    let kind = args.dataset;
     if kind == DatasetKind::Dummy && args.data_path.is_some() {
         anyhow::bail!("--data-path is not read with --dataset dummy (random tokens); drop one of the two");
     }
@@ -285,13 +285,12 @@ fn run(args: Args) -> anyhow::Result<()> {
     let strategy = match (args.pipeline_stages, args.tensor_parallel) {
         (Some(stages), tp) => {
             let tp = tp.map(|ranks| check_tensor_split(ranks, &config.model)).transpose()?.unwrap_or(1);
-            pipeline(stages, tp, args.pipeline_schedule, &args.strategy, world_size)?
+            pipeline(stages, tp, args.pipeline_schedule, args.strategy, world_size)?
         }
-        (None, Some(ranks)) => tensor_parallel(ranks, args.sequence_parallel, &args.strategy, &config, world_size)?,
+        (None, Some(ranks)) => tensor_parallel(ranks, args.sequence_parallel, args.strategy, &config, world_size)?,
         (None, None) => {
             let node_size = launched.as_ref().map_or(args.launch.nproc_per_node, |env| env.local_world_size);
-            let (sharding, precision) = (args.sharding.as_deref(), args.precision.as_deref());
-            strategy(&args.strategy, sharding, precision, args.hybrid_group_size, node_size)?
+            strategy(args.strategy, args.sharding, args.precision, args.hybrid_group_size, node_size)?
         }
     };
     if let Some(dp) = args.data_parallel {
@@ -384,37 +383,63 @@ fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `--strategy`: how the ranks share the work when no `--pp` or `--tp` cuts the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum StrategyName {
+    /// Whole replicas, gradients all-reduced.
+    Ddp,
+    /// Whole replicas, AdamW's state sharded by your exercise 17.
+    Zero1,
+    /// Sharded units (see --sharding and --precision).
+    Fsdp,
+}
+
+impl std::fmt::Display for StrategyName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = clap::ValueEnum::to_possible_value(self).expect("no value is skipped");
+        f.write_str(name.get_name())
+    }
+}
+
+/// A flag's value parsed by the type's own `FromStr`, whose error says what it takes.
+fn parsed<T: std::str::FromStr>(text: &str) -> Result<T, String>
+where
+    T::Err: std::fmt::Display,
+{
+    text.parse().map_err(|e: T::Err| e.to_string())
+}
+
 /// The strategy `--strategy` names, with its FSDP options; `node_size` ranks share a machine.
 fn strategy(
-    name: &str,
-    sharding: Option<&str>,
-    precision: Option<&str>,
+    name: StrategyName,
+    sharding: Option<ShardingStrategy>,
+    precision: Option<Precision>,
     hybrid_group_size: Option<usize>,
     node_size: usize,
 ) -> anyhow::Result<Strategy> {
     match name {
-        "ddp" | "zero1" => {
-            let hybrid = hybrid_group_size.map(|_| "");
-            if let Some(flag) = [("--sharding", sharding), ("--precision", precision), ("--hybrid-group-size", hybrid)]
-                .iter()
-                .find(|(_, v)| v.is_some())
-            {
-                anyhow::bail!("{} applies to --strategy fsdp only; {name} keeps whole f32 replicas", flag.0);
+        StrategyName::Ddp | StrategyName::Zero1 => {
+            let given = [
+                ("--sharding", sharding.is_some()),
+                ("--precision", precision.is_some()),
+                ("--hybrid-group-size", hybrid_group_size.is_some()),
+            ];
+            if let Some((flag, _)) = given.iter().find(|(_, given)| *given) {
+                anyhow::bail!("{flag} applies to --strategy fsdp only; {name} keeps whole f32 replicas");
             }
-            Ok(if name == "ddp" { Strategy::Ddp } else { Strategy::Zero1 })
+            Ok(if name == StrategyName::Ddp { Strategy::Ddp } else { Strategy::Zero1 })
         }
-        "fsdp" => {
-            let sharding: ShardingStrategy = sharding.unwrap_or("full_shard").parse()?;
+        StrategyName::Fsdp => {
+            let sharding = sharding.unwrap_or(ShardingStrategy::FullShard);
             let hybrid = sharding == ShardingStrategy::HybridShard;
             if hybrid_group_size.is_some() && !hybrid {
                 anyhow::bail!("--hybrid-group-size applies to --sharding hybrid_shard only");
             }
             // A node's ranks by default: the launcher numbers them consecutively.
             let hybrid_group_size = hybrid.then_some(hybrid_group_size.unwrap_or(node_size));
-            let precision = precision.unwrap_or("fp32").parse()?;
+            let precision = precision.unwrap_or(Precision::Fp32);
             Ok(Strategy::Fsdp(FsdpConfig { sharding, precision, hybrid_group_size }))
         }
-        other => anyhow::bail!("unknown --strategy `{other}`: use ddp, zero1 or fsdp"),
     }
 }
 
@@ -422,10 +447,10 @@ fn pipeline(
     stages: usize,
     tp: usize,
     schedule: PipelineSchedule,
-    strategy: &str,
+    strategy: StrategyName,
     world_size: usize,
 ) -> anyhow::Result<Strategy> {
-    if strategy != "ddp" {
+    if strategy != StrategyName::Ddp {
         anyhow::bail!("--pp cuts the model into stages; it does not combine with --strategy {strategy}");
     }
     let strategy = Strategy::Pipeline { schedule, stages, tp };
@@ -439,11 +464,11 @@ fn pipeline(
 fn tensor_parallel(
     ranks: usize,
     sequence_parallel: bool,
-    strategy: &str,
+    strategy: StrategyName,
     config: &RunConfig,
     world_size: usize,
 ) -> anyhow::Result<Strategy> {
-    if strategy != "ddp" {
+    if strategy != StrategyName::Ddp {
         anyhow::bail!("--tp splits every block across ranks; it does not combine with --strategy {strategy}");
     }
     if sequence_parallel && !config.seq_len.is_multiple_of(ranks) {
