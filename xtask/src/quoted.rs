@@ -16,7 +16,7 @@ const UNITS: [&str; 8] = ["tok/s", "tokens/s", "GFLOP/s", "TFLOP/s", "MiB", "GiB
 /// hand in front of the reader. The phrase holds the number, so that the
 /// same number typed elsewhere in the chapter is still found. A chapter's
 /// "Check yourself" section is not read: its questions posit their numbers.
-pub const WORKED: [(&str, &str); 13] = [
+pub const WORKED: [(&str, &str); 16] = [
     // Constants: PyTorch's default bucket, the workbook's frame and broadcast piece.
     ("phase2/10-train-step.md", "holds 25 MiB"),
     ("phase2/launching.md", "bounded (16 MiB)"),
@@ -32,6 +32,11 @@ pub const WORKED: [(&str, &str); 13] = [
     ("phase4/24-one-f-one-b.md", "logits in f32, 98 MiB"),
     ("phase4/26-data-parallel.md", "6.0 ms at an assumed"),
     ("phase4/26-data-parallel.md", "(276 MB, 2.8 ms)"),
+    // Counted, not timed: the tiny config's model states and one FSDP step's
+    // traffic, which the trainer prints and the page works out from Ψ.
+    ("training.md", "13.3 MiB for parameters"),
+    ("training.md", "ring volume 4.85 MiB"),
+    ("training.md", "5.81 MiB is 14 bytes per parameter"),
 ];
 
 /// A number with a unit typed in a chapter: where, and what.
