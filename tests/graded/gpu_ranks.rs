@@ -119,15 +119,21 @@ fn phase_2_nccl_collectives_match_their_definitions() {
             ("reduce_scatter(sum)", sum[rank * chunk..(rank + 1) * chunk].to_vec()),
             ("broadcast from the last rank", inputs[world - 1].clone()),
         ];
-        for (name, want) in want {
-            let got = &got[name];
-            assert_eq!(got.len(), want.len(), "{name} on rank {rank} of {world}: wrong length");
-            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                assert!(
-                    (g - w).abs() <= 1e-5 * w.abs().max(1.0),
-                    "{name} over NCCL on rank {rank} of {world}: element {i} is {g}, its definition gives {w}"
-                );
-            }
+        expect_definitions(got, &want, rank, world);
+    }
+}
+
+/// Fails unless each of `rank`'s named results holds what its definition
+/// gives, to a tolerance for the order in which NCCL sums.
+fn expect_definitions(got: &Values, want: &[(&str, Vec<f32>)], rank: usize, world: usize) {
+    for (name, want) in want {
+        let got = &got[*name];
+        assert_eq!(got.len(), want.len(), "{name} on rank {rank} of {world}: wrong length");
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-5 * w.abs().max(1.0),
+                "{name} over NCCL on rank {rank} of {world}: element {i} is {g}, its definition gives {w}"
+            );
         }
     }
 }
@@ -170,15 +176,7 @@ fn never_run_nccl_paths_split_subgroups_and_send_recv_match_their_definitions() 
             ("subgroup all_reduce", (0..LEN).map(|i| same_parity.iter().map(|x| x[i]).sum()).collect::<Vec<f32>>()),
             ("send_recv from the left", transposed(&inputs[(rank + world - 1) % world])),
         ];
-        for (name, want) in want {
-            let got = &got[name];
-            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                assert!(
-                    (g - w).abs() <= 1e-5 * w.abs().max(1.0),
-                    "{name} over NCCL on rank {rank} of {world}: element {i} is {g}, its definition gives {w}"
-                );
-            }
-        }
+        expect_definitions(got, &want, rank, world);
     }
 }
 
