@@ -62,12 +62,15 @@ fn run(world: usize, len: usize, shape: &[usize]) -> (std::result::Result<Vec<Ve
 /// numbers) rather than failing.
 fn diagnose(traces: &[P2pTrace], world: usize, len: usize, failure: Option<&str>) -> Option<&'static str> {
     let finished = failure.is_none();
-    // A rank waited for one that never sent to it, and that is what stopped
-    // the group: after another error, the ranks stop before sending all.
+    // A rank waited for one that sent, but never to it, and that is what
+    // stopped the group: after another error, the ranks stop before sending
+    // all. A rank that sent nothing at all is no evidence: it may wait in a
+    // recv of its own (every rank receiving before it sends).
     let waits = ["can never complete", "did not send", "finished without sending"];
     let stuck = failure.is_some_and(|e| waits.iter().any(|w| e.contains(w)));
-    let sends_to = |src: usize, dst: usize| traces.get(src).is_some_and(|t| t.sent_to.contains(&dst));
-    if stuck && traces.iter().enumerate().any(|(rank, t)| t.waited_on.iter().any(|&src| !sends_to(src, rank))) {
+    let sends_elsewhere =
+        |src: usize, dst: usize| traces.get(src).is_some_and(|t| !t.sent_to.is_empty() && !t.sent_to.contains(&dst));
+    if stuck && traces.iter().enumerate().any(|(rank, t)| t.waited_on.iter().any(|&src| sends_elsewhere(src, rank))) {
         return Some(mistake(16, "wrong_neighbour"));
     }
     // Every message a whole len / N when N does not divide len: the rest was cut off.

@@ -74,6 +74,29 @@ fn sharing_the_coordinate(shape: MeshShape, rank: usize, axis: Axis) -> Vec<usiz
     (0..coords.len()).filter(|&r| coords[r].on(axis) == coords[rank].on(axis)).collect()
 }
 
+/// When the learner's `mesh_coords` is wrong for `shape` and `got` is what a
+/// right `axis_group` gives over those coordinates (read with the layout's
+/// formula, or by matching every rank's), a note that says so: the group
+/// follows the coordinates, and the coordinates are what to fix.
+fn follows_wrong_coordinates(shape: MeshShape, rank: usize, axis: Axis, got: &[usize]) -> Option<String> {
+    let right = table(shape, |c| shape.rank(c));
+    let theirs: Vec<MeshCoords> = (0..shape.world_size()).map(|r| mesh_coords(shape, r)).collect();
+    let first_wrong = (0..theirs.len()).find(|&r| theirs[r] != right[r])?;
+    let in_range = theirs.iter().all(|c| AXES.iter().all(|&a| c.on(a) < shape.size(a)));
+    let by_formula: Vec<usize> = (0..shape.size(axis)).map(|i| shape.rank(theirs[rank].with(axis, i))).collect();
+    let others_equal = |r: &usize| AXES.iter().all(|&a| a == axis || theirs[*r].on(a) == theirs[rank].on(a));
+    let mut by_matching: Vec<usize> = (0..theirs.len()).filter(others_equal).collect();
+    by_matching.sort_by_key(|&r| theirs[r].on(axis));
+    ((in_range && got == by_formula) || got == by_matching).then(|| {
+        format!(
+            " It is the group a right axis_group gives over the coordinates your mesh_coords returns, and those are \
+             wrong for this shape: mesh_coords(rank {first_wrong}) = {:?}, expected {:?}. Put mesh_coords right \
+             first (every_rank_sits_where_the_layout_puts_it)",
+            theirs[first_wrong], right[first_wrong]
+        )
+    })
+}
+
 #[rstest]
 fn each_axis_group_holds_the_ranks_that_differ_only_on_that_axis(#[values(0, 1, 2, 3, 4)] which: usize) {
     let shape = shapes()[which];
@@ -84,14 +107,17 @@ fn each_axis_group_holds_the_ranks_that_differ_only_on_that_axis(#[values(0, 1, 
             let mut want: Vec<usize> = (0..coords.len()).filter(others_equal).collect();
             want.sort_by_key(|&r| coords[r].on(axis));
             let got = axis_group(shape, rank, axis);
-            let named = (want.len() > 1 && got == sharing_the_coordinate(shape, rank, axis))
+            if got == want {
+                continue;
+            }
+            let follows = follows_wrong_coordinates(shape, rank, axis, &got);
+            let named = (follows.is_none() && want.len() > 1 && got == sharing_the_coordinate(shape, rank, axis))
                 .then(|| mistake(25, "same_coordinate_group"));
-            assert_eq!(
-                got,
-                want,
-                "{shape}: axis_group(rank {rank}, {axis:?}) should list the ranks whose other coordinates equal \
-                 rank {rank}'s {:?}, by their {axis:?} coordinate.{}",
+            panic!(
+                "{shape}: axis_group(rank {rank}, {axis:?}) = {got:?}, expected {want:?}: the ranks whose other \
+                 coordinates equal rank {rank}'s {:?}, by their {axis:?} coordinate.{}{}",
                 coords[rank],
+                follows.unwrap_or_default(),
                 cause(named)
             );
         }
@@ -116,7 +142,13 @@ fn a_mesh_of_twelve_threads_gives_each_axis_its_group() {
             let got: Vec<usize> = got.iter().map(|&r| r as usize).collect();
             let others_equal = |r: &usize| AXES.iter().all(|a| a == axis || coords[*r].on(*a) == coords[rank].on(*a));
             let want: Vec<usize> = (0..coords.len()).filter(others_equal).collect();
-            assert_eq!(got, want, "the mesh's {axis:?} group of rank {rank}, built from your axis_group");
+            if got != want {
+                panic!(
+                    "the mesh's {axis:?} group of rank {rank}, built from your axis_group, holds ranks {got:?}, \
+                     expected {want:?}.{}",
+                    follows_wrong_coordinates(shape, rank, *axis, &got).unwrap_or_default()
+                );
+            }
         }
     }
 }

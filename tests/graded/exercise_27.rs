@@ -5,9 +5,11 @@
 //! collective's calls and bytes; a wrong result is compared with what each
 //! typical mistake gives.
 
+use std::sync::{Arc, Mutex};
+
 use candle_core::{Result, Tensor};
 use rstest::rstest;
-use workbook::distributed::{spawn_with_timeout, Collective, ProcessGroup};
+use workbook::distributed::{spawn_with_timeout, Collective, CollectiveOverride, ProcessGroup, ReduceOp, WithOverride};
 use workbook::parallel::tensor::TensorParallelBlock;
 use workbook::phase4_under_the_hood::sequence_parallel_step;
 
@@ -39,9 +41,57 @@ fn expected(rank: usize, world: usize, residual_gradients: bool) -> Outcome {
     }
 }
 
+/// A collective's name and the shape of the tensor it was handed.
+type Call = (String, Vec<usize>);
+
+/// Notes the shape of each all-gather's and reduce-scatter's input, in order.
+#[derive(Clone, Default)]
+struct Shapes(Arc<Mutex<Vec<Call>>>);
+
+impl CollectiveOverride for Shapes {
+    fn all_gather(&self, inner: &dyn ProcessGroup, t: &Tensor) -> Result<Tensor> {
+        self.0.lock().unwrap().push(("all_gather".into(), t.dims().to_vec()));
+        inner.all_gather(t)
+    }
+
+    fn reduce_scatter(&self, inner: &dyn ProcessGroup, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
+        self.0.lock().unwrap().push(("reduce_scatter".into(), t.dims().to_vec()));
+        inner.reduce_scatter(t, op)
+    }
+}
+
+/// The first all-gather or reduce-scatter handed a (B, ·, C) tensor as it
+/// is, said as what it did: both work along dimension 0, here the batch,
+/// where the sequence is dimension 1. `None` where the shapes cannot tell
+/// (a batch as long as the tokens it would be mistaken for), and on one rank,
+/// where either dimension gives the same.
+fn along_the_batch(shapes: &[Call], world: usize) -> Option<String> {
+    if world == 1 {
+        return None;
+    }
+    let (own, whole) = ([B, T / world, HIDDEN], [B, T, HIDDEN]);
+    shapes.iter().find_map(|(call, dims)| match call.as_str() {
+        "all_gather" if dims == &own && B != T / world => Some(format!(
+            "an all_gather was handed this rank's tokens as they are, {own:?} (B, T/N, C): it stacks the ranks' \
+             tensors along dimension 0, the batch, into {:?}, where every rank needs all {T} tokens of each \
+             sequence, {whole:?}; the sequence is dimension 1. Everything after it works on the wrong tokens",
+            [world * B, T / world, HIDDEN]
+        )),
+        "reduce_scatter" if dims == &whole && B != T => Some(format!(
+            "a reduce_scatter was handed {whole:?} (B, T, C) as it is: it splits dimension 0, the batch, among the \
+             ranks, where this rank's share is its {} tokens of each sequence, dimension 1. Everything after it \
+             works on the wrong tokens",
+            T / world
+        )),
+        _ => None,
+    })
+}
+
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 struct RankRun {
     step: std::result::Result<Outcome, String>,
+    /// Where the sequence was gathered or scattered along the batch instead, if it was.
+    along_the_batch: Option<String>,
     all_gathers: u64,
     reduce_scatters: u64,
     all_reduce_bytes: u64,
@@ -51,11 +101,13 @@ struct RankRun {
 
 fn rank_run(pg: Box<dyn ProcessGroup>) -> Result<RankRun> {
     let (rank, world) = (pg.rank(), pg.world_size());
+    let shapes = Shapes::default();
+    let pg = WithOverride::new(pg, shapes.clone());
     let block = TensorParallelBlock::shard(&config(), &params(), 0, rank, world)?;
     let (x, grad_output) = batch();
     let own = |t: &Tensor| t.narrow(1, rank * T / world, T / world);
     let before = pg.stats();
-    let step = sequence_parallel_step(pg.as_ref(), &block, &own(&x)?, &own(&grad_output)?).map(|s| Outcome {
+    let step = sequence_parallel_step(&pg, &block, &own(&x)?, &own(&grad_output)?).map(|s| Outcome {
         output: values(&s.output),
         grads: as_values(s.grads.iter()),
         grad_input: values(&s.grad_input),
@@ -63,8 +115,10 @@ fn rank_run(pg: Box<dyn ProcessGroup>) -> Result<RankRun> {
     let used = pg.stats().since(&before);
     let counted = [Collective::AllGather, Collective::ReduceScatter, Collective::AllReduce];
     let others = Collective::ALL.iter().filter(|c| !counted.contains(c)).map(|&c| used.calls(c)).sum();
+    let along_the_batch = along_the_batch(&shapes.0.lock().unwrap(), world);
     Ok(RankRun {
         step: step.map_err(|e| explain_error(&e)),
+        along_the_batch,
         all_gathers: used.calls(Collective::AllGather),
         reduce_scatters: used.calls(Collective::ReduceScatter),
         all_reduce_bytes: used.bytes(Collective::AllReduce),
@@ -72,7 +126,14 @@ fn rank_run(pg: Box<dyn ProcessGroup>) -> Result<RankRun> {
     })
 }
 
+/// Every rank's outcome; a failure at the first rank whose sequence went
+/// along the batch (what follows from it, an error or wrong values, says
+/// nothing more), else at the ranks whose step failed.
 fn steps(runs: &[RankRun]) -> Vec<Outcome> {
+    let world = runs.len();
+    if let Some((rank, what)) = runs.iter().enumerate().find_map(|(r, run)| Some((r, run.along_the_batch.as_ref()?))) {
+        panic!("rank {rank} of {world}: {what}");
+    }
     every_rank(runs.iter().map(|run| &run.step), "sequence_parallel_step", "rank")
 }
 
