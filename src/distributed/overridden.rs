@@ -21,12 +21,30 @@ pub trait CollectiveOverride: Send {
         Ok(Work::done(self.all_reduce(inner, t, op)))
     }
 
+    fn broadcast(&self, inner: &dyn ProcessGroup, t: &Tensor, root: usize) -> Result<Tensor> {
+        inner.broadcast(t, root)
+    }
+
     fn all_gather(&self, inner: &dyn ProcessGroup, t: &Tensor) -> Result<Tensor> {
         inner.all_gather(t)
     }
 
+    /// The inner group's, not this override's `all_gather`, unless replaced.
+    fn all_gather_async(&self, inner: &dyn ProcessGroup, t: &Tensor) -> Result<Work> {
+        inner.all_gather_async(t)
+    }
+
     fn reduce_scatter(&self, inner: &dyn ProcessGroup, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
         inner.reduce_scatter(t, op)
+    }
+
+    /// The inner group's, not this override's `reduce_scatter`, unless replaced.
+    fn reduce_scatter_async(&self, inner: &dyn ProcessGroup, t: &Tensor, op: ReduceOp) -> Result<Work> {
+        inner.reduce_scatter_async(t, op)
+    }
+
+    fn barrier(&self, inner: &dyn ProcessGroup) -> Result<()> {
+        inner.barrier()
     }
 
     fn send(&self, inner: &dyn ProcessGroup, t: &Tensor, dst: usize) -> Result<()> {
@@ -82,7 +100,7 @@ impl<R: CollectiveOverride + Clone + 'static> ProcessGroup for WithOverride<R> {
     }
 
     fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor> {
-        self.inner.broadcast(t, root)
+        self.replacement.broadcast(self.inner.as_ref(), t, root)
     }
 
     fn all_gather(&self, t: &Tensor) -> Result<Tensor> {
@@ -90,7 +108,7 @@ impl<R: CollectiveOverride + Clone + 'static> ProcessGroup for WithOverride<R> {
     }
 
     fn all_gather_async(&self, t: &Tensor) -> Result<Work> {
-        self.inner.all_gather_async(t)
+        self.replacement.all_gather_async(self.inner.as_ref(), t)
     }
 
     fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
@@ -98,7 +116,7 @@ impl<R: CollectiveOverride + Clone + 'static> ProcessGroup for WithOverride<R> {
     }
 
     fn reduce_scatter_async(&self, t: &Tensor, op: ReduceOp) -> Result<Work> {
-        self.inner.reduce_scatter_async(t, op)
+        self.replacement.reduce_scatter_async(self.inner.as_ref(), t, op)
     }
 
     fn send(&self, t: &Tensor, dst: usize) -> Result<()> {
@@ -114,7 +132,7 @@ impl<R: CollectiveOverride + Clone + 'static> ProcessGroup for WithOverride<R> {
     }
 
     fn barrier(&self) -> Result<()> {
-        self.inner.barrier()
+        self.replacement.barrier(self.inner.as_ref())
     }
 
     fn split(&self, color: usize) -> Result<Box<dyn ProcessGroup>> {

@@ -14,7 +14,7 @@ use workbook::parallel::zero::ShardedAdamW;
 use workbook::train::AdamWConfig;
 
 use crate::process_ranks::on_processes;
-use crate::support::{cause, first_mismatch, mistake, number};
+use crate::support::{cause, explain_error, first_mismatch, mistake, number};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 const STEPS: usize = 3;
@@ -114,7 +114,7 @@ fn train(pg: &dyn ProcessGroup, len: usize) -> candle_core::Result<RankRun> {
 
 fn run(world: usize, len: usize) -> Vec<RankRun> {
     spawn_with_timeout(world, TIMEOUT, |pg| train(&pg, len))
-        .unwrap_or_else(|e| panic!("ShardedAdamW::step on {world} ranks failed: {e}"))
+        .unwrap_or_else(|e| panic!("ShardedAdamW::step on {world} ranks failed: {}", explain_error(&e)))
 }
 
 fn close(got: &[f32], want: &[f64]) -> bool {

@@ -23,28 +23,41 @@ use crate::process_ranks::on_processes;
 use crate::support::{cause, every_rank, explain_error, first_scaled_difference, mistake, values};
 
 pub(crate) const TIMEOUT: Duration = Duration::from_secs(20);
-pub(crate) const B: usize = 2;
-/// Tokens per sequence: even, so that exercise 27 cuts it in two.
-pub(crate) const T: usize = 6;
 pub(crate) const HIDDEN: usize = 16;
 const HEADS: usize = 4;
-const KV_HEADS: usize = 2;
 const HEAD_DIM: usize = HIDDEN / HEADS;
 const INTERMEDIATE: usize = 24;
 pub(crate) const P: &str = "model.layers.0";
 
 pub(crate) type Grads = BTreeMap<String, Vec<f32>>;
 
-/// Grouped-query attention: four heads reading two key/value heads.
+/// The batch a block runs on and its key/value heads.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Case {
+    /// Sequences.
+    pub b: usize,
+    /// Tokens per sequence.
+    pub t: usize,
+    pub kv_heads: usize,
+}
+
+/// Grouped-query attention, four heads reading two key/value heads, on 2
+/// sequences of 6 tokens: even, so that exercise 27 cuts them in two.
+pub(crate) const CASE: Case = Case { b: 2, t: 6, kv_heads: 2 };
+
 pub(crate) fn config() -> GptConfig {
+    config_of(CASE)
+}
+
+pub(crate) fn config_of(case: Case) -> GptConfig {
     GptConfig {
         vocab_size: 16,
         hidden_size: HIDDEN,
         num_layers: 1,
         num_heads: HEADS,
-        num_kv_heads: Some(KV_HEADS),
+        num_kv_heads: Some(case.kv_heads),
         intermediate_size: INTERMEDIATE,
-        max_seq_len: T,
+        max_seq_len: case.t,
         rope_theta: 10_000.0,
         norm_eps: 1e-5,
         bias: false,
@@ -53,13 +66,21 @@ pub(crate) fn config() -> GptConfig {
 }
 
 pub(crate) fn params() -> ParamStore {
-    init_params(&config(), 23, &Device::Cpu).unwrap()
+    params_of(CASE)
 }
 
-/// The block's input and ∂L/∂output, the same on every rank.
+pub(crate) fn params_of(case: Case) -> ParamStore {
+    init_params(&config_of(case), 23, &Device::Cpu).unwrap()
+}
+
 pub(crate) fn batch() -> (Tensor, Tensor) {
+    batch_of(CASE)
+}
+
+/// The block's input and ∂L/∂output, (B, T, C), the same on every rank.
+pub(crate) fn batch_of(case: Case) -> (Tensor, Tensor) {
     let mut rng = InitRng::from_seed(230);
-    let shape = (B, T, HIDDEN).into();
+    let shape = (case.b, case.t, HIDDEN).into();
     (rng.normal(&shape, 1.0, &Device::Cpu).unwrap(), rng.normal(&shape, 0.1, &Device::Cpu).unwrap())
 }
 
@@ -76,19 +97,24 @@ pub(crate) struct Outcome {
 /// part. With `residual_gradients` false the residual paths carry no
 /// gradient (a mistake's result).
 pub(crate) fn reference(rank: usize, world: usize, residual_gradients: bool) -> Outcome {
-    let (config, params) = (config(), params());
+    reference_of(CASE, rank, world, residual_gradients)
+}
+
+/// [`reference`] for another case.
+pub(crate) fn reference_of(case: Case, rank: usize, world: usize, residual_gradients: bool) -> Outcome {
+    let (config, params) = (config_of(case), params_of(case));
     let weight = |name: &str| params.tensor(&format!("{P}.{name}.weight")).unwrap();
     let linear = |name: &str| Linear::new(weight(name), None);
     let norm = |name: &str| RmsNorm::new(weight(name), config.norm_eps);
-    let rotary = RotaryCache::new(HEAD_DIM, T, config.rope_theta, &Device::Cpu).unwrap();
+    let rotary = RotaryCache::new(HEAD_DIM, case.t, config.rope_theta, &Device::Cpu).unwrap();
     let attention = CausalSelfAttention::new(
         ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"].map(linear),
-        (HEADS, KV_HEADS),
+        (HEADS, case.kv_heads),
         rotary,
     );
     let mlp = Mlp::new(linear("mlp.gate_proj"), linear("mlp.up_proj"), linear("mlp.down_proj"));
     let residual = |t: &Tensor| if residual_gradients { t.clone() } else { t.detach() };
-    let (x, grad_output) = batch();
+    let (x, grad_output) = batch_of(case);
     let x = Var::from_tensor(&x).unwrap();
     let h = (residual(x.as_tensor()) + attention.forward(&norm("input_layernorm").forward(&x).unwrap())).unwrap();
     let y = (residual(&h) + mlp.forward(&norm("post_attention_layernorm").forward(&h).unwrap())).unwrap();
@@ -97,7 +123,7 @@ pub(crate) fn reference(rank: usize, world: usize, residual_gradients: bool) -> 
         .iter()
         .filter_map(|(name, var)| Some((name.to_string(), store.get(var)?.clone())))
         .map(|(name, grad)| {
-            let part = part_of(&name, rank, world, &grad);
+            let part = part_of(case, &name, rank, world, &grad);
             (name, part.flatten_all().unwrap().to_vec1().unwrap())
         })
         .collect();
@@ -106,12 +132,12 @@ pub(crate) fn reference(rank: usize, world: usize, residual_gradients: bool) -> 
 
 /// Rank `rank` of `world`'s part of the whole tensor `name`: rows of q, k, v,
 /// gate and up, columns of o and down for its heads and units; norms whole.
-fn part_of(name: &str, rank: usize, world: usize, whole: &Tensor) -> Tensor {
+fn part_of(case: Case, name: &str, rank: usize, world: usize, whole: &Tensor) -> Tensor {
     let rows = |per_rank: usize| whole.narrow(0, rank * per_rank, per_rank).unwrap();
     let columns = |per_rank: usize| whole.narrow(1, rank * per_rank, per_rank).unwrap();
     match name.trim_start_matches(&format!("{P}.")).trim_end_matches(".weight") {
         "self_attn.q_proj" => rows(HEADS / world * HEAD_DIM),
-        "self_attn.k_proj" | "self_attn.v_proj" => rows(KV_HEADS / world * HEAD_DIM),
+        "self_attn.k_proj" | "self_attn.v_proj" => rows(case.kv_heads / world * HEAD_DIM),
         "self_attn.o_proj" => columns(HEADS / world * HEAD_DIM),
         "mlp.gate_proj" | "mlp.up_proj" => rows(INTERMEDIATE / world),
         "mlp.down_proj" => columns(INTERMEDIATE / world),

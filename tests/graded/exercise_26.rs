@@ -17,12 +17,13 @@ use workbook::model::gradients_handed_over;
 use workbook::phase4_under_the_hood::DataParallel;
 use workbook::{init_params, Gpt, GptConfig, ParamStore};
 
-use crate::all_reduce_log::{started_in, waits, AllReduceLog, Event};
+use crate::all_reduce_log::{calls_in, said, started_in, waits, AllReduceLog, Event};
 use crate::process_ranks::on_processes;
-use crate::support::{cause, first_mismatch, mistake, number};
+use crate::support::{cause, explain_error, first_mismatch, mistake, number};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
-/// Micro-batches per step: the first accumulates, the second syncs.
+/// Micro-batches per step where one count will do: the first accumulates,
+/// the second syncs. The gradients and the traffic are checked at 1, 2 and 3.
 const MICRO_BATCHES: usize = 2;
 /// 8,000 bytes. The 21 gradients, in the order backward finishes them, make
 /// buckets of 2,080, 2,208 and 1,424 f32 elements, the first two full after
@@ -76,10 +77,11 @@ struct RankRun {
     events: Vec<Event>,
 }
 
-/// One step of the learner's DDP on this rank: two micro-batches, the last
-/// synced. The log's progress is the gradients backward has handed over
-/// since the micro-batch began.
-fn step(pg: Box<dyn ProcessGroup>) -> Result<RankRun> {
+/// One step of the learner's DDP on this rank: `micro_batches` of them, the
+/// last synced. The log's phase is 0 in `new` and m + 1 in micro-batch m
+/// (see [`phase_of`]); its progress is the gradients backward has handed
+/// over since the micro-batch began.
+fn step(pg: Box<dyn ProcessGroup>, micro_batches: usize) -> Result<RankRun> {
     let rank = pg.rank();
     let began = Arc::new(AtomicU64::new(0));
     let since = Arc::clone(&began);
@@ -87,10 +89,10 @@ fn step(pg: Box<dyn ProcessGroup>) -> Result<RankRun> {
     let pg = WithOverride::new(pg, log.clone());
     let mut ddp = DataParallel::new(&config(), initial(rank), Box::new(pg), CAP)?;
     let mut losses = vec![];
-    for m in 0..MICRO_BATCHES {
+    for m in 0..micro_batches {
         began.store(gradients_handed_over(), Ordering::SeqCst);
-        log.enter(m);
-        losses.push(ddp.forward_backward(&batch(rank, m), m + 1 == MICRO_BATCHES)?);
+        log.enter(phase_of(m));
+        losses.push(ddp.forward_backward(&batch(rank, m), m + 1 == micro_batches)?);
     }
     let gradients = ddp
         .take_gradients()?
@@ -100,28 +102,38 @@ fn step(pg: Box<dyn ProcessGroup>) -> Result<RankRun> {
     Ok(RankRun { losses, gradients, events: log.events() })
 }
 
-fn run(world: usize) -> Vec<RankRun> {
-    spawn_with_timeout(world, TIMEOUT, |pg: CpuProcessGroup| step(Box::new(pg)))
-        .unwrap_or_else(|e| panic!("DataParallel on {world} thread ranks failed: {e}"))
+fn run(world: usize, micro_batches: usize) -> Vec<RankRun> {
+    spawn_with_timeout(world, TIMEOUT, |pg: CpuProcessGroup| step(Box::new(pg), micro_batches))
+        .unwrap_or_else(|e| panic!("DataParallel on {world} thread ranks failed: {}", explain_error(&e)))
+}
+
+/// The log's phase during micro-batch `m`; phase 0 is `new`.
+fn phase_of(m: usize) -> usize {
+    m + 1
 }
 
 /// The sizes of the all-reduces started during micro-batch `m`.
 fn sizes_in(events: &[Event], m: usize) -> Vec<usize> {
-    started_in(events, m).iter().map(|&(elements, _, _)| elements).collect()
+    started_in(events, phase_of(m)).iter().map(|&(elements, _, _)| elements).collect()
 }
 
 /// The step one process takes on every rank's data: the mean over ranks of
 /// each rank's gradient, summed over the micro-batches `ms`.
-fn expected(world: usize, ms: std::ops::Range<usize>) -> Gradients {
+fn expected(world: usize, ms: &[usize]) -> Gradients {
     let start = initial(0);
     let mut sum = Gradients::default();
     for rank in 0..world {
-        for m in ms.clone() {
+        for &m in ms {
             sum.accumulate(&one_process(&start, &batch(rank, m)).1).unwrap();
         }
     }
     sum.scale(1.0 / world as f64).unwrap();
     sum
+}
+
+/// Micro-batches 0 to `n` − 1.
+fn all(n: usize) -> Vec<usize> {
+    (0..n).collect()
 }
 
 fn close(got: f32, want: f32) -> bool {
@@ -146,7 +158,7 @@ fn first_scaled_mismatch(got: &[(String, Vec<usize>, Vec<f32>)], want: &Gradient
 #[test]
 fn every_rank_starts_from_rank_0s_parameters() {
     let world = 2;
-    for (rank, run) in run(world).iter().enumerate() {
+    for (rank, run) in run(world, MICRO_BATCHES).iter().enumerate() {
         let want = one_process(&initial(0), &batch(rank, 0)).0;
         let got = run.losses[0];
         if (got - want).abs() > 1e-5 * want.abs().max(1.0) {
@@ -181,7 +193,7 @@ fn a_step_taken_on_the_params_reaches_the_next_forward() {
         halved(&params)?;
         ddp.forward_backward(&batch(rank, 0), true)
     })
-    .unwrap_or_else(|e| panic!("DataParallel on {world} thread ranks failed: {e}"));
+    .unwrap_or_else(|e| panic!("DataParallel on {world} thread ranks failed: {}", explain_error(&e)));
     let stepped = initial(0);
     halved(&stepped).unwrap();
     for (rank, &got) in losses.iter().enumerate() {
@@ -200,10 +212,20 @@ fn a_step_taken_on_the_params_reaches_the_next_forward() {
     }
 }
 
+/// The micro-batches of 0..`n` whose gradients, summed, `got` holds, when it
+/// is a proper part of them: the others were lost.
+fn only_some(got: &[(String, Vec<usize>, Vec<f32>)], world: usize, n: usize) -> Option<Vec<usize>> {
+    let parts = (1..(1u32 << n) - 1).map(|mask| (0..n).filter(|m| mask & (1 << m) != 0).collect::<Vec<usize>>());
+    parts.into_iter().find(|ms| equals_scaled(got, &expected(world, ms), 1.0))
+}
+
 #[rstest]
-fn the_gradients_are_what_one_process_computes_on_every_ranks_data(#[values(2, 3)] world: usize) {
-    let want = expected(world, 0..MICRO_BATCHES);
-    for (rank, run) in run(world).iter().enumerate() {
+fn the_gradients_are_what_one_process_computes_on_every_ranks_data(
+    #[values(2, 3)] world: usize,
+    #[values(1, 2, 3)] micro_batches: usize,
+) {
+    let want = expected(world, &all(micro_batches));
+    for (rank, run) in run(world, micro_batches).iter().enumerate() {
         let names: Vec<&str> = run.gradients.iter().map(|(n, _, _)| n.as_str()).collect();
         let want_names: Vec<&str> = want.iter().map(|(n, _)| n).collect();
         assert_eq!(names, want_names, "rank {rank}: take_gradients must give every parameter's gradient, by name");
@@ -212,16 +234,23 @@ fn the_gradients_are_what_one_process_computes_on_every_ranks_data(#[values(2, 3
             assert_eq!(dims, w.dims(), "rank {rank}: the gradient of `{name}` has the parameter's shape");
             let w = w.flatten_all().unwrap().to_vec1::<f32>().unwrap();
             let Some(i) = values.iter().zip(&w).position(|(&g, &w)| !close(g, w)) else { continue };
+            let held = if micro_batches > 1 { only_some(&run.gradients, world, micro_batches) } else { None };
             let why = if equals_scaled(&run.gradients, &want, world as f32) {
                 Some(mistake(26, "not_averaged"))
-            } else if equals_scaled(&run.gradients, &expected(world, MICRO_BATCHES - 1..MICRO_BATCHES), 1.0) {
+            } else if held.as_deref() == Some(&[micro_batches - 1]) {
                 Some(mistake(26, "accumulation_lost"))
             } else {
                 None
             };
+            let held = match held {
+                Some(ms) if why.is_none() => format!(
+                    ". Every gradient is the sum over micro-batches {ms:?} alone: the others' gradients are not in it"
+                ),
+                _ => String::new(),
+            };
             panic!(
-                "rank {rank}: after {MICRO_BATCHES} micro-batches on {world} ranks, `{name}`[{i}] is {}, expected {} \
-                 (one process: the mean over ranks of each rank's gradient, summed over the micro-batches){}",
+                "rank {rank}: after {micro_batches} micro-batch(es) on {world} ranks, `{name}`[{i}] is {}, expected \
+                 {} (one process: the mean over ranks of each rank's gradient, summed over the micro-batches){held}{}",
                 number(values[i] as f64),
                 number(w[i] as f64),
                 cause(why)
@@ -248,7 +277,7 @@ fn the_next_step_starts_from_no_gradients() {
         }
         Ok(steps)
     })
-    .unwrap_or_else(|e| panic!("DataParallel on {world} thread ranks failed: {e}"));
+    .unwrap_or_else(|e| panic!("DataParallel on {world} thread ranks failed: {}", explain_error(&e)));
     for (rank, steps) in steps.iter().enumerate() {
         let (first, second) = (&steps[0], &steps[1]);
         let times = |factor: f32| first.iter().map(|&f| f64::from(factor * f)).collect::<Vec<f64>>();
@@ -268,32 +297,41 @@ fn the_next_step_starts_from_no_gradients() {
     }
 }
 
-#[test]
-fn accumulating_sends_nothing_and_the_last_micro_batch_sends_each_gradient_once() {
-    for (rank, run) in run(2).iter().enumerate() {
-        let early = sizes_in(&run.events, 0);
-        // Gradients sent are every parameter's elements; anything else (a
-        // loss averaged for printing, say) is not evidence of a sync.
-        let gradients_sent = early.iter().sum::<usize>() == ELEMENTS;
-        assert!(
-            early.is_empty(),
-            "rank {rank}: the first micro-batch (sync = false) started all-reduces of {early:?} elements; it sends \
-             nothing{}",
-            cause(gradients_sent.then(|| mistake(26, "synced_every_micro_batch")))
-        );
-        let last: usize = sizes_in(&run.events, 1).iter().sum();
+/// No collective of any kind while accumulating, whatever the step's
+/// length; the last micro-batch all-reduces every gradient once.
+#[rstest]
+fn accumulating_sends_nothing_and_the_last_micro_batch_sends_each_gradient_once(
+    #[values(1, 2, 3)] micro_batches: usize,
+) {
+    for (rank, run) in run(2, micro_batches).iter().enumerate() {
+        for m in 0..micro_batches - 1 {
+            let sent = calls_in(&run.events, phase_of(m));
+            // Gradients sent are all-reduces of every parameter's elements;
+            // anything else (a loss averaged for printing, a broadcast) is
+            // traffic, but not evidence of a sync.
+            let all_reduced = sizes_in(&run.events, m);
+            let gradients_sent = all_reduced.len() == sent.len() && all_reduced.iter().sum::<usize>() == ELEMENTS;
+            assert!(
+                sent.is_empty(),
+                "rank {rank}: micro-batch {m} of {micro_batches} (sync = false) called {}; a micro-batch that is not \
+                 the step's last sends nothing{}",
+                said(&sent),
+                cause(gradients_sent.then(|| mistake(26, "synced_every_micro_batch")))
+            );
+        }
+        let last: usize = sizes_in(&run.events, micro_batches - 1).iter().sum();
         assert_eq!(
             last, ELEMENTS,
-            "rank {rank}: the last micro-batch all-reduced {last} elements; the model has {ELEMENTS} parameters, each \
-             gradient sent once"
+            "rank {rank}: the last of {micro_batches} micro-batch(es) all-reduced {last} elements; the model has \
+             {ELEMENTS} parameters, each gradient sent once"
         );
     }
 }
 
 #[test]
 fn buckets_follow_the_cap_in_the_order_backward_finishes_gradients() {
-    for (rank, run) in run(2).iter().enumerate() {
-        let sizes = sizes_in(&run.events, 1);
+    for (rank, run) in run(2, MICRO_BATCHES).iter().enumerate() {
+        let sizes = sizes_in(&run.events, MICRO_BATCHES - 1);
         if sizes == BUCKETS {
             continue;
         }
@@ -316,8 +354,8 @@ fn buckets_follow_the_cap_in_the_order_backward_finishes_gradients() {
 #[test]
 fn buckets_travel_while_backward_runs() {
     let world = 2;
-    let runs: Vec<RankRun> = on_processes(world, |pg| step(Box::new(pg)));
-    let want = expected(world, 0..MICRO_BATCHES);
+    let runs: Vec<RankRun> = on_processes(world, |pg| step(Box::new(pg), MICRO_BATCHES));
+    let want = expected(world, &all(MICRO_BATCHES));
     for (rank, run) in runs.iter().enumerate() {
         if let Some(difference) = first_scaled_mismatch(&run.gradients, &want, 1.0) {
             panic!(
@@ -330,7 +368,7 @@ fn buckets_travel_while_backward_runs() {
             .iter()
             .filter_map(|e| match *e {
                 Event::Started { blocking, progress, .. } => Some((blocking, progress)),
-                Event::Waited { .. } => None,
+                Event::Waited { .. } | Event::Called { .. } => None,
             })
             .collect();
         let waits = waits(&run.events);

@@ -14,8 +14,8 @@ use workbook::parallel::tensor::TensorParallelBlock;
 use workbook::phase4_under_the_hood::sequence_parallel_step;
 
 use crate::exercise_23::{
-    batch, config, matches, norm_gradients_are_parts, outcome_difference, params, reference, Outcome, B, HIDDEN, P, T,
-    TIMEOUT,
+    batch_of, config_of, matches, norm_gradients_are_parts, outcome_difference, params_of, reference_of, Case, Outcome,
+    CASE, HIDDEN, P, TIMEOUT,
 };
 use crate::fsdp_runs::as_values;
 use crate::process_ranks::on_processes;
@@ -23,21 +23,26 @@ use crate::support::{cause, every_rank, explain_error, first_scaled_difference, 
 
 const NORMS: [&str; 2] = ["input_layernorm", "post_attention_layernorm"];
 
+/// Exercise 23's block on 3 sequences of 8 tokens, one key/value head per
+/// head: 8 tokens cut across 4 ranks, and 4 key/value heads split there too.
+const EIGHT_TOKENS: Case = Case { b: 3, t: 8, kv_heads: 4 };
+
 /// Rank `rank` of `world`'s tokens of a (B, T, C) tensor's values.
-fn tokens_of(whole: &[f32], rank: usize, world: usize) -> Vec<f32> {
-    let per_rank = T / world * HIDDEN;
-    whole.chunks(T * HIDDEN).flat_map(|sequence| sequence[rank * per_rank..(rank + 1) * per_rank].to_vec()).collect()
+fn tokens_of(case: Case, whole: &[f32], rank: usize, world: usize) -> Vec<f32> {
+    let per_rank = case.t / world * HIDDEN;
+    let sequences = whole.chunks(case.t * HIDDEN);
+    sequences.flat_map(|sequence| sequence[rank * per_rank..(rank + 1) * per_rank].to_vec()).collect()
 }
 
 /// What rank `rank` of `world` should end with: one process's step, its
 /// output and ∂L/∂x cut to the rank's tokens. With `residual_gradients`
 /// false, a mistake's result.
-fn expected(rank: usize, world: usize, residual_gradients: bool) -> Outcome {
-    let whole = reference(rank, world, residual_gradients);
+fn expected(case: Case, rank: usize, world: usize, residual_gradients: bool) -> Outcome {
+    let whole = reference_of(case, rank, world, residual_gradients);
     Outcome {
-        output: tokens_of(&whole.output, rank, world),
+        output: tokens_of(case, &whole.output, rank, world),
         grads: whole.grads,
-        grad_input: tokens_of(&whole.grad_input, rank, world),
+        grad_input: tokens_of(case, &whole.grad_input, rank, world),
     }
 }
 
@@ -65,23 +70,24 @@ impl CollectiveOverride for Shapes {
 /// where the sequence is dimension 1. `None` where the shapes cannot tell
 /// (a batch as long as the tokens it would be mistaken for), and on one rank,
 /// where either dimension gives the same.
-fn along_the_batch(shapes: &[Call], world: usize) -> Option<String> {
+fn along_the_batch(shapes: &[Call], case: Case, world: usize) -> Option<String> {
     if world == 1 {
         return None;
     }
-    let (own, whole) = ([B, T / world, HIDDEN], [B, T, HIDDEN]);
+    let (b, t) = (case.b, case.t);
+    let (own, whole) = ([b, t / world, HIDDEN], [b, t, HIDDEN]);
     shapes.iter().find_map(|(call, dims)| match call.as_str() {
-        "all_gather" if dims == &own && B != T / world => Some(format!(
+        "all_gather" if dims == &own && b != t / world => Some(format!(
             "an all_gather was handed this rank's tokens as they are, {own:?} (B, T/N, C): it stacks the ranks' \
-             tensors along dimension 0, the batch, into {:?}, where every rank needs all {T} tokens of each \
+             tensors along dimension 0, the batch, into {:?}, where every rank needs all {t} tokens of each \
              sequence, {whole:?}; the sequence is dimension 1. Everything after it works on the wrong tokens",
-            [world * B, T / world, HIDDEN]
+            [world * b, t / world, HIDDEN]
         )),
-        "reduce_scatter" if dims == &whole && B != T => Some(format!(
+        "reduce_scatter" if dims == &whole && b != t => Some(format!(
             "a reduce_scatter was handed {whole:?} (B, T, C) as it is: it splits dimension 0, the batch, among the \
              ranks, where this rank's share is its {} tokens of each sequence, dimension 1. Everything after it \
              works on the wrong tokens",
-            T / world
+            t / world
         )),
         _ => None,
     })
@@ -99,13 +105,13 @@ struct RankRun {
     others: u64,
 }
 
-fn rank_run(pg: Box<dyn ProcessGroup>) -> Result<RankRun> {
+fn rank_run(pg: Box<dyn ProcessGroup>, case: Case) -> Result<RankRun> {
     let (rank, world) = (pg.rank(), pg.world_size());
     let shapes = Shapes::default();
     let pg = WithOverride::new(pg, shapes.clone());
-    let block = TensorParallelBlock::shard(&config(), &params(), 0, rank, world)?;
-    let (x, grad_output) = batch();
-    let own = |t: &Tensor| t.narrow(1, rank * T / world, T / world);
+    let block = TensorParallelBlock::shard(&config_of(case), &params_of(case), 0, rank, world)?;
+    let (x, grad_output) = batch_of(case);
+    let own = |t: &Tensor| t.narrow(1, rank * case.t / world, case.t / world);
     let before = pg.stats();
     let step = sequence_parallel_step(&pg, &block, &own(&x)?, &own(&grad_output)?).map(|s| Outcome {
         output: values(&s.output),
@@ -115,7 +121,7 @@ fn rank_run(pg: Box<dyn ProcessGroup>) -> Result<RankRun> {
     let used = pg.stats().since(&before);
     let counted = [Collective::AllGather, Collective::ReduceScatter, Collective::AllReduce];
     let others = Collective::ALL.iter().filter(|c| !counted.contains(c)).map(|&c| used.calls(c)).sum();
-    let along_the_batch = along_the_batch(&shapes.0.lock().unwrap(), world);
+    let along_the_batch = along_the_batch(&shapes.0.lock().unwrap(), case, world);
     Ok(RankRun {
         step: step.map_err(|e| explain_error(&e)),
         along_the_batch,
@@ -137,9 +143,10 @@ fn steps(runs: &[RankRun]) -> Vec<Outcome> {
     every_rank(runs.iter().map(|run| &run.step), "sequence_parallel_step", "rank")
 }
 
-fn run(world: usize) -> Vec<RankRun> {
-    spawn_with_timeout(world, TIMEOUT, |pg| rank_run(Box::new(pg)))
-        .unwrap_or_else(|e| panic!("the sequence-parallel step on {world} rank(s) failed: {}", explain_error(&e)))
+fn run(case: Case, world: usize) -> Vec<RankRun> {
+    spawn_with_timeout(world, TIMEOUT, |pg| rank_run(Box::new(pg), case)).unwrap_or_else(|e| {
+        panic!("the sequence-parallel step on {world} rank(s), {case:?}, failed: {}", explain_error(&e))
+    })
 }
 
 /// Whether every norm weight's gradient on every rank is the right one divided by `world`.
@@ -164,17 +171,24 @@ fn right_but_the_norms(got: &Outcome, want: &Outcome) -> bool {
     matches(&with_norms, want)
 }
 
+/// Six tokens on 1 and 2 ranks; eight, a batch of 3, on 1, 2 and 4.
 #[rstest]
+#[case::six_tokens_on_1(CASE, 1)]
+#[case::six_tokens_on_2(CASE, 2)]
+#[case::eight_tokens_on_1(EIGHT_TOKENS, 1)]
+#[case::eight_tokens_on_2(EIGHT_TOKENS, 2)]
+#[case::eight_tokens_on_4(EIGHT_TOKENS, 4)]
 fn every_rank_gets_its_tokens_of_the_output_whole_norm_gradients_and_its_tokens_of_the_input_gradient(
-    #[values(1, 2)] world: usize,
+    #[case] case: Case,
+    #[case] world: usize,
 ) {
-    let runs = run(world);
+    let runs = run(case, world);
     let got = steps(&runs);
     for (rank, outcome) in got.iter().enumerate() {
-        let want = expected(rank, world, true);
+        let want = expected(case, rank, world, true);
         let Some(difference) = outcome_difference(outcome, &want) else { continue };
         let why = if !right_but_the_norms(outcome, &want) {
-            matches(outcome, &expected(rank, world, false)).then(|| mistake(27, "residual_gradient_dropped"))
+            matches(outcome, &expected(case, rank, world, false)).then(|| mistake(27, "residual_gradient_dropped"))
         } else if norm_gradients_divided(&got, &want, world) {
             Some(mistake(27, "norm_gradient_averaged"))
         } else if norm_gradients_are_parts(&got, &want) {
@@ -184,20 +198,24 @@ fn every_rank_gets_its_tokens_of_the_output_whole_norm_gradients_and_its_tokens_
         };
         panic!(
             "rank {rank} of {world} (tokens {} to {}): {difference}{}",
-            rank * T / world,
-            (rank + 1) * T / world - 1,
+            rank * case.t / world,
+            (rank + 1) * case.t / world - 1,
             cause(why)
         );
     }
 }
 
-#[test]
-fn a_step_gathers_and_scatters_the_activations_and_all_reduces_only_the_norm_gradients() {
-    let world = 2;
-    let runs = run(world);
+#[rstest]
+#[case::six_tokens_on_2(CASE, 2)]
+#[case::eight_tokens_on_4(EIGHT_TOKENS, 4)]
+fn a_step_gathers_and_scatters_the_activations_and_all_reduces_only_the_norm_gradients(
+    #[case] case: Case,
+    #[case] world: usize,
+) {
+    let runs = run(case, world);
     steps(&runs);
     let norm_bytes = (NORMS.len() * HIDDEN * 4) as u64;
-    let activation_bytes = (B * T * HIDDEN * 4) as u64;
+    let activation_bytes = (case.b * case.t * HIDDEN * 4) as u64;
     for (rank, run) in runs.iter().enumerate() {
         let why = (run.all_reduce_bytes >= activation_bytes && run.reduce_scatters < 4)
             .then(|| mistake(27, "all_reduce_for_activations"));
@@ -219,9 +237,9 @@ fn a_step_gathers_and_scatters_the_activations_and_all_reduces_only_the_norm_gra
 /// Each rank a process, the activations and gradients exchanged over TCP.
 #[test]
 fn it_runs_across_processes_over_tcp() {
-    let runs: Vec<RankRun> = on_processes(2, |pg| rank_run(Box::new(pg)));
+    let runs: Vec<RankRun> = on_processes(2, |pg| rank_run(Box::new(pg), CASE));
     for (rank, outcome) in steps(&runs).iter().enumerate() {
-        let difference = outcome_difference(outcome, &expected(rank, 2, true));
+        let difference = outcome_difference(outcome, &expected(CASE, rank, 2, true));
         assert!(difference.is_none(), "rank {rank}'s process: {}", difference.unwrap());
     }
 }

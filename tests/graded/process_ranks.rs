@@ -112,7 +112,7 @@ fn run_rank<G: ProcessGroup, T: Serialize>(
                 .expect("writable result directory");
             std::process::exit(0)
         }
-        Err(e) => fail(&e.to_string()),
+        Err(e) => fail(&crate::support::explain_error(&e)),
     }
 }
 

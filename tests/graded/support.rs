@@ -376,7 +376,8 @@ pub fn ok<T>(result: candle_core::Result<T>, call: &str) -> T {
 pub fn explain_error(e: &candle_core::Error) -> String {
     let text = e.to_string();
     let message = without_backtrace(&text);
-    let meaning = rule_broken(&text).map(|rule| format!("\n  That is: {rule}.")).unwrap_or_default();
+    let rule = narrow_out_of_range(&text).or_else(|| rule_broken(&text).map(str::to_string));
+    let meaning = rule.map(|rule| format!("\n  That is: {rule}.")).unwrap_or_default();
     format!("{}{meaning}", message.replace('\n', "\n  "))
 }
 
@@ -417,6 +418,26 @@ fn rule_broken(text: &str) -> Option<&'static str> {
         ("unexpected rank", "a dims2/dims3/dims4 call got a tensor with another number of dimensions"),
     ];
     rules.iter().find(|(pattern, _)| text.contains(pattern)).map(|(_, rule)| *rule)
+}
+
+/// What a `narrow` that ran past its dimension asked for, in its own
+/// numbers: candle's `narrow invalid args ...: [shape], dim: d, start: s, len:l`.
+fn narrow_out_of_range(text: &str) -> Option<String> {
+    let rest = text.split("narrow invalid args").nth(1)?;
+    let shape = rest.split_once('[')?.1.split_once(']')?.0;
+    let dims: Vec<usize> =
+        shape.split(", ").filter(|d| !d.is_empty()).map(|d| d.parse().ok()).collect::<Option<_>>()?;
+    let field = |name: &str| -> Option<usize> {
+        let after = rest.split(name).nth(1)?.trim_start();
+        after.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+    };
+    let (dim, start, len) = (field(", dim:")?, field(", start:")?, field(", len:")?);
+    let size = *dims.get(dim)?;
+    Some(format!(
+        "narrow({dim}, {start}, {len}) asks for elements [{start}, {}) of dimension {dim}, which holds {size} (shape \
+         {dims:?}): narrow takes a start and a length, and start + len must not pass the dimension's size",
+        start + len
+    ))
 }
 
 /// The `lhs: [..], rhs: [..]` shapes of a candle shape error.
