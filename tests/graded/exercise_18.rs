@@ -17,7 +17,7 @@ use workbook::train::{CosineSchedule, LrSchedule, Trainer};
 
 use crate::fsdp_runs::{model_config, rows_of, train_config, GLOBAL_BATCH, SEQ_LEN};
 use crate::process_ranks::on_processes;
-use crate::support::{cause, fixture, mistake, number, Fixture};
+use crate::support::{cause, explain_error, fixture, mistake, number, Fixture};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 /// A (6, 5) gradient at rank 2: two all-reduces of 12 and 10 numbers instead of one of 30.
@@ -112,7 +112,7 @@ fn compress(pg: &dyn ProcessGroup, grads: &[Vec<Matrix>]) -> candle_core::Result
 fn run(grads: &[Vec<Matrix>]) -> Vec<RankRun> {
     let world = grads[0].len();
     spawn_with_timeout(world, TIMEOUT, |pg| compress(&pg, grads))
-        .unwrap_or_else(|e| panic!("PowerSgd::all_reduce on {world} ranks failed: {e}"))
+        .unwrap_or_else(|e| panic!("PowerSgd::all_reduce on {world} ranks failed: {}", explain_error(&e)))
 }
 
 fn close(got: &[Vec<f32>], want: &Matrix) -> bool {
@@ -289,7 +289,8 @@ fn ddp_losses(approx_rank: Option<usize>, steps: usize) -> Vec<f64> {
         let mut trainer = Trainer::new(&model_config(), init_params(&model_config(), 7, &Device::Cpu)?, config, ddp)?;
         (0..steps).map(|s| Ok(trainer.train_step(&[rows_of(&patterned_batch(s), rank, 2)])?.loss)).collect()
     });
-    let mut losses: Vec<Vec<f64>> = losses.unwrap_or_else(|e| panic!("DDP with PowerSGD failed: {e}"));
+    let mut losses: Vec<Vec<f64>> =
+        losses.unwrap_or_else(|e| panic!("DDP with PowerSGD failed: {}", explain_error(&e)));
     losses.swap_remove(0)
 }
 

@@ -14,7 +14,7 @@ use workbook::phase4_under_the_hood::overlapped_all_reduce;
 
 use crate::all_reduce_log::{started_in, waits, AllReduceLog, Event};
 use crate::process_ranks::on_processes;
-use crate::support::{cause, first_mismatch, mistake, number};
+use crate::support::{cause, explain_error, first_mismatch, mistake, number};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 /// The gradients in the order backward produces them, by element count (f32).
@@ -58,7 +58,7 @@ fn backward_and_sync(pg: Box<dyn ProcessGroup>) -> Result<RankRun> {
 
 fn run(world: usize) -> Vec<RankRun> {
     spawn_with_timeout(world, TIMEOUT, |pg: CpuProcessGroup| backward_and_sync(Box::new(pg)))
-        .unwrap_or_else(|e| panic!("overlapped_all_reduce on {world} ranks failed: {e}"))
+        .unwrap_or_else(|e| panic!("overlapped_all_reduce on {world} ranks failed: {}", explain_error(&e)))
 }
 
 #[test]

@@ -12,7 +12,7 @@ use workbook::distributed::{spawn_with_timeout, Collective, ProcessGroup};
 use workbook::parallel::tensor::TensorParallelMlp;
 
 use crate::process_ranks::on_processes;
-use crate::support::{cause, first_mismatch, mistake, number};
+use crate::support::{cause, explain_error, first_mismatch, mistake, number};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 const C: usize = 8;
@@ -93,7 +93,7 @@ fn rank_run(pg: &dyn ProcessGroup) -> candle_core::Result<RankRun> {
     let held = [gate?, up?, down?];
     let before = pg.stats();
     let output = shard.forward(pg, &as_tensor(&x(), &[2, 3, C])?).and_then(|y| y.flatten_all()?.to_vec1::<f32>());
-    let output = output.map_err(|e| e.to_string());
+    let output = output.map_err(|e| explain_error(&e));
     let used = pg.stats().since(&before);
     let collectives =
         (used.calls(Collective::AllReduce), used.bytes(Collective::AllReduce), used.calls(Collective::AllGather));
@@ -102,7 +102,7 @@ fn rank_run(pg: &dyn ProcessGroup) -> candle_core::Result<RankRun> {
 
 fn run(world: usize) -> Vec<RankRun> {
     spawn_with_timeout(world, TIMEOUT, |pg| rank_run(&pg))
-        .unwrap_or_else(|e| panic!("the tensor-parallel MLP on {world} ranks failed: {e}"))
+        .unwrap_or_else(|e| panic!("the tensor-parallel MLP on {world} ranks failed: {}", explain_error(&e)))
 }
 
 fn close(got: &[f32], want: &Matrix) -> bool {

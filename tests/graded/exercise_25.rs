@@ -12,7 +12,7 @@ use rstest::rstest;
 use workbook::distributed::{spawn_with_timeout, Axis, DeviceMesh, MeshCoords, MeshShape, ProcessGroup};
 use workbook::phase4_under_the_hood::{axis_group, mesh_coords};
 
-use crate::support::{cause, mistake, values};
+use crate::support::{cause, explain_error, mistake, values};
 
 const AXES: [Axis; 3] = [Axis::Dp, Axis::Pp, Axis::Tp];
 
@@ -42,7 +42,9 @@ fn replica_fastest(shape: MeshShape) -> impl Fn(MeshCoords) -> usize {
 
 /// Why `got` (every rank's coordinates) differs from `want`, if the evidence singles one mistake out.
 fn diagnose(shape: MeshShape, got: &[MeshCoords]) -> Option<&'static str> {
-    if shape.dp > 1 && got == table(shape, replica_fastest(shape)) {
+    // With tp = 1 the replica-fastest layout is also dp and pp read in each
+    // other's place: only a tensor-parallel axis tells the two apart.
+    if shape.dp > 1 && shape.tp > 1 && got == table(shape, replica_fastest(shape)) {
         return Some(mistake(25, "replica_fastest"));
     }
     let unwrapped = |rank: usize, c: &MeshCoords| c.pp == rank / shape.tp && c.pp >= shape.pp;
@@ -111,8 +113,17 @@ fn each_axis_group_holds_the_ranks_that_differ_only_on_that_axis(#[values(0, 1, 
                 continue;
             }
             let follows = follows_wrong_coordinates(shape, rank, axis, &got);
-            let named = (follows.is_none() && want.len() > 1 && got == sharing_the_coordinate(shape, rank, axis))
-                .then(|| mistake(25, "same_coordinate_group"));
+            let reversed: Vec<usize> = want.iter().rev().copied().collect();
+            let without_self: Vec<usize> = want.iter().copied().filter(|&r| r != rank).collect();
+            let named = match follows {
+                Some(_) => None,
+                None if want.len() > 1 && got == sharing_the_coordinate(shape, rank, axis) => {
+                    Some(mistake(25, "same_coordinate_group"))
+                }
+                None if want.len() > 1 && got == reversed => Some(mistake(25, "group_reversed")),
+                None if got == without_self => Some(mistake(25, "group_without_self")),
+                None => None,
+            };
             panic!(
                 "{shape}: axis_group(rank {rank}, {axis:?}) = {got:?}, expected {want:?}: the ranks whose other \
                  coordinates equal rank {rank}'s {:?}, by their {axis:?} coordinate.{}{}",
@@ -135,7 +146,7 @@ fn a_mesh_of_twelve_threads_gives_each_axis_its_group() {
             .map(|&axis| Ok(values(&mesh.group(axis).all_gather(&Tensor::new(&[rank], &Device::Cpu)?)?)))
             .collect::<candle_core::Result<Vec<_>>>()
     })
-    .unwrap_or_else(|e| panic!("building a {shape} mesh on 12 thread ranks failed: {e}"));
+    .unwrap_or_else(|e| panic!("building a {shape} mesh on 12 thread ranks failed: {}", explain_error(&e)));
     let coords = table(shape, |c| shape.rank(c));
     for (rank, groups) in seen.iter().enumerate() {
         for (axis, got) in AXES.iter().zip(groups) {

@@ -25,12 +25,13 @@ const TIMEOUT: Duration = Duration::from_secs(20);
 /// Micro-batches per step where one count will do: the first accumulates,
 /// the second syncs. The gradients and the traffic are checked at 1, 2 and 3.
 const MICRO_BATCHES: usize = 2;
-/// 8,000 bytes. The 21 gradients, in the order backward finishes them, make
-/// buckets of 2,080, 2,208 and 1,424 f32 elements, the first two full after
-/// 7 and 16 gradients, the last what is left when backward ends.
-const CAP: usize = 8000;
-const BUCKETS: [usize; 3] = [2080, 2208, 1424];
-const FULL_AFTER: [u64; 3] = [7, 16, 21];
+/// 4,000 bytes. The 21 gradients, in the order backward finishes them, make
+/// buckets of 1,040, 1,040, 1,168, 1,040 and 1,424 f32 elements, full after
+/// 3, 7, 12, 16 and 21 gradients. A cap read as 4,000 elements would make
+/// two buckets, and no cap at all one: three outputs apart.
+const CAP: usize = 4000;
+const BUCKETS: [usize; 5] = [1040, 1040, 1168, 1040, 1424];
+const FULL_AFTER: [u64; 5] = [3, 7, 12, 16, 21];
 const GRADIENTS: u64 = 21;
 const ELEMENTS: usize = 5712;
 
