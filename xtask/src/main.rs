@@ -108,7 +108,11 @@ enum Task {
     /// Say what this machine has (cores, CUDA devices, GPU libraries) and where each kind of check runs.
     Doctor,
     /// Check the exercise set itself: metadata, solutions pass, stubs fail, guide builds (for CI).
-    Verify,
+    Verify {
+        /// Only plant the natural mistakes (solutions/natural.toml) and count how often each is named.
+        #[arg(long)]
+        natural: bool,
+    },
     /// Write the lists that follow from exercises/info.toml: src/exercises.rs, the graded
     /// tests' module list and the guide's SUMMARY.md (for whoever adds an exercise).
     Update,
@@ -283,7 +287,8 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
         Task::Reset { exercise, yes } => commands::reset(&ws, exercise, yes),
         Task::Watch => watch::watch(ws),
         Task::Lean { exercises, off } => lean::lean(&ws, exercises.as_deref(), off),
-        Task::Verify => verify::verify(&ws),
+        Task::Verify { natural: false } => verify::verify(&ws),
+        Task::Verify { natural: true } => verify::natural(&ws),
         Task::Update => registry::update(&ws).map(|()| true),
         Task::Figures { record } => figures::figures(&ws, record),
         Task::SampleStories => stories::write_sample(&ws.root).map(|()| true),

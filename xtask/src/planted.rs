@@ -9,6 +9,13 @@
 //! plants each as a small edit of its exercise's reference solution, and
 //! `verify` builds the solutions with the edit and runs the exercise's tests.
 //!
+//! `solutions/natural.toml` holds mistakes of another kind: the ones a
+//! learner makes in their own words, written as edits of the same solutions
+//! but not as the plants above were. `verify --natural` plants them the same
+//! way and counts how often a failure names what each one is, names nothing,
+//! or names something it is not: how well the messages hold up away from the
+//! mistakes they were written against.
+//!
 //! Plants of independent exercises (neither calls the other's code, per
 //! `depends`) share a build. A planted solution is a copy under
 //! `target/planted/`, which the build compiles in place of the reference
@@ -37,6 +44,9 @@ pub use planted_dir::PLANTED_VARIABLE;
 /// `cargo xtask update` writes into `src/exercises.rs` point into it.
 pub const PLANTED_DIR: &str = "target/planted";
 
+/// Where the natural mistakes are listed, relative to the repository root.
+pub const NATURAL_FILE: &str = "solutions/natural.toml";
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PlantsFile {
@@ -64,6 +74,24 @@ struct NeighbourEntry {
     edits: Vec<(String, String)>,
 }
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NaturalFile {
+    natural: Vec<NaturalEntry>,
+}
+
+/// A `[[natural]]`: a mistake as a learner writes it; `is` names the mistake
+/// of info.toml it amounts to, if it amounts to one.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NaturalEntry {
+    exercise: u32,
+    what: String,
+    #[serde(default)]
+    is: Option<String>,
+    edits: Vec<(String, String)>,
+}
+
 /// One mistake written into a reference solution.
 #[derive(Debug)]
 pub struct Plant {
@@ -80,6 +108,9 @@ enum PlantKind {
     Named(String),
     /// A near miss, by what it does: no failure may name any mistake.
     Neighbour(String),
+    /// A learner's own mistake, by what it does, and the mistake of
+    /// info.toml it amounts to, if any: counted, not required.
+    Natural { what: String, is: Option<String> },
 }
 
 impl Plant {
@@ -87,7 +118,7 @@ impl Plant {
     pub fn mistake(&self) -> Option<&str> {
         match &self.kind {
             PlantKind::Named(id) => Some(id),
-            PlantKind::Neighbour(_) => None,
+            PlantKind::Neighbour(_) | PlantKind::Natural { .. } => None,
         }
     }
 
@@ -96,6 +127,7 @@ impl Plant {
         match &self.kind {
             PlantKind::Named(id) => id.clone(),
             PlantKind::Neighbour(what) => format!("neighbour: {what}"),
+            PlantKind::Natural { what, .. } => what.clone(),
         }
     }
 }
@@ -116,6 +148,66 @@ pub fn load(root: &Path) -> Result<Vec<Plant>> {
         edits: n.edits,
     });
     Ok(named.chain(neighbours).collect())
+}
+
+/// Reads the natural mistakes.
+pub fn load_natural(root: &Path) -> Result<Vec<Plant>> {
+    let path = root.join(NATURAL_FILE);
+    let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    let file = toml::from_str::<NaturalFile>(&text).with_context(|| format!("{NATURAL_FILE} is not valid"))?;
+    let natural = file.natural.into_iter().map(|n| Plant {
+        exercise: n.exercise,
+        kind: PlantKind::Natural { what: n.what, is: n.is },
+        edits: n.edits,
+    });
+    Ok(natural.collect())
+}
+
+/// What a natural mistake's failures said.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// A failure names the mistake it amounts to, and none names another.
+    Named,
+    /// Tests fail and no failure names any mistake.
+    Unnamed,
+    /// A failure names a mistake it is not: the id.
+    Misleading(String),
+    /// Every test passes.
+    Passed,
+}
+
+/// What `run`'s failures of `exercise` said about natural mistake `plant`.
+pub fn classify(exercise: &Exercise, plant: &Plant, run: &TestRun) -> Verdict {
+    let is = match &plant.kind {
+        PlantKind::Natural { is, .. } => is.as_deref(),
+        _ => plant.mistake(),
+    };
+    let filter = exercise.test_filter();
+    let messages: Vec<&str> = run
+        .under(&filter)
+        .filter(|r| r.outcome == Outcome::Failed)
+        .map(|r| r.message.as_deref().unwrap_or(""))
+        .collect();
+    if messages.is_empty() {
+        return Verdict::Passed;
+    }
+    let named = |text: &str| messages.iter().any(|m| m.contains(text));
+    if let Some(other) = exercise.mistakes.iter().find(|m| Some(m.id.as_str()) != is && named(&m.text)) {
+        return Verdict::Misleading(other.id.clone());
+    }
+    match exercise.mistakes.iter().find(|m| Some(m.id.as_str()) == is) {
+        Some(own) if named(&own.text) => Verdict::Named,
+        _ => Verdict::Unnamed,
+    }
+}
+
+/// Whether a natural mistake amounts to one of info.toml's; `None` for
+/// other plants.
+pub fn natural_is(plant: &Plant) -> Option<Option<&str>> {
+    match &plant.kind {
+        PlantKind::Natural { is, .. } => Some(is.as_deref()),
+        _ => None,
+    }
 }
 
 /// `source` with the plant's edits applied.
@@ -360,5 +452,33 @@ mod tests {
         assert!(judge(exercise, &neighbour, &run(&[""]))[0].contains("every test of exercise 1 passes"));
         let blamed = judge(exercise, &neighbour, &run(&["wrong. Likely cause: a typo."]));
         assert!(blamed.len() == 1 && blamed[0].contains("blames another mistake, `typo`"), "{blamed:?}");
+    }
+
+    #[test]
+    fn a_natural_mistake_is_named_unnamed_misleading_or_passes() {
+        let workbook = workbook();
+        let exercise = workbook.exercise(1).unwrap();
+        let run = |message: &str| TestRun {
+            results: vec![TestResult {
+                name: "exercise_01::t".into(),
+                outcome: if message.is_empty() { Outcome::Passed } else { Outcome::Failed },
+                message: Some(message.to_string()),
+            }],
+            finished: true,
+            lib_warnings: None,
+        };
+        let natural = |is: Option<&str>| Plant {
+            exercise: 1,
+            kind: PlantKind::Natural { what: "a slip of its own".into(), is: is.map(str::to_string) },
+            edits: vec![],
+        };
+        let typo = natural(Some("typo"));
+        assert_eq!(classify(exercise, &typo, &run("Likely cause: a typo.")), Verdict::Named);
+        assert_eq!(classify(exercise, &typo, &run("wrong at [3]")), Verdict::Unnamed);
+        assert_eq!(classify(exercise, &typo, &run("Likely cause: a slip.")), Verdict::Misleading("slip".into()));
+        assert_eq!(classify(exercise, &typo, &run("")), Verdict::Passed);
+        let other = natural(None);
+        assert_eq!(classify(exercise, &other, &run("wrong at [3]")), Verdict::Unnamed);
+        assert_eq!(classify(exercise, &other, &run("Likely cause: a typo.")), Verdict::Misleading("typo".into()));
     }
 }

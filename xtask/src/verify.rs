@@ -109,7 +109,10 @@ fn metadata(ws: &Workspace, tally: &mut Tally) {
 fn only_exercise_files(ws: &Workspace, tally: &mut Tally) {
     // The learner's choice of bodies (`cargo xtask lean`) is theirs, not a leftover.
     let mut expected: BTreeSet<PathBuf> =
-        [metadata::INFO_FILE, planted::PLANTS_FILE, lean::LEAN_FILE].into_iter().map(PathBuf::from).collect();
+        [metadata::INFO_FILE, planted::PLANTS_FILE, planted::NATURAL_FILE, lean::LEAN_FILE]
+            .into_iter()
+            .map(PathBuf::from)
+            .collect();
     for exercise in &ws.workbook.exercises {
         expected.insert(exercise.file.clone());
         expected.extend(exercise.solution_file().ok());
@@ -454,17 +457,31 @@ fn planted_mistakes(ws: &Workspace, tally: &mut Tally) {
             });
         }
     }
-    let builds = planted::builds(&ws.workbook, &plants);
-    println!("  {} plants in {} builds", plants.len(), builds.len());
-    for build in builds {
-        let exercises: Vec<&Exercise> = match build.iter().map(|p| ws.workbook.exercise(p.exercise)).collect() {
-            Ok(exercises) => exercises,
-            Err(error) => {
-                tally.check(false, || format!("{PLANTS_FILE}: {error:#}", PLANTS_FILE = planted::PLANTS_FILE));
-                continue;
+    run_planted(ws, &plants, |plant, exercise, run| {
+        let problems = match (exercise, run) {
+            (Ok(exercise), Ok(run)) => planted::judge(exercise, plant, run),
+            (Err(error), _) | (_, Err(error)) => {
+                vec![format!("planting `{}` in exercise {}: {error:#}", plant.label(), plant.exercise)]
             }
         };
-        let filters: Vec<String> = exercises.iter().map(|e| e.test_filter()).collect();
+        tally.check(problems.is_empty(), || problems.join("\n  "));
+    });
+}
+
+/// Plants each of `plants` in the reference solutions, those of independent
+/// exercises in one build, runs their exercises' tests, and hands each plant
+/// its exercise and the run to `judge`.
+fn run_planted(
+    ws: &Workspace,
+    plants: &[planted::Plant],
+    mut judge: impl FnMut(&planted::Plant, &anyhow::Result<&Exercise>, &anyhow::Result<TestRun>),
+) {
+    let builds = planted::builds(&ws.workbook, plants);
+    println!("  {} plants in {} builds", plants.len(), builds.len());
+    for build in builds {
+        let exercises: Vec<anyhow::Result<&Exercise>> =
+            build.iter().map(|p| ws.workbook.exercise(p.exercise)).collect();
+        let filters: Vec<String> = exercises.iter().flatten().map(|e| e.test_filter()).collect();
         let run = planted::Planted::write(ws, &build).and_then(|planted| {
             let only_tests_of = Some(build.iter().map(|p| p.exercise).collect());
             let runner = Runner {
@@ -477,13 +494,70 @@ fn planted_mistakes(ws: &Workspace, tally: &mut Tally) {
             runner.run(&filters)
         });
         for (plant, exercise) in build.iter().zip(&exercises) {
-            let problems = match &run {
-                Ok(run) => planted::judge(exercise, plant, run),
-                Err(error) => vec![format!("planting `{}` in exercise {}: {error:#}", plant.label(), plant.exercise)],
-            };
-            tally.check(problems.is_empty(), || problems.join("\n  "));
+            judge(plant, exercise, &run);
         }
     }
+}
+
+/// `verify --natural`: plants each mistake of solutions/natural.toml, a
+/// learner's own words rather than a plant's, and counts how often the
+/// failures name what it amounts to, name nothing, or name a mistake it is
+/// not, by exercise and by phase. Fails when one misleads or passes.
+pub fn natural(ws: &Workspace) -> anyhow::Result<bool> {
+    let plants = planted::load_natural(&ws.root)?;
+    println!("{}", bold(&format!("Natural mistakes ({}), planted one at a time", planted::NATURAL_FILE)));
+    // By exercise: [named, unnamed, misleading, passed, amounting to a named mistake].
+    let mut counts: std::collections::BTreeMap<u32, [usize; 5]> = Default::default();
+    let mut ok = true;
+    run_planted(ws, &plants, |plant, exercise, run| {
+        let verdict = match (exercise, run) {
+            (Ok(exercise), Ok(run)) => planted::classify(exercise, plant, run),
+            (Err(error), _) | (_, Err(error)) => {
+                println!("  {} exercise {}, {}: {error:#}", red("✗"), plant.exercise, plant.label());
+                ok = false;
+                return;
+            }
+        };
+        let count = counts.entry(plant.exercise).or_default();
+        count[4] += usize::from(planted::natural_is(plant).flatten().is_some());
+        let (slot, line) = match &verdict {
+            planted::Verdict::Named => (0, green("named")),
+            planted::Verdict::Unnamed => (1, "unnamed".to_string()),
+            planted::Verdict::Misleading(id) => (2, red(&format!("misleading: a failure names `{id}`"))),
+            planted::Verdict::Passed => (3, red("passes every test")),
+        };
+        count[slot] += 1;
+        ok &= slot < 2;
+        println!("  exercise {:>2}, {}: {line}", plant.exercise, plant.label());
+    });
+    println!();
+    let mut by_phase: std::collections::BTreeMap<u32, [usize; 5]> = Default::default();
+    for (&number, count) in &counts {
+        let phase = ws.workbook.exercise(number).map_or(0, |e| e.phase);
+        let total = by_phase.entry(phase).or_default();
+        for (sum, n) in total.iter_mut().zip(count) {
+            *sum += n;
+        }
+        println!("  exercise {number:>2}: {}", natural_counts(count));
+    }
+    for (phase, count) in by_phase {
+        println!("{}", bold(&format!("Phase {phase}: {}", natural_counts(&count))));
+    }
+    Ok(ok)
+}
+
+/// `[named, unnamed, misleading, passed, amounting to a named mistake]` in words.
+fn natural_counts(count: &[usize; 5]) -> String {
+    let total: usize = count[..4].iter().sum();
+    format!(
+        "{} of {total} named ({:.0}%; {} amount to a named mistake), {} unnamed, {} misleading, {} pass",
+        count[0],
+        100.0 * count[0] as f64 / total.max(1) as f64,
+        count[4],
+        count[1],
+        count[2],
+        count[3]
+    )
 }
 
 /// Part 5: `depends` in info.toml is the truth: each exercise's tests pass
