@@ -61,6 +61,17 @@ pub fn update(ws: &Workspace) -> Result<()> {
     Ok(())
 }
 
+/// `#[cfg_attr(cfg, path = "../file")]` and a newline, laid out as rustfmt
+/// lays it out (rustfmt.toml's width is 120), so that `cargo fmt` leaves the
+/// written file as it is.
+fn cfg_attr_path(cfg: &str, file: &str) -> String {
+    let line = format!("#[cfg_attr({cfg}, path = \"../{file}\")]");
+    match line.len() {
+        0..=120 => format!("{line}\n"),
+        _ => format!("#[cfg_attr(\n    {cfg},\n    path = \"../{file}\"\n)]\n"),
+    }
+}
+
 fn exercises_rs(workbook: &Workbook) -> Result<String> {
     let mut out = String::from(
         "//! The learner's exercise files, wired into the crate.\n\
@@ -110,7 +121,7 @@ fn exercises_rs(workbook: &Workbook) -> Result<String> {
                 (reference, &solution),
                 (planted, &planted_copy),
             ] {
-                writeln!(out, "#[cfg_attr({cfg}, path = \"../{}\")]", slashes(file))?;
+                out.push_str(&cfg_attr_path(&cfg, &slashes(file)));
             }
             writeln!(out, "mod {module};")?;
             let mut items: Vec<&str> = exercise.exported_items().collect();
