@@ -27,6 +27,9 @@ pub struct Workbook {
     _format_version: u32,
     /// The guide's chapters before the first phase.
     pub guide_front: Vec<Chapter>,
+    /// The guide's chapters after the last phase (appendices), if any.
+    #[serde(default)]
+    pub guide_back: Vec<Chapter>,
     #[serde(rename = "phase")]
     pub phases: Vec<Phase>,
     #[serde(rename = "exercise")]

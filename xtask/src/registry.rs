@@ -207,9 +207,65 @@ fn summary_md(workbook: &Workbook) -> String {
         }
         out.extend(phase.after.iter().map(|c| item(c, "    - ")));
     }
+    if !workbook.guide_back.is_empty() {
+        out.push_str("\n# Appendices\n\n");
+        out.extend(workbook.guide_back.iter().map(|c| item(c, "- ")));
+    }
     out
 }
 
 fn slashes(path: &Path) -> String {
     path.to_string_lossy().replace('\\', "/")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ONE_PHASE: &str = r#"format_version = 3
+guide_front = [{ title = "Intro", chapter = "intro.md" }]
+
+[[phase]]
+number = 1
+title = "Model"
+summary = "s"
+overview = { title = "The model", chapter = "phase1/index.md" }
+after = [{ title = "Stability", chapter = "phase1/stability.md" }]
+
+[[exercise]]
+number = 1
+title = "RMSNorm"
+phase = 1
+file = "exercises/phase1_model/ex01_rms_norm.rs"
+functions = ["f"]
+concept = "c"
+difficulty = "d"
+read = "r"
+insight = "i"
+depends = []
+hint = { idea = "i", pieces = "p", recipe = "r" }
+chapter = "phase1/01-rms-norm.md"
+mistakes = []
+"#;
+
+    #[test]
+    fn the_summary_lists_the_front_the_phases_and_the_appendices_in_order() {
+        let back = "guide_back = [{ title = \"Glossary\", chapter = \"appendix/glossary.md\" }]\n";
+        let workbook = Workbook::parse(&ONE_PHASE.replacen("\n\n", &format!("\n{back}\n"), 1)).unwrap();
+        let summary = summary_md(&workbook);
+        let body = summary.split("-->\n\n").nth(1).unwrap();
+        assert_eq!(
+            body,
+            "[Intro](intro.md)\n\n# Phase 1: Model\n\n- [The model](phase1/index.md)\n    \
+             - [Exercise 1: RMSNorm](phase1/01-rms-norm.md)\n    - [Stability](phase1/stability.md)\n\n\
+             # Appendices\n\n- [Glossary](appendix/glossary.md)\n"
+        );
+    }
+
+    #[test]
+    fn without_appendices_the_summary_ends_with_the_last_phase() {
+        let summary = summary_md(&Workbook::parse(ONE_PHASE).unwrap());
+        assert!(summary.ends_with("    - [Stability](phase1/stability.md)\n"), "{summary}");
+        assert!(!summary.contains("Appendices"));
+    }
 }
