@@ -9,6 +9,7 @@ use serde::de::DeserializeOwned;
 use crate::lanes::{self, Curve, Panel};
 use crate::loss::{self, StepPoint};
 use crate::ring::{self, RingRecord};
+use crate::spike::{self, Run};
 use crate::style::{BACKWARD, COMM, FORWARD, IDLE, REDUCE};
 use crate::{megatron, pipeline, ranks, trace, zero};
 
@@ -28,6 +29,7 @@ impl Figure {
 
 pub const FIGURES: &[Figure] = &[
     Figure { file: "loss-curve.svg", draw: loss_curve },
+    Figure { file: "loss-spike.svg", draw: loss_spike },
     Figure { file: "pipeline-schedules.svg", draw: pipeline_schedules },
     Figure { file: "fsdp-timeline.svg", draw: fsdp_timeline },
     Figure { file: "ddp-overlap.svg", draw: ddp_overlap },
@@ -55,11 +57,74 @@ pub(crate) fn last_step(data: &Path, file: &str) -> Result<trace::Trace> {
 
 /// The records of the `metrics.jsonl` the loss curve is drawn from, one per step.
 pub(crate) fn loss_curve_records(data: &Path) -> Result<Vec<serde_json::Value>> {
-    read(data, "loss-curve.metrics.jsonl")?
+    metrics_records(data, "loss-curve.metrics.jsonl")
+}
+
+/// The records of a recorded run's `metrics.jsonl`, one per step.
+pub(crate) fn metrics_records(data: &Path, file: &str) -> Result<Vec<serde_json::Value>> {
+    read(data, file)?
         .lines()
         .filter(|l| !l.trim().is_empty())
         .map(|line| serde_json::from_str(line).with_context(|| format!("bad metrics line: {line}")))
         .collect()
+}
+
+/// The recorded run whose loss spiked: its steps, and the clipping threshold
+/// and peak learning rate its final trainer state holds.
+pub(crate) struct SpikeRun {
+    pub steps: Vec<spike::Step>,
+    pub max_grad_norm: f64,
+    pub max_lr: f64,
+}
+
+/// The optimizer steps of the metrics file `file`, as the spike figure
+/// draws them: a non-finite loss or norm (a skipped update) is written as
+/// text, read as NaN. Step 0, the evaluation before training, is no step.
+pub(crate) fn spike_steps(data: &Path, file: &str) -> Result<Vec<spike::Step>> {
+    let finite_or_nan = |value: &serde_json::Value| value.as_f64().unwrap_or(f64::NAN);
+    let mut steps = vec![];
+    for record in metrics_records(data, file)? {
+        let step = record["step"].as_u64().with_context(|| format!("a metrics line has no step: {record}"))?;
+        if step > 0 {
+            steps.push(spike::Step {
+                step: step as usize,
+                loss: finite_or_nan(&record["loss"]),
+                grad_norm: finite_or_nan(&record["grad_norm"]),
+            });
+        }
+    }
+    Ok(steps)
+}
+
+/// The largest learning rate the metrics file `file` records: its schedule's peak.
+pub(crate) fn peak_lr(data: &Path, file: &str) -> Result<f64> {
+    let peak = metrics_records(data, file)?.iter().filter_map(|r| r["lr"].as_f64()).fold(0.0, f64::max);
+    // The warmup's last step computes the peak in floating point: 0.003 may come out 0.0030000000000000005.
+    Ok((peak * 1e6).round() / 1e6)
+}
+
+pub(crate) fn spike_run(data: &Path) -> Result<SpikeRun> {
+    let state: serde_json::Value = json(data, "loss-spike.trainer_state.json")?;
+    let number = |pointer: &str| {
+        state.pointer(pointer).and_then(|v| v.as_f64()).with_context(|| format!("the trainer state has no {pointer}"))
+    };
+    Ok(SpikeRun {
+        steps: spike_steps(data, "loss-spike.metrics.jsonl")?,
+        max_grad_norm: number("/train/max_grad_norm")?,
+        max_lr: number("/train/schedule/max_lr")?,
+    })
+}
+
+fn loss_spike(data: &Path) -> Result<String> {
+    let spiked = spike_run(data)?;
+    let calm = spike_steps(data, "loss-curve.metrics.jsonl")?;
+    let spiked_name = format!("peak lr {}", spiked.max_lr);
+    let calm_name = format!("peak lr {} (the config's)", peak_lr(data, "loss-curve.metrics.jsonl")?);
+    let runs = [
+        Run { name: &spiked_name, color: BACKWARD, steps: &spiked.steps },
+        Run { name: &calm_name, color: FORWARD, steps: &calm },
+    ];
+    spike::draw("tiny model, same data and seed: a peak learning rate that spikes", &runs, spiked.max_grad_norm)
 }
 
 fn loss_curve(data: &Path) -> Result<String> {

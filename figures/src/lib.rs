@@ -13,6 +13,7 @@ pub mod numbers;
 mod pipeline;
 mod ranks;
 mod ring;
+mod spike;
 mod style;
 mod trace;
 mod zero;

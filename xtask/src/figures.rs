@@ -43,35 +43,51 @@ pub fn run_figures(root: &Path, command: &str) -> Result<bool> {
     Ok(status.success())
 }
 
-/// One recorded run: the trainer's arguments and the file of its
-/// checkpoint directory that becomes the figure's data.
+/// One recorded run: the trainer's arguments, and the files of its
+/// checkpoint directory that become figure data, each with its name there.
 struct TrainRun {
-    data: &'static str,
     args: &'static str,
-    keep: &'static str,
+    keep: &'static [Kept],
 }
 
-const TRAIN_RUNS: [TrainRun; 5] = [
+/// A file a recorded run wrote (`from`, in its checkpoint directory) and its
+/// name in the figure data (`data`).
+struct Kept {
+    from: &'static str,
+    data: &'static str,
+}
+
+const TRAIN_RUNS: [TrainRun; 6] = [
     TrainRun {
-        data: "loss-curve.metrics.jsonl",
         args: "--max-steps 600 --checkpoint-every 600 --eval-every 50",
-        keep: "metrics.jsonl",
+        keep: &[Kept { from: "metrics.jsonl", data: "loss-curve.metrics.jsonl" }],
+    },
+    // The same run at a peak learning rate far above the config's: its loss
+    // spikes during warmup, and the training chapter on stability reads it
+    // beside the run above. The final trainer state holds its clipping
+    // threshold and schedule.
+    TrainRun {
+        args: "--lr 1.0 --max-steps 600 --checkpoint-every 600 --eval-every 50",
+        keep: &[
+            Kept { from: "metrics.jsonl", data: "loss-spike.metrics.jsonl" },
+            Kept { from: "step_000600/trainer_state.json", data: "loss-spike.trainer_state.json" },
+        ],
     },
     TrainRun {
-        data: "gpipe.trace.json",
         args: "--pp 4 --nproc 4 --pipeline-schedule gpipe --grad-accum 8 --max-steps 2 --trace",
-        keep: "trace.json",
+        keep: &[Kept { from: "trace.json", data: "gpipe.trace.json" }],
     },
     TrainRun {
-        data: "1f1b.trace.json",
         args: "--pp 4 --nproc 4 --pipeline-schedule 1f1b --grad-accum 8 --max-steps 2 --trace",
-        keep: "trace.json",
+        keep: &[Kept { from: "trace.json", data: "1f1b.trace.json" }],
     },
-    TrainRun { data: "fsdp.trace.json", args: "--strategy fsdp --nproc 2 --max-steps 2 --trace", keep: "trace.json" },
     TrainRun {
-        data: "ddp-overlap.trace.json",
+        args: "--strategy fsdp --nproc 2 --max-steps 2 --trace",
+        keep: &[Kept { from: "trace.json", data: "fsdp.trace.json" }],
+    },
+    TrainRun {
         args: "--nproc 2 --ddp-overlap --bucket-cap-mb 0.5 --max-steps 2 --trace",
-        keep: "trace.json",
+        keep: &[Kept { from: "trace.json", data: "ddp-overlap.trace.json" }],
     },
 ];
 
@@ -83,9 +99,10 @@ fn record_all(root: &Path) -> Result<()> {
     let data = root.join(DATA);
     std::fs::create_dir_all(&data).with_context(|| format!("cannot create {}", data.display()))?;
     let scratch = std::env::temp_dir().join(format!("workbook-figures-{}", std::process::id()));
-    for run in &TRAIN_RUNS {
-        println!("recording {} (train {})", run.data, run.args);
-        let out = scratch.join(run.data);
+    for (index, run) in TRAIN_RUNS.iter().enumerate() {
+        let names: Vec<&str> = run.keep.iter().map(|k| k.data).collect();
+        println!("recording {} (train {})", names.join(" and "), run.args);
+        let out = scratch.join(format!("run-{index}"));
         let status = reference_program(root, "train")
             .args(run.args.split_whitespace())
             .arg("--checkpoint-dir")
@@ -93,9 +110,11 @@ fn record_all(root: &Path) -> Result<()> {
             .status()
             .context("cannot run cargo")?;
         if !status.success() {
-            bail!("recording {} failed", run.data);
+            bail!("recording {} failed", names.join(" and "));
         }
-        copy(&out.join(run.keep), &data.join(run.data))?;
+        for kept in run.keep {
+            copy(&out.join(kept.from), &data.join(kept.data))?;
+        }
     }
     println!("recording ring.json (record_ring)");
     let output = reference_program(root, "record_ring").output().context("cannot run cargo")?;

@@ -110,6 +110,11 @@ pub const NUMBER_FILES: &[NumberFile] = &[
         quotes: runs::loss_curve,
     },
     NumberFile {
+        file: "loss-spike-run.md",
+        from: "guide/figure-data/loss-spike.metrics.jsonl, loss-spike.trainer_state.json and loss-curve.metrics.jsonl",
+        quotes: runs::loss_spike,
+    },
+    NumberFile {
         file: "ddp-overlap-run.md",
         from: "guide/figure-data/ddp-overlap.trace.json",
         quotes: runs::ddp_overlap,

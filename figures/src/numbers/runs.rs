@@ -1,6 +1,7 @@
 //! Numbers read off the runs recorded for the guide's figures
-//! (`guide/figure-data/`): the loss curve's tokens/s step by step, and the
-//! timings and gathered bytes of the traced DDP and FSDP steps.
+//! (`guide/figure-data/`): the loss curve's tokens/s step by step, the
+//! spike of the run at a high learning rate, and the timings and gathered
+//! bytes of the traced DDP and FSDP steps.
 
 use std::ops::RangeInclusive;
 
@@ -9,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use super::format::{grouped, percent};
 use super::model::Config;
 use super::{quote, Quote, Sources};
-use crate::catalog::{last_step, loss_curve_records};
+use crate::catalog::{last_step, loss_curve_records, metrics_records, peak_lr, spike_run, spike_steps};
 use crate::trace::Span;
 
 /// The steps whose spread the profiling chapter quotes: past the first
@@ -138,4 +139,70 @@ pub fn fsdp(sources: &Sources) -> Result<Vec<Quote>> {
     }
     let mib = |bytes: f64| format!("{:.2} MiB", bytes / (1u64 << 20) as f64);
     Ok(vec![quote("root", mib(root)), quote("block", mib(peak - root))])
+}
+
+/// The run at a high peak learning rate beside the loss curve's: its largest
+/// one-step rise of the loss, how each run ended, and its skipped updates.
+pub fn loss_spike(sources: &Sources) -> Result<Vec<Quote>> {
+    let spiked = spike_run(&sources.data)?;
+    let calm = spike_steps(&sources.data, "loss-curve.metrics.jsonl")?;
+    let rise = spiked
+        .steps
+        .windows(2)
+        .filter(|pair| pair[0].loss.is_finite() && pair[1].loss.is_finite())
+        .max_by(|a, b| (a[1].loss - a[0].loss).total_cmp(&(b[1].loss - b[0].loss)))
+        .context("the spiked run has fewer than two finite steps")?;
+    let (before, peak) = (rise[0], rise[1]);
+    let after = spiked.steps.iter().find(|s| s.step == peak.step + 1).context("the spike is the run's last step")?;
+    let (Some(last), Some(calm_last)) = (spiked.steps.last(), calm.last()) else {
+        bail!("a run of the stability figure has no steps");
+    };
+    let held_out = |file: &str| -> Result<f64> {
+        let records = metrics_records(&sources.data, file)?;
+        records
+            .iter()
+            .rev()
+            .find_map(|r| r["eval_loss"].as_f64())
+            .with_context(|| format!("{file} has no held-out loss"))
+    };
+    let skipped = metrics_records(&sources.data, "loss-spike.metrics.jsonl")?
+        .last()
+        .and_then(|r| r["skipped_steps"].as_u64())
+        .context("the spiked run's metrics do not count skipped updates")?;
+    Ok(vec![
+        quote("peak-lr", format!("{}", spiked.max_lr)),
+        quote("config-lr", format!("{}", peak_lr(&sources.data, "loss-curve.metrics.jsonl")?)),
+        quote("max-grad-norm", format!("{}", spiked.max_grad_norm)),
+        quote(
+            "spike",
+            format!(
+                "from {:.2} at step {} to {:.2} at step {}, and {:.2} at step {}",
+                before.loss, before.step, peak.loss, peak.step, after.loss, after.step
+            ),
+        ),
+        quote(
+            "spike-norm",
+            format!("{:.2} at step {} to {:.2} at step {}", before.grad_norm, before.step, peak.grad_norm, peak.step),
+        ),
+        quote("spike-clip-factor", format!("{:.0}", peak.grad_norm / spiked.max_grad_norm)),
+        quote(
+            "final",
+            format!(
+                "{:.2} and {:.2} at step {} (held out: {:.2} and {:.2})",
+                last.loss,
+                calm_last.loss,
+                last.step,
+                held_out("loss-spike.metrics.jsonl")?,
+                held_out("loss-curve.metrics.jsonl")?
+            ),
+        ),
+        quote(
+            "skipped",
+            match skipped {
+                0 => "no update was skipped".to_string(),
+                1 => "one update was skipped".to_string(),
+                n => format!("{n} updates were skipped"),
+            },
+        ),
+    ])
 }
