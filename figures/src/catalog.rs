@@ -203,3 +203,30 @@ fn zero_memory(data: &Path) -> Result<String> {
 fn megatron_mlp(data: &Path) -> Result<String> {
     megatron::draw(&json(data, "megatron-mlp.json")?)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::style::SMALL;
+
+    /// The sizes of every `font-size="…"` in `svg`.
+    fn font_sizes(svg: &str) -> Vec<f64> {
+        svg.split("font-size=\"").skip(1).filter_map(|rest| rest.split('"').next()?.parse().ok()).collect()
+    }
+
+    #[test]
+    fn no_figure_prints_text_smaller_than_the_guides_small_print() {
+        let data = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../guide/figure-data"));
+        for figure in FIGURES {
+            let sizes = font_sizes(&figure.draw(data).unwrap());
+            assert!(!sizes.is_empty(), "{} has no text: is the SVG backend still writing font-size?", figure.file);
+            let smallest = sizes.iter().copied().fold(f64::INFINITY, f64::min);
+            // A hair under, for plotters' float arithmetic (15 comes out as 15.000000000000002).
+            assert!(
+                smallest >= SMALL - 1e-9,
+                "{} prints text at {smallest} px, under {SMALL} px at its native width: size it with style::font",
+                figure.file
+            );
+        }
+    }
+}

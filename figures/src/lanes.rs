@@ -8,7 +8,7 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::VPos;
 
 use crate::loss::plot_error;
-use crate::style::{centred, draw_legend, legend_height, CHAR_PX, FONT, IDLE, WIDTH};
+use crate::style::{centred, draw_legend, font, legend_height, text_width, IDLE, SMALL, TEXT, TITLE, WIDTH};
 
 /// A span of work drawn as a bar, with its label inside when it fits.
 pub struct Bar {
@@ -44,7 +44,9 @@ pub type Series = (String, RGBColor, Vec<(f64, f64)>);
 const CURVE_PX: u32 = 190;
 
 const LANE_PX: u32 = 30;
-const PANEL_EXTRA_PX: u32 = 74;
+const PANEL_EXTRA_PX: u32 = 84;
+/// Room for a lane's label (`stage 0: ≤ 8 held`, `rank 1: compute`).
+const LABEL_PX: u32 = 140;
 
 /// Draws `panels` stacked, on one time axis (`axis`, from 0 to the last end),
 /// `curve` under them if there is one, and `legend` (label, colour) last.
@@ -88,10 +90,10 @@ fn draw_panel(
     // `(0..n).into_segmented()` has n + 1 segments: the axis below has one per lane.
     let labels: Vec<&str> = panel.lanes.iter().map(|l| l.label.as_str()).collect();
     let mut chart = ChartBuilder::on(area)
-        .caption(&panel.title, (FONT, 15))
+        .caption(&panel.title, font(TITLE))
         .margin(8)
-        .x_label_area_size(40)
-        .y_label_area_size(130)
+        .x_label_area_size(44)
+        .y_label_area_size(LABEL_PX)
         .build_cartesian_2d(0.0..end, (0..lanes.max(1) - 1).into_segmented())
         .map_err(plot_error)?;
     chart
@@ -103,7 +105,7 @@ fn draw_panel(
             SegmentValue::CenterOf(i) if *i < lanes => labels[lanes - 1 - i].to_string(),
             _ => String::new(),
         })
-        .label_style((FONT, 12))
+        .label_style(font(SMALL))
         .light_line_style(WHITE.mix(0.0))
         .draw()
         .map_err(plot_error)?;
@@ -124,7 +126,7 @@ fn draw_panel(
                     Rectangle::new([(bar.start, top.clone()), (bar.end, bottom.clone())], WHITE.stroke_width(1)),
                 ])
                 .map_err(plot_error)?;
-            let fits = |label: &str| (bar.end - bar.start) * px_per_unit > CHAR_PX * label.chars().count() as f64 + 4.0;
+            let fits = |label: &str| (bar.end - bar.start) * px_per_unit > text_width(label, SMALL) + 4.0;
             // A bar too narrow for `F5` still shows `5`: a lane missing one
             // label among its neighbours' reads as a missing micro-batch.
             let number: String = bar.label.chars().filter(char::is_ascii_digit).collect();
@@ -132,7 +134,7 @@ fn draw_panel(
                 [bar.label.as_str(), number.as_str()].into_iter().find(|label| !label.is_empty() && fits(label));
             if let Some(label) = shown {
                 let middle = (bar.start + bar.end) / 2.0;
-                let style = centred(11, VPos::Center).color(&WHITE);
+                let style = centred(SMALL, VPos::Center).color(&WHITE);
                 chart
                     .draw_series([Text::new(label.to_string(), (middle, SegmentValue::CenterOf(row(i))), style)])
                     .map_err(plot_error)?;
@@ -150,10 +152,10 @@ fn draw_curve(
 ) -> Result<()> {
     let top = curve.series.iter().flat_map(|(_, _, points)| points.iter().map(|p| p.1)).fold(0.0, f64::max) * 1.15;
     let mut chart = ChartBuilder::on(area)
-        .caption(&curve.title, (FONT, 13))
+        .caption(&curve.title, font(TEXT))
         .margin(8)
-        .x_label_area_size(40)
-        .y_label_area_size(130)
+        .x_label_area_size(44)
+        .y_label_area_size(LABEL_PX)
         .build_cartesian_2d(0.0..end, 0.0..top.max(f64::MIN_POSITIVE))
         .map_err(plot_error)?;
     chart
@@ -162,7 +164,7 @@ fn draw_curve(
         .y_desc(&curve.unit)
         .x_label_formatter(&|ms| format!("{ms:.0}"))
         .y_labels(4)
-        .label_style((FONT, 12))
+        .label_style(font(SMALL))
         .light_line_style(WHITE.mix(0.0))
         .draw()
         .map_err(plot_error)?;
@@ -183,7 +185,7 @@ fn draw_curve(
         .position(SeriesLabelPosition::UpperRight)
         .background_style(WHITE.mix(0.9))
         .border_style(BLACK.mix(0.3))
-        .label_font((FONT, 11))
+        .label_font(font(SMALL))
         .draw()
         .map_err(plot_error)
 }

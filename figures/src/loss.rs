@@ -5,7 +5,7 @@
 use anyhow::{anyhow, Result};
 use plotters::prelude::*;
 
-use crate::style::{BACKWARD, FONT, FORWARD, SECOND, WIDTH};
+use crate::style::{font, BACKWARD, FORWARD, SECOND, SMALL, TITLE, WIDTH};
 
 /// One optimizer step's record.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -27,12 +27,8 @@ pub fn draw(title: &str, points: &[StepPoint]) -> Result<String> {
         let root = SVGBackend::with_string(&mut svg, (WIDTH, 360)).into_drawing_area();
         root.fill(&WHITE).map_err(plot_error)?;
         if finite.len() < 2 {
-            root.draw(&Text::new(
-                format!("{title}: fewer than two finite steps to draw"),
-                (20, 180),
-                (FONT, 16).into_font(),
-            ))
-            .map_err(plot_error)?;
+            root.draw(&Text::new(format!("{title}: fewer than two finite steps to draw"), (20, 180), font(TITLE)))
+                .map_err(plot_error)?;
             root.present().map_err(plot_error)?;
             drop(root);
             return Ok(svg);
@@ -43,11 +39,11 @@ pub fn draw(title: &str, points: &[StepPoint]) -> Result<String> {
         let (lo, hi) = bounds(finite.iter().map(|p| p.loss).chain(evals.iter().map(|e| e.1)));
         let lr_max = finite.iter().map(|p| p.lr).fold(0.0, f64::max).max(f64::MIN_POSITIVE);
         let mut chart = ChartBuilder::on(&root)
-            .caption(title, (FONT, 18))
+            .caption(title, font(TITLE))
             .margin(12)
-            .x_label_area_size(36)
-            .y_label_area_size(52)
-            .right_y_label_area_size(64)
+            .x_label_area_size(42)
+            .y_label_area_size(60)
+            .right_y_label_area_size(76)
             .build_cartesian_2d(first..last, lo..hi)
             .map_err(plot_error)?
             .set_secondary_coord(first..last, 0.0..lr_max * 1.05);
@@ -56,7 +52,7 @@ pub fn draw(title: &str, points: &[StepPoint]) -> Result<String> {
             .x_desc("optimizer step")
             .x_label_formatter(&|step| format!("{step:.0}"))
             .y_desc("loss (nats per token)")
-            .label_style((FONT, 12))
+            .label_style(font(SMALL))
             .light_line_style(WHITE.mix(0.0))
             .draw()
             .map_err(plot_error)?;
@@ -64,7 +60,7 @@ pub fn draw(title: &str, points: &[StepPoint]) -> Result<String> {
             .configure_secondary_axes()
             .y_desc("learning rate")
             .y_label_formatter(&|lr| format!("{lr:.1e}"))
-            .label_style((FONT, 12))
+            .label_style(font(SMALL))
             .draw()
             .map_err(plot_error)?;
         chart
@@ -92,7 +88,7 @@ pub fn draw(title: &str, points: &[StepPoint]) -> Result<String> {
             .position(SeriesLabelPosition::UpperRight)
             .background_style(WHITE.mix(0.9))
             .border_style(BLACK.mix(0.3))
-            .label_font((FONT, 12))
+            .label_font(font(SMALL))
             .draw()
             .map_err(plot_error)?;
         root.present().map_err(plot_error)?;

@@ -10,7 +10,7 @@ use plotters::style::text_anchor::VPos;
 use serde::Deserialize;
 
 use crate::loss::plot_error;
-use crate::style::{centred, BACKWARD, COMM, FONT, FORWARD, REDUCE, WIDTH};
+use crate::style::{centred, font, BACKWARD, COMM, FORWARD, REDUCE, SMALL, TEXT, TITLE, WIDTH};
 
 /// The shapes the figure is drawn for.
 #[derive(Deserialize)]
@@ -22,10 +22,16 @@ pub struct MlpShape {
 
 type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
 
-const BOX_W: i32 = 94;
-const BOX_H: i32 = 40;
-const ROW: i32 = 70;
+/// A box's height: room for three lines of text.
+const BOX_H: i32 = 54;
+const LINE: i32 = 15;
+/// From one rank's row to the next, with room for the rank's name between.
+const ROW: i32 = 84;
 const TOP: i32 = 56;
+/// Between a box and the next thing along its row, room for an arrow.
+const GAP: i32 = 22;
+const OPERATOR_R: i32 = 13;
+const NOTE_LINE: i32 = 19;
 
 /// Draws the split for `shape`.
 pub fn draw(shape: &MlpShape) -> Result<String> {
@@ -34,7 +40,24 @@ pub fn draw(shape: &MlpShape) -> Result<String> {
         bail!("the MLP's {i} units do not split over {tp} ranks");
     }
     let part = i / tp;
-    let height = (TOP + ROW * tp as i32 + 70) as u32;
+    let notes = [
+        "f: identity forward; backward, all-reduce of the input's gradient (each rank saw only its columns)",
+        "g: all-reduce forward (Y = sum of the partial Ys); identity backward",
+        "one all-reduce each way per MLP; the same pair wraps attention, cut by heads",
+    ];
+    let rows_end = TOP + ROW * tp as i32 - (ROW - BOX_H);
+    let height = (rows_end + 24 + NOTE_LINE * notes.len() as i32) as u32;
+    // Left to right: X, f, the rank's four pieces, g, Y; each box as wide as its text.
+    let x_box = 76;
+    let piece_widths = [112, 84, 104, 84];
+    let f_centre = 4 + x_box + GAP + OPERATOR_R;
+    let mut lefts = vec![];
+    let mut x = f_centre + OPERATOR_R + GAP;
+    for width in piece_widths {
+        lefts.push(x);
+        x += width + GAP;
+    }
+    let g_centre = x + OPERATOR_R;
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (WIDTH, height)).into_drawing_area();
@@ -42,45 +65,46 @@ pub fn draw(shape: &MlpShape) -> Result<String> {
         root.draw(&Text::new(
             format!("The SwiGLU MLP on {tp} tensor-parallel ranks (C = {c}, I = {i}; BT tokens)"),
             (WIDTH as i32 / 2, 16),
-            centred(15, VPos::Center),
+            centred(TITLE, VPos::Center),
         ))
         .map_err(plot_error)?;
         let middle = TOP + ROW * tp as i32 / 2 - ROW / 2 + BOX_H / 2;
-        let columns = [4, 124, 148, 262, 376, 490, 606, 632];
-        boxed(&root, (columns[0], middle - BOX_H / 2), "X, whole", &format!("BT × {c}"), FORWARD)?;
+        boxed(&root, (4, middle - BOX_H / 2), x_box, &["X, whole", &format!("BT × {c}")], FORWARD)?;
         for rank in 0..tp {
             let y = TOP + ROW * rank as i32;
             let centre = y + BOX_H / 2;
-            arrow(&root, (columns[0] + BOX_W, middle), (columns[1] - 14, centre))?;
-            operator(&root, (columns[1], centre), "f", COMM)?;
-            let pieces = [
-                (format!("gate, up: rows {}", units_of(rank, part)), format!("{part} × {c} each"), FORWARD),
-                ("SwiGLU".to_string(), format!("BT × {part}"), FORWARD),
-                (format!("down: cols {}", units_of(rank, part)), format!("{c} × {part}"), FORWARD),
-                (format!("partial Y, rank {rank}"), format!("BT × {c}"), BACKWARD),
+            arrow(&root, (4 + x_box, middle), (f_centre - OPERATOR_R, centre))?;
+            operator(&root, (f_centre, centre), "f", COMM)?;
+            let units = units_of(rank, part);
+            let pieces: [(Vec<String>, RGBColor); 4] = [
+                (vec!["gate, up".into(), format!("rows {units}"), format!("{part} × {c} each")], FORWARD),
+                (vec!["SwiGLU".into(), format!("BT × {part}")], FORWARD),
+                (vec!["down".into(), format!("cols {units}"), format!("{c} × {part}")], FORWARD),
+                (vec!["partial Y".into(), format!("BT × {c}")], BACKWARD),
             ];
             // Each piece fed by the one before it, f feeding the first.
-            let mut from = columns[1] + 14;
-            for ((title, shape, color), x) in pieces.iter().zip(&columns[2..6]) {
-                arrow(&root, (from, centre), (*x, centre))?;
-                boxed(&root, (*x, y), title, shape, *color)?;
-                from = x + BOX_W;
+            let mut from = f_centre + OPERATOR_R;
+            for (((lines, color), left), width) in pieces.iter().zip(&lefts).zip(piece_widths) {
+                arrow(&root, (from, centre), (*left, centre))?;
+                let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+                boxed(&root, (*left, y), width, &lines, *color)?;
+                from = left + width;
             }
-            arrow(&root, (from, centre), (columns[6] + 12, middle))?;
-            root.draw(&Text::new(format!("rank {rank}"), (columns[2] + BOX_W / 2, y - 8), centred(11, VPos::Center)))
-                .map_err(plot_error)?;
+            arrow(&root, (from, centre), (g_centre - OPERATOR_R, middle))?;
+            root.draw(&Text::new(
+                format!("rank {rank}"),
+                (lefts[0] + piece_widths[0] / 2, y - 10),
+                centred(SMALL, VPos::Center),
+            ))
+            .map_err(plot_error)?;
         }
-        operator(&root, (columns[6] + 26, middle), "g", REDUCE)?;
-        root.draw(&Text::new("Y", (columns[7] + 64, middle), centred(13, VPos::Center))).map_err(plot_error)?;
-        arrow(&root, (columns[6] + 40, middle), (columns[7] + 56, middle))?;
-        let notes = [
-            "f: identity forward; backward, all-reduce of the input's gradient (each rank saw only its columns)",
-            "g: all-reduce forward (Y = sum of the partial Ys); identity backward",
-            "one all-reduce each way per MLP; the same pair wraps attention, cut by heads",
-        ];
+        operator(&root, (g_centre, middle), "g", REDUCE)?;
+        let y_at = g_centre + OPERATOR_R + GAP;
+        arrow(&root, (g_centre + OPERATOR_R, middle), (y_at, middle))?;
+        root.draw(&Text::new("Y", (y_at + 8, middle), centred(TEXT, VPos::Center))).map_err(plot_error)?;
         for (k, note) in notes.iter().enumerate() {
-            let y = height as i32 - 58 + 18 * k as i32;
-            root.draw(&Text::new(note.to_string(), (12, y), (FONT, 12).into_font())).map_err(plot_error)?;
+            let y = rows_end + 20 + NOTE_LINE * k as i32;
+            root.draw(&Text::new(note.to_string(), (12, y), font(SMALL))).map_err(plot_error)?;
         }
         root.present().map_err(plot_error)?;
     }
@@ -92,20 +116,22 @@ fn units_of(rank: usize, part: usize) -> String {
     format!("{}..{}", rank * part, (rank + 1) * part)
 }
 
-fn boxed(root: &Area, at: (i32, i32), title: &str, shape: &str, color: RGBColor) -> Result<()> {
-    let far = (at.0 + BOX_W, at.1 + BOX_H);
+/// A box `width` wide at `at`, its `lines` centred in it.
+fn boxed(root: &Area, at: (i32, i32), width: i32, lines: &[&str], color: RGBColor) -> Result<()> {
+    let far = (at.0 + width, at.1 + BOX_H);
     root.draw(&Rectangle::new([at, far], color.mix(0.18).filled())).map_err(plot_error)?;
     root.draw(&Rectangle::new([at, far], color.stroke_width(1))).map_err(plot_error)?;
-    root.draw(&Text::new(title.to_string(), (at.0 + BOX_W / 2, at.1 + 13), centred(10, VPos::Center)))
-        .map_err(plot_error)?;
-    root.draw(&Text::new(shape.to_string(), (at.0 + BOX_W / 2, at.1 + 28), centred(11, VPos::Center)))
-        .map_err(plot_error)?;
+    let first = at.1 + (BOX_H - LINE * lines.len() as i32) / 2 + LINE / 2;
+    for (k, line) in lines.iter().enumerate() {
+        let centre = (at.0 + width / 2, first + LINE * k as i32);
+        root.draw(&Text::new(line.to_string(), centre, centred(SMALL, VPos::Center))).map_err(plot_error)?;
+    }
     Ok(())
 }
 
 fn operator(root: &Area, centre: (i32, i32), name: &str, color: RGBColor) -> Result<()> {
-    root.draw(&Circle::new(centre, 13, color.filled())).map_err(plot_error)?;
-    let style = centred(14, VPos::Center).color(&WHITE);
+    root.draw(&Circle::new(centre, OPERATOR_R, color.filled())).map_err(plot_error)?;
+    let style = centred(TEXT, VPos::Center).color(&WHITE);
     root.draw(&Text::new(name.to_string(), centre, style)).map_err(plot_error)?;
     Ok(())
 }

@@ -9,7 +9,7 @@ use plotters::style::text_anchor::VPos;
 use serde::Deserialize;
 
 use crate::loss::plot_error;
-use crate::style::{centred, FORWARD, WIDTH};
+use crate::style::{centred, FORWARD, SMALL, TITLE, WIDTH};
 
 /// What `record_ring` printed.
 #[derive(Deserialize)]
@@ -87,7 +87,7 @@ pub fn draw(record: &RingRecord) -> Result<String> {
         root.draw(&Text::new(
             format!("Ring all-reduce of {len} elements on {world} ranks: what each rank holds"),
             (WIDTH as i32 / 2, 14),
-            centred(15, VPos::Center),
+            centred(TITLE, VPos::Center),
         ))
         .map_err(plot_error)?;
         for (s, (holdings, fresh)) in steps.iter().enumerate() {
@@ -97,14 +97,15 @@ pub fn draw(record: &RingRecord) -> Result<String> {
                 s if s < world => format!("reduce-scatter {s}"),
                 s => format!("all-gather {}", s + 1 - world),
             };
-            root.draw(&Text::new(title, (x0 + column / 2, TOP - 16), centred(12, VPos::Center))).map_err(plot_error)?;
+            root.draw(&Text::new(title, (x0 + column / 2, TOP - 16), centred(SMALL, VPos::Center)))
+                .map_err(plot_error)?;
             for rank in 0..world {
                 let y0 = TOP + ROW * rank as i32;
                 if s == 0 {
                     root.draw(&Text::new(
                         format!("rank {rank}"),
                         (LEFT / 2, y0 + BOX_H / 2),
-                        centred(12, VPos::Center),
+                        centred(SMALL, VPos::Center),
                     ))
                     .map_err(plot_error)?;
                 }
@@ -122,7 +123,7 @@ pub fn draw(record: &RingRecord) -> Result<String> {
                     root.draw(&Text::new(
                         sums.to_string(),
                         ((corner.0 + far.0) / 2, y0 + BOX_H / 2),
-                        centred(11, VPos::Center).color(&text),
+                        centred(SMALL, VPos::Center).color(&text),
                     ))
                     .map_err(plot_error)?;
                 }
@@ -131,7 +132,7 @@ pub fn draw(record: &RingRecord) -> Result<String> {
         root.draw(&Text::new(
             "each box is one element: the number of ranks whose values it sums; outlined: received at this step",
             (WIDTH as i32 / 2, height as i32 - 18),
-            centred(12, VPos::Center),
+            centred(SMALL, VPos::Center),
         ))
         .map_err(plot_error)?;
         root.present().map_err(plot_error)?;

@@ -27,29 +27,52 @@ pub const FONT: &str = "sans-serif";
 /// The guide's text column is about 750 px wide.
 pub const WIDTH: u32 = 720;
 
-/// About how wide one character of a 11-12 px label is.
-pub const CHAR_PX: f64 = 6.2;
+/// Text sizes, in the px a reader sees with the figure at its native width.
+/// The smallest is the guide's small print: nothing in a figure is smaller.
+/// Bar labels, ticks, legends and notes.
+pub const SMALL: f64 = 12.0;
+/// Axis names, a panel's own caption, the operators' letters.
+pub const TEXT: f64 = 13.0;
+/// A figure's title.
+pub const TITLE: f64 = 15.0;
+
+/// plotters writes a font of size s into the SVG as s / 1.24; asking for
+/// `size` × 1.24 makes the SVG say `size`.
+const PLOTTERS_SHRINK: f64 = 1.24;
+
+/// The sans-serif font of `size` px (as the SVG will say).
+pub fn font(size: f64) -> FontDesc<'static> {
+    (FONT, size * PLOTTERS_SHRINK).into_font()
+}
+
+/// About how wide `text` is at `size` px: a sans-serif character averages a
+/// little over half its size, digits and capitals more.
+pub fn text_width(text: &str, size: f64) -> f64 {
+    0.62 * size * text.chars().count() as f64
+}
 
 /// Text of `size` px, centred on its point across, placed by `vertical` up and down.
-pub fn centred(size: u32, vertical: VPos) -> TextStyle<'static> {
-    TextStyle::from((FONT, size).into_font()).pos(Pos::new(HPos::Center, vertical))
+pub fn centred(size: f64, vertical: VPos) -> TextStyle<'static> {
+    TextStyle::from(font(size)).pos(Pos::new(HPos::Center, vertical))
 }
 
 /// Where a legend's entries start, under the figures' label column.
 const LEGEND_LEFT: i32 = 140;
+/// How far apart a legend's rows are.
+const LEGEND_ROW: i32 = 22;
 
 /// The height a legend of `entries` (label, colour) takes.
 pub fn legend_height(entries: &[(&str, RGBColor)]) -> u32 {
-    8 + 20 * legend_rows(entries).len() as u32
+    8 + LEGEND_ROW as u32 * legend_rows(entries).len() as u32
 }
 
 /// Draws `entries` as coloured boxes with their labels, in rows that fit the width.
 pub fn draw_legend(area: &DrawingArea<SVGBackend, Shift>, entries: &[(&str, RGBColor)]) -> Result<()> {
     for (row, placed) in legend_rows(entries).iter().enumerate() {
-        let y = 4 + 20 * row as i32;
+        let y = 4 + LEGEND_ROW * row as i32;
         for (x, (label, color)) in placed {
-            area.draw(&Rectangle::new([(*x, y), (x + 14, y + 12)], color.filled())).map_err(plot_error)?;
-            area.draw(&Text::new(label.to_string(), (x + 20, y), (FONT, 12).into_font())).map_err(plot_error)?;
+            area.draw(&Rectangle::new([(*x, y), (x + 14, y + 14)], color.filled())).map_err(plot_error)?;
+            area.draw(&Text::new(label.to_string(), (x + 20, y), font(SMALL))).map_err(plot_error)?;
         }
     }
     Ok(())
@@ -61,7 +84,7 @@ fn legend_rows<'a>(entries: &[(&'a str, RGBColor)]) -> Vec<Vec<(i32, (&'a str, R
     let mut rows: Vec<Vec<(i32, (&str, RGBColor))>> = vec![vec![]];
     let mut x = LEGEND_LEFT;
     for &(label, color) in entries {
-        let width = 34 + (CHAR_PX * label.chars().count() as f64) as i32;
+        let width = 34 + text_width(label, SMALL) as i32;
         if x + width > WIDTH as i32 && x > LEGEND_LEFT {
             rows.push(vec![]);
             x = LEGEND_LEFT;

@@ -9,7 +9,7 @@ use plotters::style::text_anchor::VPos;
 use serde::Deserialize;
 
 use crate::loss::plot_error;
-use crate::style::{centred, draw_legend, legend_height, BACKWARD, FONT, FORWARD, REDUCE, WIDTH};
+use crate::style::{centred, draw_legend, font, legend_height, BACKWARD, FORWARD, REDUCE, SMALL, TITLE, WIDTH};
 
 /// One line of `zero-memory.jsonl`: one stage on one world size.
 #[derive(Deserialize)]
@@ -55,7 +55,7 @@ pub fn draw(rows: &[ZeroRow]) -> Result<String> {
             rows[0].params as f64 / 1e6
         );
         let mut chart = ChartBuilder::on(&body)
-            .caption(title, (FONT, 15))
+            .caption(title, font(TITLE))
             .margin(10)
             .x_label_area_size(52)
             .y_label_area_size(52)
@@ -70,7 +70,7 @@ pub fn draw(rows: &[ZeroRow]) -> Result<String> {
                 _ => String::new(),
             })
             .y_desc("GiB per rank")
-            .label_style((FONT, 12))
+            .label_style(font(SMALL))
             .light_line_style(WHITE.mix(0.0))
             .draw()
             .map_err(plot_error)?;
@@ -99,7 +99,7 @@ pub fn draw(rows: &[ZeroRow]) -> Result<String> {
                 .draw_series([Text::new(
                     format!("{base:.2}"),
                     (SegmentValue::CenterOf(i), base + top * 0.02),
-                    centred(10, VPos::Bottom),
+                    centred(SMALL, VPos::Bottom),
                 )])
                 .map_err(plot_error)?;
         }
@@ -110,7 +110,7 @@ pub fn draw(rows: &[ZeroRow]) -> Result<String> {
         while first < rows.len() {
             let count = rows[first..].iter().take_while(|r| r.strategy == rows[first].strategy).count();
             let middle = plot.0.start as f64 + per_bar * (first as f64 + count as f64 / 2.0);
-            let style = centred(12, VPos::Top);
+            let style = centred(SMALL, VPos::Top);
             root.draw(&Text::new(stage_only(&rows[first].strategy), (middle as i32, plot.1.end + 24), style))
                 .map_err(plot_error)?;
             first += count;
