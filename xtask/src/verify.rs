@@ -663,8 +663,8 @@ fn guide_builds(ws: &Workspace, tally: &mut Tally) {
     tally.end_section();
 }
 
-/// The figures check (`figures check`) passes, and a chapter links every
-/// figure in `guide/src/figures/`.
+/// The figures check (`figures check`) passes, and a chapter shows every
+/// figure in `guide/src/figures/` as a link to itself.
 fn figures_current_and_shown(ws: &Workspace, tally: &mut Tally) {
     match figures::run_figures(&ws.root, "check") {
         Ok(current) => {
@@ -679,10 +679,27 @@ fn figures_current_and_shown(ws: &Workspace, tally: &mut Tally) {
         .collect();
     for figure in files_under(&ws.root, Path::new(figures::FIGURES)) {
         let name = figure.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        tally.check(chapters.contains(&format!("figures/{name})")), || {
-            format!("{} is shown by no chapter: link it as ![...](../figures/{name})", figure.display())
+        tally.check(shows_full_size(&chapters, &name), || {
+            format!(
+                "{} is shown by no chapter as a link to itself: write [![...](../figures/{name})](../figures/{name}) \
+                 (a phone shrinks the picture to its screen; the link opens it at full size)",
+                figure.display()
+            )
         });
     }
+}
+
+/// Whether `text` shows the figure file `name` as an image that links to
+/// the same file: `[![alt](../figures/x.svg)](../figures/x.svg)`.
+fn shows_full_size(text: &str, name: &str) -> bool {
+    let file = format!("figures/{name}");
+    let shown = format!("{file})](");
+    text.match_indices(&shown).any(|(at, _)| {
+        let Some((before, folder)) = text[..at].rsplit_once("](") else { return false };
+        let link = text[at + shown.len()..].split_once(')').map_or("", |(path, _)| path);
+        let alt_only = before.rsplit_once("[![").is_some_and(|(_, alt)| !alt.contains(']'));
+        alt_only && link == format!("{folder}{file}")
+    })
 }
 
 /// Every measured number a chapter shows is included from the files the
@@ -752,7 +769,16 @@ fn no_typed_numbers(name: &str, text: &str, tally: &mut Tally) {
 
 #[cfg(test)]
 mod tests {
-    use super::cited_paths;
+    use super::{cited_paths, shows_full_size};
+
+    #[test]
+    fn a_figure_is_shown_as_a_link_to_itself() {
+        let name = "ring-steps.svg";
+        assert!(shows_full_size("See [![Ring](../figures/ring-steps.svg)](../figures/ring-steps.svg).", name));
+        assert!(!shows_full_size("![Ring](../figures/ring-steps.svg)", name), "an image alone shrinks on a phone");
+        assert!(!shows_full_size("[![Ring](../figures/ring-steps.svg)](../figures/zero-memory.svg)", name));
+        assert!(!shows_full_size("[![Ring](../figures/other-ring-steps.svg)](../figures/other-ring-steps.svg)", name));
+    }
 
     #[test]
     fn the_guide_shows_flags_as_typed() {
