@@ -9,6 +9,7 @@ mod bench_allreduce;
 mod bench_fsdp;
 mod bench_loop;
 mod bench_phase4;
+mod code_width;
 mod commands;
 mod doctor;
 mod estimate;

@@ -181,6 +181,18 @@ pub fn anchors(text: &str) -> BTreeSet<&str> {
     text.lines().filter_map(|line| line.strip_prefix("ANCHOR: ")).map(str::trim).collect()
 }
 
+/// What an include of `anchor` brings in from `text`: the lines between
+/// `ANCHOR: anchor` and `ANCHOR_END: anchor`, without other anchors' lines,
+/// as mdBook does.
+pub fn anchored(text: &str, anchor: &str) -> Option<String> {
+    let mut lines = text.lines().skip_while(|line| line.strip_prefix("ANCHOR: ").map(str::trim) != Some(anchor));
+    lines.next()?;
+    let inside = lines.take_while(|line| line.strip_prefix("ANCHOR_END: ").map(str::trim) != Some(anchor));
+    let kept: Vec<&str> =
+        inside.filter(|line| !line.starts_with("ANCHOR: ") && !line.starts_with("ANCHOR_END: ")).collect();
+    Some(kept.join("\n"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -230,6 +242,14 @@ mod tests {
         let text = "# Ch\n\n## Check yourself\n\n1. At 200 ms a step...\n\n## Next\n\nIt took 93 ms.\n";
         let (found, _) = typed_numbers(text, &[]);
         assert_eq!(found, [Typed { line: 9, text: "93 ms".into() }]);
+    }
+
+    #[test]
+    fn an_anchor_brings_in_its_lines_only() {
+        let file = "ANCHOR: a\none\nANCHOR: b\ntwo\nANCHOR_END: b\nANCHOR_END: a\nthree\n";
+        assert_eq!(anchored(file, "a").as_deref(), Some("one\ntwo"));
+        assert_eq!(anchored(file, "b").as_deref(), Some("two"));
+        assert_eq!(anchored(file, "c"), None);
     }
 
     #[test]

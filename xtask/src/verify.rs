@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
+use crate::code_width;
 use crate::figures;
 use crate::grading::{
     graded_exercise, phase_check, unfinished_exercise, Bodies, Outcome, Runner, TestRun, TEST_BINARY,
@@ -340,7 +341,7 @@ fn cited_paths<'a>(text: &'a str, folders: &'a [String]) -> impl Iterator<Item =
 }
 
 /// The `.md` files under `dir`, in a stable order.
-fn markdown_files(dir: &Path) -> Vec<PathBuf> {
+pub fn markdown_files(dir: &Path) -> Vec<PathBuf> {
     let mut files = vec![];
     for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         let path = entry.path();
@@ -640,12 +641,13 @@ fn no_warnings(ws: &Workspace, builds: [(&str, Option<TestRun>); 2], tally: &mut
 /// when mdbook is installed.
 fn guide_builds(ws: &Workspace, tally: &mut Tally) {
     tally.section(
-        "Guide: cited paths exist, figures and numbers are current, numbers come from runs, the book builds \
-         (mdbook build guide)",
+        "Guide: cited paths exist, figures and numbers are current, numbers come from runs, code fits the page, \
+         the book builds (mdbook build guide)",
     );
     cited_paths_exist(ws, tally);
     figures_current_and_shown(ws, tally);
     numbers_from_runs(ws, tally);
+    code_fits_the_page(ws, tally);
     match Command::new("mdbook").args(["build", "guide"]).current_dir(&ws.root).output() {
         Err(error) if error.kind() == ErrorKind::NotFound => {
             println!("  skipped: mdbook is not on PATH (`cargo install mdbook` adds this check)");
@@ -743,6 +745,26 @@ fn numbers_from_runs(ws: &Workspace, tally: &mut Tally) {
         tally.check(guide.join(chapter).is_file(), || {
             format!("xtask/src/quoted.rs allows numbers in guide/src/{chapter}, which does not exist")
         });
+    }
+}
+
+/// No line of a chapter's code blocks is wider than the page shows.
+fn code_fits_the_page(ws: &Workspace, tally: &mut Tally) {
+    let guide = ws.root.join("guide/src");
+    for chapter in markdown_files(&guide) {
+        let text = std::fs::read_to_string(&chapter).unwrap_or_default();
+        let name = chapter.strip_prefix(&guide).unwrap_or(&chapter).to_string_lossy().replace('\\', "/");
+        for wide in code_width::wide_code_lines(&chapter, &text) {
+            tally.check(false, || {
+                format!(
+                    "guide/src/{name}:{}: a code line of {} columns scrolls sideways (the page shows {}): break a \
+                     command with `\\`, elide illustrative output with `…`, draw a diagram narrower",
+                    wide.line,
+                    wide.columns,
+                    code_width::COLUMNS
+                )
+            });
+        }
     }
 }
 
