@@ -9,7 +9,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use crate::loss::{bounds, plot_error};
-use crate::style::{FONT, WIDTH};
+use crate::style::{font, SMALL, TITLE, WIDTH};
 
 /// One optimizer step of a run.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -61,7 +61,7 @@ fn loss_panel(
 ) -> Result<()> {
     let (lo, hi) = bounds(runs.iter().flat_map(finite).map(|s| s.loss));
     let mut chart = ChartBuilder::on(area)
-        .caption(title, (FONT, 18))
+        .caption(title, font(TITLE))
         .margin(12)
         .x_label_area_size(30)
         .y_label_area_size(52)
@@ -71,7 +71,7 @@ fn loss_panel(
         .configure_mesh()
         .y_desc("loss (nats per token)")
         .x_label_formatter(&|step| format!("{step:.0}"))
-        .label_style((FONT, 12))
+        .label_style(font(SMALL))
         .light_line_style(WHITE.mix(0.0))
         .draw()
         .map_err(plot_error)?;
@@ -93,7 +93,7 @@ fn loss_panel(
         .position(SeriesLabelPosition::UpperRight)
         .background_style(WHITE.mix(0.9))
         .border_style(BLACK.mix(0.3))
-        .label_font((FONT, 12))
+        .label_font(font(SMALL))
         .draw()
         .map_err(plot_error)?;
     Ok(())
@@ -120,7 +120,7 @@ fn norm_panel(
         .y_desc("gradient norm (log)")
         .x_label_formatter(&|step| format!("{step:.0}"))
         .y_label_formatter(&|norm| format!("{norm}"))
-        .label_style((FONT, 12))
+        .label_style(font(SMALL))
         .light_line_style(WHITE.mix(0.0))
         .draw()
         .map_err(plot_error)?;
@@ -141,7 +141,7 @@ fn norm_panel(
         .position(SeriesLabelPosition::UpperRight)
         .background_style(WHITE.mix(0.9))
         .border_style(BLACK.mix(0.3))
-        .label_font((FONT, 12))
+        .label_font(font(SMALL))
         .draw()
         .map_err(plot_error)?;
     Ok(())
