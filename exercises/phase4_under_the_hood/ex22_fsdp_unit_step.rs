@@ -26,8 +26,10 @@
 //! unit's whole parameters until backward, and freeing the slot would free
 //! nothing. The forward returns each unit's input instead; what backward
 //! makes of them to get a unit's gradients, and the gradient it hands to the
-//! unit before, is yours to work out. `vjp` reports gradients for variables
-//! (`Var`) only.
+//! unit before, is yours to work out. `vjp` gives a whole gradient only to
+//! variables (`Var`): a tensor that is not one gets at most the part that
+//! flows through operations where it meets a tracked tensor, and nothing
+//! fails (the guide's candle primer says which tensors a `GradStore` holds).
 //!
 //! A trace: N = 2 ranks, K = 2 units, each P = 5 parameters padded to
 //! P' = 6, a shard of 3 (12 bytes in f32), a whole unit 24 bytes.
