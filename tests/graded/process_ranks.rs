@@ -257,8 +257,8 @@ mod tests {
         let closed = "error: rank 2 closed its connection while rank 0 waited in recv #3: rank 2 exited or crashed \
                       (its own output says why)";
         assert_eq!(blamed_rank(closed), Some(2));
-        let waits = "all_reduce timed out after 30s on rank 0: rank 1 is alive but itself still waits on rank 3, \
-                     which kept it from this call: look at rank 3 (stopped, stuck, or in another call)";
+        let waits = "all_reduce timed out after 30s on rank 0: rank 1 is alive but has itself waited on rank 3 all \
+                     this time; look at rank 3: it is stuck in its own work, or the ranks wait for each other";
         assert_eq!(blamed_rank(waits), Some(3));
         assert_eq!(blamed_rank("ring_all_reduce failed: rank 0 failed: panicked: attempt to subtract"), None);
     }

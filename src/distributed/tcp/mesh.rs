@@ -24,9 +24,11 @@
 //! and not busy but sends nothing for this call (stuck, or it skipped the
 //! call), and a peer that is busy, whose wait is not charged to the timeout.
 //! Heartbeats also say which rank their sender waits on: on a mesh of
-//! groups a rank often waits on a peer that waits on a third, and the third
-//! is the one to name, so the first gives the peer one more timeout to find
-//! out why and pass the cause on.
+//! groups a rank often waits in a collective on a peer that waits on a
+//! third, and the third is the one to name, so the first gives the peer one
+//! more timeout to find out why and pass the cause on. Not in a
+//! point-to-point receive, where such a chain is more likely a cycle of
+//! ranks that each receive before they send.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -508,17 +510,22 @@ impl Mesh {
             wait.deadline = now + self.timeout;
             return Ok(());
         }
-        // A peer that waits on a third rank finds out within a timeout
-        // whether that rank is gone, and then tells this one why.
-        let third = peer.waiting_on.filter(|&r| r != me);
+        // In a collective, a peer that waits on a third rank finds out within
+        // a timeout whether that rank is gone, and then tells this one why.
+        // Not for a point-to-point receive: there the likelier chain is a
+        // cycle of ranks that each receive before they send, which waiting
+        // longer only prolongs.
+        let third = peer.waiting_on.filter(|&r| r != me && waiting_for.kind != Collective::Send);
         if third.is_some() && !wait.extended {
             wait.extended = true;
             wait.deadline = now + self.timeout;
             return Ok(());
         }
         if let Some(third) = third {
+            // A fact, not a verdict: rank `third` may be stuck, or may wait
+            // on another rank in turn, this one included.
             return Err(format!(
-                "{waiting_for} timed out after {:.0?} on rank {me}: rank {from} is alive but itself still waits on rank {third}, which kept it from this call: look at rank {third} (stopped, stuck, or in another call); if its work legitimately takes longer, raise --timeout",
+                "{waiting_for} timed out after {:.0?} on rank {me}: rank {from} is alive but has itself waited on rank {third} all this time; look at rank {third}: it is stuck in its own work, or the ranks wait for each other in a cycle (collectives issued in different orders on groups they share); if the work legitimately takes longer, raise --timeout",
                 now - wait.start
             ));
         }
