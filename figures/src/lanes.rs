@@ -8,7 +8,9 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::VPos;
 
 use crate::loss::plot_error;
-use crate::style::{centred, draw_legend, font, legend_height, text_width, IDLE, SMALL, TEXT, TITLE, WIDTH};
+use crate::style::{
+    centred, draw_legend, draw_series_labels, font, legend_height, text_width, IDLE, SMALL, TEXT, TITLE, WIDTH,
+};
 
 /// A span of work drawn as a bar, with its label inside when it fits.
 pub struct Bar {
@@ -180,12 +182,5 @@ fn draw_curve(
             .label(label.clone())
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], color.stroke_width(2)));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK.mix(0.3))
-        .label_font(font(SMALL))
-        .draw()
-        .map_err(plot_error)
+    draw_series_labels(chart.configure_series_labels())
 }

@@ -5,7 +5,7 @@
 use anyhow::{anyhow, Result};
 use plotters::prelude::*;
 
-use crate::style::{font, BACKWARD, FORWARD, SECOND, SMALL, TITLE, WIDTH};
+use crate::style::{draw_series_labels, font, BACKWARD, FORWARD, SECOND, SMALL, TITLE, WIDTH};
 
 /// One optimizer step's record.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -83,14 +83,7 @@ pub fn draw(title: &str, points: &[StepPoint]) -> Result<String> {
             .map_err(plot_error)?
             .label("learning rate")
             .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], SECOND.stroke_width(1)));
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.9))
-            .border_style(BLACK.mix(0.3))
-            .label_font(font(SMALL))
-            .draw()
-            .map_err(plot_error)?;
+        draw_series_labels(chart.configure_series_labels())?;
         root.present().map_err(plot_error)?;
     }
     Ok(svg)

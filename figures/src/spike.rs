@@ -9,7 +9,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use crate::loss::{bounds, plot_error};
-use crate::style::{font, SMALL, TITLE, WIDTH};
+use crate::style::{draw_series_labels, font, SMALL, TITLE, WIDTH};
 
 /// One optimizer step of a run.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -88,15 +88,7 @@ fn loss_panel(
             .draw_series(skipped.map(|step| PathElement::new([(step, lo.min(0.0)), (step, tick)], RED.stroke_width(2))))
             .map_err(plot_error)?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK.mix(0.3))
-        .label_font(font(SMALL))
-        .draw()
-        .map_err(plot_error)?;
-    Ok(())
+    draw_series_labels(chart.configure_series_labels())
 }
 
 fn norm_panel(
@@ -136,15 +128,7 @@ fn norm_panel(
         .map_err(plot_error)?
         .label(format!("max_grad_norm = {max_grad_norm}: clipped above"))
         .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], BLACK.stroke_width(1)));
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK.mix(0.3))
-        .label_font(font(SMALL))
-        .draw()
-        .map_err(plot_error)?;
-    Ok(())
+    draw_series_labels(chart.configure_series_labels())
 }
 
 #[cfg(test)]

@@ -56,6 +56,20 @@ pub fn centred(size: f64, vertical: VPos) -> TextStyle<'static> {
     TextStyle::from(font(size)).pos(Pos::new(HPos::Center, vertical))
 }
 
+/// Draws a chart's series labels (plotters' legend) as every figure does:
+/// top right, on a pale box, in the small print.
+pub fn draw_series_labels<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
+    mut labels: plotters::chart::SeriesLabelStyle<'a, '_, DB, CT>,
+) -> Result<()> {
+    labels
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK.mix(0.3))
+        .label_font(font(SMALL))
+        .draw()
+        .map_err(plot_error)
+}
+
 /// Where a legend's entries start, under the figures' label column.
 const LEGEND_LEFT: i32 = 140;
 /// How far apart a legend's rows are.
