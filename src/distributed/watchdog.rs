@@ -125,22 +125,21 @@ fn watch(shared: &Shared, timeout: Duration, mut busy: BusyQuery) -> Option<Stri
             // Asked without the lock: the query may wait on the network, and
             // the rank queues more calls meanwhile.
             drop(state);
-            let someone_busy = busy();
+            let someone_busy = busy().is_some();
             state = shared.lock();
+            // A call that completed or failed meanwhile is settled by the
+            // loop above, on `continue`.
             if let Some(oldest) = state.pending.front_mut() {
-                match (someone_busy, (oldest.done)()) {
-                    (_, Ok(true)) => {}
-                    (Some(_), _) => oldest.deadline = Instant::now() + timeout,
-                    (None, Err(e)) => return Some(format!("{} failed on the device: {e}", oldest.what)),
-                    (None, Ok(false)) => {
-                        return Some(format!(
-                            "{} has not completed {:.0?} after it was queued: a peer rank is dead, stopped or \
-                             stuck, or called another collective; ending this rank so that the job ends (raise \
-                             --timeout if this work legitimately takes longer)",
-                            oldest.what,
-                            oldest.queued.elapsed()
-                        ))
-                    }
+                if someone_busy {
+                    oldest.deadline = Instant::now() + timeout;
+                } else if matches!((oldest.done)(), Ok(false)) {
+                    return Some(format!(
+                        "{} has not completed {:.0?} after it was queued: a peer rank is dead, stopped or stuck, \
+                         or called another collective; ending this rank so that the job ends (raise --timeout if \
+                         this work legitimately takes longer)",
+                        oldest.what,
+                        oldest.queued.elapsed()
+                    ));
                 }
             }
             continue;

@@ -175,7 +175,7 @@ impl Checkpoint {
     pub fn is_written_by_a_save(dir: &Path) -> bool {
         Self::holds_only_saved_files(dir)
             && Self::is_complete(dir)
-            && dir.join(CHECKSUM_FILE).is_file()
+            && Self::has_checksums(dir)
             && Self::verify(dir).is_ok_and(|unchecked| unchecked.is_empty())
     }
 

@@ -207,13 +207,13 @@ impl RunLock {
 fn find_debris(root: &Path) -> Result<Vec<(PathBuf, Debris)>> {
     let mut found = vec![];
     for entry in std::fs::read_dir(root).with_context(|| format!("cannot list {}", root.display()))?.flatten() {
+        let Some(debris) = debris_of(&entry.file_name().to_string_lossy()) else { continue };
         let path = entry.path();
-        let ours = match debris_of(&entry.file_name().to_string_lossy()) {
-            Some(Debris::SetAside(_)) => Checkpoint::is_written_by_a_save(&path),
-            Some(Debris::Staging | Debris::Pruned) => Checkpoint::holds_only_saved_files(&path),
-            None => false,
+        let ours = match debris {
+            Debris::SetAside(_) => Checkpoint::is_written_by_a_save(&path),
+            Debris::Staging | Debris::Pruned => Checkpoint::holds_only_saved_files(&path),
         };
-        if let Some(debris) = debris_of(&entry.file_name().to_string_lossy()).filter(|_| ours) {
+        if ours {
             found.push((path, debris));
         }
     }
