@@ -10,6 +10,8 @@
 //! - [`powersgd`]: gradients compressed to low rank before they are averaged, exercise 18.
 //! - [`tensor`]: one layer's weights split across the ranks (Megatron), exercise 20.
 //! - [`pipeline`]: the blocks split into stages, one per rank, exercise 21.
+//! - [`MeshTrainer`]: the model over a mesh of data, pipeline and tensor
+//!   parallelism, each axis one of the transforms above.
 //! - [`threads`]: a rank's batch split across its threads, each running the whole model.
 //!
 //! Each strategy keeps its communication in its own `comm` file; every
@@ -18,10 +20,12 @@
 pub mod ddp;
 pub mod fsdp;
 pub mod fsdp_unit;
+mod mesh_trainer;
 pub mod pipeline;
 pub mod powersgd;
 pub mod tensor;
 pub mod threads;
 pub mod zero;
 
+pub use mesh_trainer::MeshTrainer;
 pub(crate) use threads::on_threads;

@@ -32,9 +32,10 @@ use workbook::model::{layer_of, Outer, ParamStore};
 use workbook::parallel::ddp::average_in_buckets;
 use workbook::parallel::fsdp::FlatLayout;
 use workbook::parallel::fsdp_unit::BlockUnit;
-use workbook::parallel::pipeline::{PipelineSchedule, PipelineStage, PipelineTrainer};
-use workbook::parallel::tensor::{TensorParallelBlock, TensorParallelTrainer};
+use workbook::parallel::pipeline::{PipelineSchedule, PipelineStage};
+use workbook::parallel::tensor::{BlockStep, TensorParallelBlock};
 use workbook::parallel::zero::ShardedAdamW;
+use workbook::parallel::MeshTrainer;
 use workbook::phase1_model::next_token_loss;
 use workbook::phase4_under_the_hood::{fsdp_backward, fsdp_forward, overlapped_all_reduce, DataParallel};
 use workbook::train::{AdamW, AdamWConfig, ParamGroup, Train};
@@ -254,30 +255,31 @@ fn fsdp_rank(pg: Box<dyn ProcessGroup>) -> Result<Values> {
     Ok(held)
 }
 
-/// One rank of a (dp 2, tp 2) mesh: the workbook's tensor-parallel
-/// trainer, whose blocks your exercise 23 steps (its MLP cut by your
-/// exercise 20), on its replica's rows of each micro-batch.
-fn tensor_parallel_rank(pg: Box<dyn ProcessGroup>) -> Result<Values> {
+/// One rank of a (dp 2, tp 2) mesh: the workbook's mesh trainer, whose
+/// blocks your exercise 23 steps (its MLP cut by your exercise 20), or 27,
+/// on its replica's rows of each micro-batch.
+fn tensor_parallel_rank(pg: Box<dyn ProcessGroup>, block_step: BlockStep) -> Result<Values> {
     let mesh = DeviceMesh::new(pg, MeshShape { dp: 2, pp: 1, tp: 2 })?;
     let replica = mesh.coords().dp;
     let params = init_params(&model_config(), 7, &Device::Cpu)?;
-    let mut trainer = TensorParallelTrainer::new(&model_config(), &params, train_config(CLIP), mesh, BUCKET_BYTES)?;
+    let (config, schedule) = (train_config(CLIP), PipelineSchedule::GPipe);
+    let mut trainer = MeshTrainer::new(&model_config(), &params, config, mesh, schedule, block_step, BUCKET_BYTES)?;
     for step in 0..STEPS {
         let rows: Vec<Tensor> = global_batches(step).iter().map(|b| rows_of(b, replica, 2)).collect();
         trainer.train_step(&rows)?;
     }
-    Ok(values(trainer.params()))
+    Ok(values(trainer.stage().params()))
 }
 
-/// One rank of a (dp 2, pp 2, tp 2) mesh: the workbook's pipeline trainer,
+/// One rank of a (dp 2, pp 2, tp 2) mesh: the workbook's mesh trainer,
 /// your 1F1B schedule (exercise 24) over stages whose blocks your exercise 23
-/// steps, on its replica's rows of each micro-batch.
-fn three_dimensional_rank(pg: Box<dyn ProcessGroup>) -> Result<Values> {
+/// steps, or 27, on its replica's rows of each micro-batch.
+fn three_dimensional_rank(pg: Box<dyn ProcessGroup>, block_step: BlockStep) -> Result<Values> {
     let mesh = DeviceMesh::new(pg, MeshShape { dp: 2, pp: 2, tp: 2 })?;
     let replica = mesh.coords().dp;
     let params = init_params(&model_config(), 7, &Device::Cpu)?;
     let (config, schedule) = (train_config(CLIP), PipelineSchedule::OneFOneB);
-    let mut trainer = PipelineTrainer::new(&model_config(), &params, config, mesh, schedule, BUCKET_BYTES)?;
+    let mut trainer = MeshTrainer::new(&model_config(), &params, config, mesh, schedule, block_step, BUCKET_BYTES)?;
     for step in 0..STEPS {
         let rows: Vec<Tensor> = global_batches(step).iter().map(|b| rows_of(b, replica, 2)).collect();
         trainer.train_step(&rows)?;
@@ -359,18 +361,33 @@ fn your_fsdp_units_on_two_processes_train_as_one_process() {
     expect_as_one_process(&per_rank, "FSDP units stepped by exercise 22");
 }
 
-#[test]
-fn your_tensor_parallel_blocks_on_a_mesh_of_four_processes_train_as_one_process() {
-    let per_rank = on_processes(4, |pg| tensor_parallel_rank(Box::new(pg)));
-    let one = ParamStore::from_tensors(single_process(STEPS, CLIP)).unwrap();
-    let what = "the tensor-parallel trainer on a dp 2 × tp 2 mesh, its blocks stepped by exercise 23";
-    expect_shares_of_one_process(&per_rank, what, |rank| tensor_parallel_shares(&one, rank % 2, 2));
+/// The exercise that steps a split block.
+fn block_exercise(block_step: BlockStep) -> u32 {
+    match block_step {
+        BlockStep::TensorParallel => 23,
+        BlockStep::SequenceParallel => 27,
+    }
 }
 
-#[test]
-fn your_pipeline_of_tensor_parallel_stages_on_a_mesh_of_eight_processes_trains_as_one_process() {
-    let per_rank = on_processes(8, |pg| three_dimensional_rank(Box::new(pg)));
+#[rstest]
+fn your_tensor_parallel_blocks_on_a_mesh_of_four_processes_train_as_one_process(
+    #[values(BlockStep::TensorParallel, BlockStep::SequenceParallel)] block_step: BlockStep,
+) {
+    let per_rank = on_processes(4, |pg| tensor_parallel_rank(Box::new(pg), block_step));
     let one = ParamStore::from_tensors(single_process(STEPS, CLIP)).unwrap();
-    let what = "the 1F1B pipeline of exercise 24 on a dp 2 × pp 2 × tp 2 mesh, its blocks stepped by exercise 23";
-    expect_shares_of_one_process(&per_rank, what, |rank| tensor_parallel_shares(&one, rank % 2, 2));
+    let what = format!("a dp 2 × tp 2 mesh, its blocks stepped by exercise {}", block_exercise(block_step));
+    expect_shares_of_one_process(&per_rank, &what, |rank| tensor_parallel_shares(&one, rank % 2, 2));
+}
+
+#[rstest]
+fn your_pipeline_of_tensor_parallel_stages_on_a_mesh_of_eight_processes_trains_as_one_process(
+    #[values(BlockStep::TensorParallel, BlockStep::SequenceParallel)] block_step: BlockStep,
+) {
+    let per_rank = on_processes(8, |pg| three_dimensional_rank(Box::new(pg), block_step));
+    let one = ParamStore::from_tensors(single_process(STEPS, CLIP)).unwrap();
+    let what = format!(
+        "the 1F1B pipeline of exercise 24 on a dp 2 × pp 2 × tp 2 mesh, its blocks stepped by exercise {}",
+        block_exercise(block_step)
+    );
+    expect_shares_of_one_process(&per_rank, &what, |rank| tensor_parallel_shares(&one, rank % 2, 2));
 }

@@ -44,37 +44,32 @@ pub fn exercise_lines(options: &RunOptions) -> candle_core::Result<Vec<String>> 
             "FSDP: every block's unit step (gather, compute, free; gather again, reduce-scatter) by {}",
             named(22)
         )),
-        Strategy::Pipeline { schedule, stages, .. } => {
-            let layers = options.config.model.num_layers;
-            let micro_batches = options.config.grad_accum_steps;
-            let cut: Vec<String> = (0..stages).map(|s| format!("{:?}", stage_layers(layers, stages, s))).collect();
-            lines.push(format!(
-                "pipeline: {stages} stages (layers {}), the {schedule} step of {} over {micro_batches} micro-batches: \
-                 bubble (S-1)/(M+S-1) = {:.0}%, at most {} micro-batch(es) in flight on stage 0",
-                cut.join(", "),
-                named(schedule.exercise()),
-                100.0 * (stages - 1) as f64 / (micro_batches + stages - 1) as f64,
-                schedule.most_in_flight(0, stages, micro_batches)
-            ));
-            if mesh.tp > 1 {
+        Strategy::Mesh { stages, schedule, sequence_parallel, .. } => {
+            if stages > 1 {
+                let layers = options.config.model.num_layers;
+                let micro_batches = options.config.grad_accum_steps;
+                let cut: Vec<String> = (0..stages).map(|s| format!("{:?}", stage_layers(layers, stages, s))).collect();
                 lines.push(format!(
-                    "tensor parallelism: every stage's blocks split across {} ranks (heads and MLP units), stepped by \
-                     {}; embedding and head whole",
-                    mesh.tp,
-                    named(23)
+                    "pipeline: {stages} stages (layers {}), the {schedule} step of {} over {micro_batches} \
+                     micro-batches: bubble (S-1)/(M+S-1) = {:.0}%, at most {} micro-batch(es) in flight on stage 0",
+                    cut.join(", "),
+                    named(schedule.exercise()),
+                    100.0 * (stages - 1) as f64 / (micro_batches + stages - 1) as f64,
+                    schedule.most_in_flight(0, stages, micro_batches)
                 ));
             }
-        }
-        Strategy::TensorParallel { sequence_parallel, .. } => {
-            let stepped = match sequence_parallel {
-                true => format!("{}, norms and residuals cut along the sequence (--sequence-parallel)", named(27)),
-                false => named(23),
-            };
-            lines.push(format!(
-                "tensor parallelism: every block split across {} ranks (heads and MLP units), stepped by {stepped}; \
-                 embedding and head whole on every rank",
-                mesh.tp
-            ));
+            if mesh.tp > 1 {
+                let stepped = match sequence_parallel {
+                    true => format!("{}, norms and residuals cut along the sequence (--sequence-parallel)", named(27)),
+                    false => named(23),
+                };
+                let blocks = if stages > 1 { "every stage's blocks" } else { "every block" };
+                lines.push(format!(
+                    "tensor parallelism: {blocks} split across {} ranks (heads and MLP units), stepped by {stepped}; \
+                     embedding and head whole",
+                    mesh.tp
+                ));
+            }
         }
     }
     if mesh.tp > 1 {
@@ -84,7 +79,7 @@ pub fn exercise_lines(options: &RunOptions) -> candle_core::Result<Vec<String>> 
             named(20)
         ));
     }
-    if matches!(options.strategy, Strategy::Pipeline { .. } | Strategy::TensorParallel { .. }) {
+    if matches!(options.strategy, Strategy::Mesh { .. }) {
         lines.push(format!(
             "mesh: dp {} x pp {} x tp {}, each rank's place and groups laid out by {}",
             mesh.dp,
@@ -124,7 +119,7 @@ fn ring_carries(strategy: Strategy, mesh: MeshShape, powersgd: bool) -> String {
     let across_replicas = |what: &str| (mesh.dp > 1).then(|| format!("{what} across the {} replicas", mesh.dp));
     let gradients = match strategy {
         Strategy::Ddp if powersgd => across_replicas("the gradients' PowerSGD factors"),
-        Strategy::Ddp | Strategy::Pipeline { .. } | Strategy::TensorParallel { .. } => across_replicas("the gradients"),
+        Strategy::Ddp | Strategy::Mesh { .. } => across_replicas("the gradients"),
         Strategy::Fsdp(config) => match config.sharding {
             ShardingStrategy::NoShard => across_replicas("the gradients"),
             ShardingStrategy::HybridShard => Some("each shard's gradients across the groups that hold it".to_string()),
@@ -135,7 +130,7 @@ fn ring_carries(strategy: Strategy, mesh: MeshShape, powersgd: bool) -> String {
     // Sequence parallelism turns the partial sums into reduce-scatters and
     // all-gathers; the norms, which saw a chunk of the tokens each, still sum.
     let within_blocks = match strategy {
-        Strategy::TensorParallel { sequence_parallel: true, .. } => "the norms' gradients",
+        Strategy::Mesh { sequence_parallel: true, .. } => "the norms' gradients",
         _ => "every block's partial sums, forward and backward,",
     };
     let partial_sums = (mesh.tp > 1).then(|| format!("{within_blocks} across the {} tensor-parallel ranks", mesh.tp));
@@ -174,14 +169,20 @@ mod tests {
 
     #[test]
     fn the_ring_says_what_it_carries_with_one_replica() {
-        let pipeline = Strategy::Pipeline { schedule: PipelineSchedule::GPipe, stages: 2, tp: 1 };
+        let mesh = |stages, tp, sequence_parallel| Strategy::Mesh {
+            stages,
+            tp,
+            schedule: PipelineSchedule::GPipe,
+            sequence_parallel,
+        };
+        let pipeline = mesh(2, 1, false);
         let carried = ring_carries(pipeline, pipeline.mesh(2).unwrap(), false);
         assert_eq!(carried, "the gradient norm and the logged loss (one replica: no gradients to average)");
-        let tp = Strategy::TensorParallel { ranks: 2, sequence_parallel: false };
+        let tp = mesh(1, 2, false);
         let carried = ring_carries(tp, tp.mesh(4).unwrap(), false);
         assert!(carried.starts_with("every block's partial sums, forward and backward, across the 2"), "{carried}");
         assert!(carried.contains("the gradients across the 2 replicas"), "{carried}");
-        let sequence = Strategy::TensorParallel { ranks: 2, sequence_parallel: true };
+        let sequence = mesh(1, 2, true);
         let carried = ring_carries(sequence, sequence.mesh(2).unwrap(), false);
         assert!(carried.starts_with("the norms' gradients across the 2 tensor-parallel ranks"), "{carried}");
         assert_eq!(ring_carries(Strategy::Zero1, Strategy::Zero1.mesh(2).unwrap(), false), "only the logged loss");

@@ -50,27 +50,22 @@ pub fn exercises_called(options: &RunOptions) -> BTreeMap<u32, &'static str> {
             called.insert(14, "--strategy fsdp");
             called.insert(15, "the checkpoint every run saves");
         }
-        Strategy::Pipeline { schedule: PipelineSchedule::GPipe, .. } => {
-            called.insert(21, "--pipeline-schedule gpipe");
+        Strategy::Mesh { stages, tp, schedule, sequence_parallel } => {
+            if stages > 1 {
+                match schedule {
+                    PipelineSchedule::GPipe => called.insert(21, "--pipeline-schedule gpipe"),
+                    PipelineSchedule::OneFOneB => called.insert(24, "--pipeline-schedule 1f1b"),
+                };
+            }
+            if tp > 1 {
+                called.insert(20, "--tp (the MLP's split)");
+                match sequence_parallel {
+                    true => called.insert(27, "--sequence-parallel"),
+                    false => called.insert(23, "--tp"),
+                };
+            }
+            called.insert(25, "the device mesh of --pp and --tp");
         }
-        Strategy::Pipeline { schedule: PipelineSchedule::OneFOneB, .. } => {
-            called.insert(24, "--pipeline-schedule 1f1b");
-        }
-        Strategy::TensorParallel { .. } => {}
-    }
-    match options.strategy {
-        Strategy::TensorParallel { sequence_parallel: true, .. } => {
-            called.insert(20, "--tp (the MLP's split)");
-            called.insert(27, "--sequence-parallel");
-        }
-        Strategy::TensorParallel { .. } | Strategy::Pipeline { tp: 2.., .. } => {
-            called.insert(20, "--tp (the MLP's split)");
-            called.insert(23, "--tp");
-        }
-        _ => {}
-    }
-    if matches!(options.strategy, Strategy::Pipeline { .. } | Strategy::TensorParallel { .. }) {
-        called.insert(25, "the device mesh of --pp and --tp");
     }
     if options.own_ring {
         called.insert(16, "--allreduce ring");

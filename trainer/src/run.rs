@@ -13,9 +13,9 @@ use workbook::distributed::{
 };
 use workbook::parallel::ddp::Ddp;
 use workbook::parallel::fsdp::FsdpTrainer;
-use workbook::parallel::pipeline::PipelineTrainer;
-use workbook::parallel::tensor::TensorParallelTrainer;
+use workbook::parallel::tensor::BlockStep;
 use workbook::parallel::zero::ZeroTrainer;
+use workbook::parallel::MeshTrainer;
 use workbook::timeline;
 use workbook::train::{faults, DataPosition, StepStats, Train, Trainer};
 use workbook::{init_params, ParamStore};
@@ -229,18 +229,13 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>, 
             let trainer = if options.offload { trainer.with_offload(&options.out_dir)? } else { trainer };
             drive(options, dataset, trainer, device, num_params)
         }
-        Strategy::Pipeline { schedule, .. } => {
+        Strategy::Mesh { schedule, sequence_parallel, .. } => {
             let mesh = DeviceMesh::new(pg, options.strategy.mesh(options.nproc)?)?;
+            let block_step = if sequence_parallel { BlockStep::SequenceParallel } else { BlockStep::TensorParallel };
+            let bucket_bytes = options.bucket_bytes;
             let trainer =
-                PipelineTrainer::new(&model_config, &params, train_config, mesh, schedule, options.bucket_bytes)?;
-            drop(params); // each stage keeps only its own parameters
-            drive(options, dataset, trainer, device, num_params)
-        }
-        Strategy::TensorParallel { sequence_parallel, .. } => {
-            let mesh = DeviceMesh::new(pg, options.strategy.mesh(options.nproc)?)?;
-            let trainer = TensorParallelTrainer::new(&model_config, &params, train_config, mesh, options.bucket_bytes)?;
-            let trainer = if sequence_parallel { trainer.with_sequence_parallel() } else { trainer };
-            drop(params); // each rank keeps the root and its own shards
+                MeshTrainer::new(&model_config, &params, train_config, mesh, schedule, block_step, bucket_bytes)?;
+            drop(params); // each rank keeps only its own part
             drive(options, dataset, trainer, device, num_params)
         }
     }

@@ -14,16 +14,14 @@ pub enum Strategy {
     Fsdp(FsdpConfig),
     /// Phase 4: whole replicas, AdamW's state sharded, each step exercise 17's.
     Zero1,
-    /// Phase 4: the blocks cut into `stages` pipeline stages, stepped on
-    /// GPipe's schedule (exercise 21) or 1F1B's (exercise 24), each stage's
-    /// blocks split across `tp` tensor-parallel ranks (1: whole); the ranks
-    /// beyond one pipeline are data-parallel replicas of it.
-    Pipeline { schedule: PipelineSchedule, stages: usize, tp: usize },
-    /// Phase 4: every block split across `ranks` tensor-parallel ranks,
-    /// stepped by exercise 23, or by exercise 27 with the norms and
-    /// residuals cut along the sequence (its MLP cut by exercise 20); the
-    /// ranks beyond one group are data-parallel replicas of it.
-    TensorParallel { ranks: usize, sequence_parallel: bool },
+    /// Phase 4: the model over a mesh. Its blocks cut into `stages`
+    /// pipeline stages (1: none), stepped on GPipe's schedule (exercise 21)
+    /// or 1F1B's (exercise 24); each stage's blocks split across `tp`
+    /// tensor-parallel ranks (1: whole), stepped by exercise 23, or by
+    /// exercise 27 with the norms and residuals cut along the sequence (the
+    /// MLP cut by exercise 20); the ranks beyond one pipeline of split
+    /// stages are data-parallel replicas of it.
+    Mesh { stages: usize, tp: usize, schedule: PipelineSchedule, sequence_parallel: bool },
 }
 
 impl Strategy {
@@ -31,8 +29,7 @@ impl Strategy {
     /// pipelines or tensor-parallel groups replicated across the rest.
     pub fn mesh(self, nproc: usize) -> candle_core::Result<MeshShape> {
         match self {
-            Strategy::Pipeline { stages, tp, .. } => MeshShape::new(nproc, None, Some(stages), Some(tp)),
-            Strategy::TensorParallel { ranks, .. } => MeshShape::new(nproc, None, None, Some(ranks)),
+            Strategy::Mesh { stages, tp, .. } => MeshShape::new(nproc, None, Some(stages), Some(tp)),
             Strategy::Ddp | Strategy::Zero1 | Strategy::Fsdp(_) => Ok(MeshShape::data_parallel(nproc)),
         }
     }

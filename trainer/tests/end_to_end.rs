@@ -81,15 +81,22 @@ fn a_run_calls_the_exercises_its_flags_choose() {
     });
     assert_eq!(called(&fsdp), [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 14, 15]);
     let mut pipeline = options(PathBuf::from("unused"), 1, 2);
-    pipeline.strategy = Strategy::Pipeline { schedule: PipelineSchedule::OneFOneB, stages: 2, tp: 1 };
+    pipeline.strategy = mesh(2, 1, PipelineSchedule::OneFOneB, false);
     assert_eq!(called(&pipeline), [1, 2, 3, 4, 5, 6, 7, 8, 9, 24, 25]);
-    pipeline.strategy = Strategy::Pipeline { schedule: PipelineSchedule::GPipe, stages: 2, tp: 2 };
+    pipeline.strategy = mesh(2, 2, PipelineSchedule::GPipe, false);
     assert_eq!(called(&pipeline), [1, 2, 3, 4, 5, 6, 7, 8, 9, 20, 21, 23, 25]);
+    pipeline.strategy = mesh(2, 2, PipelineSchedule::GPipe, true);
+    assert_eq!(called(&pipeline), [1, 2, 3, 4, 5, 6, 7, 8, 9, 20, 21, 25, 27]);
     let mut zero1 = options(PathBuf::from("unused"), 1, 2);
     zero1.strategy = Strategy::Zero1;
     assert_eq!(called(&zero1), [1, 2, 3, 4, 5, 6, 7, 8, 9, 17]);
-    zero1.strategy = Strategy::TensorParallel { ranks: 2, sequence_parallel: true };
+    zero1.strategy = mesh(1, 2, PipelineSchedule::OneFOneB, true);
     assert_eq!(called(&zero1), [1, 2, 3, 4, 5, 6, 7, 8, 9, 20, 25, 27]);
+}
+
+/// The mesh of `--pp stages --tp tp`, with `--sequence-parallel` when asked.
+fn mesh(stages: usize, tp: usize, schedule: PipelineSchedule, sequence_parallel: bool) -> Strategy {
+    Strategy::Mesh { stages, tp, schedule, sequence_parallel }
 }
 
 /// With an evaluation every 10 steps the last windows are held out: the
@@ -234,8 +241,7 @@ fn a_pipeline_of_two_stages_trains_as_one_process_and_resumes_under_ddp() {
     let runs = [(PipelineSchedule::GPipe, 2), (PipelineSchedule::OneFOneB, 2), (PipelineSchedule::GPipe, 4)];
     let dirs = runs.map(|(schedule, nproc)| {
         let what = format!("{schedule} pipeline of 2 stages on {nproc} ranks");
-        let (dir, pipelined, got) =
-            run(&format!("pipeline-{schedule}-{nproc}"), nproc, Strategy::Pipeline { schedule, stages: 2, tp: 1 });
+        let (dir, pipelined, got) = run(&format!("pipeline-{schedule}-{nproc}"), nproc, mesh(2, 1, schedule, false));
         let (a, b) = (one.last.as_ref().unwrap().loss, pipelined.last.unwrap().loss);
         assert!((a - b).abs() <= 1e-5 * a.abs(), "the {what}: loss at step 3 is {b}, one process's {a}");
         assert_eq!(got.len(), want.len(), "rank 0 should write every stage's parameters");
@@ -297,7 +303,7 @@ fn expect_same_params(
 /// reach one uninterrupted process's parameters.
 #[test]
 fn tensor_parallel_runs_train_as_one_process_and_their_checkpoints_move_between_layouts() {
-    let tp2 = Strategy::TensorParallel { ranks: 2, sequence_parallel: false };
+    let tp2 = mesh(1, 2, PipelineSchedule::GPipe, false);
     let (one_dir, one) = run("tp-one-process", 5, 1, Strategy::Ddp, None);
     for nproc in [2, 4] {
         let (dir, summary) = run(&format!("tp-on-{nproc}"), 3, nproc, tp2, None);
@@ -328,11 +334,11 @@ fn tensor_parallel_runs_train_as_one_process_and_their_checkpoints_move_between_
 /// uninterrupted process's parameters.
 #[test]
 fn a_pipeline_of_tensor_parallel_stages_trains_as_one_process_and_its_checkpoints_move_between_meshes() {
-    let mesh = |schedule, tp| Strategy::Pipeline { schedule, stages: 2, tp };
+    let two_stages = |schedule, tp| mesh(2, tp, schedule, false);
     let (one_dir, one) = run("3d-one-process", 5, 1, Strategy::Ddp, None);
     let runs = [(PipelineSchedule::GPipe, 4, "pp 2 × tp 2"), (PipelineSchedule::OneFOneB, 8, "dp 2 × pp 2 × tp 2")];
     let dirs = runs.map(|(schedule, nproc, what)| {
-        let (dir, summary) = run(&format!("3d-on-{nproc}"), 3, nproc, mesh(schedule, 2), None);
+        let (dir, summary) = run(&format!("3d-on-{nproc}"), 3, nproc, two_stages(schedule, 2), None);
         let (a, b) = (one.first.as_ref().unwrap().loss, summary.first.unwrap().loss);
         assert!((a - b).abs() <= 1e-5 * a.abs(), "{what}: loss at step 1 is {b}, one process's {a}");
         expect_same_params(&checkpoint_params(&dir, 3), &checkpoint_params(&one_dir, 3), &format!("{what}, step 3"));
@@ -344,7 +350,7 @@ fn a_pipeline_of_tensor_parallel_stages_trains_as_one_process_and_its_checkpoint
         &checkpoint_params(&one_dir, 5),
         "one process resuming dp 2 × pp 2 × tp 2",
     );
-    let (resumed, _) = run("one-resumed-by-3d", 5, 4, mesh(PipelineSchedule::GPipe, 2), Some(one_dir.clone()));
+    let (resumed, _) = run("one-resumed-by-3d", 5, 4, two_stages(PipelineSchedule::GPipe, 2), Some(one_dir.clone()));
     expect_same_params(
         &checkpoint_params(&resumed, 5),
         &checkpoint_params(&one_dir, 5),
@@ -352,12 +358,16 @@ fn a_pipeline_of_tensor_parallel_stages_trains_as_one_process_and_its_checkpoint
     );
 }
 
-/// `--tp 2 --sequence-parallel` on 2 ranks and on 4 (dp 2 × tp 2) takes the
-/// steps one process takes, and its checkpoint resumes on one process.
+/// `--tp 2 --sequence-parallel` on 2 ranks and on 4 (dp 2 × tp 2), and
+/// within the stages of a pipeline (pp 2 × tp 2), takes the steps one
+/// process takes, and its checkpoint resumes on one process.
 #[test]
 fn sequence_parallel_runs_train_as_one_process() {
-    let sp2 = Strategy::TensorParallel { ranks: 2, sequence_parallel: true };
+    let sp2 = mesh(1, 2, PipelineSchedule::GPipe, true);
     let (one_dir, _) = run("sp-one-process", 5, 1, Strategy::Ddp, None);
+    let (dir, _) = run("sp-in-stages", 3, 4, mesh(2, 2, PipelineSchedule::OneFOneB, true), None);
+    let what = "pp 2 × tp 2 with sequence parallelism in each stage, step 3";
+    expect_same_params(&checkpoint_params(&dir, 3), &checkpoint_params(&one_dir, 3), what);
     for nproc in [2, 4] {
         let (dir, _) = run(&format!("sp-on-{nproc}"), 3, nproc, sp2, None);
         let what = format!("tp 2 with sequence parallelism on {nproc} ranks, step 3");

@@ -7,8 +7,9 @@
 //! A stage runs only its own part of the model and records the order in
 //! which it ran forwards and backwards, so a schedule can be checked and its
 //! idle time (the bubble) worked out. On a mesh with tensor parallelism a
-//! stage's blocks are split across its tp group and stepped by exercise 23
-//! ([`PipelineStage::split`]); the schedule sees the same stage either way.
+//! stage's blocks are split across its tp group and stepped by exercise 23,
+//! or 27 with the tokens cut along the sequence ([`PipelineStage::split`]);
+//! the schedule sees the same stage either way.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -24,13 +25,10 @@ use candle_nn::Embedding;
 use crate::autograd::{accumulate, vjp, Gradients};
 use crate::distributed::ProcessGroup;
 use crate::model::{layer_of, Block, GptConfig, Linear, ParamStore, RmsNorm, RotaryCache, Weights};
-use crate::parallel::tensor::{backward_through, forward_through, BlockStep, TensorParallelBlock};
+use crate::parallel::tensor::{backward_through, forward_through, gather_sequence, BlockStep, TensorParallelBlock};
 use crate::phase1_model::next_token_loss;
 use crate::phase4_under_the_hood::{gpipe_step, one_f_one_b_step};
 use crate::timeline;
-
-mod trainer;
-pub use trainer::PipelineTrainer;
 
 /// One rank's stage: the embedding on the first stage, a run of blocks, and
 /// the final norm, head and next-token loss on the last.
@@ -56,12 +54,40 @@ enum StageBlocks {
 }
 
 /// Blocks split across `tp`, each stepped forward and backward in one call
-/// (exercise 23), so a stage's backward replays them from the inputs its
-/// forward kept, by the output it handed out.
+/// (exercise 23, or 27), so a stage's backward replays them from the inputs
+/// its forward kept, by the output it handed out.
 struct SplitBlocks {
     blocks: Vec<TensorParallelBlock>,
     tp: Arc<dyn ProcessGroup>,
+    step: BlockStep,
     in_flight: Mutex<HashMap<TensorId, SplitForward>>,
+}
+
+impl SplitBlocks {
+    /// This rank's chunk of the tokens of `t`, (B, T, C), under sequence
+    /// parallelism; `t` itself otherwise. Activations enter and leave a
+    /// stage whole, so pipelines and the head see the same tensors either way.
+    fn own_tokens(&self, t: &Tensor) -> Result<Tensor> {
+        if self.step != BlockStep::SequenceParallel {
+            return Ok(t.clone());
+        }
+        let (rank, ranks, seq_len) = (self.tp.rank(), self.tp.world_size(), t.dim(1)?);
+        if !seq_len.is_multiple_of(ranks) {
+            bail!(
+                "--sequence-parallel cuts each sequence into {ranks} chunks, one per tensor-parallel rank, and \
+                 {seq_len} tokens do not split into {ranks}: use a --seq-len that {ranks} divides"
+            );
+        }
+        t.narrow(1, rank * seq_len / ranks, seq_len / ranks)
+    }
+
+    /// Every rank's chunk put together under sequence parallelism; `t` itself otherwise.
+    fn all_tokens(&self, t: &Tensor) -> Result<Tensor> {
+        match self.step {
+            BlockStep::SequenceParallel => gather_sequence(self.tp.as_ref(), t),
+            BlockStep::TensorParallel => Ok(t.clone()),
+        }
+    }
 }
 
 /// What one forward through split blocks keeps for its backward.
@@ -180,16 +206,18 @@ impl PipelineStage {
     }
 
     /// Stage `index` of `stages`, its blocks split across the group `tp` as
-    /// exercise 23 steps them (this rank's shard of each; the embedding,
-    /// final norm and head whole). Its parameters are its own copies.
+    /// exercise 23 steps them, or 27 when `step` says so (this rank's shard
+    /// of each; the embedding, final norm and head whole). Its parameters
+    /// are its own copies.
     pub fn split(
         config: &GptConfig,
         params: &ParamStore,
         index: usize,
         stages: usize,
         tp: Arc<dyn ProcessGroup>,
+        step: BlockStep,
     ) -> Result<Self> {
-        Self::build(config, params, index, stages, Some(tp))
+        Self::build(config, params, index, stages, Some((tp, step)))
     }
 
     fn build(
@@ -197,7 +225,7 @@ impl PipelineStage {
         params: &ParamStore,
         index: usize,
         stages: usize,
-        tp: Option<Arc<dyn ProcessGroup>>,
+        tp: Option<(Arc<dyn ProcessGroup>, BlockStep)>,
     ) -> Result<Self> {
         config.validate()?;
         params.check_matches(config)?;
@@ -225,7 +253,7 @@ impl PipelineStage {
                 let blocks = layers.clone().map(|layer| Block::new(config, &mine, layer, &rotary));
                 (StageBlocks::Whole(blocks.collect::<Result<_>>()?), mine)
             }
-            Some(tp) => {
+            Some((tp, step)) => {
                 let (rank, ranks) = (tp.rank(), tp.world_size());
                 let blocks = layers
                     .clone()
@@ -233,7 +261,7 @@ impl PipelineStage {
                     .collect::<Result<Vec<_>>>()?;
                 let outer = mine.subset(|name| layer_of(name).is_none());
                 let held = ParamStore::union(std::iter::once(&outer).chain(blocks.iter().map(|b| b.params())))?;
-                let split = SplitBlocks { blocks, tp, in_flight: Mutex::new(HashMap::new()) };
+                let split = SplitBlocks { blocks, tp, step, in_flight: Mutex::new(HashMap::new()) };
                 (StageBlocks::Split(split), held)
             }
         };
@@ -329,7 +357,8 @@ impl PipelineStage {
             }
             StageBlocks::Split(split) => split,
         };
-        let (block_inputs, h) = forward_through(split.tp.as_ref(), &split.blocks, BlockStep::TensorParallel, &x)?;
+        let (block_inputs, h) = forward_through(split.tp.as_ref(), &split.blocks, split.step, &split.own_tokens(&x)?)?;
+        let h = split.all_tokens(&h)?;
         let (output, top) = match &self.head {
             Some(_) => {
                 let top = Var::from_tensor(&h)?;
@@ -401,10 +430,11 @@ impl PipelineStage {
             }
             None => (empty_grad_store()?, grad_output),
         };
-        let (tp, blocks) = (split.tp.as_ref(), &split.blocks);
-        let grad_input = backward_through(tp, blocks, BlockStep::TensorParallel, &kept.block_inputs, grad, |grads| {
+        let (tp, blocks, grad) = (split.tp.as_ref(), &split.blocks, split.own_tokens(&grad)?);
+        let grad_input = backward_through(tp, blocks, split.step, &kept.block_inputs, grad, |grads| {
             grads.iter().try_for_each(|(name, g)| accumulate(&mut store, self.params.get(name)?.as_tensor(), g.clone()))
         })?;
+        let grad_input = split.all_tokens(&grad_input)?;
         match self.is_first() {
             // The embedding's graph takes the gradient on to its weight.
             true => store.extend(vjp(&kept.input, &grad_input)?)?,

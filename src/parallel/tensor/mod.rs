@@ -3,18 +3,16 @@
 //! forward are exercise 20 (`exercises/phase4_under_the_hood/ex20_tensor_parallel_mlp.rs`);
 //! a whole block's step, forward and backward, is exercise 23
 //! (`exercises/phase4_under_the_hood/ex23_tensor_parallel_block.rs`), which
-//! the [`TensorParallelTrainer`] (`train --tp T`) steps every block with; the
-//! same step with the activations outside the matrices cut along the
-//! sequence is exercise 27 (`train --tp T --sequence-parallel`).
+//! the [`MeshTrainer`](crate::parallel::MeshTrainer) (`train --tp T`) steps
+//! every block with; the same step with the activations outside the matrices
+//! cut along the sequence is exercise 27 (`train --tp T --sequence-parallel`).
 
 mod sequence;
 mod shards;
 mod stepping;
-mod trainer;
 pub use sequence::{gather_sequence, scatter_sequence};
 pub use shards::{moments_part, part_of, ShardCuts};
 pub use stepping::{backward_through, forward_through, BlockStep};
-pub use trainer::TensorParallelTrainer;
 
 use candle_core::{bail, Module, Result, Tensor};
 

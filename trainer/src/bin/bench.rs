@@ -276,13 +276,13 @@ fn report(args: &Args, config: &RunConfig, out_dir: &Path) -> Result<()> {
 }
 
 fn strategy(args: &Args) -> Strategy {
-    match (args.pipeline, args.tensor_parallel) {
-        (Some(schedule), tp) => {
-            Strategy::Pipeline { schedule, stages: args.stages.unwrap_or(args.nproc), tp: tp.unwrap_or(1) }
-        }
-        (None, Some(ranks)) => Strategy::TensorParallel { ranks, sequence_parallel: false },
-        (None, None) => Strategy::Ddp,
-    }
+    let (stages, tp) = match (args.pipeline, args.tensor_parallel) {
+        (None, None) => return Strategy::Ddp,
+        (Some(_), tp) => (args.stages.unwrap_or(args.nproc), tp.unwrap_or(1)),
+        (None, Some(tp)) => (1, tp),
+    };
+    let schedule = args.pipeline.unwrap_or_default();
+    Strategy::Mesh { stages, tp, schedule, sequence_parallel: false }
 }
 
 fn parallelism(args: &Args) -> String {
@@ -291,13 +291,13 @@ fn parallelism(args: &Args) -> String {
         n => format!(" × {n} replicas"),
     };
     match strategy(args) {
-        Strategy::Pipeline { schedule, stages, tp: 1 } => {
+        Strategy::Mesh { stages: 1, tp, .. } => format!("tensor parallelism over {tp} ranks{}", replicas(tp)),
+        Strategy::Mesh { schedule, stages, tp: 1, .. } => {
             format!("a {schedule} pipeline of {stages} stages{}", replicas(stages))
         }
-        Strategy::Pipeline { schedule, stages, tp } => {
+        Strategy::Mesh { schedule, stages, tp, .. } => {
             format!("a {schedule} pipeline of {stages} stages split {tp} ways{}", replicas(stages * tp))
         }
-        Strategy::TensorParallel { ranks, .. } => format!("tensor parallelism over {ranks} ranks{}", replicas(ranks)),
         _ => "DDP".to_string(),
     }
 }

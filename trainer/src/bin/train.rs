@@ -128,7 +128,7 @@ struct Args {
         long = "pp",
         visible_alias = "pipeline-stages",
         value_name = "S",
-        conflicts_with_all = ["sharding", "precision", "powersgd_rank", "ddp_overlap"]
+        conflicts_with_all = ["sharding", "precision", "powersgd_rank", "ddp_overlap", "activation_checkpointing"]
     )]
     pipeline_stages: Option<usize>,
     /// Split every block across T tensor-parallel ranks, Megatron style,
@@ -143,8 +143,9 @@ struct Args {
     tensor_parallel: Option<usize>,
     /// With --tp: cut the norms and residuals of every block along the
     /// sequence, each tensor-parallel rank keeping its chunk of the tokens,
-    /// stepped by your exercise 27 (Megatron's sequence parallelism).
-    #[arg(long, requires = "tensor_parallel", conflicts_with = "pipeline_stages")]
+    /// stepped by your exercise 27 (Megatron's sequence parallelism); with
+    /// --pp too, within each stage.
+    #[arg(long, requires = "tensor_parallel")]
     sequence_parallel: bool,
     /// Data-parallel replicas: inferred as --nproc / (pp · tp); given, it is
     /// checked against that, so that a job laid out by hand fails before it starts.
@@ -283,14 +284,18 @@ fn run(args: Args) -> anyhow::Result<()> {
     };
     let world_size = launched.as_ref().map_or(args.launch.world_size(), |env| env.world_size);
     let strategy = match (args.pipeline_stages, args.tensor_parallel) {
-        (Some(stages), tp) => {
-            let tp = tp.map(|ranks| check_tensor_split(ranks, &config.model)).transpose()?.unwrap_or(1);
-            pipeline(stages, tp, args.pipeline_schedule, args.strategy, world_size)?
-        }
-        (None, Some(ranks)) => tensor_parallel(ranks, args.sequence_parallel, args.strategy, &config, world_size)?,
         (None, None) => {
             let node_size = launched.as_ref().map_or(args.launch.nproc_per_node, |env| env.local_world_size);
             strategy(args.strategy, args.sharding, args.precision, args.hybrid_group_size, node_size)?
+        }
+        (stages, tp) => {
+            let cut = MeshCut {
+                stages: stages.unwrap_or(1),
+                tp: tp.unwrap_or(1),
+                schedule: args.pipeline_schedule,
+                sequence_parallel: args.sequence_parallel,
+            };
+            mesh(cut, args.strategy, &config, world_size)?
         }
     };
     if let Some(dp) = args.data_parallel {
@@ -443,49 +448,42 @@ fn strategy(
     }
 }
 
-fn pipeline(
+/// What `--pp`, `--tp`, `--pipeline-schedule` and `--sequence-parallel` ask for.
+struct MeshCut {
     stages: usize,
     tp: usize,
     schedule: PipelineSchedule,
-    strategy: StrategyName,
-    world_size: usize,
-) -> anyhow::Result<Strategy> {
-    if strategy != StrategyName::Ddp {
-        anyhow::bail!("--pp cuts the model into stages; it does not combine with --strategy {strategy}");
-    }
-    let strategy = Strategy::Pipeline { schedule, stages, tp };
-    strategy.mesh(world_size).map_err(|e| match tp {
-        1 => anyhow::anyhow!("--pp {stages}: {e}"),
-        _ => anyhow::anyhow!("--pp {stages} --tp {tp}: {e}"),
-    })?;
-    Ok(strategy)
+    sequence_parallel: bool,
 }
 
-fn tensor_parallel(
-    ranks: usize,
-    sequence_parallel: bool,
-    strategy: StrategyName,
-    config: &RunConfig,
-    world_size: usize,
-) -> anyhow::Result<Strategy> {
+/// The mesh `cut` lays `world_size` ranks out on, checked against the model.
+fn mesh(cut: MeshCut, strategy: StrategyName, config: &RunConfig, world_size: usize) -> anyhow::Result<Strategy> {
+    let MeshCut { stages, tp, schedule, sequence_parallel } = cut;
+    let flags = match (stages, tp) {
+        (1, _) => format!("--tp {tp}"),
+        (_, 1) => format!("--pp {stages}"),
+        _ => format!("--pp {stages} --tp {tp}"),
+    };
     if strategy != StrategyName::Ddp {
-        anyhow::bail!("--tp splits every block across ranks; it does not combine with --strategy {strategy}");
+        anyhow::bail!("{flags} lays the model out on a mesh; it does not combine with --strategy {strategy}");
     }
-    if sequence_parallel && !config.seq_len.is_multiple_of(ranks) {
+    if tp > 1 {
+        check_tensor_split(tp, &config.model)?;
+    }
+    if sequence_parallel && !config.seq_len.is_multiple_of(tp) {
         anyhow::bail!(
-            "--sequence-parallel cuts each sequence of {} tokens into {ranks} chunks, one per tensor-parallel rank: \
-             use a --seq-len that {ranks} divides",
+            "--sequence-parallel cuts each sequence of {} tokens into {tp} chunks, one per tensor-parallel rank: \
+             use a --seq-len that {tp} divides",
             config.seq_len
         );
     }
-    let ranks = check_tensor_split(ranks, &config.model)?;
-    let strategy = Strategy::TensorParallel { ranks, sequence_parallel };
-    strategy.mesh(world_size).map_err(|e| anyhow::anyhow!("--tp {ranks}: {e}"))?;
+    let strategy = Strategy::Mesh { stages, tp, schedule, sequence_parallel };
+    strategy.mesh(world_size).map_err(|e| anyhow::anyhow!("{flags}: {e}"))?;
     Ok(strategy)
 }
 
-/// `ranks`, when every block of `model` splits evenly across that many tensor-parallel ranks.
-fn check_tensor_split(ranks: usize, model: &GptConfig) -> anyhow::Result<usize> {
+/// Refuses a `model` whose blocks do not split evenly across `ranks` tensor-parallel ranks.
+fn check_tensor_split(ranks: usize, model: &GptConfig) -> anyhow::Result<()> {
     let cut =
         [("heads", model.num_heads), ("key/value heads", model.kv_heads()), ("MLP units", model.intermediate_size)];
     if let Some((what, count)) = cut.iter().find(|(_, count)| !count.is_multiple_of(ranks)) {
@@ -496,7 +494,7 @@ fn check_tensor_split(ranks: usize, model: &GptConfig) -> anyhow::Result<usize> 
     if model.bias {
         anyhow::bail!("--tp takes a model without biases: a row-parallel layer's bias would be added once per rank");
     }
-    Ok(ranks)
+    Ok(())
 }
 
 fn override_with<T>(slot: &mut T, value: Option<T>) {

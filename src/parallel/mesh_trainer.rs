@@ -1,47 +1,54 @@
-//! The pipeline trainer (`train --pp S`): one stage per rank of a pipeline,
-//! each step the learner's GPipe (exercise 21) or 1F1B (exercise 24)
-//! schedule over the step's micro-batches, each stage updating only its own
-//! parameters; with more ranks than stages, data-parallel replicas of the
-//! pipeline on a [`DeviceMesh`] of shape (dp, pp, 1).
+//! The mesh trainer (`train --pp S`, `--tp T`, both, or either with
+//! `--sequence-parallel`): the model transformed over a [`DeviceMesh`] of
+//! shape (dp, pp, tp). Pipeline parallelism cuts it into S stages, one per
+//! rank of a `pp` group, stepped on the learner's GPipe (exercise 21) or
+//! 1F1B (exercise 24) schedule over the step's micro-batches; tensor
+//! parallelism splits every stage's blocks across its `tp` group, stepped by
+//! exercise 23 (or 27, the tokens outside the split matrices cut along the
+//! sequence); the ranks beyond one pipeline of split stages are data-parallel
+//! replicas of it. With one stage there is nothing to schedule: each
+//! micro-batch runs forward and back in turn through the whole model.
 //!
 //! The stages of one pipeline see the same batch; each replica its own share
 //! of it. Every collective runs on the group it concerns: activations and
-//! their gradients travel between the stages of a pipeline (the mesh's `pp`
-//! group); after the schedule, each stage averages its gradients with the
-//! same stage of the other replicas (the `dp` group), in DDP's buckets; the
-//! gradient norm for clipping is the square root of the stages' sums of
-//! squares added up over the pipeline (they hold disjoint parameters); the
-//! loss, which only the last stage computes, is broadcast from it. A
-//! checkpoint is sent to the first stage of the first replica (rank 0), which
-//! writes it whole, in the format every trainer reads, so a pipelined run
-//! resumes under DDP or FSDP, or on another mesh, and the other way round.
+//! their gradients travel between the same tp rank of neighbouring stages
+//! (the `pp` group), whole; the blocks' all-reduces run on the `tp` group;
+//! after the schedule, each rank averages its gradients with the same place
+//! in the other replicas (the `dp` group), in DDP's buckets. The gradient norm
+//! for clipping adds each rank's sum of squares, the replicated parameters
+//! once and the shards' over the `tp` group, then over the pipeline (its
+//! stages hold disjoint parameters); the loss, which only the last stage
+//! computes, is broadcast from it.
 //!
-//! With a tp axis (a mesh of shape (dp, pp, tp)) every stage's blocks are
-//! split across its tp group ([`PipelineStage::split`], exercise 23): the
-//! norm adds the shards' squares over tp, a checkpoint gathers each shard
-//! along its cut before the stage sends it on, and loading cuts them again.
-//! Activations travel between the same tp rank of neighbouring stages, whole.
+//! A checkpoint holds whole tensors: each stage of the first replica gathers
+//! its shards along the dimension they were cut on and sends its parameters
+//! and moments to rank 0, which writes them in the format every trainer
+//! reads, so a run resumes under DDP or FSDP, or on another mesh, and the
+//! other way round; loading cuts each rank's part out again.
 
 use std::collections::HashMap;
 use std::path::Path;
 
 use candle_core::{bail, DType, Device, Result, Tensor};
 
-use super::{stage_holding, PipelineSchedule, PipelineStage};
-use crate::autograd::clip_factor;
+use crate::autograd::{clip_factor, Gradients};
 use crate::distributed::{all_reduce_scalar, DeviceMesh, ProcessGroup, ReduceOp};
 use crate::model::{param_specs, GptConfig, ParamStore};
 use crate::parallel::ddp::average_in_buckets;
-use crate::parallel::tensor::{moments_part, part_of, ShardCuts};
+use crate::parallel::pipeline::{stage_holding, PipelineSchedule, PipelineStage, PipelineStep};
+use crate::parallel::tensor::{moments_part, part_of, BlockStep, ShardCuts};
 use crate::phase2_training::param_groups;
 use crate::train::{
     AdamW, Checkpoint, DataPosition, ParamGroup, StepCounters, StepStats, Train, TrainConfig, TrainerState,
 };
 
-pub struct PipelineTrainer {
+pub struct MeshTrainer {
     model_config: GptConfig,
+    /// This rank's stage: the whole model when the pipeline has one.
     stage: PipelineStage,
     schedule: PipelineSchedule,
+    /// Which exercise steps the split blocks, under tensor parallelism.
+    block_step: BlockStep,
     /// AdamW over this stage's parameters, grouped as exercise 8 groups them.
     optimizer: AdamW,
     config: TrainConfig,
@@ -55,37 +62,45 @@ pub struct PipelineTrainer {
     step: usize,
 }
 
-impl PipelineTrainer {
+impl MeshTrainer {
     /// This rank's stage of the model `params` holds: stage `mesh.pp().rank()`
     /// of `mesh.pp().world_size()`, its blocks split across `mesh.tp()` when
-    /// that has more than one rank, stepped on `schedule`, its gradients
-    /// averaged over the `mesh.dp()` replicas in all-reduces of at most
-    /// `bucket_bytes`. The rest of `params` can be dropped.
+    /// that has more than one rank (stepped as `block_step` says), the stages
+    /// stepped on `schedule`, its gradients averaged over the `mesh.dp()`
+    /// replicas in all-reduces of at most `bucket_bytes`. The rest of
+    /// `params` can be dropped.
     pub fn new(
         model_config: &GptConfig,
         params: &ParamStore,
         config: TrainConfig,
         mesh: DeviceMesh,
         schedule: PipelineSchedule,
+        block_step: BlockStep,
         bucket_bytes: usize,
     ) -> Result<Self> {
         let pg = mesh.pp();
         if config.activation_checkpointing {
             bail!(
-                "the pipeline keeps each micro-batch's activations from its forward to its backward; activation \
-                 checkpointing is not combined with it here: drop --activation-checkpointing"
+                "the mesh trainer keeps each micro-batch's activations from its forward to its backward (split \
+                 blocks already run twice: exercises 23 and 27 take a block's forward and backward in one call); \
+                 activation checkpointing is not combined with it here: drop --activation-checkpointing"
             );
         }
-        if schedule == PipelineSchedule::OneFOneB && !pg.properties().buffered_sends {
+        let pipelined = pg.world_size() > 1;
+        if pipelined && schedule == PipelineSchedule::OneFOneB && !pg.properties().buffered_sends {
             bail!(
                 "the 1F1B schedule (exercise 24) sends an activation on and then waits for a gradient back, and \
                  this backend's send waits for its receive (NCCL), so neighbouring stages would wait for each \
                  other forever: use --pipeline-schedule gpipe, or --backend tcp"
             );
         }
+        if block_step == BlockStep::SequenceParallel && mesh.shape().tp == 1 {
+            bail!("sequence parallelism cuts the tokens across a tensor-parallel group: it needs a tp axis");
+        }
+        let (index, stages) = (pg.rank(), pg.world_size());
         let stage = match mesh.shape().tp {
-            1 => PipelineStage::new(model_config, params, pg.rank(), pg.world_size())?,
-            _ => PipelineStage::split(model_config, params, pg.rank(), pg.world_size(), mesh.tp_shared())?,
+            1 => PipelineStage::new(model_config, params, index, stages)?,
+            _ => PipelineStage::split(model_config, params, index, stages, mesh.tp_shared(), block_step)?,
         };
         let cuts = ShardCuts::of(model_config, stage.params());
         let groups = param_groups(stage.params(), config.optimizer.weight_decay);
@@ -93,12 +108,45 @@ impl PipelineTrainer {
         let optimizer = AdamW::new(groups, config.optimizer.adamw)?;
         let device = params.device()?;
         let model_config = model_config.clone();
-        Ok(Self { model_config, stage, schedule, optimizer, config, mesh, cuts, bucket_bytes, device, step: 0 })
+        Ok(Self {
+            model_config,
+            stage,
+            schedule,
+            block_step,
+            optimizer,
+            config,
+            mesh,
+            cuts,
+            bucket_bytes,
+            device,
+            step: 0,
+        })
     }
 
     /// The stage this rank runs.
     pub fn stage(&self) -> &PipelineStage {
         &self.stage
+    }
+
+    /// One step of this rank's stage over `micro_batches`: the schedule's,
+    /// or with one stage each micro-batch forward and back in turn.
+    fn stage_step(&self, micro_batches: &[Tensor]) -> Result<PipelineStep> {
+        let pg = self.mesh.pp();
+        if pg.world_size() > 1 {
+            return self.schedule.step(pg, &self.stage, micro_batches);
+        }
+        if micro_batches.is_empty() {
+            bail!("train_step needs at least one micro-batch");
+        }
+        // Each micro-batch's loss weighs 1/M in the step's.
+        let weight = Tensor::new(1.0 / micro_batches.len() as f32, &self.device)?;
+        let (mut grads, mut loss) = (Gradients::default(), 0.0);
+        for tokens in micro_batches {
+            let output = self.stage.forward(tokens, tokens)?;
+            loss += output.to_dtype(DType::F32)?.to_scalar::<f32>()?;
+            grads.accumulate(&self.stage.gradients(&self.stage.backward(&output, &weight)?)?)?;
+        }
+        Ok(PipelineStep { loss: Some(loss / micro_batches.len() as f32), grads })
     }
 
     /// The parameters stage `index` holds, in model order, with their shapes.
@@ -111,11 +159,11 @@ impl PipelineTrainer {
     }
 }
 
-impl Train for PipelineTrainer {
+impl Train for MeshTrainer {
     fn train_step(&mut self, micro_batches: &[Tensor]) -> Result<StepStats> {
         let pg = self.mesh.pp();
         let last = pg.world_size() - 1;
-        let step = self.schedule.step(pg, &self.stage, micro_batches)?;
+        let step = self.stage_step(micro_batches)?;
         let mut grads = step.grads;
         average_in_buckets(self.mesh.dp(), &mut grads, self.bucket_bytes)?;
         // The stages hold different parameters: their sums of squares add up.
@@ -249,15 +297,25 @@ impl Train for PipelineTrainer {
 
     fn layout(&self) -> String {
         let (stages, replicas, tp) = (self.mesh.shape().pp, self.mesh.shape().dp, self.mesh.shape().tp);
-        let pipeline = match tp {
-            1 => format!("a {} pipeline of {stages} stages, one per rank", self.schedule),
-            _ => {
-                format!("a {} pipeline of {stages} stages, each split across {tp} tensor-parallel ranks", self.schedule)
+        let model = match stages {
+            1 => "the whole model on every rank".to_string(),
+            _ => format!("a {} pipeline of {stages} stages", self.schedule),
+        };
+        let sequence = match self.block_step {
+            BlockStep::SequenceParallel => " (norms and residuals cut along the sequence)",
+            BlockStep::TensorParallel => "",
+        };
+        let split = match (tp, stages) {
+            (1, 1) => String::new(),
+            (1, _) => ", one per rank".to_string(),
+            (_, 1) => {
+                format!(", every block split across {tp} tensor-parallel ranks{sequence}, the root whole on each")
             }
+            _ => format!(", each stage's blocks split across {tp} tensor-parallel ranks{sequence}"),
         };
         match replicas {
-            1 => pipeline,
-            _ => format!("{pipeline}, in {replicas} data-parallel replicas"),
+            1 => format!("{model}{split}"),
+            _ => format!("{model}{split}, in {replicas} data-parallel replicas"),
         }
     }
 
