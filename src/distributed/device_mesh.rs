@@ -26,11 +26,10 @@
 //! [`DeviceMesh::dp`].
 
 use std::fmt;
-use std::sync::Arc;
 
 use candle_core::{bail, Result};
 
-use super::{CommStats, ProcessGroup};
+use super::{CommStats, ProcessGroup, SharedGroup, SingleProcess};
 use crate::phase4_under_the_hood::{axis_group, mesh_coords};
 
 /// How many ranks lie along each axis.
@@ -154,11 +153,14 @@ impl fmt::Display for MeshShape {
 pub struct DeviceMesh {
     shape: MeshShape,
     coords: MeshCoords,
-    world: Box<dyn ProcessGroup>,
-    dp: Box<dyn ProcessGroup>,
-    pp: Box<dyn ProcessGroup>,
+    world: SharedGroup,
+    /// Shared: ZeRO's sharded step runs on it with its clipping around it.
+    /// The world itself when the mesh has no other axis.
+    dp: SharedGroup,
+    /// Shared, as tp: ZeRO's clipping adds the norm's squares over it.
+    pp: SharedGroup,
     /// Shared: a pipeline stage split across the tp group keeps a handle to it.
-    tp: Arc<dyn ProcessGroup>,
+    tp: SharedGroup,
 }
 
 impl DeviceMesh {
@@ -171,7 +173,20 @@ impl DeviceMesh {
         let rank = world.rank();
         let group = |axis: Axis| world.split(shape.group_of(rank, axis)[0]);
         let (tp, pp, dp) = (group(Axis::Tp)?, group(Axis::Pp)?, group(Axis::Dp)?);
-        Ok(Self { shape, coords: shape.coords(rank), world, dp, pp, tp: Arc::from(tp) })
+        let (dp, pp, tp) = (SharedGroup::new(dp), SharedGroup::new(pp), SharedGroup::new(tp));
+        Ok(Self { shape, coords: shape.coords(rank), world: SharedGroup::new(world), dp, pp, tp })
+    }
+
+    /// `world` as a mesh of one axis, every rank a replica: the dp group is
+    /// the world, the pp and tp groups this rank alone. Nothing is split, so
+    /// no subgroup is made (which a backend may not support) and no layout
+    /// is computed.
+    pub fn data_parallel(world: Box<dyn ProcessGroup>) -> Self {
+        let shape = MeshShape::data_parallel(world.world_size());
+        let coords = MeshCoords { dp: world.rank(), pp: 0, tp: 0 };
+        let world = SharedGroup::new(world);
+        let alone = || SharedGroup::new(Box::new(SingleProcess::new()));
+        Self { shape, coords, dp: world.clone(), world, pp: alone(), tp: alone() }
     }
 
     pub fn shape(&self) -> MeshShape {
@@ -185,27 +200,38 @@ impl DeviceMesh {
 
     /// Every rank of the job.
     pub fn world(&self) -> &dyn ProcessGroup {
-        self.world.as_ref()
+        &self.world
     }
 
     /// The ranks that differ from this one only in their data-parallel coordinate.
     pub fn dp(&self) -> &dyn ProcessGroup {
-        self.dp.as_ref()
+        &self.dp
+    }
+
+    /// The dp group, for what wraps it (ZeRO's clipping reduce-scatter).
+    pub fn dp_shared(&self) -> SharedGroup {
+        self.dp.clone()
     }
 
     /// The stages of this rank's pipeline.
     pub fn pp(&self) -> &dyn ProcessGroup {
-        self.pp.as_ref()
+        &self.pp
     }
 
     /// The ranks that share this rank's blocks' weights between them.
     pub fn tp(&self) -> &dyn ProcessGroup {
-        self.tp.as_ref()
+        &self.tp
     }
 
-    /// The tp group, for what runs on it beside the mesh (a pipeline stage's split blocks).
-    pub fn tp_shared(&self) -> Arc<dyn ProcessGroup> {
+    /// The tp group, for what runs on it beside the mesh (a pipeline stage's
+    /// split blocks, ZeRO's clipping).
+    pub fn tp_shared(&self) -> SharedGroup {
         self.tp.clone()
+    }
+
+    /// The pp group, for what runs on it beside the mesh (ZeRO's clipping).
+    pub fn pp_shared(&self) -> SharedGroup {
+        self.pp.clone()
     }
 
     /// The group along `axis`.
@@ -219,7 +245,8 @@ impl DeviceMesh {
 
     /// What this rank has sent through all its groups so far.
     pub fn stats(&self) -> CommStats {
-        [self.world(), self.dp(), self.pp(), self.tp()].iter().map(|g| g.stats()).sum()
+        let dp = (!self.dp.is(&self.world)).then_some(&self.dp);
+        [Some(&self.world), dp, Some(&self.pp), Some(&self.tp)].into_iter().flatten().map(|g| g.stats()).sum()
     }
 }
 

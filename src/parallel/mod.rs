@@ -20,12 +20,12 @@
 pub mod ddp;
 pub mod fsdp;
 pub mod fsdp_unit;
-mod mesh_trainer;
+mod mesh;
 pub mod pipeline;
 pub mod powersgd;
 pub mod tensor;
 pub mod threads;
 pub mod zero;
 
-pub use mesh_trainer::MeshTrainer;
+pub use mesh::{DataAxis, MeshPlan, MeshTrainer};
 pub(crate) use threads::on_threads;

@@ -35,7 +35,7 @@ use workbook::parallel::fsdp_unit::BlockUnit;
 use workbook::parallel::pipeline::{PipelineSchedule, PipelineStage};
 use workbook::parallel::tensor::{BlockStep, TensorParallelBlock};
 use workbook::parallel::zero::ShardedAdamW;
-use workbook::parallel::MeshTrainer;
+use workbook::parallel::{DataAxis, MeshPlan, MeshTrainer};
 use workbook::phase1_model::next_token_loss;
 use workbook::phase4_under_the_hood::{fsdp_backward, fsdp_forward, overlapped_all_reduce, DataParallel};
 use workbook::train::{AdamW, AdamWConfig, ParamGroup, Train};
@@ -263,7 +263,8 @@ fn tensor_parallel_rank(pg: Box<dyn ProcessGroup>, block_step: BlockStep) -> Res
     let replica = mesh.coords().dp;
     let params = init_params(&model_config(), 7, &Device::Cpu)?;
     let (config, schedule) = (train_config(CLIP), PipelineSchedule::GPipe);
-    let mut trainer = MeshTrainer::new(&model_config(), &params, config, mesh, schedule, block_step, BUCKET_BYTES)?;
+    let plan = MeshPlan { schedule, block_step, data_axis: DataAxis::Replicate, bucket_bytes: BUCKET_BYTES };
+    let mut trainer = MeshTrainer::new(&model_config(), &params, config, mesh, plan)?;
     for step in 0..STEPS {
         let rows: Vec<Tensor> = global_batches(step).iter().map(|b| rows_of(b, replica, 2)).collect();
         trainer.train_step(&rows)?;
@@ -279,7 +280,8 @@ fn three_dimensional_rank(pg: Box<dyn ProcessGroup>, block_step: BlockStep) -> R
     let replica = mesh.coords().dp;
     let params = init_params(&model_config(), 7, &Device::Cpu)?;
     let (config, schedule) = (train_config(CLIP), PipelineSchedule::OneFOneB);
-    let mut trainer = MeshTrainer::new(&model_config(), &params, config, mesh, schedule, block_step, BUCKET_BYTES)?;
+    let plan = MeshPlan { schedule, block_step, data_axis: DataAxis::Replicate, bucket_bytes: BUCKET_BYTES };
+    let mut trainer = MeshTrainer::new(&model_config(), &params, config, mesh, plan)?;
     for step in 0..STEPS {
         let rows: Vec<Tensor> = global_batches(step).iter().map(|b| rows_of(b, replica, 2)).collect();
         trainer.train_step(&rows)?;

@@ -7,6 +7,7 @@
 use workbook::distributed::MeshShape;
 use workbook::parallel::fsdp::ShardingStrategy;
 use workbook::parallel::pipeline::stage_layers;
+use workbook::parallel::DataAxis;
 
 use crate::needs::{self, Body};
 use crate::run::RunOptions;
@@ -35,16 +36,19 @@ pub fn exercise_lines(options: &RunOptions) -> candle_core::Result<Vec<String>> 
     }
     match options.strategy {
         Strategy::Ddp => {}
-        Strategy::Zero1 => lines.push(format!(
-            "optimizer (--strategy zero1): AdamW's moments sharded across the {} ranks, each step by {}",
-            options.nproc,
-            named(17)
-        )),
         Strategy::Fsdp(_) => lines.push(format!(
             "FSDP: every block's unit step (gather, compute, free; gather again, reduce-scatter) by {}",
             named(22)
         )),
-        Strategy::Mesh { stages, schedule, sequence_parallel, .. } => {
+        Strategy::Mesh { stages, schedule, sequence_parallel, data, .. } => {
+            if data == DataAxis::ShardOptimizer {
+                lines.push(format!(
+                    "optimizer (--strategy zero1): AdamW's moments sharded across the {} data-parallel replicas, \
+                     each step by {}",
+                    mesh.dp,
+                    named(17)
+                ));
+            }
             if stages > 1 {
                 let layers = options.config.model.num_layers;
                 let micro_batches = options.config.grad_accum_steps;
@@ -79,7 +83,7 @@ pub fn exercise_lines(options: &RunOptions) -> candle_core::Result<Vec<String>> 
             named(20)
         ));
     }
-    if matches!(options.strategy, Strategy::Mesh { .. }) {
+    if options.strategy.cuts_the_model() {
         lines.push(format!(
             "mesh: dp {} x pp {} x tp {}, each rank's place and groups laid out by {}",
             mesh.dp,
@@ -119,13 +123,13 @@ fn ring_carries(strategy: Strategy, mesh: MeshShape, powersgd: bool) -> String {
     let across_replicas = |what: &str| (mesh.dp > 1).then(|| format!("{what} across the {} replicas", mesh.dp));
     let gradients = match strategy {
         Strategy::Ddp if powersgd => across_replicas("the gradients' PowerSGD factors"),
+        Strategy::Mesh { data: DataAxis::ShardOptimizer, .. } => None,
         Strategy::Ddp | Strategy::Mesh { .. } => across_replicas("the gradients"),
         Strategy::Fsdp(config) => match config.sharding {
             ShardingStrategy::NoShard => across_replicas("the gradients"),
             ShardingStrategy::HybridShard => Some("each shard's gradients across the groups that hold it".to_string()),
             ShardingStrategy::FullShard | ShardingStrategy::ShardGradOp => None,
         },
-        Strategy::Zero1 => None,
     };
     // Sequence parallelism turns the partial sums into reduce-scatters and
     // all-gathers; the norms, which saw a chunk of the tokens each, still sum.
@@ -134,8 +138,9 @@ fn ring_carries(strategy: Strategy, mesh: MeshShape, powersgd: bool) -> String {
         _ => "every block's partial sums, forward and backward,",
     };
     let partial_sums = (mesh.tp > 1).then(|| format!("{within_blocks} across the {} tensor-parallel ranks", mesh.tp));
-    // Whole replicas (DDP, ZeRO-1) take the norm of gradients they already hold.
-    let sharded = !matches!(strategy, Strategy::Ddp | Strategy::Zero1);
+    // Whole replicas under DDP take the norm of gradients they already hold;
+    // ZeRO-1 adds its reduced shards' squares over the ranks.
+    let sharded = strategy != Strategy::Ddp;
     let norm = sharded.then(|| "the gradient norm".to_string());
     let carried: Vec<String> =
         [partial_sums, gradients, norm, Some("the logged loss".to_string())].into_iter().flatten().collect();
@@ -174,6 +179,7 @@ mod tests {
             tp,
             schedule: PipelineSchedule::GPipe,
             sequence_parallel,
+            data: DataAxis::Replicate,
         };
         let pipeline = mesh(2, 1, false);
         let carried = ring_carries(pipeline, pipeline.mesh(2).unwrap(), false);
@@ -185,7 +191,8 @@ mod tests {
         let sequence = mesh(1, 2, true);
         let carried = ring_carries(sequence, sequence.mesh(2).unwrap(), false);
         assert!(carried.starts_with("the norms' gradients across the 2 tensor-parallel ranks"), "{carried}");
-        assert_eq!(ring_carries(Strategy::Zero1, Strategy::Zero1.mesh(2).unwrap(), false), "only the logged loss");
+        let zero1 = ring_carries(Strategy::ZERO1, Strategy::ZERO1.mesh(2).unwrap(), false);
+        assert_eq!(zero1, "the gradient norm and the logged loss");
         let alone = ring_carries(Strategy::Ddp, Strategy::Ddp.mesh(1).unwrap(), false);
         assert_eq!(alone, "only the logged loss (one replica: no gradients to average)");
         let ddp = ring_carries(Strategy::Ddp, Strategy::Ddp.mesh(2).unwrap(), false);

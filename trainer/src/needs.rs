@@ -8,6 +8,7 @@ use anyhow::{bail, Result};
 use workbook::exercise_bodies::{REFERENCE, UNFINISHED, UNPARSABLE};
 
 use workbook::parallel::pipeline::PipelineSchedule;
+use workbook::parallel::DataAxis;
 
 use crate::run::RunOptions;
 use crate::strategy::Strategy;
@@ -41,16 +42,16 @@ pub fn exercises_called(options: &RunOptions) -> BTreeMap<u32, &'static str> {
                 called.insert(18, "--powersgd-rank");
             }
         }
-        Strategy::Zero1 => {
-            called.insert(17, "--strategy zero1");
-        }
         Strategy::Fsdp(_) => {
             called.insert(12, "--strategy fsdp");
             called.insert(13, "--strategy fsdp");
             called.insert(14, "--strategy fsdp");
             called.insert(15, "the checkpoint every run saves");
         }
-        Strategy::Mesh { stages, tp, schedule, sequence_parallel } => {
+        Strategy::Mesh { stages, tp, schedule, sequence_parallel, data } => {
+            if data == DataAxis::ShardOptimizer {
+                called.insert(17, "--strategy zero1");
+            }
             if stages > 1 {
                 match schedule {
                     PipelineSchedule::GPipe => called.insert(21, "--pipeline-schedule gpipe"),
@@ -64,7 +65,9 @@ pub fn exercises_called(options: &RunOptions) -> BTreeMap<u32, &'static str> {
                     false => called.insert(23, "--tp"),
                 };
             }
-            called.insert(25, "the device mesh of --pp and --tp");
+            if options.strategy.cuts_the_model() {
+                called.insert(25, "the device mesh of --pp and --tp");
+            }
         }
     }
     if options.own_ring {

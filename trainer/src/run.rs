@@ -14,8 +14,7 @@ use workbook::distributed::{
 use workbook::parallel::ddp::Ddp;
 use workbook::parallel::fsdp::FsdpTrainer;
 use workbook::parallel::tensor::BlockStep;
-use workbook::parallel::zero::ZeroTrainer;
-use workbook::parallel::MeshTrainer;
+use workbook::parallel::{MeshPlan, MeshTrainer};
 use workbook::timeline;
 use workbook::train::{faults, DataPosition, StepStats, Train, Trainer};
 use workbook::{init_params, ParamStore};
@@ -219,22 +218,21 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>, 
             let trainer = trainer.split_batches_across(options.batch_parts())?;
             drive(options, dataset, trainer, device, num_params)
         }
-        Strategy::Zero1 => {
-            let trainer = ZeroTrainer::new(&model_config, params, train_config, pg)?;
-            drive(options, dataset, trainer, device, num_params)
-        }
         Strategy::Fsdp(fsdp) => {
             let trainer = FsdpTrainer::new(&model_config, params, train_config, fsdp, pg)?;
             let trainer = if options.prefetch { trainer.with_prefetch() } else { trainer };
             let trainer = if options.offload { trainer.with_offload(&options.out_dir)? } else { trainer };
             drive(options, dataset, trainer, device, num_params)
         }
-        Strategy::Mesh { schedule, sequence_parallel, .. } => {
-            let mesh = DeviceMesh::new(pg, options.strategy.mesh(options.nproc)?)?;
+        Strategy::Mesh { schedule, sequence_parallel, data, .. } => {
+            // One data-parallel axis needs no layout (nor subgroups).
+            let mesh = match options.strategy.cuts_the_model() {
+                true => DeviceMesh::new(pg, options.strategy.mesh(options.nproc)?)?,
+                false => DeviceMesh::data_parallel(pg),
+            };
             let block_step = if sequence_parallel { BlockStep::SequenceParallel } else { BlockStep::TensorParallel };
-            let bucket_bytes = options.bucket_bytes;
-            let trainer =
-                MeshTrainer::new(&model_config, &params, train_config, mesh, schedule, block_step, bucket_bytes)?;
+            let plan = MeshPlan { schedule, block_step, data_axis: data, bucket_bytes: options.bucket_bytes };
+            let trainer = MeshTrainer::new(&model_config, &params, train_config, mesh, plan)?;
             drop(params); // each rank keeps only its own part
             drive(options, dataset, trainer, device, num_params)
         }

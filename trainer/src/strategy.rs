@@ -4,6 +4,7 @@
 use workbook::distributed::MeshShape;
 use workbook::parallel::fsdp::FsdpConfig;
 use workbook::parallel::pipeline::PipelineSchedule;
+use workbook::parallel::DataAxis;
 
 /// How a run spreads over its ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -12,16 +13,16 @@ pub enum Strategy {
     Ddp,
     /// Phase 3: sharded units.
     Fsdp(FsdpConfig),
-    /// Phase 4: whole replicas, AdamW's state sharded, each step exercise 17's.
-    Zero1,
     /// Phase 4: the model over a mesh. Its blocks cut into `stages`
     /// pipeline stages (1: none), stepped on GPipe's schedule (exercise 21)
     /// or 1F1B's (exercise 24); each stage's blocks split across `tp`
     /// tensor-parallel ranks (1: whole), stepped by exercise 23, or by
     /// exercise 27 with the norms and residuals cut along the sequence (the
     /// MLP cut by exercise 20); the ranks beyond one pipeline of split
-    /// stages are data-parallel replicas of it.
-    Mesh { stages: usize, tp: usize, schedule: PipelineSchedule, sequence_parallel: bool },
+    /// stages are data-parallel replicas of it, whose `data` axis shares each
+    /// step: DDP's averaged gradients, or ZeRO-1's sharded AdamW (exercise 17;
+    /// `--strategy zero1`, with one stage of whole blocks or any mesh).
+    Mesh { stages: usize, tp: usize, schedule: PipelineSchedule, sequence_parallel: bool, data: DataAxis },
 }
 
 impl Strategy {
@@ -30,7 +31,24 @@ impl Strategy {
     pub fn mesh(self, nproc: usize) -> candle_core::Result<MeshShape> {
         match self {
             Strategy::Mesh { stages, tp, .. } => MeshShape::new(nproc, None, Some(stages), Some(tp)),
-            Strategy::Ddp | Strategy::Zero1 | Strategy::Fsdp(_) => Ok(MeshShape::data_parallel(nproc)),
+            Strategy::Ddp | Strategy::Fsdp(_) => Ok(MeshShape::data_parallel(nproc)),
         }
+    }
+}
+
+impl Strategy {
+    /// `--strategy zero1` alone: whole replicas, AdamW's state sharded.
+    pub const ZERO1: Strategy = Strategy::Mesh {
+        stages: 1,
+        tp: 1,
+        schedule: PipelineSchedule::GPipe,
+        sequence_parallel: false,
+        data: DataAxis::ShardOptimizer,
+    };
+
+    /// Whether the mesh is cut at all (pipeline stages or tensor-parallel
+    /// ranks): laid out by exercise 25, not one data-parallel axis.
+    pub fn cuts_the_model(self) -> bool {
+        matches!(self, Strategy::Mesh { stages, tp, .. } if stages > 1 || tp > 1)
     }
 }

@@ -118,7 +118,8 @@ fn flags_that_do_not_apply_are_refused() {
     );
     refused(
         train(&dir, &["--dataset", "dummy", "--pipeline-stages", "2", "--nproc", "2", "--strategy", "fsdp"]),
-        "--pp cuts the model into stages; it does not combine with --strategy fsdp",
+        "--pp 2 lays the model out on a mesh whose data-parallel axis is DDP's or ZeRO-1's; FSDP is not yet one of \
+         them",
     );
     refused(
         train(&dir, &["--dataset", "dummy", "--pp", "2", "--dp", "2", "--nproc", "2"]),

@@ -16,6 +16,7 @@ use trainer::strategy::Strategy;
 use workbook::data::{DataConfig, DatasetKind, SAMPLE_PATH};
 use workbook::parallel::fsdp::{FsdpConfig, Precision, ShardingStrategy};
 use workbook::parallel::pipeline::PipelineSchedule;
+use workbook::parallel::DataAxis;
 
 fn options(out_dir: PathBuf, max_steps: usize, nproc: usize) -> RunOptions {
     let mut config = RunConfig::load("tiny").unwrap();
@@ -88,7 +89,7 @@ fn a_run_calls_the_exercises_its_flags_choose() {
     pipeline.strategy = mesh(2, 2, PipelineSchedule::GPipe, true);
     assert_eq!(called(&pipeline), [1, 2, 3, 4, 5, 6, 7, 8, 9, 20, 21, 25, 27]);
     let mut zero1 = options(PathBuf::from("unused"), 1, 2);
-    zero1.strategy = Strategy::Zero1;
+    zero1.strategy = Strategy::ZERO1;
     assert_eq!(called(&zero1), [1, 2, 3, 4, 5, 6, 7, 8, 9, 17]);
     zero1.strategy = mesh(1, 2, PipelineSchedule::OneFOneB, true);
     assert_eq!(called(&zero1), [1, 2, 3, 4, 5, 6, 7, 8, 9, 20, 25, 27]);
@@ -96,7 +97,7 @@ fn a_run_calls_the_exercises_its_flags_choose() {
 
 /// The mesh of `--pp stages --tp tp`, with `--sequence-parallel` when asked.
 fn mesh(stages: usize, tp: usize, schedule: PipelineSchedule, sequence_parallel: bool) -> Strategy {
-    Strategy::Mesh { stages, tp, schedule, sequence_parallel }
+    Strategy::Mesh { stages, tp, schedule, sequence_parallel, data: DataAxis::Replicate }
 }
 
 /// With an evaluation every 10 steps the last windows are held out: the
@@ -387,15 +388,65 @@ fn sequence_parallel_runs_train_as_one_process() {
 #[test]
 fn zero1_trains_as_ddp_and_its_checkpoints_move_both_ways() {
     let (ddp_dir, ddp) = run("zero1-ddp", 5, 2, Strategy::Ddp, None);
-    let (dir, zero1) = run("zero1-on-2", 3, 2, Strategy::Zero1, None);
+    let (dir, zero1) = run("zero1-on-2", 3, 2, Strategy::ZERO1, None);
     let (a, b) = (ddp.first.as_ref().unwrap().grad_norm, zero1.first.as_ref().unwrap().grad_norm);
     assert!(a > 1.0, "the test's first step should be clipped (grad norm {a})");
     assert!((a - b).abs() <= 1e-5 * a, "ZeRO-1's gradient norm at step 1 is {b}, DDP's {a}");
     expect_same_params(&checkpoint_params(&dir, 3), &checkpoint_params(&ddp_dir, 3), "ZeRO-1 on 2 ranks, step 3");
     let (resumed, _) = run("zero1-resumed-by-ddp", 5, 2, Strategy::Ddp, Some(dir));
     expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(&ddp_dir, 5), "DDP resuming ZeRO-1");
-    let (resumed, _) = run("ddp-resumed-by-zero1", 5, 2, Strategy::Zero1, Some(ddp_dir.clone()));
+    let (resumed, _) = run("ddp-resumed-by-zero1", 5, 2, Strategy::ZERO1, Some(ddp_dir.clone()));
     expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(&ddp_dir, 5), "ZeRO-1 resuming DDP");
+}
+
+/// `--strategy zero1` as the data-parallel axis of a mesh: dp 2 × tp 2,
+/// dp 2 × pp 2 (1F1B) and dp 2 × pp 2 × tp 2 with sequence parallelism each
+/// take the steps one process takes, clipping included (exercise 17's
+/// reduce-scatter adds the squares over the tp and pp groups too); the
+/// 8-rank run's checkpoint, moments gathered from the replicas, resumes on
+/// one process.
+#[test]
+fn zero1_on_a_mesh_trains_as_one_process_and_its_checkpoint_resumes_on_one() {
+    let zero1 = |stages, tp, schedule, sequence_parallel| Strategy::Mesh {
+        stages,
+        tp,
+        schedule,
+        sequence_parallel,
+        data: DataAxis::ShardOptimizer,
+    };
+    let (one_dir, one) = run("zero1-mesh-one-process", 5, 1, Strategy::Ddp, None);
+    let rows = [
+        ("dp 2 × tp 2", 4, zero1(1, 2, PipelineSchedule::GPipe, false)),
+        ("dp 2 × pp 2", 4, zero1(2, 1, PipelineSchedule::OneFOneB, false)),
+        ("dp 2 × pp 2 × tp 2 with sequence parallelism", 8, zero1(2, 2, PipelineSchedule::GPipe, true)),
+    ];
+    for (what, nproc, strategy) in rows {
+        let (dir, summary) = run(&format!("zero1-mesh-{nproc}-{what}").replace(' ', ""), 3, nproc, strategy, None);
+        let (a, b) = (one.first.as_ref().unwrap().grad_norm, summary.first.unwrap().grad_norm);
+        assert!((a - b).abs() <= 1e-5 * a, "ZeRO-1 on {what}: the gradient norm at step 1 is {b}, one process's {a}");
+        expect_same_params(&checkpoint_params(&dir, 3), &checkpoint_params(&one_dir, 3), &format!("ZeRO-1 on {what}"));
+        if nproc == 8 {
+            let (resumed, _) = run("zero1-mesh-resumed-by-one", 5, 1, Strategy::Ddp, Some(dir));
+            let resumed_what = format!("one process resuming ZeRO-1 on {what}");
+            expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(&one_dir, 5), &resumed_what);
+        }
+    }
+}
+
+/// `--activation-checkpointing` in the mesh trainer's stages (whole blocks
+/// recomputed in backward) changes no step: a pipeline of 2 stages and
+/// ZeRO-1 on 2 ranks each reach one process's parameters.
+#[test]
+fn activation_checkpointing_in_mesh_stages_trains_as_one_process() {
+    let (one_dir, _) = run("checkpointed-one-process", 3, 1, Strategy::Ddp, None);
+    for (what, strategy) in [("pp 2", mesh(2, 1, PipelineSchedule::OneFOneB, false)), ("ZeRO-1", Strategy::ZERO1)] {
+        let dir = scratch(&format!("checkpointed-{what}").replace(' ', ""));
+        let mut options = options(dir.clone(), 3, 2);
+        (options.config.grad_accum_steps, options.strategy, options.activation_checkpointing) = (2, strategy, true);
+        train(&options).unwrap();
+        let what = format!("{what} with activation checkpointing, step 3");
+        expect_same_params(&checkpoint_params(&dir, 3), &checkpoint_params(&one_dir, 3), &what);
+    }
 }
 
 /// `--offload` keeps FSDP's moments and f32 master shards in a file: in f32

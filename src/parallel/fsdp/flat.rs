@@ -60,17 +60,31 @@ impl FlatLayout {
     /// a multiple of `world_size`.
     pub fn new(config: &GptConfig, names: &[String], world_size: usize) -> Result<Self> {
         let specs = param_specs(config);
-        let mut entries = Vec::with_capacity(names.len());
-        let mut numel = 0;
+        let mut shapes = Vec::with_capacity(names.len());
         for name in names {
             let Some(spec) = specs.iter().find(|s| &s.name == name) else {
                 bail!("`{name}` is not a parameter of this model");
             };
-            entries.push(FlatEntry { name: name.clone(), shape: spec.shape.clone(), offset: numel });
-            numel += spec.shape.elem_count();
+            shapes.push((name.clone(), spec.shape.clone()));
         }
+        Ok(Self::of_shapes(shapes, world_size))
+    }
+
+    /// The layout of tensors of these shapes, in this order (a rank's parts
+    /// of the model, say, whose shapes are not the whole model's), padded to
+    /// a multiple of `world_size`.
+    pub fn of_shapes(shapes: impl IntoIterator<Item = (String, Shape)>, world_size: usize) -> Self {
+        let mut numel = 0;
+        let entries = shapes
+            .into_iter()
+            .map(|(name, shape)| {
+                let offset = numel;
+                numel += shape.elem_count();
+                FlatEntry { name, shape, offset }
+            })
+            .collect();
         let padded = numel.div_ceil(world_size) * world_size;
-        Ok(Self { entries, numel, padded })
+        Self { entries, numel, padded }
     }
 
     /// Elements of real parameters.

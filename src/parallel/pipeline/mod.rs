@@ -16,14 +16,14 @@ use std::fmt;
 use std::ops::Range;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 
 use candle_core::backprop::GradStore;
 use candle_core::{bail, DType, Module, Result, Tensor, TensorId, Var};
 use candle_nn::Embedding;
 
-use crate::autograd::{accumulate, vjp, Gradients};
-use crate::distributed::ProcessGroup;
+use crate::autograd::{accumulate, vjp, Gradients, Recompute};
+use crate::distributed::{ProcessGroup, SharedGroup};
 use crate::model::{layer_of, Block, GptConfig, Linear, ParamStore, RmsNorm, RotaryCache, Weights};
 use crate::parallel::tensor::{backward_through, forward_through, gather_sequence, BlockStep, TensorParallelBlock};
 use crate::phase1_model::next_token_loss;
@@ -49,8 +49,17 @@ pub struct PipelineStage {
 
 /// A stage's blocks: whole, or split across a tensor-parallel group.
 enum StageBlocks {
-    Whole(Vec<Block>),
+    Whole(WholeBlocks),
     Split(SplitBlocks),
+}
+
+/// Whole blocks, each run under activation checkpointing when asked: a
+/// forward then keeps only each block's input, on a tape its backward
+/// replays, found by the output the forward handed out.
+struct WholeBlocks {
+    blocks: Vec<Block>,
+    checkpointing: bool,
+    tapes: Mutex<HashMap<TensorId, Recompute>>,
 }
 
 /// Blocks split across `tp`, each stepped forward and backward in one call
@@ -58,7 +67,7 @@ enum StageBlocks {
 /// its forward kept, by the output it handed out.
 struct SplitBlocks {
     blocks: Vec<TensorParallelBlock>,
-    tp: Arc<dyn ProcessGroup>,
+    tp: SharedGroup,
     step: BlockStep,
     in_flight: Mutex<HashMap<TensorId, SplitForward>>,
 }
@@ -84,7 +93,7 @@ impl SplitBlocks {
     /// Every rank's chunk put together under sequence parallelism; `t` itself otherwise.
     fn all_tokens(&self, t: &Tensor) -> Result<Tensor> {
         match self.step {
-            BlockStep::SequenceParallel => gather_sequence(self.tp.as_ref(), t),
+            BlockStep::SequenceParallel => gather_sequence(&self.tp, t),
             BlockStep::TensorParallel => Ok(t.clone()),
         }
     }
@@ -214,7 +223,7 @@ impl PipelineStage {
         params: &ParamStore,
         index: usize,
         stages: usize,
-        tp: Arc<dyn ProcessGroup>,
+        tp: SharedGroup,
         step: BlockStep,
     ) -> Result<Self> {
         Self::build(config, params, index, stages, Some((tp, step)))
@@ -225,7 +234,7 @@ impl PipelineStage {
         params: &ParamStore,
         index: usize,
         stages: usize,
-        tp: Option<(Arc<dyn ProcessGroup>, BlockStep)>,
+        tp: Option<(SharedGroup, BlockStep)>,
     ) -> Result<Self> {
         config.validate()?;
         params.check_matches(config)?;
@@ -251,7 +260,9 @@ impl PipelineStage {
             None => {
                 let rotary = RotaryCache::new(config.head_dim(), config.max_seq_len, config.rope_theta, &device)?;
                 let blocks = layers.clone().map(|layer| Block::new(config, &mine, layer, &rotary));
-                (StageBlocks::Whole(blocks.collect::<Result<_>>()?), mine)
+                let blocks = blocks.collect::<Result<_>>()?;
+                let whole = WholeBlocks { blocks, checkpointing: false, tapes: Mutex::new(HashMap::new()) };
+                (StageBlocks::Whole(whole), mine)
             }
             Some((tp, step)) => {
                 let (rank, ranks) = (tp.rank(), tp.world_size());
@@ -269,11 +280,13 @@ impl PipelineStage {
             true => Some(Embedding::new(params.tensor("model.embed_tokens.weight")?, config.hidden_size)),
             false => None,
         };
+        // Tied embeddings are refused above unless one stage holds both ends.
+        let lm_head = || match config.tie_word_embeddings {
+            true => Ok(Linear::new(params.tensor("model.embed_tokens.weight")?, None)),
+            false => params.linear("lm_head", false),
+        };
         let head = match last {
-            true => Some((
-                RmsNorm::new(params.tensor("model.norm.weight")?, config.norm_eps),
-                params.linear("lm_head", false)?,
-            )),
+            true => Some((RmsNorm::new(params.tensor("model.norm.weight")?, config.norm_eps), lm_head()?)),
             false => None,
         };
         Ok(Self {
@@ -289,6 +302,21 @@ impl PipelineStage {
             schedule: Mutex::new(vec![]),
             untracked_inputs: AtomicUsize::new(0),
         })
+    }
+
+    /// Runs every whole block under activation checkpointing: a forward
+    /// keeps only each block's input, and backward recomputes the block.
+    /// Split blocks already recompute (exercises 23 and 27 take a block's
+    /// forward and backward in one call): they are refused.
+    pub fn with_activation_checkpointing(mut self) -> Result<Self> {
+        match &mut self.blocks {
+            StageBlocks::Whole(whole) => whole.checkpointing = true,
+            StageBlocks::Split(_) => bail!(
+                "a stage of split blocks already runs each block twice (exercises 23 and 27 take a block's forward \
+                 and backward in one call): drop --activation-checkpointing"
+            ),
+        }
+        Ok(self)
     }
 
     /// This stage's place in the pipeline, from 0: the rank that runs it.
@@ -346,18 +374,23 @@ impl PipelineStage {
             }
         };
         let split = match &self.blocks {
-            StageBlocks::Whole(blocks) => {
+            StageBlocks::Whole(whole) => {
                 if !self.is_first() && !input.track_op() {
                     self.untracked_inputs.fetch_add(1, Ordering::Relaxed);
                 }
-                for block in blocks {
-                    x = block.forward(&x)?;
+                let mut tape = Recompute::default();
+                for block in &whole.blocks {
+                    x = if whole.checkpointing { tape.checkpoint(block, &x)? } else { block.forward(&x)? };
                 }
-                return self.head_of(&x, tokens);
+                let output = self.head_of(&x, tokens)?;
+                if whole.checkpointing {
+                    whole.tapes.lock().unwrap_or_else(PoisonError::into_inner).insert(output.id(), tape);
+                }
+                return Ok(output);
             }
             StageBlocks::Split(split) => split,
         };
-        let (block_inputs, h) = forward_through(split.tp.as_ref(), &split.blocks, split.step, &split.own_tokens(&x)?)?;
+        let (block_inputs, h) = forward_through(&split.tp, &split.blocks, split.step, &split.own_tokens(&x)?)?;
         let h = split.all_tokens(&h)?;
         let (output, top) = match &self.head {
             Some(_) => {
@@ -382,8 +415,13 @@ impl PipelineStage {
     /// Forgets what a forward kept for a backward that will not come (an
     /// evaluation's forward).
     pub fn discard(&self, output: &Tensor) {
-        if let StageBlocks::Split(split) = &self.blocks {
-            split.in_flight.lock().unwrap_or_else(PoisonError::into_inner).remove(&output.id());
+        match &self.blocks {
+            StageBlocks::Whole(whole) => {
+                drop(whole.tapes.lock().unwrap_or_else(PoisonError::into_inner).remove(&output.id()))
+            }
+            StageBlocks::Split(split) => {
+                drop(split.in_flight.lock().unwrap_or_else(PoisonError::into_inner).remove(&output.id()))
+            }
         }
     }
 
@@ -413,7 +451,13 @@ impl PipelineStage {
         }
         let grad_output = grad_output.to_dtype(output.dtype())?;
         let split = match &self.blocks {
-            StageBlocks::Whole(_) => return vjp(output, &grad_output),
+            StageBlocks::Whole(whole) => {
+                let mut store = vjp(output, &grad_output)?;
+                if let Some(tape) = whole.tapes.lock().unwrap_or_else(PoisonError::into_inner).remove(&output.id()) {
+                    tape.backward(&mut store)?;
+                }
+                return Ok(store);
+            }
             StageBlocks::Split(split) => split,
         };
         let Some(kept) = split.in_flight.lock().unwrap_or_else(PoisonError::into_inner).remove(&output.id()) else {
@@ -430,7 +474,7 @@ impl PipelineStage {
             }
             None => (empty_grad_store()?, grad_output),
         };
-        let (tp, blocks, grad) = (split.tp.as_ref(), &split.blocks, split.own_tokens(&grad)?);
+        let (tp, blocks, grad) = (&split.tp, &split.blocks, split.own_tokens(&grad)?);
         let grad_input = backward_through(tp, blocks, split.step, &kept.block_inputs, grad, |grads| {
             grads.iter().try_for_each(|(name, g)| accumulate(&mut store, self.params.get(name)?.as_tensor(), g.clone()))
         })?;

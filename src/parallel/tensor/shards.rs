@@ -39,6 +39,11 @@ impl ShardCuts {
         Self { cut_along }
     }
 
+    /// Whether parameter `name` is held as a shard, not whole.
+    pub fn is_cut(&self, name: &str) -> bool {
+        self.cut_along.contains_key(name)
+    }
+
     /// The whole of `t`, this rank's part of parameter `name` (or of a
     /// moment of it): gathered from the group `tp` along the dimension it
     /// was cut on. Every rank of the group calls it.
@@ -54,7 +59,7 @@ impl ShardCuts {
     /// rank holds: the shards' squares added over `tp`, the whole
     /// parameters (the same on every rank of it) counted once.
     pub fn sum_of_squares(&self, grads: &Gradients, tp: &dyn ProcessGroup, device: &Device) -> Result<f64> {
-        let (shards, whole): (Vec<_>, Vec<_>) = grads.iter().partition(|(name, _)| self.cut_along.contains_key(*name));
+        let (shards, whole): (Vec<_>, Vec<_>) = grads.iter().partition(|(name, _)| self.is_cut(name));
         let shards = sum_of_squares(shards.into_iter().map(|(_, g)| g))?;
         Ok(sum_of_squares(whole.into_iter().map(|(_, g)| g))? + all_reduce_scalar(tp, shards, ReduceOp::Sum, device)?)
     }

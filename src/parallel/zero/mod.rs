@@ -1,14 +1,14 @@
 //! ZeRO's sharded optimizer on its own (stages 1 and 2): every rank keeps
 //! AdamW's moments for 1/N of the parameters only. Its step is exercise 17
 //! (`exercises/phase4_under_the_hood/ex17_sharded_adamw.rs`), which the
-//! [`ZeroTrainer`] (`train --strategy zero1`) takes every step with; FSDP's
-//! `SHARD_GRAD_OP` runs the same idea unit by unit.
+//! [`MeshTrainer`](crate::parallel::MeshTrainer) takes every step with when
+//! its data-parallel axis shards the optimizer (`train --strategy zero1`,
+//! with or without `--pp` and `--tp`); FSDP's `SHARD_GRAD_OP` runs the same
+//! idea unit by unit.
 
 mod clip;
-mod trainer;
 
-pub use clip::ClipShards;
-pub use trainer::ZeroTrainer;
+pub use clip::{ClipShards, ModelParts};
 
 use candle_core::Tensor;
 

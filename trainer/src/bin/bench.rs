@@ -26,6 +26,7 @@ use workbook::data::{DataConfig, DatasetKind};
 use workbook::distributed::{relaunch_self, DistEnv, LaunchConfig, DEFAULT_TIMEOUT};
 use workbook::parallel::ddp::DEFAULT_BUCKET_BYTES;
 use workbook::parallel::pipeline::PipelineSchedule;
+use workbook::parallel::DataAxis;
 
 /// Where the ranks of a multi-process bench write their metrics, for the
 /// process that started them to read.
@@ -282,7 +283,7 @@ fn strategy(args: &Args) -> Strategy {
         (None, Some(tp)) => (1, tp),
     };
     let schedule = args.pipeline.unwrap_or_default();
-    Strategy::Mesh { stages, tp, schedule, sequence_parallel: false }
+    Strategy::Mesh { stages, tp, schedule, sequence_parallel: false, data: DataAxis::Replicate }
 }
 
 fn parallelism(args: &Args) -> String {

@@ -24,6 +24,7 @@ use workbook::data::{DataConfig, DatasetKind, SAMPLE_PATH};
 use workbook::distributed::{DistEnv, MeshShape};
 use workbook::parallel::fsdp::{FsdpConfig, Precision, ShardingStrategy};
 use workbook::parallel::pipeline::PipelineSchedule;
+use workbook::parallel::DataAxis;
 use workbook::GptConfig;
 
 /// Train a GPT. Defaults come from configs/<model-size>.toml; flags override them.
@@ -128,7 +129,7 @@ struct Args {
         long = "pp",
         visible_alias = "pipeline-stages",
         value_name = "S",
-        conflicts_with_all = ["sharding", "precision", "powersgd_rank", "ddp_overlap", "activation_checkpointing"]
+        conflicts_with_all = ["sharding", "precision", "powersgd_rank", "ddp_overlap"]
     )]
     pipeline_stages: Option<usize>,
     /// Split every block across T tensor-parallel ranks, Megatron style,
@@ -388,12 +389,14 @@ fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `--strategy`: how the ranks share the work when no `--pp` or `--tp` cuts the model.
+/// `--strategy`: how the replicas share the work; with `--pp` or `--tp`, the
+/// mesh's data-parallel axis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum StrategyName {
     /// Whole replicas, gradients all-reduced.
     Ddp,
-    /// Whole replicas, AdamW's state sharded by your exercise 17.
+    /// Whole replicas, AdamW's state sharded by your exercise 17; with --pp
+    /// or --tp, sharded across the replicas of the mesh.
     Zero1,
     /// Sharded units (see --sharding and --precision).
     Fsdp,
@@ -432,7 +435,7 @@ fn strategy(
             if let Some((flag, _)) = given.iter().find(|(_, given)| *given) {
                 anyhow::bail!("{flag} applies to --strategy fsdp only; {name} keeps whole f32 replicas");
             }
-            Ok(if name == StrategyName::Ddp { Strategy::Ddp } else { Strategy::Zero1 })
+            Ok(if name == StrategyName::Ddp { Strategy::Ddp } else { Strategy::ZERO1 })
         }
         StrategyName::Fsdp => {
             let sharding = sharding.unwrap_or(ShardingStrategy::FullShard);
@@ -464,9 +467,14 @@ fn mesh(cut: MeshCut, strategy: StrategyName, config: &RunConfig, world_size: us
         (_, 1) => format!("--pp {stages}"),
         _ => format!("--pp {stages} --tp {tp}"),
     };
-    if strategy != StrategyName::Ddp {
-        anyhow::bail!("{flags} lays the model out on a mesh; it does not combine with --strategy {strategy}");
-    }
+    let data = match strategy {
+        StrategyName::Ddp => DataAxis::Replicate,
+        StrategyName::Zero1 => DataAxis::ShardOptimizer,
+        StrategyName::Fsdp => anyhow::bail!(
+            "{flags} lays the model out on a mesh whose data-parallel axis is DDP's or ZeRO-1's; FSDP is not yet \
+             one of them: use --strategy ddp or zero1 with {flags}, or --strategy fsdp without them"
+        ),
+    };
     if tp > 1 {
         check_tensor_split(tp, &config.model)?;
     }
@@ -477,7 +485,7 @@ fn mesh(cut: MeshCut, strategy: StrategyName, config: &RunConfig, world_size: us
             config.seq_len
         );
     }
-    let strategy = Strategy::Mesh { stages, tp, schedule, sequence_parallel };
+    let strategy = Strategy::Mesh { stages, tp, schedule, sequence_parallel, data };
     strategy.mesh(world_size).map_err(|e| anyhow::anyhow!("{flags}: {e}"))?;
     Ok(strategy)
 }

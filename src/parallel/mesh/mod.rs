@@ -1,46 +1,62 @@
 //! The mesh trainer (`train --pp S`, `--tp T`, both, or either with
-//! `--sequence-parallel`): the model transformed over a [`DeviceMesh`] of
-//! shape (dp, pp, tp). Pipeline parallelism cuts it into S stages, one per
+//! `--sequence-parallel`; `--strategy zero1` with any of them or none): the
+//! model transformed over a [`DeviceMesh`] of shape (dp, pp, tp). Pipeline parallelism cuts it into S stages, one per
 //! rank of a `pp` group, stepped on the learner's GPipe (exercise 21) or
 //! 1F1B (exercise 24) schedule over the step's micro-batches; tensor
 //! parallelism splits every stage's blocks across its `tp` group, stepped by
 //! exercise 23 (or 27, the tokens outside the split matrices cut along the
 //! sequence); the ranks beyond one pipeline of split stages are data-parallel
-//! replicas of it. With one stage there is nothing to schedule: each
+//! replicas of it, which share each step as the [`DataAxis`] says: DDP's
+//! averaged gradients, or ZeRO-1's sharded optimizer (exercise 17). With one stage there is nothing to schedule: each
 //! micro-batch runs forward and back in turn through the whole model.
 //!
 //! The stages of one pipeline see the same batch; each replica its own share
 //! of it. Every collective runs on the group it concerns: activations and
 //! their gradients travel between the same tp rank of neighbouring stages
 //! (the `pp` group), whole; the blocks' all-reduces run on the `tp` group;
-//! after the schedule, each rank averages its gradients with the same place
-//! in the other replicas (the `dp` group), in DDP's buckets. The gradient norm
+//! after the schedule, each rank reduces its gradients with the same place
+//! in the other replicas (the `dp` group; see `data_axis.rs`). The gradient norm
 //! for clipping adds each rank's sum of squares, the replicated parameters
 //! once and the shards' over the `tp` group, then over the pipeline (its
 //! stages hold disjoint parameters); the loss, which only the last stage
 //! computes, is broadcast from it.
 //!
 //! A checkpoint holds whole tensors: each stage of the first replica gathers
-//! its shards along the dimension they were cut on and sends its parameters
+//! its shards along the dimension they were cut on (under ZeRO-1 its moments
+//! from the other replicas first) and sends its parameters
 //! and moments to rank 0, which writes them in the format every trainer
 //! reads, so a run resumes under DDP or FSDP, or on another mesh, and the
 //! other way round; loading cuts each rank's part out again.
+
+mod data_axis;
 
 use std::collections::HashMap;
 use std::path::Path;
 
 use candle_core::{bail, DType, Device, Result, Tensor};
 
-use crate::autograd::{clip_factor, Gradients};
-use crate::distributed::{all_reduce_scalar, DeviceMesh, ProcessGroup, ReduceOp};
+pub use data_axis::DataAxis;
+
+use self::data_axis::Update;
+use crate::autograd::Gradients;
+use crate::distributed::{DeviceMesh, ProcessGroup};
 use crate::model::{param_specs, GptConfig, ParamStore};
-use crate::parallel::ddp::average_in_buckets;
 use crate::parallel::pipeline::{stage_holding, PipelineSchedule, PipelineStage, PipelineStep};
 use crate::parallel::tensor::{moments_part, part_of, BlockStep, ShardCuts};
-use crate::phase2_training::param_groups;
-use crate::train::{
-    AdamW, Checkpoint, DataPosition, ParamGroup, StepCounters, StepStats, Train, TrainConfig, TrainerState,
-};
+use crate::train::{AdamW, Checkpoint, DataPosition, StepCounters, StepStats, Train, TrainConfig, TrainerState};
+
+/// How a mesh trainer runs along each axis, besides the mesh's shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MeshPlan {
+    /// The pipeline's schedule, when the mesh has more than one stage.
+    pub schedule: PipelineSchedule,
+    /// Which exercise steps the split blocks, when the mesh has a tp axis.
+    pub block_step: BlockStep,
+    /// What the replicas share each step.
+    pub data_axis: DataAxis,
+    /// Under DDP, the most gradient bytes one all-reduce carries.
+    pub bucket_bytes: usize,
+}
 
 pub struct MeshTrainer {
     model_config: GptConfig,
@@ -49,14 +65,14 @@ pub struct MeshTrainer {
     schedule: PipelineSchedule,
     /// Which exercise steps the split blocks, under tensor parallelism.
     block_step: BlockStep,
-    /// AdamW over this stage's parameters, grouped as exercise 8 groups them.
-    optimizer: AdamW,
+    /// AdamW over this stage's parameters, grouped as exercise 8 groups
+    /// them, whole or sharded across the replicas.
+    update: Update,
+    data_axis: DataAxis,
     config: TrainConfig,
     mesh: DeviceMesh,
     /// Where this stage's shards were cut across the tp group (none without one).
     cuts: ShardCuts,
-    /// The most gradient bytes one of the replicas' all-reduces carries.
-    bucket_bytes: usize,
     /// Where this stage computes: the scalars and buffers it exchanges live there too.
     device: Device,
     step: usize,
@@ -66,26 +82,17 @@ impl MeshTrainer {
     /// This rank's stage of the model `params` holds: stage `mesh.pp().rank()`
     /// of `mesh.pp().world_size()`, its blocks split across `mesh.tp()` when
     /// that has more than one rank (stepped as `block_step` says), the stages
-    /// stepped on `schedule`, its gradients averaged over the `mesh.dp()`
-    /// replicas in all-reduces of at most `bucket_bytes`. The rest of
-    /// `params` can be dropped.
+    /// stepped on `plan.schedule`; the `mesh.dp()` replicas share each step as
+    /// `plan.data_axis` says. The rest of `params` can be dropped.
     pub fn new(
         model_config: &GptConfig,
         params: &ParamStore,
         config: TrainConfig,
         mesh: DeviceMesh,
-        schedule: PipelineSchedule,
-        block_step: BlockStep,
-        bucket_bytes: usize,
+        plan: MeshPlan,
     ) -> Result<Self> {
+        let MeshPlan { schedule, block_step, data_axis, bucket_bytes } = plan;
         let pg = mesh.pp();
-        if config.activation_checkpointing {
-            bail!(
-                "the mesh trainer keeps each micro-batch's activations from its forward to its backward (split \
-                 blocks already run twice: exercises 23 and 27 take a block's forward and backward in one call); \
-                 activation checkpointing is not combined with it here: drop --activation-checkpointing"
-            );
-        }
         let pipelined = pg.world_size() > 1;
         if pipelined && schedule == PipelineSchedule::OneFOneB && !pg.properties().buffered_sends {
             bail!(
@@ -102,25 +109,12 @@ impl MeshTrainer {
             1 => PipelineStage::new(model_config, params, index, stages)?,
             _ => PipelineStage::split(model_config, params, index, stages, mesh.tp_shared(), block_step)?,
         };
+        let stage = if config.activation_checkpointing { stage.with_activation_checkpointing()? } else { stage };
         let cuts = ShardCuts::of(model_config, stage.params());
-        let groups = param_groups(stage.params(), config.optimizer.weight_decay);
-        ParamGroup::decay_by_name(&groups, stage.params())?;
-        let optimizer = AdamW::new(groups, config.optimizer.adamw)?;
+        let update = Update::new(data_axis, stage.params(), &config, &mesh, &cuts, bucket_bytes)?;
         let device = params.device()?;
         let model_config = model_config.clone();
-        Ok(Self {
-            model_config,
-            stage,
-            schedule,
-            block_step,
-            optimizer,
-            config,
-            mesh,
-            cuts,
-            bucket_bytes,
-            device,
-            step: 0,
-        })
+        Ok(Self { model_config, stage, schedule, block_step, update, data_axis, config, mesh, cuts, device, step: 0 })
     }
 
     /// The stage this rank runs.
@@ -161,25 +155,14 @@ impl MeshTrainer {
 
 impl Train for MeshTrainer {
     fn train_step(&mut self, micro_batches: &[Tensor]) -> Result<StepStats> {
-        let pg = self.mesh.pp();
-        let last = pg.world_size() - 1;
+        let last = self.mesh.pp().world_size() - 1;
         let step = self.stage_step(micro_batches)?;
-        let mut grads = step.grads;
-        average_in_buckets(self.mesh.dp(), &mut grads, self.bucket_bytes)?;
-        // The stages hold different parameters: their sums of squares add up.
-        let sum_sq = self.cuts.sum_of_squares(&grads, self.mesh.tp(), &self.device)?;
-        let grad_norm = all_reduce_scalar(pg, sum_sq, ReduceOp::Sum, &self.device)?.sqrt();
         let lr = self.config.schedule.lr(self.step);
-        if grad_norm.is_finite() {
-            if let Some(factor) = clip_factor(grad_norm, self.config.max_grad_norm) {
-                grads.scale(factor)?;
-            }
-            self.optimizer.step(self.stage.params(), &grads, lr)?;
-        } else {
-            self.optimizer.skip_step(); // on every stage, not only the one that saw it
-        }
+        let max_norm = self.config.max_grad_norm;
+        let parts = (&self.mesh, &self.cuts);
+        let grad_norm = self.update.step(parts, self.stage.params(), step.grads, lr, max_norm, &self.device)?;
         let loss = Tensor::new(&[step.loss.unwrap_or(0.0)], &self.device)?;
-        let loss = pg.broadcast(&loss, last)?.to_vec1::<f32>()?[0] as f64;
+        let loss = self.mesh.pp().broadcast(&loss, last)?.to_vec1::<f32>()?[0] as f64;
         self.step += 1;
         Ok(StepStats { loss, grad_norm, lr, tokens: micro_batches.iter().map(Tensor::elem_count).sum() })
     }
@@ -189,12 +172,13 @@ impl Train for MeshTrainer {
     /// first stage, rank 0, which writes them as one whole checkpoint; the
     /// other replicas hold the same numbers.
     fn save_checkpoint(&self, dir: &Path, data: Option<DataPosition>) -> Result<()> {
+        // Under ZeRO-1 every replica takes part in gathering the moments.
+        let state_tensors = self.update.moments()?;
         if self.mesh.coords().dp != 0 {
             return self.mesh.world().barrier();
         }
         let (pg, tp) = (self.mesh.pp(), self.mesh.tp());
-        let has_moments = self.optimizer.steps() > 0;
-        let state_tensors: HashMap<String, Tensor> = self.optimizer.state_tensors().into_iter().collect();
+        let has_moments = self.counters().optimizer_steps > 0;
         // This stage's parameters in model order, each followed by its
         // moments, whole: what rank 0 receives from each stage, in order.
         let mut mine = Vec::new();
@@ -237,7 +221,8 @@ impl Train for MeshTrainer {
                 }
             }
         }
-        let state = TrainerState::new(self.step, self.optimizer.steps(), self.model_config.clone(), self.config, data);
+        let optimizer_steps = self.counters().optimizer_steps;
+        let state = TrainerState::new(self.step, optimizer_steps, self.model_config.clone(), self.config, data);
         Checkpoint { params, optimizer: moments, state }.write(dir)?;
         self.mesh.world().barrier()
     }
@@ -259,7 +244,7 @@ impl Train for MeshTrainer {
         // With a moment missing, AdamW's own check names it.
         let moments = moments_part(&self.model_config, &checkpoint.optimizer, layers, rank, ranks)?
             .unwrap_or_else(|| checkpoint.optimizer.clone());
-        self.optimizer.load_state(checkpoint.state.optimizer_steps, &moments, self.stage.params())?;
+        self.update.load(checkpoint.state.optimizer_steps, &moments, self.stage.params(), &self.device)?;
         self.step = checkpoint.state.step;
         Ok(checkpoint.state.data)
     }
@@ -284,7 +269,7 @@ impl Train for MeshTrainer {
         Ok(pg.broadcast(&loss, last)?.to_vec1::<f32>()?[0] as f64)
     }
     fn counters(&self) -> StepCounters {
-        StepCounters::of(self.step, &self.optimizer)
+        self.update.counters(self.step)
     }
 
     fn process_group(&self) -> &dyn ProcessGroup {
@@ -313,10 +298,14 @@ impl Train for MeshTrainer {
             }
             _ => format!(", each stage's blocks split across {tp} tensor-parallel ranks{sequence}"),
         };
-        match replicas {
-            1 => format!("{model}{split}"),
-            _ => format!("{model}{split}, in {replicas} data-parallel replicas"),
-        }
+        let replicas = match (replicas, self.data_axis) {
+            (1, _) => String::new(),
+            (_, DataAxis::Replicate) => format!(", in {replicas} data-parallel replicas"),
+            (_, DataAxis::ShardOptimizer) => {
+                format!(", in {replicas} data-parallel replicas, AdamW's state sharded across them (ZeRO-1)")
+            }
+        };
+        format!("{model}{split}{replicas}")
     }
 
     fn report(&self) -> Option<String> {

@@ -1,0 +1,235 @@
+//! The mesh's data-parallel axis: how the replicas finish a step once each
+//! holds the gradient of its own share of the batch. DDP averages the
+//! gradients across the replicas (all-reduces, in buckets) and every replica
+//! takes the same AdamW step; ZeRO-1 keeps 1/dp of AdamW's state on each:
+//! exercise 17's step reduce-scatters this rank's parameters' gradient as
+//! one flat vector, updates this replica's shard of it and all-gathers the
+//! parameters back. Either way the norm for clipping is the whole model's,
+//! and a step whose norm is not finite changes nothing, on every rank.
+
+use std::collections::HashMap;
+
+use candle_core::{bail, Device, Result, Tensor};
+
+use crate::autograd::{clip_factor, Gradients};
+use crate::distributed::{all_reduce_scalar, DeviceMesh, ProcessGroup, ReduceOp, WithOverride};
+use crate::model::ParamStore;
+use crate::parallel::ddp::average_in_buckets;
+use crate::parallel::fsdp::{DecayRuns, FlatLayout};
+use crate::parallel::tensor::ShardCuts;
+use crate::parallel::zero::{ClipShards, ModelParts, ShardedAdamW};
+use crate::phase2_training::param_groups;
+use crate::train::{AdamW, Moments, ParamGroup, StepCounters, TrainConfig};
+
+/// What the data-parallel axis of a mesh shards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DataAxis {
+    /// Nothing (DDP): whole gradients averaged, the same AdamW step on every replica.
+    #[default]
+    Replicate,
+    /// AdamW's state (ZeRO-1): each replica updates its shard by exercise 17.
+    ShardOptimizer,
+}
+
+/// The optimizer of a rank's parameters under one [`DataAxis`] choice.
+pub(super) enum Update {
+    Replicated { optimizer: AdamW, bucket_bytes: usize },
+    Sharded(Box<Sharded>),
+}
+
+/// ZeRO-1 over the dp group: this rank's parameters as one flat vector.
+pub(super) struct Sharded {
+    /// The shards of split blocks first, then the whole parameters: the
+    /// clipping adds the first part's squares over the tp group.
+    layout: FlatLayout,
+    /// Each element's weight decay, applied before the step.
+    decays: DecayRuns,
+    optimizer: ShardedAdamW,
+    /// The dp group, its reduce-scatter clipping.
+    dp: WithOverride<ClipShards>,
+    clip: ClipShards,
+    /// Steps whose gradient norm was not finite, taken without an update.
+    skipped_steps: u64,
+}
+
+impl Update {
+    /// The optimizer of `params`, this rank's parts of the model, under `kind`.
+    pub(super) fn new(
+        kind: DataAxis,
+        params: &ParamStore,
+        config: &TrainConfig,
+        mesh: &DeviceMesh,
+        cuts: &ShardCuts,
+        bucket_bytes: usize,
+    ) -> Result<Self> {
+        let groups = param_groups(params, config.optimizer.weight_decay);
+        let decay_of = ParamGroup::decay_by_name(&groups, params)?;
+        if kind == DataAxis::Replicate {
+            let optimizer = AdamW::new(groups, config.optimizer.adamw)?;
+            return Ok(Self::Replicated { optimizer, bucket_bytes });
+        }
+        let (shards, whole): (Vec<_>, Vec<_>) = params.iter().partition(|(name, _)| cuts.is_cut(name));
+        let shard_elements = shards.iter().map(|(_, var)| var.elem_count()).sum();
+        let shapes = shards.into_iter().chain(whole).map(|(name, var)| (name.to_string(), var.shape().clone()));
+        let layout = FlatLayout::of_shapes(shapes, mesh.dp().world_size());
+        let decays = layout.decay_runs(0..layout.padded_len(), |name| decay_of[name]);
+        let spread = |size: usize, group| (size > 1).then_some(group);
+        let parts = ModelParts {
+            shard_elements,
+            tp: spread(mesh.shape().tp, mesh.tp_shared()),
+            pp: spread(mesh.shape().pp, mesh.pp_shared()),
+        };
+        let clip = ClipShards::of_part(config.max_grad_norm, parts);
+        Ok(Self::Sharded(Box::new(Sharded {
+            layout,
+            decays,
+            // Decay is applied before the step, element by element, with each parameter's own.
+            optimizer: ShardedAdamW::new(config.optimizer.adamw, 0.0),
+            dp: WithOverride::new(Box::new(mesh.dp_shared()), clip.clone()),
+            clip,
+            skipped_steps: 0,
+        })))
+    }
+
+    /// Finishes a step from `grads`, the gradients of `params` (on `device`)
+    /// for this replica's share of the batch: the whole model's gradient
+    /// norm, clipping and AdamW at `lr`, or nothing when the norm is not
+    /// finite. Returns the norm before clipping.
+    pub(super) fn step(
+        &mut self,
+        (mesh, cuts): (&DeviceMesh, &ShardCuts),
+        params: &ParamStore,
+        mut grads: Gradients,
+        lr: f64,
+        max_grad_norm: f64,
+        device: &Device,
+    ) -> Result<f64> {
+        match self {
+            Self::Replicated { optimizer, bucket_bytes } => {
+                average_in_buckets(mesh.dp(), &mut grads, *bucket_bytes)?;
+                // The stages hold different parameters: their sums of squares add up.
+                let sum_sq = cuts.sum_of_squares(&grads, mesh.tp(), device)?;
+                let grad_norm = all_reduce_scalar(mesh.pp(), sum_sq, ReduceOp::Sum, device)?.sqrt();
+                if grad_norm.is_finite() {
+                    if let Some(factor) = clip_factor(grad_norm, max_grad_norm) {
+                        grads.scale(factor)?;
+                    }
+                    optimizer.step(params, &grads, lr)?;
+                } else {
+                    optimizer.skip_step(); // on every rank, not only the one that saw it
+                }
+                Ok(grad_norm)
+            }
+            Self::Sharded(sharded) => sharded.step(params, &grads, lr, device),
+        }
+    }
+
+    /// The counters of a trainer at `step`.
+    pub(super) fn counters(&self, step: usize) -> StepCounters {
+        match self {
+            Self::Replicated { optimizer, .. } => StepCounters::of(step, optimizer),
+            Self::Sharded(sharded) => {
+                StepCounters { step, optimizer_steps: sharded.optimizer.steps, skipped_steps: sharded.skipped_steps }
+            }
+        }
+    }
+
+    /// AdamW's moments of this rank's parameters, by AdamW's names; none
+    /// before the first update. Under ZeRO-1 every rank of the dp group
+    /// calls it: the shards are gathered.
+    pub(super) fn moments(&self) -> Result<HashMap<String, Tensor>> {
+        match self {
+            Self::Replicated { optimizer, .. } if optimizer.steps() > 0 => {
+                Ok(optimizer.state_tensors().into_iter().collect())
+            }
+            Self::Replicated { .. } => Ok(HashMap::new()),
+            Self::Sharded(sharded) => sharded.moments(),
+        }
+    }
+
+    /// Takes up a checkpoint's `steps` and `moments` (AdamW's names, this
+    /// rank's parts of the model) for `params`, on `device`.
+    pub(super) fn load(
+        &mut self,
+        steps: u64,
+        moments: &HashMap<String, Tensor>,
+        params: &ParamStore,
+        device: &Device,
+    ) -> Result<()> {
+        match self {
+            Self::Replicated { optimizer, .. } => optimizer.load_state(steps, moments, params),
+            Self::Sharded(sharded) => sharded.load(steps, moments, device),
+        }
+    }
+}
+
+impl Sharded {
+    fn step(&mut self, params: &ParamStore, grads: &Gradients, lr: f64, device: &Device) -> Result<f64> {
+        if let Some(name) = self.layout.names().find(|name| grads.get(name).is_none()) {
+            bail!("no gradient reached `{name}`: the loss does not depend on it");
+        }
+        let named = |tensors: Vec<(&str, Tensor)>| -> HashMap<String, Tensor> {
+            tensors.into_iter().map(|(name, t)| (name.to_string(), t)).collect()
+        };
+        let grad = self.layout.flatten(&named(grads.iter().map(|(n, g)| (n, g.clone())).collect()), device)?;
+        let values = named(params.iter().map(|(n, var)| (n, var.as_tensor().clone())).collect());
+        let decayed = FlatLayout::decayed(&self.layout.flatten(&values, device)?, &self.decays, lr)?;
+        // Exercise 17 updates the moments within its step, and the norm is
+        // known only after it: a step whose gradient is not finite puts the
+        // moments (tensors are immutable: these are the old ones, not copies)
+        // and the step count back and leaves the parameters, as every
+        // strategy skips such a step. The norm is the same on every rank.
+        let (moments_before, steps_before) = (self.optimizer.moments.clone(), self.optimizer.steps);
+        let updated = self.optimizer.step(&self.dp, &decayed, &grad, lr)?;
+        let grad_norm = self.clip.take_norm()?;
+        if grad_norm.is_finite() {
+            for (name, value) in self.layout.unflatten(&updated)? {
+                params.get(&name)?.set(&value)?;
+            }
+        } else {
+            (self.optimizer.moments, self.optimizer.steps) = (moments_before, steps_before);
+            self.skipped_steps += 1;
+        }
+        Ok(grad_norm)
+    }
+
+    fn moments(&self) -> Result<HashMap<String, Tensor>> {
+        let mut named = HashMap::new();
+        if let Some(moments) = &self.optimizer.moments {
+            for (kind, shard) in [&moments.exp_avg, &moments.exp_avg_sq].into_iter().enumerate() {
+                for (name, moment) in self.layout.unflatten(&self.dp.all_gather(shard)?)? {
+                    named.insert(AdamW::moment_names(&name)[kind].clone(), moment);
+                }
+            }
+        }
+        Ok(named)
+    }
+
+    /// Keeps this rank's shard of each moment in `saved`.
+    fn load(&mut self, steps: u64, saved: &HashMap<String, Tensor>, device: &Device) -> Result<()> {
+        self.optimizer.moments = match steps {
+            0 => None,
+            _ => {
+                let range = self.layout.shard_range(self.dp.rank(), self.dp.world_size());
+                let shard_of = |kind: usize| -> Result<Tensor> {
+                    let mut named = HashMap::new();
+                    for name in self.layout.names() {
+                        let moment_name = &AdamW::moment_names(name)[kind];
+                        let Some(moment) = saved.get(moment_name) else {
+                            bail!(
+                                "the checkpoint has no {moment_name}: it was written before any optimizer step, or \
+                                 by another optimizer"
+                            );
+                        };
+                        named.insert(name.to_string(), moment.clone());
+                    }
+                    // A copy of this rank's part, not a view that would keep the whole vector alive.
+                    self.layout.flatten(&named, device)?.narrow(0, range.start, range.len())?.force_contiguous()
+                };
+                Some(Moments { exp_avg: shard_of(0)?, exp_avg_sq: shard_of(1)? })
+            }
+        };
+        self.optimizer.steps = steps;
+        Ok(())
+    }
+}
