@@ -4,11 +4,13 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
+use plotters::style::RGBColor;
 use serde::de::DeserializeOwned;
 
 use crate::lanes::{self, Curve, Panel};
 use crate::loss::{self, StepPoint};
 use crate::ring::{self, RingRecord};
+use crate::schedule::Schedule;
 use crate::spike::{self, Run};
 use crate::style::{BACKWARD, COMM, FORWARD, IDLE, REDUCE};
 use crate::{megatron, pipeline, ranks, trace, zero};
@@ -31,6 +33,7 @@ pub const FIGURES: &[Figure] = &[
     Figure { file: "loss-curve.svg", draw: loss_curve },
     Figure { file: "loss-spike.svg", draw: loss_spike },
     Figure { file: "pipeline-schedules.svg", draw: pipeline_schedules },
+    Figure { file: "pipeline-slots.svg", draw: pipeline_slots },
     Figure { file: "fsdp-timeline.svg", draw: fsdp_timeline },
     Figure { file: "ddp-overlap.svg", draw: ddp_overlap },
     Figure { file: "ring-steps.svg", draw: ring_steps },
@@ -141,17 +144,30 @@ fn loss_curve(data: &Path) -> Result<String> {
     loss::draw("tiny model on the bundled stories: loss, held-out loss and learning rate", &points)
 }
 
+/// A pipeline figure's key: the passes and the bubble.
+const PIPELINE_LEGEND: [(&str, RGBColor); 3] =
+    [("forward Fk of micro-batch k", FORWARD), ("backward Bk", BACKWARD), ("idle: the bubble", IDLE)];
+
 fn pipeline_schedules(data: &Path) -> Result<String> {
-    let panels: Vec<Panel> = [("GPipe", "gpipe.trace.json"), ("1F1B", "1f1b.trace.json")]
+    let panels: Vec<Panel> = [(Schedule::GPipe, "gpipe.trace.json"), (Schedule::OneFOneB, "1f1b.trace.json")]
         .into_iter()
-        .map(|(name, file)| pipeline::panel(name, &last_step(data, file)?.spans))
+        .map(|(schedule, file)| pipeline::panel(schedule, &last_step(data, file)?.spans))
         .collect::<Result<_>>()?;
-    lanes::draw(
-        &panels,
-        None,
-        "milliseconds into the step",
-        &[("forward Fk of micro-batch k", FORWARD), ("backward Bk", BACKWARD), ("idle: the bubble", IDLE)],
-    )
+    lanes::draw(&panels, None, "milliseconds into the step", &PIPELINE_LEGEND)
+}
+
+/// The stages and micro-batches of the recorded pipeline runs, which the
+/// idealised chart is drawn beside.
+const IDEAL_STAGES: usize = 4;
+const IDEAL_MICRO_BATCHES: usize = 8;
+
+/// The schedules by their rules alone: derived, not recorded, so it reads no data.
+fn pipeline_slots(_data: &Path) -> Result<String> {
+    let panels: Vec<Panel> = [Schedule::GPipe, Schedule::OneFOneB]
+        .into_iter()
+        .map(|schedule| pipeline::ideal_panel(schedule, IDEAL_STAGES, IDEAL_MICRO_BATCHES))
+        .collect::<Result<_>>()?;
+    lanes::draw(&panels, None, "slot: each forward and each backward takes one", &PIPELINE_LEGEND)
 }
 
 fn fsdp_timeline(data: &Path) -> Result<String> {

@@ -13,6 +13,7 @@ pub mod numbers;
 mod pipeline;
 mod ranks;
 mod ring;
+mod schedule;
 mod spike;
 mod style;
 mod trace;
