@@ -13,7 +13,7 @@ use crate::ring::{self, RingRecord};
 use crate::schedule::Schedule;
 use crate::spike::{self, Run};
 use crate::style::{BACKWARD, COMM, FORWARD, IDLE, REDUCE};
-use crate::{megatron, pipeline, ranks, trace, zero};
+use crate::{formats, megatron, pipeline, ranks, trace, zero};
 
 /// One figure of the guide.
 pub struct Figure {
@@ -39,6 +39,7 @@ pub const FIGURES: &[Figure] = &[
     Figure { file: "ring-steps.svg", draw: ring_steps },
     Figure { file: "zero-memory.svg", draw: zero_memory },
     Figure { file: "megatron-mlp.svg", draw: megatron_mlp },
+    Figure { file: "float-formats.svg", draw: float_formats },
 ];
 
 /// The text of the data file `file`.
@@ -218,6 +219,11 @@ fn zero_memory(data: &Path) -> Result<String> {
 
 fn megatron_mlp(data: &Path) -> Result<String> {
     megatron::draw(&json(data, "megatron-mlp.json")?)
+}
+
+/// Worked out from the formats' bit widths: it reads no data.
+fn float_formats(_data: &Path) -> Result<String> {
+    formats::draw()
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@
 //! measured ones (an MFU from tokens/s) are computed here, never typed.
 
 mod allreduce;
-mod format;
+pub(crate) mod format;
 mod fsdp;
 mod gpu;
 mod mesh;
