@@ -13,7 +13,7 @@ use crate::ring::{self, RingRecord};
 use crate::schedule::Schedule;
 use crate::spike::{self, Run};
 use crate::style::{BACKWARD, COMM, FORWARD, IDLE, REDUCE};
-use crate::{formats, megatron, pipeline, ranks, trace, zero};
+use crate::{formats, megatron, mesh, pipeline, ranks, trace, zero};
 
 /// One figure of the guide.
 pub struct Figure {
@@ -40,6 +40,7 @@ pub const FIGURES: &[Figure] = &[
     Figure { file: "zero-memory.svg", draw: zero_memory },
     Figure { file: "megatron-mlp.svg", draw: megatron_mlp },
     Figure { file: "float-formats.svg", draw: float_formats },
+    Figure { file: "device-mesh.svg", draw: device_mesh },
 ];
 
 /// The text of the data file `file`.
@@ -219,6 +220,10 @@ fn zero_memory(data: &Path) -> Result<String> {
 
 fn megatron_mlp(data: &Path) -> Result<String> {
     megatron::draw(&json(data, "megatron-mlp.json")?)
+}
+
+fn device_mesh(data: &Path) -> Result<String> {
+    mesh::draw(&json(data, "device-mesh.json")?)
 }
 
 /// Worked out from the formats' bit widths: it reads no data.

@@ -10,6 +10,7 @@ mod formats;
 mod lanes;
 pub mod loss;
 mod megatron;
+mod mesh;
 pub mod numbers;
 mod pipeline;
 mod ranks;

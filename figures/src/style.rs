@@ -53,7 +53,12 @@ pub fn text_width(text: &str, size: f64) -> f64 {
 
 /// Text of `size` px, centred on its point across, placed by `vertical` up and down.
 pub fn centred(size: f64, vertical: VPos) -> TextStyle<'static> {
-    TextStyle::from(font(size)).pos(Pos::new(HPos::Center, vertical))
+    placed(size, HPos::Center, vertical)
+}
+
+/// Text of `size` px, placed on its point by `across` and `vertical`.
+pub fn placed(size: f64, across: HPos, vertical: VPos) -> TextStyle<'static> {
+    TextStyle::from(font(size)).pos(Pos::new(across, vertical))
 }
 
 /// Draws a chart's series labels (plotters' legend) as every figure does:

@@ -116,16 +116,22 @@ fn record_all(root: &Path) -> Result<()> {
             copy(&out.join(kept.from), &data.join(kept.data))?;
         }
     }
-    println!("recording ring.json (record_ring)");
-    let output = reference_program(root, "record_ring").output().context("cannot run cargo")?;
-    if !output.status.success() {
-        bail!("record_ring failed:\n{}", String::from_utf8_lossy(&output.stderr));
-    }
-    std::fs::write(data.join("ring.json"), &output.stdout)?;
+    record_printed(root, "record_ring", &data.join("ring.json"))?;
+    record_printed(root, "record_mesh", &data.join("device-mesh.json"))?;
     record_zero_memory(root, &data.join("zero-memory.jsonl"))?;
     record_mlp_shape(root, &data.join("megatron-mlp.json"))?;
     std::fs::remove_dir_all(&scratch).ok();
     Ok(())
+}
+
+/// Runs the reference program `bin` and keeps what it prints at `path`.
+fn record_printed(root: &Path, bin: &str, path: &Path) -> Result<()> {
+    println!("recording {} ({bin})", path.file_name().unwrap_or_default().to_string_lossy());
+    let output = reference_program(root, bin).output().context("cannot run cargo")?;
+    if !output.status.success() {
+        bail!("{bin} failed:\n{}", String::from_utf8_lossy(&output.stderr));
+    }
+    std::fs::write(path, &output.stdout).with_context(|| format!("cannot write {}", path.display()))
 }
 
 fn copy(from: &Path, to: &PathBuf) -> Result<()> {
