@@ -6,6 +6,7 @@
 //! against what its data gives today.
 
 pub mod catalog;
+mod diagram;
 mod formats;
 mod lanes;
 pub mod loss;

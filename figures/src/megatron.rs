@@ -9,6 +9,7 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::VPos;
 use serde::Deserialize;
 
+use crate::diagram::{arrow, boxed, operator, BOX_H, OPERATOR_R};
 use crate::loss::plot_error;
 use crate::style::{centred, font, BACKWARD, COMM, FORWARD, REDUCE, SMALL, TEXT, TITLE, WIDTH};
 
@@ -20,17 +21,11 @@ pub struct MlpShape {
     tp: usize,
 }
 
-type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
-
-/// A box's height: room for three lines of text.
-const BOX_H: i32 = 54;
-const LINE: i32 = 15;
 /// From one rank's row to the next, with room for the rank's name between.
 const ROW: i32 = 84;
 const TOP: i32 = 56;
 /// Between a box and the next thing along its row, room for an arrow.
 const GAP: i32 = 22;
-const OPERATOR_R: i32 = 13;
 const NOTE_LINE: i32 = 19;
 
 /// Draws the split for `shape`.
@@ -114,36 +109,4 @@ pub fn draw(shape: &MlpShape) -> Result<String> {
 /// The hidden units rank `rank` holds, as `a..b`.
 fn units_of(rank: usize, part: usize) -> String {
     format!("{}..{}", rank * part, (rank + 1) * part)
-}
-
-/// A box `width` wide at `at`, its `lines` centred in it.
-fn boxed(root: &Area, at: (i32, i32), width: i32, lines: &[&str], color: RGBColor) -> Result<()> {
-    let far = (at.0 + width, at.1 + BOX_H);
-    root.draw(&Rectangle::new([at, far], color.mix(0.18).filled())).map_err(plot_error)?;
-    root.draw(&Rectangle::new([at, far], color.stroke_width(1))).map_err(plot_error)?;
-    let first = at.1 + (BOX_H - LINE * lines.len() as i32) / 2 + LINE / 2;
-    for (k, line) in lines.iter().enumerate() {
-        let centre = (at.0 + width / 2, first + LINE * k as i32);
-        root.draw(&Text::new(line.to_string(), centre, centred(SMALL, VPos::Center))).map_err(plot_error)?;
-    }
-    Ok(())
-}
-
-fn operator(root: &Area, centre: (i32, i32), name: &str, color: RGBColor) -> Result<()> {
-    root.draw(&Circle::new(centre, OPERATOR_R, color.filled())).map_err(plot_error)?;
-    let style = centred(TEXT, VPos::Center).color(&WHITE);
-    root.draw(&Text::new(name.to_string(), centre, style)).map_err(plot_error)?;
-    Ok(())
-}
-
-fn arrow(root: &Area, from: (i32, i32), to: (i32, i32)) -> Result<()> {
-    let grey = RGBColor(0x66, 0x66, 0x66);
-    root.draw(&PathElement::new([from, to], grey.stroke_width(1))).map_err(plot_error)?;
-    let (dx, dy) = (f64::from(to.0 - from.0), f64::from(to.1 - from.1));
-    let length = (dx * dx + dy * dy).sqrt().max(1.0);
-    let (ux, uy) = (dx / length, dy / length);
-    let point =
-        |along: f64, across: f64| (to.0 - (ux * along - uy * across) as i32, to.1 - (uy * along + ux * across) as i32);
-    root.draw(&Polygon::new(vec![to, point(7.0, 3.5), point(7.0, -3.5)], grey.filled())).map_err(plot_error)?;
-    Ok(())
 }
