@@ -13,7 +13,7 @@ use crate::ring::{self, RingRecord};
 use crate::schedule::Schedule;
 use crate::spike::{self, Run};
 use crate::style::{BACKWARD, COMM, FORWARD, IDLE, REDUCE};
-use crate::{formats, megatron, mesh, pipeline, ranks, trace, zero};
+use crate::{formats, megatron, mesh, pipeline, ranks, sequence, trace, zero};
 
 /// One figure of the guide.
 pub struct Figure {
@@ -41,6 +41,7 @@ pub const FIGURES: &[Figure] = &[
     Figure { file: "megatron-mlp.svg", draw: megatron_mlp },
     Figure { file: "float-formats.svg", draw: float_formats },
     Figure { file: "device-mesh.svg", draw: device_mesh },
+    Figure { file: "sequence-parallel.svg", draw: sequence_parallel },
 ];
 
 /// The text of the data file `file`.
@@ -224,6 +225,11 @@ fn megatron_mlp(data: &Path) -> Result<String> {
 
 fn device_mesh(data: &Path) -> Result<String> {
     mesh::draw(&json(data, "device-mesh.json")?)
+}
+
+/// Drawn from the step's structure: it reads no data.
+fn sequence_parallel(_data: &Path) -> Result<String> {
+    sequence::draw()
 }
 
 /// Worked out from the formats' bit widths: it reads no data.

@@ -15,6 +15,8 @@ pub type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
 pub const BOX_H: i32 = 54;
 const LINE: i32 = 15;
 pub const OPERATOR_R: i32 = 13;
+/// Arrows and the lines they end.
+pub const GREY: RGBColor = RGBColor(0x66, 0x66, 0x66);
 
 /// A box `width` wide at `at`, its `lines` centred in it.
 pub fn boxed(root: &Area, at: (i32, i32), width: i32, lines: &[&str], color: RGBColor) -> Result<()> {
@@ -39,13 +41,12 @@ pub fn operator(root: &Area, centre: (i32, i32), name: &str, color: RGBColor) ->
 
 /// A grey arrow from `from` to `to`.
 pub fn arrow(root: &Area, from: (i32, i32), to: (i32, i32)) -> Result<()> {
-    let grey = RGBColor(0x66, 0x66, 0x66);
-    root.draw(&PathElement::new([from, to], grey.stroke_width(1))).map_err(plot_error)?;
+    root.draw(&PathElement::new([from, to], GREY.stroke_width(1))).map_err(plot_error)?;
     let (dx, dy) = (f64::from(to.0 - from.0), f64::from(to.1 - from.1));
     let length = (dx * dx + dy * dy).sqrt().max(1.0);
     let (ux, uy) = (dx / length, dy / length);
     let point =
         |along: f64, across: f64| (to.0 - (ux * along - uy * across) as i32, to.1 - (uy * along + ux * across) as i32);
-    root.draw(&Polygon::new(vec![to, point(7.0, 3.5), point(7.0, -3.5)], grey.filled())).map_err(plot_error)?;
+    root.draw(&Polygon::new(vec![to, point(7.0, 3.5), point(7.0, -3.5)], GREY.filled())).map_err(plot_error)?;
     Ok(())
 }

@@ -17,6 +17,7 @@ mod pipeline;
 mod ranks;
 mod ring;
 mod schedule;
+mod sequence;
 mod spike;
 mod style;
 mod trace;
