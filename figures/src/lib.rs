@@ -1,9 +1,11 @@
 //! The workbook's figures, drawn as SVG from what its runs recorded: a run's
 //! loss curve, and the guide's pictures (pipeline schedules, the FSDP
-//! timeline, the ring's steps, memory per rank); and the measured numbers
-//! the guide's chapters quote. Every figure and number file is a pure
-//! function of its data, so one committed to the guide can be checked
-//! against what its data gives today.
+//! timeline, the ring's steps, memory per rank, the device mesh); a few
+//! derived from rules alone (the schedules one slot per pass, the
+//! sequence-parallel block, the bits of the float formats); and the
+//! measured numbers the guide's chapters quote. Every figure and number
+//! file is a pure function of its data, so one committed to the guide can
+//! be checked against what its data gives today.
 
 pub mod catalog;
 mod diagram;
