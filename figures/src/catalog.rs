@@ -13,7 +13,7 @@ use crate::ring::{self, RingRecord};
 use crate::schedule::Schedule;
 use crate::spike::{self, Run};
 use crate::style::{BACKWARD, COMM, FORWARD, IDLE, REDUCE};
-use crate::{formats, megatron, mesh, pipeline, ranks, sequence, trace, zero};
+use crate::{formats, megatron, mesh, pipeline, ranks, sequence, trace, zero, zero_flow};
 
 /// One figure of the guide.
 pub struct Figure {
@@ -38,6 +38,7 @@ pub const FIGURES: &[Figure] = &[
     Figure { file: "ddp-overlap.svg", draw: ddp_overlap },
     Figure { file: "ring-steps.svg", draw: ring_steps },
     Figure { file: "zero-memory.svg", draw: zero_memory },
+    Figure { file: "zero-step.svg", draw: zero_step },
     Figure { file: "megatron-mlp.svg", draw: megatron_mlp },
     Figure { file: "float-formats.svg", draw: float_formats },
     Figure { file: "device-mesh.svg", draw: device_mesh },
@@ -217,6 +218,11 @@ fn ring_steps(data: &Path) -> Result<String> {
 
 fn zero_memory(data: &Path) -> Result<String> {
     zero::draw(&zero::rows(&read(data, "zero-memory.jsonl")?)?)
+}
+
+/// ZeRO-1/2's step is drawn from its formulas, not from a run: it reads no data.
+fn zero_step(_data: &Path) -> Result<String> {
+    zero_flow::draw(4)
 }
 
 fn megatron_mlp(data: &Path) -> Result<String> {
