@@ -35,6 +35,7 @@ pub const FIGURES: &[Figure] = &[
     Figure { file: "pipeline-schedules.svg", draw: pipeline_schedules },
     Figure { file: "pipeline-slots.svg", draw: pipeline_slots },
     Figure { file: "fsdp-timeline.svg", draw: fsdp_timeline },
+    Figure { file: "fsdp-prefetch.svg", draw: fsdp_prefetch },
     Figure { file: "ddp-overlap.svg", draw: ddp_overlap },
     Figure { file: "ring-steps.svg", draw: ring_steps },
     Figure { file: "zero-memory.svg", draw: zero_memory },
@@ -174,30 +175,48 @@ fn pipeline_slots(_data: &Path) -> Result<String> {
     lanes::draw(&panels, None, "slot: each forward and each backward takes one", &PIPELINE_LEGEND)
 }
 
+/// What the FSDP figures' lanes show, in colour.
+const FSDP_LEGEND: [(&str, RGBColor); 5] = [
+    ("forward Fb of block b", FORWARD),
+    ("backward Bb of block b", BACKWARD),
+    ("AG all-gather", COMM),
+    ("RS reduce-scatter", REDUCE),
+    ("idle", IDLE),
+];
+
+/// The caption of the curve of gathered parameters under FSDP's lanes.
+const GATHERED: &str = "Gathered (unsharded) parameters alive on each rank";
+
+/// The MiB of gathered parameters `rank` held over `step`, from its counter.
+fn gathered_mib(step: &trace::Trace, rank: usize) -> Vec<(f64, f64)> {
+    let points = step.samples.iter().filter(|s| s.rank == rank && s.name == "gathered bytes");
+    points.map(|s| (s.time, s.value / (1u64 << 20) as f64)).collect()
+}
+
 fn fsdp_timeline(data: &Path) -> Result<String> {
     let step = last_step(data, "fsdp.trace.json")?;
     let title = "FULL_SHARD on 2 ranks: one step of the tiny model".to_string();
-    let legend = [
-        ("forward Fb of block b", FORWARD),
-        ("backward Bb of block b", BACKWARD),
-        ("AG all-gather", COMM),
-        ("RS reduce-scatter", REDUCE),
-        ("idle", IDLE),
-    ];
     let colors = [FORWARD, BACKWARD];
-    let series = (0..2)
-        .map(|rank| {
-            let points = step.samples.iter().filter(|s| s.rank == rank && s.name == "gathered bytes");
-            let mib: Vec<(f64, f64)> = points.map(|s| (s.time, s.value / (1u64 << 20) as f64)).collect();
-            (format!("rank {rank}"), colors[rank], mib)
-        })
-        .collect();
-    let curve = Curve {
-        title: "Gathered (unsharded) parameters alive on each rank".to_string(),
-        unit: "MiB".to_string(),
-        series,
-    };
-    lanes::draw(&[ranks::panel(title, &step.spans)?], Some(&curve), "milliseconds into the step", &legend)
+    let series = (0..2).map(|rank| (format!("rank {rank}"), colors[rank], gathered_mib(&step, rank))).collect();
+    let curve = Curve { title: GATHERED.to_string(), unit: "MiB".to_string(), series };
+    lanes::draw(&[ranks::panel(title, &step.spans)?], Some(&curve), "milliseconds into the step", &FSDP_LEGEND)
+}
+
+/// The same FULL_SHARD run without and with `--prefetch`, one panel each on
+/// one time axis, and rank 0's gathered parameters in each under them.
+fn fsdp_prefetch(data: &Path) -> Result<String> {
+    let runs =
+        [("without --prefetch", "fsdp.trace.json", FORWARD), ("with --prefetch", "fsdp-prefetch.trace.json", BACKWARD)];
+    let mut panels = vec![];
+    let mut series = vec![];
+    for (name, file, color) in runs {
+        let step = last_step(data, file)?;
+        let title = format!("FULL_SHARD on 2 ranks, {name}: one step of the tiny model");
+        panels.push(ranks::panel(title, &step.spans)?);
+        series.push((format!("rank 0, {name}"), color, gathered_mib(&step, 0)));
+    }
+    let curve = Curve { title: format!("{GATHERED}: rank 0 of each run"), unit: "MiB".to_string(), series };
+    lanes::draw(&panels, Some(&curve), "milliseconds into the step", &FSDP_LEGEND)
 }
 
 fn ddp_overlap(data: &Path) -> Result<String> {

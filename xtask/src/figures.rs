@@ -57,7 +57,7 @@ struct Kept {
     data: &'static str,
 }
 
-const TRAIN_RUNS: [TrainRun; 6] = [
+const TRAIN_RUNS: [TrainRun; 7] = [
     TrainRun {
         args: "--max-steps 600 --checkpoint-every 600 --eval-every 50",
         keep: &[Kept { from: "metrics.jsonl", data: "loss-curve.metrics.jsonl" }],
@@ -84,6 +84,12 @@ const TRAIN_RUNS: [TrainRun; 6] = [
     TrainRun {
         args: "--strategy fsdp --nproc 2 --max-steps 2 --trace",
         keep: &[Kept { from: "trace.json", data: "fsdp.trace.json" }],
+    },
+    // The same run with each unit's all-gather started while the unit
+    // before it computes: the knobs chapter sets it beside the run above.
+    TrainRun {
+        args: "--strategy fsdp --nproc 2 --max-steps 2 --trace --prefetch",
+        keep: &[Kept { from: "trace.json", data: "fsdp-prefetch.trace.json" }],
     },
     TrainRun {
         args: "--nproc 2 --ddp-overlap --bucket-cap-mb 0.5 --max-steps 2 --trace",
