@@ -185,7 +185,7 @@ const FSDP_LEGEND: [(&str, RGBColor); 5] = [
 ];
 
 /// The caption of the curve of gathered parameters under FSDP's lanes.
-const GATHERED: &str = "Gathered (unsharded) parameters alive on each rank";
+const GATHERED: &str = "Gathered (unsharded) parameters alive";
 
 /// The MiB of gathered parameters `rank` held over `step`, from its counter.
 fn gathered_mib(step: &trace::Trace, rank: usize) -> Vec<(f64, f64)> {
@@ -198,7 +198,7 @@ fn fsdp_timeline(data: &Path) -> Result<String> {
     let title = "FULL_SHARD on 2 ranks: one step of the tiny model".to_string();
     let colors = [FORWARD, BACKWARD];
     let series = (0..2).map(|rank| (format!("rank {rank}"), colors[rank], gathered_mib(&step, rank))).collect();
-    let curve = Curve { title: GATHERED.to_string(), unit: "MiB".to_string(), series };
+    let curve = Curve { title: format!("{GATHERED} on each rank"), unit: "MiB".to_string(), series };
     lanes::draw(&[ranks::panel(title, &step.spans)?], Some(&curve), "milliseconds into the step", &FSDP_LEGEND)
 }
 
@@ -215,7 +215,7 @@ fn fsdp_prefetch(data: &Path) -> Result<String> {
         panels.push(ranks::panel(title, &step.spans)?);
         series.push((format!("rank 0, {name}"), color, gathered_mib(&step, 0)));
     }
-    let curve = Curve { title: format!("{GATHERED}: rank 0 of each run"), unit: "MiB".to_string(), series };
+    let curve = Curve { title: format!("{GATHERED} on rank 0 of each run"), unit: "MiB".to_string(), series };
     lanes::draw(&panels, Some(&curve), "milliseconds into the step", &FSDP_LEGEND)
 }
 

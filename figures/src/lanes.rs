@@ -43,7 +43,13 @@ pub struct Curve {
 /// One line of a [`Curve`]: its label, colour and (time, value) samples.
 pub type Series = (String, RGBColor, Vec<(f64, f64)>);
 
-const CURVE_PX: u32 = 190;
+const CURVE_PX: u32 = 230;
+/// Of a curve's height, what its caption, margins and time axis take.
+const CURVE_FRAME_PX: f64 = 84.0;
+/// The height of a curve's box of series labels: its padding and one row per series.
+fn series_labels_px(series: usize) -> f64 {
+    12.0 + 20.0 * series as f64
+}
 
 const LANE_PX: u32 = 30;
 const PANEL_EXTRA_PX: u32 = 84;
@@ -152,7 +158,11 @@ fn draw_curve(
     end: f64,
     axis: &str,
 ) -> Result<()> {
-    let top = curve.series.iter().flat_map(|(_, _, points)| points.iter().map(|p| p.1)).fold(0.0, f64::max) * 1.15;
+    let highest = curve.series.iter().flat_map(|(_, _, points)| points.iter().map(|p| p.1)).fold(0.0, f64::max);
+    // The series labels sit top right, over the plot: the axis goes high
+    // enough that the highest value passes under their box.
+    let plot_px = f64::from(CURVE_PX) - CURVE_FRAME_PX;
+    let top = highest * plot_px / (plot_px - series_labels_px(curve.series.len()) - 6.0);
     let mut chart = ChartBuilder::on(area)
         .caption(&curve.title, font(TEXT))
         .margin(8)
