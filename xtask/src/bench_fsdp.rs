@@ -139,7 +139,7 @@ pub(crate) fn reference_program(root: &Path, bin: &str) -> Command {
 }
 
 /// The parameter count of `configs/<model_size>.toml`'s model.
-fn config_params(root: &Path, model_size: &str) -> Result<f64> {
+pub(crate) fn config_params(root: &Path, model_size: &str) -> Result<f64> {
     #[derive(Deserialize)]
     struct Config {
         model: Model,
@@ -164,7 +164,13 @@ pub(crate) fn read_config<T: DeserializeOwned>(root: &Path, model_size: &str) ->
 
 /// The ZeRO formula's model-state bytes per rank for `psi` parameters.
 pub(crate) fn states(psi: f64, precision: Precision, stage: u8, world_size: usize) -> Result<f64> {
-    let setup = Setup {
+    Ok(estimate(&model_states_setup(psi, precision, Strategy::ALL[stage as usize], world_size))?.model_states())
+}
+
+/// A setup whose estimate's model states are those of `psi` parameters with
+/// AdamW under `strategy` on `world_size` ranks (its activations mean nothing).
+pub(crate) fn model_states_setup(psi: f64, precision: Precision, strategy: Strategy, world_size: usize) -> Setup {
+    Setup {
         params: psi,
         layers: 1,
         hidden: 1,
@@ -175,13 +181,12 @@ pub(crate) fn states(psi: f64, precision: Precision, stage: u8, world_size: usiz
         micro_batch: 1,
         precision,
         optimizer: Optimizer::Adamw,
-        strategy: Strategy::ALL[stage as usize],
+        strategy,
         gpus: world_size,
         tp: 1,
         pp: 1,
         activation_checkpointing: false,
-    };
-    Ok(estimate(&setup)?.model_states())
+    }
 }
 
 fn format_row(model_size: &str, precision: Precision, stage: u8, world_size: usize, l: &Ledger) -> Result<String> {

@@ -17,6 +17,9 @@
 //! bf16/fp16 mixed precision    2          2      12  (fp32 master copy, m, v)
 //! ```
 //!
+//! The master copy is reported apart from the moments, as the ledger's
+//! `master_params` is, and sharded with them.
+//!
 //! DDP keeps all of it on every GPU (16Ψ bytes with mixed-precision AdamW);
 //! ZeRO-1 shards the optimizer state (4Ψ + 12Ψ/N), ZeRO-2 the gradients too
 //! (2Ψ + 14Ψ/N), ZeRO-3 the parameters too (16Ψ/N).
@@ -146,6 +149,10 @@ pub struct Setup {
 pub struct Estimate {
     pub parameters: f64,
     pub gradients: f64,
+    /// The f32 master weights mixed precision keeps beside its 16-bit
+    /// parameters; 0 in fp32, where the parameters are their own master.
+    pub master: f64,
+    /// The optimizer's moments (AdamW's m and v, SGD's momentum).
     pub optimizer: f64,
     /// What the forward pass leaves for backward, as the ledger measures it.
     pub activations: f64,
@@ -155,7 +162,7 @@ pub struct Estimate {
 
 impl Estimate {
     pub fn model_states(&self) -> f64 {
-        self.parameters + self.gradients + self.optimizer
+        self.parameters + self.gradients + self.master + self.optimizer
     }
 
     pub fn total(&self) -> f64 {
@@ -209,7 +216,7 @@ pub fn estimate(s: &Setup) -> Result<Estimate> {
         Optimizer::Adamw => 8.0,
         Optimizer::Sgd => 4.0,
     };
-    let optimizer_bytes = moments + if mixed { 4.0 } else { 0.0 }; // + the fp32 master copy
+    let master_bytes = if mixed { 4.0 } else { 0.0 };
     let (p_shard, g_shard, o_shard) = match s.strategy {
         Strategy::Ddp => (1.0, 1.0, 1.0),
         Strategy::Zero1 => (1.0, 1.0, n),
@@ -230,7 +237,9 @@ pub fn estimate(s: &Setup) -> Result<Estimate> {
     Ok(Estimate {
         parameters: held * param_bytes / p_shard,
         gradients: held * grad_bytes / g_shard,
-        optimizer: held * optimizer_bytes / o_shard,
+        // The master weights are the optimizer's: sharded with its moments.
+        master: held * master_bytes / o_shard,
+        optimizer: held * moments / o_shard,
         activations: blocks + outer_bytes(s),
         recompute,
     })
@@ -334,7 +343,8 @@ pub fn report(setup: &Setup, gpu_memory_gb: Option<f64>) -> Result<bool> {
     let mut rows = vec![
         ("parameters", e.parameters),
         ("gradients", e.gradients),
-        ("optimizer state", e.optimizer),
+        ("master weights", e.master),
+        ("optimizer moments", e.optimizer),
         ("activations", e.activations),
     ];
     if setup.activation_checkpointing {
@@ -342,7 +352,7 @@ pub fn report(setup: &Setup, gpu_memory_gb: Option<f64>) -> Result<bool> {
     }
     rows.push(("total per GPU", e.total()));
     for (name, bytes) in rows {
-        println!("  {name:<16} {:>10.2} GB", gb(bytes));
+        println!("  {name:<18} {:>10.2} GB", gb(bytes));
     }
     println!("  (peak resident memory adds backward's and the optimizer's temporaries and the allocator's cache)");
     println!("\n  every strategy, total per GPU:");
@@ -389,6 +399,12 @@ mod tests {
             let gb = estimate(&zero_paper(strategy)).unwrap().model_states() / 1e9;
             assert!((gb - paper_gb).abs() < 0.05, "{strategy}: {gb:.2} GB, the paper says {paper_gb} GB");
         }
+    }
+
+    #[test]
+    fn the_master_copy_is_counted_apart_from_the_moments_and_sharded_with_them() {
+        let e = estimate(&zero_paper(Strategy::Zero1)).unwrap();
+        assert_eq!((e.master, e.optimizer), (4.0 * 7.5e9 / 64.0, 8.0 * 7.5e9 / 64.0));
     }
 
     #[test]
