@@ -7,6 +7,7 @@
 //! file is a pure function of its data, so one committed to the guide can
 //! be checked against what its data gives today.
 
+mod bars;
 pub mod catalog;
 mod diagram;
 mod formats;
