@@ -13,7 +13,7 @@ use crate::ring::{self, RingRecord};
 use crate::schedule::Schedule;
 use crate::spike::{self, Run};
 use crate::style::{BACKWARD, COMM, FORWARD, IDLE, REDUCE};
-use crate::{formats, megatron, mesh, pipeline, ranks, sequence, trace, zero, zero_flow};
+use crate::{formats, megatron, mesh, mixed_memory, pipeline, ranks, sequence, trace, zero, zero_flow};
 
 /// One figure of the guide.
 pub struct Figure {
@@ -40,6 +40,7 @@ pub const FIGURES: &[Figure] = &[
     Figure { file: "ring-steps.svg", draw: ring_steps },
     Figure { file: "zero-memory.svg", draw: zero_memory },
     Figure { file: "zero-step.svg", draw: zero_step },
+    Figure { file: "precision-memory.svg", draw: precision_memory },
     Figure { file: "megatron-mlp.svg", draw: megatron_mlp },
     Figure { file: "float-formats.svg", draw: float_formats },
     Figure { file: "device-mesh.svg", draw: device_mesh },
@@ -237,6 +238,10 @@ fn ring_steps(data: &Path) -> Result<String> {
 
 fn zero_memory(data: &Path) -> Result<String> {
     zero::draw(&zero::rows(&read(data, "zero-memory.jsonl")?)?)
+}
+
+fn precision_memory(data: &Path) -> Result<String> {
+    mixed_memory::draw(&mixed_memory::rows(&read(data, "precision-memory.jsonl")?)?)
 }
 
 /// ZeRO-1/2's step is drawn from its formulas, not from a run: it reads no data.

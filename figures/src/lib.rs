@@ -15,6 +15,7 @@ mod lanes;
 pub mod loss;
 mod megatron;
 mod mesh;
+mod mixed_memory;
 pub mod numbers;
 mod pipeline;
 mod ranks;

@@ -13,8 +13,8 @@ use anyhow::{bail, Context, Result};
 
 use serde::Deserialize;
 
-use crate::bench_fsdp::{measure, read_config, reference_program, states};
-use crate::estimate::{Precision, Strategy};
+use crate::bench_fsdp::{config_params, measure, model_states_setup, name, read_config, reference_program, states};
+use crate::estimate::{estimate, Precision, Strategy};
 use crate::workspace::Workspace;
 
 /// Where the `figures` program reads the recorded runs and writes the figures.
@@ -100,6 +100,10 @@ const TRAIN_RUNS: [TrainRun; 7] = [
 /// The ZeRO figure's setup: GPT-2 124M's shape in fp32, on 1, 2 and 4 ranks.
 const ZERO_MODEL: &str = "small";
 const ZERO_WORLD_SIZES: [usize; 3] = [1, 2, 4];
+/// The mixed-precision figure's setup: the same shape under FULL_SHARD, in
+/// fp32 and bf16, on more ranks than the ledger can run on one machine.
+const PRECISIONS: [Precision; 2] = [Precision::Fp32, Precision::Bf16];
+const PRECISION_WORLD_SIZES: [usize; 5] = [1, 2, 4, 8, 16];
 
 fn record_all(root: &Path) -> Result<()> {
     let data = root.join(DATA);
@@ -125,6 +129,7 @@ fn record_all(root: &Path) -> Result<()> {
     record_printed(root, "record_ring", &data.join("ring.json"))?;
     record_printed(root, "record_mesh", &data.join("device-mesh.json"))?;
     record_zero_memory(root, &data.join("zero-memory.jsonl"))?;
+    record_precision_memory(root, &data.join("precision-memory.jsonl"))?;
     record_mlp_shape(root, &data.join("megatron-mlp.json"))?;
     std::fs::remove_dir_all(&scratch).ok();
     Ok(())
@@ -166,6 +171,30 @@ fn record_zero_memory(root: &Path, path: &Path) -> Result<()> {
                 "optimizer_bytes": ledger.optimizer_bytes,
                 "model_state_bytes": ledger.model_state_bytes,
                 "formula_bytes": formula,
+            });
+            lines.push_str(&format!("{line}\n"));
+        }
+    }
+    std::fs::write(path, lines).with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// FULL_SHARD's model states per rank in fp32 and in bf16, part by part, as
+/// `cargo xtask estimate` counts them (the ZeRO paper's accounting).
+fn record_precision_memory(root: &Path, path: &Path) -> Result<()> {
+    println!("recording precision-memory.jsonl (the estimate of {ZERO_MODEL}'s model states)");
+    let psi = config_params(root, ZERO_MODEL)?;
+    let mut lines = String::new();
+    for precision in PRECISIONS {
+        for world_size in PRECISION_WORLD_SIZES {
+            let parts = estimate(&model_states_setup(psi, precision, Strategy::Zero3, world_size))?;
+            let line = serde_json::json!({
+                "precision": name(precision),
+                "world_size": world_size,
+                "params": psi,
+                "parameter_bytes": parts.parameters,
+                "gradient_bytes": parts.gradients,
+                "master_bytes": parts.master,
+                "moment_bytes": parts.optimizer,
             });
             lines.push_str(&format!("{line}\n"));
         }
