@@ -21,7 +21,7 @@ use workbook::distributed::{init_from_env, LaunchConfig, ProcessGroup, TcpProces
 use crate::support::without_backtrace;
 
 /// Set in a rank's environment: the test it runs, and where its result goes.
-const RANK_OF: &str = "WORKBOOK_TEST_RANK_OF";
+pub const RANK_OF: &str = "WORKBOOK_TEST_RANK_OF";
 const RESULT_DIR: &str = "WORKBOOK_TEST_RESULTS";
 
 /// The collective timeout of most process tests: long, as a 2-core machine

@@ -3,12 +3,15 @@
 
 use std::backtrace::Backtrace;
 use std::collections::HashMap;
+use std::io::Write;
 use std::panic::PanicHookInfo;
 use std::path::Path;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Mutex, Once, OnceLock};
 
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor};
+
+use crate::process_ranks::RANK_OF;
 
 /// Failures read like `cargo xtask check`, one short block per failing case:
 /// - a graded failure prints its message alone; an unfinished stub, where it
@@ -222,26 +225,58 @@ fn blocked_note(message: &str) -> Option<String> {
     })
 }
 
-/// A note before any test runs when the tests asked for grade an exercise
-/// whose reference body is compiled in place of the learner's: leaned on
-/// (`cargo xtask lean`), or because the learner's file does not parse.
+/// A note before any test runs, and again after libtest's last line, when
+/// the tests asked for grade an exercise whose reference body is compiled in
+/// place of the learner's: leaned on (`cargo xtask lean`), or because the
+/// learner's file does not parse. Said again because libtest's summary
+/// ("test result: ok") would otherwise be the last word, read as the
+/// learner's code passing. A rank says nothing: its test's process does.
 #[ctor::ctor(unsafe)]
 fn say_which_bodies_run() {
+    if std::env::var_os(RANK_OF).is_some() {
+        return;
+    }
     let asked: Vec<String> = std::env::args().skip(1).filter(|arg| !arg.starts_with('-')).collect();
     let is_asked = |number: u32| asked.iter().any(|arg| arg.starts_with(&format!("exercise_{number:02}")));
-    for &number in workbook::exercise_bodies::REFERENCE {
-        if cfg!(not(feature = "solutions")) && is_asked(number) {
-            eprintln!(
-                "note: exercise {number} is leaned on (exercises/lean.txt): these checks grade its reference body, \
-                 not your code; `cargo xtask lean --off {number}` grades yours."
-            );
-        }
+    let leaned =
+        workbook::exercise_bodies::REFERENCE.iter().filter(|&&n| cfg!(not(feature = "solutions")) && is_asked(n));
+    let leaned = leaned.map(|number| {
+        format!(
+            "note: exercise {number} is leaned on (exercises/lean.txt): these checks grade its reference body, not \
+             your code; `cargo xtask lean --off {number}` grades yours."
+        )
+    });
+    let unparsable = workbook::exercise_bodies::UNPARSABLE.iter().filter(|(number, _)| is_asked(*number));
+    let unparsable = unparsable
+        .map(|(_, sentence)| format!("note: {sentence}: these checks grade its reference body, not your code."));
+    for note in leaned.chain(unparsable) {
+        eprintln!("{note}");
+        say_again_at_exit(note);
     }
-    for (number, sentence) in workbook::exercise_bodies::UNPARSABLE {
-        if is_asked(*number) {
-            eprintln!("note: {sentence}: these checks grade its reference body, not your code.");
+}
+
+/// The lines [`say_again_at_exit`] keeps.
+static SAID_AT_EXIT: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// Prints `line` on stderr once more when the process exits, after all that
+/// libtest prints. libtest returns from `main` when every test passes, and
+/// calls `std::process::exit` when one fails. The C runtime runs the
+/// handlers registered with `atexit` once `main` returns, and on Unix within
+/// `exit` too: a green run, the one that could mislead, always ends with
+/// them. A test's own output could not do this: libtest shows it only when
+/// the test fails, and before its summary.
+pub fn say_again_at_exit(line: String) {
+    static REGISTERED: Once = Once::new();
+    REGISTERED.call_once(|| {
+        extern "C" fn say_them() {
+            let lines = SAID_AT_EXIT.lock().unwrap_or_else(|e| e.into_inner());
+            // Not `eprintln!`: a closed stderr must not panic in a C callback.
+            lines.iter().for_each(|line| drop(writeln!(std::io::stderr(), "{line}")));
         }
-    }
+        // SAFETY: `say_them` is a plain function, there for the program's whole life.
+        unsafe { libc::atexit(say_them) };
+    });
+    SAID_AT_EXIT.lock().unwrap_or_else(|e| e.into_inner()).push(line);
 }
 
 fn panic_message(info: &PanicHookInfo) -> String {
@@ -789,6 +824,34 @@ mod tests {
             without_backtrace(&error),
             "narrow invalid args start + len > dim_len\n  (raised in exercises/phase4_under_the_hood/ex16_ring_all_reduce.rs:59:42)"
         );
+    }
+
+    /// Set in the copy of this binary that the test below starts: the line
+    /// that copy says again at exit.
+    const SAY_AT_EXIT: &str = "WORKBOOK_TEST_SAY_AT_EXIT";
+
+    #[test]
+    fn a_line_said_again_at_exit_follows_libtests_summary() {
+        if let Some(line) = std::env::var_os(SAY_AT_EXIT) {
+            say_again_at_exit(line.to_string_lossy().into_owned());
+            return;
+        }
+        let test = std::thread::current().name().expect("libtest names each test's thread").to_string();
+        // One pipe for both streams keeps the order in which they were written.
+        let (mut output, both) = std::io::pipe().expect("a pipe");
+        let mut copy = std::process::Command::new(std::env::current_exe().expect("the test binary"))
+            .args([test.as_str(), "--exact", "--test-threads", "1"])
+            .env(SAY_AT_EXIT, "note: said again")
+            .stdout(both.try_clone().expect("the pipe's second writer"))
+            .stderr(both)
+            .spawn()
+            .expect("the test binary starts");
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut output, &mut text).expect("its output");
+        assert!(copy.wait().expect("it ends").success(), "{text}");
+        let lines: Vec<&str> = text.lines().filter(|line| !line.trim().is_empty()).collect();
+        let summary = lines.iter().position(|line| line.starts_with("test result: ok")).expect(&text);
+        assert_eq!(lines[summary + 1..], ["note: said again"], "{text}");
     }
 
     #[test]
