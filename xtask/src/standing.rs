@@ -86,26 +86,29 @@ fn exercises(numbers: &BTreeSet<u32>) -> String {
     }
 }
 
-/// `check-phase`'s last line, and whether the phase passes: its exercises
-/// whose own code passes, and its checks as a whole (`whole_phase`, when it
-/// has them), out of all. Exercises leaned on pass on the reference: they
-/// are named and not counted as passing.
-pub fn phase_summary(phase: u32, exercises: &Standing, whole_phase: Option<bool>) -> (String, bool) {
-    let passing = exercises.done.len() + usize::from(whole_phase == Some(true));
-    let total = exercises.total() + usize::from(whole_phase.is_some());
-    let summary = format!("phase {phase}: {passing}/{total} checks pass");
-    let summary = match exercises.leaned.len() {
-        0 => summary,
-        1 => format!(
-            "{summary}; exercise {} is leaned on the reference, so it does not count",
-            ranges(&exercises.leaned)
-        ),
-        _ => format!(
-            "{summary}; exercises {} are leaned on the reference, so they do not count",
-            ranges(&exercises.leaned)
-        ),
-    };
-    (summary, passing == total)
+/// `check-phase`'s last line, and whether the phase passes: how many of its
+/// exercises (their `states`, in any order) pass with the learner's own
+/// code, how many run the reference leaned on in their place (it passes, on
+/// code the learner did not write), how many are not started, and its checks
+/// as a whole (`whole_phase`, when it has them). Only the learner's own code
+/// makes the phase pass.
+pub fn phase_summary(phase: u32, states: &[State], whole_phase: Option<bool>) -> (String, bool) {
+    let count = |wanted: State| states.iter().filter(|&&state| state == wanted).count();
+    let (done, leaned, not_started) = (count(State::Done), count(State::Leaned), count(State::NotStarted));
+    let mut summary = format!("phase {phase}: {done}/{} exercises pass with your own code", states.len());
+    if leaned > 0 {
+        summary += &format!(", {leaned} with the reference leaned on");
+    }
+    if not_started > 0 {
+        summary += &format!("; {not_started} not started");
+    }
+    match whole_phase {
+        Some(true) if leaned > 0 => summary += "; its checks as a whole pass with the reference leaned on",
+        Some(true) => summary += "; its checks as a whole pass",
+        Some(false) => summary += "; its checks as a whole do not pass yet",
+        None => {}
+    }
+    (summary, done == states.len() && whole_phase != Some(false))
 }
 
 /// The phase that ends just before `exercise`, when `exercise` opens a new
@@ -160,18 +163,32 @@ mod tests {
     }
 
     #[test]
-    fn check_phase_counts_leaned_exercises_apart() {
-        let yours_and_leaned =
-            Standing::of([(1, State::Done), (2, State::Done)].into_iter().chain((3..=7).map(|n| (n, State::Leaned))));
-        let (summary, passes) = phase_summary(1, &yours_and_leaned, Some(true));
+    fn check_phase_tells_your_code_from_the_reference_and_the_stub() {
+        let leaned = [State::Leaned; 7];
+        assert_eq!(
+            phase_summary(1, &leaned, None),
+            ("phase 1: 0/7 exercises pass with your own code, 7 with the reference leaned on".to_string(), false)
+        );
+        let (done, leaned) = (State::Done, State::Leaned);
+        let mixed = [done, done, leaned, leaned, leaned, State::NotStarted, State::Failing];
+        let (summary, passes) = phase_summary(3, &mixed, Some(false));
         assert_eq!(
             summary,
-            "phase 1: 3/8 checks pass; exercises 3-7 are leaned on the reference, so they do not count"
+            "phase 3: 2/7 exercises pass with your own code, 3 with the reference leaned on; 1 not started; its \
+             checks as a whole do not pass yet"
         );
         assert!(!passes);
-        let yours = Standing::of((1..=7).map(|n| (n, State::Done)));
-        assert_eq!(phase_summary(1, &yours, Some(true)), ("phase 1: 8/8 checks pass".to_string(), true));
-        assert_eq!(phase_summary(1, &yours, None), ("phase 1: 7/7 checks pass".to_string(), true));
+        let (summary, passes) = phase_summary(2, &[State::Done, State::Leaned], Some(true));
+        assert_eq!(
+            summary,
+            "phase 2: 1/2 exercises pass with your own code, 1 with the reference leaned on; its checks as a whole \
+             pass with the reference leaned on"
+        );
+        assert!(!passes, "the reference passing is not the learner's code passing");
+        let yours = [State::Done; 7];
+        let all = "phase 1: 7/7 exercises pass with your own code";
+        assert_eq!(phase_summary(1, &yours, Some(true)), (format!("{all}; its checks as a whole pass"), true));
+        assert_eq!(phase_summary(1, &yours, None), (all.to_string(), true));
         assert!(!phase_summary(1, &yours, Some(false)).1);
     }
 
