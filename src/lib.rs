@@ -14,6 +14,7 @@
 //! | [`data`]          | tokenizer, token files, datasets, the distributed sampler            |
 //! | [`memory`]        | heap accounting per thread, allocator tuning                          |
 //! | [`timeline`]      | what each rank did when, as a Chrome trace                            |
+//! | [`words`]         | counts in words for what the programs print: "1 step", "2 steps"      |
 //!
 //! The exercise files are wired in as [`phase1_model`], [`phase2_training`],
 //! [`phase3_fsdp`] and [`phase4_under_the_hood`] (see `src/exercises.rs`).
@@ -32,6 +33,7 @@ pub mod model;
 pub mod parallel;
 pub mod timeline;
 pub mod train;
+pub mod words;
 
 pub use exercises::{
     bodies as exercise_bodies, called_early, phase1_model, phase2_training, phase3_fsdp, phase4_under_the_hood,

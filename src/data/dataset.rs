@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use super::token_file::{Progress, TokenFile};
 use super::tokenizer::Tokenizer;
+use crate::words::count;
 
 /// The bundled stories, relative to the workbook's root: `--dataset tinystories`
 /// reads them until the real file is downloaded. `cargo xtask sample-stories`
@@ -121,7 +122,8 @@ impl fmt::Debug for Dataset {
             Tokens::Memory(_) => "random tokens".to_string(),
             Tokens::File(file) => file.path().display().to_string(),
         };
-        write!(f, "Dataset({source}: {} windows of {} {} tokens)", self.num_windows, self.seq_len, self.tokenizer)
+        let (windows, tokens) = (count(self.num_windows, "window"), count(self.seq_len, "token"));
+        write!(f, "Dataset({source}: {windows} of {tokens}, tokenizer {})", self.tokenizer)
     }
 }
 
@@ -176,10 +178,10 @@ impl Dataset {
         let num_windows = file.len() / seq_len;
         if num_windows == 0 {
             bail!(
-                "dataset file `{}` has {} {tokenizer} tokens, fewer than one window of seq_len {seq_len}: \
+                "dataset file `{}` has {} (tokenizer {tokenizer}), fewer than one window of seq_len {seq_len}: \
                  use a longer text or a smaller seq_len",
                 path.display(),
-                file.len()
+                count(file.len(), "token")
             );
         }
         Ok(Self { tokens: Tokens::File(file), tokenizer, seq_len, num_windows })

@@ -39,6 +39,7 @@ use memmap2::Mmap;
 use super::documents::{encode_documents, DEFAULT_CHUNK_BYTES};
 use super::tokenizer::Tokenizer;
 use crate::error::io_path;
+use crate::words::count;
 
 const MAGIC: &[u8; 8] = b"WBTOKENS";
 const VERSION: u32 = 1;
@@ -68,7 +69,7 @@ pub struct TokenFile {
 
 impl std::fmt::Debug for TokenFile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "TokenFile({}: {} {} tokens)", self.path.display(), self.len, self.tokenizer)
+        write!(f, "TokenFile({}: {}, tokenizer {})", self.path.display(), count(self.len, "token"), self.tokenizer)
     }
 }
 

@@ -17,6 +17,7 @@ use workbook::parallel::tensor::BlockStep;
 use workbook::parallel::{MeshPlan, MeshTrainer};
 use workbook::timeline;
 use workbook::train::{faults, DataPosition, StepStats, Train, Trainer};
+use workbook::words::count;
 use workbook::{init_params, ParamStore};
 
 use crate::banner;
@@ -579,12 +580,12 @@ fn print_plan(options: &RunOptions, dataset: &Dataset, device: &Device, num_para
         );
     }
     report!(
-        "batch: {} sequences x {} tokens x {} micro-batches = {} tokens per step, on {} rank(s)",
-        c.batch_size,
-        c.seq_len,
-        c.grad_accum_steps,
-        c.batch_size * c.seq_len * c.grad_accum_steps,
-        options.nproc
+        "batch: {} x {} x {} = {} per step, on {}",
+        count(c.batch_size, "sequence"),
+        count(c.seq_len, "token"),
+        count(c.grad_accum_steps, "micro-batch"),
+        count(c.batch_size * c.seq_len * c.grad_accum_steps, "token"),
+        count(options.nproc, "rank")
     );
     report!("output: {}", options.out_dir.display());
     Ok(())

@@ -37,6 +37,7 @@ use super::{free_port, supervise, Ended, Job, LaunchConfig};
 use crate::distributed::env::ELASTIC_ROUND;
 use crate::distributed::store::{self, StoreClient, StoreServer};
 use crate::error::io_context;
+use crate::words::count;
 
 /// How often an agent whose ranks run asks the store whether to stop them.
 const POLL_EVERY: Duration = Duration::from_millis(250);
@@ -74,11 +75,6 @@ struct Agent<'a> {
     token: &'a str,
     /// This agent's name in the rendezvous.
     id: String,
-}
-
-/// `n` things, in words: "1 node", "2 nodes".
-fn count(n: usize, thing: &str) -> String {
-    format!("{n} {thing}{}", if n == 1 { "" } else { "s" })
 }
 
 fn key(round: usize, name: &str) -> String {

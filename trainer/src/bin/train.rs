@@ -25,6 +25,7 @@ use workbook::distributed::{DistEnv, MeshShape};
 use workbook::parallel::fsdp::{FsdpConfig, Precision, ShardingStrategy};
 use workbook::parallel::pipeline::PipelineSchedule;
 use workbook::parallel::DataAxis;
+use workbook::words::count;
 use workbook::GptConfig;
 
 /// Train a GPT. Defaults come from configs/<model-size>.toml; flags override them.
@@ -230,8 +231,8 @@ fn run(args: Args) -> anyhow::Result<()> {
         config.optimizer.warmup_steps = (config.max_steps / 10).max(1).min(config.max_steps - 1);
         if is_logger {
             report!(
-                "note: warmup shortened to {} steps to fit --max-steps {}",
-                config.optimizer.warmup_steps,
+                "note: warmup shortened to {} to fit --max-steps {}",
+                count(config.optimizer.warmup_steps, "step"),
                 config.max_steps
             );
         }
@@ -362,8 +363,8 @@ fn run(args: Args) -> anyhow::Result<()> {
     }
     if let (Some(first), Some(last)) = (summary.first, summary.last) {
         report!(
-            "trained {} steps in {:.0} s: loss {:.3} at step {} -> {:.3} at step {}; {:.0} tokens/s",
-            last.step - first.step + 1,
+            "trained {} in {:.0} s: loss {:.3} at step {} -> {:.3} at step {}; {:.0} tokens/s",
+            count(last.step - first.step + 1, "step"),
             summary.seconds,
             first.loss,
             first.step,
