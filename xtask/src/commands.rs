@@ -271,10 +271,8 @@ pub fn check_phase(ws: &Workspace, number: u32) -> Result<bool> {
         let (passed, total) = count(run.under(&exercise.test_filter()));
         let verdict = match state {
             State::Done => green(&format!("{passed}/{total} checks passed")),
-            State::Leaned => dim("reference body (leaned on)"),
-            State::DoesNotParse => red("does not parse: the reference runs in its place"),
-            State::NotStarted => dim("not started"),
             State::Failing | State::Unchecked => red(&format!("{passed}/{total} checks passed")),
+            other => render::state_label(*other),
         };
         println!("  {:>2}  {:<title_width$}  {verdict}", exercise.number, exercise.title);
     }

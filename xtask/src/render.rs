@@ -180,16 +180,22 @@ fn chain_in_words(workbook: &Workbook, chain: &[Link]) -> String {
     format!("exercises {}", groups.join("; "))
 }
 
-/// One row of `list`.
-pub fn list_row(exercise: &Exercise, state: State, hints: HintsRead, title_width: usize) {
-    let label = match state {
+/// What `list` says of an exercise in `state`; `check-phase` too, where it
+/// has no count of checks to give instead.
+pub fn state_label(state: State) -> String {
+    match state {
         State::Done => green("done"),
         State::Failing => red("failing"),
         State::Unchecked => yellow("edited, not checked yet"),
         State::Leaned => dim("reference body (leaned on)"),
         State::DoesNotParse => red("does not parse: the reference runs in its place"),
         State::NotStarted => dim("not started"),
-    };
+    }
+}
+
+/// One row of `list`.
+pub fn list_row(exercise: &Exercise, state: State, hints: HintsRead, title_width: usize) {
+    let label = state_label(state);
     let of = |tiers| format!("{tiers} of {} tiers", Hint::TIERS);
     let hints = match (hints.before_passing, hints.after_passing) {
         (0, 0) => String::new(),
