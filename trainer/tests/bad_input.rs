@@ -135,8 +135,14 @@ fn flags_that_do_not_apply_are_refused() {
     );
     refused(
         train(&dir, &["--dataset", "dummy", "--ddp-overlap", "--strategy", "fsdp"]),
-        "--ddp-overlap applies to --strategy ddp only",
+        "--ddp-overlap applies to --strategy ddp only (it all-reduces DDP's buckets during backward), not to \
+         --strategy fsdp",
     );
+    refused(
+        train(&dir, &["--dataset", "dummy", "--powersgd-rank", "2", "--strategy", "zero1"]),
+        "--powersgd-rank applies to --strategy ddp only (it compresses DDP's all-reduces), not to --strategy zero1",
+    );
+    refused(train(&dir, &["--dataset", "dummy", "--offload"]), "--offload applies to --strategy fsdp only");
     let mut odd_sequences = Command::new(env!("CARGO_BIN_EXE_train"));
     odd_sequences.args(["--seq-len", "33", "--dataset", "dummy", "--tp", "2", "--nproc", "2", "--sequence-parallel"]);
     odd_sequences.arg("--checkpoint-dir").arg(&dir);

@@ -240,19 +240,17 @@ fn run(args: Args) -> anyhow::Result<()> {
     if args.lr.is_some() {
         config.optimizer.min_lr = config.optimizer.lr / 10.0;
     }
-    if args.powersgd_rank.is_some() && args.strategy != StrategyName::Ddp {
-        anyhow::bail!("--powersgd-rank applies to --strategy ddp only: FSDP reduce-scatters whole gradients");
-    }
-    if args.prefetch && args.strategy != StrategyName::Fsdp {
-        anyhow::bail!("--prefetch applies to --strategy fsdp only: it gathers the next FSDP unit early");
-    }
-    if args.offload && args.strategy != StrategyName::Fsdp {
-        anyhow::bail!("--offload applies to --strategy fsdp only: it moves FSDP units' optimizer state to a file");
-    }
-    if args.ddp_overlap && args.strategy != StrategyName::Ddp {
-        anyhow::bail!(
-            "--ddp-overlap applies to --strategy ddp only: FSDP reduce-scatters each unit in its own backward"
-        );
+    // Flags that shape one strategy's step, and what each does there.
+    let one_strategy_flags = [
+        ("--powersgd-rank", args.powersgd_rank.is_some(), StrategyName::Ddp, "it compresses DDP's all-reduces"),
+        ("--ddp-overlap", args.ddp_overlap, StrategyName::Ddp, "it all-reduces DDP's buckets during backward"),
+        ("--prefetch", args.prefetch, StrategyName::Fsdp, "it gathers the next FSDP unit early"),
+        ("--offload", args.offload, StrategyName::Fsdp, "it moves FSDP units' optimizer state to a file"),
+    ];
+    for (flag, given, only, what) in one_strategy_flags {
+        if given && args.strategy != only {
+            anyhow::bail!("{flag} applies to --strategy {only} only ({what}), not to --strategy {}", args.strategy);
+        }
     }
     let kind = args.dataset;
     if kind == DatasetKind::Dummy && args.data_path.is_some() {
