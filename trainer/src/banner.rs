@@ -41,13 +41,21 @@ pub fn exercise_lines(options: &RunOptions) -> candle_core::Result<Vec<String>> 
             named(22)
         )),
         Strategy::Mesh { stages, schedule, sequence_parallel, data, .. } => {
-            if data == DataAxis::ShardOptimizer {
-                lines.push(format!(
+            match data {
+                DataAxis::ShardOptimizer => lines.push(format!(
                     "optimizer (--strategy zero1): AdamW's moments sharded across the {} data-parallel replicas, \
                      each step by {}",
                     mesh.dp,
                     named(17)
-                ));
+                )),
+                DataAxis::YourDdp => lines.push(format!(
+                    "DDP (--own-ddp): each micro-batch's forward and backward, and the gradients averaged over the \
+                     {} ranks in buckets of {:.1} MiB, by {}",
+                    mesh.dp,
+                    options.bucket_bytes as f64 / (1u64 << 20) as f64,
+                    named(26)
+                )),
+                DataAxis::Replicate => {}
             }
             if stages > 1 {
                 let layers = options.config.model.num_layers;
@@ -140,7 +148,7 @@ fn ring_carries(strategy: Strategy, mesh: MeshShape, powersgd: bool) -> String {
     let partial_sums = (mesh.tp > 1).then(|| format!("{within_blocks} across the {} tensor-parallel ranks", mesh.tp));
     // Whole replicas under DDP take the norm of gradients they already hold;
     // ZeRO-1 adds its reduced shards' squares over the ranks.
-    let sharded = strategy != Strategy::Ddp;
+    let sharded = !matches!(strategy, Strategy::Ddp | Strategy::YOUR_DDP);
     let norm = sharded.then(|| "the gradient norm".to_string());
     let carried: Vec<String> =
         [partial_sums, gradients, norm, Some("the logged loss".to_string())].into_iter().flatten().collect();

@@ -49,9 +49,12 @@ pub fn exercises_called(options: &RunOptions) -> BTreeMap<u32, &'static str> {
             called.insert(15, "the checkpoint every run saves");
         }
         Strategy::Mesh { stages, tp, schedule, sequence_parallel, data } => {
-            if data == DataAxis::ShardOptimizer {
-                called.insert(17, "--strategy zero1");
-            }
+            let by_data_axis = match data {
+                DataAxis::ShardOptimizer => Some((17, "--strategy zero1")),
+                DataAxis::YourDdp => Some((26, "--own-ddp")),
+                DataAxis::Replicate => None,
+            };
+            called.extend(by_data_axis);
             if stages > 1 {
                 match schedule {
                     PipelineSchedule::GPipe => called.insert(21, "--pipeline-schedule gpipe"),

@@ -20,8 +20,9 @@ pub enum Strategy {
     /// exercise 27 with the norms and residuals cut along the sequence (the
     /// MLP cut by exercise 20); the ranks beyond one pipeline of split
     /// stages are data-parallel replicas of it, whose `data` axis shares each
-    /// step: DDP's averaged gradients, or ZeRO-1's sharded AdamW (exercise 17;
-    /// `--strategy zero1`, with one stage of whole blocks or any mesh).
+    /// step: DDP's averaged gradients, ZeRO-1's sharded AdamW (exercise 17;
+    /// `--strategy zero1`, with one stage of whole blocks or any mesh), or
+    /// the learner's own DDP (exercise 26, `--own-ddp`, one stage only).
     Mesh { stages: usize, tp: usize, schedule: PipelineSchedule, sequence_parallel: bool, data: DataAxis },
 }
 
@@ -44,6 +45,15 @@ impl Strategy {
         schedule: PipelineSchedule::GPipe,
         sequence_parallel: false,
         data: DataAxis::ShardOptimizer,
+    };
+
+    /// `--own-ddp`: whole replicas under the learner's DataParallel (exercise 26).
+    pub const YOUR_DDP: Strategy = Strategy::Mesh {
+        stages: 1,
+        tp: 1,
+        schedule: PipelineSchedule::GPipe,
+        sequence_parallel: false,
+        data: DataAxis::YourDdp,
     };
 
     /// Whether the mesh is cut at all (pipeline stages or tensor-parallel

@@ -143,6 +143,10 @@ fn flags_that_do_not_apply_are_refused() {
         "--powersgd-rank applies to --strategy ddp only (it compresses DDP's all-reduces), not to --strategy zero1",
     );
     refused(train(&dir, &["--dataset", "dummy", "--offload"]), "--offload applies to --strategy fsdp only");
+    refused(
+        train(&dir, &["--dataset", "dummy", "--own-ddp", "--strategy", "zero1"]),
+        "--own-ddp applies to --strategy ddp only (your exercise 26 is a DDP), not to --strategy zero1",
+    );
     let mut odd_sequences = Command::new(env!("CARGO_BIN_EXE_train"));
     odd_sequences.args(["--seq-len", "33", "--dataset", "dummy", "--tp", "2", "--nproc", "2", "--sequence-parallel"]);
     odd_sequences.arg("--checkpoint-dir").arg(&dir);

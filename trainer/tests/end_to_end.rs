@@ -93,6 +93,8 @@ fn a_run_calls_the_exercises_its_flags_choose() {
     assert_eq!(called(&zero1), [1, 2, 3, 4, 5, 6, 7, 8, 9, 17]);
     zero1.strategy = mesh(1, 2, PipelineSchedule::OneFOneB, true);
     assert_eq!(called(&zero1), [1, 2, 3, 4, 5, 6, 7, 8, 9, 20, 25, 27]);
+    zero1.strategy = Strategy::YOUR_DDP;
+    assert_eq!(called(&zero1), [1, 2, 3, 4, 5, 6, 7, 8, 9, 26]);
 }
 
 /// The mesh of `--pp stages --tp tp`, with `--sequence-parallel` when asked.
@@ -429,6 +431,29 @@ fn zero1_on_a_mesh_trains_as_one_process_and_its_checkpoint_resumes_on_one() {
             let (resumed, _) = run("zero1-mesh-resumed-by-one", 5, 1, Strategy::Ddp, Some(dir));
             let resumed_what = format!("one process resuming ZeRO-1 on {what}");
             expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(&one_dir, 5), &resumed_what);
+        }
+    }
+}
+
+/// `--own-ddp` on 2 ranks, the learner's DataParallel (exercise 26) running
+/// each micro-batch and averaging the gradients, also over exercise 16's
+/// ring, takes the steps DDP takes; DDP resumes its checkpoint.
+#[test]
+fn your_own_ddp_trains_as_ddp_and_its_checkpoint_resumes_under_ddp() {
+    let (ddp_dir, ddp) = run("own-ddp-baseline", 5, 2, Strategy::Ddp, None);
+    for own_ring in [false, true] {
+        let name = format!("own-ddp{}", if own_ring { "-ring" } else { "" });
+        let dir = scratch(&name);
+        let mut options = options(dir.clone(), 3, 2);
+        (options.config.grad_accum_steps, options.checkpoint_every) = (2, 3);
+        (options.strategy, options.own_ring) = (Strategy::YOUR_DDP, own_ring);
+        let own = train(&options).unwrap();
+        let (a, b) = (ddp.first.as_ref().unwrap().grad_norm, own.first.unwrap().grad_norm);
+        assert!((a - b).abs() <= 1e-5 * a, "{name}: the gradient norm at step 1 is {b}, DDP's {a}");
+        expect_same_params(&checkpoint_params(&dir, 3), &checkpoint_params(&ddp_dir, 3), &format!("{name}, step 3"));
+        if own_ring {
+            let (resumed, _) = run("own-ddp-resumed-by-ddp", 5, 2, Strategy::Ddp, Some(dir));
+            expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(&ddp_dir, 5), "DDP resuming it");
         }
     }
 }

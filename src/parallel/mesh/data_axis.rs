@@ -4,8 +4,10 @@
 //! takes the same AdamW step; ZeRO-1 keeps 1/dp of AdamW's state on each:
 //! exercise 17's step reduce-scatters this rank's parameters' gradient as
 //! one flat vector, updates this replica's shard of it and all-gathers the
-//! parameters back. Either way the norm for clipping is the whole model's,
-//! and a step whose norm is not finite changes nothing, on every rank.
+//! parameters back; a DDP of the learner's own design (exercise 26) runs
+//! each micro-batch's forward and backward itself and hands over averaged
+//! gradients. Either way the norm for clipping is the whole model's, and a
+//! step whose norm is not finite changes nothing, on every rank.
 
 use std::collections::HashMap;
 
@@ -13,12 +15,14 @@ use candle_core::{bail, Device, Result, Tensor};
 
 use crate::autograd::{clip_factor, Gradients};
 use crate::distributed::{all_reduce_scalar, DeviceMesh, ProcessGroup, ReduceOp, WithOverride};
-use crate::model::ParamStore;
+use crate::model::{GptConfig, ParamStore};
 use crate::parallel::ddp::average_in_buckets;
 use crate::parallel::fsdp::{DecayRuns, FlatLayout};
+use crate::parallel::pipeline::PipelineStep;
 use crate::parallel::tensor::ShardCuts;
 use crate::parallel::zero::{ClipShards, ModelParts, ShardedAdamW};
 use crate::phase2_training::param_groups;
+use crate::phase4_under_the_hood::DataParallel;
 use crate::train::{AdamW, Moments, ParamGroup, StepCounters, TrainConfig};
 
 /// What the data-parallel axis of a mesh shards.
@@ -29,12 +33,23 @@ pub enum DataAxis {
     Replicate,
     /// AdamW's state (ZeRO-1): each replica updates its shard by exercise 17.
     ShardOptimizer,
+    /// Nothing, by the learner's own DDP (exercise 26), which owns each
+    /// micro-batch's forward and backward: one stage of whole blocks only.
+    YourDdp,
 }
 
 /// The optimizer of a rank's parameters under one [`DataAxis`] choice.
 pub(super) enum Update {
-    Replicated { optimizer: AdamW, bucket_bytes: usize },
+    Replicated {
+        optimizer: AdamW,
+        bucket_bytes: usize,
+    },
     Sharded(Box<Sharded>),
+    /// Exercise 26's wrapper, which averages the gradients itself.
+    YourDdp {
+        optimizer: AdamW,
+        ddp: Box<DataParallel>,
+    },
 }
 
 /// ZeRO-1 over the dp group: this rank's parameters as one flat vector.
@@ -53,10 +68,11 @@ pub(super) struct Sharded {
 }
 
 impl Update {
-    /// The optimizer of `params`, this rank's parts of the model, under `kind`.
+    /// The optimizer of `params`, this rank's parts of a model of
+    /// `model_config`, under `kind`.
     pub(super) fn new(
         kind: DataAxis,
-        params: &ParamStore,
+        (model_config, params): (&GptConfig, &ParamStore),
         config: &TrainConfig,
         mesh: &DeviceMesh,
         cuts: &ShardCuts,
@@ -64,9 +80,24 @@ impl Update {
     ) -> Result<Self> {
         let groups = param_groups(params, config.optimizer.weight_decay);
         let decay_of = ParamGroup::decay_by_name(&groups, params)?;
-        if kind == DataAxis::Replicate {
-            let optimizer = AdamW::new(groups, config.optimizer.adamw)?;
-            return Ok(Self::Replicated { optimizer, bucket_bytes });
+        match kind {
+            DataAxis::Replicate => {
+                let optimizer = AdamW::new(groups, config.optimizer.adamw)?;
+                return Ok(Self::Replicated { optimizer, bucket_bytes });
+            }
+            DataAxis::YourDdp => {
+                if mesh.shape().pp > 1 || mesh.shape().tp > 1 {
+                    bail!(
+                        "your DataParallel (exercise 26) wraps a whole model: it takes no --pp or --tp, not {}",
+                        mesh.shape()
+                    );
+                }
+                let optimizer = AdamW::new(groups, config.optimizer.adamw)?;
+                // The wrapper trains the very variables the optimizer steps.
+                let ddp = DataParallel::new(model_config, params.clone(), Box::new(mesh.dp_shared()), bucket_bytes)?;
+                return Ok(Self::YourDdp { optimizer, ddp: Box::new(ddp) });
+            }
+            DataAxis::ShardOptimizer => {}
         }
         let (shards, whole): (Vec<_>, Vec<_>) = params.iter().partition(|(name, _)| cuts.is_cut(name));
         let shard_elements = shards.iter().map(|(_, var)| var.elem_count()).sum();
@@ -104,30 +135,51 @@ impl Update {
         max_grad_norm: f64,
         device: &Device,
     ) -> Result<f64> {
-        match self {
+        let optimizer = match self {
+            Self::Sharded(sharded) => return sharded.step(params, &grads, lr, device),
             Self::Replicated { optimizer, bucket_bytes } => {
                 average_in_buckets(mesh.dp(), &mut grads, *bucket_bytes)?;
-                // The stages hold different parameters: their sums of squares add up.
-                let sum_sq = cuts.sum_of_squares(&grads, mesh.tp(), device)?;
-                let grad_norm = all_reduce_scalar(mesh.pp(), sum_sq, ReduceOp::Sum, device)?.sqrt();
-                if grad_norm.is_finite() {
-                    if let Some(factor) = clip_factor(grad_norm, max_grad_norm) {
-                        grads.scale(factor)?;
-                    }
-                    optimizer.step(params, &grads, lr)?;
-                } else {
-                    optimizer.skip_step(); // on every rank, not only the one that saw it
-                }
-                Ok(grad_norm)
+                optimizer
             }
-            Self::Sharded(sharded) => sharded.step(params, &grads, lr, device),
+            Self::YourDdp { optimizer, .. } => optimizer, // its gradients arrive averaged
+        };
+        // The stages hold different parameters: their sums of squares add up.
+        let sum_sq = cuts.sum_of_squares(&grads, mesh.tp(), device)?;
+        let grad_norm = all_reduce_scalar(mesh.pp(), sum_sq, ReduceOp::Sum, device)?.sqrt();
+        if grad_norm.is_finite() {
+            if let Some(factor) = clip_factor(grad_norm, max_grad_norm) {
+                grads.scale(factor)?;
+            }
+            optimizer.step(params, &grads, lr)?;
+        } else {
+            optimizer.skip_step(); // on every rank, not only the one that saw it
         }
+        Ok(grad_norm)
+    }
+
+    /// Under exercise 26, the step's forwards and backwards, run by the
+    /// learner's wrapper: the mean loss and the gradients averaged over the
+    /// ranks, divided by the micro-batches. `None` under the other axes,
+    /// where the model's stage runs them.
+    pub(super) fn run_micro_batches(&mut self, micro_batches: &[Tensor]) -> Result<Option<PipelineStep>> {
+        let Self::YourDdp { ddp, .. } = self else { return Ok(None) };
+        if micro_batches.is_empty() {
+            bail!("train_step needs at least one micro-batch");
+        }
+        let mut loss = 0.0;
+        for (i, batch) in micro_batches.iter().enumerate() {
+            loss += ddp.forward_backward(batch, i + 1 == micro_batches.len())?;
+        }
+        let mut grads = ddp.take_gradients()?;
+        let k = micro_batches.len() as f64;
+        grads.scale(1.0 / k)?;
+        Ok(Some(PipelineStep { loss: Some((loss / k) as f32), grads }))
     }
 
     /// The counters of a trainer at `step`.
     pub(super) fn counters(&self, step: usize) -> StepCounters {
         match self {
-            Self::Replicated { optimizer, .. } => StepCounters::of(step, optimizer),
+            Self::Replicated { optimizer, .. } | Self::YourDdp { optimizer, .. } => StepCounters::of(step, optimizer),
             Self::Sharded(sharded) => {
                 StepCounters { step, optimizer_steps: sharded.optimizer.steps, skipped_steps: sharded.skipped_steps }
             }
@@ -139,10 +191,10 @@ impl Update {
     /// calls it: the shards are gathered.
     pub(super) fn moments(&self) -> Result<HashMap<String, Tensor>> {
         match self {
-            Self::Replicated { optimizer, .. } if optimizer.steps() > 0 => {
-                Ok(optimizer.state_tensors().into_iter().collect())
-            }
-            Self::Replicated { .. } => Ok(HashMap::new()),
+            Self::Replicated { optimizer, .. } | Self::YourDdp { optimizer, .. } => match optimizer.steps() {
+                0 => Ok(HashMap::new()),
+                _ => Ok(optimizer.state_tensors().into_iter().collect()),
+            },
             Self::Sharded(sharded) => sharded.moments(),
         }
     }
@@ -157,7 +209,9 @@ impl Update {
         device: &Device,
     ) -> Result<()> {
         match self {
-            Self::Replicated { optimizer, .. } => optimizer.load_state(steps, moments, params),
+            Self::Replicated { optimizer, .. } | Self::YourDdp { optimizer, .. } => {
+                optimizer.load_state(steps, moments, params)
+            }
             Self::Sharded(sharded) => sharded.load(steps, moments, device),
         }
     }

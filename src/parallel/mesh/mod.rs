@@ -1,14 +1,17 @@
 //! The mesh trainer (`train --pp S`, `--tp T`, both, or either with
-//! `--sequence-parallel`; `--strategy zero1` with any of them or none): the
-//! model transformed over a [`DeviceMesh`] of shape (dp, pp, tp). Pipeline parallelism cuts it into S stages, one per
+//! `--sequence-parallel`; `--strategy zero1` with any of them or none;
+//! `--own-ddp`): the model transformed over a [`DeviceMesh`] of shape
+//! (dp, pp, tp). Pipeline parallelism cuts it into S stages, one per
 //! rank of a `pp` group, stepped on the learner's GPipe (exercise 21) or
 //! 1F1B (exercise 24) schedule over the step's micro-batches; tensor
 //! parallelism splits every stage's blocks across its `tp` group, stepped by
 //! exercise 23 (or 27, the tokens outside the split matrices cut along the
 //! sequence); the ranks beyond one pipeline of split stages are data-parallel
 //! replicas of it, which share each step as the [`DataAxis`] says: DDP's
-//! averaged gradients, or ZeRO-1's sharded optimizer (exercise 17). With one stage there is nothing to schedule: each
-//! micro-batch runs forward and back in turn through the whole model.
+//! averaged gradients, ZeRO-1's sharded optimizer (exercise 17), or the
+//! learner's own DDP (exercise 26). With one stage there is nothing to
+//! schedule: each micro-batch runs forward and back in turn through the
+//! whole model.
 //!
 //! The stages of one pipeline see the same batch; each replica its own share
 //! of it. Every collective runs on the group it concerns: activations and
@@ -111,7 +114,7 @@ impl MeshTrainer {
         };
         let stage = if config.activation_checkpointing { stage.with_activation_checkpointing()? } else { stage };
         let cuts = ShardCuts::of(model_config, stage.params());
-        let update = Update::new(data_axis, stage.params(), &config, &mesh, &cuts, bucket_bytes)?;
+        let update = Update::new(data_axis, (model_config, stage.params()), &config, &mesh, &cuts, bucket_bytes)?;
         let device = params.device()?;
         let model_config = model_config.clone();
         Ok(Self { model_config, stage, schedule, block_step, update, data_axis, config, mesh, cuts, device, step: 0 })
@@ -156,7 +159,10 @@ impl MeshTrainer {
 impl Train for MeshTrainer {
     fn train_step(&mut self, micro_batches: &[Tensor]) -> Result<StepStats> {
         let last = self.mesh.pp().world_size() - 1;
-        let step = self.stage_step(micro_batches)?;
+        let step = match self.update.run_micro_batches(micro_batches)? {
+            Some(step) => step,
+            None => self.stage_step(micro_batches)?,
+        };
         let lr = self.config.schedule.lr(self.step);
         let max_norm = self.config.max_grad_norm;
         let parts = (&self.mesh, &self.cuts);
@@ -304,6 +310,7 @@ impl Train for MeshTrainer {
             (_, DataAxis::ShardOptimizer) => {
                 format!(", in {replicas} data-parallel replicas, AdamW's state sharded across them (ZeRO-1)")
             }
+            (_, DataAxis::YourDdp) => format!(", in {replicas} data-parallel replicas under exercise 26's DDP"),
         };
         format!("{model}{split}{replicas}")
     }

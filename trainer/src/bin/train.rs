@@ -161,6 +161,14 @@ struct Args {
     /// your exercise 19, instead of after it.
     #[arg(long, conflicts_with = "powersgd_rank")]
     ddp_overlap: bool,
+    /// With --strategy ddp: your DataParallel of exercise 26 runs each
+    /// micro-batch's forward and backward and averages the gradients, in
+    /// buckets of --bucket-cap-mb (over your ring with --allreduce ring).
+    #[arg(
+        long,
+        conflicts_with_all = ["pipeline_stages", "tensor_parallel", "powersgd_rank", "ddp_overlap", "activation_checkpointing"]
+    )]
+    own_ddp: bool,
     /// With --strategy fsdp: gather the next unit's parameters while the
     /// current one computes, in forward and backward (PyTorch's
     /// forward_prefetch and backward_prefetch=BACKWARD_PRE); two units are
@@ -244,6 +252,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     let one_strategy_flags = [
         ("--powersgd-rank", args.powersgd_rank.is_some(), StrategyName::Ddp, "it compresses DDP's all-reduces"),
         ("--ddp-overlap", args.ddp_overlap, StrategyName::Ddp, "it all-reduces DDP's buckets during backward"),
+        ("--own-ddp", args.own_ddp, StrategyName::Ddp, "your exercise 26 is a DDP"),
         ("--prefetch", args.prefetch, StrategyName::Fsdp, "it gathers the next FSDP unit early"),
         ("--offload", args.offload, StrategyName::Fsdp, "it moves FSDP units' optimizer state to a file"),
     ];
@@ -284,6 +293,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     };
     let world_size = launched.as_ref().map_or(args.launch.world_size(), |env| env.world_size);
     let strategy = match (args.pipeline_stages, args.tensor_parallel) {
+        (None, None) if args.own_ddp => Strategy::YOUR_DDP,
         (None, None) => {
             let node_size = launched.as_ref().map_or(args.launch.nproc_per_node, |env| env.local_world_size);
             strategy(args.strategy, args.sharding, args.precision, args.hybrid_group_size, node_size)?
