@@ -45,12 +45,20 @@ fn final_weights(dir: &Path, step: usize) -> Vec<u8> {
 /// A run whose updates diverge (an absurd learning rate) skips each update
 /// whose gradient is not finite and goes on, under every strategy: the
 /// same skip everywhere, ZeRO-1 included (whose sharded step updates the
-/// moments before the norm is known, and puts them back).
+/// moments before the norm is known, and puts them back), on a mesh too,
+/// and under the learner's own DDP.
 #[test]
 fn a_diverging_run_skips_its_updates_and_goes_on_under_every_strategy() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let layouts: [&[&str]; 5] =
-        [&["--strategy", "ddp"], &["--strategy", "zero1"], &["--strategy", "fsdp"], &["--tp", "2"], &["--pp", "2"]];
+    let layouts: [&[&str]; 7] = [
+        &["--strategy", "ddp"],
+        &["--strategy", "zero1"],
+        &["--strategy", "fsdp"],
+        &["--tp", "2"],
+        &["--pp", "2"],
+        &["--strategy", "zero1", "--pp", "2"],
+        &["--own-ddp"],
+    ];
     for layout in layouts {
         let dir = scratch(&format!("diverging{}", layout.join("")));
         let output = succeed(&mut train(&dir, 4, &[&["--nproc", "2", "--lr", "1e30"][..], layout].concat()));
