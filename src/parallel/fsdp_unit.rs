@@ -12,9 +12,10 @@
 //! units were whole at once.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::Arc;
 
-use candle_core::{bail, DType, Result, Tensor};
+use candle_core::{bail, Result, Tensor};
 
 use super::fsdp::{
     block_unit_name, BlockCompute, FlatLayout, MixedPrecisionPolicy, ShardedUnit, ShardingPlan, UnitPlacement,
@@ -40,32 +41,42 @@ impl BlockUnit {
     /// parameters, flattened in the model's parameter order and padded to a
     /// multiple of `world_size`.
     pub fn shard_blocks(config: &GptConfig, params: &ParamStore, rank: usize, world_size: usize) -> Result<Vec<Self>> {
+        let (plan, policy) = (ShardingPlan::zero(3), MixedPrecisionPolicy::f32());
+        Self::shard_layers(config, params, 0..config.num_layers, (rank, world_size), (&plan, &policy), &|_| 0.0)
+    }
+
+    /// Blocks `layers` of the model `params` holds, as units placed by
+    /// `plan` and `policy` on rank `rank` of `world_size`, each element of a
+    /// unit decayed by its parameter's `weight_decay_of`.
+    pub(crate) fn shard_layers(
+        config: &GptConfig,
+        params: &ParamStore,
+        layers: Range<usize>,
+        (rank, world_size): (usize, usize),
+        (plan, policy): (&ShardingPlan, &MixedPrecisionPolicy),
+        weight_decay_of: &dyn Fn(&str) -> f64,
+    ) -> Result<Vec<Self>> {
         config.validate()?;
-        params.check_matches(config)?;
         if rank >= world_size {
             bail!("rank {rank} of {world_size}: ranks are numbered 0 to {}", world_size.saturating_sub(1));
         }
-        let tensors: HashMap<String, Tensor> =
-            params.iter().map(|(name, var)| (name.to_string(), var.as_tensor().clone())).collect();
+        let specs = param_specs(config);
+        let names_of = |layer| -> Vec<String> {
+            specs.iter().map(|s| s.name.clone()).filter(|n| layer_of(n) == Some(layer)).collect()
+        };
+        let mut tensors = HashMap::new();
+        for name in layers.clone().flat_map(names_of) {
+            tensors.insert(name.clone(), params.get(&name)?.as_tensor().clone());
+        }
         let device = params.device()?;
         let rotary = RotaryCache::new(config.head_dim(), config.max_seq_len, config.rope_theta, &device)?;
-        let plan = ShardingPlan::zero(3);
-        let policy = MixedPrecisionPolicy {
-            param_dtype: DType::F32,
-            reduce_dtype: DType::F32,
-            buffer_dtype: DType::F32,
-            loss_scaling: false,
-        };
-        let at = UnitPlacement { plan: &plan, policy: &policy, rank, world_size, gathered: Arc::default() };
-        let specs = param_specs(config);
-        (0..config.num_layers)
+        let at = UnitPlacement { plan, policy, rank, world_size, gathered: Arc::default() };
+        layers
             .map(|layer| {
-                let names: Vec<String> =
-                    specs.iter().map(|s| s.name.clone()).filter(|n| layer_of(n) == Some(layer)).collect();
-                let layout = FlatLayout::new(config, &names, world_size)?;
+                let layout = FlatLayout::new(config, &names_of(layer), world_size)?;
                 let full = layout.flatten(&tensors, &device)?;
                 let block = BlockCompute { layer, config: config.clone(), rotary: rotary.clone() };
-                ShardedUnit::new(block_unit_name(layer), layout, &full, Some(block), &at, |_| 0.0)
+                ShardedUnit::new(block_unit_name(layer), layout, &full, Some(block), &at, weight_decay_of)
             })
             .collect()
     }

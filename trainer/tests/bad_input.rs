@@ -117,9 +117,8 @@ fn flags_that_do_not_apply_are_refused() {
         "--pp 2: 3 ranks do not make whole replicas of 2 pipeline stage(s) × 1 tensor-parallel rank(s)",
     );
     refused(
-        train(&dir, &["--dataset", "dummy", "--pipeline-stages", "2", "--nproc", "2", "--strategy", "fsdp"]),
-        "--pp 2 lays the model out on a mesh whose data-parallel axis is DDP's or ZeRO-1's; FSDP is not yet one of \
-         them",
+        train(&dir, &["--dataset", "dummy", "--tp", "2", "--nproc", "2", "--strategy", "fsdp"]),
+        "--tp 2: FSDP units of tensor-parallel blocks (FSDP × TP) are not built yet",
     );
     refused(
         train(&dir, &["--dataset", "dummy", "--pp", "2", "--dp", "2", "--nproc", "2"]),

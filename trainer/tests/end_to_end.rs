@@ -95,6 +95,14 @@ fn a_run_calls_the_exercises_its_flags_choose() {
     assert_eq!(called(&zero1), [1, 2, 3, 4, 5, 6, 7, 8, 9, 20, 25, 27]);
     zero1.strategy = Strategy::YOUR_DDP;
     assert_eq!(called(&zero1), [1, 2, 3, 4, 5, 6, 7, 8, 9, 26]);
+    zero1.strategy = Strategy::Mesh {
+        stages: 2,
+        tp: 1,
+        schedule: PipelineSchedule::GPipe,
+        sequence_parallel: false,
+        data: DataAxis::ShardBlocks,
+    };
+    assert_eq!(called(&zero1), [1, 2, 3, 4, 5, 6, 7, 8, 9, 21, 22, 25]);
 }
 
 /// The mesh of `--pp stages --tp tp`, with `--sequence-parallel` when asked.
@@ -433,6 +441,36 @@ fn zero1_on_a_mesh_trains_as_one_process_and_its_checkpoint_resumes_on_one() {
             expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(&one_dir, 5), &resumed_what);
         }
     }
+}
+
+/// `--strategy fsdp --pp 2`: each stage's blocks FSDP units across the
+/// replicas (exercise 22), on dp 2 × pp 2 with either schedule, takes the
+/// steps one process takes, clipping included (the units' shards add their
+/// squares over the replicas); one process resumes its checkpoint (the
+/// units' shards and moments gathered whole), and it resumes one process's.
+#[test]
+fn fsdp_on_a_pipeline_trains_as_one_process_and_its_checkpoints_move_both_ways() {
+    let fsdp =
+        |schedule| Strategy::Mesh { stages: 2, tp: 1, schedule, sequence_parallel: false, data: DataAxis::ShardBlocks };
+    let (one_dir, one) = run("fsdp-pp-one-process", 5, 1, Strategy::Ddp, None);
+    for schedule in [PipelineSchedule::GPipe, PipelineSchedule::OneFOneB] {
+        let (dir, summary) = run(&format!("fsdp-pp-{schedule}"), 3, 4, fsdp(schedule), None);
+        let what = format!("FSDP on dp 2 × pp 2 ({schedule})");
+        let (a, b) = (one.first.as_ref().unwrap().grad_norm, summary.first.unwrap().grad_norm);
+        assert!((a - b).abs() <= 1e-5 * a, "{what}: the gradient norm at step 1 is {b}, one process's {a}");
+        expect_same_params(&checkpoint_params(&dir, 3), &checkpoint_params(&one_dir, 3), &what);
+        if schedule == PipelineSchedule::OneFOneB {
+            let (resumed, _) = run("fsdp-pp-resumed-by-one", 5, 1, Strategy::Ddp, Some(dir));
+            let resumed_what = format!("one process resuming {what}");
+            expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(&one_dir, 5), &resumed_what);
+        }
+    }
+    let (resumed, _) = run("one-resumed-by-fsdp-pp", 5, 4, fsdp(PipelineSchedule::GPipe), Some(one_dir.clone()));
+    expect_same_params(
+        &checkpoint_params(&resumed, 5),
+        &checkpoint_params(&one_dir, 5),
+        "FSDP × PP resuming one process",
+    );
 }
 
 /// `--own-ddp` on 2 ranks, the learner's DataParallel (exercise 26) running

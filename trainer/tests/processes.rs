@@ -50,13 +50,14 @@ fn final_weights(dir: &Path, step: usize) -> Vec<u8> {
 #[test]
 fn a_diverging_run_skips_its_updates_and_goes_on_under_every_strategy() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let layouts: [&[&str]; 7] = [
+    let layouts: [&[&str]; 8] = [
         &["--strategy", "ddp"],
         &["--strategy", "zero1"],
         &["--strategy", "fsdp"],
         &["--tp", "2"],
         &["--pp", "2"],
         &["--strategy", "zero1", "--pp", "2"],
+        &["--strategy", "fsdp", "--pp", "2"],
         &["--own-ddp"],
     ];
     for layout in layouts {

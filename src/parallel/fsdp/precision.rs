@@ -61,6 +61,13 @@ pub struct MixedPrecisionPolicy {
     pub loss_scaling: bool,
 }
 
+impl MixedPrecisionPolicy {
+    /// Everything in f32: no mixed precision at all.
+    pub fn f32() -> Self {
+        Self { param_dtype: DType::F32, reduce_dtype: DType::F32, buffer_dtype: DType::F32, loss_scaling: false }
+    }
+}
+
 /// Dynamic loss scaling, as PyTorch's `GradScaler` does it: multiply the loss
 /// by `scale` before backward; when a gradient overflows, skip the step and
 /// halve the scale; after `growth_interval` good steps in a row, double it.

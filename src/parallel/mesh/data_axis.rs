@@ -13,11 +13,13 @@ use std::collections::HashMap;
 
 use candle_core::{bail, Device, Result, Tensor};
 
+use super::units;
 use crate::autograd::{clip_factor, Gradients};
 use crate::distributed::{all_reduce_scalar, DeviceMesh, ProcessGroup, ReduceOp, WithOverride};
 use crate::model::{GptConfig, ParamStore};
 use crate::parallel::ddp::average_in_buckets;
 use crate::parallel::fsdp::{DecayRuns, FlatLayout};
+use crate::parallel::pipeline::PipelineStage;
 use crate::parallel::pipeline::PipelineStep;
 use crate::parallel::tensor::ShardCuts;
 use crate::parallel::zero::{ClipShards, ModelParts, ShardedAdamW};
@@ -36,6 +38,10 @@ pub enum DataAxis {
     /// Nothing, by the learner's own DDP (exercise 26), which owns each
     /// micro-batch's forward and backward: one stage of whole blocks only.
     YourDdp,
+    /// The blocks (FSDP, FULL_SHARD in f32): each an FSDP unit across the
+    /// replicas, stepped by exercise 22; the embedding, final norm and head
+    /// whole, averaged as under DDP. Stages of whole blocks only.
+    ShardBlocks,
 }
 
 /// The optimizer of a rank's parameters under one [`DataAxis`] choice.
@@ -81,7 +87,7 @@ impl Update {
         let groups = param_groups(params, config.optimizer.weight_decay);
         let decay_of = ParamGroup::decay_by_name(&groups, params)?;
         match kind {
-            DataAxis::Replicate => {
+            DataAxis::Replicate | DataAxis::ShardBlocks => {
                 let optimizer = AdamW::new(groups, config.optimizer.adamw)?;
                 return Ok(Self::Replicated { optimizer, bucket_bytes });
             }
@@ -122,19 +128,21 @@ impl Update {
         })))
     }
 
-    /// Finishes a step from `grads`, the gradients of `params` (on `device`)
-    /// for this replica's share of the batch: the whole model's gradient
-    /// norm, clipping and AdamW at `lr`, or nothing when the norm is not
-    /// finite. Returns the norm before clipping.
+    /// Finishes a step from `grads`, the gradients of `stage`'s parameters
+    /// (on `device`) for this replica's share of the batch (its FSDP units,
+    /// if any, hold their own): the whole model's gradient norm, clipping and
+    /// AdamW at `lr`, or nothing when the norm is not finite. Returns the
+    /// norm before clipping.
     pub(super) fn step(
         &mut self,
         (mesh, cuts): (&DeviceMesh, &ShardCuts),
-        params: &ParamStore,
+        stage: &PipelineStage,
         mut grads: Gradients,
         lr: f64,
         max_grad_norm: f64,
         device: &Device,
     ) -> Result<f64> {
+        let params = stage.params();
         let optimizer = match self {
             Self::Sharded(sharded) => return sharded.step(params, &grads, lr, device),
             Self::Replicated { optimizer, bucket_bytes } => {
@@ -143,14 +151,29 @@ impl Update {
             }
             Self::YourDdp { optimizer, .. } => optimizer, // its gradients arrive averaged
         };
+        // FSDP units hold their own gradient shards, averaged over the replicas.
+        let mut units = stage.sharded_units();
+        let unit_grads = match units.as_deref_mut() {
+            Some(units) => units::take_grads(units)?,
+            None => vec![],
+        };
+        let unit_sum_sq = match unit_grads.is_empty() {
+            true => 0.0,
+            false => units::sum_of_squares_over(mesh.dp(), &unit_grads, device)?,
+        };
         // The stages hold different parameters: their sums of squares add up.
-        let sum_sq = cuts.sum_of_squares(&grads, mesh.tp(), device)?;
+        let sum_sq = cuts.sum_of_squares(&grads, mesh.tp(), device)? + unit_sum_sq;
         let grad_norm = all_reduce_scalar(mesh.pp(), sum_sq, ReduceOp::Sum, device)?.sqrt();
         if grad_norm.is_finite() {
-            if let Some(factor) = clip_factor(grad_norm, max_grad_norm) {
+            let clip = clip_factor(grad_norm, max_grad_norm);
+            if let Some(factor) = clip {
                 grads.scale(factor)?;
             }
             optimizer.step(params, &grads, lr)?;
+            if let Some(units) = units.as_deref_mut() {
+                let adamw = optimizer.config();
+                units::step(units, unit_grads, (clip, lr, optimizer.steps()), &adamw, mesh.dp())?;
+            }
         } else {
             optimizer.skip_step(); // on every rank, not only the one that saw it
         }

@@ -1,15 +1,16 @@
 //! The mesh trainer (`train --pp S`, `--tp T`, both, or either with
 //! `--sequence-parallel`; `--strategy zero1` with any of them or none;
-//! `--own-ddp`): the model transformed over a [`DeviceMesh`] of shape
-//! (dp, pp, tp). Pipeline parallelism cuts it into S stages, one per
+//! `--strategy fsdp --pp S`; `--own-ddp`): the model transformed over a
+//! [`DeviceMesh`] of shape (dp, pp, tp). Pipeline parallelism cuts it into S stages, one per
 //! rank of a `pp` group, stepped on the learner's GPipe (exercise 21) or
 //! 1F1B (exercise 24) schedule over the step's micro-batches; tensor
 //! parallelism splits every stage's blocks across its `tp` group, stepped by
 //! exercise 23 (or 27, the tokens outside the split matrices cut along the
 //! sequence); the ranks beyond one pipeline of split stages are data-parallel
 //! replicas of it, which share each step as the [`DataAxis`] says: DDP's
-//! averaged gradients, ZeRO-1's sharded optimizer (exercise 17), or the
-//! learner's own DDP (exercise 26). With one stage there is nothing to
+//! averaged gradients, ZeRO-1's sharded optimizer (exercise 17), FSDP's
+//! units (exercise 22: each block of a stage sharded across the replicas,
+//! see `units.rs`), or the learner's own DDP (exercise 26). With one stage there is nothing to
 //! schedule: each micro-batch runs forward and back in turn through the
 //! whole model.
 //!
@@ -32,6 +33,7 @@
 //! other way round; loading cuts each rank's part out again.
 
 mod data_axis;
+mod units;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -46,7 +48,10 @@ use crate::distributed::{DeviceMesh, ProcessGroup};
 use crate::model::{param_specs, GptConfig, ParamStore};
 use crate::parallel::pipeline::{stage_holding, PipelineSchedule, PipelineStage, PipelineStep};
 use crate::parallel::tensor::{moments_part, part_of, BlockStep, ShardCuts};
-use crate::train::{AdamW, Checkpoint, DataPosition, StepCounters, StepStats, Train, TrainConfig, TrainerState};
+use crate::phase2_training::param_groups;
+use crate::train::{
+    AdamW, Checkpoint, DataPosition, ParamGroup, StepCounters, StepStats, Train, TrainConfig, TrainerState,
+};
 
 /// How a mesh trainer runs along each axis, besides the mesh's shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,8 +113,18 @@ impl MeshTrainer {
             bail!("sequence parallelism cuts the tokens across a tensor-parallel group: it needs a tp axis");
         }
         let (index, stages) = (pg.rank(), pg.world_size());
-        let stage = match mesh.shape().tp {
-            1 => PipelineStage::new(model_config, params, index, stages)?,
+        let stage = match (mesh.shape().tp, data_axis) {
+            (1, DataAxis::ShardBlocks) => {
+                let groups = param_groups(params, config.optimizer.weight_decay);
+                let decay = ParamGroup::decay_by_name(&groups, params)?;
+                let decay_of = |name: &str| decay.get(name).copied().unwrap_or(0.0);
+                PipelineStage::sharded(model_config, params, (index, stages), mesh.dp_shared(), &decay_of)?
+            }
+            (_, DataAxis::ShardBlocks) => bail!(
+                "FSDP units of tensor-parallel blocks (FSDP × TP) are not built yet: use --strategy ddp or zero1 \
+                 with --tp, or FSDP without it"
+            ),
+            (1, _) => PipelineStage::new(model_config, params, index, stages)?,
             _ => PipelineStage::split(model_config, params, index, stages, mesh.tp_shared(), block_step)?,
         };
         let stage = if config.activation_checkpointing { stage.with_activation_checkpointing()? } else { stage };
@@ -166,7 +181,7 @@ impl Train for MeshTrainer {
         let lr = self.config.schedule.lr(self.step);
         let max_norm = self.config.max_grad_norm;
         let parts = (&self.mesh, &self.cuts);
-        let grad_norm = self.update.step(parts, self.stage.params(), step.grads, lr, max_norm, &self.device)?;
+        let grad_norm = self.update.step(parts, &self.stage, step.grads, lr, max_norm, &self.device)?;
         let loss = Tensor::new(&[step.loss.unwrap_or(0.0)], &self.device)?;
         let loss = self.mesh.pp().broadcast(&loss, last)?.to_vec1::<f32>()?[0] as f64;
         self.step += 1;
@@ -178,18 +193,25 @@ impl Train for MeshTrainer {
     /// first stage, rank 0, which writes them as one whole checkpoint; the
     /// other replicas hold the same numbers.
     fn save_checkpoint(&self, dir: &Path, data: Option<DataPosition>) -> Result<()> {
-        // Under ZeRO-1 every replica takes part in gathering the moments.
-        let state_tensors = self.update.moments()?;
+        let has_moments = self.counters().optimizer_steps > 0;
+        // Under ZeRO-1 and FSDP every replica takes part in gathering.
+        let mut state_tensors = self.update.moments()?;
+        let mut held: HashMap<String, Tensor> =
+            self.stage.params().iter().map(|(name, var)| (name.to_string(), var.as_tensor().clone())).collect();
+        if let Some(units) = self.stage.sharded_units() {
+            let (params, moments) = units::gathered(&units, self.mesh.dp(), has_moments)?;
+            held.extend(params);
+            state_tensors.extend(moments);
+        }
         if self.mesh.coords().dp != 0 {
             return self.mesh.world().barrier();
         }
         let (pg, tp) = (self.mesh.pp(), self.mesh.tp());
-        let has_moments = self.counters().optimizer_steps > 0;
         // This stage's parameters in model order, each followed by its
         // moments, whole: what rank 0 receives from each stage, in order.
         let mut mine = Vec::new();
         for (name, _) in self.names_of_stage(pg.rank()) {
-            let param = self.cuts.whole(tp, &name, self.stage.params().get(&name)?.as_tensor())?;
+            let param = self.cuts.whole(tp, &name, &held[&name])?;
             let mut moments = Vec::new();
             if has_moments {
                 for moment in AdamW::moment_names(&name) {
@@ -250,7 +272,12 @@ impl Train for MeshTrainer {
         // With a moment missing, AdamW's own check names it.
         let moments = moments_part(&self.model_config, &checkpoint.optimizer, layers, rank, ranks)?
             .unwrap_or_else(|| checkpoint.optimizer.clone());
-        self.update.load(checkpoint.state.optimizer_steps, &moments, self.stage.params(), &self.device)?;
+        let steps = checkpoint.state.optimizer_steps;
+        self.update.load(steps, &moments, self.stage.params(), &self.device)?;
+        if let Some(mut units) = self.stage.sharded_units() {
+            let moments = (steps > 0).then_some(&checkpoint.optimizer);
+            units::load(&mut units, self.mesh.dp(), &checkpoint.params, moments, &self.device)?;
+        }
         self.step = checkpoint.state.step;
         Ok(checkpoint.state.data)
     }
@@ -311,6 +338,9 @@ impl Train for MeshTrainer {
                 format!(", in {replicas} data-parallel replicas, AdamW's state sharded across them (ZeRO-1)")
             }
             (_, DataAxis::YourDdp) => format!(", in {replicas} data-parallel replicas under exercise 26's DDP"),
+            (_, DataAxis::ShardBlocks) => {
+                format!(", in {replicas} data-parallel replicas, each block an FSDP unit sharded across them")
+            }
         };
         format!("{model}{split}{replicas}")
     }

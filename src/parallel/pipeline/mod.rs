@@ -25,10 +25,15 @@ use candle_nn::Embedding;
 use crate::autograd::{accumulate, vjp, Gradients, Recompute};
 use crate::distributed::{ProcessGroup, SharedGroup};
 use crate::model::{layer_of, Block, GptConfig, Linear, ParamStore, RmsNorm, RotaryCache, Weights};
-use crate::parallel::tensor::{backward_through, forward_through, gather_sequence, BlockStep, TensorParallelBlock};
+use crate::parallel::fsdp::{MixedPrecisionPolicy, ShardingPlan};
+use crate::parallel::fsdp_unit::BlockUnit;
+use crate::parallel::tensor::{BlockStep, TensorParallelBlock};
 use crate::phase1_model::next_token_loss;
 use crate::phase4_under_the_hood::{gpipe_step, one_f_one_b_step};
 use crate::timeline;
+
+mod replayed;
+use replayed::{Kept, ReplayedBlocks, Through};
 
 /// One rank's stage: the embedding on the first stage, a run of blocks, and
 /// the final norm, head and next-token loss on the last.
@@ -47,10 +52,19 @@ pub struct PipelineStage {
     untracked_inputs: AtomicUsize,
 }
 
-/// A stage's blocks: whole, or split across a tensor-parallel group.
+/// A stage's blocks: whole, or replayed in backward (split across a
+/// tensor-parallel group, or sharded as FSDP units).
 enum StageBlocks {
     Whole(WholeBlocks),
-    Split(SplitBlocks),
+    Replayed(ReplayedBlocks),
+}
+
+/// How a stage holds its blocks, as it is built.
+enum Holding<'a> {
+    Whole,
+    Split(SharedGroup, BlockStep),
+    /// FSDP units across the group, each element decayed by its parameter's weight decay.
+    Sharded(SharedGroup, &'a dyn Fn(&str) -> f64),
 }
 
 /// Whole blocks, each run under activation checkpointing when asked: a
@@ -60,54 +74,6 @@ struct WholeBlocks {
     blocks: Vec<Block>,
     checkpointing: bool,
     tapes: Mutex<HashMap<TensorId, Recompute>>,
-}
-
-/// Blocks split across `tp`, each stepped forward and backward in one call
-/// (exercise 23, or 27), so a stage's backward replays them from the inputs
-/// its forward kept, by the output it handed out.
-struct SplitBlocks {
-    blocks: Vec<TensorParallelBlock>,
-    tp: SharedGroup,
-    step: BlockStep,
-    in_flight: Mutex<HashMap<TensorId, SplitForward>>,
-}
-
-impl SplitBlocks {
-    /// This rank's chunk of the tokens of `t`, (B, T, C), under sequence
-    /// parallelism; `t` itself otherwise. Activations enter and leave a
-    /// stage whole, so pipelines and the head see the same tensors either way.
-    fn own_tokens(&self, t: &Tensor) -> Result<Tensor> {
-        if self.step != BlockStep::SequenceParallel {
-            return Ok(t.clone());
-        }
-        let (rank, ranks, seq_len) = (self.tp.rank(), self.tp.world_size(), t.dim(1)?);
-        if !seq_len.is_multiple_of(ranks) {
-            bail!(
-                "--sequence-parallel cuts each sequence into {ranks} chunks, one per tensor-parallel rank, and \
-                 {seq_len} tokens do not split into {ranks}: use a --seq-len that {ranks} divides"
-            );
-        }
-        t.narrow(1, rank * seq_len / ranks, seq_len / ranks)
-    }
-
-    /// Every rank's chunk put together under sequence parallelism; `t` itself otherwise.
-    fn all_tokens(&self, t: &Tensor) -> Result<Tensor> {
-        match self.step {
-            BlockStep::SequenceParallel => gather_sequence(&self.tp, t),
-            BlockStep::TensorParallel => Ok(t.clone()),
-        }
-    }
-}
-
-/// What one forward through split blocks keeps for its backward.
-struct SplitForward {
-    /// The stage's input: the embedding's output, with its graph (first
-    /// stage), or the activation received, whose gradient goes back.
-    input: Tensor,
-    /// Each block's input, detached.
-    block_inputs: Vec<Tensor>,
-    /// On the last stage, the last block's output as the leaf the head read.
-    top: Option<Var>,
 }
 
 /// What a stage ran, in the order it ran it.
@@ -211,7 +177,7 @@ impl PipelineStage {
     /// Stage `index` of `stages` of the model `params` holds. The stage keeps
     /// only its own parameters, sharing their variables with `params`.
     pub fn new(config: &GptConfig, params: &ParamStore, index: usize, stages: usize) -> Result<Self> {
-        Self::build(config, params, index, stages, None)
+        Self::build(config, params, index, stages, Holding::Whole)
     }
 
     /// Stage `index` of `stages`, its blocks split across the group `tp` as
@@ -226,7 +192,21 @@ impl PipelineStage {
         tp: SharedGroup,
         step: BlockStep,
     ) -> Result<Self> {
-        Self::build(config, params, index, stages, Some((tp, step)))
+        Self::build(config, params, index, stages, Holding::Split(tp, step))
+    }
+
+    /// Stage `index` of `stages`, each of its blocks an FSDP unit across the
+    /// group `dp` (FULL_SHARD in f32), stepped by exercise 22; the embedding,
+    /// final norm and head whole. `weight_decay_of` gives each block
+    /// parameter's decay, which the units' AdamW applies element by element.
+    pub fn sharded(
+        config: &GptConfig,
+        params: &ParamStore,
+        (index, stages): (usize, usize),
+        dp: SharedGroup,
+        weight_decay_of: &dyn Fn(&str) -> f64,
+    ) -> Result<Self> {
+        Self::build(config, params, index, stages, Holding::Sharded(dp, weight_decay_of))
     }
 
     fn build(
@@ -234,7 +214,7 @@ impl PipelineStage {
         params: &ParamStore,
         index: usize,
         stages: usize,
-        tp: Option<(SharedGroup, BlockStep)>,
+        holding: Holding<'_>,
     ) -> Result<Self> {
         config.validate()?;
         params.check_matches(config)?;
@@ -256,24 +236,37 @@ impl PipelineStage {
         // Every stage holds at least one block, so at least one parameter.
         let Some((_, any)) = mine.iter().next() else { bail!("stage {index} holds no parameters") };
         let (device, dtype) = (any.device().clone(), any.dtype());
-        let (blocks, params) = match tp {
-            None => {
+        let outer = || mine.subset(|name| layer_of(name).is_none());
+        let (blocks, params) = match holding {
+            Holding::Whole => {
                 let rotary = RotaryCache::new(config.head_dim(), config.max_seq_len, config.rope_theta, &device)?;
                 let blocks = layers.clone().map(|layer| Block::new(config, &mine, layer, &rotary));
                 let blocks = blocks.collect::<Result<_>>()?;
                 let whole = WholeBlocks { blocks, checkpointing: false, tapes: Mutex::new(HashMap::new()) };
                 (StageBlocks::Whole(whole), mine)
             }
-            Some((tp, step)) => {
+            Holding::Split(tp, step) => {
                 let (rank, ranks) = (tp.rank(), tp.world_size());
                 let blocks = layers
                     .clone()
                     .map(|layer| TensorParallelBlock::shard(config, params, layer, rank, ranks))
                     .collect::<Result<Vec<_>>>()?;
-                let outer = mine.subset(|name| layer_of(name).is_none());
-                let held = ParamStore::union(std::iter::once(&outer).chain(blocks.iter().map(|b| b.params())))?;
-                let split = SplitBlocks { blocks, tp, step, in_flight: Mutex::new(HashMap::new()) };
-                (StageBlocks::Split(split), held)
+                let held = ParamStore::union(std::iter::once(&outer()).chain(blocks.iter().map(|b| b.params())))?;
+                (StageBlocks::Replayed(ReplayedBlocks::new(Through::Split { blocks, tp, step })), held)
+            }
+            Holding::Sharded(dp, weight_decay_of) => {
+                let (plan, policy) = (ShardingPlan::zero(3), MixedPrecisionPolicy::f32());
+                let (rank, ranks) = (dp.rank(), dp.world_size());
+                let units = BlockUnit::shard_layers(
+                    config,
+                    params,
+                    layers.clone(),
+                    (rank, ranks),
+                    (&plan, &policy),
+                    weight_decay_of,
+                )?;
+                let through = Through::Sharded { units: Mutex::new(units), dp };
+                (StageBlocks::Replayed(ReplayedBlocks::new(through)), outer())
             }
         };
         let embed_tokens = match first {
@@ -311,9 +304,9 @@ impl PipelineStage {
     pub fn with_activation_checkpointing(mut self) -> Result<Self> {
         match &mut self.blocks {
             StageBlocks::Whole(whole) => whole.checkpointing = true,
-            StageBlocks::Split(_) => bail!(
-                "a stage of split blocks already runs each block twice (exercises 23 and 27 take a block's forward \
-                 and backward in one call): drop --activation-checkpointing"
+            StageBlocks::Replayed(_) => bail!(
+                "a stage of split or sharded blocks already runs each block twice (exercises 22, 23 and 27 replay \
+                 a block in backward): drop --activation-checkpointing"
             ),
         }
         Ok(self)
@@ -343,9 +336,17 @@ impl PipelineStage {
         self.layers.clone()
     }
 
-    /// This stage's parameters.
+    /// This stage's parameters (under FSDP, those outside its units).
     pub fn params(&self) -> &ParamStore {
         &self.params
+    }
+
+    /// The stage's FSDP units, when its blocks are sharded.
+    pub(crate) fn sharded_units(&self) -> Option<std::sync::MutexGuard<'_, Vec<BlockUnit>>> {
+        match &self.blocks {
+            StageBlocks::Replayed(replayed) => replayed.units(),
+            StageBlocks::Whole(_) => None,
+        }
     }
 
     /// Runs one micro-batch through this stage. `input` is the micro-batch's
@@ -373,7 +374,7 @@ impl PipelineStage {
                 input.clone()
             }
         };
-        let split = match &self.blocks {
+        let replayed = match &self.blocks {
             StageBlocks::Whole(whole) => {
                 if !self.is_first() && !input.track_op() {
                     self.untracked_inputs.fetch_add(1, Ordering::Relaxed);
@@ -388,10 +389,9 @@ impl PipelineStage {
                 }
                 return Ok(output);
             }
-            StageBlocks::Split(split) => split,
+            StageBlocks::Replayed(replayed) => replayed,
         };
-        let (block_inputs, h) = forward_through(&split.tp, &split.blocks, split.step, &split.own_tokens(&x)?)?;
-        let h = split.all_tokens(&h)?;
+        let (block_inputs, h) = replayed.forward(&x)?;
         let (output, top) = match &self.head {
             Some(_) => {
                 let top = Var::from_tensor(&h)?;
@@ -399,8 +399,7 @@ impl PipelineStage {
             }
             None => (h, None),
         };
-        let kept = SplitForward { input: x, block_inputs, top };
-        split.in_flight.lock().unwrap_or_else(PoisonError::into_inner).insert(output.id(), kept);
+        replayed.keep(&output, Kept { input: x, block_inputs, top });
         Ok(output)
     }
 
@@ -419,9 +418,7 @@ impl PipelineStage {
             StageBlocks::Whole(whole) => {
                 drop(whole.tapes.lock().unwrap_or_else(PoisonError::into_inner).remove(&output.id()))
             }
-            StageBlocks::Split(split) => {
-                drop(split.in_flight.lock().unwrap_or_else(PoisonError::into_inner).remove(&output.id()))
-            }
+            StageBlocks::Replayed(replayed) => drop(replayed.take(output)),
         }
     }
 
@@ -450,7 +447,7 @@ impl PipelineStage {
             );
         }
         let grad_output = grad_output.to_dtype(output.dtype())?;
-        let split = match &self.blocks {
+        let replayed = match &self.blocks {
             StageBlocks::Whole(whole) => {
                 let mut store = vjp(output, &grad_output)?;
                 if let Some(tape) = whole.tapes.lock().unwrap_or_else(PoisonError::into_inner).remove(&output.id()) {
@@ -458,9 +455,9 @@ impl PipelineStage {
                 }
                 return Ok(store);
             }
-            StageBlocks::Split(split) => split,
+            StageBlocks::Replayed(replayed) => replayed,
         };
-        let Some(kept) = split.in_flight.lock().unwrap_or_else(PoisonError::into_inner).remove(&output.id()) else {
+        let Some(kept) = replayed.take(output) else {
             bail!(
                 "stage {}: backward of an output this stage's forward did not return, or returned once only",
                 self.index
@@ -474,11 +471,9 @@ impl PipelineStage {
             }
             None => (empty_grad_store()?, grad_output),
         };
-        let (tp, blocks, grad) = (&split.tp, &split.blocks, split.own_tokens(&grad)?);
-        let grad_input = backward_through(tp, blocks, split.step, &kept.block_inputs, grad, |grads| {
+        let grad_input = replayed.backward(&kept.block_inputs, grad, |grads| {
             grads.iter().try_for_each(|(name, g)| accumulate(&mut store, self.params.get(name)?.as_tensor(), g.clone()))
         })?;
-        let grad_input = split.all_tokens(&grad_input)?;
         match self.is_first() {
             // The embedding's graph takes the gradient on to its weight.
             true => store.extend(vjp(&kept.input, &grad_input)?)?,

@@ -130,7 +130,9 @@ struct Args {
         long = "pp",
         visible_alias = "pipeline-stages",
         value_name = "S",
-        conflicts_with_all = ["sharding", "precision", "powersgd_rank", "ddp_overlap"]
+        conflicts_with_all = [
+            "sharding", "precision", "hybrid_group_size", "prefetch", "offload", "powersgd_rank", "ddp_overlap"
+        ]
     )]
     pipeline_stages: Option<usize>,
     /// Split every block across T tensor-parallel ranks, Megatron style,
@@ -140,7 +142,10 @@ struct Args {
     #[arg(
         long = "tp",
         value_name = "T",
-        conflicts_with_all = ["sharding", "precision", "powersgd_rank", "ddp_overlap", "activation_checkpointing"]
+        conflicts_with_all = [
+            "sharding", "precision", "hybrid_group_size", "prefetch", "offload", "powersgd_rank", "ddp_overlap",
+            "activation_checkpointing"
+        ]
     )]
     tensor_parallel: Option<usize>,
     /// With --tp: cut the norms and residuals of every block along the
@@ -479,10 +484,11 @@ fn mesh(cut: MeshCut, strategy: StrategyName, config: &RunConfig, world_size: us
     let data = match strategy {
         StrategyName::Ddp => DataAxis::Replicate,
         StrategyName::Zero1 => DataAxis::ShardOptimizer,
-        StrategyName::Fsdp => anyhow::bail!(
-            "{flags} lays the model out on a mesh whose data-parallel axis is DDP's or ZeRO-1's; FSDP is not yet \
-             one of them: use --strategy ddp or zero1 with {flags}, or --strategy fsdp without them"
+        StrategyName::Fsdp if tp > 1 => anyhow::bail!(
+            "{flags}: FSDP units of tensor-parallel blocks (FSDP × TP) are not built yet: use --strategy ddp or \
+             zero1 with --tp, or --strategy fsdp with --pp alone"
         ),
+        StrategyName::Fsdp => DataAxis::ShardBlocks,
     };
     if tp > 1 {
         check_tensor_split(tp, &config.model)?;
