@@ -1,0 +1,34 @@
+// Code in a table cell wraps where a reader expects it to: at its spaces,
+// and inside a long path or name after a `/`, `.`, `_`, `:`, `(`, `,` or
+// `=`, never after a flag's dashes (`--prefetch` stays whole). CSS alone
+// cannot say this (a hyphen is always a break), so each piece between those
+// places becomes a span that does not wrap (tables.css), with a <wbr>
+// between pieces. The text is unchanged: what a reader copies is what was
+// typed. Without this script a cell's code stays on one line.
+(() => {
+    "use strict";
+    // A piece: what comes before a separator, with the separators after it.
+    const piece = /[/._:(,=]*[^/._:(,=]+[/._:(,=]*/g;
+    for (const code of document.querySelectorAll("td code, th code")) {
+        if (code.children.length > 0) {
+            continue;
+        }
+        const words = code.textContent.split(/(\s+)/);
+        code.textContent = "";
+        for (const word of words) {
+            if (word.trim() === "") {
+                code.append(word);
+                continue;
+            }
+            (word.match(piece) || [word]).forEach((text, i) => {
+                if (i > 0) {
+                    code.append(document.createElement("wbr"));
+                }
+                const span = document.createElement("span");
+                span.textContent = text;
+                code.append(span);
+            });
+        }
+        code.classList.add("wraps");
+    }
+})();
