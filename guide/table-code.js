@@ -1,14 +1,19 @@
 // Code in a table cell wraps where a reader expects it to: at its spaces,
 // and inside a long path or name after a `/`, `.`, `_`, `:`, `(`, `,` or
-// `=`, never after a flag's dashes (`--prefetch` stays whole). CSS alone
-// cannot say this (a hyphen is always a break), so each piece between those
-// places becomes a span that does not wrap (tables.css), with a <wbr>
-// between pieces. The text is unchanged: what a reader copies is what was
-// typed. Without this script a cell's code stays on one line.
+// `=` and before the capital of a CamelCase word, never after a flag's
+// dashes (`--prefetch` stays whole). CSS alone cannot say this (a hyphen is
+// always a break, a slash never), so each piece between those places becomes
+// a span that does not wrap (tables.css), with a <wbr> between pieces. The
+// text is unchanged: what a reader copies is what was typed. Without this
+// script a cell's code stays on one line.
 (() => {
     "use strict";
-    // A piece: what comes before a separator, with the separators after it.
-    const piece = /[/._:(,=]*[^/._:(,=]+[/._:(,=]*/g;
+    // Where a word may break: after separators that follow something else
+    // (`.step_NNNNNN` keeps its leading dot), and inside `MixedPrecision`.
+    const pieces = (word) => word
+        .replace(/([^/._:(,=][/._:(,=]+)(?=[^/._:(,=])/g, "$1\n")
+        .replace(/([a-z])(?=[A-Z])/g, "$1\n")
+        .split("\n");
     for (const code of document.querySelectorAll("td code, th code")) {
         if (code.children.length > 0) {
             continue;
@@ -20,7 +25,7 @@
                 code.append(word);
                 continue;
             }
-            (word.match(piece) || [word]).forEach((text, i) => {
+            pieces(word).forEach((text, i) => {
                 if (i > 0) {
                     code.append(document.createElement("wbr"));
                 }
