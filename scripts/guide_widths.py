@@ -11,6 +11,8 @@ counts, per page:
   unpinned         wide tables whose first column leaves the box when it is
                    scrolled to its end (a first column wider than the box
                    cannot stay)
+  cramped          pinned tables with a cell wider than the room beside the
+                   first column: it is only ever seen in pieces
   cut              elements that reach past a box that hides them instead
                    of scrolling: content a reader cannot get to
   sideways         whether the page itself scrolls sideways (something wide
@@ -82,13 +84,17 @@ MEASURE = r"""
         (c) => Math.abs(c.getBoundingClientRect().left - left) <= 1);
       box.scrollLeft = before;
     }
-    const firsts = [...table.rows].map((r) => r.cells[0]).filter((c) => c);
+    const width = (c) => c.getBoundingClientRect().width;
+    const rows = [...table.rows];
+    const first = Math.max(0, ...rows.filter((r) => r.cells[0]).map((r) => width(r.cells[0])));
+    const rest = Math.max(0, ...rows.flatMap((r) => [...r.cells].slice(1).map(width)));
     out.tables.push({
       label: label(table.querySelector('th, td') || table),
       columns: table.rows[0] ? table.rows[0].cells.length : 0,
-      first: Math.max(0, ...firsts.map((c) => c.getBoundingClientRect().width)),
-      box: box.clientWidth, content: box.scrollWidth,
+      first, rest, box: box.clientWidth, content: box.scrollWidth,
       wide, scrolls: scrolls(box), pinned,
+      // A column wider than the room beside the pinned one is never seen whole.
+      cramped: wide && !!pinned && rest > box.clientWidth - first + 1,
     });
   }
 
@@ -254,6 +260,7 @@ def counts(found):
         "tables": len(found["tables"]),
         "tables_wide": len(wide_tables),
         "unpinned": sum(not t["pinned"] for t in wide_tables),
+        "cramped": sum(t["cramped"] for t in wide_tables),
         "cut": len(found["cut"]),
         "page_scrolls": int(found["page"]["scrolls"]),
         "figures": len(found["figures"]),
@@ -263,13 +270,13 @@ def counts(found):
     }
 
 
-HEAD = ("page", "code", "wide", "tables", "wide", "unpinned", "cut", "sideways",
+HEAD = ("page", "code", "wide", "tables", "wide", "unpinned", "cramped", "cut", "sideways",
         "figures", "small", "unlinked")
 
 
 def row(name, c):
     return [name, c["code"], c["code_wide"], c["tables"], c["tables_wide"], c["unpinned"],
-            c["cut"], c["page_scrolls"], c["figures"], c["small"], c["unlinked"]]
+            c["cramped"], c["cut"], c["page_scrolls"], c["figures"], c["small"], c["unlinked"]]
 
 
 def print_table(rows):
@@ -287,6 +294,8 @@ def details(page, found):
     for t in found["tables"]:
         if t["wide"]:
             pin = "pinned" if t["pinned"] else "NOT PINNED"
+            if t["cramped"]:
+                pin += f", CRAMPED: a cell of {t['rest']:.0f} px beside it"
             print(f"  {page}: table of {t['columns']} columns, {t['content']} px in"
                   f" {t['box']} px, first column {t['first']:.0f} px, {pin}: {t['label']}")
     for c in found["cut"]:
