@@ -55,13 +55,21 @@ pub fn exercise_lines(options: &RunOptions) -> candle_core::Result<Vec<String>> 
                     options.bucket_bytes as f64 / (1u64 << 20) as f64,
                     named(26)
                 )),
-                DataAxis::ShardBlocks => lines.push(format!(
-                    "FSDP (--strategy fsdp): every block of each stage an FSDP unit across the {} data-parallel \
-                     replicas (FULL_SHARD, f32), stepped by {}; the embedding, final norm and head whole, averaged \
-                     as under DDP",
-                    mesh.dp,
-                    named(22)
-                )),
+                DataAxis::ShardBlocks { shard_group } => {
+                    let across = match shard_group {
+                        None => format!("the {} data-parallel replicas (FULL_SHARD, f32)", mesh.dp),
+                        Some(size) => format!(
+                            "groups of {size} of the {} data-parallel replicas, each group a replica of the others \
+                             (HYBRID_SHARD, f32)",
+                            mesh.dp
+                        ),
+                    };
+                    lines.push(format!(
+                        "FSDP (--strategy fsdp): every block of each stage an FSDP unit across {across}, stepped by \
+                         {}; the embedding, final norm and head whole, averaged as under DDP",
+                        named(22)
+                    ))
+                }
                 DataAxis::Replicate => {}
             }
             if stages > 1 {
@@ -139,7 +147,7 @@ fn ring_carries(strategy: Strategy, mesh: MeshShape, powersgd: bool) -> String {
     let gradients = match strategy {
         Strategy::Ddp if powersgd => across_replicas("the gradients' PowerSGD factors"),
         Strategy::Mesh { data: DataAxis::ShardOptimizer, .. } => None,
-        Strategy::Mesh { data: DataAxis::ShardBlocks, .. } => {
+        Strategy::Mesh { data: DataAxis::ShardBlocks { .. }, .. } => {
             across_replicas("the embedding's, final norm's and head's gradients")
         }
         Strategy::Ddp | Strategy::Mesh { .. } => across_replicas("the gradients"),

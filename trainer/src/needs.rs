@@ -52,7 +52,7 @@ pub fn exercises_called(options: &RunOptions) -> BTreeMap<u32, &'static str> {
             let by_data_axis = match data {
                 DataAxis::ShardOptimizer => Some((17, "--strategy zero1")),
                 DataAxis::YourDdp => Some((26, "--own-ddp")),
-                DataAxis::ShardBlocks => Some((22, "--strategy fsdp with --pp")),
+                DataAxis::ShardBlocks { .. } => Some((22, "--strategy fsdp with --pp")),
                 DataAxis::Replicate => None,
             };
             called.extend(by_data_axis);

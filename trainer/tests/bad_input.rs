@@ -117,6 +117,17 @@ fn flags_that_do_not_apply_are_refused() {
         "--pp 2: 3 ranks do not make whole replicas of 2 pipeline stage(s) × 1 tensor-parallel rank(s)",
     );
     refused(
+        train(
+            &dir,
+            &["--dataset", "dummy", "--pp", "2", "--nproc", "4", "--strategy", "fsdp", "--sharding", "hybrid_shard"],
+        ),
+        "--sharding hybrid_shard with --pp 2 needs --hybrid-group-size",
+    );
+    refused(
+        train(&dir, &["--dataset", "dummy", "--pp", "2", "--nproc", "2", "--sharding", "full_shard"]),
+        "--sharding applies to --strategy fsdp only; ddp keeps whole f32 replicas",
+    );
+    refused(
         train(&dir, &["--dataset", "dummy", "--tp", "2", "--nproc", "2", "--strategy", "fsdp"]),
         "--tp 2: FSDP units of tensor-parallel blocks (FSDP × TP) are not built yet",
     );

@@ -100,7 +100,7 @@ fn a_run_calls_the_exercises_its_flags_choose() {
         tp: 1,
         schedule: PipelineSchedule::GPipe,
         sequence_parallel: false,
-        data: DataAxis::ShardBlocks,
+        data: DataAxis::ShardBlocks { shard_group: None },
     };
     assert_eq!(called(&zero1), [1, 2, 3, 4, 5, 6, 7, 8, 9, 21, 22, 25]);
 }
@@ -450,8 +450,13 @@ fn zero1_on_a_mesh_trains_as_one_process_and_its_checkpoint_resumes_on_one() {
 /// units' shards and moments gathered whole), and it resumes one process's.
 #[test]
 fn fsdp_on_a_pipeline_trains_as_one_process_and_its_checkpoints_move_both_ways() {
-    let fsdp =
-        |schedule| Strategy::Mesh { stages: 2, tp: 1, schedule, sequence_parallel: false, data: DataAxis::ShardBlocks };
+    let fsdp = |schedule| Strategy::Mesh {
+        stages: 2,
+        tp: 1,
+        schedule,
+        sequence_parallel: false,
+        data: DataAxis::ShardBlocks { shard_group: None },
+    };
     let (one_dir, one) = run("fsdp-pp-one-process", 5, 1, Strategy::Ddp, None);
     for schedule in [PipelineSchedule::GPipe, PipelineSchedule::OneFOneB] {
         let (dir, summary) = run(&format!("fsdp-pp-{schedule}"), 3, 4, fsdp(schedule), None);
@@ -471,6 +476,30 @@ fn fsdp_on_a_pipeline_trains_as_one_process_and_its_checkpoints_move_both_ways()
         &checkpoint_params(&one_dir, 5),
         "FSDP × PP resuming one process",
     );
+}
+
+/// `--strategy fsdp --sharding hybrid_shard --pp 2` on 8 ranks: each
+/// stage's 4 replicas in 2 shard groups of 2 that are replicas of each other
+/// (dp 4 × pp 2), takes the steps one process takes, and one process
+/// resumes its checkpoint.
+#[test]
+fn hybrid_sharding_on_a_pipeline_trains_as_one_process() {
+    let hsdp = Strategy::Mesh {
+        stages: 2,
+        tp: 1,
+        schedule: PipelineSchedule::OneFOneB,
+        sequence_parallel: false,
+        data: DataAxis::ShardBlocks { shard_group: Some(2) },
+    };
+    let (one_dir, one) = run("hsdp-pp-one-process", 5, 1, Strategy::Ddp, None);
+    let (dir, summary) = run("hsdp-pp", 3, 8, hsdp, None);
+    let what = "HSDP (2 groups of 2) on dp 4 × pp 2";
+    let (a, b) = (one.first.as_ref().unwrap().grad_norm, summary.first.unwrap().grad_norm);
+    assert!((a - b).abs() <= 1e-5 * a, "{what}: the gradient norm at step 1 is {b}, one process's {a}");
+    expect_same_params(&checkpoint_params(&dir, 3), &checkpoint_params(&one_dir, 3), what);
+    let (resumed, _) = run("hsdp-pp-resumed-by-one", 5, 1, Strategy::Ddp, Some(dir));
+    let resumed_what = format!("one process resuming {what}");
+    expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(&one_dir, 5), &resumed_what);
 }
 
 /// `--own-ddp` on 2 ranks, the learner's DataParallel (exercise 26) running

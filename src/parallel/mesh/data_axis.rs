@@ -38,10 +38,12 @@ pub enum DataAxis {
     /// Nothing, by the learner's own DDP (exercise 26), which owns each
     /// micro-batch's forward and backward: one stage of whole blocks only.
     YourDdp,
-    /// The blocks (FSDP, FULL_SHARD in f32): each an FSDP unit across the
-    /// replicas, stepped by exercise 22; the embedding, final norm and head
-    /// whole, averaged as under DDP. Stages of whole blocks only.
-    ShardBlocks,
+    /// The blocks (FSDP in f32): each an FSDP unit across the replicas
+    /// (FULL_SHARD), or across groups of `shard_group` consecutive replicas
+    /// that are replicas of each other (HYBRID_SHARD), stepped by exercise
+    /// 22; the embedding, final norm and head whole, averaged as under DDP.
+    /// Stages of whole blocks only.
+    ShardBlocks { shard_group: Option<usize> },
 }
 
 /// The optimizer of a rank's parameters under one [`DataAxis`] choice.
@@ -87,7 +89,7 @@ impl Update {
         let groups = param_groups(params, config.optimizer.weight_decay);
         let decay_of = ParamGroup::decay_by_name(&groups, params)?;
         match kind {
-            DataAxis::Replicate | DataAxis::ShardBlocks => {
+            DataAxis::Replicate | DataAxis::ShardBlocks { .. } => {
                 let optimizer = AdamW::new(groups, config.optimizer.adamw)?;
                 return Ok(Self::Replicated { optimizer, bucket_bytes });
             }
@@ -153,13 +155,13 @@ impl Update {
         };
         // FSDP units hold their own gradient shards, averaged over the replicas.
         let mut units = stage.sharded_units();
-        let unit_grads = match units.as_deref_mut() {
-            Some(units) => units::take_grads(units)?,
+        let unit_grads = match units.as_mut() {
+            Some(held) => units::take_grads(held)?,
             None => vec![],
         };
-        let unit_sum_sq = match unit_grads.is_empty() {
-            true => 0.0,
-            false => units::sum_of_squares_over(mesh.dp(), &unit_grads, device)?,
+        let unit_sum_sq = match &units {
+            Some(held) => units::sum_of_squares_over(held, &unit_grads, device)?,
+            None => 0.0,
         };
         // The stages hold different parameters: their sums of squares add up.
         let sum_sq = cuts.sum_of_squares(&grads, mesh.tp(), device)? + unit_sum_sq;
@@ -170,9 +172,8 @@ impl Update {
                 grads.scale(factor)?;
             }
             optimizer.step(params, &grads, lr)?;
-            if let Some(units) = units.as_deref_mut() {
-                let adamw = optimizer.config();
-                units::step(units, unit_grads, (clip, lr, optimizer.steps()), &adamw, mesh.dp())?;
+            if let Some(held) = units.as_mut() {
+                units::step(held, unit_grads, (clip, lr, optimizer.steps()), &optimizer.config())?;
             }
         } else {
             optimizer.skip_step(); // on every rank, not only the one that saw it

@@ -44,7 +44,7 @@ pub use data_axis::DataAxis;
 
 use self::data_axis::Update;
 use crate::autograd::Gradients;
-use crate::distributed::{DeviceMesh, ProcessGroup};
+use crate::distributed::{DeviceMesh, ProcessGroup, SharedGroup};
 use crate::model::{param_specs, GptConfig, ParamStore};
 use crate::parallel::pipeline::{stage_holding, PipelineSchedule, PipelineStage, PipelineStep};
 use crate::parallel::tensor::{moments_part, part_of, BlockStep, ShardCuts};
@@ -114,13 +114,14 @@ impl MeshTrainer {
         }
         let (index, stages) = (pg.rank(), pg.world_size());
         let stage = match (mesh.shape().tp, data_axis) {
-            (1, DataAxis::ShardBlocks) => {
+            (1, DataAxis::ShardBlocks { shard_group }) => {
                 let groups = param_groups(params, config.optimizer.weight_decay);
                 let decay = ParamGroup::decay_by_name(&groups, params)?;
                 let decay_of = |name: &str| decay.get(name).copied().unwrap_or(0.0);
-                PipelineStage::sharded(model_config, params, (index, stages), mesh.dp_shared(), &decay_of)?
+                let groups = shard_groups(&mesh, shard_group)?;
+                PipelineStage::sharded(model_config, params, (index, stages), groups, &decay_of)?
             }
-            (_, DataAxis::ShardBlocks) => bail!(
+            (_, DataAxis::ShardBlocks { .. }) => bail!(
                 "FSDP units of tensor-parallel blocks (FSDP × TP) are not built yet: use --strategy ddp or zero1 \
                  with --tp, or FSDP without it"
             ),
@@ -171,6 +172,21 @@ impl MeshTrainer {
     }
 }
 
+/// The groups a stage's FSDP units live on: the shard group and, under
+/// HYBRID_SHARD (groups of `shard_group` consecutive replicas), the group of
+/// ranks holding the same shards in the other groups.
+fn shard_groups(mesh: &DeviceMesh, shard_group: Option<usize>) -> Result<(SharedGroup, Option<SharedGroup>)> {
+    let Some(size) = shard_group else { return Ok((mesh.dp_shared(), None)) };
+    let (rank, replicas) = (mesh.dp().rank(), mesh.dp().world_size());
+    if size == 0 || !replicas.is_multiple_of(size) {
+        bail!("the {replicas} data-parallel replicas do not split into shard groups of {size}: use a size that divides {replicas}");
+    }
+    // Every rank splits in the same order: first its shard group, then its replica group.
+    let shard = SharedGroup::new(mesh.dp().split(rank / size)?);
+    let across = SharedGroup::new(mesh.dp().split(rank % size)?);
+    Ok((shard, Some(across)))
+}
+
 impl Train for MeshTrainer {
     fn train_step(&mut self, micro_batches: &[Tensor]) -> Result<StepStats> {
         let last = self.mesh.pp().world_size() - 1;
@@ -199,7 +215,7 @@ impl Train for MeshTrainer {
         let mut held: HashMap<String, Tensor> =
             self.stage.params().iter().map(|(name, var)| (name.to_string(), var.as_tensor().clone())).collect();
         if let Some(units) = self.stage.sharded_units() {
-            let (params, moments) = units::gathered(&units, self.mesh.dp(), has_moments)?;
+            let (params, moments) = units::gathered(&units, has_moments)?;
             held.extend(params);
             state_tensors.extend(moments);
         }
@@ -276,7 +292,7 @@ impl Train for MeshTrainer {
         self.update.load(steps, &moments, self.stage.params(), &self.device)?;
         if let Some(mut units) = self.stage.sharded_units() {
             let moments = (steps > 0).then_some(&checkpoint.optimizer);
-            units::load(&mut units, self.mesh.dp(), &checkpoint.params, moments, &self.device)?;
+            units::load(&mut units, &checkpoint.params, moments, &self.device)?;
         }
         self.step = checkpoint.state.step;
         Ok(checkpoint.state.data)
@@ -338,9 +354,13 @@ impl Train for MeshTrainer {
                 format!(", in {replicas} data-parallel replicas, AdamW's state sharded across them (ZeRO-1)")
             }
             (_, DataAxis::YourDdp) => format!(", in {replicas} data-parallel replicas under exercise 26's DDP"),
-            (_, DataAxis::ShardBlocks) => {
+            (_, DataAxis::ShardBlocks { shard_group: None }) => {
                 format!(", in {replicas} data-parallel replicas, each block an FSDP unit sharded across them")
             }
+            (_, DataAxis::ShardBlocks { shard_group: Some(size) }) => format!(
+                ", in {replicas} data-parallel replicas, each block an FSDP unit sharded across groups of {size} of \
+                 them (HYBRID_SHARD)"
+            ),
         };
         format!("{model}{split}{replicas}")
     }

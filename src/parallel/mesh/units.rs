@@ -1,8 +1,9 @@
 //! FSDP units in a mesh stage (`--strategy fsdp --pp S`): each of the
-//! stage's blocks is a unit sharded across the data-parallel group, its
-//! gradient shard kept by the unit step (exercise 22). What the mesh
-//! trainer does with them besides: their part of the gradient norm, their
-//! AdamW step, and their whole tensors for checkpoints.
+//! stage's blocks is a unit sharded across the data-parallel group (under
+//! HYBRID_SHARD across a shard group of it, the groups replicas of each
+//! other), its gradient shard kept by the unit step (exercise 22). What the
+//! mesh trainer does with them besides: their part of the gradient norm,
+//! their AdamW step, and their whole tensors for checkpoints.
 
 use std::collections::HashMap;
 
@@ -11,56 +12,59 @@ use candle_core::{bail, DType, Device, Result, Tensor};
 use crate::autograd::sum_of_squares;
 use crate::distributed::{all_reduce_scalar, ProcessGroup, ReduceOp};
 use crate::parallel::fsdp::LocalState;
-use crate::parallel::fsdp_unit::BlockUnit;
+use crate::parallel::pipeline::HeldUnits;
 use crate::train::{AdamW, AdamWConfig};
 
-/// The units' gradient shards for this step, taken from them.
-pub(super) fn take_grads(units: &mut [BlockUnit]) -> Result<Vec<Tensor>> {
-    units
-        .iter_mut()
-        .map(|unit| match unit.take_grad() {
-            Some(grad) => Ok(grad),
-            None => bail!("no gradient reached unit {}: the loss does not depend on it", unit.layer()),
-        })
-        .collect()
+/// The units' gradient shards for this step, taken from them: averaged over
+/// the shard group by the unit step, and here across the replicas.
+pub(super) fn take_grads(held: &mut HeldUnits) -> Result<Vec<Tensor>> {
+    let mut grads = Vec::with_capacity(held.units.len());
+    for unit in held.units.iter_mut() {
+        let Some(grad) = unit.take_grad() else {
+            bail!("no gradient reached unit {}: the loss does not depend on it", unit.layer());
+        };
+        grads.push(match held.replicas {
+            Some(replicas) => replicas.all_reduce(&grad, ReduceOp::Avg)?,
+            None => grad,
+        });
+    }
+    Ok(grads)
 }
 
 /// The squared norm of the units' whole gradients: their shards' squares
-/// added over `dp` (the shards are disjoint parts of one averaged gradient).
-pub(super) fn sum_of_squares_over(dp: &dyn ProcessGroup, grads: &[Tensor], device: &Device) -> Result<f64> {
-    all_reduce_scalar(dp, sum_of_squares(grads)?, ReduceOp::Sum, device)
+/// added over the shard group (the shards are disjoint parts of one
+/// averaged gradient; replicas hold the same ones and count once).
+pub(super) fn sum_of_squares_over(held: &HeldUnits, grads: &[Tensor], device: &Device) -> Result<f64> {
+    all_reduce_scalar(held.shard, sum_of_squares(grads)?, ReduceOp::Sum, device)
 }
 
 /// AdamW's `t`-th update of each unit's shard at `lr`, its gradient scaled
-/// by `clip` first; `dp` is the group the shards are spread over.
+/// by `clip` first.
 pub(super) fn step(
-    units: &mut [BlockUnit],
+    held: &mut HeldUnits,
     grads: Vec<Tensor>,
     (clip, lr, t): (Option<f64>, f64, u64),
     adamw: &AdamWConfig,
-    dp: &dyn ProcessGroup,
 ) -> Result<()> {
-    for (unit, grad) in units.iter_mut().zip(grads) {
+    let shard = held.shard;
+    for (unit, grad) in held.units.iter_mut().zip(grads) {
         let grad = match clip {
             Some(factor) => (grad * factor)?,
             None => grad,
         };
-        unit.step(&grad, lr, t, adamw, dp)?;
+        unit.step(&grad, lr, t, adamw, shard)?;
     }
     Ok(())
 }
 
 /// Every unit's parameters and, with `moments`, AdamW's two moments, whole
-/// and by name (the moments under AdamW's names). Every rank of `dp` calls it.
-pub(super) fn gathered(
-    units: &[BlockUnit],
-    dp: &dyn ProcessGroup,
-    moments: bool,
-) -> Result<(HashMap<String, Tensor>, HashMap<String, Tensor>)> {
+/// and by name (the moments under AdamW's names). Every rank of the shard
+/// group calls it.
+pub(super) fn gathered(held: &HeldUnits, moments: bool) -> Result<(HashMap<String, Tensor>, HashMap<String, Tensor>)> {
     let (mut params, mut state) = (HashMap::new(), HashMap::new());
-    for unit in units {
+    for unit in held.units.iter() {
         let local = unit.local_state()?;
-        let whole = |shard: &Tensor| unit.layout().unflatten(&dp.all_gather(shard)?);
+        let whole = |shard: &Tensor| unit.layout().unflatten(&held.shard.all_gather(shard)?);
         params.extend(whole(&local.params)?);
         if moments {
             for (kind, shard) in [&local.exp_avg, &local.exp_avg_sq].into_iter().enumerate() {
@@ -76,13 +80,13 @@ pub(super) fn gathered(
 /// Gives each unit this rank's part of the whole `params` and, when some
 /// update was taken, of AdamW's `moments` (by AdamW's names).
 pub(super) fn load(
-    units: &mut [BlockUnit],
-    dp: &dyn ProcessGroup,
+    held: &mut HeldUnits,
     params: &HashMap<String, Tensor>,
     moments: Option<&HashMap<String, Tensor>>,
     device: &Device,
 ) -> Result<()> {
-    for unit in units.iter_mut() {
+    let shard = held.shard;
+    for unit in held.units.iter_mut() {
         let range = unit.local_range();
         let names: Vec<String> = unit.layout().names().map(str::to_string).collect();
         let part = |named: &HashMap<String, Tensor>| -> Result<Tensor> {
@@ -102,7 +106,7 @@ pub(super) fn load(
             part(&named)
         };
         let state = LocalState { params: part(params)?, exp_avg: moment(0)?, exp_avg_sq: moment(1)? };
-        unit.set_local_state(state, dp)?;
+        unit.set_local_state(state, shard)?;
     }
     Ok(())
 }

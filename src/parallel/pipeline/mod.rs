@@ -33,6 +33,7 @@ use crate::phase4_under_the_hood::{gpipe_step, one_f_one_b_step};
 use crate::timeline;
 
 mod replayed;
+pub use replayed::HeldUnits;
 use replayed::{Kept, ReplayedBlocks, Through};
 
 /// One rank's stage: the embedding on the first stage, a run of blocks, and
@@ -63,8 +64,9 @@ enum StageBlocks {
 enum Holding<'a> {
     Whole,
     Split(SharedGroup, BlockStep),
-    /// FSDP units across the group, each element decayed by its parameter's weight decay.
-    Sharded(SharedGroup, &'a dyn Fn(&str) -> f64),
+    /// FSDP units across the first group (replicated across the second
+    /// under HYBRID_SHARD), each element decayed by its parameter's weight decay.
+    Sharded((SharedGroup, Option<SharedGroup>), &'a dyn Fn(&str) -> f64),
 }
 
 /// Whole blocks, each run under activation checkpointing when asked: a
@@ -196,17 +198,18 @@ impl PipelineStage {
     }
 
     /// Stage `index` of `stages`, each of its blocks an FSDP unit across the
-    /// group `dp` (FULL_SHARD in f32), stepped by exercise 22; the embedding,
-    /// final norm and head whole. `weight_decay_of` gives each block
-    /// parameter's decay, which the units' AdamW applies element by element.
+    /// group `shard` (in f32), stepped by exercise 22, and under
+    /// HYBRID_SHARD replicated across `replicas`; the embedding, final norm
+    /// and head whole. `weight_decay_of` gives each block parameter's
+    /// decay, which the units' AdamW applies element by element.
     pub fn sharded(
         config: &GptConfig,
         params: &ParamStore,
         (index, stages): (usize, usize),
-        dp: SharedGroup,
+        groups: (SharedGroup, Option<SharedGroup>),
         weight_decay_of: &dyn Fn(&str) -> f64,
     ) -> Result<Self> {
-        Self::build(config, params, index, stages, Holding::Sharded(dp, weight_decay_of))
+        Self::build(config, params, index, stages, Holding::Sharded(groups, weight_decay_of))
     }
 
     fn build(
@@ -254,9 +257,9 @@ impl PipelineStage {
                 let held = ParamStore::union(std::iter::once(&outer()).chain(blocks.iter().map(|b| b.params())))?;
                 (StageBlocks::Replayed(ReplayedBlocks::new(Through::Split { blocks, tp, step })), held)
             }
-            Holding::Sharded(dp, weight_decay_of) => {
+            Holding::Sharded((shard, replicas), weight_decay_of) => {
                 let (plan, policy) = (ShardingPlan::zero(3), MixedPrecisionPolicy::f32());
-                let (rank, ranks) = (dp.rank(), dp.world_size());
+                let (rank, ranks) = (shard.rank(), shard.world_size());
                 let units = BlockUnit::shard_layers(
                     config,
                     params,
@@ -265,7 +268,7 @@ impl PipelineStage {
                     (&plan, &policy),
                     weight_decay_of,
                 )?;
-                let through = Through::Sharded { units: Mutex::new(units), dp };
+                let through = Through::Sharded { units: Mutex::new(units), shard, replicas };
                 (StageBlocks::Replayed(ReplayedBlocks::new(through)), outer())
             }
         };
@@ -341,8 +344,8 @@ impl PipelineStage {
         &self.params
     }
 
-    /// The stage's FSDP units, when its blocks are sharded.
-    pub(crate) fn sharded_units(&self) -> Option<std::sync::MutexGuard<'_, Vec<BlockUnit>>> {
+    /// The stage's FSDP units and their groups, when its blocks are sharded.
+    pub fn sharded_units(&self) -> Option<HeldUnits<'_>> {
         match &self.blocks {
             StageBlocks::Replayed(replayed) => replayed.units(),
             StageBlocks::Whole(_) => None,

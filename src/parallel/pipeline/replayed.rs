@@ -26,8 +26,9 @@ pub(super) struct ReplayedBlocks {
 pub(super) enum Through {
     /// This rank's shard of each block, across `tp`, stepped by `step`.
     Split { blocks: Vec<TensorParallelBlock>, tp: SharedGroup, step: BlockStep },
-    /// Each block an FSDP unit across `dp`: this rank keeps its shard.
-    Sharded { units: Mutex<Vec<BlockUnit>>, dp: SharedGroup },
+    /// Each block an FSDP unit across `shard`: this rank keeps its shard;
+    /// under HYBRID_SHARD the shard groups are `replicas` of each other.
+    Sharded { units: Mutex<Vec<BlockUnit>>, shard: SharedGroup, replicas: Option<SharedGroup> },
 }
 
 /// What one forward keeps for its backward.
@@ -54,8 +55,8 @@ impl ReplayedBlocks {
                 let (inputs, h) = forward_through(tp, blocks, *step, &own_tokens(tp, *step, x)?)?;
                 Ok((inputs, all_tokens(tp, *step, &h)?))
             }
-            Through::Sharded { units, dp } => {
-                let pass = fsdp_forward(dp, &mut lock(units), x)?;
+            Through::Sharded { units, shard, .. } => {
+                let pass = fsdp_forward(shard, &mut lock(units), x)?;
                 Ok((pass.inputs, pass.output))
             }
         }
@@ -77,7 +78,7 @@ impl ReplayedBlocks {
                 let grad = backward_through(tp, blocks, *step, inputs, grad, take)?;
                 all_tokens(tp, *step, &grad)
             }
-            Through::Sharded { units, dp } => fsdp_backward(dp, &mut lock(units), inputs, &grad),
+            Through::Sharded { units, shard, .. } => fsdp_backward(shard, &mut lock(units), inputs, &grad),
         }
     }
 
@@ -91,13 +92,24 @@ impl ReplayedBlocks {
         lock(&self.in_flight).remove(&output.id())
     }
 
-    /// The FSDP units, when the blocks are sharded.
-    pub(super) fn units(&self) -> Option<MutexGuard<'_, Vec<BlockUnit>>> {
+    /// The FSDP units and their groups, when the blocks are sharded.
+    pub(super) fn units(&self) -> Option<HeldUnits<'_>> {
         match &self.through {
-            Through::Sharded { units, .. } => Some(lock(units)),
+            Through::Sharded { units, shard, replicas } => {
+                Some(HeldUnits { units: lock(units), shard, replicas: replicas.as_ref() })
+            }
             Through::Split { .. } => None,
         }
     }
+}
+
+/// A stage's FSDP units, held for a step or a checkpoint, with the group
+/// they are sharded over and, under HYBRID_SHARD, the group of ranks that
+/// hold the same shards.
+pub struct HeldUnits<'a> {
+    pub units: MutexGuard<'a, Vec<BlockUnit>>,
+    pub shard: &'a SharedGroup,
+    pub replicas: Option<&'a SharedGroup>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -130,9 +130,7 @@ struct Args {
         long = "pp",
         visible_alias = "pipeline-stages",
         value_name = "S",
-        conflicts_with_all = [
-            "sharding", "precision", "hybrid_group_size", "prefetch", "offload", "powersgd_rank", "ddp_overlap"
-        ]
+        conflicts_with_all = ["precision", "prefetch", "offload", "powersgd_rank", "ddp_overlap"]
     )]
     pipeline_stages: Option<usize>,
     /// Split every block across T tensor-parallel ranks, Megatron style,
@@ -309,6 +307,8 @@ fn run(args: Args) -> anyhow::Result<()> {
                 tp: tp.unwrap_or(1),
                 schedule: args.pipeline_schedule,
                 sequence_parallel: args.sequence_parallel,
+                sharding: args.sharding,
+                hybrid_group_size: args.hybrid_group_size,
             };
             mesh(cut, args.strategy, &config, world_size)?
         }
@@ -471,16 +471,25 @@ struct MeshCut {
     tp: usize,
     schedule: PipelineSchedule,
     sequence_parallel: bool,
+    /// Under --strategy fsdp: how the replicas shard each stage's blocks.
+    sharding: Option<ShardingStrategy>,
+    hybrid_group_size: Option<usize>,
 }
 
 /// The mesh `cut` lays `world_size` ranks out on, checked against the model.
 fn mesh(cut: MeshCut, strategy: StrategyName, config: &RunConfig, world_size: usize) -> anyhow::Result<Strategy> {
-    let MeshCut { stages, tp, schedule, sequence_parallel } = cut;
+    let MeshCut { stages, tp, schedule, sequence_parallel, sharding, hybrid_group_size } = cut;
     let flags = match (stages, tp) {
         (1, _) => format!("--tp {tp}"),
         (_, 1) => format!("--pp {stages}"),
         _ => format!("--pp {stages} --tp {tp}"),
     };
+    if strategy != StrategyName::Fsdp {
+        let given = [("--sharding", sharding.is_some()), ("--hybrid-group-size", hybrid_group_size.is_some())];
+        if let Some((flag, _)) = given.iter().find(|(_, given)| *given) {
+            anyhow::bail!("{flag} applies to --strategy fsdp only; {strategy} keeps whole f32 replicas");
+        }
+    }
     let data = match strategy {
         StrategyName::Ddp => DataAxis::Replicate,
         StrategyName::Zero1 => DataAxis::ShardOptimizer,
@@ -488,7 +497,7 @@ fn mesh(cut: MeshCut, strategy: StrategyName, config: &RunConfig, world_size: us
             "{flags}: FSDP units of tensor-parallel blocks (FSDP × TP) are not built yet: use --strategy ddp or \
              zero1 with --tp, or --strategy fsdp with --pp alone"
         ),
-        StrategyName::Fsdp => DataAxis::ShardBlocks,
+        StrategyName::Fsdp => fsdp_on_a_pipeline(&flags, sharding, hybrid_group_size)?,
     };
     if tp > 1 {
         check_tensor_split(tp, &config.model)?;
@@ -503,6 +512,31 @@ fn mesh(cut: MeshCut, strategy: StrategyName, config: &RunConfig, world_size: us
     let strategy = Strategy::Mesh { stages, tp, schedule, sequence_parallel, data };
     strategy.mesh(world_size).map_err(|e| anyhow::anyhow!("{flags}: {e}"))?;
     Ok(strategy)
+}
+
+/// What the replicas of a pipeline's stages shard under --strategy fsdp:
+/// each block, across all of them (FULL_SHARD) or across groups of
+/// `--hybrid-group-size` (HYBRID_SHARD).
+fn fsdp_on_a_pipeline(
+    flags: &str,
+    sharding: Option<ShardingStrategy>,
+    hybrid_group_size: Option<usize>,
+) -> anyhow::Result<DataAxis> {
+    match (sharding.unwrap_or(ShardingStrategy::FullShard), hybrid_group_size) {
+        (ShardingStrategy::FullShard, None) => Ok(DataAxis::ShardBlocks { shard_group: None }),
+        (ShardingStrategy::FullShard, Some(_)) => {
+            anyhow::bail!("--hybrid-group-size applies to --sharding hybrid_shard only")
+        }
+        (ShardingStrategy::HybridShard, Some(size)) => Ok(DataAxis::ShardBlocks { shard_group: Some(size) }),
+        (ShardingStrategy::HybridShard, None) => anyhow::bail!(
+            "--sharding hybrid_shard with {flags} needs --hybrid-group-size: how many replicas of a stage share \
+             one set of shards"
+        ),
+        (other, _) => anyhow::bail!(
+            "{flags} with --strategy fsdp shards each stage's blocks as full_shard or hybrid_shard; --sharding \
+             {other} is built for FSDP without --pp only"
+        ),
+    }
 }
 
 /// Refuses a `model` whose blocks do not split evenly across `ranks` tensor-parallel ranks.
