@@ -103,6 +103,8 @@ fn expected_shard(unit: usize, rank: usize, world: usize, factor: f32) -> Vec<f3
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 struct RankRun {
     step: Result<Step, String>,
+    /// How many units were whole when `fsdp_forward` returned, if it did.
+    whole_after_forward: Option<usize>,
     /// (all-gather, reduce-scatter, all-reduce) calls.
     collectives: (u64, u64, u64),
     /// The most bytes this rank's units held whole at once, and one unit's.
@@ -130,12 +132,14 @@ fn rank_run(pg: &dyn ProcessGroup) -> candle_core::Result<RankRun> {
     let mut units = BlockUnit::shard_blocks(&config(), &params(), pg.rank(), pg.world_size())?;
     let before = pg.stats();
     let whole = |units: &[BlockUnit]| units.iter().filter(|unit| unit.whole().is_some()).count();
+    let mut whole_after_forward = None;
     let step = fsdp_forward(pg, &mut units, &x).and_then(|forward| {
         let graphs = std::iter::once(&forward.output).chain(&forward.inputs).map(Tensor::track_op).collect();
-        let whole_after_forward = whole(&units);
+        let after_forward = whole(&units);
+        whole_after_forward = Some(after_forward);
         let grad_input = fsdp_backward(pg, &mut units, &forward.inputs, &grad_output)?;
         Ok(Step {
-            whole_after: (whole_after_forward, whole(&units)),
+            whole_after: (after_forward, whole(&units)),
             output: values(&forward.output),
             graphs,
             inputs: forward.inputs.iter().map(values).collect(),
@@ -146,6 +150,7 @@ fn rank_run(pg: &dyn ProcessGroup) -> candle_core::Result<RankRun> {
     let used = pg.stats().since(&before);
     Ok(RankRun {
         step: step.map_err(|e| explain_error(&e)),
+        whole_after_forward,
         collectives: (
             used.calls(Collective::AllGather),
             used.calls(Collective::ReduceScatter),
@@ -158,6 +163,21 @@ fn rank_run(pg: &dyn ProcessGroup) -> candle_core::Result<RankRun> {
 
 /// Every rank's step, or a failure naming the ranks that failed.
 fn steps(runs: &[RankRun]) -> Vec<Step> {
+    // A rank whose forward returned with units still whole, and whose backward
+    // then all-gathered once more than the forward did and failed: it met a
+    // unit the forward had left whole.
+    let regathered = |run: &RankRun| {
+        run.step.is_err() && run.whole_after_forward.is_some_and(|n| n > 0) && run.collectives.0 > UNITS as u64
+    };
+    if let Some(rank) = runs.iter().position(regathered) {
+        panic!(
+            "rank {rank}'s fsdp_forward returned with {} of {UNITS} units whole, and its fsdp_backward failed \
+             after gathering one again: {}{}",
+            runs[rank].whole_after_forward.unwrap_or_default(),
+            runs[rank].step.as_ref().err().map_or("", String::as_str),
+            cause(Some(mistake(22, "never_resharded")))
+        );
+    }
     every_rank(runs.iter().map(|run| &run.step), "the FSDP step", "rank")
 }
 
