@@ -35,17 +35,33 @@ fn table(shape: MeshShape, place: impl Fn(MeshCoords) -> usize) -> Vec<MeshCoord
     by_rank.into_iter().map(|c| c.expect("the layout places one point per rank")).collect()
 }
 
-/// The layout with the replica varying fastest and the tensor-parallel coordinate slowest.
-fn replica_fastest(shape: MeshShape) -> impl Fn(MeshCoords) -> usize {
-    move |c| (c.tp * shape.pp + c.pp) * shape.dp + c.dp
+/// The layout that reads the axes in `order`, slowest first; the workbook's is `[Dp, Pp, Tp]`.
+fn axes_read_as(shape: MeshShape, order: [Axis; 3]) -> impl Fn(MeshCoords) -> usize {
+    move |c| order.iter().fold(0, |rank, &axis| rank * shape.size(axis) + c.on(axis))
 }
+
+/// The replica varying fastest and the tensor-parallel coordinate slowest.
+const REPLICA_FASTEST: [Axis; 3] = [Axis::Tp, Axis::Pp, Axis::Dp];
+
+/// The orders of the axes that are neither the layout's nor replica-fastest.
+const OTHER_ORDERS: [[Axis; 3]; 4] = [
+    [Axis::Dp, Axis::Tp, Axis::Pp],
+    [Axis::Pp, Axis::Dp, Axis::Tp],
+    [Axis::Pp, Axis::Tp, Axis::Dp],
+    [Axis::Tp, Axis::Dp, Axis::Pp],
+];
 
 /// Why `got` (every rank's coordinates) differs from `want`, if the evidence singles one mistake out.
 fn diagnose(shape: MeshShape, got: &[MeshCoords]) -> Option<&'static str> {
     // With tp = 1 the replica-fastest layout is also dp and pp read in each
     // other's place: only a tensor-parallel axis tells the two apart.
-    if shape.dp > 1 && shape.tp > 1 && got == table(shape, replica_fastest(shape)) {
+    let replica_fastest = got == table(shape, axes_read_as(shape, REPLICA_FASTEST));
+    if shape.dp > 1 && shape.tp > 1 && replica_fastest {
         return Some(mistake(25, "replica_fastest"));
+    }
+    // Some other order of the axes: a layout, just not this one.
+    if !replica_fastest && OTHER_ORDERS.iter().any(|&order| got == table(shape, axes_read_as(shape, order))) {
+        return Some(mistake(25, "axes_in_another_order"));
     }
     let unwrapped = |rank: usize, c: &MeshCoords| c.pp == rank / shape.tp && c.pp >= shape.pp;
     let want = table(shape, |c| shape.rank(c));
