@@ -73,6 +73,18 @@ fn diagnose(traces: &[P2pTrace], world: usize, len: usize, failure: Option<&str>
     if stuck && traces.iter().enumerate().any(|(rank, t)| t.waited_on.iter().any(|&src| sends_elsewhere(src, rank))) {
         return Some(mistake(16, "wrong_neighbour"));
     }
+    // Every rank sent its 2(N − 1) chunks to rank − 1 and received from rank
+    // + 1: a ring the other way round (on 2 ranks the two ways are one). A
+    // group that failed on the way recorded only part of the ring's way.
+    let reversed = |rank: usize, t: &P2pTrace| {
+        let (left, right) = ((rank + world - 1) % world, (rank + 1) % world);
+        t.sent_to.len() == 2 * (world - 1)
+            && t.sent_to.iter().all(|&to| to == left)
+            && t.waited_on.iter().all(|&from| from == right)
+    };
+    if finished && world >= 3 && traces.iter().enumerate().all(|(rank, t)| reversed(rank, t)) {
+        return Some(mistake(16, "ring_reversed"));
+    }
     // Every message a whole len / N when N does not divide len: the rest was cut off.
     let cut = len / world;
     if !len.is_multiple_of(world) && traces.iter().all(|t| !t.sent.is_empty() && t.sent.iter().all(|v| v.len() == cut))
