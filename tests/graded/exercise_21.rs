@@ -16,6 +16,7 @@ const GPIPE: Schedule = Schedule {
     name: "gpipe_step",
     step: gpipe_step,
     loss_summed: "loss_summed",
+    loss_overwritten: "loss_overwritten",
     backward_from_one: "backward_from_one",
     gradients_not_accumulated: "gradients_not_accumulated",
     input_not_a_var: Some("input_not_a_var"),

@@ -19,6 +19,7 @@ const ONE_F_ONE_B: Schedule = Schedule {
     name: "one_f_one_b_step",
     step: one_f_one_b_step,
     loss_summed: "loss_summed",
+    loss_overwritten: "loss_overwritten",
     backward_from_one: "backward_from_one",
     gradients_not_accumulated: "gradients_not_accumulated",
     input_not_a_var: None,

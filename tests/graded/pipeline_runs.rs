@@ -40,6 +40,8 @@ pub struct Schedule {
     pub step: fn(&dyn ProcessGroup, &PipelineStage, &[Tensor]) -> candle_core::Result<PipelineStep>,
     /// The micro-batches' losses summed, not averaged, in the reported loss.
     pub loss_summed: &'static str,
+    /// One micro-batch's share of the loss put in place of the others'.
+    pub loss_overwritten: &'static str,
     /// Each micro-batch's backward started from 1, not 1/M.
     pub backward_from_one: &'static str,
     /// Each micro-batch's gradients replacing the previous ones'.
@@ -250,13 +252,20 @@ pub fn expect_the_mean_loss_on_the_last_stage(schedule: Schedule, stages: usize)
     }
     let Some(loss) = got[stages - 1].0 else { panic!("the last stage reports no loss: it should report the step's") };
     let want = reference.mean_loss();
-    let summed = (loss - want * M as f32).abs() <= 1e-4 * want.abs();
+    let near = |value: f32| (loss - value).abs() <= 1e-4 * value.abs();
+    let why = if near(want * M as f32) {
+        Some(mistake(schedule.exercise, schedule.loss_summed))
+    } else if reference.losses.iter().any(|&alone| near(alone / M as f32)) {
+        Some(mistake(schedule.exercise, schedule.loss_overwritten))
+    } else {
+        None
+    };
     assert!(
         (loss - want).abs() <= 1e-5 * want.abs().max(1.0),
         "the last stage reports a loss of {}, expected the mean over the {M} micro-batches, {}{}",
         number(loss as f64),
         number(want as f64),
-        cause(summed.then(|| mistake(schedule.exercise, schedule.loss_summed)))
+        cause(why)
     );
 }
 
