@@ -203,12 +203,20 @@ fn each_rank_keeps_its_shard_of_the_gradient_averaged_over_ranks(#[values(1, 2, 
             let Some(difference) = first_scaled_difference(grad, &want) else { continue };
             let summed =
                 world > 1 && first_scaled_difference(grad, &expected_shard(unit, rank, world, world as f32)).is_none();
+            // This rank's own gradient, cut to its shard: nothing came from the other ranks.
+            let own = &reference.unit_grads[unit][rank * want.len()..(rank + 1) * want.len()];
+            let not_reduced = world > 1 && first_scaled_difference(grad, own).is_none();
+            let why = match (summed, not_reduced) {
+                (true, _) => Some(mistake(22, "gradient_summed")),
+                (_, true) => Some(mistake(22, "gradient_not_reduced")),
+                _ => None,
+            };
             panic!(
                 "rank {rank} of {world}: unit {unit}'s gradient shard (elements {}..{} of the flat buffer): \
                  {difference}{}",
                 rank * want.len(),
                 (rank + 1) * want.len(),
-                cause(summed.then(|| mistake(22, "gradient_summed")))
+                cause(why)
             );
         }
         if let Some(difference) = first_scaled_difference(&step.grad_input, &reference.grad_input) {
