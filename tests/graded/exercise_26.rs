@@ -31,6 +31,8 @@ const MICRO_BATCHES: usize = 2;
 /// two buckets, and no cap at all one: three outputs apart.
 const CAP: usize = 4000;
 const BUCKETS: [usize; 5] = [1040, 1040, 1168, 1040, 1424];
+/// The buckets a cap of 4,000 elements makes: full after 14 gradients, then the rest.
+const BUCKETS_OF_CAP_IN_ELEMENTS: [usize; 2] = [4016, 1696];
 const FULL_AFTER: [u64; 5] = [3, 7, 12, 16, 21];
 const GRADIENTS: u64 = 21;
 const ELEMENTS: usize = 5712;
@@ -338,6 +340,8 @@ fn buckets_follow_the_cap_in_the_order_backward_finishes_gradients() {
         }
         let why = if sizes.len() as u64 == GRADIENTS {
             Some(mistake(26, "one_all_reduce_per_gradient"))
+        } else if sizes == BUCKETS_OF_CAP_IN_ELEMENTS {
+            Some(mistake(26, "cap_in_elements"))
         } else {
             (sizes == [ELEMENTS]).then(|| mistake(26, "bucket_cap_ignored"))
         };
