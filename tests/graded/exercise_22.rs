@@ -161,7 +161,8 @@ fn rank_run(pg: &dyn ProcessGroup) -> candle_core::Result<RankRun> {
     })
 }
 
-/// Every rank's step, or a failure naming the ranks that failed.
+/// Every rank's step, or a failure naming the ranks that failed (and the
+/// mistake, where the evidence singles it out).
 fn steps(runs: &[RankRun]) -> Vec<Step> {
     // A rank whose forward returned with units still whole, and whose backward
     // then all-gathered once more than the forward did and failed: it met a
