@@ -38,11 +38,14 @@ fn schedule_mistake(got: &[Vec<StageOp>], m: usize) -> Option<&'static str> {
             ("same_warmup_everywhere", 2, 4) => written(&["FFBFBFBB"; 2]),
             ("same_warmup_everywhere", 4, 4) => written(&["FFFFBBBB"; 4]),
             ("same_warmup_everywhere", 4, 2) => written(&["FFBB"; 4]),
+            ("cooldown_skipped", 2, 4) => written(&["FFBFBFB", "FBFBFBFB"]),
+            ("cooldown_skipped", 4, 4) => written(&["FFFFB", "FFFBFB", "FFBFBFB", "FBFBFBFB"]),
+            ("cooldown_skipped", 4, 2) => written(&["FF", "FF", "FFB", "FBFB"]),
             _ => vec![],
         }
     };
-    let mistakes =
-        ["gpipe_schedule", "warmup_one_too_many", "same_warmup_everywhere", "no_warmup"].map(|id| (id, mistaken(id)));
+    let mistakes = ["gpipe_schedule", "warmup_one_too_many", "same_warmup_everywhere", "no_warmup", "cooldown_skipped"]
+        .map(|id| (id, mistaken(id)));
     let mut matching = mistakes.iter().filter(|(_, schedules)| schedules == got);
     match (matching.next(), matching.next()) {
         (Some((id, _)), None) => Some(mistake(24, id)),
