@@ -44,11 +44,27 @@ pub fn fused_enabled() -> bool {
 
 const MODULE: &str = "workbook-fused";
 
+/// The kernels' source: the element type's conversions to and from f32,
+/// then [`ROWS`], then the kernels; `scripts/cuda-on-cpu/check.py` reads
+/// the list too.
+const F32_MODULE: [&str; 3] = [F32_ELEMENTS, ROWS, F32_KERNELS];
+
+/// f32 elements are read and written as they are.
+const F32_ELEMENTS: &str = r#"
+__device__ float to_float(float v) { return v; }
+__device__ void store(float* at, float v) { *at = v; }
+"#;
+
 /// The softmax and cross-entropy kernels give each row a thread block, of any
-/// size that is a multiple of 32; SiLU and AdamW are elementwise, with a
-/// grid-stride loop. Masked positions are -inf before the softmax, so a row
-/// with nothing allowed gives NaN, as the composed ops do.
-const SOURCE: &str = r#"
+/// size that is a multiple of 32. They are templates over the element type
+/// `T` they read and write, so that other element types than f32 can share
+/// them, and keep every statistic (max, sums, log-sum-exp) in f32 whatever
+/// `T` is, as the CPU's kernels do. `ROW_KERNELS(T, suffix)` makes them
+/// kernels named `softmax_rows_<suffix>` and so on, since the launch code
+/// finds a kernel by name and a template's instances have only mangled ones.
+/// Masked positions are -inf before the softmax, so a row with nothing
+/// allowed gives NaN, as the composed ops do.
+const ROWS: &str = r#"
 #define NEG_INF __int_as_float(0xff800000)
 #define FULL_MASK 0xffffffffu
 
@@ -88,10 +104,11 @@ __device__ float block_sum(float v) {
 // sum of exponentials relative to it, rescaled when the max grows. A -inf
 // adds nothing (while the running max is -inf too, exp(v - m) would be NaN);
 // a row of nothing but -inf is NaN, as on the CPU.
-__device__ float row_log_sum_exp(const float* row, int width) {
+template <class T>
+__device__ float row_log_sum_exp(const T* row, int width) {
     float m = NEG_INF, s = 0.0f;
     for (int j = threadIdx.x; j < width; j += blockDim.x) {
-        float v = row[j];
+        float v = to_float(row[j]);
         if (v > m) {
             s = s * expf(m - v) + 1.0f;
             m = v;
@@ -107,59 +124,94 @@ __device__ float row_log_sum_exp(const float* row, int width) {
 // y = softmax(scale * x) per row of width `width`; where `allowed` is not
 // null, row r is query r % queries and allowed[query * width + j] == 0 makes
 // position j -inf first.
-extern "C" __global__ void softmax_rows(const float* x, const unsigned char* allowed, float* y,
-                                        int width, int queries, float scale) {
-    const float* row = x + (size_t)blockIdx.x * width;
-    float* out = y + (size_t)blockIdx.x * width;
+template <class T>
+__device__ void softmax_rows(const T* x, const unsigned char* allowed, T* y, int width, int queries, float scale) {
+    const T* row = x + (size_t)blockIdx.x * width;
+    T* out = y + (size_t)blockIdx.x * width;
     const unsigned char* keep = allowed ? allowed + (size_t)(blockIdx.x % queries) * width : 0;
     float m = NEG_INF;
     for (int j = threadIdx.x; j < width; j += blockDim.x)
-        if (!keep || keep[j]) m = fmaxf(m, scale * row[j]);
+        if (!keep || keep[j]) m = fmaxf(m, scale * to_float(row[j]));
     m = block_max(m);
     float s = 0.0f;
     for (int j = threadIdx.x; j < width; j += blockDim.x) {
-        float e = (!keep || keep[j]) ? expf(scale * row[j] - m) : 0.0f;
-        out[j] = e;
+        float e = (!keep || keep[j]) ? expf(scale * to_float(row[j]) - m) : 0.0f;
+        store(out + j, e);
         s += e;
     }
     float inv = 1.0f / block_sum(s);
-    for (int j = threadIdx.x; j < width; j += blockDim.x) out[j] *= inv;
+    for (int j = threadIdx.x; j < width; j += blockDim.x) store(out + j, to_float(out[j]) * inv);
 }
 
 // dx = scale * y * (dy - sum(y * dy)) per row.
-extern "C" __global__ void softmax_backward_rows(const float* y, const float* dy, float* dx, int width,
-                                                 float scale) {
+template <class T>
+__device__ void softmax_backward_rows(const T* y, const T* dy, T* dx, int width, float scale) {
     size_t start = (size_t)blockIdx.x * width;
     float d = 0.0f;
-    for (int j = threadIdx.x; j < width; j += blockDim.x) d += y[start + j] * dy[start + j];
+    for (int j = threadIdx.x; j < width; j += blockDim.x) d += to_float(y[start + j]) * to_float(dy[start + j]);
     d = block_sum(d);
     for (int j = threadIdx.x; j < width; j += blockDim.x)
-        dx[start + j] = scale * (y[start + j] * (dy[start + j] - d));
+        store(dx + start + j, scale * (to_float(y[start + j]) * (to_float(dy[start + j]) - d)));
 }
 
-// losses[r] = log sum exp(row r) - row r [targets[r]]; NaN for a target that
-// is not a class index.
-extern "C" __global__ void cross_entropy_rows(const float* logits, const unsigned int* targets, float* losses,
-                                              int classes) {
-    const float* row = logits + (size_t)blockIdx.x * classes;
+// losses[r] = log sum exp(row r) - row r [targets[r]], in f32 for the mean;
+// NaN for a target that is not a class index.
+template <class T>
+__device__ void cross_entropy_rows(const T* logits, const unsigned int* targets, float* losses, int classes) {
+    const T* row = logits + (size_t)blockIdx.x * classes;
     float lse = row_log_sum_exp(row, classes);
     if (threadIdx.x == 0) {
         unsigned int t = targets[blockIdx.x];
-        losses[blockIdx.x] = t < (unsigned int)classes ? lse - row[t] : __int_as_float(0x7fc00000);
+        losses[blockIdx.x] = t < (unsigned int)classes ? lse - to_float(row[t]) : __int_as_float(0x7fc00000);
     }
 }
 
 // d logits = (softmax(row) - onehot(target)) * dloss / rows per row.
-extern "C" __global__ void cross_entropy_backward_rows(const float* logits, const unsigned int* targets,
-                                                       const float* dloss, float* dlogits, int classes) {
-    const float* row = logits + (size_t)blockIdx.x * classes;
-    float scale = dloss[0] / gridDim.x;
-    float* out = dlogits + (size_t)blockIdx.x * classes;
+template <class T>
+__device__ void cross_entropy_backward_rows(const T* logits, const unsigned int* targets, const T* dloss, T* dlogits,
+                                            int classes) {
+    const T* row = logits + (size_t)blockIdx.x * classes;
+    float scale = to_float(dloss[0]) / gridDim.x;
+    T* out = dlogits + (size_t)blockIdx.x * classes;
     float lse = row_log_sum_exp(row, classes);
     unsigned int t = targets[blockIdx.x];
     for (int j = threadIdx.x; j < classes; j += blockDim.x)
-        out[j] = expf(row[j] - lse) * scale - ((unsigned int)j == t ? scale : 0.0f);
+        store(out + j, expf(to_float(row[j]) - lse) * scale - ((unsigned int)j == t ? scale : 0.0f));
 }
+
+// out[0] = the mean of n f32 values, by one block, rounded once to T.
+template <class T>
+__device__ void mean(const float* values, T* out, int n) {
+    float s = 0.0f;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) s += values[j];
+    s = block_sum(s);
+    if (threadIdx.x == 0) store(out, s / n);
+}
+
+#define ROW_KERNELS(T, suffix)                                                                                     \
+    extern "C" __global__ void softmax_rows_##suffix(const T* x, const unsigned char* allowed, T* y, int width,     \
+                                                     int queries, float scale) {                                    \
+        softmax_rows(x, allowed, y, width, queries, scale);                                                         \
+    }                                                                                                               \
+    extern "C" __global__ void softmax_backward_rows_##suffix(const T* y, const T* dy, T* dx, int width,             \
+                                                              float scale) {                                        \
+        softmax_backward_rows(y, dy, dx, width, scale);                                                             \
+    }                                                                                                               \
+    extern "C" __global__ void cross_entropy_rows_##suffix(const T* logits, const unsigned int* targets,            \
+                                                           float* losses, int classes) {                            \
+        cross_entropy_rows(logits, targets, losses, classes);                                                       \
+    }                                                                                                               \
+    extern "C" __global__ void cross_entropy_backward_rows_##suffix(const T* logits, const unsigned int* targets,   \
+                                                                    const T* dloss, T* dlogits, int classes) {      \
+        cross_entropy_backward_rows(logits, targets, dloss, dlogits, classes);                                      \
+    }                                                                                                               \
+    extern "C" __global__ void mean_##suffix(const float* values, T* out, int n) { mean(values, out, n); }
+"#;
+
+/// The f32 row kernels, and SiLU and AdamW, which are elementwise, with a
+/// grid-stride loop.
+const F32_KERNELS: &str = r#"
+ROW_KERNELS(float, f32)
 
 // The elementwise kernels index with size_t: with 32-bit indices, i + stride
 // would wrap around for n near 2^32 and the loop would never end.
@@ -202,14 +254,6 @@ extern "C" __global__ void adamw_update(const float* decayed, const float* g, co
         v_out[i] = exp_avg_sq;
     }
 }
-
-// out[0] = the mean of n values, by one block.
-extern "C" __global__ void mean(const float* values, float* out, int n) {
-    float s = 0.0f;
-    for (int j = threadIdx.x; j < n; j += blockDim.x) s += values[j];
-    s = block_sum(s);
-    if (threadIdx.x == 0) out[0] = s / n;
-}
 "#;
 
 /// The kernels' PTX, compiled once per process. NVRTC fuses a multiply and
@@ -227,7 +271,7 @@ fn ptx() -> Result<&'static str> {
         ..Default::default()
     };
     let compiled = PTX.get_or_init(|| {
-        nvrtc::compile_ptx_with_opts(SOURCE, options).map(|ptx| ptx.to_src()).map_err(|e| e.to_string())
+        nvrtc::compile_ptx_with_opts(F32_MODULE.concat(), options).map(|ptx| ptx.to_src()).map_err(|e| e.to_string())
     });
     match compiled {
         Ok(ptx) => Ok(ptx),
@@ -313,7 +357,7 @@ pub fn softmax(
     let (null, queries) = (0u64, as_i32(mask.as_ref().map_or(1, |(_, queries)| *queries), "a mask")?);
     let width_arg = as_i32(width, "a row")?;
     let mut y = output(device, len)?;
-    launch!(device, "softmax_rows", rows_config(len / width, width, 256)?, |args| {
+    launch!(device, "softmax_rows_f32", rows_config(len / width, width, 256)?, |args| {
         args.arg(&x);
         match &mask {
             Some((allowed, _)) => args.arg(allowed),
@@ -338,7 +382,7 @@ pub fn softmax_backward(
     let (y, dy) = (view::<f32>(y, yl, op)?, view::<f32>(dy, dyl, op)?);
     let width_arg = as_i32(width, "a row")?;
     let mut dx = output(device, len)?;
-    launch!(device, "softmax_backward_rows", rows_config(len / width, width, 256)?, |args| {
+    launch!(device, "softmax_backward_rows_f32", rows_config(len / width, width, 256)?, |args| {
         args.arg(&y).arg(&dy).arg(&mut dx).arg(&width_arg).arg(&scale);
     })?;
     Ok((CudaStorage::wrap_cuda_slice(dx, device.clone()), yl.shape().clone()))
@@ -357,11 +401,11 @@ pub fn cross_entropy(
     let (logits, targets) = (view::<f32>(logits, ll, op)?, view::<u32>(targets, tl, op)?);
     let (classes_arg, rows_arg) = (as_i32(classes, "a vocabulary")?, as_i32(rows, "a batch")?);
     let mut losses = output(device, rows)?;
-    launch!(device, "cross_entropy_rows", rows_config(rows, classes, 1024)?, |args| {
+    launch!(device, "cross_entropy_rows_f32", rows_config(rows, classes, 1024)?, |args| {
         args.arg(&logits).arg(&targets).arg(&mut losses).arg(&classes_arg);
     })?;
     let mut loss = output(device, 1)?;
-    launch!(device, "mean", rows_config(1, rows, 1024)?, |args| {
+    launch!(device, "mean_f32", rows_config(1, rows, 1024)?, |args| {
         args.arg(&losses).arg(&mut loss).arg(&rows_arg);
     })?;
     Ok((CudaStorage::wrap_cuda_slice(loss, device.clone()), Shape::from(())))
@@ -382,7 +426,7 @@ pub fn cross_entropy_backward(
     let dloss = view::<f32>(dloss, gl, op)?;
     let classes_arg = as_i32(classes, "a vocabulary")?;
     let mut dlogits = output(device, rows * classes)?;
-    launch!(device, "cross_entropy_backward_rows", rows_config(rows, classes, 1024)?, |args| {
+    launch!(device, "cross_entropy_backward_rows_f32", rows_config(rows, classes, 1024)?, |args| {
         args.arg(&logits).arg(&targets).arg(&dloss).arg(&mut dlogits).arg(&classes_arg);
     })?;
     Ok((CudaStorage::wrap_cuda_slice(dlogits, device.clone()), ll.shape().clone()))

@@ -1,6 +1,6 @@
 """Runs the fused CUDA kernels of kernels/src/cuda.rs on the CPU and compares them with NumPy.
 
-Takes the kernels' source out of cuda.rs unchanged, compiles it with g++
+Takes the kernels' modules out of cuda.rs unchanged, compiles them with g++
 against shim.h (a thread per CUDA thread, real barriers, warp shuffles through
 shared memory) and driver.cpp, runs each kernel on random inputs, and checks
 the results against float64 NumPy: the attention softmax with its causal mask
@@ -33,12 +33,14 @@ CUDA_RS = HERE.parents[1] / "kernels" / "src" / "cuda.rs"
 RTOL, ATOL = 1e-5, 1e-6
 
 
-def kernel_source():
+def module_sources():
+    """Each NVRTC module of cuda.rs (`const F32_MODULE: [&str; 3] = [A, B, C];`) as the text of its parts, joined."""
     text = CUDA_RS.read_text()
-    found = re.search(r'const SOURCE: &str = r#"(.*?)"#;', text, re.S)
-    if not found:
-        sys.exit(f"no `const SOURCE: &str = r#\"...\"#;` in {CUDA_RS}")
-    return found.group(1)
+    parts = dict(re.findall(r'const (\w+): &str = r#"(.*?)"#;', text, re.S))
+    modules = re.findall(r"const (\w+)_MODULE: \[&str; \d+\] = \[([^\]]*)\];", text)
+    if not modules:
+        sys.exit(f"no `const <NAME>_MODULE: [&str; N] = [...];` lists of sources in {CUDA_RS}")
+    return {name.lower(): "".join(parts[part.strip()] for part in names.split(",")) for name, names in modules}
 
 
 # How multiply-adds are compiled: kept apart (NVRTC's fmad=false, the
@@ -54,7 +56,8 @@ def has_fma():
 
 
 def build(folder, flags):
-    (folder / "kernels.cu").write_text(kernel_source())
+    for name, source in module_sources().items():
+        (folder / f"{name}.cu").write_text(source)
     driver = folder / "driver"
     command = ["g++", "-std=c++20", "-O2", *flags, "-pthread", f"-I{HERE}", f"-I{folder}", str(HERE / "driver.cpp"), "-o", str(driver)]
     subprocess.run(command, check=True)

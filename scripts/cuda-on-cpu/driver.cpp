@@ -3,7 +3,7 @@
 // rows_config in cuda.rs: the row's width rounded up to a power of two, at
 // least a warp, at most 256 threads for the softmax and 1024 for the loss.
 #include "shim.h"
-#include "kernels.cu"  // the source check.py took out of cuda.rs
+#include "f32.cu"  // the module check.py took out of cuda.rs
 
 #include <cstdio>
 #include <string>
@@ -42,8 +42,8 @@ static void softmax(unsigned rows, int width, int queries, float scale) {
     std::vector<unsigned char> mask = queries ? load<unsigned char>("mask", size_t(queries) * width) : std::vector<unsigned char>();
     std::vector<float> y(n), dx(n);
     const unsigned char* allowed = queries ? mask.data() : nullptr;
-    launch(rows, threads_for(width, 256), [&] { softmax_rows(x.data(), allowed, y.data(), width, queries ? queries : 1, scale); });
-    launch(rows, threads_for(width, 256), [&] { softmax_backward_rows(y.data(), dy.data(), dx.data(), width, scale); });
+    launch(rows, threads_for(width, 256), [&] { softmax_rows_f32(x.data(), allowed, y.data(), width, queries ? queries : 1, scale); });
+    launch(rows, threads_for(width, 256), [&] { softmax_backward_rows_f32(y.data(), dy.data(), dx.data(), width, scale); });
     save("y", y);
     save("dx", dx);
 }
@@ -55,10 +55,10 @@ static void cross_entropy(unsigned rows, int classes) {
     auto targets = load<unsigned>("targets", rows);
     auto dloss = load<float>("dloss", 1);
     std::vector<float> losses(rows), loss(1), dlogits(n);
-    launch(rows, threads_for(classes, 1024), [&] { cross_entropy_rows(logits.data(), targets.data(), losses.data(), classes); });
-    launch(1, threads_for(rows, 1024), [&] { mean(losses.data(), loss.data(), rows); });
+    launch(rows, threads_for(classes, 1024), [&] { cross_entropy_rows_f32(logits.data(), targets.data(), losses.data(), classes); });
+    launch(1, threads_for(rows, 1024), [&] { mean_f32(losses.data(), loss.data(), rows); });
     launch(rows, threads_for(classes, 1024),
-           [&] { cross_entropy_backward_rows(logits.data(), targets.data(), dloss.data(), dlogits.data(), classes); });
+           [&] { cross_entropy_backward_rows_f32(logits.data(), targets.data(), dloss.data(), dlogits.data(), classes); });
     save("loss", loss);
     save("dlogits", dlogits);
 }
