@@ -10,7 +10,7 @@ use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result,
 
 use super::exp::exp;
 use super::rows::{as_f32, compute_rows, for_each_row, from_f32, max, sum, RowKernel};
-use super::runs_fused;
+use super::{runs_fused, ROW_DTYPES};
 
 /// The mean over rows of `−log softmax(logits)[target]`, for `logits` (N, V)
 /// and `targets` (N) class indices: the fused counterpart of
@@ -22,7 +22,7 @@ pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
         bail!("cross_entropy: targets have shape {:?}, expected ({n}) for logits {:?}", targets.dims(), logits.dims());
     }
     // The GPU kernels take u32 class indices.
-    if !runs_fused(logits) || (!logits.device().is_cpu() && targets.dtype() != DType::U32) {
+    if !runs_fused(logits, ROW_DTYPES) || (!logits.device().is_cpu() && targets.dtype() != DType::U32) {
         return candle_nn::loss::cross_entropy(logits, targets);
     }
     logits.contiguous()?.apply_op2(&targets.contiguous()?, CrossEntropy)

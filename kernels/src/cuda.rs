@@ -14,19 +14,24 @@
 //! are one node each here.
 //!
 //! Which path runs on a GPU is chosen by `WORKBOOK_CUDA_KERNELS` (see
-//! [`fused_enabled`]); the kernels are f32 only, other dtypes take candle's
-//! composed ops.
+//! [`fused_enabled`]). The softmax and cross-entropy kernels read and write
+//! f32 or bf16, with their statistics in f32 either way; SiLU and AdamW are
+//! f32 only; other dtypes take candle's composed ops.
 //! `scripts/cuda-on-cpu/check.py` runs the kernels' source on the CPU against
-//! NumPy, for a change made without a GPU at hand.
+//! NumPy, for a change made without a GPU at hand. The bf16 kernels have run
+//! only there, and NVRTC 13.0 has compiled them on a machine without a GPU;
+//! no GPU has run them yet.
 
+use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use candle_core::backend::{BackendDevice, BackendStorage};
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::cudarc::nvrtc;
-use candle_core::cuda_backend::{CudaDevice, CudaStorage, WrapErr};
+use candle_core::cuda_backend::{CudaDType, CudaDevice, CudaStorage, WrapErr};
 use candle_core::op::BackpropOp;
-use candle_core::{bail, Layout, Result, Shape, Storage, Tensor};
+use candle_core::{bail, DType, Layout, Result, Shape, Storage, Tensor};
+use half::bf16;
 
 use super::AdamWStep;
 
@@ -42,12 +47,13 @@ pub fn fused_enabled() -> bool {
     *FUSED.get_or_init(|| std::env::var(SWITCH).map_or(true, |value| value != "composed"))
 }
 
-const MODULE: &str = "workbook-fused";
-
-/// The kernels' source: the element type's conversions to and from f32,
-/// then [`ROWS`], then the kernels; `scripts/cuda-on-cpu/check.py` reads
-/// the list too.
+/// The kernels come as two NVRTC modules, one per element type of the row
+/// kernels, so that a machine whose NVRTC cannot find CUDA's bf16 header
+/// still compiles and runs the f32 ones. Each is the element type's
+/// conversions to and from f32, then [`ROWS`], then its kernels; the lists
+/// are read by `scripts/cuda-on-cpu/check.py` too.
 const F32_MODULE: [&str; 3] = [F32_ELEMENTS, ROWS, F32_KERNELS];
+const BF16_MODULE: [&str; 3] = [BF16_ELEMENTS, ROWS, BF16_KERNELS];
 
 /// f32 elements are read and written as they are.
 const F32_ELEMENTS: &str = r#"
@@ -55,11 +61,19 @@ __device__ float to_float(float v) { return v; }
 __device__ void store(float* at, float v) { *at = v; }
 "#;
 
+/// bf16 elements are widened to f32 exactly, and narrowed with one rounding
+/// to nearest even, as the CPU's `half::bf16::from_f32` does.
+const BF16_ELEMENTS: &str = r#"
+#include <cuda_bf16.h>
+__device__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ void store(__nv_bfloat16* at, float v) { *at = __float2bfloat16(v); }
+"#;
+
 /// The softmax and cross-entropy kernels give each row a thread block, of any
 /// size that is a multiple of 32. They are templates over the element type
-/// `T` they read and write, so that other element types than f32 can share
-/// them, and keep every statistic (max, sums, log-sum-exp) in f32 whatever
-/// `T` is, as the CPU's kernels do. `ROW_KERNELS(T, suffix)` makes them
+/// `T` they read and write, and keep every statistic (max, sums, log-sum-exp)
+/// in f32 whatever `T` is, as the CPU's kernels do: a bf16 sum over a
+/// vocabulary would lose the small terms. `ROW_KERNELS(T, suffix)` makes them
 /// kernels named `softmax_rows_<suffix>` and so on, since the launch code
 /// finds a kernel by name and a template's instances have only mangled ones.
 /// Masked positions are -inf before the softmax, so a row with nothing
@@ -123,7 +137,8 @@ __device__ float row_log_sum_exp(const T* row, int width) {
 
 // y = softmax(scale * x) per row of width `width`; where `allowed` is not
 // null, row r is query r % queries and allowed[query * width + j] == 0 makes
-// position j -inf first.
+// position j -inf first. The last pass computes each exponential again
+// rather than reading back a stored one: in bf16 that would round twice.
 template <class T>
 __device__ void softmax_rows(const T* x, const unsigned char* allowed, T* y, int width, int queries, float scale) {
     const T* row = x + (size_t)blockIdx.x * width;
@@ -134,13 +149,13 @@ __device__ void softmax_rows(const T* x, const unsigned char* allowed, T* y, int
         if (!keep || keep[j]) m = fmaxf(m, scale * to_float(row[j]));
     m = block_max(m);
     float s = 0.0f;
+    for (int j = threadIdx.x; j < width; j += blockDim.x)
+        if (!keep || keep[j]) s += expf(scale * to_float(row[j]) - m);
+    float inv = 1.0f / block_sum(s);
     for (int j = threadIdx.x; j < width; j += blockDim.x) {
         float e = (!keep || keep[j]) ? expf(scale * to_float(row[j]) - m) : 0.0f;
-        store(out + j, e);
-        s += e;
+        store(out + j, e * inv);
     }
-    float inv = 1.0f / block_sum(s);
-    for (int j = threadIdx.x; j < width; j += blockDim.x) store(out + j, to_float(out[j]) * inv);
 }
 
 // dx = scale * y * (dy - sum(y * dy)) per row.
@@ -208,8 +223,13 @@ __device__ void mean(const float* values, T* out, int n) {
     extern "C" __global__ void mean_##suffix(const float* values, T* out, int n) { mean(values, out, n); }
 "#;
 
+/// The bf16 row kernels; nothing else takes bf16.
+const BF16_KERNELS: &str = r#"
+ROW_KERNELS(__nv_bfloat16, bf16)
+"#;
+
 /// The f32 row kernels, and SiLU and AdamW, which are elementwise, with a
-/// grid-stride loop.
+/// grid-stride loop, and f32 only.
 const F32_KERNELS: &str = r#"
 ROW_KERNELS(float, f32)
 
@@ -256,27 +276,126 @@ extern "C" __global__ void adamw_update(const float* decayed, const float* g, co
 }
 "#;
 
-/// The kernels' PTX, compiled once per process. NVRTC fuses a multiply and
-/// an add into one rounding by default (`fmad`); the CPU rounds each, so
-/// with fusion AdamW's GPU update would differ from the CPU's in the last
-/// bits. Division and square root stay IEEE-exact, denormals kept, as the
-/// CPU's.
-fn ptx() -> Result<&'static str> {
-    static PTX: OnceLock<std::result::Result<String, String>> = OnceLock::new();
-    let options = nvrtc::CompileOptions {
-        fmad: Some(false),
-        prec_div: Some(true),
-        prec_sqrt: Some(true),
-        ftz: Some(false),
-        ..Default::default()
-    };
-    let compiled = PTX.get_or_init(|| {
-        nvrtc::compile_ptx_with_opts(F32_MODULE.concat(), options).map(|ptx| ptx.to_src()).map_err(|e| e.to_string())
-    });
-    match compiled {
-        Ok(ptx) => Ok(ptx),
-        Err(e) => bail!("NVRTC could not compile the workbook's fused CUDA kernels ({e}); set {SWITCH}=composed to use candle's ops"),
+/// One NVRTC module of the kernels: its name among the device's modules, the
+/// suffix of its row kernels' names, its source.
+#[derive(Clone, Copy)]
+enum Module {
+    F32,
+    Bf16,
+}
+
+impl Module {
+    fn name(self) -> &'static str {
+        match self {
+            Module::F32 => "workbook-fused-f32",
+            Module::Bf16 => "workbook-fused-bf16",
+        }
     }
+
+    /// The name of row kernel `kernel` (e.g. `softmax_rows`) in this module.
+    fn row_kernel(self, kernel: &str) -> String {
+        let suffix = match self {
+            Module::F32 => "f32",
+            Module::Bf16 => "bf16",
+        };
+        format!("{kernel}_{suffix}")
+    }
+
+    /// The module's PTX, compiled once per process.
+    fn ptx(self) -> Result<&'static str> {
+        static PTX: [OnceLock<std::result::Result<String, String>>; 2] = [OnceLock::new(), OnceLock::new()];
+        match PTX[self as usize].get_or_init(|| self.compile()) {
+            Ok(ptx) => Ok(ptx),
+            Err(e) => bail!("{e}"),
+        }
+    }
+
+    /// NVRTC fuses a multiply and an add into one rounding by default
+    /// (`fmad`); the CPU rounds each, so with fusion AdamW's GPU update would
+    /// differ from the CPU's in the last bits. Division and square root stay
+    /// IEEE-exact, denormals kept, as the CPU's. The bf16 module includes
+    /// `cuda_bf16.h`, which NVRTC finds only on an include path.
+    fn compile(self) -> std::result::Result<String, String> {
+        let (source, include_paths) = match self {
+            Module::F32 => (F32_MODULE.concat(), Vec::new()),
+            Module::Bf16 => (BF16_MODULE.concat(), cuda_include_dir().into_iter().collect()),
+        };
+        let options = nvrtc::CompileOptions {
+            fmad: Some(false),
+            prec_div: Some(true),
+            prec_sqrt: Some(true),
+            ftz: Some(false),
+            include_paths: include_paths.clone(),
+            ..Default::default()
+        };
+        nvrtc::compile_ptx_with_opts(source, options).map(|ptx| ptx.to_src()).map_err(|e| match e {
+            nvrtc::CompileError::CompileError { log, .. } if matches!(self, Module::Bf16) => {
+                let log = log.to_string_lossy();
+                if include_paths.is_empty() || log.contains("cuda_bf16") {
+                    missing_bf16_header(include_paths.first(), &log)
+                } else {
+                    format!("NVRTC could not compile the workbook's bf16 CUDA kernels: {log}; set {SWITCH}=composed to use candle's ops")
+                }
+            }
+            e => format!("NVRTC could not compile the workbook's fused CUDA kernels ({e}); set {SWITCH}=composed to use candle's ops"),
+        })
+    }
+}
+
+/// What to do when NVRTC cannot compile the bf16 kernels for want of CUDA's
+/// bf16 header: NVRTC reads it from the toolkit's `include` folder, which a
+/// machine with only CUDA's libraries lacks.
+fn missing_bf16_header(include: Option<&String>, log: &str) -> String {
+    let searched = match include {
+        None => "found in none of $CUDA_HOME/include, $CUDA_PATH/include and /usr/local/cuda/include".to_string(),
+        Some(include) => format!("read from {include}"),
+    };
+    format!(
+        "NVRTC could not compile the workbook's bf16 kernels: they include CUDA's header `cuda_bf16.h` ({searched}). \
+         Install the CUDA runtime's headers of NVRTC's CUDA version (a CUDA toolkit's `include` folder; for \
+         CUDA 13, PyPI's `nvidia-cuda-runtime` puts them in site-packages/nvidia/cu13/include) and set CUDA_HOME \
+         to the folder that holds `include/cuda_bf16.h`; or keep the tensors in f32, or set {SWITCH}=composed to \
+         use candle's ops. NVRTC said: {log}"
+    )
+}
+
+/// The folder where NVRTC should look for `cuda_bf16.h`: `include` under
+/// $CUDA_HOME, $CUDA_PATH or /usr/local/cuda, the first that holds the
+/// header. The header needs nothing beside it but CUDA's runtime headers:
+/// NVRTC 13.0 compiled the bf16 module (on a machine without a GPU) with
+/// only the `include` folder of PyPI's `nvidia-cuda-runtime` wheel.
+fn cuda_include_dir() -> Option<String> {
+    let roots = ["CUDA_HOME", "CUDA_PATH"].into_iter().filter_map(std::env::var_os).map(PathBuf::from);
+    roots
+        .chain([PathBuf::from("/usr/local/cuda")])
+        .map(|root| root.join("include"))
+        .find(|include| include.join("cuda_bf16.h").is_file())
+        .map(|include| include.display().to_string())
+}
+
+/// An element type of the row kernels, and the module that holds its kernels.
+trait Element: CudaDType + DeviceRepr {
+    const MODULE: Module;
+}
+
+impl Element for f32 {
+    const MODULE: Module = Module::F32;
+}
+
+impl Element for bf16 {
+    const MODULE: Module = Module::Bf16;
+}
+
+/// Calls `$generic::<T>(...)` with `T` the [`Element`] of `$dtype`: the row
+/// kernels read and write f32 or bf16.
+macro_rules! by_element {
+    ($dtype:expr, $op:expr, $generic:ident($($arg:expr),* $(,)?)) => {
+        match $dtype {
+            DType::F32 => $generic::<f32>($($arg),*),
+            DType::BF16 => $generic::<bf16>($($arg),*),
+            other => bail!("{}: the CUDA kernels take f32 or bf16 tensors, not {other:?}", $op),
+        }
+    };
 }
 
 /// One thread block per row, of a size that suits `width` (a multiple of 32, at most `most`).
@@ -300,11 +419,7 @@ pub fn contiguous_range(layout: &Layout, op: &str) -> Result<(usize, usize)> {
 }
 
 /// A contiguous tensor's elements, as a view of its device memory.
-fn view<'a, T: candle_core::cuda_backend::CudaDType>(
-    storage: &'a CudaStorage,
-    layout: &Layout,
-    op: &str,
-) -> Result<CudaView<'a, T>> {
+fn view<'a, T: CudaDType>(storage: &'a CudaStorage, layout: &Layout, op: &str) -> Result<CudaView<'a, T>> {
     let (start, end) = contiguous_range(layout, op)?;
     Ok(storage.as_cuda_slice::<T>()?.slice(start..end))
 }
@@ -317,19 +432,20 @@ fn as_i32(n: usize, what: &str) -> Result<i32> {
     i32::try_from(n).or_else(|_| bail!("workbook-fused: {what} of {n} does not fit the kernels' 32-bit sizes"))
 }
 
-/// Room on `device` for `len` f32 results of a kernel.
-fn output(device: &CudaDevice, len: usize) -> Result<CudaSlice<f32>> {
+/// Room on `device` for `len` results of a kernel.
+fn output<T: DeviceRepr>(device: &CudaDevice, len: usize) -> Result<CudaSlice<T>> {
     // SAFETY: every kernel here writes each element of its output before anything reads it.
-    unsafe { device.alloc::<f32>(len) }
+    unsafe { device.alloc::<T>(len) }
 }
 
-/// Runs kernel `$name` of the module on `$device`'s stream with launch
-/// configuration `$config`; `$push` pushes its arguments onto `$args` in the
-/// kernel's order. A macro, not a function: the pushed references must
-/// outlive the builder, which borrows the function loaded here.
+/// Runs kernel `$name` of [`Module`] `$module` on `$device`'s stream with
+/// launch configuration `$config`; `$push` pushes its arguments onto `$args`
+/// in the kernel's order. A macro, not a function: the pushed references
+/// must outlive the builder, which borrows the function loaded here.
 macro_rules! launch {
-    ($device:expr, $name:expr, $config:expr, |$args:ident| $push:block) => {{
-        let func = $device.get_or_load_custom_func($name, MODULE, ptx()?)?;
+    ($device:expr, $module:expr, $name:expr, $config:expr, |$args:ident| $push:block) => {{
+        let module: Module = $module;
+        let func = $device.get_or_load_custom_func($name, module.name(), module.ptx()?)?;
         let mut $args = func.builder();
         $push
         // SAFETY: each call pushes its kernel's parameters in order and type,
@@ -338,8 +454,18 @@ macro_rules! launch {
     }};
 }
 
-/// `softmax(scale · x)` over the last dimension, with `mask` (Tq, Tk) u8 where given.
+/// `softmax(scale · x)` over the last dimension, with `mask` (Tq, Tk) u8
+/// where given; f32 or bf16.
 pub fn softmax(
+    x: &CudaStorage,
+    xl: &Layout,
+    mask: Option<(&CudaStorage, &Layout)>,
+    scale: f32,
+) -> Result<(CudaStorage, Shape)> {
+    by_element!(x.dtype(), "workbook-softmax", softmax_of(x, xl, mask, scale))
+}
+
+fn softmax_of<T: Element>(
     x: &CudaStorage,
     xl: &Layout,
     mask: Option<(&CudaStorage, &Layout)>,
@@ -348,7 +474,7 @@ pub fn softmax(
     let op = "workbook-softmax";
     let device = x.device();
     let (width, len) = (width_of(xl), xl.shape().elem_count());
-    let x = view::<f32>(x, xl, op)?;
+    let x = view::<T>(x, xl, op)?;
     let mask = match mask {
         Some((storage, layout)) => Some((view::<u8>(storage, layout, op)?, layout.shape().elem_count() / width)),
         None => None,
@@ -356,8 +482,8 @@ pub fn softmax(
     // A null pointer tells the kernel that nothing is masked.
     let (null, queries) = (0u64, as_i32(mask.as_ref().map_or(1, |(_, queries)| *queries), "a mask")?);
     let width_arg = as_i32(width, "a row")?;
-    let mut y = output(device, len)?;
-    launch!(device, "softmax_rows_f32", rows_config(len / width, width, 256)?, |args| {
+    let mut y = output::<T>(device, len)?;
+    launch!(device, T::MODULE, &T::MODULE.row_kernel("softmax_rows"), rows_config(len / width, width, 256)?, |args| {
         args.arg(&x);
         match &mask {
             Some((allowed, _)) => args.arg(allowed),
@@ -368,8 +494,18 @@ pub fn softmax(
     Ok((CudaStorage::wrap_cuda_slice(y, device.clone()), xl.shape().clone()))
 }
 
-/// `scale · y ⊙ (dy − Σ y ⊙ dy)` over the last dimension.
+/// `scale · y ⊙ (dy − Σ y ⊙ dy)` over the last dimension; f32 or bf16.
 pub fn softmax_backward(
+    y: &CudaStorage,
+    yl: &Layout,
+    dy: &CudaStorage,
+    dyl: &Layout,
+    scale: f32,
+) -> Result<(CudaStorage, Shape)> {
+    by_element!(y.dtype(), "workbook-softmax-backward", softmax_backward_of(y, yl, dy, dyl, scale))
+}
+
+fn softmax_backward_of<T: Element>(
     y: &CudaStorage,
     yl: &Layout,
     dy: &CudaStorage,
@@ -379,17 +515,29 @@ pub fn softmax_backward(
     let op = "workbook-softmax-backward";
     let device = y.device();
     let (width, len) = (width_of(yl), yl.shape().elem_count());
-    let (y, dy) = (view::<f32>(y, yl, op)?, view::<f32>(dy, dyl, op)?);
+    let (y, dy) = (view::<T>(y, yl, op)?, view::<T>(dy, dyl, op)?);
     let width_arg = as_i32(width, "a row")?;
-    let mut dx = output(device, len)?;
-    launch!(device, "softmax_backward_rows_f32", rows_config(len / width, width, 256)?, |args| {
+    let mut dx = output::<T>(device, len)?;
+    let config = rows_config(len / width, width, 256)?;
+    launch!(device, T::MODULE, &T::MODULE.row_kernel("softmax_backward_rows"), config, |args| {
         args.arg(&y).arg(&dy).arg(&mut dx).arg(&width_arg).arg(&scale);
     })?;
     Ok((CudaStorage::wrap_cuda_slice(dx, device.clone()), yl.shape().clone()))
 }
 
-/// The mean over rows of `log Σ exp(logits) − logits[target]`, as a scalar.
+/// The mean over rows of `log Σ exp(logits) − logits[target]`, as a scalar
+/// of the logits' dtype, f32 or bf16; the rows' losses and their mean are
+/// f32 until the one rounding to bf16.
 pub fn cross_entropy(
+    logits: &CudaStorage,
+    ll: &Layout,
+    targets: &CudaStorage,
+    tl: &Layout,
+) -> Result<(CudaStorage, Shape)> {
+    by_element!(logits.dtype(), "workbook-cross-entropy", cross_entropy_of(logits, ll, targets, tl))
+}
+
+fn cross_entropy_of<T: Element>(
     logits: &CudaStorage,
     ll: &Layout,
     targets: &CudaStorage,
@@ -398,21 +546,37 @@ pub fn cross_entropy(
     let op = "workbook-cross-entropy";
     let device = logits.device();
     let (rows, classes) = ll.shape().dims2()?;
-    let (logits, targets) = (view::<f32>(logits, ll, op)?, view::<u32>(targets, tl, op)?);
+    let (logits, targets) = (view::<T>(logits, ll, op)?, view::<u32>(targets, tl, op)?);
     let (classes_arg, rows_arg) = (as_i32(classes, "a vocabulary")?, as_i32(rows, "a batch")?);
-    let mut losses = output(device, rows)?;
-    launch!(device, "cross_entropy_rows_f32", rows_config(rows, classes, 1024)?, |args| {
+    let mut losses = output::<f32>(device, rows)?;
+    let config = rows_config(rows, classes, 1024)?;
+    launch!(device, T::MODULE, &T::MODULE.row_kernel("cross_entropy_rows"), config, |args| {
         args.arg(&logits).arg(&targets).arg(&mut losses).arg(&classes_arg);
     })?;
-    let mut loss = output(device, 1)?;
-    launch!(device, "mean_f32", rows_config(1, rows, 1024)?, |args| {
+    let mut loss = output::<T>(device, 1)?;
+    launch!(device, T::MODULE, &T::MODULE.row_kernel("mean"), rows_config(1, rows, 1024)?, |args| {
         args.arg(&losses).arg(&mut loss).arg(&rows_arg);
     })?;
     Ok((CudaStorage::wrap_cuda_slice(loss, device.clone()), Shape::from(())))
 }
 
-/// `(softmax(logits) − onehot(target)) · dloss / N`, row by row, for N rows.
+/// `(softmax(logits) − onehot(target)) · dloss / N`, row by row, for N rows,
+/// with `dloss` of the logits' dtype, f32 or bf16.
 pub fn cross_entropy_backward(
+    logits: &CudaStorage,
+    ll: &Layout,
+    targets: &CudaStorage,
+    tl: &Layout,
+    dloss: (&CudaStorage, &Layout),
+) -> Result<(CudaStorage, Shape)> {
+    by_element!(
+        logits.dtype(),
+        "workbook-cross-entropy-backward",
+        cross_entropy_backward_of(logits, ll, targets, tl, dloss)
+    )
+}
+
+fn cross_entropy_backward_of<T: Element>(
     logits: &CudaStorage,
     ll: &Layout,
     targets: &CudaStorage,
@@ -422,11 +586,12 @@ pub fn cross_entropy_backward(
     let op = "workbook-cross-entropy-backward";
     let device = logits.device();
     let (rows, classes) = ll.shape().dims2()?;
-    let (logits, targets) = (view::<f32>(logits, ll, op)?, view::<u32>(targets, tl, op)?);
-    let dloss = view::<f32>(dloss, gl, op)?;
+    let (logits, targets) = (view::<T>(logits, ll, op)?, view::<u32>(targets, tl, op)?);
+    let dloss = view::<T>(dloss, gl, op)?;
     let classes_arg = as_i32(classes, "a vocabulary")?;
-    let mut dlogits = output(device, rows * classes)?;
-    launch!(device, "cross_entropy_backward_rows_f32", rows_config(rows, classes, 1024)?, |args| {
+    let mut dlogits = output::<T>(device, rows * classes)?;
+    let config = rows_config(rows, classes, 1024)?;
+    launch!(device, T::MODULE, &T::MODULE.row_kernel("cross_entropy_backward_rows"), config, |args| {
         args.arg(&logits).arg(&targets).arg(&dloss).arg(&mut dlogits).arg(&classes_arg);
     })?;
     Ok((CudaStorage::wrap_cuda_slice(dlogits, device.clone()), ll.shape().clone()))
@@ -446,8 +611,8 @@ pub fn silu(x: &CudaStorage, xl: &Layout) -> Result<(CudaStorage, Shape)> {
     let len = xl.shape().elem_count();
     let x = view::<f32>(x, xl, "workbook-silu")?;
     let (config, n) = elements_config(len);
-    let mut y = output(device, len)?;
-    launch!(device, "silu_forward", config, |args| {
+    let mut y = output::<f32>(device, len)?;
+    launch!(device, Module::F32, "silu_forward", config, |args| {
         args.arg(&x).arg(&mut y).arg(&n);
     })?;
     Ok((CudaStorage::wrap_cuda_slice(y, device.clone()), xl.shape().clone()))
@@ -460,8 +625,8 @@ pub fn silu_backward(x: &CudaStorage, xl: &Layout, dy: &CudaStorage, dyl: &Layou
     let len = xl.shape().elem_count();
     let (x, dy) = (view::<f32>(x, xl, op)?, view::<f32>(dy, dyl, op)?);
     let (config, n) = elements_config(len);
-    let mut dx = output(device, len)?;
-    launch!(device, "silu_backward", config, |args| {
+    let mut dx = output::<f32>(device, len)?;
+    launch!(device, Module::F32, "silu_backward", config, |args| {
         args.arg(&x).arg(&dy).arg(&mut dx).arg(&n);
     })?;
     Ok((CudaStorage::wrap_cuda_slice(dx, device.clone()), xl.shape().clone()))
@@ -513,13 +678,13 @@ pub fn adamw_update(tensors: [&Tensor; 4], step: &AdamWStep) -> Result<[Tensor; 
     let device = tensors[0].device().as_cuda_device()?;
     let len = tensors[0].elem_count();
     let (config, n) = elements_config(len);
-    let mut outputs = [output(device, len)?, output(device, len)?, output(device, len)?];
+    let mut outputs = [output::<f32>(device, len)?, output::<f32>(device, len)?, output::<f32>(device, len)?];
     // The kernel's constants, as the CPU's update_one rounds them to f32.
     let (beta1, beta2) = (step.beta1 as f32, step.beta2 as f32);
     let (one_minus_beta1, one_minus_beta2) = ((1.0 - step.beta1) as f32, (1.0 - step.beta2) as f32);
     let (inv_correction1, inv_correction2) = ((1.0 / step.correction1) as f32, (1.0 / step.correction2) as f32);
     let (eps, lr) = (step.eps as f32, step.lr as f32);
-    launch!(device, "adamw_update", config, |args| {
+    launch!(device, Module::F32, "adamw_update", config, |args| {
         views.iter().for_each(|v| {
             args.arg(v);
         });

@@ -9,8 +9,9 @@
 //! dimension, computed in f32 whatever the tensor's dtype, spread over the
 //! kernel threads. They compute the same functions as their candle
 //! counterparts (the tests compare them), so an exercise may use either. On
-//! an NVIDIA GPU, `softmax`, `scaled_masked_softmax`, `cross_entropy` and
-//! `silu` have CUDA kernels of the same shape (f32), and `linear`,
+//! an NVIDIA GPU, `softmax`, `scaled_masked_softmax`, `cross_entropy` (f32
+//! and bf16, never yet run on a GPU in bf16) and `silu` (f32) have CUDA
+//! kernels of the same shape, and `linear`,
 //! `split_heads`, `merge_heads` and `scale_channels` are one node there too,
 //! through cuBLAS and strided copies, `adamw_update` is one kernel, and
 //! `sum_of_squares` and `all_finite` read a whole list of tensors back at
@@ -59,12 +60,17 @@ pub use scale_channels::scale_channels;
 pub use silu::silu;
 pub use softmax::{scaled_masked_softmax, softmax};
 
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
+
+/// The dtypes of the CUDA kernels that work on rows (softmax and
+/// cross-entropy); SiLU's is f32 only.
+const ROW_DTYPES: &[DType] = &[DType::F32, DType::BF16];
 
 /// Whether an op on `t` runs the fused kernel: always on the CPU; on an
-/// NVIDIA GPU for f32 tensors unless switched off.
-fn runs_fused(t: &Tensor) -> bool {
-    matches!(t.device(), Device::Cpu) || (on_gpu_path(t) && t.dtype() == candle_core::DType::F32)
+/// NVIDIA GPU unless switched off, when its CUDA kernels take t's dtype
+/// (one of `gpu_dtypes`).
+fn runs_fused(t: &Tensor, gpu_dtypes: &[DType]) -> bool {
+    matches!(t.device(), Device::Cpu) || (on_gpu_path(t) && gpu_dtypes.contains(&t.dtype()))
 }
 
 /// Whether `t` is on an NVIDIA GPU with the workbook's ops switched on there

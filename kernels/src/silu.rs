@@ -1,7 +1,7 @@
 //! SiLU, `x · sigmoid(x)`, forward and backward each in one pass.
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor};
 
 use super::exp::exp;
 use super::rows::{as_f32, compute_rows, RowKernel};
@@ -15,7 +15,7 @@ const CHUNK: usize = 1 << 14;
 /// `x · sigmoid(x)` elementwise, with a backward pass: the fused counterpart
 /// of `candle_nn::ops::silu`.
 pub fn silu(x: &Tensor) -> Result<Tensor> {
-    if !runs_fused(x) {
+    if !runs_fused(x, &[DType::F32]) {
         return candle_nn::ops::silu(x);
     }
     x.contiguous()?.apply_op1(Silu)

@@ -8,14 +8,14 @@ use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result,
 
 use super::exp::exp;
 use super::rows::{as_f32, compute_rows, dot, max, sum, RowKernel};
-use super::runs_fused;
+use super::{runs_fused, ROW_DTYPES};
 
 /// `softmax(x)` over the last dimension, with a backward pass: the fused
 /// counterpart of `candle_nn::ops::softmax(x, D::Minus1)`, which it equals to
 /// rounding. (candle's fused `softmax_last_dim` has no backward pass.) A row
 /// that is entirely -inf gives NaN, as in PyTorch.
 pub fn softmax(x: &Tensor) -> Result<Tensor> {
-    if !runs_fused(x) {
+    if !runs_fused(x, ROW_DTYPES) {
         return candle_nn::ops::softmax(x, D::Minus1);
     }
     x.contiguous()?.apply_op1(Softmax { scale: 1.0 })
@@ -46,7 +46,7 @@ pub fn scaled_masked_softmax(scores: &Tensor, allowed: &Tensor, scale: f64) -> R
             allowed.dtype()
         );
     }
-    if !runs_fused(scores) {
+    if !runs_fused(scores, ROW_DTYPES) {
         let blocked = Tensor::full(f32::NEG_INFINITY, dims, scores.device())?.to_dtype(scores.dtype())?;
         let masked = allowed.broadcast_as(dims)?.where_cond(&(scores * scale)?, &blocked)?;
         return candle_nn::ops::softmax(&masked, D::Minus1);

@@ -2,22 +2,27 @@
 
 Takes the kernels' modules out of cuda.rs unchanged, compiles them with g++
 against shim.h (a thread per CUDA thread, real barriers, warp shuffles through
-shared memory) and driver.cpp, runs each kernel on random inputs, and checks
-the results against float64 NumPy: the attention softmax with its causal mask
-and scale, the plain softmax at widths a block's threads do and do not
-divide, a row with nothing allowed (NaN, as the CPU kernels give), the
-softmax's backward, the mean cross-entropy and its gradient at GPT-2's
-vocabulary (also with -inf logits), SiLU with its gradient, and AdamW's
-update, which must equal the CPU's update_one to the bit. Every check runs
-twice: built with multiply-adds kept apart, as NVRTC compiles the kernels
-(fmad=false), and fused into single roundings (-mfma -ffp-contract=fast,
-where the processor has FMA), as NVRTC's default would. It checks the
+shared memory), cuda_bf16.h (bf16 with the hardware's rounding) and
+driver.cpp, runs each kernel on random inputs, and checks the results against
+float64 NumPy: the attention softmax with its causal mask and scale, the
+plain softmax at widths a block's threads do and do not divide, a row with
+nothing allowed (NaN, as the CPU kernels give), the softmax's backward, the
+mean cross-entropy and its gradient at GPT-2's vocabulary (also with -inf
+logits), each in f32 and in bf16; SiLU with its gradient, and AdamW's
+update, which must equal the CPU's update_one to the bit. The bf16 kernels
+read and write bf16 and compute in f32: each output must lie within half a
+bf16 step of the exact value (one rounding), and the stand-in header's
+rounding must equal NumPy's to the bit, ties and overflow included. Every
+check runs twice: built with multiply-adds kept apart, as NVRTC compiles the
+kernels (fmad=false), and fused into single roundings (-mfma
+-ffp-contract=fast, where the processor has FMA), as NVRTC's default would. It checks the
 kernels' arithmetic, not the Rust code that launches them, nor a GPU: that
 is scripts/gpu-check.sh's job.
 
     python3 scripts/cuda-on-cpu/check.py       # needs g++ with C++20 and numpy
 
-Not part of any test; a run takes about half a minute.
+Not part of any test; a run takes a minute or two (each block of threads starts
+its OS threads anew).
 """
 
 import pathlib
@@ -70,8 +75,50 @@ def run(driver, folder, inputs, *args):
     subprocess.run([str(driver), str(folder), *map(str, args)], check=True)
 
 
-def read(folder, name, shape):
-    return np.fromfile(folder / name, dtype=np.float32).reshape(shape)
+def read(folder, name, shape, element=None):
+    """An output of the kernels, as float64 values."""
+    element = element or F32
+    return element.decode(np.fromfile(folder / name, dtype=element.stored)).reshape(shape)
+
+
+def to_bf16(values):
+    """float32 values as bf16 bits, rounded to nearest, ties to even, as CUDA's
+    __float2bfloat16: the top half of the f32 bits, plus one where the
+    dropped half is above its midpoint, or at it with an odd top half (a
+    carry can reach the exponent: that rounds up a binade, or to infinity).
+    NaN stays NaN."""
+    values = np.asarray(values, np.float32)
+    bits = values.view(np.uint32)
+    kept, dropped = bits >> 16, bits & 0xFFFF
+    up = (dropped > 0x8000) | ((dropped == 0x8000) & (kept & 1 == 1))
+    return np.where(np.isnan(values), np.uint16(0x7FFF), (kept + up).astype(np.uint16))
+
+
+def from_bf16(bits):
+    return (np.asarray(bits, np.uint16).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+class F32:
+    """The f32 kernels: inputs written as they are; results within RTOL/ATOL of float64."""
+
+    name, stored, rtol, atol = "f32", np.float32, RTOL, ATOL
+
+    @staticmethod
+    def encode(values):
+        return np.asarray(values, np.float32)
+
+    @staticmethod
+    def decode(stored):
+        return stored.astype(np.float64)
+
+
+class BF16:
+    """The bf16 kernels: inputs rounded to bf16 (the reference reads the same
+    rounded values); results rounded once from f32, so within half a bf16
+    step (2^-8 relative) of the exact value, plus f32's own error."""
+
+    name, stored, rtol, atol = "bf16", np.uint16, 2.0**-8 + RTOL, ATOL
+    encode, decode = staticmethod(to_bf16), staticmethod(from_bf16)
 
 
 def softmax_reference(x, allowed, scale):
@@ -84,69 +131,98 @@ def softmax_reference(x, allowed, scale):
 failures = []
 
 
-def compare(what, got, want):
-    close = np.allclose(got, want, rtol=RTOL, atol=ATOL, equal_nan=True)
+def compare(what, got, want, element=None):
+    element = element or F32
+    close = np.allclose(got, want, rtol=element.rtol, atol=element.atol, equal_nan=True)
     error = np.nanmax(np.abs(got - want)) if np.isfinite(want).any() else 0.0
     print(f"{'ok  ' if close else 'FAIL'} {what}: largest difference {error:.2e}")
     if not close:
         failures.append(what)
 
 
-def check_softmax(driver, folder, rng, rows_per_query, width, queries, scale, label):
+def check_softmax(driver, folder, rng, element, rows_per_query, width, queries, scale, label):
+    label = f"{element.name} {label}"
     rows = rows_per_query * max(queries, 1)
-    x = (rng.standard_normal((rows, width)) * 3).astype(np.float32)
-    dy = rng.standard_normal((rows, width)).astype(np.float32)
+    x = element.encode(rng.standard_normal((rows, width)) * 3)
+    dy = element.encode(rng.standard_normal((rows, width)))
     mask = np.tril(np.ones((queries, width), np.uint8)) if queries else None
     inputs = {"x": x, "dy": dy} | ({"mask": mask} if queries else {})
-    run(driver, folder, inputs, "softmax", rows, width, queries, scale)
-    allowed = np.tile(mask, (rows_per_query, 1)).astype(bool) if queries else np.ones_like(x, bool)
-    y = softmax_reference(x.astype(np.float64), allowed, scale)
-    got = read(folder, "y", x.shape)
-    compare(f"{label}, forward", got, y)
+    run(driver, folder, inputs, "softmax", element.name, rows, width, queries, scale)
+    allowed = np.tile(mask, (rows_per_query, 1)).astype(bool) if queries else np.ones(x.shape, bool)
+    y = softmax_reference(element.decode(x), allowed, scale)
+    got = read(folder, "y", x.shape, element)
+    compare(f"{label}, forward", got, y, element)
     if queries:
         masked = got[~allowed]
         print(f"{'ok  ' if (masked == 0).all() else 'FAIL'} {label}: masked weights exactly 0")
         if not (masked == 0).all():
             failures.append(f"{label}: masked weights")
+    # The backward pass reads the forward's output as the kernel wrote it (in bf16, rounded).
+    y, dy = got, element.decode(dy)
     dx = scale * y * (dy - (y * dy).sum(-1, keepdims=True))
-    compare(f"{label}, backward", read(folder, "dx", x.shape), dx)
+    compare(f"{label}, backward", read(folder, "dx", x.shape, element), dx, element)
 
 
-def check_nothing_allowed(driver, folder):
-    inputs = {"x": np.ones((1, 64), np.float32), "dy": np.ones((1, 64), np.float32), "mask": np.zeros((1, 64), np.uint8)}
-    run(driver, folder, inputs, "softmax", 1, 64, 1, 1.0)
-    nan = np.isnan(read(folder, "y", (1, 64))).all()
-    print(f"{'ok  ' if nan else 'FAIL'} a row with nothing allowed gives NaN")
+def check_nothing_allowed(driver, folder, element):
+    ones = element.encode(np.ones((1, 64)))
+    inputs = {"x": ones, "dy": ones, "mask": np.zeros((1, 64), np.uint8)}
+    run(driver, folder, inputs, "softmax", element.name, 1, 64, 1, 1.0)
+    nan = np.isnan(read(folder, "y", (1, 64), element)).all()
+    print(f"{'ok  ' if nan else 'FAIL'} {element.name} softmax: a row with nothing allowed gives NaN")
     if not nan:
-        failures.append("a row with nothing allowed")
+        failures.append(f"{element.name} softmax of a row with nothing allowed")
 
 
-def check_cross_entropy(driver, folder, rng, rows, classes, blocked=0):
+def check_cross_entropy(driver, folder, rng, element, rows, classes, blocked=0):
     """`blocked` logits of each row, the first ones (none of them a target), are -inf."""
-    logits = (rng.standard_normal((rows, classes)) * 3).astype(np.float32)
+    logits = rng.standard_normal((rows, classes)) * 3
     logits[:, :blocked] = -np.inf
+    logits = element.encode(logits)
     targets = (blocked + (np.arange(rows) * 7919) % (classes - blocked)).astype(np.uint32)
-    dloss = np.array([3.0], np.float32)
-    run(driver, folder, {"logits": logits, "targets": targets, "dloss": dloss}, "cross_entropy", rows, classes)
-    x = logits.astype(np.float64)
+    dloss = element.encode([3.0])
+    run(driver, folder, {"logits": logits, "targets": targets, "dloss": dloss}, "cross_entropy", element.name, rows, classes)
+    x = element.decode(logits)
     top = x.max(-1, keepdims=True)
     lse = (top + np.log(np.exp(x - top).sum(-1, keepdims=True)))[:, 0]
     picked = x[np.arange(rows), targets]
-    label = f"cross-entropy ({rows}, {classes})" + (f", first {blocked} logits -inf" if blocked else "")
-    compare(f"{label}, loss", read(folder, "loss", (1,)), np.array([(lse - picked).mean()]))
+    label = f"{element.name} cross-entropy ({rows}, {classes})" + (f", first {blocked} logits -inf" if blocked else "")
+    compare(f"{label}, loss", read(folder, "loss", (1,), element), np.array([(lse - picked).mean()]), element)
     grad = np.exp(x - lse[:, None])
     grad[np.arange(rows), targets] -= 1
-    compare(f"{label}, gradient", read(folder, "dlogits", x.shape), grad * dloss[0] / rows)
+    compare(f"{label}, gradient", read(folder, "dlogits", x.shape, element), grad * element.decode(dloss)[0] / rows, element)
 
 
-def check_cross_entropy_nothing_finite(driver, folder):
+def check_cross_entropy_nothing_finite(driver, folder, element):
     """A row of nothing but -inf has no log-sum-exp: NaN, as the CPU's kernel gives."""
-    inputs = {"logits": np.full((1, 40), -np.inf, np.float32), "targets": np.array([3], np.uint32), "dloss": np.ones(1, np.float32)}
-    run(driver, folder, inputs, "cross_entropy", 1, 40)
-    nan = np.isnan(read(folder, "loss", (1,))).all()
-    print(f"{'ok  ' if nan else 'FAIL'} cross-entropy of a row of nothing but -inf is NaN")
+    inputs = {"logits": element.encode(np.full((1, 40), -np.inf)), "targets": np.array([3], np.uint32), "dloss": element.encode([1.0])}
+    run(driver, folder, inputs, "cross_entropy", element.name, 1, 40)
+    nan = np.isnan(read(folder, "loss", (1,), element)).all()
+    print(f"{'ok  ' if nan else 'FAIL'} {element.name} cross-entropy of a row of nothing but -inf is NaN")
     if not nan:
-        failures.append("cross-entropy of an all -inf row")
+        failures.append(f"{element.name} cross-entropy of an all -inf row")
+
+
+def check_bf16_rounding(driver, folder, rng):
+    """The stand-in __float2bfloat16 against to_bf16, bit for bit, and
+    __bfloat162float against from_bf16: ties both ways, values either side
+    of a tie, the largest finite bf16 and what rounds past it into infinity,
+    subnormals, signed zeros, infinities, NaN, and random values."""
+    edges = np.array(
+        [0x3F808000, 0x3F818000, 0x3F808001, 0x3F807FFF, 0x7F7F7FFF, 0x7F7F8000, 0x7F7FFFFF, 0x00008000, 0x00018000,
+         0x00000001, 0x80000000, 0x00000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0x7F800001, 0xFF800001],
+        np.uint32,
+    ).view(np.float32)
+    x = np.concatenate([edges, (rng.standard_normal(4096) * np.exp2(rng.integers(-140, 120, 4096))).astype(np.float32)])
+    run(driver, folder, {"x": x}, "convert", len(x))
+    got = np.fromfile(folder / "bf16", dtype=np.uint16)
+    want = to_bf16(x)
+    nan = np.isnan(x)
+    differ = int((got[~nan] != want[~nan]).sum()) + int((~np.isnan(from_bf16(got[nan]))).sum())
+    widened = np.fromfile(folder / "widened", dtype=np.float32).astype(np.float64)
+    differ += int((widened[~nan] != from_bf16(want[~nan])).sum())
+    print(f"{'ok  ' if differ == 0 else 'FAIL'} bf16 rounding of {len(x)} f32 values (ties, overflow, subnormals, NaN): {differ} differ from NumPy's")
+    if differ:
+        failures.append("bf16 rounding")
 
 
 def check_silu(driver, folder, rng, n, blocks):
@@ -181,7 +257,7 @@ def check_adamw(driver, folder, rng, n, blocks):
     denom = np.sqrt(exp_avg_sq * ic2 + zero) * one + epsf
     p_new = decayed - (((exp_avg * ic1 + zero) / denom) * lrf + zero)
     for name, want in (("m", exp_avg), ("v", exp_avg_sq), ("parameter", p_new)):
-        got = read(folder, {"m": "m_out", "v": "v_out", "parameter": "p"}[name], (n,))
+        got = np.fromfile(folder / {"m": "m_out", "v": "v_out", "parameter": "p"}[name], dtype=np.float32)
         differ = int((got.view(np.uint32) != want.view(np.uint32)).sum())
         print(f"{'ok  ' if differ == 0 else 'FAIL'} AdamW, {n} elements on {blocks * 256} threads, {name}: {differ} differ from the CPU's in their bits")
         if differ:
@@ -190,15 +266,17 @@ def check_adamw(driver, folder, rng, n, blocks):
 
 def check_all(driver, folder):
     rng = np.random.default_rng(7)
-    check_softmax(driver, folder, rng, 2, 300, 300, 0.125, "causal softmax, 2 heads x T 300, scale 1/8")
-    check_softmax(driver, folder, rng, 7, 1000, 0, 1.0, "softmax, 7 rows of 1000")
-    check_softmax(driver, folder, rng, 5, 40, 0, 1.0, "softmax, 5 rows of 40 (64 threads)")
-    check_nothing_allowed(driver, folder)
-    check_cross_entropy(driver, folder, rng, 19, 50_257)
-    check_cross_entropy(driver, folder, rng, 5, 37)
-    # 3000 classes on 1024 threads: the first 64 threads meet -inf first, then finite logits.
-    check_cross_entropy(driver, folder, rng, 3, 3000, blocked=64)
-    check_cross_entropy_nothing_finite(driver, folder)
+    check_bf16_rounding(driver, folder, rng)
+    for element in (F32, BF16):
+        check_softmax(driver, folder, rng, element, 2, 300, 300, 0.125, "causal softmax, 2 heads x T 300, scale 1/8")
+        check_softmax(driver, folder, rng, element, 7, 1000, 0, 1.0, "softmax, 7 rows of 1000")
+        check_softmax(driver, folder, rng, element, 5, 40, 0, 1.0, "softmax, 5 rows of 40 (64 threads)")
+        check_nothing_allowed(driver, folder, element)
+        check_cross_entropy(driver, folder, rng, element, 19, 50_257)
+        check_cross_entropy(driver, folder, rng, element, 5, 37)
+        # 3000 classes on 1024 threads: the first 64 threads meet -inf first, then finite logits.
+        check_cross_entropy(driver, folder, rng, element, 3, 3000, blocked=64)
+        check_cross_entropy_nothing_finite(driver, folder, element)
     check_silu(driver, folder, rng, 5_000, 3)
     check_adamw(driver, folder, rng, 3_000, 2)
 
