@@ -8,7 +8,8 @@
 //! and the one-node linear layer, head reshapes, SiLU and channel scale (the
 //! default, or candle's ops with `WORKBOOK_CUDA_KERNELS=composed`) must
 //! compute what candle's composed ops compute on the CPU, the softmax and
-//! cross-entropy at attention's and GPT-2's vocabulary's widths.
+//! cross-entropy at attention's and GPT-2's vocabulary's widths; in bf16
+//! they must compute what the CPU's kernels do.
 
 use candle_core::{DType, Device, Tensor, D};
 use workbook::parallel::ddp::Ddp;
@@ -179,6 +180,42 @@ fn the_cross_entropy_on_the_gpu_treats_minus_infinity_and_bad_targets_as_the_cpu
     let cpu_error = kernels::cross_entropy(&logits, &beyond.to_device(&Device::Cpu).unwrap()).unwrap_err();
     let gpu_error = kernels::cross_entropy(&logits.to_device(&device).unwrap(), &beyond).unwrap_err();
     assert_eq!(gpu_error.to_string(), cpu_error.to_string(), "a target beyond the classes, on the GPU");
+}
+
+/// In bf16 the fused softmax and cross-entropy read and write bf16 and
+/// compute in f32, on the GPU as on the CPU: the same function, each output
+/// rounded once, so the two agree to a bf16 rounding or two.
+#[test]
+fn the_bf16_softmax_and_cross_entropy_on_the_gpu_match_the_cpus_kernels() {
+    let Some(device) = gpu() else { return };
+    let bf16 = |t: Tensor| t.to_dtype(DType::BF16).unwrap();
+    let t = 300;
+    let (scores, dy) = (bf16(randn(&[2, 3, t, t], 3.0)), bf16(randn(&[2, 3, t, t], 1.0)));
+    let allowed = Tensor::tril2(t, DType::U8, &Device::Cpu).unwrap();
+    let (want, want_grad) =
+        value_and_gradient(&scores, &dy, |x| kernels::scaled_masked_softmax(x, &allowed, 0.125).unwrap());
+    let allowed_gpu = allowed.to_device(&device).unwrap();
+    let (got, got_grad) =
+        value_and_gradient(&scores.to_device(&device).unwrap(), &dy.to_device(&device).unwrap(), |x| {
+            kernels::scaled_masked_softmax(x, &allowed_gpu, 0.125).unwrap()
+        });
+    assert_eq!(got.dtype(), DType::BF16, "kernels::scaled_masked_softmax on the GPU changed the dtype");
+    expect_close(&got, &want, BF16, "bf16 kernels::scaled_masked_softmax on the GPU", &[]);
+    expect_close(&got_grad, &want_grad, BF16, "the gradient of bf16 kernels::scaled_masked_softmax on the GPU", &[]);
+
+    let (n, v) = (19, 50_257);
+    let logits = bf16(randn(&[n, v], 3.0));
+    let targets = Tensor::from_vec((0..n as u32).map(|i| (i * 7919) % v as u32).collect(), n, &Device::Cpu).unwrap();
+    let three = bf16(Tensor::new(3f32, &Device::Cpu).unwrap());
+    let (want, want_grad) = value_and_gradient(&logits, &three, |x| kernels::cross_entropy(x, &targets).unwrap());
+    let targets_gpu = targets.to_device(&device).unwrap();
+    let (got, got_grad) =
+        value_and_gradient(&logits.to_device(&device).unwrap(), &three.to_device(&device).unwrap(), |x| {
+            kernels::cross_entropy(x, &targets_gpu).unwrap()
+        });
+    assert_eq!(got.dtype(), DType::BF16, "kernels::cross_entropy on the GPU changed the dtype");
+    expect_close(&got, &want, BF16, "bf16 kernels::cross_entropy on the GPU", &[]);
+    expect_close(&got_grad, &want_grad, BF16, "the gradient of bf16 kernels::cross_entropy on the GPU", &[]);
 }
 
 /// Random values of `shape`, drawn apart from `randn(shape, ..)`'s.
