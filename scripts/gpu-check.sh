@@ -73,6 +73,10 @@ build() {
     cp target/gpu/release/train target/gpu/release/bench "$graded" "$CHECK/"
     mv "$CHECK/$(basename "$graded")" "$CHECK/graded"
     strip "$CHECK"/{train,bench,graded}
+    # NVRTC compiles the bf16 kernels only with CUDA's cuda_bf16.h on an include
+    # path, and a machine with CUDA's libraries may lack their headers: the
+    # toolkit's travel too, for `run` to point CUDA_HOME at.
+    mkdir -p "$CHECK/cuda" && cp -r "$cuda/include" "$CHECK/cuda/"
     echo "$PWD" >"$CHECK/built-in"
     # Python's tarfile packs and unpacks on both machines, whatever else they lack.
     python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1], "w:xz", preset=6).add(sys.argv[2], "gpu-check")' \
@@ -102,6 +106,8 @@ run() {
     if [ "$built" != "$PWD" ] && [ ! -e "$built" ]; then
         mkdir -p "$(dirname "$built")" && ln -s "$PWD" "$built"
     fi
+    # CUDA's headers for NVRTC (the bf16 kernels), unless the machine names its own.
+    export CUDA_HOME="${CUDA_HOME:-$PWD/$CHECK/cuda}"
     # CUDA's libraries, where PyTorch's wheels put them.
     local nvidia
     nvidia=$(python3 -c 'import nvidia; print(next(iter(nvidia.__path__)))' 2>/dev/null || true)
