@@ -15,9 +15,11 @@ bf16 step of the exact value (one rounding), and the stand-in header's
 rounding must equal NumPy's to the bit, ties and overflow included. Every
 check runs twice: built with multiply-adds kept apart, as NVRTC compiles the
 kernels (fmad=false), and fused into single roundings (-mfma
--ffp-contract=fast, where the processor has FMA), as NVRTC's default would. It checks the
-kernels' arithmetic, not the Rust code that launches them, nor a GPU: that
-is scripts/gpu-check.sh's job.
+-ffp-contract=fast, where the processor has FMA), as NVRTC's default would.
+It checks the kernels' arithmetic, not the Rust code that launches them, nor
+a GPU: that is scripts/gpu-check.sh's job. Where that script's `build` has
+unpacked CUDA 13.0's NVRTC, each module is also compiled with it as cuda.rs
+compiles it (NVRTC needs no GPU).
 
     python3 scripts/cuda-on-cpu/check.py       # needs g++ with C++20 and numpy
 
@@ -25,6 +27,7 @@ Not part of any test; a run takes a minute or two (each block of threads starts
 its OS threads anew).
 """
 
+import ctypes
 import pathlib
 import re
 import subprocess
@@ -281,7 +284,42 @@ def check_all(driver, folder):
     check_adamw(driver, folder, rng, 3_000, 2)
 
 
+# CUDA 13.0's NVRTC and headers, where `scripts/gpu-check.sh build` unpacks them.
+TOOLKIT = HERE.parents[1] / "target" / "gpu-toolkit" / "nvidia" / "cu13"
+# The options Module::compile in cuda.rs gives NVRTC. It gives the include
+# path to the bf16 module only; the f32 module includes no header.
+NVRTC_OPTIONS = ["--fmad=false", "--prec-div=true", "--prec-sqrt=true", "--ftz=false", f"--include-path={TOOLKIT / 'include'}"]
+
+
+def check_nvrtc():
+    """Compiles each module with NVRTC, which needs no GPU, where the toolkit is at hand:
+    what NVRTC rejects, g++ may accept."""
+    libs = TOOLKIT / "lib"
+    builtins, nvrtc = sorted(libs.glob("libnvrtc-builtins.so.*")), sorted(libs.glob("libnvrtc.so.*"))
+    if not (builtins and nvrtc):
+        print(f"skipped NVRTC: none in {TOOLKIT} (scripts/gpu-check.sh build puts CUDA 13.0's there)")
+        return
+    # Loaded first, so that NVRTC finds its builtins without LD_LIBRARY_PATH.
+    ctypes.CDLL(str(builtins[0]), mode=ctypes.RTLD_GLOBAL)
+    lib = ctypes.CDLL(str(nvrtc[0]))
+    options = (ctypes.c_char_p * len(NVRTC_OPTIONS))(*(option.encode() for option in NVRTC_OPTIONS))
+    for name, source in module_sources().items():
+        program = ctypes.c_void_p()
+        lib.nvrtcCreateProgram(ctypes.byref(program), source.encode(), f"{name}.cu".encode(), 0, None, None)
+        status = lib.nvrtcCompileProgram(program, len(NVRTC_OPTIONS), options)
+        size = ctypes.c_size_t()
+        lib.nvrtcGetProgramLogSize(program, ctypes.byref(size))
+        log = ctypes.create_string_buffer(size.value)
+        lib.nvrtcGetProgramLog(program, log)
+        lib.nvrtcDestroyProgram(ctypes.byref(program))
+        print(f"{'ok  ' if status == 0 else 'FAIL'} NVRTC ({nvrtc[0].name}) compiles the {name} module")
+        if status != 0:
+            print(log.value.decode(errors="replace"))
+            failures.append(f"NVRTC, {name} module")
+
+
 def main():
+    check_nvrtc()
     for contraction, flags in CONTRACTIONS.items():
         if "-mfma" in flags and not has_fma():
             print(f"skipped the build with {contraction}: this processor has no FMA")
