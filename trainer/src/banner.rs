@@ -114,11 +114,18 @@ pub fn exercise_lines(options: &RunOptions) -> candle_core::Result<Vec<String>> 
             mesh.tp,
             named(25)
         ));
+        let shared = match options.strategy {
+            Strategy::Mesh { data: DataAxis::ShardOptimizer, .. } => {
+                "each rank's gradients reduce-scattered with the same place in the others, AdamW's state sharded"
+            }
+            Strategy::Mesh { data: DataAxis::ShardBlocks { .. }, .. } => {
+                "each block's gradient shard reduce-scattered by its unit, the rest averaged with the same place in \
+                 the others"
+            }
+            _ => "each rank's gradients averaged with the same place in the others",
+        };
         if mesh.dp > 1 {
-            lines.push(format!(
-                "data parallelism: {} replicas, each rank's gradients averaged with the same place in the others",
-                mesh.dp
-            ));
+            lines.push(format!("data parallelism: {} replicas, {shared}", mesh.dp));
         }
     }
     Ok(lines)

@@ -124,6 +124,13 @@ fn flags_that_do_not_apply_are_refused() {
         "--sharding hybrid_shard with --pp 2 needs --hybrid-group-size",
     );
     refused(
+        train(
+            &dir,
+            &["--dataset", "dummy", "--pp", "2", "--nproc", "2", "--strategy", "fsdp", "--activation-checkpointing"],
+        ),
+        "--activation-checkpointing with --strategy fsdp --pp 2: each FSDP unit is recomputed in backward already",
+    );
+    refused(
         train(&dir, &["--dataset", "dummy", "--pp", "2", "--nproc", "2", "--sharding", "full_shard"]),
         "--sharding applies to --strategy fsdp only; ddp keeps whole f32 replicas",
     );

@@ -98,6 +98,9 @@ struct Args {
     #[arg(long, default_value_t = 1337)]
     seed: u64,
     /// Recompute each block in backward instead of keeping its activations.
+    /// Not with --tp (a split block is stepped forward and backward in one
+    /// call, recomputed already), --own-ddp (your wrapper builds its own
+    /// model) or FSDP with --pp (its units recompute already).
     #[arg(long)]
     activation_checkpointing: bool,
     /// `ddp` (whole replicas), `zero1` (whole replicas, AdamW's state sharded by your
@@ -309,6 +312,7 @@ fn run(args: Args) -> anyhow::Result<()> {
                 sequence_parallel: args.sequence_parallel,
                 sharding: args.sharding,
                 hybrid_group_size: args.hybrid_group_size,
+                activation_checkpointing: args.activation_checkpointing,
             };
             mesh(cut, args.strategy, &config, world_size)?
         }
@@ -474,11 +478,13 @@ struct MeshCut {
     /// Under --strategy fsdp: how the replicas shard each stage's blocks.
     sharding: Option<ShardingStrategy>,
     hybrid_group_size: Option<usize>,
+    activation_checkpointing: bool,
 }
 
 /// The mesh `cut` lays `world_size` ranks out on, checked against the model.
 fn mesh(cut: MeshCut, strategy: StrategyName, config: &RunConfig, world_size: usize) -> anyhow::Result<Strategy> {
-    let MeshCut { stages, tp, schedule, sequence_parallel, sharding, hybrid_group_size } = cut;
+    let MeshCut { stages, tp, schedule, sequence_parallel, sharding, hybrid_group_size, activation_checkpointing } =
+        cut;
     let flags = match (stages, tp) {
         (1, _) => format!("--tp {tp}"),
         (_, 1) => format!("--pp {stages}"),
@@ -499,6 +505,12 @@ fn mesh(cut: MeshCut, strategy: StrategyName, config: &RunConfig, world_size: us
         ),
         StrategyName::Fsdp => fsdp_on_a_pipeline(&flags, sharding, hybrid_group_size)?,
     };
+    if activation_checkpointing && matches!(data, DataAxis::ShardBlocks { .. }) {
+        anyhow::bail!(
+            "--activation-checkpointing with --strategy fsdp {flags}: each FSDP unit is recomputed in backward \
+             already (exercise 22 replays it from its input); drop --activation-checkpointing"
+        );
+    }
     if tp > 1 {
         check_tensor_split(tp, &config.model)?;
     }
