@@ -27,6 +27,16 @@ pub trait Checkpointed: Module + Send + Sync {
     fn keeps_graph(&self) -> bool {
         false
     }
+
+    /// The variables whose gradients a replay hands on: the module's
+    /// weights. candle's backward also leaves a gradient for every untracked
+    /// operand it met (a rotary table, a mask), as large as the activations
+    /// they touched, and never removes it; kept, those would pile up module
+    /// after module and undo what recomputing saves. `None` hands on every
+    /// gradient the replay gives.
+    fn variables(&self) -> Option<Vec<Tensor>> {
+        None
+    }
 }
 
 /// What backward must do besides candle's pass over the loss's graph: replay
@@ -144,7 +154,16 @@ impl Recompute {
         let grad_x = local.remove(replay.input.as_tensor());
         drop(recomputed); // its activations are no longer needed
         drop(span);
-        grads.extend(local)?;
+        match record.module.variables() {
+            Some(variables) => {
+                for variable in variables {
+                    if let Some(grad) = local.remove(&variable) {
+                        accumulate(grads, &variable, grad)?;
+                    }
+                }
+            }
+            None => grads.extend(local)?,
+        }
         // A variable's gradient can still hold graph (e.g. `grad · wᵀ` keeps w):
         // detach it, or pushing it further back would count w's gradient twice.
         let Some(grad_x) = grad_x.map(|g| g.detach()) else { return Ok(()) };

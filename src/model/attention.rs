@@ -27,6 +27,11 @@ impl CausalSelfAttention {
         Self { q_proj, k_proj, v_proj, o_proj, num_heads, kv_heads, rotary }
     }
 
+    /// The four projections: q, k, v and o.
+    pub fn projections(&self) -> [&Linear; 4] {
+        [&self.q_proj, &self.k_proj, &self.v_proj, &self.o_proj]
+    }
+
     /// (B, H_kv, T, D) → (B, H, T, D): query head h reads key/value head
     /// `h / (H / H_kv)`, as grouped-query attention (and Hugging Face's `repeat_kv`) has it.
     fn repeat_kv(&self, x: Tensor) -> Result<Tensor> {

@@ -53,6 +53,11 @@ impl Linear {
     pub fn bias(&self) -> Option<&Tensor> {
         self.bias.as_ref()
     }
+
+    /// The weight, and the bias when there is one.
+    pub fn tensors(&self) -> Vec<Tensor> {
+        std::iter::once(self.weight.clone()).chain(self.bias.clone()).collect()
+    }
 }
 
 impl Module for Linear {
