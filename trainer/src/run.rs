@@ -220,6 +220,7 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>, 
             drive(options, dataset, trainer, device, num_params)
         }
         Strategy::Fsdp(fsdp) => {
+            workbook::memory::return_large_blocks();
             let trainer = FsdpTrainer::new(&model_config, params, train_config, fsdp, pg)?;
             let trainer = if options.prefetch { trainer.with_prefetch() } else { trainer };
             let trainer = if options.offload { trainer.with_offload(&options.out_dir)? } else { trainer };
