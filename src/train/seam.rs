@@ -64,6 +64,12 @@ pub trait Train {
     fn eval_loss(&mut self, tokens: &Tensor) -> Result<f64>;
     /// How the trainer splits the work across ranks, in words.
     fn layout(&self) -> String;
+    /// Bytes of parameters, gradients and optimizer state this rank holds,
+    /// where the trainer shards them; `None` when every rank holds the
+    /// whole model's.
+    fn model_states_bytes(&self) -> Option<u64> {
+        None
+    }
     /// What the run should print at its end about how it used memory and the network.
     fn report(&self) -> Option<String>;
 }

@@ -318,7 +318,7 @@ fn drive(
         }
     }
     if is_logger {
-        print_plan(options, dataset, device, num_params)?;
+        print_plan(options, dataset, device, num_params, trainer.model_states_bytes())?;
     }
     let mut log = if is_logger { Some(MetricsLog::open(&options.out_dir)?) } else { None };
     let bar = progress_bar(is_logger, trainer.counters().step, config.max_steps);
@@ -545,15 +545,27 @@ fn progress_bar(visible: bool, position: usize, len: usize) -> ProgressBar {
     bar
 }
 
-fn print_plan(options: &RunOptions, dataset: &Dataset, device: &Device, num_params: usize) -> Result<()> {
+/// `held`: the bytes of model states this rank holds, where the trainer shards them.
+fn print_plan(
+    options: &RunOptions,
+    dataset: &Dataset,
+    device: &Device,
+    num_params: usize,
+    held: Option<u64>,
+) -> Result<()> {
     let c = &options.config;
-    let memory = num_params * (4 + 4 + 8); // f32 parameters, gradients, two moments
+    let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
+    let whole = mib(num_params as u64 * (4 + 4 + 8)); // f32 parameters, gradients, two moments
+    let what = "for parameters + gradients + AdamW state";
+    let memory = match held {
+        Some(bytes) => format!("{:.1} MiB {what} on this rank, {whole:.1} MiB unsharded", mib(bytes)),
+        None => format!("{whole:.1} MiB {what} per rank"),
+    };
     report!(
-        "model: {:.2}M parameters ({} layers, width {}), {:.1} MiB for parameters + gradients + AdamW state per rank",
+        "model: {:.2}M parameters ({} layers, width {}), {memory}",
         num_params as f64 / 1e6,
         c.model.num_layers,
         c.model.hidden_size,
-        memory as f64 / (1 << 20) as f64
     );
     report!("data: {dataset:?}");
     if device.is_cuda() {

@@ -276,6 +276,26 @@ fn a_traced_run_leaves_one_timeline_of_every_rank() {
     assert!(!dir.join("trace-rank1.json").exists(), "the per-rank parts are merged and removed");
 }
 
+/// Under FSDP the startup line gives what this rank holds of the model
+/// states (sharded parameters, gradients and moments), the figure the ledger
+/// counts at the end, not the unsharded model's.
+#[test]
+fn fsdp_startup_line_gives_the_model_states_this_rank_holds() {
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("fsdp-startup-memory");
+    let output = succeed(&mut train(&dir, 3, &["--nproc", "2", "--strategy", "fsdp"]));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let line = |marker: &str| {
+        stdout.lines().find(|l| l.contains(marker)).unwrap_or_else(|| panic!("no {marker:?} in:\n{stdout}"))
+    };
+    let number = |text: Option<&str>| text.and_then(|t| t.parse::<f64>().ok()).expect("a figure in MiB");
+    let marker = " MiB for parameters + gradients + AdamW state";
+    let startup = number(line(marker).split(marker).next().and_then(|head| head.split_whitespace().last()));
+    let marker = "= model states";
+    let ledger = number(line(marker).split(marker).nth(1).and_then(|tail| tail.split_whitespace().next()));
+    assert!((startup - ledger).abs() < 0.1, "the startup line says {startup} MiB, the ledger {ledger} MiB:\n{stdout}");
+}
+
 /// `--prefetch` on two processes, whose collectives run on the TCP backend's
 /// communication thread: the same collectives in another order (each block's
 /// all-gather leaves before the block before it has reduce-scattered its
