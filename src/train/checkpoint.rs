@@ -213,6 +213,11 @@ impl Checkpoint {
         Ok(Self { params, optimizer: load_tensors(dir, OPTIMIZER_FILE)?, state })
     }
 
+    /// The state alone (steps, configs, data position), checked.
+    pub fn read_state(dir: &Path) -> Result<TrainerState> {
+        read_state(dir)
+    }
+
     /// The state and the parameters only: what inference needs.
     pub fn read_model(dir: &Path) -> Result<(TrainerState, HashMap<String, Tensor>)> {
         let state = read_state(dir)?;

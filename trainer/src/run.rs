@@ -16,7 +16,7 @@ use workbook::parallel::fsdp::FsdpTrainer;
 use workbook::parallel::tensor::BlockStep;
 use workbook::parallel::{MeshPlan, MeshTrainer};
 use workbook::timeline;
-use workbook::train::{faults, DataPosition, StepStats, Train, Trainer};
+use workbook::train::{faults, Checkpoint, DataPosition, StepStats, Train, Trainer};
 use workbook::words::count;
 use workbook::{init_params, ParamStore};
 
@@ -315,6 +315,16 @@ fn drive(
         if is_logger {
             metrics::truncate_after(&options.out_dir.join(METRICS_FILE), step)?;
             report!("resumed from {} at step {step}", dir.display());
+            let was = Checkpoint::read_state(&dir)?.train.grad_accum_steps;
+            if was != config.grad_accum_steps {
+                report!(
+                    "note: {} was trained with {} per step and this run takes {} (--grad-accum): each step \
+                     now reads that many batches of --batch-size",
+                    dir.display(),
+                    count(was, "micro-batch"),
+                    config.grad_accum_steps
+                );
+            }
         }
     }
     if is_logger {

@@ -81,6 +81,18 @@ fn a_resume_rewrites_the_metrics_after_its_step_and_skips_stray_step_directories
     assert_eq!(logged, [1, 2, 3, 4], "resumed at step 2: its later records are written once, not twice");
 }
 
+/// A resume that takes another `--grad-accum` than the checkpoint's run
+/// changes how many sequences a step reads: the run says so.
+#[test]
+fn a_resume_with_another_grad_accum_says_the_step_changes() {
+    let dir = scratch("resume-accum");
+    succeeded(&train(&dir, 2, &["--grad-accum", "2"]));
+    let output = train(&dir, 3, &["--resume"]);
+    succeeded(&output);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("was trained with 2 micro-batches per step and this run takes 1"), "{stdout}");
+}
+
 #[test]
 fn a_run_holds_its_directory_while_it_trains() {
     let dir = scratch("lock");
