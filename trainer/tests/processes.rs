@@ -296,6 +296,30 @@ fn fsdp_startup_line_gives_the_model_states_this_rank_holds() {
     assert!((startup - ledger).abs() < 0.1, "the startup line says {startup} MiB, the ledger {ledger} MiB:\n{stdout}");
 }
 
+/// On a mesh the startup line gives what this rank holds: ZeRO-1 on 2
+/// replicas keeps whole f32 parameters and gradients (8 of DDP's 16 bytes
+/// per parameter) and half of AdamW's 8; tp 2 holds the root and half of
+/// every block.
+#[test]
+fn mesh_startup_line_gives_the_model_states_this_rank_holds() {
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let held = |name: &str, layout: &[&str]| -> (f64, f64) {
+        let dir = scratch(name);
+        let output = succeed(&mut train(&dir, 3, &[&["--nproc", "2"][..], layout].concat()));
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        let marker = " MiB for parameters + gradients + AdamW state on this rank, ";
+        let line = stdout.lines().find(|l| l.contains(marker)).unwrap_or_else(|| panic!("no startup line:\n{stdout}"));
+        let mine = line.split(marker).next().and_then(|head| head.split_whitespace().last());
+        let whole = line.split(marker).nth(1).and_then(|tail| tail.split_whitespace().next());
+        let number = |text: Option<&str>| text.and_then(|t| t.parse::<f64>().ok()).expect("a figure in MiB");
+        (number(mine), number(whole))
+    };
+    let (mine, whole) = held("zero1-startup-memory", &["--strategy", "zero1"]);
+    assert!((mine / whole - 0.75).abs() < 0.01, "ZeRO-1 on 2: {mine} of {whole} MiB, not 3/4");
+    let (mine, whole) = held("tp-startup-memory", &["--tp", "2"]);
+    assert!(mine < 0.75 * whole && mine > 0.5 * whole, "tp 2: {mine} of {whole} MiB, not the root and half the blocks");
+}
+
 /// `--prefetch` on two processes, whose collectives run on the TCP backend's
 /// communication thread: the same collectives in another order (each block's
 /// all-gather leaves before the block before it has reduce-scattered its

@@ -210,6 +210,15 @@ impl Update {
         }
     }
 
+    /// The elements of AdamW's two moments this rank keeps for its `held`
+    /// parameter elements (once it has stepped).
+    pub(super) fn moment_elements(&self, held: u64) -> u64 {
+        match self {
+            Self::Replicated { .. } | Self::YourDdp { .. } => 2 * held,
+            Self::Sharded(sharded) => 2 * (sharded.layout.padded_len() / sharded.dp.world_size()) as u64,
+        }
+    }
+
     /// AdamW's moments of this rank's parameters, by AdamW's names; none
     /// before the first update. Under ZeRO-1 every rank of the dp group
     /// calls it: the shards are gathered.

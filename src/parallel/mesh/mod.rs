@@ -365,6 +365,22 @@ impl Train for MeshTrainer {
         format!("{model}{split}{replicas}")
     }
 
+    /// Its stage's parameters with their gradients (f32), AdamW's moments
+    /// of them (a shard under ZeRO-1), and its FSDP units' local shards
+    /// (master weights, gradient and moments); `None` for a whole replica.
+    fn model_states_bytes(&self) -> Option<u64> {
+        let whole_replica = self.mesh.shape().pp == 1 && self.mesh.shape().tp == 1;
+        if whole_replica && matches!(self.data_axis, DataAxis::Replicate | DataAxis::YourDdp) {
+            return None;
+        }
+        let held: u64 = self.stage.params().iter().map(|(_, var)| var.elem_count() as u64).sum();
+        let units: u64 = self
+            .stage
+            .sharded_units()
+            .map_or(0, |held| held.units.iter().map(|unit| unit.local_range().len() as u64).sum());
+        Some(4 * (2 * held + self.update.moment_elements(held)) + 16 * units)
+    }
+
     fn report(&self) -> Option<String> {
         None
     }
