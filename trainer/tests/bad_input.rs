@@ -161,6 +161,10 @@ fn flags_that_do_not_apply_are_refused() {
     );
     refused(train(&dir, &["--dataset", "dummy", "--offload"]), "--offload applies to --strategy fsdp only");
     refused(
+        train(&dir, &["--dataset", "dummy", "--strategy", "zero1", "--nproc", "2", "--bucket-cap-mb", "1"]),
+        "--bucket-cap-mb sizes DDP's all-reduces; --strategy zero1 has none",
+    );
+    refused(
         train(&dir, &["--dataset", "dummy", "--own-ddp", "--strategy", "zero1"]),
         "--own-ddp applies to --strategy ddp only (your exercise 26 is a DDP), not to --strategy zero1",
     );

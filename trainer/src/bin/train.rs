@@ -22,6 +22,7 @@ use trainer::strategy::Strategy;
 use trainer::RankThreads;
 use workbook::data::{DataConfig, DatasetKind, SAMPLE_PATH};
 use workbook::distributed::{DistEnv, MeshShape};
+use workbook::parallel::ddp::DEFAULT_BUCKET_BYTES;
 use workbook::parallel::fsdp::{FsdpConfig, Precision, ShardingStrategy};
 use workbook::parallel::pipeline::PipelineSchedule;
 use workbook::parallel::DataAxis;
@@ -186,9 +187,12 @@ struct Args {
     /// all-gather needs them (PyTorch's CPUOffload, one level down: the disk).
     #[arg(long)]
     offload: bool,
-    /// With --strategy ddp: the most megabytes of gradients one all-reduce carries (PyTorch's bucket_cap_mb).
-    #[arg(long = "bucket-cap-mb", value_name = "MB", default_value = "25", value_parser = bucket_cap_bytes)]
-    bucket_bytes: usize,
+    /// Where gradients are all-reduced in buckets (--strategy ddp, with or
+    /// without --pp/--tp; --own-ddp; the embedding and head under
+    /// --strategy fsdp --pp): the most megabytes one all-reduce carries
+    /// (PyTorch's bucket_cap_mb) [default: 25].
+    #[arg(long = "bucket-cap-mb", value_name = "MB", value_parser = bucket_cap_bytes)]
+    bucket_bytes: Option<usize>,
     /// Run over NCCL what has never run there with two GPUs or more:
     /// subgroups (--pp, --tp, --sharding hybrid_shard) and send_recv (your
     /// exercise 16's ring).
@@ -267,6 +271,16 @@ fn run(args: Args) -> anyhow::Result<()> {
             anyhow::bail!("{flag} applies to --strategy {only} only ({what}), not to --strategy {}", args.strategy);
         }
     }
+    // ZeRO-1's gradient goes in one reduce-scatter, plain FSDP's unit by unit: no buckets.
+    let on_a_mesh = args.pipeline_stages.is_some() || args.tensor_parallel.is_some();
+    let no_buckets = match args.strategy {
+        StrategyName::Zero1 => Some("exercise 17 reduce-scatters each rank's gradient whole"),
+        StrategyName::Fsdp if !on_a_mesh => Some("each FSDP unit reduce-scatters its own gradient"),
+        _ => None,
+    };
+    if let (Some(why), Some(_)) = (no_buckets, args.bucket_bytes) {
+        anyhow::bail!("--bucket-cap-mb sizes DDP's all-reduces; --strategy {} has none ({why})", args.strategy);
+    }
     let kind = args.dataset;
     if kind == DatasetKind::Dummy && args.data_path.is_some() {
         anyhow::bail!("--data-path is not read with --dataset dummy (random tokens); drop one of the two");
@@ -344,7 +358,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         ddp_overlap: args.ddp_overlap,
         prefetch: args.prefetch,
         offload: args.offload,
-        bucket_bytes: args.bucket_bytes,
+        bucket_bytes: args.bucket_bytes.unwrap_or(DEFAULT_BUCKET_BYTES),
         unverified_nccl: args.unverified_nccl,
         trace: args.trace,
         log_every: args.log_every as usize,
