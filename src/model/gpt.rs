@@ -77,19 +77,20 @@ pub struct Outer {
 
 impl Outer {
     pub fn new(config: &GptConfig, weights: &dyn Weights) -> Result<Self> {
-        let embedding = weights.tensor("model.embed_tokens.weight")?;
-        // Tied: one (V, C) tensor is both the table and the head, so its
-        // gradient is the sum of what both uses send back.
-        let lm_head = if config.tie_word_embeddings {
-            Linear::new(embedding.clone(), None)
-        } else {
-            weights.linear("lm_head", false)?
-        };
         Ok(Self {
-            embed_tokens: Embedding::new(embedding, config.hidden_size),
+            embed_tokens: Embedding::new(weights.tensor("model.embed_tokens.weight")?, config.hidden_size),
             norm: RmsNorm::new(weights.tensor("model.norm.weight")?, config.norm_eps),
-            lm_head,
+            lm_head: lm_head(config, weights)?,
         })
+    }
+}
+
+/// The head: its own weight, or tied, the embedding's (V, C) tensor itself,
+/// so that the one gradient sums what both uses send back.
+pub fn lm_head(config: &GptConfig, weights: &dyn Weights) -> Result<Linear> {
+    match config.tie_word_embeddings {
+        true => Ok(Linear::new(weights.tensor("model.embed_tokens.weight")?, None)),
+        false => weights.linear("lm_head", false),
     }
 }
 

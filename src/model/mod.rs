@@ -18,7 +18,7 @@ mod staged_backward;
 pub use attention::CausalSelfAttention;
 pub use block::{Block, Layers};
 pub use config::GptConfig;
-pub use gpt::{ForwardPass, Gpt, Outer};
+pub use gpt::{lm_head, ForwardPass, Gpt, Outer};
 pub use init::{init_params, InitRng};
 pub use linear::{autocast_bf16, set_autocast_bf16, Linear};
 pub use mlp::Mlp;

@@ -127,6 +127,12 @@ impl FlatLayout {
         Tensor::cat(&parts, 0)
     }
 
+    /// Elements `range` of the buffer [`flatten`](Self::flatten) makes of
+    /// `tensors`: a copy, not a view that would keep the whole buffer alive.
+    pub fn part(&self, tensors: &HashMap<String, Tensor>, range: Range<usize>, device: &Device) -> Result<Tensor> {
+        self.flatten(tensors, device)?.narrow(0, range.start, range.len())?.force_contiguous()
+    }
+
     /// The named tensors of a whole padded buffer, padding dropped: views, no copy.
     pub fn unflatten(&self, flat: &Tensor) -> Result<Vec<(String, Tensor)>> {
         self.check_len(flat)?;

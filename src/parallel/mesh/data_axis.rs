@@ -298,21 +298,7 @@ impl Sharded {
             0 => None,
             _ => {
                 let range = self.layout.shard_range(self.dp.rank(), self.dp.world_size());
-                let shard_of = |kind: usize| -> Result<Tensor> {
-                    let mut named = HashMap::new();
-                    for name in self.layout.names() {
-                        let moment_name = &AdamW::moment_names(name)[kind];
-                        let Some(moment) = saved.get(moment_name) else {
-                            bail!(
-                                "the checkpoint has no {moment_name}: it was written before any optimizer step, or \
-                                 by another optimizer"
-                            );
-                        };
-                        named.insert(name.to_string(), moment.clone());
-                    }
-                    // A copy of this rank's part, not a view that would keep the whole vector alive.
-                    self.layout.flatten(&named, device)?.narrow(0, range.start, range.len())?.force_contiguous()
-                };
+                let shard_of = |kind| units::saved_moment_part(&self.layout, range.clone(), saved, kind, device);
                 Some(Moments { exp_avg: shard_of(0)?, exp_avg_sq: shard_of(1)? })
             }
         };

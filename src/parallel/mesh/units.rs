@@ -6,12 +6,13 @@
 //! their AdamW step, and their whole tensors for checkpoints.
 
 use std::collections::HashMap;
+use std::ops::Range;
 
 use candle_core::{bail, DType, Device, Result, Tensor};
 
 use crate::autograd::sum_of_squares;
 use crate::distributed::{all_reduce_scalar, ProcessGroup, ReduceOp};
-use crate::parallel::fsdp::LocalState;
+use crate::parallel::fsdp::{FlatLayout, LocalState};
 use crate::parallel::pipeline::HeldUnits;
 use crate::train::{AdamW, AdamWConfig};
 
@@ -87,26 +88,35 @@ pub(super) fn load(
 ) -> Result<()> {
     let shard = held.shard;
     for unit in held.units.iter_mut() {
-        let range = unit.local_range();
-        let names: Vec<String> = unit.layout().names().map(str::to_string).collect();
-        let part = |named: &HashMap<String, Tensor>| -> Result<Tensor> {
-            let flat = unit.layout().flatten(named, device)?;
-            flat.narrow(0, range.start, range.len())?.force_contiguous()
+        let (layout, range) = (unit.layout(), unit.local_range());
+        let moment = |kind: usize| match moments {
+            Some(saved) => saved_moment_part(layout, range.clone(), saved, kind, device),
+            None => Tensor::zeros(range.len(), DType::F32, device),
         };
-        let moment = |kind: usize| -> Result<Tensor> {
-            let Some(moments) = moments else { return Tensor::zeros(range.len(), DType::F32, device) };
-            let mut named = HashMap::new();
-            for name in &names {
-                let moment_name = &AdamW::moment_names(name)[kind];
-                let Some(saved) = moments.get(moment_name) else {
-                    bail!("the checkpoint has no {moment_name}: it was written before any optimizer step, or by another optimizer");
-                };
-                named.insert(name.clone(), saved.clone());
-            }
-            part(&named)
-        };
-        let state = LocalState { params: part(params)?, exp_avg: moment(0)?, exp_avg_sq: moment(1)? };
+        let params = layout.part(params, range.clone(), device)?;
+        let state = LocalState { params, exp_avg: moment(0)?, exp_avg_sq: moment(1)? };
         unit.set_local_state(state, shard)?;
     }
     Ok(())
+}
+
+/// Elements `range` of `layout`'s flat vector of AdamW's moment `kind` (0:
+/// `exp_avg`, 1: `exp_avg_sq`), from the whole moments `saved` under
+/// AdamW's names.
+pub(super) fn saved_moment_part(
+    layout: &FlatLayout,
+    range: Range<usize>,
+    saved: &HashMap<String, Tensor>,
+    kind: usize,
+    device: &Device,
+) -> Result<Tensor> {
+    let mut named = HashMap::new();
+    for name in layout.names() {
+        let moment_name = &AdamW::moment_names(name)[kind];
+        let Some(moment) = saved.get(moment_name) else {
+            bail!("the checkpoint has no {moment_name}: it was written before any optimizer step, or by another optimizer");
+        };
+        named.insert(name.to_string(), moment.clone());
+    }
+    layout.part(&named, range, device)
 }

@@ -24,7 +24,7 @@ use candle_nn::Embedding;
 
 use crate::autograd::{accumulate, vjp, Gradients, Recompute};
 use crate::distributed::{ProcessGroup, SharedGroup};
-use crate::model::{layer_of, Block, GptConfig, Linear, ParamStore, RmsNorm, RotaryCache, Weights};
+use crate::model::{layer_of, lm_head, Block, GptConfig, Linear, ParamStore, RmsNorm, RotaryCache, Weights};
 use crate::parallel::fsdp::{MixedPrecisionPolicy, ShardingPlan};
 use crate::parallel::fsdp_unit::BlockUnit;
 use crate::parallel::tensor::{BlockStep, TensorParallelBlock};
@@ -277,12 +277,10 @@ impl PipelineStage {
             false => None,
         };
         // Tied embeddings are refused above unless one stage holds both ends.
-        let lm_head = || match config.tie_word_embeddings {
-            true => Ok(Linear::new(params.tensor("model.embed_tokens.weight")?, None)),
-            false => params.linear("lm_head", false),
-        };
         let head = match last {
-            true => Some((RmsNorm::new(params.tensor("model.norm.weight")?, config.norm_eps), lm_head()?)),
+            true => {
+                Some((RmsNorm::new(params.tensor("model.norm.weight")?, config.norm_eps), lm_head(config, &params)?))
+            }
             false => None,
         };
         Ok(Self {
