@@ -202,15 +202,16 @@ pub mod phase3_fsdp {
 pub mod phase4_under_the_hood {
     pub use super::ex16_ring_all_reduce::ring_all_reduce;
     pub use super::ex19_overlapped_ddp::overlapped_all_reduce;
+    pub use super::ex20_tensor_parallel_mlp::{copy_to_tensor_parallel, reduce_from_tensor_parallel};
     pub use super::ex21_gpipe::gpipe_step;
     pub use super::ex22_fsdp_unit_step::fsdp_backward;
     pub use super::ex22_fsdp_unit_step::fsdp_forward;
-    pub use super::ex23_tensor_parallel_block::tensor_parallel_step;
+    pub use super::ex23_tensor_parallel_block::tensor_parallel_block;
     pub use super::ex24_one_f_one_b::one_f_one_b_step;
     pub use super::ex25_device_mesh::axis_group;
     pub use super::ex25_device_mesh::mesh_coords;
     pub use super::ex26_data_parallel::DataParallel;
-    pub use super::ex27_sequence_parallel::sequence_parallel_step;
+    pub use super::ex27_sequence_parallel::{all_gather_tokens, reduce_scatter_tokens, sequence_parallel_block};
 }
 
 /// The exercises a runtime calls before their phase: the learner's body once

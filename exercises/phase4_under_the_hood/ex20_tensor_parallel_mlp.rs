@@ -3,7 +3,8 @@
 //! Data parallelism copies the model and splits the batch; when one layer's
 //! weights no longer fit a device, or one layer's compute should be spread,
 //! **tensor parallelism** splits the layer itself. Megatron-LM's split of an
-//! MLP needs a single collective per forward pass.
+//! MLP needs a single collective per forward pass, and a single one per
+//! backward.
 //!
 //! ```text
 //! y = down( silu(gate x) ⊙ up x )      x: (B, T, C)   gate, up: (I, C)   down: (C, I)
@@ -31,9 +32,25 @@
 //! Which numbers of down does each rank hold, what does each compute from
 //! its own two units, and how do the two results make [2.5, 1]?
 //!
-//! Backward mirrors it (Megatron's f and g operators): the all-reduce's
-//! gradient is the identity, and the gradient of the input x, which every
-//! rank uses whole, is a sum over ranks: one all-reduce in backward.
+//! **Backward comes from autograd**, once each collective is recorded with
+//! the gradient it owes. Megatron wraps the split in two operators, f where
+//! the whole input enters it and g where the partial outputs leave it:
+//!
+//! ```text
+//! y = g( partial_r( f(x) ) )
+//! ```
+//!
+//! Each is a collective one way and the identity the other. Which way is
+//! which follows from two facts: every rank reads the whole x, but only
+//! through its own units, so its ∂L/∂x is only its units' part; and every
+//! rank holds the whole y and computes the same loss from it, so its ∂L/∂y
+//! is already the whole. The pair is conjugate: what one does forward, the
+//! other does backward.
+//!
+//! A worked example of the backward, scalars, 2 ranks: x = 2, rank r's
+//! partial is p_r = w_r·x with w₀ = 3 and w₁ = −1, and ∂L/∂y = 2. Then
+//! y = 3·2 + (−1)·2 = 4 on both ranks; rank 0's part of ∂L/∂x is 2·3 = 6 and
+//! rank 1's is 2·(−1) = −2, and the gradient both must hold is 4.
 //!
 //! Read first: Shoeybi et al. 2019, "Megatron-LM: Training Multi-Billion
 //! Parameter Language Models Using Model Parallelism", section 3 and figure 3.
@@ -41,8 +58,30 @@
 
 use candle_core::{Result, Tensor};
 
-use crate::distributed::ProcessGroup;
+use crate::distributed::SharedGroup;
 use crate::parallel::tensor::TensorParallelMlp;
+
+/// f: `x`, whole on every rank of `tp`, entering a split layer: forward the
+/// identity; backward ∂L/∂x whole on every rank from each rank's part of it.
+///
+/// Pieces: `crate::autograd::with_backward(x, value, backward)` (`value`'s
+/// numbers, recorded as a function of `x` whose gradient is
+/// `backward(∂L/∂output)`; `backward` is a closure that owns what it uses:
+/// `move`, with its own clone of `tp`), `tp.all_reduce(t, op)` with a
+/// `crate::distributed::ReduceOp` (`ProcessGroup` in scope).
+pub fn copy_to_tensor_parallel(tp: &SharedGroup, x: &Tensor) -> Result<Tensor> {
+    let _ = (&tp, &x);
+    todo!("Exercise 20: Tensor-parallel MLP; run `cargo xtask hint 20`")
+}
+
+/// g: `x`, this rank's partial output of a split layer, leaving it: forward
+/// the whole output on every rank of `tp`; backward ∂L/∂x from ∂L/∂output.
+///
+/// Pieces: as for [`copy_to_tensor_parallel`].
+pub fn reduce_from_tensor_parallel(tp: &SharedGroup, x: &Tensor) -> Result<Tensor> {
+    let _ = (&tp, &x);
+    todo!("Exercise 20: Tensor-parallel MLP; run `cargo xtask hint 20`")
+}
 
 impl TensorParallelMlp {
     /// Rank `rank`'s shard of the whole MLP `gate_proj` (I, C), `up_proj`
@@ -57,14 +96,25 @@ impl TensorParallelMlp {
         todo!("Exercise 20: Tensor-parallel MLP; run `cargo xtask hint 20`")
     }
 
-    /// The whole MLP's output for `x` (B, T, C), which every rank holds whole,
-    /// on every rank: its own units' partial output, summed over the ranks.
+    /// This rank's units on `x` (B, T, C), with no communication: its part
+    /// of the MLP's output, (B, T, C). The parts of all ranks sum to the
+    /// whole MLP's output.
     ///
     /// Pieces: `x.broadcast_matmul(&w.t()?)` (a linear layer without bias),
-    /// `crate::kernels::silu`, `*` (elementwise), `pg.all_reduce(&t, op)`
-    /// with a `crate::distributed::ReduceOp`.
-    pub fn forward(&self, pg: &dyn ProcessGroup, x: &Tensor) -> Result<Tensor> {
-        let _ = (&pg, &x);
+    /// `crate::kernels::silu`, `*` (elementwise).
+    pub fn partial(&self, x: &Tensor) -> Result<Tensor> {
+        let _ = &x;
+        todo!("Exercise 20: Tensor-parallel MLP; run `cargo xtask hint 20`")
+    }
+
+    /// The whole MLP's output for `x` (B, T, C), which every rank of `tp`
+    /// holds whole, on every rank; backward gives every rank the whole ∂L/∂x
+    /// and its shard's gradients.
+    ///
+    /// Pieces: `self.partial`, [`copy_to_tensor_parallel`],
+    /// [`reduce_from_tensor_parallel`].
+    pub fn forward(&self, tp: &SharedGroup, x: &Tensor) -> Result<Tensor> {
+        let _ = (&tp, &x);
         todo!("Exercise 20: Tensor-parallel MLP; run `cargo xtask hint 20`")
     }
 }

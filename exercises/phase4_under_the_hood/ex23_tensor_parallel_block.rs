@@ -1,41 +1,36 @@
-//! # Exercise 23: a tensor-parallel block, forward and backward
+//! # Exercise 23: a tensor-parallel block
 //!
-//! Exercise 20 split the MLP so that its forward costs one all-reduce. The
-//! scaffolding splits a whole decoder block the same way twice, attention by
-//! heads and the MLP by hidden units, so that each sublayer's share on a
-//! rank is a partial sum of its output. The norms are small and stay whole
-//! on every rank.
+//! Exercise 20 split the MLP so that its forward costs one all-reduce and
+//! its backward another. A decoder block has two sublayers, each behind a
+//! norm and beside a residual path; the scaffolding splits attention by
+//! heads (each rank its rows of q, k and v, its columns of o) the way
+//! exercise 20 split the MLP by hidden units, so that each sublayer's
+//! result on a rank is a partial sum of its output. The norms are small and
+//! stay whole on every rank.
 //!
 //! ```text
-//! h = x + g(attn_r(f(norm₁(x))))        y = h + g(mlp_r(f(norm₂(h))))
-//!
-//! f: forward the identity (every rank already holds the whole input);
-//!    backward an all-reduce (each rank's heads or units give a part of ∂L/∂input)
-//! g: forward an all-reduce (the shares sum to the sublayer's output);
-//!    backward the identity (every rank needs the whole ∂L/∂output, and has it)
+//! h = x + attn(norm₁(x))        y = h + mlp(norm₂(h))
 //! ```
 //!
-//! Megatron's f and g (Shoeybi et al. 2019, figure 3) are conjugate: one
-//! all-reduce per sublayer in forward (g) and one in backward (f), four per
-//! block in all, each of a (B, T, C) activation.
-//!
-//! candle's autograd does not see through a collective (the result of an
-//! all-reduce carries no graph), so the backward is yours to write:
-//! `crate::autograd::vjp` gives ∂L/∂(what a graph was computed from) given
-//! ∂L/∂(its output), and the gradient crosses each collective by hand. The
-//! trap: a graph that reaches a norm's weight while ∂L/∂(the norm's output)
-//! is still only this rank's part gives that weight a partial gradient. Where
-//! each stretch of graph begins decides which parameters a `vjp` reaches, and
-//! with which part of the gradient.
+//! You assemble the block from exercise 20's operators: f where a whole
+//! tensor enters a split sublayer, g where its partial outputs leave it.
+//! Backward comes from autograd, and it is only right when f and g sit in
+//! the right places. Two questions decide them:
+//! - which tensors are whole and the same on every rank (x, the norms'
+//!   outputs, h, y) and which are a rank's partial sum;
+//! - which parameters must see the whole of their gradient: a norm's
+//!   weight, the same on every rank, must end with the same, whole gradient
+//!   on every rank.
 //!
 //! The contract the tests check, on every rank: the block's output (whole);
-//! the gradients of this rank's parameters (its shards, equal to the rows or
-//! columns of one process's gradients, and both norms' weights, whole); and
-//! ∂L/∂x (whole). Exactly four all-reduces, all `ReduceOp::Sum`, and no other
-//! collective.
+//! after a backward from it, the gradients of this rank's parameters (its
+//! shards, equal to the rows or columns of one process's gradients, and
+//! both norms' weights, whole) and ∂L/∂x (whole). Two all-reduces in
+//! forward and two in backward, all `ReduceOp::Sum`, each of a (B, T, C)
+//! activation, and no other collective.
 //!
 //! A worked example, one sublayer, scalars, 2 ranks. The "norm" here only
-//! scales: n = γ·input, γ = 0.5. Each rank's share is s_r = w_r·n, with
+//! scales: n = γ·input, γ = 0.5. Each rank's partial is s_r = w_r·n, with
 //! w₀ = 3 and w₁ = −1. Input 2, ∂L/∂out = 2.
 //!
 //! ```text
@@ -60,27 +55,21 @@
 
 use candle_core::{Result, Tensor};
 
-use crate::distributed::ProcessGroup;
-use crate::parallel::tensor::{TensorParallelBlock, TensorParallelStep};
+use crate::distributed::SharedGroup;
+use crate::parallel::tensor::TensorParallelBlock;
 
-/// One step of `block`, this rank's shard of a decoder block, on `x`
-/// (B, T, C), whole on every rank: the block's output, whole on every rank,
-/// then the backward from `grad_output` (∂L/∂y, (B, T, C), whole on every
-/// rank): the gradients of this rank's parameters and ∂L/∂x.
+/// `block`, this rank's shard of a decoder block, on `x` (B, T, C), whole
+/// on every rank of `tp`: the block's output, whole on every rank, recorded
+/// so that a backward from it gives every rank the whole ∂L/∂x, its shards'
+/// gradients and the norms' whole gradients.
 ///
 /// Pieces: `block.input_layernorm` and `block.post_attention_layernorm`
-/// (`Module::forward`), `block.attention_share(n)` and `block.mlp_share(n)`
-/// (this rank's part of each sublayer's output), `block.params()`,
-/// `pg.all_reduce(t, ReduceOp::Sum)` (`crate::distributed::ReduceOp`),
-/// `candle_core::Var::from_tensor`, `Tensor::detach`,
-/// `crate::autograd::vjp(y, grad_y)` (a `GradStore`), `store.get(t)`,
-/// `crate::autograd::Gradients::from_store(params, &store)` and `accumulate`.
-pub fn tensor_parallel_step(
-    pg: &dyn ProcessGroup,
-    block: &TensorParallelBlock,
-    x: &Tensor,
-    grad_output: &Tensor,
-) -> Result<TensorParallelStep> {
-    let _ = (&pg, &block, &x, &grad_output);
-    todo!("Exercise 23: A tensor-parallel block, forward and backward; run `cargo xtask hint 23`")
+/// (`candle_core::Module::forward`), `block.attention_partial(n)` (this
+/// rank's heads' part of attention's output), `block.mlp` (exercise 20's
+/// `TensorParallelMlp`: `partial`, `forward`),
+/// `crate::phase4_under_the_hood::{copy_to_tensor_parallel, reduce_from_tensor_parallel}`
+/// (exercise 20's f and g), `+` on tensors.
+pub fn tensor_parallel_block(tp: &SharedGroup, block: &TensorParallelBlock, x: &Tensor) -> Result<Tensor> {
+    let _ = (&tp, &block, &x);
+    todo!("Exercise 23: A tensor-parallel block; run `cargo xtask hint 23`")
 }

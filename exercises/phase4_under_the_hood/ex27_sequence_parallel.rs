@@ -15,29 +15,37 @@
 //!
 //! x, norm₁(x), h, norm₂(h), y   this rank's chunk of the tokens, (B, T/N, C)
 //! attn_r, mlp_r                 this rank's heads and hidden units (exercise 23's
-//!                               shares), on every token
+//!                               partials), on every token
 //! ```
 //!
-//! A share reads every token and gives a partial sum over the ranks, as in
-//! exercise 23; a chunk holds some of the tokens, whole. Between the two,
-//! tensor parallelism's all-reduces turn into other collectives: an
-//! all-reduce is a reduce-scatter followed by an all-gather, and here each
-//! half lands at a different place. The volume per rank stays that of
-//! exercise 23's four all-reduces; what shrinks is the activation memory
-//! outside the matrices, by N.
+//! A partial reads every token and gives a part of a sum over the ranks, as
+//! in exercise 23; a chunk holds some of the tokens, whole. Between the two,
+//! tensor parallelism's f and g turn into other collectives: an all-reduce
+//! is a reduce-scatter followed by an all-gather, and here each half lands
+//! at a different place. As with f and g, each operator is a collective
+//! forward and its conjugate backward; which conjugate follows from what the
+//! gradient on the other side is (a part of a sum, or a rank's own tokens).
+//! The volume per rank stays that of exercise 23's four all-reduces; what
+//! shrinks is the activation memory outside the matrices, by N.
 //!
-//! The contract the tests check, on every rank: `x` and `grad_output` are
-//! this rank's chunks (B, T/N, C) of the block's input and of ∂L/∂y; the
-//! step returns this rank's chunk of the block's output and of ∂L/∂x, and
-//! the gradients of its parameters: its shards (the rows or columns of one
-//! process's gradients, as in exercise 23) and both norms' weights, whole,
-//! the same on every rank. The collectives: four all-gathers and four
-//! reduce-scatters of (B, T, C) activations, and besides them nothing larger
-//! than a norm's weight (C elements).
+//! One more parameter needs thought: a norm's weight is whole on every rank
+//! but now reads only this rank's tokens, so each rank's gradient of it is
+//! only its tokens' part. Exercise 20 has the operator for a whole tensor
+//! whose gradient arrives in parts.
+//!
+//! The contract the tests check, on every rank: `x` is this rank's chunk
+//! (B, T/N, C) of the block's input; the block returns this rank's chunk of
+//! its output, recorded so that a backward from it gives this rank's chunk
+//! of ∂L/∂x and the gradients of its parameters: its shards (the rows or
+//! columns of one process's gradients, as in exercise 23) and both norms'
+//! weights, whole, the same on every rank. The collectives: four
+//! all-gathers and four reduce-scatters of (B, T, C) activations (two of
+//! each forward, two of each backward), and besides them nothing larger than
+//! a norm's weight (C elements).
 //!
 //! A worked example, one sublayer, one number per token, 2 ranks, T = 2:
 //! rank 0 holds token 0, rank 1 token 1. The "norm" only scales,
-//! n = γ·input with γ = 0.5; rank r's share is s_r = w_r·n with w₀ = 3 and
+//! n = γ·input with γ = 0.5; rank r's partial is s_r = w_r·n with w₀ = 3 and
 //! w₁ = −1 (together w = 2). Inputs x = (2, 4), ∂L/∂out = (2, 1).
 //!
 //! ```text
@@ -58,32 +66,44 @@
 
 use candle_core::{Result, Tensor};
 
-use crate::distributed::ProcessGroup;
-use crate::parallel::tensor::{TensorParallelBlock, TensorParallelStep};
+use crate::distributed::SharedGroup;
+use crate::parallel::tensor::TensorParallelBlock;
 
-/// One step of `block`, this rank's shard of a decoder block, on `x`, this
-/// rank's chunk (B, T/N, C) of the block's input: the chunk of the block's
-/// output, then the backward from `grad_output` (this rank's chunk of
-/// ∂L/∂y): the gradients of this rank's parameters (norms whole) and its
-/// chunk of ∂L/∂x.
+/// Every rank's chunk `chunk` (B, T/N, C) of the tokens, put together:
+/// (B, T, C), the same on every rank of `tp`, read next by a split
+/// sublayer; backward gives this rank's chunk of ∂L/∂chunk.
+///
+/// Pieces: `crate::autograd::with_backward(x, value, backward)` (as in
+/// exercise 20), `crate::parallel::tensor::gather_sequence(tp, chunk)` and
+/// `scatter_sequence(tp, t)` (an all-gather and a reduce-scatter along T,
+/// recording nothing).
+pub fn all_gather_tokens(tp: &SharedGroup, chunk: &Tensor) -> Result<Tensor> {
+    let _ = (&tp, &chunk);
+    todo!("Exercise 27: Sequence parallelism; run `cargo xtask hint 27`")
+}
+
+/// This rank's chunk (B, T/N, C) of the sum over the ranks of `t`, a split
+/// sublayer's partial output for every token, (B, T, C); backward gives
+/// ∂L/∂t.
+///
+/// Pieces: as for [`all_gather_tokens`].
+pub fn reduce_scatter_tokens(tp: &SharedGroup, t: &Tensor) -> Result<Tensor> {
+    let _ = (&tp, &t);
+    todo!("Exercise 27: Sequence parallelism; run `cargo xtask hint 27`")
+}
+
+/// `block`, this rank's shard of a decoder block, on `x`, this rank's chunk
+/// (B, T/N, C) of the block's input: its chunk of the block's output,
+/// recorded so that a backward gives its chunk of ∂L/∂x, its shards'
+/// gradients and the norms' whole gradients, the same on every rank.
 ///
 /// Pieces: `block.input_layernorm` and `block.post_attention_layernorm`
-/// (`Module::forward`), `block.attention_share(n)` and `block.mlp_share(n)`
-/// (this rank's part of a sublayer's output for every token it is given),
-/// `block.params()` (the norms' weights are the names ending in
-/// `input_layernorm.weight` and `post_attention_layernorm.weight`), `crate::parallel::tensor::gather_sequence(pg, chunk)`
-/// and `scatter_sequence(pg, t)` (an all-gather and a reduce-scatter along
-/// T), `pg.all_reduce(t, ReduceOp::Sum)` (`crate::distributed::ReduceOp`),
-/// `candle_core::Var::from_tensor`, `Tensor::detach`,
-/// `crate::autograd::vjp(y, grad_y)` (a `GradStore`), `store.get(t)`,
-/// `crate::autograd::Gradients::from_store(params, &store)`, `accumulate`,
-/// `insert` and `iter`.
-pub fn sequence_parallel_step(
-    pg: &dyn ProcessGroup,
-    block: &TensorParallelBlock,
-    x: &Tensor,
-    grad_output: &Tensor,
-) -> Result<TensorParallelStep> {
-    let _ = (&pg, &block, &x, &grad_output);
+/// (`crate::model::RmsNorm`, with `weight` and `eps`; `RmsNorm::new`,
+/// `candle_core::Module::forward`), `block.attention_partial(n)` and
+/// `block.mlp.partial(n)` (this rank's part of a sublayer's output for every
+/// token it is given), [`all_gather_tokens`], [`reduce_scatter_tokens`],
+/// `crate::phase4_under_the_hood::copy_to_tensor_parallel` (exercise 20's f).
+pub fn sequence_parallel_block(tp: &SharedGroup, block: &TensorParallelBlock, x: &Tensor) -> Result<Tensor> {
+    let _ = (&tp, &block, &x);
     todo!("Exercise 27: Sequence parallelism; run `cargo xtask hint 27`")
 }

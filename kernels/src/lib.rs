@@ -37,6 +37,7 @@
 //! several times slower.
 
 mod adamw;
+mod backward;
 pub mod buffers;
 mod cross_entropy;
 #[cfg(feature = "cuda")]
@@ -51,6 +52,7 @@ mod silu;
 mod softmax;
 
 pub use adamw::{adamw_update, AdamWStep};
+pub use backward::with_backward;
 pub use cross_entropy::cross_entropy;
 pub use elementwise::{add, all_finite, scale, set_threads_between_passes, sum_of_squares};
 pub use exp::exp;

@@ -2,9 +2,21 @@
 
 use candle_core::{bail, Result, Tensor};
 
-use crate::distributed::{ProcessGroup, ReduceOp};
+use crate::autograd::with_backward;
+use crate::distributed::{ProcessGroup, ReduceOp, SharedGroup};
 use crate::kernels;
 use crate::parallel::tensor::TensorParallelMlp;
+
+/// f: every rank already holds the whole input; each rank's part of its gradient sums to the whole.
+pub fn copy_to_tensor_parallel(tp: &SharedGroup, x: &Tensor) -> Result<Tensor> {
+    let tp = tp.clone();
+    with_backward(x, x, move |grad| tp.all_reduce(grad, ReduceOp::Sum))
+}
+
+/// g: the ranks' partial outputs sum to the output; its gradient is whole on every rank already.
+pub fn reduce_from_tensor_parallel(tp: &SharedGroup, x: &Tensor) -> Result<Tensor> {
+    with_backward(x, &tp.all_reduce(x, ReduceOp::Sum)?, |grad| Ok(grad.clone()))
+}
 
 impl TensorParallelMlp {
     pub fn shard(gate_proj: &Tensor, up_proj: &Tensor, down_proj: &Tensor, rank: usize, world: usize) -> Result<Self> {
@@ -22,10 +34,13 @@ impl TensorParallelMlp {
         })
     }
 
-    pub fn forward(&self, pg: &dyn ProcessGroup, x: &Tensor) -> Result<Tensor> {
+    pub fn partial(&self, x: &Tensor) -> Result<Tensor> {
         let gate = kernels::silu(&x.broadcast_matmul(&self.gate_proj.t()?)?)?; // (B, T, I/N)
         let up = x.broadcast_matmul(&self.up_proj.t()?)?; // (B, T, I/N)
-        let partial = (gate * up)?.broadcast_matmul(&self.down_proj.t()?)?; // (B, T, C), this rank's share
-        pg.all_reduce(&partial, ReduceOp::Sum)
+        (gate * up)?.broadcast_matmul(&self.down_proj.t()?) // (B, T, C), this rank's share
+    }
+
+    pub fn forward(&self, tp: &SharedGroup, x: &Tensor) -> Result<Tensor> {
+        reduce_from_tensor_parallel(tp, &self.partial(&copy_to_tensor_parallel(tp, x)?)?)
     }
 }

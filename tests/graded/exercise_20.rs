@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use candle_core::{Device, Tensor};
 use rstest::rstest;
-use workbook::distributed::{spawn_with_timeout, Collective, ProcessGroup};
+use workbook::distributed::{spawn_with_timeout, Collective, ProcessGroup, SharedGroup};
 use workbook::parallel::tensor::TensorParallelMlp;
 
 use crate::process_ranks::on_processes;
@@ -85,14 +85,15 @@ fn shard_for(pg: &dyn ProcessGroup) -> candle_core::Result<TensorParallelMlp> {
     TensorParallelMlp::shard(&gate, &up, &down, pg.rank(), pg.world_size())
 }
 
-fn rank_run(pg: &dyn ProcessGroup) -> candle_core::Result<RankRun> {
-    let shard = shard_for(pg)?;
+fn rank_run(pg: Box<dyn ProcessGroup>) -> candle_core::Result<RankRun> {
+    let pg = SharedGroup::new(pg);
+    let shard = shard_for(&pg)?;
     let shards = [&shard.gate_proj, &shard.up_proj, &shard.down_proj];
     let shapes = shards.map(|t| t.dims().to_vec());
     let [gate, up, down] = shards.map(|t| t.flatten_all().and_then(|t| t.to_vec1::<f32>()));
     let held = [gate?, up?, down?];
     let before = pg.stats();
-    let output = shard.forward(pg, &as_tensor(&x(), &[2, 3, C])?).and_then(|y| y.flatten_all()?.to_vec1::<f32>());
+    let output = shard.forward(&pg, &as_tensor(&x(), &[2, 3, C])?).and_then(|y| y.flatten_all()?.to_vec1::<f32>());
     let output = output.map_err(|e| explain_error(&e));
     let used = pg.stats().since(&before);
     let collectives =
@@ -101,7 +102,7 @@ fn rank_run(pg: &dyn ProcessGroup) -> candle_core::Result<RankRun> {
 }
 
 fn run(world: usize) -> Vec<RankRun> {
-    spawn_with_timeout(world, TIMEOUT, |pg| rank_run(&pg))
+    spawn_with_timeout(world, TIMEOUT, |pg| rank_run(Box::new(pg)))
         .unwrap_or_else(|e| panic!("the tensor-parallel MLP on {world} ranks failed: {}", explain_error(&e)))
 }
 
@@ -212,7 +213,7 @@ fn a_width_the_ranks_do_not_divide_is_an_error() {
 /// Each rank a process, the output summed over TCP.
 #[test]
 fn it_runs_across_processes_over_tcp() {
-    let runs: Vec<RankRun> = on_processes(2, |pg| rank_run(&pg));
+    let runs: Vec<RankRun> = on_processes(2, |pg| rank_run(Box::new(pg)));
     for (rank, got) in runs.iter().enumerate() {
         let difference = match &got.output {
             Ok(y) => first_mismatch(y, &whole().concat(), near),

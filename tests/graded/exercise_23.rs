@@ -1,9 +1,9 @@
-//! Exercise 23: a tensor-parallel block, forward and backward. The expected
-//! values are one process's: the whole block, built here from its modules,
-//! forward and backward; each rank's weight gradients are that gradient's
-//! rows or columns for its heads and hidden units. A recorder counts the
-//! all-reduces and their operations; a wrong result is compared with what
-//! each typical mistake gives.
+//! Exercise 23: a tensor-parallel block, its forward recorded so that
+//! candle's backward is right. The expected values are one process's: the
+//! whole block, built here from its modules, forward and backward; each
+//! rank's weight gradients are that gradient's rows or columns for its heads
+//! and hidden units. A recorder counts the all-reduces and their operations;
+//! a wrong result is compared with what each typical mistake gives.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -11,11 +11,13 @@ use std::time::Duration;
 
 use candle_core::{Device, Module, Result, Tensor, Var};
 use rstest::rstest;
-use workbook::autograd::vjp;
-use workbook::distributed::{spawn_with_timeout, Collective, CollectiveOverride, ProcessGroup, ReduceOp, WithOverride};
+use workbook::autograd::{vjp, Gradients};
+use workbook::distributed::{
+    spawn_with_timeout, Collective, CollectiveOverride, ProcessGroup, ReduceOp, SharedGroup, WithOverride,
+};
 use workbook::model::{Linear, Weights};
 use workbook::parallel::tensor::TensorParallelBlock;
-use workbook::phase4_under_the_hood::tensor_parallel_step;
+use workbook::phase4_under_the_hood::tensor_parallel_block;
 use workbook::{init_params, CausalSelfAttention, GptConfig, InitRng, Mlp, ParamStore, RmsNorm, RotaryCache};
 
 use crate::fsdp_runs::as_values;
@@ -165,25 +167,43 @@ struct RankRun {
     others: u64,
 }
 
+/// `forward` of `block` on `x`, then candle's backward from `grad_output`:
+/// the output, the gradients of the block's parameters that the backward
+/// reached, and ∂L/∂x.
+pub(crate) fn forward_and_backward(
+    block: &TensorParallelBlock,
+    x: &Tensor,
+    grad_output: &Tensor,
+    forward: impl FnOnce(&Tensor) -> Result<Tensor>,
+) -> Result<Outcome> {
+    let x = Var::from_tensor(x)?;
+    let output = forward(x.as_tensor())?;
+    if output.dims() != grad_output.dims() {
+        candle_core::bail!("the block's output has shape {:?}, expected {:?}", output.dims(), grad_output.dims());
+    }
+    let store = vjp(&output, grad_output)?;
+    let Some(grad_input) = store.get(x.as_tensor()) else {
+        candle_core::bail!("a backward from the block's output gives x no gradient: the output was not computed from x")
+    };
+    let grads = Gradients::from_store(block.params(), &store)?;
+    Ok(Outcome { output: values(&output), grads: as_values(grads.iter()), grad_input: values(grad_input) })
+}
+
 fn rank_run(pg: Box<dyn ProcessGroup>) -> Result<RankRun> {
     let block = TensorParallelBlock::shard(&config(), &params(), 0, pg.rank(), pg.world_size())?;
     let (x, grad_output) = batch();
     let ops = Arc::new(Mutex::new(vec![]));
-    let pg = WithOverride::new(pg, Recorder(Arc::clone(&ops)));
-    let before = pg.stats();
-    let step = tensor_parallel_step(&pg, &block, &x, &grad_output).map(|s| Outcome {
-        output: values(&s.output),
-        grads: as_values(s.grads.iter()),
-        grad_input: values(&s.grad_input),
-    });
-    let used = pg.stats().since(&before);
+    let tp = SharedGroup::new(Box::new(WithOverride::new(pg, Recorder(Arc::clone(&ops)))));
+    let before = tp.stats();
+    let step = forward_and_backward(&block, &x, &grad_output, |x| tensor_parallel_block(&tp, &block, x));
+    let used = tp.stats().since(&before);
     let others = Collective::ALL.iter().filter(|&&c| c != Collective::AllReduce).map(|&c| used.calls(c)).sum();
     let all_reduces = ops.lock().unwrap().clone();
     Ok(RankRun { step: step.map_err(|e| explain_error(&e)), all_reduces, others })
 }
 
 fn steps(runs: &[RankRun]) -> Vec<Outcome> {
-    every_rank(runs.iter().map(|run| &run.step), "tensor_parallel_step", "rank")
+    every_rank(runs.iter().map(|run| &run.step), "tensor_parallel_block", "rank")
 }
 
 fn run(world: usize) -> Vec<RankRun> {

@@ -9,17 +9,18 @@ use std::sync::{Arc, Mutex};
 
 use candle_core::{Result, Tensor};
 use rstest::rstest;
-use workbook::distributed::{spawn_with_timeout, Collective, CollectiveOverride, ProcessGroup, ReduceOp, WithOverride};
+use workbook::distributed::{
+    spawn_with_timeout, Collective, CollectiveOverride, ProcessGroup, ReduceOp, SharedGroup, WithOverride,
+};
 use workbook::parallel::tensor::TensorParallelBlock;
-use workbook::phase4_under_the_hood::sequence_parallel_step;
+use workbook::phase4_under_the_hood::sequence_parallel_block;
 
 use crate::exercise_23::{
-    batch_of, config_of, matches, norm_gradients_are_parts, outcome_difference, params_of, reference_of, Case, Outcome,
-    CASE, HIDDEN, P, TIMEOUT,
+    batch_of, config_of, forward_and_backward, matches, norm_gradients_are_parts, outcome_difference, params_of,
+    reference_of, Case, Outcome, CASE, HIDDEN, P, TIMEOUT,
 };
-use crate::fsdp_runs::as_values;
 use crate::process_ranks::on_processes;
-use crate::support::{cause, every_rank, explain_error, first_scaled_difference, mistake, values};
+use crate::support::{cause, every_rank, explain_error, first_scaled_difference, mistake};
 
 const NORMS: [&str; 2] = ["input_layernorm", "post_attention_layernorm"];
 
@@ -108,16 +109,12 @@ struct RankRun {
 fn rank_run(pg: Box<dyn ProcessGroup>, case: Case) -> Result<RankRun> {
     let (rank, world) = (pg.rank(), pg.world_size());
     let shapes = Shapes::default();
-    let pg = WithOverride::new(pg, shapes.clone());
+    let pg = SharedGroup::new(Box::new(WithOverride::new(pg, shapes.clone())));
     let block = TensorParallelBlock::shard(&config_of(case), &params_of(case), 0, rank, world)?;
     let (x, grad_output) = batch_of(case);
     let own = |t: &Tensor| t.narrow(1, rank * case.t / world, case.t / world);
     let before = pg.stats();
-    let step = sequence_parallel_step(&pg, &block, &own(&x)?, &own(&grad_output)?).map(|s| Outcome {
-        output: values(&s.output),
-        grads: as_values(s.grads.iter()),
-        grad_input: values(&s.grad_input),
-    });
+    let step = forward_and_backward(&block, &own(&x)?, &own(&grad_output)?, |x| sequence_parallel_block(&pg, &block, x));
     let used = pg.stats().since(&before);
     let counted = [Collective::AllGather, Collective::ReduceScatter, Collective::AllReduce];
     let others = Collective::ALL.iter().filter(|c| !counted.contains(c)).map(|&c| used.calls(c)).sum();
@@ -140,7 +137,7 @@ fn steps(runs: &[RankRun]) -> Vec<Outcome> {
     if let Some((rank, what)) = runs.iter().enumerate().find_map(|(r, run)| Some((r, run.along_the_batch.as_ref()?))) {
         panic!("rank {rank} of {world}: {what}");
     }
-    every_rank(runs.iter().map(|run| &run.step), "sequence_parallel_step", "rank")
+    every_rank(runs.iter().map(|run| &run.step), "sequence_parallel_block", "rank")
 }
 
 fn run(case: Case, world: usize) -> Vec<RankRun> {

@@ -7,8 +7,8 @@
 //! A stage runs only its own part of the model and records the order in
 //! which it ran forwards and backwards, so a schedule can be checked and its
 //! idle time (the bubble) worked out. On a mesh with tensor parallelism a
-//! stage's blocks are split across its tp group and stepped by exercise 23,
-//! or 27 with the tokens cut along the sequence ([`PipelineStage::split`]);
+//! stage's blocks are split across its tp group and run by exercise 23, or
+//! 27 with the tokens cut along the sequence ([`PipelineStage::split`]);
 //! the schedule sees the same stage either way.
 
 use std::collections::HashMap;
@@ -22,19 +22,19 @@ use candle_core::backprop::GradStore;
 use candle_core::{bail, DType, Module, Result, Tensor, TensorId, Var};
 use candle_nn::Embedding;
 
-use crate::autograd::{accumulate, vjp, Gradients, Recompute};
+use crate::autograd::{vjp, Checkpointed, Gradients, Recompute};
 use crate::distributed::{ProcessGroup, SharedGroup};
 use crate::model::{layer_of, lm_head, Block, GptConfig, Linear, ParamStore, RmsNorm, RotaryCache, Weights};
 use crate::parallel::fsdp::{MixedPrecisionPolicy, ShardingPlan};
 use crate::parallel::fsdp_unit::BlockUnit;
-use crate::parallel::tensor::{BlockStep, TensorParallelBlock};
+use crate::parallel::tensor::{join_tokens, split_tokens, BlockStep, SplitBlock, TensorParallelBlock};
 use crate::phase1_model::next_token_loss;
 use crate::phase4_under_the_hood::{gpipe_step, one_f_one_b_step};
 use crate::timeline;
 
 mod replayed;
 pub use replayed::HeldUnits;
-use replayed::{Kept, ReplayedBlocks, Through};
+use replayed::{Kept, ReplayedBlocks};
 
 /// One rank's stage: the embedding on the first stage, a run of blocks, and
 /// the final norm, head and next-token loss on the last.
@@ -53,8 +53,8 @@ pub struct PipelineStage {
     untracked_inputs: AtomicUsize,
 }
 
-/// A stage's blocks: whole, or replayed in backward (split across a
-/// tensor-parallel group, or sharded as FSDP units).
+/// A stage's blocks: modules run with their graph (whole, or split across
+/// a tensor-parallel group), or FSDP units replayed in backward.
 enum StageBlocks {
     Whole(WholeBlocks),
     Replayed(ReplayedBlocks),
@@ -69,13 +69,47 @@ enum Holding<'a> {
     Sharded((SharedGroup, Option<SharedGroup>), &'a dyn Fn(&str) -> f64),
 }
 
-/// Whole blocks, each run under activation checkpointing when asked: a
-/// forward then keeps only each block's input, on a tape its backward
+/// Blocks run as modules, each under activation checkpointing when asked:
+/// a forward then keeps only each block's input, on a tape its backward
 /// replays, found by the output the forward handed out.
 struct WholeBlocks {
-    blocks: Vec<Block>,
+    blocks: Vec<StageBlock>,
+    /// Under sequence parallelism, the group whose ranks each run a chunk of
+    /// the tokens through the blocks.
+    sequence: Option<SharedGroup>,
     checkpointing: bool,
     tapes: Mutex<HashMap<TensorId, Recompute>>,
+}
+
+/// One block of a stage: the whole block, or this rank's shard of it.
+#[derive(Clone)]
+enum StageBlock {
+    Whole(Block),
+    Split(SplitBlock),
+}
+
+impl Module for StageBlock {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Self::Whole(block) => block.forward(x),
+            Self::Split(block) => block.forward(x),
+        }
+    }
+}
+
+impl Checkpointed for StageBlock {
+    fn variables(&self) -> Option<Vec<Tensor>> {
+        match self {
+            Self::Whole(block) => block.variables(),
+            Self::Split(block) => block.variables(),
+        }
+    }
+}
+
+impl WholeBlocks {
+    fn new(blocks: Vec<StageBlock>, sequence: Option<SharedGroup>) -> Self {
+        Self { blocks, sequence, checkpointing: false, tapes: Mutex::new(HashMap::new()) }
+    }
 }
 
 /// What a stage ran, in the order it ran it.
@@ -182,10 +216,10 @@ impl PipelineStage {
         Self::build(config, params, index, stages, Holding::Whole)
     }
 
-    /// Stage `index` of `stages`, its blocks split across the group `tp` as
-    /// exercise 23 steps them, or 27 when `step` says so (this rank's shard
-    /// of each; the embedding, final norm and head whole). Its parameters
-    /// are its own copies.
+    /// Stage `index` of `stages`, its blocks split across the group `tp` and
+    /// run by exercise 23, or 27 when `step` says so (this rank's shard of
+    /// each; the embedding, final norm and head whole). Its parameters are
+    /// its own copies.
     pub fn split(
         config: &GptConfig,
         params: &ParamStore,
@@ -243,19 +277,22 @@ impl PipelineStage {
         let (blocks, params) = match holding {
             Holding::Whole => {
                 let rotary = RotaryCache::new(config.head_dim(), config.max_seq_len, config.rope_theta, &device)?;
-                let blocks = layers.clone().map(|layer| Block::new(config, &mine, layer, &rotary));
+                let blocks = layers.clone().map(|layer| Ok(StageBlock::Whole(Block::new(config, &mine, layer, &rotary)?)));
                 let blocks = blocks.collect::<Result<_>>()?;
-                let whole = WholeBlocks { blocks, checkpointing: false, tapes: Mutex::new(HashMap::new()) };
-                (StageBlocks::Whole(whole), mine)
+                (StageBlocks::Whole(WholeBlocks::new(blocks, None)), mine)
             }
             Holding::Split(tp, step) => {
                 let (rank, ranks) = (tp.rank(), tp.world_size());
                 let blocks = layers
                     .clone()
                     .map(|layer| TensorParallelBlock::shard(config, params, layer, rank, ranks))
+                    .map(|block| Ok(SplitBlock::new(block?, tp.clone(), step)))
                     .collect::<Result<Vec<_>>>()?;
-                let held = ParamStore::union(std::iter::once(&outer()).chain(blocks.iter().map(|b| b.params())))?;
-                (StageBlocks::Replayed(ReplayedBlocks::new(Through::Split { blocks, tp, step })), held)
+                let held =
+                    ParamStore::union(std::iter::once(&outer()).chain(blocks.iter().map(|b| b.block().params())))?;
+                let sequence = (step == BlockStep::SequenceParallel).then_some(tp);
+                let blocks = blocks.into_iter().map(StageBlock::Split).collect();
+                (StageBlocks::Whole(WholeBlocks::new(blocks, sequence)), held)
             }
             Holding::Sharded((shard, replicas), weight_decay_of) => {
                 let (plan, policy) = (ShardingPlan::zero(3), MixedPrecisionPolicy::f32());
@@ -268,8 +305,7 @@ impl PipelineStage {
                     (&plan, &policy),
                     weight_decay_of,
                 )?;
-                let through = Through::Sharded { units: Mutex::new(units), shard, replicas };
-                (StageBlocks::Replayed(ReplayedBlocks::new(through)), outer())
+                (StageBlocks::Replayed(ReplayedBlocks::new(units, shard, replicas)), outer())
             }
         };
         let embed_tokens = match first {
@@ -298,16 +334,16 @@ impl PipelineStage {
         })
     }
 
-    /// Runs every whole block under activation checkpointing: a forward
-    /// keeps only each block's input, and backward recomputes the block.
-    /// Split blocks already recompute (exercises 23 and 27 take a block's
-    /// forward and backward in one call): they are refused.
+    /// Runs every block (whole or split) under activation checkpointing: a
+    /// forward keeps only each block's input, and backward recomputes the
+    /// block, its forward collectives included. FSDP units already
+    /// recompute (exercise 22 replays a unit in backward): they are refused.
     pub fn with_activation_checkpointing(mut self) -> Result<Self> {
         match &mut self.blocks {
             StageBlocks::Whole(whole) => whole.checkpointing = true,
             StageBlocks::Replayed(_) => bail!(
-                "a stage of split or sharded blocks already runs each block twice (exercises 22, 23 and 27 replay \
-                 a block in backward): drop --activation-checkpointing"
+                "a stage of FSDP units already runs each block twice (exercise 22 replays a unit in backward): \
+                 drop --activation-checkpointing"
             ),
         }
         Ok(self)
@@ -345,7 +381,7 @@ impl PipelineStage {
     /// The stage's FSDP units and their groups, when its blocks are sharded.
     pub fn sharded_units(&self) -> Option<HeldUnits<'_>> {
         match &self.blocks {
-            StageBlocks::Replayed(replayed) => replayed.units(),
+            StageBlocks::Replayed(replayed) => Some(replayed.units()),
             StageBlocks::Whole(_) => None,
         }
     }
@@ -381,8 +417,14 @@ impl PipelineStage {
                     self.untracked_inputs.fetch_add(1, Ordering::Relaxed);
                 }
                 let mut tape = Recompute::default();
+                if let Some(tp) = &whole.sequence {
+                    x = split_tokens(tp, &x)?;
+                }
                 for block in &whole.blocks {
                     x = if whole.checkpointing { tape.checkpoint(block, &x)? } else { block.forward(&x)? };
+                }
+                if let Some(tp) = &whole.sequence {
+                    x = join_tokens(tp, &x)?;
                 }
                 let output = self.head_of(&x, tokens)?;
                 if whole.checkpointing {
@@ -472,9 +514,7 @@ impl PipelineStage {
             }
             None => (empty_grad_store()?, grad_output),
         };
-        let grad_input = replayed.backward(&kept.block_inputs, grad, |grads| {
-            grads.iter().try_for_each(|(name, g)| accumulate(&mut store, self.params.get(name)?.as_tensor(), g.clone()))
-        })?;
+        let grad_input = replayed.backward(&kept.block_inputs, &grad)?;
         match self.is_first() {
             // The embedding's graph takes the gradient on to its weight.
             true => store.extend(vjp(&kept.input, &grad_input)?)?,

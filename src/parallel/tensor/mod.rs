@@ -1,26 +1,29 @@
 //! Tensor parallelism, Megatron style: one layer's weights split across the
-//! ranks, each computing its part of every token. The MLP's split and
-//! forward are exercise 20 (`exercises/phase4_under_the_hood/ex20_tensor_parallel_mlp.rs`);
-//! a whole block's step, forward and backward, is exercise 23
+//! ranks, each computing its part of every token. The collectives enter
+//! autograd as Megatron's conjugate operators f and g, so a split block is
+//! an ordinary module: one forward, and candle's backward. The MLP's split,
+//! f and g are exercise 20 (`exercises/phase4_under_the_hood/ex20_tensor_parallel_mlp.rs`);
+//! a whole block assembled from them is exercise 23
 //! (`exercises/phase4_under_the_hood/ex23_tensor_parallel_block.rs`), which
-//! the [`MeshTrainer`](crate::parallel::MeshTrainer) (`train --tp T`) steps
-//! every block with; the same step with the activations outside the matrices
-//! cut along the sequence is exercise 27 (`train --tp T --sequence-parallel`).
+//! the [`MeshTrainer`](crate::parallel::MeshTrainer) (`train --tp T`) runs
+//! every block with ([`SplitBlock`]); the same block with the activations
+//! outside the matrices cut along the sequence is exercise 27
+//! (`train --tp T --sequence-parallel`).
 
 mod sequence;
 mod shards;
-mod stepping;
-pub use sequence::{gather_sequence, scatter_sequence};
+mod split_block;
+pub use sequence::{gather_sequence, join_tokens, scatter_sequence, split_tokens};
 pub use shards::{moments_part, part_of, ShardCuts};
-pub use stepping::{backward_through, forward_through, BlockStep};
+pub use split_block::{BlockStep, SplitBlock};
 
-use candle_core::{bail, Module, Result, Tensor};
+use candle_core::{bail, Result, Tensor};
 
-use crate::autograd::Gradients;
-use crate::model::{CausalSelfAttention, GptConfig, Mlp, ParamStore, RmsNorm, RotaryCache, Weights};
+use crate::model::{CausalSelfAttention, GptConfig, ParamStore, RmsNorm, RotaryCache, Weights};
 
 /// One rank's shard of a SwiGLU MLP (`down(silu(gate x) * up x)`) split
-/// across N ranks along the intermediate dimension I.
+/// across N ranks along the intermediate dimension I; its `partial` and
+/// `forward` are exercise 20.
 #[derive(Debug, Clone)]
 pub struct TensorParallelMlp {
     /// This rank's part of gate_proj's (I, C) weight: (I/N, C).
@@ -35,28 +38,17 @@ pub struct TensorParallelMlp {
 /// `y = h + mlp(norm₂(h))`: attention split by heads (its rows of q, k and v,
 /// its columns of o), the MLP by hidden units (exercise 20's split), the two
 /// norms whole on every rank. Each shard is a variable of its own, named as
-/// the whole parameter is.
+/// the whole parameter is. Its forward is exercise 23 (27 under sequence
+/// parallelism).
 pub struct TensorParallelBlock {
     /// norm₁, the same on every rank.
     pub input_layernorm: RmsNorm,
     /// norm₂, the same on every rank.
     pub post_attention_layernorm: RmsNorm,
+    /// This rank's hidden units of the MLP (exercise 20's split).
+    pub mlp: TensorParallelMlp,
     attention: CausalSelfAttention,
-    mlp: Mlp,
     params: ParamStore,
-}
-
-/// What one rank ends a tensor-parallel block's step with.
-#[derive(Debug, Clone)]
-pub struct TensorParallelStep {
-    /// The block's output, (B, T, C): whole, the same on every rank; under
-    /// sequence parallelism this rank's chunk of the tokens, (B, T/N, C).
-    pub output: Tensor,
-    /// The gradients of this rank's parameters: its shards and the norms.
-    pub grads: Gradients,
-    /// ∂L/∂x, (B, T, C): whole, the same on every rank; under sequence
-    /// parallelism this rank's chunk of the tokens, (B, T/N, C).
-    pub grad_input: Tensor,
 }
 
 impl TensorParallelBlock {
@@ -105,9 +97,8 @@ impl TensorParallelBlock {
             (format!("{p}.mlp.down_proj.weight"), mlp.down_proj),
         ])?;
         let linear = |name: &str| shards.linear(&format!("{p}.{name}"), false);
-        let norm = |name: &str| {
-            Ok::<_, candle_core::Error>(RmsNorm::new(shards.tensor(&format!("{p}.{name}.weight"))?, config.norm_eps))
-        };
+        let weight = |name: &str| shards.tensor(&format!("{p}.{name}.weight"));
+        let norm = |name: &str| Ok::<_, candle_core::Error>(RmsNorm::new(weight(name)?, config.norm_eps));
         let device = shards.get(&format!("{p}.input_layernorm.weight"))?.device().clone();
         let rotary = RotaryCache::new(d, config.max_seq_len, config.rope_theta, &device)?;
         Ok(Self {
@@ -123,26 +114,24 @@ impl TensorParallelBlock {
                 (heads / world, kv_heads / world),
                 rotary,
             ),
-            mlp: Mlp::new(linear("mlp.gate_proj")?, linear("mlp.up_proj")?, linear("mlp.down_proj")?),
+            mlp: TensorParallelMlp {
+                gate_proj: weight("mlp.gate_proj")?,
+                up_proj: weight("mlp.up_proj")?,
+                down_proj: weight("mlp.down_proj")?,
+            },
             params: shards,
         })
     }
 
-    /// This rank's heads on `x` (B, T, C), through its columns of o_proj:
-    /// its share of the attention's output, (B, T, C). The shares of all
-    /// ranks sum to the whole attention's output.
-    pub fn attention_share(&self, x: &Tensor) -> Result<Tensor> {
-        self.attention.forward(x)
-    }
-
-    /// This rank's hidden units on `x` (B, T, C), through its columns of
-    /// down_proj: its share of the MLP's output, (B, T, C).
-    pub fn mlp_share(&self, x: &Tensor) -> Result<Tensor> {
-        self.mlp.forward(x)
+    /// This rank's heads on `x` (B, T, C), through its columns of o_proj,
+    /// with no communication: its part of attention's output, (B, T, C).
+    /// The parts of all ranks sum to the whole attention's output.
+    pub fn attention_partial(&self, x: &Tensor) -> Result<Tensor> {
+        candle_core::Module::forward(&self.attention, x)
     }
 
     /// This rank's parameters: the shards and the two norms, by the whole
-    /// model's names. [`Gradients::from_store`] reads their gradients.
+    /// model's names. [`crate::autograd::Gradients::from_store`] reads their gradients.
     pub fn params(&self) -> &ParamStore {
         &self.params
     }
