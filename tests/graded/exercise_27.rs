@@ -114,7 +114,8 @@ fn rank_run(pg: Box<dyn ProcessGroup>, case: Case) -> Result<RankRun> {
     let (x, grad_output) = batch_of(case);
     let own = |t: &Tensor| t.narrow(1, rank * case.t / world, case.t / world);
     let before = pg.stats();
-    let step = forward_and_backward(&block, &own(&x)?, &own(&grad_output)?, |x| sequence_parallel_block(&pg, &block, x));
+    let step =
+        forward_and_backward(&block, &own(&x)?, &own(&grad_output)?, |x| sequence_parallel_block(&pg, &block, x));
     let used = pg.stats().since(&before);
     let counted = [Collective::AllGather, Collective::ReduceScatter, Collective::AllReduce];
     let others = Collective::ALL.iter().filter(|c| !counted.contains(c)).map(|&c| used.calls(c)).sum();

@@ -113,6 +113,9 @@ enum Task {
         /// Only plant the natural mistakes (solutions/natural.toml) and count how often each is named.
         #[arg(long)]
         natural: bool,
+        /// Only plant the mistakes of exercise N (repeatable): the quick check while writing them.
+        #[arg(long = "exercise", value_name = "N")]
+        exercises: Vec<u32>,
     },
     /// Write the lists that follow from exercises/info.toml: src/exercises.rs, the graded
     /// tests' module list and the guide's SUMMARY.md (for whoever adds an exercise).
@@ -288,8 +291,9 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
         Task::Reset { exercise, yes } => commands::reset(&ws, exercise, yes),
         Task::Watch => watch::watch(ws),
         Task::Lean { exercises, off } => lean::lean(&ws, exercises.as_deref(), off),
-        Task::Verify { natural: false } => verify::verify(&ws),
-        Task::Verify { natural: true } => verify::natural(&ws),
+        Task::Verify { natural: false, exercises } if exercises.is_empty() => verify::verify(&ws),
+        Task::Verify { natural: false, exercises } => verify::planted_only(&ws, &exercises),
+        Task::Verify { natural: true, exercises } => verify::natural(&ws, &exercises),
         Task::Update => registry::update(&ws).map(|()| true),
         Task::Figures { record } => figures::figures(&ws, record),
         Task::SampleStories => stories::write_sample(&ws.root).map(|()| true),

@@ -32,10 +32,20 @@ pub fn verify(ws: &Workspace) -> anyhow::Result<bool> {
     metadata(ws, &mut tally);
     let reference = solutions_pass(ws, &mut tally);
     let stubs = stubs_fail(ws, &mut tally);
-    planted_mistakes(ws, &mut tally);
+    planted_mistakes(ws, &[], &mut tally);
     dependencies_suffice(ws, &mut tally);
     no_warnings(ws, [("the reference solutions", reference), ("the shipped stubs", stubs)], &mut tally);
     guide_builds(ws, &mut tally);
+    println!();
+    let summary = format!("{} passed, {} failed", tally.passed, tally.failed);
+    println!("{}", if tally.failed == 0 { green(&summary) } else { red(&summary) });
+    Ok(tally.failed == 0)
+}
+
+/// `verify --exercise N…`: only the planted mistakes of those exercises.
+pub fn planted_only(ws: &Workspace, exercises: &[u32]) -> anyhow::Result<bool> {
+    let mut tally = Tally::default();
+    planted_mistakes(ws, exercises, &mut tally);
     println!();
     let summary = format!("{} passed, {} failed", tally.passed, tally.failed);
     println!("{}", if tally.failed == 0 { green(&summary) } else { red(&summary) });
@@ -431,17 +441,18 @@ fn stubs_fail(ws: &Workspace, tally: &mut Tally) -> Option<TestRun> {
 
 /// Part 4: every mistake that no fixture output stands for, planted in the
 /// reference solution, fails a test of its exercise that names it, and no
-/// failure blames another of the exercise's mistakes.
-fn planted_mistakes(ws: &Workspace, tally: &mut Tally) {
+/// failure blames another of the exercise's mistakes. Only `exercises`'
+/// when some are given.
+fn planted_mistakes(ws: &Workspace, exercises: &[u32], tally: &mut Tally) {
     tally.section(&format!(
         "Planted mistakes are caught by name, their neighbours blamed on none ({})",
         planted::PLANTS_FILE
     ));
     let plants = match planted::load(&ws.root) {
-        Ok(plants) => plants,
+        Ok(plants) => only_of(plants, exercises),
         Err(error) => return tally.check(false, || format!("{error:#}")),
     };
-    for exercise in &ws.workbook.exercises {
+    for exercise in ws.workbook.exercises.iter().filter(|e| exercises.is_empty() || exercises.contains(&e.number)) {
         let outputs = planted::fixture_outputs(&ws.root, exercise.number);
         for mistake in exercise.mistakes.iter().filter(|m| !planted::has_fixture_output(&outputs, &m.id)) {
             let count = plants
@@ -467,6 +478,11 @@ fn planted_mistakes(ws: &Workspace, tally: &mut Tally) {
         };
         tally.check(problems.is_empty(), || problems.join("\n  "));
     });
+}
+
+/// The plants of `exercises`; all of them when none is given.
+fn only_of(plants: Vec<planted::Plant>, exercises: &[u32]) -> Vec<planted::Plant> {
+    plants.into_iter().filter(|p| exercises.is_empty() || exercises.contains(&p.exercise)).collect()
 }
 
 /// Plants each of `plants` in the reference solutions, those of independent
@@ -504,8 +520,8 @@ fn run_planted(
 /// learner's own words rather than a plant's, and counts how often the
 /// failures name what it amounts to, name nothing, or name a mistake it is
 /// not, by exercise and by phase. Fails when one misleads or passes.
-pub fn natural(ws: &Workspace) -> anyhow::Result<bool> {
-    let plants = planted::load_natural(&ws.root)?;
+pub fn natural(ws: &Workspace, exercises: &[u32]) -> anyhow::Result<bool> {
+    let plants = only_of(planted::load_natural(&ws.root)?, exercises);
     println!("{}", bold(&format!("Natural mistakes ({}), planted one at a time", planted::NATURAL_FILE)));
     // By exercise: [named, unnamed, misleading, passed, amounting to a named mistake].
     let mut counts: std::collections::BTreeMap<u32, [usize; 5]> = Default::default();

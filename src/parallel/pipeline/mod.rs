@@ -277,7 +277,8 @@ impl PipelineStage {
         let (blocks, params) = match holding {
             Holding::Whole => {
                 let rotary = RotaryCache::new(config.head_dim(), config.max_seq_len, config.rope_theta, &device)?;
-                let blocks = layers.clone().map(|layer| Ok(StageBlock::Whole(Block::new(config, &mine, layer, &rotary)?)));
+                let blocks =
+                    layers.clone().map(|layer| Ok(StageBlock::Whole(Block::new(config, &mine, layer, &rotary)?)));
                 let blocks = blocks.collect::<Result<_>>()?;
                 (StageBlocks::Whole(WholeBlocks::new(blocks, None)), mine)
             }
