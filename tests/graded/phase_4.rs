@@ -17,17 +17,18 @@
 //!   each rank updating only its shards.
 //! - Tensor parallel: the workbook's tensor-parallel trainer on a mesh of
 //!   2 replicas × 2 ranks, every block split across a replica's ranks and
-//!   stepped by your exercise 23, each rank updating only its shards.
+//!   run by your exercise 23, each rank updating only its shards.
 //!
 //! In the last two the model's root (embedding, final norm, head) stays
 //! whole on every rank, as the FSDP trainer keeps its root unit.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 
 use candle_core::{bail, Device, Module, Result, Tensor, Var};
 use rstest::rstest;
 use workbook::autograd::{vjp, Gradients};
-use workbook::distributed::{DeviceMesh, MeshShape, OwnRing, ProcessGroup, ReduceOp};
+use workbook::distributed::{CollectiveOverride, DeviceMesh, MeshShape, OwnRing, ProcessGroup, ReduceOp, WithOverride};
 use workbook::model::{layer_of, Outer, ParamStore};
 use workbook::parallel::ddp::average_in_buckets;
 use workbook::parallel::fsdp::FlatLayout;
@@ -43,6 +44,7 @@ use workbook::{init_params, Gpt};
 
 use crate::fsdp_runs::{
     as_values, global_batches, max_relative_difference, model_config, rows_of, single_process, train_config,
+    GLOBAL_BATCH, SEQ_LEN,
 };
 use crate::process_ranks::on_processes;
 
@@ -256,8 +258,8 @@ fn fsdp_rank(pg: Box<dyn ProcessGroup>) -> Result<Values> {
 }
 
 /// One rank of a (dp 2, tp 2) mesh: the workbook's mesh trainer, whose
-/// blocks your exercise 23 steps (its MLP cut by your exercise 20), or 27,
-/// on its replica's rows of each micro-batch.
+/// blocks your exercise 23 runs (its MLP your exercise 20's), or 27, on its
+/// replica's rows of each micro-batch.
 fn tensor_parallel_rank(pg: Box<dyn ProcessGroup>, block_step: BlockStep) -> Result<Values> {
     let mesh = DeviceMesh::new(pg, MeshShape { dp: 2, pp: 1, tp: 2 })?;
     let replica = mesh.coords().dp;
@@ -274,7 +276,7 @@ fn tensor_parallel_rank(pg: Box<dyn ProcessGroup>, block_step: BlockStep) -> Res
 
 /// One rank of a (dp 2, pp 2, tp 2) mesh: the workbook's mesh trainer,
 /// your 1F1B schedule (exercise 24) over stages whose blocks your exercise 23
-/// steps, or 27, on its replica's rows of each micro-batch.
+/// runs, or 27, on its replica's rows of each micro-batch.
 fn three_dimensional_rank(pg: Box<dyn ProcessGroup>, block_step: BlockStep) -> Result<Values> {
     let mesh = DeviceMesh::new(pg, MeshShape { dp: 2, pp: 2, tp: 2 })?;
     let replica = mesh.coords().dp;
@@ -287,6 +289,84 @@ fn three_dimensional_rank(pg: Box<dyn ProcessGroup>, block_step: BlockStep) -> R
         trainer.train_step(&rows)?;
     }
     Ok(values(trainer.stage().params()))
+}
+
+/// Every activation-sized collective a rank makes, in order: its kind and
+/// its input's elements.
+#[derive(Clone, Default)]
+struct CollectiveLog(Arc<Mutex<Vec<(String, usize)>>>);
+
+impl CollectiveLog {
+    fn note(&self, kind: &'static str, t: &Tensor) {
+        self.0.lock().unwrap().push((kind.to_string(), t.elem_count()));
+    }
+}
+
+impl CollectiveOverride for CollectiveLog {
+    fn all_reduce(&self, inner: &dyn ProcessGroup, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
+        self.note("all-reduce", t);
+        inner.all_reduce(t, op)
+    }
+
+    fn all_gather(&self, inner: &dyn ProcessGroup, t: &Tensor) -> Result<Tensor> {
+        self.note("all-gather", t);
+        inner.all_gather(t)
+    }
+
+    fn reduce_scatter(&self, inner: &dyn ProcessGroup, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
+        self.note("reduce-scatter", t);
+        inner.reduce_scatter(t, op)
+    }
+}
+
+/// One rank of a tp 2 mesh taking one step: every collective it made.
+fn traced_tensor_parallel_rank(pg: Box<dyn ProcessGroup>, block_step: BlockStep) -> Result<Vec<(String, usize)>> {
+    let log = CollectiveLog::default();
+    let mesh = DeviceMesh::new(Box::new(WithOverride::new(pg, log.clone())), MeshShape { dp: 1, pp: 1, tp: 2 })?;
+    let params = init_params(&model_config(), 7, &Device::Cpu)?;
+    let (config, schedule) = (train_config(CLIP), PipelineSchedule::GPipe);
+    let plan = MeshPlan { schedule, block_step, data_axis: DataAxis::Replicate, bucket_bytes: BUCKET_BYTES };
+    let mut trainer = MeshTrainer::new(&model_config(), &params, config, mesh, plan)?;
+    trainer.train_step(&global_batches(0))?;
+    let log = log.0.lock().unwrap().clone();
+    Ok(log)
+}
+
+/// With f and g recorded in the graph, a split block runs once per
+/// micro-batch: Megatron's four all-reduces of a (B, T, C) activation per
+/// block, two forward and two backward; under sequence parallelism four
+/// all-gathers and four reduce-scatters per block, and one all-gather each
+/// way where the stage's whole activations enter and leave the chunks. Both
+/// ranks make the same collectives in the same order (candle's backward
+/// walks the same graph on each).
+#[rstest]
+fn a_split_block_runs_once_per_micro_batch_with_megatrons_collectives(
+    #[values(BlockStep::TensorParallel, BlockStep::SequenceParallel)] block_step: BlockStep,
+) {
+    let logs = on_processes(2, |pg| traced_tensor_parallel_rank(Box::new(pg), block_step));
+    let (blocks, micro_batches) = (model_config().num_layers, global_batches(0).len());
+    let activation = GLOBAL_BATCH * SEQ_LEN * model_config().hidden_size;
+    let count = |kind: &str, elements: usize| logs[0].iter().filter(|(k, n)| k == kind && *n == elements).count();
+    let per_block = 4 * blocks * micro_batches;
+    let got = match block_step {
+        BlockStep::TensorParallel => [count("all-reduce", activation), 0, 0],
+        BlockStep::SequenceParallel => {
+            let chunk = activation / 2;
+            [count("all-reduce", activation), count("all-gather", chunk), count("reduce-scatter", activation)]
+        }
+    };
+    let want = match block_step {
+        BlockStep::TensorParallel => [per_block, 0, 0],
+        BlockStep::SequenceParallel => [0, per_block + 2 * micro_batches, per_block],
+    };
+    assert_eq!(
+        got,
+        want,
+        "exercise {}'s blocks on tp 2, {blocks} blocks, {micro_batches} micro-batches: [all-reduces, all-gathers, \
+         reduce-scatters] of activations",
+        block_step.exercise()
+    );
+    assert_eq!(logs[0], logs[1], "the two ranks' collectives differ in kind, size or order");
 }
 
 /// What rank `rank` of `world` holds of `whole` when every block is split
@@ -363,21 +443,13 @@ fn your_fsdp_units_on_two_processes_train_as_one_process() {
     expect_as_one_process(&per_rank, "FSDP units stepped by exercise 22");
 }
 
-/// The exercise that steps a split block.
-fn block_exercise(block_step: BlockStep) -> u32 {
-    match block_step {
-        BlockStep::TensorParallel => 23,
-        BlockStep::SequenceParallel => 27,
-    }
-}
-
 #[rstest]
 fn your_tensor_parallel_blocks_on_a_mesh_of_four_processes_train_as_one_process(
     #[values(BlockStep::TensorParallel, BlockStep::SequenceParallel)] block_step: BlockStep,
 ) {
     let per_rank = on_processes(4, |pg| tensor_parallel_rank(Box::new(pg), block_step));
     let one = ParamStore::from_tensors(single_process(STEPS, CLIP)).unwrap();
-    let what = format!("a dp 2 × tp 2 mesh, its blocks stepped by exercise {}", block_exercise(block_step));
+    let what = format!("a dp 2 × tp 2 mesh, its blocks run by exercise {}", block_step.exercise());
     expect_shares_of_one_process(&per_rank, &what, |rank| tensor_parallel_shares(&one, rank % 2, 2));
 }
 
@@ -388,8 +460,8 @@ fn your_pipeline_of_tensor_parallel_stages_on_a_mesh_of_eight_processes_trains_a
     let per_rank = on_processes(8, |pg| three_dimensional_rank(Box::new(pg), block_step));
     let one = ParamStore::from_tensors(single_process(STEPS, CLIP)).unwrap();
     let what = format!(
-        "the 1F1B pipeline of exercise 24 on a dp 2 × pp 2 × tp 2 mesh, its blocks stepped by exercise {}",
-        block_exercise(block_step)
+        "the 1F1B pipeline of exercise 24 on a dp 2 × pp 2 × tp 2 mesh, its blocks run by exercise {}",
+        block_step.exercise()
     );
     expect_shares_of_one_process(&per_rank, &what, |rank| tensor_parallel_shares(&one, rank % 2, 2));
 }

@@ -86,25 +86,25 @@ pub fn exercise_lines(options: &RunOptions) -> candle_core::Result<Vec<String>> 
                 ));
             }
             if mesh.tp > 1 {
-                let stepped = match sequence_parallel {
+                let run_by = match sequence_parallel {
                     true => format!("{}, norms and residuals cut along the sequence (--sequence-parallel)", named(27)),
                     false => named(23),
                 };
                 let blocks = if stages > 1 { "every stage's blocks" } else { "every block" };
                 lines.push(format!(
-                    "tensor parallelism: {blocks} split across {} ranks (heads and MLP units), stepped by {stepped}; \
-                     embedding and head whole",
+                    "tensor parallelism: {blocks} split across {} ranks (heads and MLP units), run once per \
+                     micro-batch by {run_by}; embedding and head whole",
                     mesh.tp
                 ));
             }
         }
     }
     if mesh.tp > 1 {
-        lines.push(format!(
-            "MLP split: each block's MLP weights cut by `TensorParallelMlp::shard` from {}; its `forward` is not \
-             used by this run",
-            named(20)
-        ));
+        let used = match options.strategy {
+            Strategy::Mesh { sequence_parallel: true, .. } => "`shard`, `partial`, and f on the norms' weights",
+            _ => "`shard` and `forward` (f, `partial`, g)",
+        };
+        lines.push(format!("MLP split: every block's MLP is {}: its {used}", named(20)));
     }
     if options.strategy.cuts_the_model() {
         lines.push(format!(

@@ -16,7 +16,7 @@ pub enum Strategy {
     /// Phase 4: the model over a mesh. Its blocks cut into `stages`
     /// pipeline stages (1: none), stepped on GPipe's schedule (exercise 21)
     /// or 1F1B's (exercise 24); each stage's blocks split across `tp`
-    /// tensor-parallel ranks (1: whole), stepped by exercise 23, or by
+    /// tensor-parallel ranks (1: whole), run by exercise 23, or by
     /// exercise 27 with the norms and residuals cut along the sequence (the
     /// MLP cut by exercise 20); the ranks beyond one pipeline of split
     /// stages are data-parallel replicas of it, whose `data` axis shares each

@@ -12,9 +12,11 @@
 //! reach the learner's code; an exercise still untouched in the old stub gets
 //! the new one, so it still counts as not started.
 //!
-//! One contract changed: exercise 8 returns the parameter groups instead of
-//! the optimizer. That is logic, which only the learner can rewrite, so the
-//! tool says exactly how for as long as the old function is there.
+//! Some contracts changed: exercise 8 returns the parameter groups instead
+//! of the optimizer; exercises 20, 23 and 27 record their collectives in
+//! autograd's graph instead of writing a block's backward by hand. That is
+//! logic, which only the learner can rewrite, so the tool says how for as
+//! long as the old function is there.
 
 use std::path::Path;
 
@@ -76,12 +78,44 @@ fn renew_old_stubs(source: &str, names: &[&str], stub_line: &str) -> String {
     renewed
 }
 
-/// Exercise 8 used to be `build_optimizer(params, config) -> Result<AdamW>`.
+/// A contract that changed: exercise `number`'s file still holding the old
+/// function (`old`) and not yet the new one (`new`) gets `explanation`.
+struct ChangedContract {
+    number: u32,
+    old: &'static str,
+    new: &'static str,
+    explanation: &'static str,
+}
+
+const CHANGED_CONTRACTS: [ChangedContract; 4] = [
+    ChangedContract { number: 8, old: "fn build_optimizer(", new: "fn param_groups(", explanation: OLD_EXERCISE_8 },
+    ChangedContract {
+        number: 20,
+        old: "pub fn forward(&self, pg: &dyn ProcessGroup",
+        new: "fn copy_to_tensor_parallel(",
+        explanation: OLD_EXERCISE_20,
+    },
+    ChangedContract {
+        number: 23,
+        old: "fn tensor_parallel_step(",
+        new: "fn tensor_parallel_block(",
+        explanation: OLD_EXERCISE_23,
+    },
+    ChangedContract {
+        number: 27,
+        old: "fn sequence_parallel_step(",
+        new: "fn sequence_parallel_block(",
+        explanation: OLD_EXERCISE_27,
+    },
+];
+
 fn explain_changed_contracts(ws: &Workspace) {
-    let Some(exercise) = ws.workbook.exercises.iter().find(|e| e.functions == ["param_groups"]) else { return };
-    let Ok(source) = ws.read(&exercise.file) else { return };
-    if source.contains("fn build_optimizer(") && !source.contains("fn param_groups(") {
-        println!("{}", OLD_EXERCISE_8.replace("{file}", &exercise.file.display().to_string()));
+    for change in &CHANGED_CONTRACTS {
+        let Ok(exercise) = ws.workbook.exercise(change.number) else { continue };
+        let Ok(source) = ws.read(&exercise.file) else { continue };
+        if source.contains(change.old) && !source.contains(change.new) {
+            println!("{}", change.explanation.replace("{file}", &exercise.file.display().to_string()));
+        }
     }
 }
 
@@ -95,6 +129,30 @@ list of groups). To carry your work over:
   - return the two groups you built instead of `AdamW::new(groups, config.adamw)`
     (the trainer calls AdamW::new now), and import `crate::train::ParamGroup`.
 Or start the exercise again from its new stub: cargo xtask reset 8
+";
+
+const OLD_EXERCISE_20: &str = "\
+{file}: exercise 20 now records its collectives in autograd's graph, as
+Megatron's f and g operators, so that a split layer is an ordinary module whose
+backward candle computes. Your `shard` carries over as it is; `forward` now
+takes a `&SharedGroup` and is built from three new functions,
+`copy_to_tensor_parallel` (f), `reduce_from_tensor_parallel` (g) and
+`TensorParallelMlp::partial` (your forward without its all-reduce). Start from
+the new stub and keep your `shard`: cargo xtask reset 20
+";
+
+const OLD_EXERCISE_23: &str = "\
+{file}: exercise 23 now writes only the block's forward, `tensor_parallel_block`,
+from exercise 20's f and g; candle's backward does the rest, so the trainer runs
+each block once per micro-batch instead of twice. Your hand-written backward
+has no place in it. Start from the new stub: cargo xtask reset 23
+";
+
+const OLD_EXERCISE_27: &str = "\
+{file}: exercise 27 now writes the two sequence collectives as autograd operators
+(`all_gather_tokens`, `reduce_scatter_tokens`) and the block's forward,
+`sequence_parallel_block`; candle's backward does the rest. Your hand-written
+backward has no place in it. Start from the new stub: cargo xtask reset 27
 ";
 
 /// The phase folders' `mod.rs` from before `src/exercises.rs` wired the files in.
@@ -227,6 +285,23 @@ mod tests {
     }
 
     #[test]
+    fn each_changed_contract_is_told_apart_by_the_shipped_stub() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let workbook = crate::metadata::Workbook::load(root).unwrap();
+        for change in &CHANGED_CONTRACTS {
+            let stub = std::fs::read_to_string(root.join(&workbook.exercise(change.number).unwrap().file)).unwrap();
+            assert!(
+                stub.contains(change.new) && !stub.contains(change.old),
+                "exercise {}'s stub must hold `{}` and not `{}`",
+                change.number,
+                change.new,
+                change.old
+            );
+            assert!(change.explanation.contains(&format!("cargo xtask reset {}", change.number)));
+        }
+    }
+
+    #[test]
     fn the_old_exercise_8_is_explained() {
         assert!(
             OLD_EXERCISE_8.contains("pub fn param_groups(params: &ParamStore, weight_decay: f64) -> Vec<ParamGroup>")
@@ -267,7 +342,8 @@ mod tests {
 
     /// A learner who cloned at `DOCS_BASE` and finished every exercise (the
     /// reference bodies stand in for their work) commits and pulls: every
-    /// file merges without a conflict, with today's docs and their bodies.
+    /// file whose contract did not change since merges without a conflict,
+    /// with today's docs and their bodies.
     #[test]
     fn a_pull_brings_the_new_docs_over_finished_exercises() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
@@ -284,6 +360,10 @@ mod tests {
             let file = exercise.file.to_str().unwrap();
             // An exercise added since arrives whole: nothing of the learner's to merge.
             let Some(base) = git_show(&format!("{DOCS_BASE}:{file}")) else { continue };
+            // A contract changed since conflicts by design: the tool explains it.
+            if CHANGED_CONTRACTS.iter().any(|c| c.number == exercise.number && base.contains(c.old)) {
+                continue;
+            }
             let names = exercise.fn_names();
             let reference = std::fs::read_to_string(root.join(exercise.solution_file().unwrap())).unwrap();
             let finished = with_bodies_of(&base, &reference, &names);

@@ -4,9 +4,9 @@
 //! [`DeviceMesh`] of shape (dp, pp, tp). Pipeline parallelism cuts it into S stages, one per
 //! rank of a `pp` group, stepped on the learner's GPipe (exercise 21) or
 //! 1F1B (exercise 24) schedule over the step's micro-batches; tensor
-//! parallelism splits every stage's blocks across its `tp` group, stepped by
+//! parallelism splits every stage's blocks across its `tp` group, run by
 //! exercise 23 (or 27, the tokens outside the split matrices cut along the
-//! sequence); the ranks beyond one pipeline of split stages are data-parallel
+//! sequence) as ordinary modules, once per micro-batch; the ranks beyond one pipeline of split stages are data-parallel
 //! replicas of it, which share each step as the [`DataAxis`] says: DDP's
 //! averaged gradients, ZeRO-1's sharded optimizer (exercise 17), FSDP's
 //! units (exercise 22: each block of a stage sharded across the replicas,

@@ -138,21 +138,20 @@ struct Args {
     )]
     pipeline_stages: Option<usize>,
     /// Split every block across T tensor-parallel ranks, Megatron style,
-    /// stepped by your exercise 23 (the embedding and head stay whole on
+    /// run by your exercise 23 (the embedding and head stay whole on
     /// every rank); with --pp, each stage's blocks. With more ranks than T
     /// (or S·T), the group is replicated across them, data-parallel.
     #[arg(
         long = "tp",
         value_name = "T",
         conflicts_with_all = [
-            "sharding", "precision", "hybrid_group_size", "prefetch", "offload", "powersgd_rank", "ddp_overlap",
-            "activation_checkpointing"
+            "sharding", "precision", "hybrid_group_size", "prefetch", "offload", "powersgd_rank", "ddp_overlap"
         ]
     )]
     tensor_parallel: Option<usize>,
     /// With --tp: cut the norms and residuals of every block along the
     /// sequence, each tensor-parallel rank keeping its chunk of the tokens,
-    /// stepped by your exercise 27 (Megatron's sequence parallelism); with
+    /// run by your exercise 27 (Megatron's sequence parallelism); with
     /// --pp too, within each stage.
     #[arg(long, requires = "tensor_parallel")]
     sequence_parallel: bool,
