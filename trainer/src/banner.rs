@@ -35,7 +35,15 @@ pub fn exercise_lines(options: &RunOptions) -> candle_core::Result<Vec<String>> 
         ));
     }
     match options.strategy {
-        Strategy::Ddp => {}
+        Strategy::Ddp if options.ddp_overlap => {}
+        Strategy::Ddp => lines.push(format!(
+            "training step: micro-batches accumulated, {}clipped and stepped by {}",
+            match mesh.dp {
+                1 => String::new(),
+                replicas => format!("gradients averaged over the {replicas} replicas, "),
+            },
+            named(10)
+        )),
         Strategy::Fsdp(_) => lines.push(format!(
             "FSDP: every block's unit step (gather, compute, free; gather again, reduce-scatter) by {}",
             named(22)
@@ -43,10 +51,15 @@ pub fn exercise_lines(options: &RunOptions) -> candle_core::Result<Vec<String>> 
         Strategy::Mesh { stages, schedule, sequence_parallel, data, .. } => {
             match data {
                 DataAxis::ShardOptimizer => lines.push(format!(
-                    "optimizer (--strategy zero1): AdamW's moments sharded across the {} data-parallel replicas, \
-                     each step by {}",
-                    mesh.dp,
-                    named(17)
+                    "optimizer (--strategy zero1): AdamW's moments sharded across {}, each step by {}{}",
+                    workbook::words::count(mesh.dp, "data-parallel replica"),
+                    named(17),
+                    match mesh.dp {
+                        1 =>
+                            "; with one replica it holds every moment: ZeRO-1 saves memory from 2 replicas on \
+                              (--nproc, or --nproc / (pp · tp) on a mesh)",
+                        _ => "",
+                    }
                 )),
                 DataAxis::YourDdp => lines.push(format!(
                     "DDP (--own-ddp): each micro-batch's forward and backward, and the gradients averaged over the \

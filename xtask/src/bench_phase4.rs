@@ -154,9 +154,8 @@ pub fn bench_mesh(ws: &Workspace, model_size: &str, steps: usize, rounds: usize)
          *Sent per step* counts every group a rank belongs to. What to expect:\n\
          a pipeline stage sends each micro-batch's activations on and their gradients back, and\n\
          all-reduces only its own stage's gradients; a tensor-parallel rank all-reduces a (B, T, C)\n\
-         activation four times per block and micro-batch, and the trainer runs every block twice\n\
-         (exercise 23 takes forward and backward in one call). Both exist to fit models that one\n\
-         device cannot hold.\n\n\
+         activation four times per block and micro-batch, two forward (g) and two backward (f),\n\
+         running each block once. Both exist to fit models that one device cannot hold.\n\n\
          ### {}\n\n{steps} timed optimizer steps after {} warm-up steps.\n\n{table}",
         workload.title,
         workload.warmup,
