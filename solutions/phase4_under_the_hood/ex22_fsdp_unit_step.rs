@@ -33,11 +33,10 @@ pub fn fsdp_backward(
         unit.unshard(pg.all_gather(&unit.shard()?)?)?;
         let input = Var::from_tensor(input)?;
         let grads = vjp(&unit.forward(input.as_tensor())?, &grad)?;
-        let (Some(whole), Some(grad_input)) = (unit.whole().and_then(|w| grads.get(w)), grads.get(input.as_tensor()))
-        else {
+        let (Some(whole), Some(grad_input)) = (unit.flat_grad(&grads)?, grads.get(input.as_tensor())) else {
             bail!("unit {}'s replay gave no gradient for its parameters or its input", unit.layer());
         };
-        unit.add_grad(&pg.reduce_scatter(whole, ReduceOp::Avg)?)?;
+        unit.add_grad(&pg.reduce_scatter(&whole, ReduceOp::Avg)?)?;
         unit.reshard();
         grad = grad_input.clone();
     }

@@ -9,11 +9,17 @@
 //! A shard boundary can fall inside a tensor: a rank may own the second half
 //! of one weight and the first half of the next. Nothing cares, because every
 //! per-element operation (AdamW, gradient averaging) works on the flat buffer.
+//!
+//! While a unit computes, its gathered buffer is split into one variable per
+//! parameter ([`FlatLayout::split`]), and their gradients are laid end to end
+//! again with one `cat` ([`FlatLayout::concat`]). Parameters that were views
+//! of the buffer would cost more: candle's backward of a view pads its
+//! gradient to the whole buffer and adds it, a unit's size per parameter.
 
 use std::collections::HashMap;
 use std::ops::Range;
 
-use candle_core::{bail, DType, Device, Result, Shape, Tensor};
+use candle_core::{bail, DType, Device, Result, Shape, Tensor, Var};
 
 use crate::model::{param_specs, GptConfig, Weights};
 
@@ -103,6 +109,11 @@ impl FlatLayout {
         rank * len..(rank + 1) * len
     }
 
+    /// The parameters' shapes, in layout order.
+    pub fn shapes(&self) -> impl Iterator<Item = &Shape> {
+        self.entries.iter().map(|e| &e.shape)
+    }
+
     /// The parameter names, in layout order.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.entries.iter().map(|e| e.name.as_str())
@@ -118,13 +129,34 @@ impl FlatLayout {
             let Some(t) = tensors.get(&entry.name) else {
                 bail!("no tensor `{}` to flatten", entry.name);
             };
-            if t.shape() != &entry.shape {
-                bail!("`{}` has shape {:?}; the model needs {:?}", entry.name, t.shape(), entry.shape);
-            }
-            parts.push(t.detach().to_dtype(DType::F32)?.to_device(device)?.flatten_all()?);
+            parts.push(t.detach().to_dtype(DType::F32)?.to_device(device)?);
         }
-        parts.push(Tensor::zeros(self.padded - self.numel, DType::F32, device)?);
-        Tensor::cat(&parts, 0)
+        self.concat(&parts)
+    }
+
+    /// One padded buffer of `parts`, this layout's tensors in its order, in
+    /// their dtype and on their device: one `cat`, the padding zeros.
+    pub fn concat(&self, parts: &[Tensor]) -> Result<Tensor> {
+        let Some(first) = parts.first() else { bail!("no tensors to lay out: a unit has at least one parameter") };
+        if parts.len() != self.entries.len() {
+            bail!("{} tensors for a layout of {} parameters", parts.len(), self.entries.len());
+        }
+        let mut flat = Vec::with_capacity(parts.len() + 1);
+        for (entry, part) in self.entries.iter().zip(parts) {
+            if part.shape() != &entry.shape {
+                bail!("`{}` has shape {:?}; the layout needs {:?}", entry.name, part.shape(), entry.shape);
+            }
+            flat.push(part.flatten_all()?);
+        }
+        flat.push(Tensor::zeros(self.padded - self.numel, first.dtype(), first.device())?);
+        Tensor::cat(&flat, 0)
+    }
+
+    /// Each parameter of a whole padded buffer as a variable of its own, in
+    /// layout order, padding dropped: copies, so the buffer can be freed.
+    pub fn split(&self, flat: &Tensor) -> Result<Vec<Var>> {
+        self.check_len(flat)?;
+        self.entries.iter().map(|e| Var::from_tensor(&self.view(flat, e)?)).collect()
     }
 
     /// Elements `range` of the buffer [`flatten`](Self::flatten) makes of
@@ -178,19 +210,22 @@ impl FlatLayout {
     }
 }
 
-/// A unit's parameters as views into its gathered flat buffer: modules built
-/// from it send their gradients to the buffer, which arrive as one flat gradient.
-pub struct FlatView<'a> {
-    pub flat: &'a Tensor,
+/// A gathered unit's parameters, one variable each in layout order (from
+/// [`FlatLayout::split`]): modules built from them send each parameter's
+/// gradient to its own variable.
+pub struct UnitParams<'a> {
+    pub params: &'a [Var],
     pub layout: &'a FlatLayout,
 }
 
-impl Weights for FlatView<'_> {
+impl Weights for UnitParams<'_> {
     fn tensor(&self, name: &str) -> Result<Tensor> {
-        let Some(entry) = self.layout.entries.iter().find(|e| e.name == name) else {
+        let Some(index) = self.layout.entries.iter().position(|e| e.name == name) else {
             bail!("parameter `{name}` is not in this FSDP unit");
         };
-        self.layout.check_len(self.flat)?;
-        self.layout.view(self.flat, entry)
+        match self.params.get(index) {
+            Some(param) => Ok(param.as_tensor().clone()),
+            None => bail!("{} variables for a layout of {} parameters", self.params.len(), self.layout.entries.len()),
+        }
     }
 }

@@ -32,7 +32,7 @@ mod strategy;
 mod trainer;
 mod units;
 
-pub use flat::{DecayRuns, FlatLayout, FlatView};
+pub use flat::{DecayRuns, FlatLayout, UnitParams};
 pub use groups::FsdpGroups;
 pub use ledger::{MemoryLedger, StepLedger};
 pub(crate) use offload::OffloadFile;

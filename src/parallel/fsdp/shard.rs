@@ -17,10 +17,11 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use candle_core::backprop::GradStore;
 use candle_core::{bail, DType, Device, Module, Result, Tensor, Var};
 
 use super::offload::{OffloadFile, Parts, StepOnly};
-use super::{comm, DecayRuns, FlatLayout, FlatView, MixedPrecisionPolicy, ShardingPlan};
+use super::{comm, DecayRuns, FlatLayout, MixedPrecisionPolicy, ShardingPlan, UnitParams};
 use crate::distributed::ProcessGroup;
 use crate::model::{GptConfig, Layers, RotaryCache};
 use crate::timeline;
@@ -46,9 +47,10 @@ pub struct ShardedUnit {
     /// [`shard`](Self::shard) returns this very tensor until the pass ends,
     /// so that the group knows each all-gather by its input.
     pass_shard: Option<Tensor>,
-    /// The whole parameters while the unit computes: a variable, so a
-    /// backward through the block gives their gradient.
-    whole: Option<Var>,
+    /// The whole parameters while the unit computes: one variable per
+    /// parameter, in layout order, so a backward through the block gives
+    /// each its gradient.
+    whole: Option<Vec<Var>>,
     /// What the unit step handed over with `add_grad` since the last `take_grad`, summed.
     added: Option<Tensor>,
     /// Which pass the unit step is in, for the timeline.
@@ -228,15 +230,42 @@ impl ShardedUnit {
         }
     }
 
-    /// The unit's whole flat parameters, P' elements, while it is unsharded.
-    pub fn whole(&self) -> Option<&Tensor> {
-        self.whole.as_ref().map(Var::as_tensor)
+    /// The unit's whole parameters while it is unsharded: one variable per
+    /// parameter, in the layout's order.
+    pub fn whole(&self) -> Option<&[Var]> {
+        self.whole.as_deref()
+    }
+
+    /// The gradient of the unit's whole flat parameters in `grads` (a
+    /// backward through [`forward`](Self::forward) while the unit is whole):
+    /// P' elements, laid out as the parameters, padding zero; a parameter
+    /// the backward did not reach has a zero gradient. `None` when the unit
+    /// is not whole or no parameter of it has a gradient.
+    pub fn flat_grad(&self, grads: &GradStore) -> Result<Option<Tensor>> {
+        let Some(params) = &self.whole else { return Ok(None) };
+        self.lay_out(params.iter().map(|p| grads.get(p.as_tensor()).cloned()).collect())
+    }
+
+    /// One flat gradient of the parameters' gradients, in layout order; a
+    /// parameter without one gets zeros. `None` when none has one.
+    fn lay_out(&self, grads: Vec<Option<Tensor>>) -> Result<Option<Tensor>> {
+        if grads.iter().all(Option::is_none) {
+            return Ok(None);
+        }
+        let zeros = |shape: &candle_core::Shape| Tensor::zeros(shape, self.param_dtype, &self.device);
+        let parts = grads.into_iter().zip(self.layout.shapes()).map(|(g, shape)| g.map_or_else(|| zeros(shape), Ok));
+        self.layout.concat(&parts.collect::<Result<Vec<_>>>()?).map(Some)
+    }
+
+    /// Bytes of the unit's whole parameters in the param dtype, padding included.
+    fn whole_bytes(&self) -> u64 {
+        (self.layout.padded_len() * self.param_dtype.size_in_bytes()) as u64
     }
 
     /// Fills the slot with `whole`, the all-gather of every rank's shard, so
-    /// that [`forward`](Self::forward) can run. The slot holds it as a
-    /// variable: a backward through the block gives its gradient, under
-    /// `grads.get(unit.whole().unwrap())`.
+    /// that [`forward`](Self::forward) can run. The slot holds each parameter
+    /// as a variable of its own: a backward through the block gives their
+    /// gradient, which [`flat_grad`](Self::flat_grad) lays out flat.
     pub fn unshard(&mut self, whole: Tensor) -> Result<()> {
         if self.whole.is_some() {
             bail!("unit `{}` is already unsharded: reshard it after its forward before gathering it again", self.name);
@@ -251,11 +280,11 @@ impl ShardedUnit {
                 whole.dims()
             );
         }
-        let whole = Var::from_tensor(&whole.to_dtype(self.param_dtype)?)?;
+        let params = self.layout.split(&whole.to_dtype(self.param_dtype)?)?;
         if self.gathers() {
-            self.gathered.add(bytes(whole.as_tensor()));
+            self.gathered.add(self.whole_bytes());
         }
-        self.whole = Some(whole);
+        self.whole = Some(params);
         if let Some(block) = &self.block {
             let pass = match self.pass {
                 Pass::Forward => "forward",
@@ -271,10 +300,8 @@ impl ShardedUnit {
     /// a replica the strategy keeps.
     pub fn reshard(&mut self) {
         self.whole_span = None;
-        if let Some(whole) = self.whole.take() {
-            if self.gathers() {
-                self.gathered.remove(bytes(whole.as_tensor()));
-            }
+        if self.whole.take().is_some() && self.gathers() {
+            self.gathered.remove(self.whole_bytes());
         }
     }
 
@@ -287,8 +314,8 @@ impl ShardedUnit {
         let Some(whole) = &self.whole else {
             bail!("unit `{}` is sharded: all-gather its shards and unshard it before running it", self.name);
         };
-        let view = FlatView { flat: whole.as_tensor(), layout: &self.layout };
-        Layers::new(&block.config, &view, block.layer, &block.rotary)?.forward(x)
+        let params = UnitParams { params: whole, layout: &self.layout };
+        Layers::new(&block.config, &params, block.layer, &block.rotary)?.forward(x)
     }
 
     /// Adds `shard_grad`, this rank's part (as [`shard`](Self::shard)'s) of
@@ -552,4 +579,54 @@ pub(crate) struct HeldBytes {
 
 pub(crate) fn bytes(t: &Tensor) -> u64 {
     (t.elem_count() * t.dtype().size_in_bytes()) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{Device, Result, Var};
+
+    use crate::autograd::vjp;
+    use crate::model::{init_params, GptConfig, InitRng};
+    use crate::parallel::fsdp_unit::BlockUnit;
+
+    /// A backward through a gathered unit gives each parameter a gradient of
+    /// its own size, which `flat_grad` lays out flat: no gradient the size of
+    /// the whole unit is made per parameter, as the backward of views of one
+    /// flat buffer would.
+    #[test]
+    fn a_gathered_unit_gets_one_gradient_per_parameter_and_one_flat_gradient() -> Result<()> {
+        let config = GptConfig {
+            vocab_size: 16,
+            hidden_size: 8,
+            num_layers: 1,
+            num_heads: 2,
+            num_kv_heads: None,
+            intermediate_size: 12,
+            max_seq_len: 4,
+            rope_theta: 10_000.0,
+            norm_eps: 1e-5,
+            bias: false,
+            tie_word_embeddings: false,
+        };
+        let params = init_params(&config, 7, &Device::Cpu)?;
+        let mut units = BlockUnit::shard_blocks(&config, &params, 0, 1)?;
+        let unit = &mut units[0];
+        unit.unshard(unit.shard()?)?;
+        let x = Var::from_tensor(&InitRng::from_seed(8).normal(&(2, 4, 8).into(), 1.0, &Device::Cpu)?)?;
+        let y = unit.forward(x.as_tensor())?;
+        let grads = vjp(&y, &y.ones_like()?)?;
+        let padded = unit.layout().padded_len();
+        for id in grads.get_ids() {
+            let size = grads.get_id(*id).map_or(0, |g| g.elem_count());
+            assert!(size < padded, "a gradient of {size} elements, the whole unit's {padded}, was made");
+        }
+        let Some(flat) = unit.flat_grad(&grads)? else { panic!("the unit's parameters got no gradient") };
+        let whole = unit.whole().expect("the unit is gathered");
+        for (param, (name, laid_out)) in whole.iter().zip(unit.layout().unflatten(&flat)?) {
+            let own = grads.get(param.as_tensor()).expect("every parameter of the block gets a gradient");
+            let difference = (own - laid_out)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            assert_eq!(difference, 0.0, "`{name}`'s gradient is not where the layout puts it");
+        }
+        Ok(())
+    }
 }

@@ -31,9 +31,9 @@ use serde::{Deserialize, Serialize};
 use super::shard::bytes;
 use super::units::check_units;
 use super::{
-    BlockCompute, FlatLayout, FlatView, FsdpGroups, GatheredBytes, LocalState, LossScaler, MemoryLedger,
-    MixedPrecisionPolicy, OffloadFile, Pass, Precision, Prefetch, ShardedUnit, ShardingPlan, ShardingStrategy,
-    StepLedger, UnitPlacement,
+    BlockCompute, FlatLayout, FsdpGroups, GatheredBytes, LocalState, LossScaler, MemoryLedger, MixedPrecisionPolicy,
+    OffloadFile, Pass, Precision, Prefetch, ShardedUnit, ShardingPlan, ShardingStrategy, StepLedger, UnitParams,
+    UnitPlacement,
 };
 use crate::autograd::{clip_factor, sum_of_squares, vjp};
 use crate::called_early::{fsdp_backward, fsdp_forward};
@@ -321,7 +321,7 @@ impl FsdpTrainer {
         })?;
         grads.extend(vjp(&pass.embedded, &grad_embedded)?)?;
         drop(outer);
-        let Some(root_grad) = root.whole().and_then(|whole| grads.remove(whole)) else {
+        let Some(root_grad) = root.flat_grad(&grads)? else {
             bail!("no gradient reached the root unit: the loss does not depend on it");
         };
         root.add_grad(&pg.reduce_scatter(&root_grad, ReduceOp::Avg)?)?;
@@ -368,7 +368,7 @@ fn split_root(units: &mut [ShardedUnit]) -> Result<(&mut ShardedUnit, &mut [Shar
 /// The embedding, final norm and head on the root unit's gathered parameters.
 fn root_modules(config: &GptConfig, root: &ShardedUnit) -> Result<Outer> {
     let Some(whole) = root.whole() else { bail!("the root unit is not gathered") };
-    Outer::new(config, &FlatView { flat: whole, layout: &root.layout })
+    Outer::new(config, &UnitParams { params: whole, layout: &root.layout })
 }
 
 /// Whose unit step the blocks run, in words.
