@@ -246,6 +246,18 @@ impl ShardedUnit {
         self.lay_out(params.iter().map(|p| grads.get(p.as_tensor()).cloned()).collect())
     }
 
+    /// [`reshard`](Self::reshard), returning the [`flat_grad`](Self::flat_grad)
+    /// the unit had in `grads` and taking its parameters' gradients out of
+    /// them: the whole parameters are freed before the flat gradient is
+    /// built, so the rank never holds both (the root unit's are the
+    /// vocabulary's embedding and head).
+    pub(crate) fn reshard_taking_grad(&mut self, grads: &mut GradStore) -> Result<Option<Tensor>> {
+        let Some(params) = &self.whole else { return Ok(None) };
+        let parts = params.iter().map(|p| grads.remove(p.as_tensor())).collect();
+        self.reshard();
+        self.lay_out(parts)
+    }
+
     /// One flat gradient of the parameters' gradients, in layout order; a
     /// parameter without one gets zeros. `None` when none has one.
     fn lay_out(&self, grads: Vec<Option<Tensor>>) -> Result<Option<Tensor>> {

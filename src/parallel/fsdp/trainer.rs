@@ -313,22 +313,27 @@ impl FsdpTrainer {
             scale => (pass.loss * scale)?,
         };
         let mut grads = loss.backward()?;
+        // The head's graph holds its activations (the logits): freed before the blocks' backward.
+        drop(loss);
         let Some(grad_output) = grads.remove(pass.output.as_tensor()) else {
             bail!("the loss does not depend on the last block's output");
         };
         let grad_embedded = unit_step(prefetch, blocks, Pass::Backward, |blocks| {
             fsdp_backward(pg, blocks, &pass.inputs, &grad_output)
         })?;
-        grads.extend(vjp(&pass.embedded, &grad_embedded)?)?;
-        drop(outer);
-        let Some(root_grad) = root.flat_grad(&grads)? else {
-            bail!("no gradient reached the root unit: the loss does not depend on it");
-        };
-        root.add_grad(&pg.reduce_scatter(&root_grad, ReduceOp::Avg)?)?;
-        root.reshard();
-        for unit in &mut self.units {
+        // Into the step's gradient now: the blocks' shards of this micro-batch
+        // would otherwise be held through the root's backward, its largest.
+        for unit in blocks.iter_mut() {
             unit.end_micro_batch(self.groups.shard(), &self.plan, &self.policy, k)?;
         }
+        grads.extend(vjp(&pass.embedded, &grad_embedded)?)?;
+        drop((outer, pass.embedded));
+        let Some(root_grad) = root.reshard_taking_grad(&mut grads)? else {
+            bail!("no gradient reached the root unit: the loss does not depend on it");
+        };
+        drop(grads);
+        root.add_grad(&pg.reduce_scatter(&root_grad, ReduceOp::Avg)?)?;
+        root.end_micro_batch(self.groups.shard(), &self.plan, &self.policy, k)?;
         Ok(loss_value)
     }
 
