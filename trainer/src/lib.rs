@@ -9,6 +9,7 @@ pub mod checkpoints;
 pub mod compute;
 pub mod config;
 pub mod eval;
+pub mod flag_conflicts;
 pub mod generate;
 pub mod launching;
 pub mod metrics;

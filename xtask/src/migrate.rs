@@ -96,12 +96,7 @@ const CHANGED_CONTRACTS: [ChangedContract; 5] = [
         new: "fn copy_to_tensor_parallel(",
         explanation: OLD_EXERCISE_20,
     },
-    ChangedContract {
-        number: 22,
-        old: "unit.whole()",
-        new: "flat_grad(",
-        explanation: OLD_EXERCISE_22,
-    },
+    ChangedContract { number: 22, old: "unit.whole()", new: "flat_grad(", explanation: OLD_EXERCISE_22 },
     ChangedContract {
         number: 23,
         old: "fn tensor_parallel_step(",

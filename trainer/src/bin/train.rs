@@ -216,7 +216,8 @@ struct Args {
 static ALLOCATOR: workbook::memory::CountingAllocator = workbook::memory::CountingAllocator;
 
 fn main() -> ExitCode {
-    trainer::main_with(|| run(Args::parse()))
+    let args = Args::try_parse().unwrap_or_else(|error| trainer::flag_conflicts::exit_saying_why(error));
+    trainer::main_with(|| run(args))
 }
 
 fn run(args: Args) -> anyhow::Result<()> {
@@ -582,5 +583,29 @@ fn check_tensor_split(ranks: usize, model: &GptConfig) -> anyhow::Result<()> {
 fn override_with<T>(slot: &mut T, value: Option<T>) {
     if let Some(v) = value {
         *slot = v;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    /// A refusal without a reason leaves the learner guessing.
+    #[test]
+    fn every_pair_of_flags_clap_refuses_has_a_reason() {
+        let command = Args::command();
+        let flag = |arg: &clap::Arg| format!("--{}", arg.get_long().unwrap_or(arg.get_id().as_str()));
+        for arg in command.get_arguments() {
+            for other in command.get_arg_conflicts_with(arg) {
+                assert!(
+                    trainer::flag_conflicts::reason(&flag(arg), &flag(other)).is_some(),
+                    "{} and {} conflict without a reason in trainer/src/flag_conflicts.rs",
+                    flag(arg),
+                    flag(other)
+                );
+            }
+        }
     }
 }
