@@ -90,12 +90,13 @@ pub fn exercise_lines(options: &RunOptions) -> candle_core::Result<Vec<String>> 
                 let micro_batches = options.config.grad_accum_steps;
                 let cut: Vec<String> = (0..stages).map(|s| format!("{:?}", stage_layers(layers, stages, s))).collect();
                 lines.push(format!(
-                    "pipeline: {stages} stages (layers {}), the {schedule} step of {} over {micro_batches} \
-                     micro-batches: bubble (S-1)/(M+S-1) = {:.0}%, at most {} micro-batch(es) in flight on stage 0",
+                    "pipeline: {stages} stages (layers {}), the {schedule} step of {} over {}: bubble \
+                     (S-1)/(M+S-1) = {:.0}%, at most {} in flight on stage 0",
                     cut.join(", "),
                     named(schedule.exercise()),
+                    workbook::words::count(micro_batches, "micro-batch"),
                     100.0 * (stages - 1) as f64 / (micro_batches + stages - 1) as f64,
-                    schedule.most_in_flight(0, stages, micro_batches)
+                    workbook::words::count(schedule.most_in_flight(0, stages, micro_batches), "micro-batch")
                 ));
             }
             if mesh.tp > 1 {

@@ -393,9 +393,7 @@ fn drive(
             }
             bar.set_position(step as u64);
             bar.set_message(format!("loss {:.4}  lr {:.2e}  {:.0} tok/s", record.loss, record.lr, record.tokens_per_s));
-            if let Some(loss) = eval_loss {
-                say(&bar, eval_line(step, loss));
-            }
+            // The step's own line first, then what was measured after it.
             if bar.is_hidden() && (step.is_multiple_of(options.log_every) || step == config.max_steps) {
                 report!(
                     "step {:>6}  loss {:.4}  lr {:.2e}  grad norm {:.3}  {:.0} tok/s",
@@ -405,6 +403,9 @@ fn drive(
                     record.grad_norm,
                     record.tokens_per_s
                 );
+            }
+            if let Some(loss) = eval_loss {
+                say(&bar, eval_line(step, loss));
             }
         }
         first.get_or_insert_with(|| record.clone());
