@@ -111,6 +111,11 @@ impl ParamStore {
         Ok(Self { vars })
     }
 
+    /// Named variables as they are: the store shares them (and their gradients).
+    pub fn from_vars(vars: impl IntoIterator<Item = (String, Var)>) -> Self {
+        Self { vars: vars.into_iter().collect() }
+    }
+
     /// The variable called `name`, or an error naming it.
     pub fn get(&self, name: &str) -> Result<&Var> {
         match self.vars.get(name) {

@@ -20,7 +20,9 @@ use candle_core::{bail, Result, Tensor};
 use super::fsdp::{
     block_unit_name, BlockCompute, FlatLayout, MixedPrecisionPolicy, ShardedUnit, ShardingPlan, UnitPlacement,
 };
-use crate::model::{layer_of, param_specs, GptConfig, ParamStore, RotaryCache};
+use crate::distributed::{ProcessGroup, SharedGroup};
+use crate::model::{layer_of, param_specs, GptConfig, ParamStore, RotaryCache, Weights};
+use crate::parallel::tensor::{BlockStep, TensorParallelBlock};
 
 /// A block's FSDP unit: the state every FSDP unit has on a rank
 /// ([`ShardedUnit`]), seen by the unit step.
@@ -42,18 +44,22 @@ impl BlockUnit {
     /// multiple of `world_size`.
     pub fn shard_blocks(config: &GptConfig, params: &ParamStore, rank: usize, world_size: usize) -> Result<Vec<Self>> {
         let (plan, policy) = (ShardingPlan::zero(3), MixedPrecisionPolicy::f32());
-        Self::shard_layers(config, params, 0..config.num_layers, (rank, world_size), (&plan, &policy), &|_| 0.0)
+        let at = (rank, world_size);
+        Self::shard_layers(config, params, 0..config.num_layers, at, (&plan, &policy), None, &|_| 0.0)
     }
 
     /// Blocks `layers` of the model `params` holds, as units placed by
     /// `plan` and `policy` on rank `rank` of `world_size`, each element of a
-    /// unit decayed by its parameter's `weight_decay_of`.
+    /// unit decayed by its parameter's `weight_decay_of`. With `split`, each
+    /// unit holds this rank's shards of its block across that
+    /// tensor-parallel group (FSDP × TP), run by that exercise.
     pub(crate) fn shard_layers(
         config: &GptConfig,
         params: &ParamStore,
         layers: Range<usize>,
         (rank, world_size): (usize, usize),
         (plan, policy): (&ShardingPlan, &MixedPrecisionPolicy),
+        split: Option<(SharedGroup, BlockStep)>,
         weight_decay_of: &dyn Fn(&str) -> f64,
     ) -> Result<Vec<Self>> {
         config.validate()?;
@@ -64,18 +70,31 @@ impl BlockUnit {
         let names_of = |layer| -> Vec<String> {
             specs.iter().map(|s| s.name.clone()).filter(|n| layer_of(n) == Some(layer)).collect()
         };
-        let mut tensors = HashMap::new();
-        for name in layers.clone().flat_map(names_of) {
-            tensors.insert(name.clone(), params.get(&name)?.as_tensor().clone());
-        }
         let device = params.device()?;
         let rotary = RotaryCache::new(config.head_dim(), config.max_seq_len, config.rope_theta, &device)?;
         let at = UnitPlacement { plan, policy, rank, world_size, gathered: Arc::default() };
         layers
             .map(|layer| {
-                let layout = FlatLayout::new(config, &names_of(layer), world_size)?;
-                let full = layout.flatten(&tensors, &device)?;
-                let block = BlockCompute { layer, config: config.clone(), rotary: rotary.clone() };
+                // The block's parameters in model order: whole, or this rank's shards of them.
+                let held: HashMap<String, Tensor> = match &split {
+                    None => names_of(layer)
+                        .into_iter()
+                        .map(|n| Ok((n.clone(), params.tensor(&n)?)))
+                        .collect::<Result<_>>()?,
+                    Some((tp, _)) => TensorParallelBlock::shard(config, params, layer, tp.rank(), tp.world_size())?
+                        .params()
+                        .iter()
+                        .map(|(name, var)| (name.to_string(), var.as_tensor().clone()))
+                        .collect(),
+                };
+                let shapes = names_of(layer).into_iter().map(|name| {
+                    let shape = held[&name].shape().clone();
+                    (name, shape)
+                });
+                let layout = FlatLayout::of_shapes(shapes, world_size);
+                let full = layout.flatten(&held, &device)?;
+                let block =
+                    BlockCompute { layer, config: config.clone(), rotary: rotary.clone(), split: split.clone() };
                 ShardedUnit::new(block_unit_name(layer), layout, &full, Some(block), &at, weight_decay_of)
             })
             .collect()

@@ -77,9 +77,13 @@ pub fn exercise_lines(options: &RunOptions) -> candle_core::Result<Vec<String>> 
                             mesh.dp
                         ),
                     };
+                    let blocks = match mesh.tp {
+                        1 => "every block of each stage",
+                        _ => "this rank's tensor-parallel shards of every block (FSDP × TP)",
+                    };
                     lines.push(format!(
-                        "FSDP (--strategy fsdp): every block of each stage an FSDP unit across {across}, stepped by \
-                         {}; the embedding, final norm and head whole, averaged as under DDP",
+                        "FSDP (--strategy fsdp): {blocks} an FSDP unit across {across}, stepped by {}; the \
+                         embedding, final norm and head whole, averaged as under DDP",
                         named(22)
                     ))
                 }

@@ -16,10 +16,8 @@ const REASONS: &[(&str, &str, &str)] = &[
     ("--tp", "--precision", MESH_IN_F32),
     ("--pp", "--prefetch", MESH_UNITS),
     ("--pp", "--offload", MESH_UNITS),
-    ("--tp", "--prefetch", FSDP_TIMES_TP),
-    ("--tp", "--offload", FSDP_TIMES_TP),
-    ("--tp", "--sharding", FSDP_TIMES_TP),
-    ("--tp", "--hybrid-group-size", FSDP_TIMES_TP),
+    ("--tp", "--prefetch", MESH_UNITS),
+    ("--tp", "--offload", MESH_UNITS),
     ("--pp", "--powersgd-rank", PLAIN_DDP_ONLY),
     ("--tp", "--powersgd-rank", PLAIN_DDP_ONLY),
     ("--own-ddp", "--powersgd-rank", PLAIN_DDP_ONLY),
@@ -42,11 +40,8 @@ const REASONS: &[(&str, &str, &str)] = &[
 
 const MESH_IN_F32: &str =
     "mixed precision is FSDP's policy (--strategy fsdp without --pp or --tp); a mesh computes in f32";
-const MESH_UNITS: &str = "prefetch and offload belong to FSDP's own trainer; --strategy fsdp --pp shards each stage's \
-     blocks without them";
-const FSDP_TIMES_TP: &str =
-    "FSDP units of tensor-parallel blocks (FSDP × TP) are not built yet: use --strategy ddp or \
-     zero1 with --tp";
+const MESH_UNITS: &str = "prefetch and offload belong to FSDP's own trainer; --strategy fsdp with --pp or --tp shards \
+     each stage's blocks without them";
 const PLAIN_DDP_ONLY: &str = "PowerSGD compresses the gradient all-reduce of a plain DDP run (--strategy ddp, no mesh)";
 const OVERLAP_PLAIN_DDP: &str =
     "--ddp-overlap overlaps a plain DDP run's all-reduce with backward (exercise 19); this layout averages after it";
@@ -91,8 +86,8 @@ mod tests {
 
     #[test]
     fn a_pair_is_found_in_either_order_and_an_unknown_one_is_not() {
-        assert_eq!(reason("--tp", "--sharding"), Some(FSDP_TIMES_TP));
-        assert_eq!(reason("--sharding", "--tp"), Some(FSDP_TIMES_TP));
+        assert_eq!(reason("--tp", "--offload"), Some(MESH_UNITS));
+        assert_eq!(reason("--offload", "--tp"), Some(MESH_UNITS));
         assert_eq!(reason("--tp", "--seed"), None);
     }
 }

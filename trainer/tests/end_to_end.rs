@@ -502,6 +502,44 @@ fn hybrid_sharding_on_a_pipeline_trains_as_one_process() {
     expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(&one_dir, 5), &resumed_what);
 }
 
+/// `--strategy fsdp --tp 2`: each block's tensor-parallel shards an FSDP
+/// unit across the replicas (FSDP × TP, with and without sequence
+/// parallelism, and with a 1F1B pipeline: FSDP × TP × PP on 8 ranks), takes
+/// the steps one process takes, clipping included (a unit's cut elements
+/// add their squares over tp as well, its norms' once); one process resumes
+/// the 8-rank run's checkpoint, and FSDP × TP resumes one process's.
+#[test]
+fn fsdp_with_tensor_parallelism_trains_as_one_process_and_its_checkpoints_move_both_ways() {
+    let fsdp = |stages, sequence_parallel| Strategy::Mesh {
+        stages,
+        tp: 2,
+        schedule: PipelineSchedule::OneFOneB,
+        sequence_parallel,
+        data: DataAxis::ShardBlocks { shard_group: None },
+    };
+    let (one_dir, one) = run("fsdp-tp-one-process", 5, 1, Strategy::Ddp, None);
+    let layouts = [
+        ("dp 2 × tp 2", 4, fsdp(1, false)),
+        ("dp 2 × tp 2 with sequence parallelism", 4, fsdp(1, true)),
+        ("dp 2 × pp 2 × tp 2 (1F1B)", 8, fsdp(2, false)),
+    ];
+    for (layout, nproc, strategy) in layouts {
+        let (dir, summary) = run(&format!("fsdp-{nproc}-{}", layout.len()), 3, nproc, strategy, None);
+        let what = format!("FSDP on {layout}");
+        let (a, b) = (one.first.as_ref().unwrap().grad_norm, summary.first.unwrap().grad_norm);
+        assert!((a - b).abs() <= 1e-5 * a, "{what}: the gradient norm at step 1 is {b}, one process's {a}");
+        expect_same_params(&checkpoint_params(&dir, 3), &checkpoint_params(&one_dir, 3), &what);
+        if nproc == 8 {
+            let (resumed, _) = run("fsdp-tp-pp-resumed-by-one", 5, 1, Strategy::Ddp, Some(dir));
+            let resumed_what = format!("one process resuming {what}");
+            expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(&one_dir, 5), &resumed_what);
+        }
+    }
+    let (resumed, _) = run("one-resumed-by-fsdp-tp", 5, 4, fsdp(1, false), Some(one_dir.clone()));
+    let what = "FSDP × TP resuming one process";
+    expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(&one_dir, 5), what);
+}
+
 /// `--own-ddp` on 2 ranks, the learner's DataParallel (exercise 26) running
 /// each micro-batch and averaging the gradients, also over exercise 16's
 /// ring, takes the steps DDP takes; DDP resumes its checkpoint.
@@ -525,13 +563,19 @@ fn your_own_ddp_trains_as_ddp_and_its_checkpoint_resumes_under_ddp() {
     }
 }
 
-/// `--activation-checkpointing` in the mesh trainer's stages (whole blocks
-/// recomputed in backward) changes no step: a pipeline of 2 stages and
-/// ZeRO-1 on 2 ranks each reach one process's parameters.
+/// `--activation-checkpointing` in the mesh trainer's stages (blocks
+/// recomputed in backward, split ones with their forward collectives)
+/// changes no step: a pipeline of 2 stages, tp 2 and ZeRO-1 on 2 ranks each
+/// reach one process's parameters.
 #[test]
 fn activation_checkpointing_in_mesh_stages_trains_as_one_process() {
     let (one_dir, _) = run("checkpointed-one-process", 3, 1, Strategy::Ddp, None);
-    for (what, strategy) in [("pp 2", mesh(2, 1, PipelineSchedule::OneFOneB, false)), ("ZeRO-1", Strategy::ZERO1)] {
+    let strategies = [
+        ("pp 2", mesh(2, 1, PipelineSchedule::OneFOneB, false)),
+        ("tp 2", mesh(1, 2, PipelineSchedule::GPipe, false)),
+        ("ZeRO-1", Strategy::ZERO1),
+    ];
+    for (what, strategy) in strategies {
         let dir = scratch(&format!("checkpointed-{what}").replace(' ', ""));
         let mut options = options(dir.clone(), 3, 2);
         (options.config.grad_accum_steps, options.strategy, options.activation_checkpointing) = (2, strategy, true);

@@ -114,6 +114,11 @@ impl FlatLayout {
         self.entries.iter().map(|e| &e.shape)
     }
 
+    /// Each parameter's name and its elements in the flat vector, in layout order.
+    pub fn spans(&self) -> impl Iterator<Item = (&str, Range<usize>)> {
+        self.entries.iter().map(|e| (e.name.as_str(), e.offset..e.offset + e.shape.elem_count()))
+    }
+
     /// The parameter names, in layout order.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.entries.iter().map(|e| e.name.as_str())

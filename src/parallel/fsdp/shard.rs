@@ -23,7 +23,9 @@ use candle_core::{bail, DType, Device, Module, Result, Tensor, Var};
 use super::offload::{OffloadFile, Parts, StepOnly};
 use super::{comm, DecayRuns, FlatLayout, MixedPrecisionPolicy, ShardingPlan, UnitParams};
 use crate::distributed::ProcessGroup;
-use crate::model::{GptConfig, Layers, RotaryCache};
+use crate::distributed::SharedGroup;
+use crate::model::{GptConfig, Layers, ParamStore, RotaryCache};
+use crate::parallel::tensor::{BlockStep, TensorParallelBlock};
 use crate::timeline;
 use crate::train::{AdamWConfig, Moments};
 
@@ -82,6 +84,10 @@ pub(crate) struct BlockCompute {
     pub layer: usize,
     pub config: GptConfig,
     pub rotary: RotaryCache,
+    /// Under FSDP × TP, the tensor-parallel group the unit's parameters
+    /// (this rank's shards of the block) are split across, and the exercise
+    /// that runs the split block.
+    pub split: Option<(SharedGroup, BlockStep)>,
 }
 
 /// Bytes of gathered parameters in the slots of one rank's units: now, and
@@ -326,8 +332,13 @@ impl ShardedUnit {
         let Some(whole) = &self.whole else {
             bail!("unit `{}` is sharded: all-gather its shards and unshard it before running it", self.name);
         };
-        let params = UnitParams { params: whole, layout: &self.layout };
-        Layers::new(&block.config, &params, block.layer, &block.rotary)?.forward(x)
+        let Some((tp, step)) = &block.split else {
+            let params = UnitParams { params: whole, layout: &self.layout };
+            return Layers::new(&block.config, &params, block.layer, &block.rotary)?.forward(x);
+        };
+        let shards = ParamStore::from_vars(self.layout.names().map(String::from).zip(whole.iter().cloned()));
+        let split = TensorParallelBlock::of_shards(&block.config, shards, block.layer, tp.world_size(), &block.rotary)?;
+        step.run(tp, &split, x)
     }
 
     /// Adds `shard_grad`, this rank's part (as [`shard`](Self::shard)'s) of

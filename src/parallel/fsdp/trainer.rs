@@ -153,6 +153,7 @@ impl FsdpTrainer {
                     layer,
                     config: model_config.clone(),
                     rotary: rotary.clone(),
+                    split: None,
                 });
                 ShardedUnit::new(unit.name, layout, &full, block, &at, decay_of)
             })

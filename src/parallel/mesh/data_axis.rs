@@ -42,7 +42,8 @@ pub enum DataAxis {
     /// (FULL_SHARD), or across groups of `shard_group` consecutive replicas
     /// that are replicas of each other (HYBRID_SHARD), stepped by exercise
     /// 22; the embedding, final norm and head whole, averaged as under DDP.
-    /// Stages of whole blocks only.
+    /// With a tp axis each unit holds this rank's tensor-parallel shards of
+    /// its block (FSDP × TP).
     ShardBlocks { shard_group: Option<usize> },
 }
 
@@ -160,7 +161,7 @@ impl Update {
             None => vec![],
         };
         let unit_sum_sq = match &units {
-            Some(held) => units::sum_of_squares_over(held, &unit_grads, device)?,
+            Some(held) => units::sum_of_squares_over(held, &unit_grads, (cuts, mesh.tp()), device)?,
             None => 0.0,
         };
         // The stages hold different parameters: their sums of squares add up.

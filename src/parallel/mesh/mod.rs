@@ -113,23 +113,20 @@ impl MeshTrainer {
             bail!("sequence parallelism cuts the tokens across a tensor-parallel group: it needs a tp axis");
         }
         let (index, stages) = (pg.rank(), pg.world_size());
-        let stage = match (mesh.shape().tp, data_axis) {
-            (1, DataAxis::ShardBlocks { shard_group }) => {
+        let split = (mesh.shape().tp > 1).then(|| (mesh.tp_shared(), block_step));
+        let stage = match (split, data_axis) {
+            (split, DataAxis::ShardBlocks { shard_group }) => {
                 let groups = param_groups(params, config.optimizer.weight_decay);
                 let decay = ParamGroup::decay_by_name(&groups, params)?;
                 let decay_of = |name: &str| decay.get(name).copied().unwrap_or(0.0);
                 let groups = shard_groups(&mesh, shard_group)?;
-                PipelineStage::sharded(model_config, params, (index, stages), groups, &decay_of)?
+                PipelineStage::sharded(model_config, params, (index, stages), groups, split, &decay_of)?
             }
-            (_, DataAxis::ShardBlocks { .. }) => bail!(
-                "FSDP units of tensor-parallel blocks (FSDP × TP) are not built yet: use --strategy ddp or zero1 \
-                 with --tp, or FSDP without it"
-            ),
-            (1, _) => PipelineStage::new(model_config, params, index, stages)?,
-            _ => PipelineStage::split(model_config, params, index, stages, mesh.tp_shared(), block_step)?,
+            (None, _) => PipelineStage::new(model_config, params, index, stages)?,
+            (Some((tp, step)), _) => PipelineStage::split(model_config, params, index, stages, tp, step)?,
         };
         let stage = if config.activation_checkpointing { stage.with_activation_checkpointing()? } else { stage };
-        let cuts = ShardCuts::of(model_config, stage.params());
+        let cuts = cuts_of(model_config, &stage);
         let update = Update::new(data_axis, (model_config, stage.params()), &config, &mesh, &cuts, bucket_bytes)?;
         let device = params.device()?;
         let model_config = model_config.clone();
@@ -170,6 +167,22 @@ impl MeshTrainer {
             .map(|spec| (spec.name, spec.shape))
             .collect()
     }
+}
+
+/// Where each of `stage`'s parameters was cut across its tp group: those it
+/// holds as variables, and those its FSDP units hold.
+fn cuts_of(config: &GptConfig, stage: &PipelineStage) -> ShardCuts {
+    let mut shapes: Vec<(String, Vec<usize>)> =
+        stage.params().iter().map(|(name, var)| (name.to_string(), var.dims().to_vec())).collect();
+    if let Some(held) = stage.sharded_units() {
+        for unit in held.units.iter() {
+            let layout = unit.layout();
+            shapes.extend(
+                layout.names().zip(layout.shapes()).map(|(name, shape)| (name.to_string(), shape.dims().to_vec())),
+            );
+        }
+    }
+    ShardCuts::of_shapes(config, shapes.iter().map(|(name, dims)| (name.as_str(), dims.as_slice())))
 }
 
 /// The groups a stage's FSDP units live on: the shard group and, under
@@ -291,8 +304,7 @@ impl Train for MeshTrainer {
         let steps = checkpoint.state.optimizer_steps;
         self.update.load(steps, &moments, self.stage.params(), &self.device)?;
         if let Some(mut units) = self.stage.sharded_units() {
-            let moments = (steps > 0).then_some(&checkpoint.optimizer);
-            units::load(&mut units, &checkpoint.params, moments, &self.device)?;
+            units::load(&mut units, &part, (steps > 0).then_some(&moments), &self.device)?;
         }
         self.step = checkpoint.state.step;
         Ok(checkpoint.state.data)

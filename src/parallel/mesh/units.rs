@@ -1,5 +1,6 @@
-//! FSDP units in a mesh stage (`--strategy fsdp --pp S`): each of the
-//! stage's blocks is a unit sharded across the data-parallel group (under
+//! FSDP units in a mesh stage (`--strategy fsdp` with `--pp S`, `--tp T` or
+//! both): each of the stage's blocks (under FSDP × TP, this rank's shards of
+//! it) is a unit sharded across the data-parallel group (under
 //! HYBRID_SHARD across a shard group of it, the groups replicas of each
 //! other), its gradient shard kept by the unit step (exercise 22). What the
 //! mesh trainer does with them besides: their part of the gradient norm,
@@ -14,6 +15,7 @@ use crate::autograd::sum_of_squares;
 use crate::distributed::{all_reduce_scalar, ProcessGroup, ReduceOp};
 use crate::parallel::fsdp::{FlatLayout, LocalState};
 use crate::parallel::pipeline::HeldUnits;
+use crate::parallel::tensor::ShardCuts;
 use crate::train::{AdamW, AdamWConfig};
 
 /// The units' gradient shards for this step, taken from them: averaged over
@@ -34,9 +36,35 @@ pub(super) fn take_grads(held: &mut HeldUnits) -> Result<Vec<Tensor>> {
 
 /// The squared norm of the units' whole gradients: their shards' squares
 /// added over the shard group (the shards are disjoint parts of one
-/// averaged gradient; replicas hold the same ones and count once).
-pub(super) fn sum_of_squares_over(held: &HeldUnits, grads: &[Tensor], device: &Device) -> Result<f64> {
-    all_reduce_scalar(held.shard, sum_of_squares(grads)?, ReduceOp::Sum, device)
+/// averaged gradient; replicas hold the same ones and count once). Under
+/// FSDP × TP a unit's parameters are this rank's shards across `tp` where
+/// `cuts` says so, whose squares add over `tp` too, and whole elsewhere, the
+/// same on every rank of `tp` and counted once.
+pub(super) fn sum_of_squares_over(
+    held: &HeldUnits,
+    grads: &[Tensor],
+    (cuts, tp): (&ShardCuts, &dyn ProcessGroup),
+    device: &Device,
+) -> Result<f64> {
+    let ranks = tp.world_size();
+    if ranks == 1 {
+        return all_reduce_scalar(held.shard, sum_of_squares(grads)?, ReduceOp::Sum, device);
+    }
+    let mut local = 0.0;
+    for (unit, grad) in held.units.iter().zip(grads) {
+        let held_range = unit.local_range();
+        for (name, span) in unit.layout().spans() {
+            let (start, end) = (span.start.max(held_range.start), span.end.min(held_range.end));
+            if start >= end {
+                continue;
+            }
+            let squares = sum_of_squares([&grad.narrow(0, start - held_range.start, end - start)?])?;
+            // A whole parameter counts 1/N on each of the N ranks: once over tp.
+            local += if cuts.is_cut(name) { squares } else { squares / ranks as f64 };
+        }
+    }
+    let over_shards = all_reduce_scalar(held.shard, local, ReduceOp::Sum, device)?;
+    all_reduce_scalar(tp, over_shards, ReduceOp::Sum, device)
 }
 
 /// AdamW's `t`-th update of each unit's shard at `lr`, its gradient scaled

@@ -65,8 +65,10 @@ enum Holding<'a> {
     Whole,
     Split(SharedGroup, BlockStep),
     /// FSDP units across the first group (replicated across the second
-    /// under HYBRID_SHARD), each element decayed by its parameter's weight decay.
-    Sharded((SharedGroup, Option<SharedGroup>), &'a dyn Fn(&str) -> f64),
+    /// under HYBRID_SHARD), of this rank's shards of each block across the
+    /// third when there is one (FSDP × TP), each element decayed by its
+    /// parameter's weight decay.
+    Sharded((SharedGroup, Option<SharedGroup>), Option<(SharedGroup, BlockStep)>, &'a dyn Fn(&str) -> f64),
 }
 
 /// Blocks run as modules, each under activation checkpointing when asked:
@@ -233,7 +235,9 @@ impl PipelineStage {
 
     /// Stage `index` of `stages`, each of its blocks an FSDP unit across the
     /// group `shard` (in f32), stepped by exercise 22, and under
-    /// HYBRID_SHARD replicated across `replicas`; the embedding, final norm
+    /// HYBRID_SHARD replicated across `replicas`; with `split`, each unit
+    /// holds this rank's shards of its block across that tensor-parallel
+    /// group, run by that exercise (FSDP × TP). The embedding, final norm
     /// and head whole. `weight_decay_of` gives each block parameter's
     /// decay, which the units' AdamW applies element by element.
     pub fn sharded(
@@ -241,9 +245,10 @@ impl PipelineStage {
         params: &ParamStore,
         (index, stages): (usize, usize),
         groups: (SharedGroup, Option<SharedGroup>),
+        split: Option<(SharedGroup, BlockStep)>,
         weight_decay_of: &dyn Fn(&str) -> f64,
     ) -> Result<Self> {
-        Self::build(config, params, index, stages, Holding::Sharded(groups, weight_decay_of))
+        Self::build(config, params, index, stages, Holding::Sharded(groups, split, weight_decay_of))
     }
 
     fn build(
@@ -295,7 +300,7 @@ impl PipelineStage {
                 let blocks = blocks.into_iter().map(StageBlock::Split).collect();
                 (StageBlocks::Whole(WholeBlocks::new(blocks, sequence)), held)
             }
-            Holding::Sharded((shard, replicas), weight_decay_of) => {
+            Holding::Sharded((shard, replicas), split, weight_decay_of) => {
                 let (plan, policy) = (ShardingPlan::zero(3), MixedPrecisionPolicy::f32());
                 let (rank, ranks) = (shard.rank(), shard.world_size());
                 let units = BlockUnit::shard_layers(
@@ -304,9 +309,11 @@ impl PipelineStage {
                     layers.clone(),
                     (rank, ranks),
                     (&plan, &policy),
+                    split.clone(),
                     weight_decay_of,
                 )?;
-                (StageBlocks::Replayed(ReplayedBlocks::new(units, shard, replicas)), outer())
+                let sequence = split.and_then(|(tp, step)| (step == BlockStep::SequenceParallel).then_some(tp));
+                (StageBlocks::Replayed(ReplayedBlocks::new(units, (shard, replicas), sequence)), outer())
             }
         };
         let embed_tokens = match first {

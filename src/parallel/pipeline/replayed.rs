@@ -1,7 +1,10 @@
 //! A stage's blocks as FSDP units across the data-parallel group: exercise
 //! 22 gathers, runs and frees each unit, keeping no graph in forward. A
 //! forward keeps each block's input, found by the output the stage handed
-//! out, and the stage's backward replays the units from them.
+//! out, and the stage's backward replays the units from them. Under FSDP ×
+//! TP a unit holds this rank's shards of its block, and under sequence
+//! parallelism the units run on this rank's chunk of the tokens, whole
+//! activations entering and leaving the stage as elsewhere.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -11,6 +14,7 @@ use candle_core::{Result, Tensor, TensorId, Var};
 use crate::called_early::{fsdp_backward, fsdp_forward};
 use crate::distributed::SharedGroup;
 use crate::parallel::fsdp_unit::BlockUnit;
+use crate::parallel::tensor::{gather_sequence, own_tokens};
 
 /// FSDP units replayed in backward, and what each forward in flight kept.
 pub(super) struct ReplayedBlocks {
@@ -19,6 +23,9 @@ pub(super) struct ReplayedBlocks {
     units: Mutex<Vec<BlockUnit>>,
     shard: SharedGroup,
     replicas: Option<SharedGroup>,
+    /// Under sequence parallelism, the tensor-parallel group whose ranks
+    /// each run a chunk of the tokens through the units.
+    sequence: Option<SharedGroup>,
     in_flight: Mutex<HashMap<TensorId, Kept>>,
 }
 
@@ -34,23 +41,45 @@ pub(super) struct Kept {
 }
 
 impl ReplayedBlocks {
-    pub(super) fn new(units: Vec<BlockUnit>, shard: SharedGroup, replicas: Option<SharedGroup>) -> Self {
-        Self { units: Mutex::new(units), shard, replicas, in_flight: Mutex::new(HashMap::new()) }
+    pub(super) fn new(
+        units: Vec<BlockUnit>,
+        (shard, replicas): (SharedGroup, Option<SharedGroup>),
+        sequence: Option<SharedGroup>,
+    ) -> Self {
+        Self { units: Mutex::new(units), shard, replicas, sequence, in_flight: Mutex::new(HashMap::new()) }
     }
 
     /// `x` (B, T, C) through the units, no graph kept: each unit's input,
-    /// and the last unit's output.
+    /// and the last unit's output, (B, T, C) whole.
     pub(super) fn forward(&self, x: &Tensor) -> Result<(Vec<Tensor>, Tensor)> {
-        let pass = fsdp_forward(&self.shard, &mut lock(&self.units), x)?;
-        Ok((pass.inputs, pass.output))
+        let pass = fsdp_forward(&self.shard, &mut lock(&self.units), &self.own_tokens(x)?)?;
+        Ok((pass.inputs, self.all_tokens(&pass.output)?))
     }
 
     /// Back through the units, last first, from `grad` (∂L/∂ the last
-    /// output), from the inputs [`forward`](Self::forward) kept: each unit
+    /// output, whole and the same on every rank of a tensor-parallel
+    /// group), from the inputs [`forward`](Self::forward) kept: each unit
     /// keeps its own shard of its gradients. Returns ∂L/∂ the first unit's
-    /// input.
+    /// input, whole.
     pub(super) fn backward(&self, inputs: &[Tensor], grad: &Tensor) -> Result<Tensor> {
-        fsdp_backward(&self.shard, &mut lock(&self.units), inputs, grad)
+        let grad = fsdp_backward(&self.shard, &mut lock(&self.units), inputs, &self.own_tokens(grad)?)?;
+        self.all_tokens(&grad)
+    }
+
+    /// This rank's chunk of the tokens under sequence parallelism; `t` otherwise.
+    fn own_tokens(&self, t: &Tensor) -> Result<Tensor> {
+        match &self.sequence {
+            Some(tp) => own_tokens(tp, t),
+            None => Ok(t.clone()),
+        }
+    }
+
+    /// Every rank's chunk put together under sequence parallelism; `t` otherwise.
+    fn all_tokens(&self, t: &Tensor) -> Result<Tensor> {
+        match &self.sequence {
+            Some(tp) => gather_sequence(tp, t),
+            None => Ok(t.clone()),
+        }
     }
 
     /// Keeps what the forward that returned `output` needs for its backward.

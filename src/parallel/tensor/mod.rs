@@ -13,7 +13,7 @@
 mod sequence;
 mod shards;
 mod split_block;
-pub use sequence::{gather_sequence, join_tokens, scatter_sequence, split_tokens};
+pub use sequence::{gather_sequence, join_tokens, own_tokens, scatter_sequence, split_tokens};
 pub use shards::{moments_part, part_of, ShardCuts};
 pub use split_block::{BlockStep, SplitBlock};
 
@@ -96,11 +96,25 @@ impl TensorParallelBlock {
             (format!("{p}.mlp.up_proj.weight"), mlp.up_proj),
             (format!("{p}.mlp.down_proj.weight"), mlp.down_proj),
         ])?;
-        let linear = |name: &str| shards.linear(&format!("{p}.{name}"), false);
-        let weight = |name: &str| shards.tensor(&format!("{p}.{name}.weight"));
-        let norm = |name: &str| Ok::<_, candle_core::Error>(RmsNorm::new(weight(name)?, config.norm_eps));
         let device = shards.get(&format!("{p}.input_layernorm.weight"))?.device().clone();
         let rotary = RotaryCache::new(d, config.max_seq_len, config.rope_theta, &device)?;
+        Self::of_shards(config, shards, layer, world, &rotary)
+    }
+
+    /// Block `layer` on `shards`, a rank's shards of it already cut across
+    /// `world` ranks (as [`shard`](Self::shard) cuts them), by the whole
+    /// model's names: the block's parameters are those very variables.
+    pub fn of_shards(
+        config: &GptConfig,
+        shards: ParamStore,
+        layer: usize,
+        world: usize,
+        rotary: &RotaryCache,
+    ) -> Result<Self> {
+        let p = format!("model.layers.{layer}");
+        let weight = |name: &str| shards.tensor(&format!("{p}.{name}.weight"));
+        let linear = |name: &str| shards.linear(&format!("{p}.{name}"), false);
+        let norm = |name: &str| Ok::<_, candle_core::Error>(RmsNorm::new(weight(name)?, config.norm_eps));
         Ok(Self {
             input_layernorm: norm("input_layernorm")?,
             post_attention_layernorm: norm("post_attention_layernorm")?,
@@ -111,8 +125,8 @@ impl TensorParallelBlock {
                     linear("self_attn.v_proj")?,
                     linear("self_attn.o_proj")?,
                 ],
-                (heads / world, kv_heads / world),
-                rotary,
+                (config.num_heads / world, config.kv_heads() / world),
+                rotary.clone(),
             ),
             mlp: TensorParallelMlp {
                 gate_proj: weight("mlp.gate_proj")?,

@@ -29,15 +29,21 @@ pub fn scatter_sequence(pg: &dyn ProcessGroup, t: &Tensor) -> Result<Tensor> {
 /// of `tp`; backward puts the ranks' chunks of the gradient together (one
 /// all-gather), the whole gradient of `t` on every rank.
 pub fn split_tokens(tp: &SharedGroup, t: &Tensor) -> Result<Tensor> {
-    let (rank, ranks, seq_len) = (tp.rank(), tp.world_size(), t.dim(1)?);
+    let back = tp.clone();
+    with_backward(t, &own_tokens(tp, t)?, move |grad| gather_sequence(&back, grad))
+}
+
+/// This rank's chunk of the tokens of `t`, (B, T, C): tokens
+/// [r·T/N, (r+1)·T/N) on rank r of `pg`. Records nothing.
+pub fn own_tokens(pg: &dyn ProcessGroup, t: &Tensor) -> Result<Tensor> {
+    let (rank, ranks, seq_len) = (pg.rank(), pg.world_size(), t.dim(1)?);
     if !seq_len.is_multiple_of(ranks) {
         bail!(
             "--sequence-parallel cuts each sequence into {ranks} chunks, one per tensor-parallel rank, and \
              {seq_len} tokens do not split into {ranks}: use a --seq-len that {ranks} divides"
         );
     }
-    let back = tp.clone();
-    with_backward(t, &t.narrow(1, rank * seq_len / ranks, seq_len / ranks)?, move |grad| gather_sequence(&back, grad))
+    t.narrow(1, rank * seq_len / ranks, seq_len / ranks)
 }
 
 /// Every rank's chunk put together, (B, T, C), the same on every rank of

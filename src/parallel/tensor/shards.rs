@@ -26,13 +26,18 @@ impl ShardCuts {
     /// The cuts of `held`, a rank's parameters under the whole model's
     /// names: where a shape differs from the whole parameter's.
     pub fn of(config: &GptConfig, held: &ParamStore) -> Self {
+        Self::of_shapes(config, held.iter().map(|(name, var)| (name, var.dims())))
+    }
+
+    /// The cuts of parameters of these shapes, by the whole model's names.
+    pub fn of_shapes<'a>(config: &GptConfig, held: impl IntoIterator<Item = (&'a str, &'a [usize])>) -> Self {
         let whole_shapes: HashMap<String, Vec<usize>> =
             param_specs(config).into_iter().map(|spec| (spec.name, spec.shape.dims().to_vec())).collect();
         let cut_along = held
-            .iter()
-            .filter_map(|(name, var)| {
+            .into_iter()
+            .filter_map(|(name, dims)| {
                 let whole = whole_shapes.get(name)?;
-                let dim = var.dims().iter().zip(whole).position(|(part, whole)| part != whole)?;
+                let dim = dims.iter().zip(whole).position(|(part, whole)| part != whole)?;
                 Some((name.to_string(), dim))
             })
             .collect();
@@ -75,6 +80,9 @@ pub fn part_of(
     rank: usize,
     ranks: usize,
 ) -> Result<HashMap<String, Tensor>> {
+    if ranks == 1 {
+        return Ok(whole.iter().map(|(n, v)| (n.to_string(), v.as_tensor().clone())).collect());
+    }
     let mut part: HashMap<String, Tensor> = whole
         .iter()
         .filter(|(name, _)| layer_of(name).is_none())

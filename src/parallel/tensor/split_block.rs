@@ -31,6 +31,14 @@ pub enum BlockStep {
 }
 
 impl BlockStep {
+    /// `block` on `x` across `tp`, by this exercise.
+    pub fn run(self, tp: &SharedGroup, block: &TensorParallelBlock, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Self::TensorParallel => tensor_parallel_block(tp, block, x),
+            Self::SequenceParallel => sequence_parallel_block(tp, block, x),
+        }
+    }
+
     /// The exercise that writes this block.
     pub fn exercise(self) -> u32 {
         match self {
@@ -63,10 +71,7 @@ impl Module for SplitBlock {
     /// `x` through the block: whole (B, T, C), or under sequence
     /// parallelism this rank's chunk (B, T/N, C), in and out.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        match self.step {
-            BlockStep::TensorParallel => tensor_parallel_block(&self.tp, &self.block, x),
-            BlockStep::SequenceParallel => sequence_parallel_block(&self.tp, &self.block, x),
-        }
+        self.step.run(&self.tp, &self.block, x)
     }
 }
 

@@ -140,13 +140,13 @@ struct Args {
     /// Split every block across T tensor-parallel ranks, Megatron style,
     /// run by your exercise 23 (the embedding and head stay whole on
     /// every rank); with --pp, each stage's blocks. With more ranks than T
-    /// (or S·T), the group is replicated across them, data-parallel.
+    /// (or S·T), the group is replicated across them, data-parallel: DDP,
+    /// ZeRO-1, or with --strategy fsdp each rank's shards of a block an FSDP
+    /// unit across the replicas (FSDP × TP).
     #[arg(
         long = "tp",
         value_name = "T",
-        conflicts_with_all = [
-            "sharding", "precision", "hybrid_group_size", "prefetch", "offload", "powersgd_rank", "ddp_overlap"
-        ]
+        conflicts_with_all = ["precision", "prefetch", "offload", "powersgd_rank", "ddp_overlap"]
     )]
     tensor_parallel: Option<usize>,
     /// With --tp: cut the norms and residuals of every block along the
@@ -513,10 +513,6 @@ fn mesh(cut: MeshCut, strategy: StrategyName, config: &RunConfig, world_size: us
     let data = match strategy {
         StrategyName::Ddp => DataAxis::Replicate,
         StrategyName::Zero1 => DataAxis::ShardOptimizer,
-        StrategyName::Fsdp if tp > 1 => anyhow::bail!(
-            "{flags}: FSDP units of tensor-parallel blocks (FSDP × TP) are not built yet: use --strategy ddp or \
-             zero1 with --tp, or --strategy fsdp with --pp alone"
-        ),
         StrategyName::Fsdp => fsdp_on_a_pipeline(&flags, sharding, hybrid_group_size)?,
     };
     if activation_checkpointing && matches!(data, DataAxis::ShardBlocks { .. }) {
@@ -560,7 +556,7 @@ fn fsdp_on_a_pipeline(
         ),
         (other, _) => anyhow::bail!(
             "{flags} with --strategy fsdp shards each stage's blocks as full_shard or hybrid_shard; --sharding \
-             {other} is built for FSDP without --pp only"
+             {other} is built for FSDP without --pp or --tp only"
         ),
     }
 }
