@@ -202,7 +202,8 @@ pub mod phase3_fsdp {
 pub mod phase4_under_the_hood {
     pub use super::ex16_ring_all_reduce::ring_all_reduce;
     pub use super::ex19_overlapped_ddp::overlapped_all_reduce;
-    pub use super::ex20_tensor_parallel_mlp::{copy_to_tensor_parallel, reduce_from_tensor_parallel};
+    pub use super::ex20_tensor_parallel_mlp::copy_to_tensor_parallel;
+    pub use super::ex20_tensor_parallel_mlp::reduce_from_tensor_parallel;
     pub use super::ex21_gpipe::gpipe_step;
     pub use super::ex22_fsdp_unit_step::fsdp_backward;
     pub use super::ex22_fsdp_unit_step::fsdp_forward;

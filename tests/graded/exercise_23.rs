@@ -1,9 +1,12 @@
-//! Exercise 23: a tensor-parallel block, its forward recorded so that
-//! candle's backward is right. The expected values are one process's: the
+//! Exercise 23: a tensor-parallel block assembled from exercise 20's f and
+//! g, its backward candle's. The expected values are one process's: the
 //! whole block, built here from its modules, forward and backward; each
 //! rank's weight gradients are that gradient's rows or columns for its heads
-//! and hidden units. A recorder counts the all-reduces and their operations;
-//! a wrong result is compared with what each typical mistake gives.
+//! and hidden units. A recorder notes each all-reduce's operation and shape,
+//! forward and backward apart; a wrong result is compared with what each
+//! typical mistake gives (the block's output with a sublayer's parts left
+//! unsummed or a residual summed over the ranks, computed here too), and
+//! named only when it matches.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -47,10 +50,6 @@ pub(crate) struct Case {
 /// sequences of 6 tokens: even, so that exercise 27 cuts them in two.
 pub(crate) const CASE: Case = Case { b: 2, t: 6, kv_heads: 2 };
 
-pub(crate) fn config() -> GptConfig {
-    config_of(CASE)
-}
-
 pub(crate) fn config_of(case: Case) -> GptConfig {
     GptConfig {
         vocab_size: 16,
@@ -67,16 +66,8 @@ pub(crate) fn config_of(case: Case) -> GptConfig {
     }
 }
 
-pub(crate) fn params() -> ParamStore {
-    params_of(CASE)
-}
-
 pub(crate) fn params_of(case: Case) -> ParamStore {
     init_params(&config_of(case), 23, &Device::Cpu).unwrap()
-}
-
-pub(crate) fn batch() -> (Tensor, Tensor) {
-    batch_of(CASE)
 }
 
 /// The block's input and ∂L/∂output, (B, T, C), the same on every rank.
@@ -104,22 +95,13 @@ pub(crate) fn reference(rank: usize, world: usize, residual_gradients: bool) -> 
 
 /// [`reference`] for another case.
 pub(crate) fn reference_of(case: Case, rank: usize, world: usize, residual_gradients: bool) -> Outcome {
-    let (config, params) = (config_of(case), params_of(case));
-    let weight = |name: &str| params.tensor(&format!("{P}.{name}.weight")).unwrap();
-    let linear = |name: &str| Linear::new(weight(name), None);
-    let norm = |name: &str| RmsNorm::new(weight(name), config.norm_eps);
-    let rotary = RotaryCache::new(HEAD_DIM, case.t, config.rope_theta, &Device::Cpu).unwrap();
-    let attention = CausalSelfAttention::new(
-        ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"].map(linear),
-        (HEADS, case.kv_heads),
-        rotary,
-    );
-    let mlp = Mlp::new(linear("mlp.gate_proj"), linear("mlp.up_proj"), linear("mlp.down_proj"));
+    let params = params_of(case);
+    let block = WholeBlock::of(case, &params, None);
     let residual = |t: &Tensor| if residual_gradients { t.clone() } else { t.detach() };
     let (x, grad_output) = batch_of(case);
     let x = Var::from_tensor(&x).unwrap();
-    let h = (residual(x.as_tensor()) + attention.forward(&norm("input_layernorm").forward(&x).unwrap())).unwrap();
-    let y = (residual(&h) + mlp.forward(&norm("post_attention_layernorm").forward(&h).unwrap())).unwrap();
+    let h = (residual(x.as_tensor()) + block.attention.forward(&block.norm1.forward(&x).unwrap())).unwrap();
+    let y = (residual(&h) + block.mlp.forward(&block.norm2.forward(&h).unwrap())).unwrap();
     let store = vjp(&y, &grad_output).unwrap();
     let grads = params
         .iter()
@@ -130,6 +112,84 @@ pub(crate) fn reference_of(case: Case, rank: usize, world: usize, residual_gradi
         })
         .collect();
     Outcome { output: values(&y), grads, grad_input: values(store.get(x.as_tensor()).unwrap()) }
+}
+
+/// The whole block's modules on one process; with `heads_of` (rank, world),
+/// attention holds only that rank's heads, as its shard does.
+struct WholeBlock {
+    norm1: RmsNorm,
+    attention: CausalSelfAttention,
+    norm2: RmsNorm,
+    mlp: Mlp,
+}
+
+impl WholeBlock {
+    fn of(case: Case, params: &ParamStore, heads_of: Option<(usize, usize)>) -> Self {
+        let config = config_of(case);
+        let weight = |name: &str| {
+            let whole = params.tensor(&format!("{P}.{name}.weight")).unwrap();
+            match heads_of {
+                Some((rank, world)) => part_of(case, &format!("{P}.{name}.weight"), rank, world, &whole),
+                None => whole,
+            }
+        };
+        let linear = |name: &str| Linear::new(weight(name), None);
+        let norm = |name: &str| RmsNorm::new(weight(name), config.norm_eps);
+        let world = heads_of.map_or(1, |(_, world)| world);
+        let rotary = RotaryCache::new(HEAD_DIM, case.t, config.rope_theta, &Device::Cpu).unwrap();
+        let attention = CausalSelfAttention::new(
+            ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"].map(linear),
+            (HEADS / world, case.kv_heads / world),
+            rotary,
+        );
+        let mlp = Mlp::new(linear("mlp.gate_proj"), linear("mlp.up_proj"), linear("mlp.down_proj"));
+        Self { norm1: norm("input_layernorm"), attention, norm2: norm("post_attention_layernorm"), mlp }
+    }
+}
+
+/// A mistaken block's output on rank `rank` of `world`, computed on one
+/// process: `h = residuals[0]·x + attn(scale · norm₁(x))` with attention of
+/// the rank's heads only when `own_heads` (its part, unsummed), then
+/// `y = residuals[1]·h + mlp(norm₂(h))`.
+fn mistaken_output(
+    case: Case,
+    rank: usize,
+    world: usize,
+    own_heads: bool,
+    scale: f64,
+    residuals: [f64; 2],
+) -> Vec<f32> {
+    let params = params_of(case);
+    let whole = WholeBlock::of(case, &params, None);
+    let attention = match own_heads {
+        true => WholeBlock::of(case, &params, Some((rank, world))).attention,
+        false => whole.attention,
+    };
+    let (x, _) = batch_of(case);
+    let normed = whole.norm1.forward(&x).and_then(|n| n.affine(scale, 0.0)).unwrap();
+    let h = (x.affine(residuals[0], 0.0).unwrap() + attention.forward(&normed).unwrap()).unwrap();
+    let y = (h.affine(residuals[1], 0.0).unwrap() + whole.mlp.forward(&whole.norm2.forward(&h).unwrap())).unwrap();
+    values(&y)
+}
+
+/// The typical mistake whose output the block's output on rank `rank` of
+/// `world` equals, if any.
+fn mistaken_forward(case: Case, got: &[f32], rank: usize, world: usize) -> Option<&'static str> {
+    if world == 1 {
+        return None;
+    }
+    let n = world as f64;
+    let is = |own_heads, scale, residuals| {
+        first_scaled_difference(got, &mistaken_output(case, rank, world, own_heads, scale, residuals)).is_none()
+    };
+    if is(true, 1.0, [1.0, 1.0]) {
+        Some(mistake(23, "g_missing"))
+    } else if is(true, n, [1.0, 1.0]) {
+        Some(mistake(23, "f_and_g_swapped"))
+    } else {
+        let residual_summed = [[n, 1.0], [1.0, n], [n, n]].into_iter().any(|residuals| is(false, 1.0, residuals));
+        residual_summed.then(|| mistake(23, "g_after_residual"))
+    }
 }
 
 /// Rank `rank` of `world`'s part of the whole tensor `name`: rows of q, k, v,
@@ -147,13 +207,16 @@ fn part_of(case: Case, name: &str, rank: usize, world: usize, whole: &Tensor) ->
     }
 }
 
-/// Notes every all-reduce's operation.
+/// Notes every all-reduce's operation and the shape of its tensor.
 #[derive(Clone)]
-struct Recorder(Arc<Mutex<Vec<String>>>);
+struct Recorder(Arc<Mutex<Vec<AllReduce>>>);
+
+/// An all-reduce's operation and the shape of its tensor.
+type AllReduce = (String, Vec<usize>);
 
 impl CollectiveOverride for Recorder {
     fn all_reduce(&self, inner: &dyn ProcessGroup, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
-        self.0.lock().unwrap().push(format!("{op:?}"));
+        self.0.lock().unwrap().push((format!("{op:?}"), t.dims().to_vec()));
         inner.all_reduce(t, op)
     }
 }
@@ -161,10 +224,19 @@ impl CollectiveOverride for Recorder {
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 struct RankRun {
     step: std::result::Result<Outcome, String>,
-    /// Each all-reduce's operation, in order.
-    all_reduces: Vec<String>,
+    /// The all-reduces of the forward, in order.
+    forward: Vec<AllReduce>,
+    /// The all-reduces of the backward, in order.
+    backward: Vec<AllReduce>,
     /// Calls of any other collective.
     others: u64,
+}
+
+impl RankRun {
+    /// (forward, backward) all-reduces.
+    fn counts(&self) -> (usize, usize) {
+        (self.forward.len(), self.backward.len())
+    }
 }
 
 /// `forward` of `block` on `x`, then candle's backward from `grad_output`:
@@ -189,26 +261,32 @@ pub(crate) fn forward_and_backward(
     Ok(Outcome { output: values(&output), grads: as_values(grads.iter()), grad_input: values(grad_input) })
 }
 
-fn rank_run(pg: Box<dyn ProcessGroup>) -> Result<RankRun> {
-    let block = TensorParallelBlock::shard(&config(), &params(), 0, pg.rank(), pg.world_size())?;
-    let (x, grad_output) = batch();
+fn rank_run(case: Case, pg: Box<dyn ProcessGroup>) -> Result<RankRun> {
+    let block = TensorParallelBlock::shard(&config_of(case), &params_of(case), 0, pg.rank(), pg.world_size())?;
+    let (x, grad_output) = batch_of(case);
     let ops = Arc::new(Mutex::new(vec![]));
     let tp = SharedGroup::new(Box::new(WithOverride::new(pg, Recorder(Arc::clone(&ops)))));
     let before = tp.stats();
-    let step = forward_and_backward(&block, &x, &grad_output, |x| tensor_parallel_block(&tp, &block, x));
+    let in_forward = Mutex::new(0);
+    let step = forward_and_backward(&block, &x, &grad_output, |x| {
+        let y = tensor_parallel_block(&tp, &block, x);
+        *in_forward.lock().unwrap() = ops.lock().unwrap().len();
+        y
+    });
     let used = tp.stats().since(&before);
     let others = Collective::ALL.iter().filter(|&&c| c != Collective::AllReduce).map(|&c| used.calls(c)).sum();
-    let all_reduces = ops.lock().unwrap().clone();
-    Ok(RankRun { step: step.map_err(|e| explain_error(&e)), all_reduces, others })
+    let mut forward = ops.lock().unwrap().clone();
+    let backward = forward.split_off(in_forward.into_inner().unwrap().min(forward.len()));
+    Ok(RankRun { step: step.map_err(|e| explain_error(&e)), forward, backward, others })
 }
 
 fn steps(runs: &[RankRun]) -> Vec<Outcome> {
     every_rank(runs.iter().map(|run| &run.step), "tensor_parallel_block", "rank")
 }
 
-fn run(world: usize) -> Vec<RankRun> {
-    spawn_with_timeout(world, TIMEOUT, |pg| rank_run(Box::new(pg)))
-        .unwrap_or_else(|e| panic!("the tensor-parallel step on {world} rank(s) failed: {}", explain_error(&e)))
+fn run(case: Case, world: usize) -> Vec<RankRun> {
+    spawn_with_timeout(world, TIMEOUT, |pg| rank_run(case, Box::new(pg)))
+        .unwrap_or_else(|e| panic!("the tensor-parallel block on {world} rank(s) failed: {}", explain_error(&e)))
 }
 
 /// Where `got` first differs from `want`, in the order backward computes:
@@ -250,42 +328,64 @@ pub(crate) fn norm_gradients_are_parts(got: &[Outcome], want: &Outcome) -> bool 
         })
 }
 
+/// Grouped-query attention off: one key/value head per head, so that 4
+/// ranks split the heads, on 1 sequence of 5 tokens.
+const FOUR_RANKS: Case = Case { b: 1, t: 5, kv_heads: 4 };
+
 #[rstest]
-fn every_rank_gets_the_whole_output_its_shards_gradients_and_the_whole_input_gradient(#[values(1, 2)] world: usize) {
-    let runs = run(world);
+#[case(CASE, 1)]
+#[case(CASE, 2)]
+#[case(FOUR_RANKS, 4)]
+fn every_rank_gets_the_whole_output_its_shards_gradients_and_the_whole_input_gradient(
+    #[case] case: Case,
+    #[case] world: usize,
+) {
+    let runs = run(case, world);
     let got = steps(&runs);
     for (rank, outcome) in got.iter().enumerate() {
-        let want = reference(rank, world, true);
+        let want = reference_of(case, rank, world, true);
         let Some(difference) = outcome_difference(outcome, &want) else { continue };
-        let run = &runs[rank];
-        let why = if run.all_reduces.iter().any(|op| op != "Sum") {
-            Some(mistake(23, "averaged_not_summed"))
-        } else if run.all_reduces.len() == 2 && first_scaled_difference(&outcome.output, &want.output).is_none() {
-            Some(mistake(23, "no_backward_all_reduce"))
-        } else if norm_gradients_are_parts(&got, &reference(0, world, true)) {
-            Some(mistake(23, "norm_gradient_partial"))
-        } else {
-            matches(outcome, &reference(rank, world, false)).then(|| mistake(23, "residual_gradient_dropped"))
+        let output_right = first_scaled_difference(&outcome.output, &want.output).is_none();
+        let norm_parts = norm_gradients_are_parts(&got, &reference_of(case, 0, world, true));
+        let input_right = first_scaled_difference(&outcome.grad_input, &want.grad_input).is_none();
+        let why = match runs[rank].counts() {
+            _ if !output_right => mistaken_forward(case, &outcome.output, rank, world),
+            (2, 2) if norm_parts && input_right => Some(mistake(23, "f_before_norm")),
+            (2, 1) if norm_parts => Some(mistake(23, "f_missing")),
+            (2, 3) => Some(mistake(23, "f_applied_twice")),
+            _ => None,
         };
         panic!("rank {rank} of {world}: {difference}{}", cause(why));
     }
 }
 
-#[test]
-fn a_step_is_two_all_reduces_forward_and_two_backward() {
-    let world = 2;
-    let runs = run(world);
-    steps(&runs);
+#[rstest]
+#[case(CASE, 2)]
+#[case(FOUR_RANKS, 4)]
+fn a_step_is_two_all_reduces_forward_and_two_backward(#[case] case: Case, #[case] world: usize) {
+    let runs = run(case, world);
+    let got = steps(&runs);
+    let shape = vec![case.b, case.t, HIDDEN];
     for (rank, run) in runs.iter().enumerate() {
-        assert!(
-            run.all_reduces.len() == 4 && run.others == 0,
-            "rank {rank} of {world} issued {} all-reduce(s) ({:?}) and {} other collective(s); a block split by heads \
-             and hidden units needs one all-reduce per sublayer in forward (g) and one in backward (f): 4, and nothing \
-             else{}",
-            run.all_reduces.len(),
-            run.all_reduces,
+        let sums_of = |calls: &[AllReduce]| calls.iter().all(|(op, dims)| op == "Sum" && *dims == shape);
+        if run.counts() == (2, 2) && sums_of(&run.forward) && sums_of(&run.backward) && run.others == 0 {
+            continue;
+        }
+        let output_right =
+            first_scaled_difference(&got[rank].output, &reference_of(case, rank, world, true).output).is_none();
+        let why = match run.counts() {
+            (2, 1) if output_right => Some(mistake(23, "f_missing")),
+            (2, 3) if output_right => Some(mistake(23, "f_applied_twice")),
+            _ => None,
+        };
+        panic!(
+            "rank {rank} of {world}: forward issued the all-reduces {:?}, backward {:?} (each an operation and a \
+             shape), and {} other collective(s); a block split by heads and hidden units needs one all-reduce per \
+             sublayer forward (g) and one backward (f), each a Sum of a {shape:?} activation, and nothing else{}",
+            run.forward,
+            run.backward,
             run.others,
-            cause((run.all_reduces.len() == 2).then(|| mistake(23, "no_backward_all_reduce")))
+            cause(why)
         );
     }
 }
@@ -293,7 +393,7 @@ fn a_step_is_two_all_reduces_forward_and_two_backward() {
 /// Each rank a process, the activations and gradients all-reduced over TCP.
 #[test]
 fn it_runs_across_processes_over_tcp() {
-    let runs: Vec<RankRun> = on_processes(2, |pg| rank_run(Box::new(pg)));
+    let runs: Vec<RankRun> = on_processes(2, |pg| rank_run(CASE, Box::new(pg)));
     for (rank, outcome) in steps(&runs).iter().enumerate() {
         let difference = outcome_difference(outcome, &reference(rank, 2, true));
         assert!(difference.is_none(), "rank {rank}'s process: {}", difference.unwrap());
