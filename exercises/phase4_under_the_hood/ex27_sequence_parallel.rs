@@ -39,9 +39,10 @@
 //! of ∂L/∂x and the gradients of its parameters: its shards (the rows or
 //! columns of one process's gradients, as in exercise 23) and both norms'
 //! weights, whole, the same on every rank. The collectives: four
-//! all-gathers and four reduce-scatters of (B, T, C) activations (two of
-//! each forward, two of each backward), and besides them nothing larger than
-//! a norm's weight (C elements).
+//! all-gathers of (B, T/N, C) chunks and four reduce-scatters of (B, T, C)
+//! partials (two of each forward, two of each backward), and besides them
+//! nothing larger than a norm's weight (C elements). The tests also run
+//! each operator alone, on 2 and 3 ranks.
 //!
 //! A worked example, one sublayer, one number per token, 2 ranks, T = 2:
 //! rank 0 holds token 0, rank 1 token 1. The "norm" only scales,
