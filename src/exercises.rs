@@ -212,7 +212,9 @@ pub mod phase4_under_the_hood {
     pub use super::ex25_device_mesh::axis_group;
     pub use super::ex25_device_mesh::mesh_coords;
     pub use super::ex26_data_parallel::DataParallel;
-    pub use super::ex27_sequence_parallel::{all_gather_tokens, reduce_scatter_tokens, sequence_parallel_block};
+    pub use super::ex27_sequence_parallel::all_gather_tokens;
+    pub use super::ex27_sequence_parallel::reduce_scatter_tokens;
+    pub use super::ex27_sequence_parallel::sequence_parallel_block;
 }
 
 /// The exercises a runtime calls before their phase: the learner's body once
