@@ -119,7 +119,7 @@ impl fmt::Display for CommStats {
         for (i, kind) in used.enumerate() {
             let (calls, bytes) = self.get(kind);
             let sep = if i == 0 { "" } else { "\n" };
-            write!(f, "{sep}{kind}: {calls} calls, {bytes} bytes")?;
+            write!(f, "{sep}{kind}: {}, {bytes} bytes", crate::words::count(calls as usize, "call"))?;
         }
         Ok(())
     }

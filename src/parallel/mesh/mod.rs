@@ -33,6 +33,7 @@
 //! other way round; loading cuts each rank's part out again.
 
 mod data_axis;
+mod report;
 mod units;
 
 use std::collections::HashMap;
@@ -44,7 +45,7 @@ pub use data_axis::DataAxis;
 
 use self::data_axis::Update;
 use crate::autograd::Gradients;
-use crate::distributed::{DeviceMesh, ProcessGroup, SharedGroup};
+use crate::distributed::{Axis, CommStats, DeviceMesh, ProcessGroup, SharedGroup};
 use crate::model::{param_specs, GptConfig, ParamStore};
 use crate::parallel::pipeline::{stage_holding, PipelineSchedule, PipelineStage, PipelineStep};
 use crate::parallel::tensor::{moments_part, part_of, BlockStep, ShardCuts};
@@ -84,6 +85,8 @@ pub struct MeshTrainer {
     /// Where this stage computes: the scalars and buffers it exchanges live there too.
     device: Device,
     step: usize,
+    /// What the last step sent along each axis with more than one rank.
+    last_step_sent: Vec<(Axis, CommStats)>,
 }
 
 impl MeshTrainer {
@@ -130,7 +133,20 @@ impl MeshTrainer {
         let update = Update::new(data_axis, (model_config, stage.params()), &config, &mesh, &cuts, bucket_bytes)?;
         let device = params.device()?;
         let model_config = model_config.clone();
-        Ok(Self { model_config, stage, schedule, block_step, update, data_axis, config, mesh, cuts, device, step: 0 })
+        Ok(Self {
+            model_config,
+            stage,
+            schedule,
+            block_step,
+            update,
+            data_axis,
+            config,
+            mesh,
+            cuts,
+            device,
+            step: 0,
+            last_step_sent: vec![],
+        })
     }
 
     /// The stage this rank runs.
@@ -202,6 +218,7 @@ fn shard_groups(mesh: &DeviceMesh, shard_group: Option<usize>) -> Result<(Shared
 
 impl Train for MeshTrainer {
     fn train_step(&mut self, micro_batches: &[Tensor]) -> Result<StepStats> {
+        let sent_before = report::sent_by_axis(&self.mesh);
         let last = self.mesh.pp().world_size() - 1;
         let step = match self.update.run_micro_batches(micro_batches)? {
             Some(step) => step,
@@ -214,6 +231,9 @@ impl Train for MeshTrainer {
         let loss = Tensor::new(&[step.loss.unwrap_or(0.0)], &self.device)?;
         let loss = self.mesh.pp().broadcast(&loss, last)?.to_vec1::<f32>()?[0] as f64;
         self.step += 1;
+        let sent_after = report::sent_by_axis(&self.mesh);
+        self.last_step_sent =
+            sent_after.into_iter().zip(&sent_before).map(|((axis, now), (_, then))| (axis, now.since(then))).collect();
         Ok(StepStats { loss, grad_norm, lr, tokens: micro_batches.iter().map(Tensor::elem_count).sum() })
     }
 
@@ -394,6 +414,15 @@ impl Train for MeshTrainer {
     }
 
     fn report(&self) -> Option<String> {
-        None
+        let report = report::MeshReport {
+            shape: self.mesh.shape().to_string(),
+            model_states: self.model_states_bytes(),
+            gathered_peak: self
+                .stage
+                .sharded_units()
+                .and_then(|held| held.units.first().map(|unit| unit.peak_gathered_bytes())),
+            last_step: self.last_step_sent.clone(),
+        };
+        Some(report.to_string())
     }
 }

@@ -1,0 +1,58 @@
+//! What a mesh run prints at its end: what one rank holds, and what its
+//! last step sent along each axis of the mesh.
+
+use std::fmt;
+
+use crate::distributed::{Axis, CommStats, DeviceMesh};
+
+/// A rank's memory and its last step's communication, by axis.
+pub(super) struct MeshReport {
+    pub shape: String,
+    /// Parameters, gradients and AdamW state this rank holds, in bytes.
+    pub model_states: Option<u64>,
+    /// The most bytes of gathered FSDP units held at once, when the blocks are units.
+    pub gathered_peak: Option<u64>,
+    /// What the last step sent along each axis with more than one rank.
+    pub last_step: Vec<(Axis, CommStats)>,
+}
+
+/// What each group of `mesh` has sent so far, by axis, for the axes with
+/// more than one rank.
+pub(super) fn sent_by_axis(mesh: &DeviceMesh) -> Vec<(Axis, CommStats)> {
+    [Axis::Dp, Axis::Pp, Axis::Tp]
+        .into_iter()
+        .filter(|&axis| mesh.group(axis).world_size() > 1)
+        .map(|axis| (axis, mesh.group(axis).stats()))
+        .collect()
+}
+
+impl fmt::Display for MeshReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mib = |bytes: u64| bytes as f64 / (1u64 << 20) as f64;
+        writeln!(f, "mesh {}, rank 0's last step:", self.shape)?;
+        writeln!(f, "memory per rank (MiB):")?;
+        match self.model_states {
+            Some(bytes) => writeln!(f, "  model states           {:>10.2}", mib(bytes))?,
+            None => writeln!(f, "  model states           a whole replica's")?,
+        }
+        if let Some(bytes) = self.gathered_peak {
+            writeln!(f, "  gathered units, peak   {:>10.2}", mib(bytes))?;
+        }
+        write!(f, "communication per step:")?;
+        if self.last_step.is_empty() {
+            write!(f, " none (one rank)")?;
+        }
+        for (axis, sent) in &self.last_step {
+            let axis = match axis {
+                Axis::Dp => "dp",
+                Axis::Pp => "pp",
+                Axis::Tp => "tp",
+            };
+            write!(f, "\n  along {axis}:")?;
+            for line in sent.to_string().lines() {
+                write!(f, "\n    {line}")?;
+            }
+        }
+        Ok(())
+    }
+}
