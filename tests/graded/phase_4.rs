@@ -23,12 +23,11 @@
 //! whole on every rank, as the FSDP trainer keeps its root unit.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
 
 use candle_core::{bail, Device, Module, Result, Tensor, Var};
 use rstest::rstest;
 use workbook::autograd::{vjp, Gradients};
-use workbook::distributed::{CollectiveOverride, DeviceMesh, MeshShape, OwnRing, ProcessGroup, ReduceOp, WithOverride};
+use workbook::distributed::{DeviceMesh, MeshShape, OwnRing, ProcessGroup, ReduceOp, WithOverride};
 use workbook::model::{layer_of, Outer, ParamStore};
 use workbook::parallel::ddp::average_in_buckets;
 use workbook::parallel::fsdp::FlatLayout;
@@ -42,6 +41,7 @@ use workbook::phase4_under_the_hood::{fsdp_backward, fsdp_forward, overlapped_al
 use workbook::train::{AdamW, AdamWConfig, ParamGroup, Train};
 use workbook::{init_params, Gpt};
 
+use crate::all_reduce_log::{AllReduceLog, Event};
 use crate::fsdp_runs::{
     as_values, global_batches, max_relative_difference, model_config, rows_of, single_process, train_config,
     GLOBAL_BATCH, SEQ_LEN,
@@ -291,45 +291,21 @@ fn three_dimensional_rank(pg: Box<dyn ProcessGroup>, block_step: BlockStep) -> R
     Ok(values(trainer.stage().params()))
 }
 
-/// Every activation-sized collective a rank makes, in order: its kind and
-/// its input's elements.
-#[derive(Clone, Default)]
-struct CollectiveLog(Arc<Mutex<Vec<(String, usize)>>>);
-
-impl CollectiveLog {
-    fn note(&self, kind: &'static str, t: &Tensor) {
-        self.0.lock().unwrap().push((kind.to_string(), t.elem_count()));
-    }
-}
-
-impl CollectiveOverride for CollectiveLog {
-    fn all_reduce(&self, inner: &dyn ProcessGroup, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
-        self.note("all-reduce", t);
-        inner.all_reduce(t, op)
-    }
-
-    fn all_gather(&self, inner: &dyn ProcessGroup, t: &Tensor) -> Result<Tensor> {
-        self.note("all-gather", t);
-        inner.all_gather(t)
-    }
-
-    fn reduce_scatter(&self, inner: &dyn ProcessGroup, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
-        self.note("reduce-scatter", t);
-        inner.reduce_scatter(t, op)
-    }
-}
-
 /// One rank of a tp 2 mesh taking one step: every collective it made.
 fn traced_tensor_parallel_rank(pg: Box<dyn ProcessGroup>, block_step: BlockStep) -> Result<Vec<(String, usize)>> {
-    let log = CollectiveLog::default();
+    let log = AllReduceLog::new(|| 0);
     let mesh = DeviceMesh::new(Box::new(WithOverride::new(pg, log.clone())), MeshShape { dp: 1, pp: 1, tp: 2 })?;
     let params = init_params(&model_config(), 7, &Device::Cpu)?;
     let (config, schedule) = (train_config(CLIP), PipelineSchedule::GPipe);
     let plan = MeshPlan { schedule, block_step, data_axis: DataAxis::Replicate, bucket_bytes: BUCKET_BYTES };
     let mut trainer = MeshTrainer::new(&model_config(), &params, config, mesh, plan)?;
     trainer.train_step(&global_batches(0))?;
-    let log = log.0.lock().unwrap().clone();
-    Ok(log)
+    let named = |event| match event {
+        Event::Started { elements, .. } => Some(("all_reduce".to_string(), elements)),
+        Event::Called { collective, elements, .. } => Some((collective, elements)),
+        Event::Waited { .. } => None,
+    };
+    Ok(log.events().into_iter().filter_map(named).collect())
 }
 
 /// With f and g recorded in the graph, a split block runs once per
@@ -349,10 +325,10 @@ fn a_split_block_runs_once_per_micro_batch_with_megatrons_collectives(
     let count = |kind: &str, elements: usize| logs[0].iter().filter(|(k, n)| k == kind && *n == elements).count();
     let per_block = 4 * blocks * micro_batches;
     let got = match block_step {
-        BlockStep::TensorParallel => [count("all-reduce", activation), 0, 0],
+        BlockStep::TensorParallel => [count("all_reduce", activation), 0, 0],
         BlockStep::SequenceParallel => {
             let chunk = activation / 2;
-            [count("all-reduce", activation), count("all-gather", chunk), count("reduce-scatter", activation)]
+            [count("all_reduce", activation), count("all_gather", chunk), count("reduce_scatter", activation)]
         }
     };
     let want = match block_step {
