@@ -308,10 +308,6 @@ pub(crate) fn outcome_difference(got: &Outcome, want: &Outcome) -> Option<String
     first_scaled_difference(&got.grad_input, &want.grad_input).map(|d| format!("∂L/∂x: {d}"))
 }
 
-pub(crate) fn matches(got: &Outcome, want: &Outcome) -> bool {
-    outcome_difference(got, want).is_none()
-}
-
 /// Whether each norm weight's gradients on the ranks, though wrong, sum to
 /// the right one, each rank's its own part (the same wrong value on every
 /// rank, N times too small, is another mistake: an average).
