@@ -64,9 +64,10 @@ use crate::parallel::tensor::TensorParallelBlock;
 /// gradients and the norms' whole gradients.
 ///
 /// Pieces: `block.input_layernorm` and `block.post_attention_layernorm`
-/// (`candle_core::Module::forward`), `block.attention_partial(n)` (this
-/// rank's heads' part of attention's output), `block.mlp` (exercise 20's
-/// `TensorParallelMlp`: `partial`, `forward`),
+/// (`RmsNorm`s, with their own `forward`, exercise 1's),
+/// `block.attention_partial(n)` (this rank's heads' part of attention's
+/// output), `block.mlp` (exercise 20's `TensorParallelMlp`: `partial`,
+/// `forward`),
 /// `crate::phase4_under_the_hood::{copy_to_tensor_parallel, reduce_from_tensor_parallel}`
 /// (exercise 20's f and g), `+` on tensors.
 pub fn tensor_parallel_block(tp: &SharedGroup, block: &TensorParallelBlock, x: &Tensor) -> Result<Tensor> {

@@ -99,8 +99,8 @@ pub fn reduce_scatter_tokens(tp: &SharedGroup, t: &Tensor) -> Result<Tensor> {
 /// gradients and the norms' whole gradients, the same on every rank.
 ///
 /// Pieces: `block.input_layernorm` and `block.post_attention_layernorm`
-/// (`crate::model::RmsNorm`, with `weight` and `eps`; `RmsNorm::new`,
-/// `candle_core::Module::forward`), `block.attention_partial(n)` and
+/// (`crate::model::RmsNorm`, with `weight` and `eps`; `RmsNorm::new` and
+/// its own `forward`, exercise 1's), `block.attention_partial(n)` and
 /// `block.mlp.partial(n)` (this rank's part of a sublayer's output for every
 /// token it is given), [`all_gather_tokens`], [`reduce_scatter_tokens`],
 /// `crate::phase4_under_the_hood::copy_to_tensor_parallel` (exercise 20's f).

@@ -123,7 +123,13 @@ impl fmt::Debug for Dataset {
             Tokens::File(file) => file.path().display().to_string(),
         };
         let (windows, tokens) = (count(self.num_windows, "window"), count(self.seq_len, "token"));
-        write!(f, "Dataset({source}: {windows} of {tokens}, tokenizer {})", self.tokenizer)
+        write!(f, "Dataset({source}: {windows} of {tokens}, tokenizer {}", self.tokenizer)?;
+        if let Tokens::Memory(_) = &self.tokens {
+            // Uniform over the vocabulary: no model does better than ln V.
+            let vocab = self.tokenizer.vocab_size();
+            write!(f, "; nothing to learn: the loss cannot fall below ln {vocab} = {:.2}", (vocab as f64).ln())?;
+        }
+        write!(f, ")")
     }
 }
 

@@ -78,8 +78,8 @@ pub fn exercise_lines(options: &RunOptions) -> candle_core::Result<Vec<String>> 
                         ),
                     };
                     let blocks = match mesh.tp {
-                        1 => "every block of each stage",
-                        _ => "this rank's tensor-parallel shards of every block (FSDP × TP)",
+                        1 => "every block of each stage is",
+                        _ => "this rank's tensor-parallel shards of every block (FSDP × TP) are",
                     };
                     lines.push(format!(
                         "FSDP (--strategy fsdp): {blocks} an FSDP unit across {across}, stepped by {}; the \
@@ -118,11 +118,18 @@ pub fn exercise_lines(options: &RunOptions) -> candle_core::Result<Vec<String>> 
         }
     }
     if mesh.tp > 1 {
-        let used = match options.strategy {
-            Strategy::Mesh { sequence_parallel: true, .. } => "`shard`, `partial`, and f on the norms' weights",
-            _ => "`shard` and `forward` (f, `partial`, g)",
+        let line = match options.strategy {
+            Strategy::Mesh { sequence_parallel: true, .. } => format!(
+                "tensor-parallel MLP: every block's MLP cut by `shard` and run by `partial` of {}, whose f also \
+                 sums the norms' weight gradients",
+                named(20)
+            ),
+            _ => format!(
+                "tensor-parallel MLP: every block's MLP cut by `shard` and run by `forward` (f, `partial`, g) of {}",
+                named(20)
+            ),
         };
-        lines.push(format!("MLP split: every block's MLP is {}: its {used}", named(20)));
+        lines.push(line);
     }
     if options.strategy.cuts_the_model() {
         lines.push(format!(

@@ -100,8 +100,9 @@ enum Task {
     /// Run the reference body of exercises you skip (e.g. `lean 1-15` to start at Phase 4);
     /// without a list, show which are leaned on.
     Lean {
-        /// Exercises, like 6, 1-15 or 1-7,9 (`all` with --off).
-        exercises: Option<String>,
+        /// Exercises, like 6, 1-15 or 1-7,9 (`all` with --off); several may be
+        /// given apart too: 1-7 9.
+        exercises: Vec<String>,
         /// Stop leaning on them: compile your code again.
         #[arg(long)]
         off: bool,
@@ -290,7 +291,10 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
         Task::Hint { exercise, more } => commands::hint(&ws, exercise, more),
         Task::Reset { exercise, yes } => commands::reset(&ws, exercise, yes),
         Task::Watch => watch::watch(ws),
-        Task::Lean { exercises, off } => lean::lean(&ws, exercises.as_deref(), off),
+        Task::Lean { exercises, off } => {
+            let list = (!exercises.is_empty()).then(|| exercises.join(","));
+            lean::lean(&ws, list.as_deref(), off)
+        }
         Task::Verify { natural: false, exercises } if exercises.is_empty() => verify::verify(&ws),
         Task::Verify { natural: false, exercises } => verify::planted_only(&ws, &exercises),
         Task::Verify { natural: true, exercises } => verify::natural(&ws, &exercises),

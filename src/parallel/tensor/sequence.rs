@@ -22,6 +22,15 @@ pub fn gather_sequence(pg: &dyn ProcessGroup, chunk: &Tensor) -> Result<Tensor> 
 /// This rank's chunk (B, T/N, C) of the sum over the ranks of `t`, (B, T, C):
 /// rank r gets tokens [r·T/N, (r+1)·T/N). One reduce-scatter.
 pub fn scatter_sequence(pg: &dyn ProcessGroup, t: &Tensor) -> Result<Tensor> {
+    let (ranks, seq_len) = (pg.world_size(), t.dim(1)?);
+    if !seq_len.is_multiple_of(ranks) {
+        bail!(
+            "scatter_sequence cuts T, dimension 1 of (B, T, C), into {ranks} chunks, one per rank, and got a \
+             tensor of shape {:?}, whose {seq_len} tokens do not divide by {ranks}: it takes every token, \
+             (B, T, C), and gives this rank's chunk, (B, T/N, C)",
+            t.dims()
+        );
+    }
     pg.reduce_scatter(&t.transpose(0, 1)?.contiguous()?, ReduceOp::Sum)?.transpose(0, 1)?.contiguous()
 }
 

@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 
-use candle_core::{Device, Result, Tensor};
+use candle_core::{bail, Device, Result, Tensor};
 
 use super::TensorParallelBlock;
 use crate::autograd::{sum_of_squares, Gradients};
@@ -63,10 +63,24 @@ impl ShardCuts {
     /// The squared L2 norm of the whole gradient whose parts `grads` this
     /// rank holds: the shards' squares added over `tp`, the whole
     /// parameters (the same on every rank of it) counted once.
+    /// An error when the whole parameters' gradients differ across `tp`:
+    /// counted once, they would also be stepped apart, and the ranks'
+    /// copies of one parameter would drift.
     pub fn sum_of_squares(&self, grads: &Gradients, tp: &dyn ProcessGroup, device: &Device) -> Result<f64> {
         let (shards, whole): (Vec<_>, Vec<_>) = grads.iter().partition(|(name, _)| self.is_cut(name));
         let shards = sum_of_squares(shards.into_iter().map(|(_, g)| g))?;
-        Ok(sum_of_squares(whole.into_iter().map(|(_, g)| g))? + all_reduce_scalar(tp, shards, ReduceOp::Sum, device)?)
+        let whole = sum_of_squares(whole.into_iter().map(|(_, g)| g))?;
+        if tp.world_size() > 1 {
+            let each = tp.all_gather(&Tensor::new(&[whole as f32], device)?)?.to_vec1::<f32>()?;
+            if each.iter().any(|&w| (w - each[0]).abs() > 1e-5 * each[0].abs()) {
+                bail!(
+                    "the gradients of the parameters every tensor-parallel rank holds whole (the norms', the \
+                     embedding's, the head's) differ across the ranks: squared norms {each:?}. Each rank must end \
+                     a backward with the same gradient of such a parameter, or their copies drift apart"
+                );
+            }
+        }
+        Ok(whole + all_reduce_scalar(tp, shards, ReduceOp::Sum, device)?)
     }
 }
 
@@ -116,4 +130,29 @@ pub fn moments_part(
         part.extend(cut.into_iter().map(|(name, moment)| (named(&name), moment)));
     }
     Ok(Some(part))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::distributed::spawn;
+
+    /// A whole parameter stepped with a different gradient on each rank
+    /// would leave the ranks with different copies of it.
+    #[test]
+    fn whole_gradients_that_differ_across_the_group_are_refused_and_equal_ones_counted_once() {
+        let norms = |offset: f32| {
+            spawn(2, |pg| {
+                let mut grads = Gradients::default();
+                let value = 3.0 + offset * pg.rank() as f32;
+                grads.insert("model.norm.weight", Tensor::new(&[value, 4.0], &Device::Cpu)?);
+                Ok(ShardCuts::default().sum_of_squares(&grads, &pg, &Device::Cpu).map_err(|e| e.to_string()))
+            })
+            .unwrap()
+        };
+        assert!(norms(0.0).iter().all(|n| n.as_ref().is_ok_and(|&n| n == 25.0)), "{:?}", norms(0.0));
+        for norm in norms(1.0) {
+            assert!(norm.as_ref().is_err_and(|e| e.contains("differ across the ranks")), "{norm:?}");
+        }
+    }
 }
