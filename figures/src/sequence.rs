@@ -1,6 +1,6 @@
 //! A block under sequence parallelism (exercise 27), on each rank of a
 //! tensor-parallel group of N: the norms and residual adds on the rank's
-//! T/N tokens, the attention and MLP shares on every token, and the
+//! T/N tokens, the attention and MLP partials on every token, and the
 //! collectives along T at the borders between the two regions. Drawn from
 //! the step's structure, not from a run.
 
@@ -12,24 +12,24 @@ use crate::diagram::{arrow, boxed, operator, Area, BOX_H, GREY, OPERATOR_R};
 use crate::loss::plot_error;
 use crate::style::{centred, font, BACKWARD, COMM, FORWARD, OTHER, REDUCE, SMALL, TITLE, WIDTH};
 
-/// A sublayer's row: what comes in, its norm, its share and what goes out.
+/// A sublayer's row: what comes in, its norm, its partial and what goes out.
 struct Sublayer {
     input: &'static str,
     norm: &'static str,
-    share: [&'static str; 2],
+    partial: [&'static str; 2],
     output: &'static str,
 }
 
 const SUBLAYERS: [Sublayer; 2] = [
-    Sublayer { input: "x", norm: "input_layernorm", share: ["attention", "this rank's heads"], output: "h" },
-    Sublayer { input: "h", norm: "post_attention_layernorm", share: ["MLP", "this rank's units"], output: "out" },
+    Sublayer { input: "x", norm: "input_layernorm", partial: ["attention", "this rank's heads"], output: "h" },
+    Sublayer { input: "h", norm: "post_attention_layernorm", partial: ["MLP", "this rank's units"], output: "out" },
 ];
 
-/// Left edges and widths along a row: the input, the norm, the share and
+/// Left edges and widths along a row: the input, the norm, the partial and
 /// the residual add, with the all-gather and the reduce-scatter between.
 const INPUT: (i32, i32) = (8, 84);
 const NORM: (i32, i32) = (112, 176);
-const SHARE: (i32, i32) = (350, 130);
+const PARTIAL: (i32, i32) = (350, 130);
 const ADD: (i32, i32) = (542, 110);
 const GATHER_X: i32 = 318;
 const SCATTER_X: i32 = 510;
@@ -42,7 +42,7 @@ const NOTE_LINE: i32 = 19;
 pub fn draw() -> Result<String> {
     let notes = [
         "AG: all-gather along T; backward, a reduce-scatter of its output's gradient along T",
-        "RS: reduce-scatter along T, summing the ranks' shares; backward, an all-gather along T",
+        "RS: reduce-scatter along T, summing the ranks' partials; backward, an all-gather along T",
         "the norms' weight gradients, each from this rank's T/N tokens, are all-reduced",
         "N: the tensor-parallel group's size; the workbook's block has no dropout",
     ];
@@ -79,7 +79,7 @@ pub fn draw() -> Result<String> {
 }
 
 /// One sublayer's row, its boxes' tops at `top`: the input chunk through
-/// its norm, gathered, through the share, scattered and added back.
+/// its norm, gathered, through the partial, scattered and added back.
 fn draw_sublayer(root: &Area, top: i32, sublayer: &Sublayer) -> Result<()> {
     let centre = top + BOX_H / 2;
     let chunk = "(B, T/N, C)";
@@ -90,10 +90,10 @@ fn draw_sublayer(root: &Area, top: i32, sublayer: &Sublayer) -> Result<()> {
     arrow(root, (NORM.0 + NORM.1, centre), (GATHER_X - OPERATOR_R, centre))?;
     operator(root, (GATHER_X, centre), "AG", COMM)?;
     backward(root, (GATHER_X, centre), "RS")?;
-    arrow(root, (GATHER_X + OPERATOR_R, centre), (SHARE.0, centre))?;
-    let [name, part] = sublayer.share;
-    boxed(root, (SHARE.0, top), SHARE.1, &[name, part, &format!("{whole}, a share")], BACKWARD)?;
-    arrow(root, (SHARE.0 + SHARE.1, centre), (SCATTER_X - OPERATOR_R, centre))?;
+    arrow(root, (GATHER_X + OPERATOR_R, centre), (PARTIAL.0, centre))?;
+    let [name, part] = sublayer.partial;
+    boxed(root, (PARTIAL.0, top), PARTIAL.1, &[name, part, &format!("{whole}, a partial")], BACKWARD)?;
+    arrow(root, (PARTIAL.0 + PARTIAL.1, centre), (SCATTER_X - OPERATOR_R, centre))?;
     operator(root, (SCATTER_X, centre), "RS", REDUCE)?;
     backward(root, (SCATTER_X, centre), "AG")?;
     arrow(root, (SCATTER_X + OPERATOR_R, centre), (ADD.0, centre))?;

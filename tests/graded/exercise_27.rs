@@ -625,10 +625,10 @@ fn a_step_gathers_and_scatters_the_activations_and_nothing_larger_than_a_norm_we
             let why = (right && all_reduced > 0 && scatters + all_reduced == 2)
                 .then(|| mistake(27, "all_reduce_for_activations"));
             panic!(
-                "rank {rank} of {world}, {phase}: {gathers} all-gather(s) of this rank's tokens ({chunk} elements), \
-                 {scatters} reduce-scatter(s) of every token ({whole} elements), {} other collective(s) besides \
-                 ({}); a block whose norms and residuals keep only this rank's tokens needs two of each per pass \
-                 and nothing else larger than a norm's weight ({HIDDEN} elements){}",
+                "rank {rank} of {world}, {phase}: all-gathers of this rank's tokens ({chunk} elements each): \
+                 {gathers}; reduce-scatters of every token ({whole} elements each): {scatters}; other collectives \
+                 besides: {} ({}); a block whose norms and residuals keep only this rank's tokens needs two of each \
+                 per pass and nothing else larger than a norm's weight ({HIDDEN} elements){}",
                 rest.len() + run.others as usize,
                 listed(&rest),
                 cause(why)
