@@ -36,20 +36,14 @@ pub fn verify(ws: &Workspace) -> anyhow::Result<bool> {
     dependencies_suffice(ws, &mut tally);
     no_warnings(ws, [("the reference solutions", reference), ("the shipped stubs", stubs)], &mut tally);
     guide_builds(ws, &mut tally);
-    println!();
-    let summary = format!("{} passed, {} failed", tally.passed, tally.failed);
-    println!("{}", if tally.failed == 0 { green(&summary) } else { red(&summary) });
-    Ok(tally.failed == 0)
+    Ok(tally.summary())
 }
 
 /// `verify --exercise N…`: only the planted mistakes of those exercises.
 pub fn planted_only(ws: &Workspace, exercises: &[u32]) -> anyhow::Result<bool> {
     let mut tally = Tally::default();
     planted_mistakes(ws, exercises, &mut tally);
-    println!();
-    let summary = format!("{} passed, {} failed", tally.passed, tally.failed);
-    println!("{}", if tally.failed == 0 { green(&summary) } else { red(&summary) });
-    Ok(tally.failed == 0)
+    Ok(tally.summary())
 }
 
 /// Counts checks, printing each problem as it is found, and each section's
@@ -64,6 +58,14 @@ struct Tally {
 }
 
 impl Tally {
+    /// Prints how many checks passed and failed; whether none failed.
+    fn summary(&self) -> bool {
+        println!();
+        let summary = format!("{} passed, {} failed", self.passed, self.failed);
+        println!("{}", if self.failed == 0 { green(&summary) } else { red(&summary) });
+        self.failed == 0
+    }
+
     fn section(&mut self, title: &str) {
         self.end_section();
         println!("\n{}", bold(title));
@@ -452,7 +454,7 @@ fn planted_mistakes(ws: &Workspace, exercises: &[u32], tally: &mut Tally) {
         Ok(plants) => only_of(plants, exercises),
         Err(error) => return tally.check(false, || format!("{error:#}")),
     };
-    for exercise in ws.workbook.exercises.iter().filter(|e| exercises.is_empty() || exercises.contains(&e.number)) {
+    for exercise in ws.workbook.exercises.iter().filter(|e| chosen(exercises, e.number)) {
         let outputs = planted::fixture_outputs(&ws.root, exercise.number);
         for mistake in exercise.mistakes.iter().filter(|m| !planted::has_fixture_output(&outputs, &m.id)) {
             let count = plants
@@ -482,7 +484,12 @@ fn planted_mistakes(ws: &Workspace, exercises: &[u32], tally: &mut Tally) {
 
 /// The plants of `exercises`; all of them when none is given.
 fn only_of(plants: Vec<planted::Plant>, exercises: &[u32]) -> Vec<planted::Plant> {
-    plants.into_iter().filter(|p| exercises.is_empty() || exercises.contains(&p.exercise)).collect()
+    plants.into_iter().filter(|p| chosen(exercises, p.exercise)).collect()
+}
+
+/// Whether exercise `number` is among `exercises`, which none given means all.
+fn chosen(exercises: &[u32], number: u32) -> bool {
+    exercises.is_empty() || exercises.contains(&number)
 }
 
 /// Plants each of `plants` in the reference solutions, those of independent
