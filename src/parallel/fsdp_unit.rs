@@ -11,7 +11,6 @@
 //! shares one count of the bytes held in slots, so the peak says how many
 //! units were whole at once.
 
-use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -21,8 +20,8 @@ use super::fsdp::{
     block_unit_name, BlockCompute, FlatLayout, MixedPrecisionPolicy, ShardedUnit, ShardingPlan, UnitPlacement,
 };
 use crate::distributed::{ProcessGroup, SharedGroup};
-use crate::model::{layer_of, param_specs, GptConfig, ParamStore, RotaryCache, Weights};
-use crate::parallel::tensor::{BlockStep, TensorParallelBlock};
+use crate::model::{layer_of, param_specs, GptConfig, ParamStore, RotaryCache};
+use crate::parallel::tensor::{part_of, BlockStep};
 
 /// A block's FSDP unit: the state every FSDP unit has on a rank
 /// ([`ShardedUnit`]), seen by the unit step.
@@ -73,25 +72,16 @@ impl BlockUnit {
         let device = params.device()?;
         let rotary = RotaryCache::new(config.head_dim(), config.max_seq_len, config.rope_theta, &device)?;
         let at = UnitPlacement { plan, policy, rank, world_size, gathered: Arc::default() };
+        // The blocks' parameters: whole, or this rank's shards of them across tp.
+        let (tp_rank, tp_ranks) = split.as_ref().map_or((0, 1), |(tp, _)| (tp.rank(), tp.world_size()));
+        let held = part_of(config, params, layers.clone(), tp_rank, tp_ranks)?;
         layers
             .map(|layer| {
-                // The block's parameters in model order: whole, or this rank's shards of them.
-                let held: HashMap<String, Tensor> = match &split {
-                    None => names_of(layer)
-                        .into_iter()
-                        .map(|n| Ok((n.clone(), params.tensor(&n)?)))
-                        .collect::<Result<_>>()?,
-                    Some((tp, _)) => TensorParallelBlock::shard(config, params, layer, tp.rank(), tp.world_size())?
-                        .params()
-                        .iter()
-                        .map(|(name, var)| (name.to_string(), var.as_tensor().clone()))
-                        .collect(),
-                };
-                let shapes = names_of(layer).into_iter().map(|name| {
-                    let shape = held[&name].shape().clone();
-                    (name, shape)
+                let shapes = names_of(layer).into_iter().map(|name| match held.get(&name) {
+                    Some(t) => Ok((name, t.shape().clone())),
+                    None => bail!("parameter `{name}` is missing: the parameters do not fit this model config"),
                 });
-                let layout = FlatLayout::of_shapes(shapes, world_size);
+                let layout = FlatLayout::of_shapes(shapes.collect::<Result<Vec<_>>>()?, world_size);
                 let full = layout.flatten(&held, &device)?;
                 let block =
                     BlockCompute { layer, config: config.clone(), rotary: rotary.clone(), split: split.clone() };
