@@ -28,6 +28,13 @@
 //! while this rank keeps the moments of its S elements only, and sends no
 //! more than DDP's all-reduce would.
 //!
+//! The contract has two halves, one function each. `update_shard` is what a
+//! rank does with the shard it owns once it holds that shard's average
+//! gradient: the formula above on S elements, with moments of S elements
+//! that persist from step to step (ZeRO's memory saving). `step` is the
+//! whole data-parallel step around it: where that average gradient comes
+//! from, and how every rank ends with every updated shard (ZeRO's traffic).
+//!
 //! What each rank holds, N = 2, P = 5 (S = 3), first step, lr 0.1, no decay
 //! (so each element moves by about lr against its gradient's sign):
 //!
@@ -45,9 +52,9 @@
 //!
 //! Optimizer state per rank: 8Ψ/N bytes instead of 8Ψ. Traffic per rank: no
 //! more than DDP's all-reduce sends, and without calling `pg.all_reduce`:
-//! ZeRO-1 and ZeRO-2 save memory for free. (Stage 2 also frees the gradient
-//! outside the shard as soon as it is reduced; here the caller's whole
-//! gradient is simply not kept.)
+//! ZeRO-1 and ZeRO-2 save memory for free. (Stage 2 also keeps only the
+//! shard of the gradient: it reduces each micro-batch's gradient as soon
+//! as its backward ends and sums the shards, then calls `update_shard`.)
 //!
 //! Read first: Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward
 //! Training Trillion Parameter Models", sections 5.1 and 7.1; PyTorch's
@@ -60,20 +67,33 @@ use crate::distributed::ProcessGroup;
 use crate::parallel::zero::ShardedAdamW;
 
 impl ShardedAdamW {
+    /// AdamW's step of this rank's shard, by the contract above: `param_shard`
+    /// (S) is this rank's part of the parameters and `grad_shard` (S) the
+    /// average gradient of exactly those elements. Returns the updated shard
+    /// (S). The moments this rank keeps are those of its shard, created at
+    /// its first step; ZeRO-2 calls it on the gradient shard it accumulated
+    /// over the step's micro-batches.
+    ///
+    /// Pieces: `self.moments` is an `Option<crate::train::Moments>`
+    /// (`exp_avg`, `exp_avg_sq`; `Moments::zeros_like(&shard)`); `self.steps`
+    /// counts steps; `self.weight_decay`; `self.config.update(t, lr,
+    /// &decayed, &grad, moments)` is AdamW's update of already-decayed
+    /// parameters, returning the new ones and the new moments.
+    pub fn update_shard(&mut self, param_shard: &Tensor, grad_shard: &Tensor, lr: f64) -> Result<Tensor> {
+        let _ = (&param_shard, &grad_shard, &lr);
+        todo!("Exercise 17: AdamW with its state sharded; run `cargo xtask hint 17`")
+    }
+
     /// One optimizer step of data-parallel AdamW with the state sharded, by
     /// the contract above. `params` (P) is the whole flat parameter vector, the same on
     /// every rank; `grad` (P) is this rank's gradient of its own data. Returns
-    /// the updated parameters (P), the same on every rank, and keeps in
-    /// `self.moments` the moments of this rank's shard only.
+    /// the updated parameters (P), the same on every rank; this rank's shard
+    /// is updated by `update_shard`.
     ///
     /// Pieces: `pg.rank()`, `pg.world_size()`, `usize::div_ceil`,
     /// `Tensor::pad_with_zeros(0, 0, extra)`, `Tensor::narrow`, the collectives
     /// of `ProcessGroup` (each documented there with a picture) and the variants
     /// of `crate::distributed::ReduceOp`.
-    /// `self.moments` is an `Option<crate::train::Moments>` (`exp_avg`,
-    /// `exp_avg_sq`; `Moments::zeros_like(&shard)`); `self.steps` counts steps;
-    /// `self.config.update(t, lr, &decayed, &grad, moments)` is AdamW's update
-    /// of already-decayed parameters, returning the new ones and the new moments.
     pub fn step(&mut self, pg: &dyn ProcessGroup, params: &Tensor, grad: &Tensor, lr: f64) -> Result<Tensor> {
         let _ = (&pg, &params, &grad, &lr);
         todo!("Exercise 17: AdamW with its state sharded; run `cargo xtask hint 17`")

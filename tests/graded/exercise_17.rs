@@ -40,6 +40,8 @@ enum Adam {
     FreshMoments,
     /// Every rank updates shard 0 of the parameters with its own gradient shard.
     FirstShard,
+    /// The weight decay left out.
+    NoDecay,
 }
 
 /// The parameters after `STEPS` steps of `kind` on `world` ranks, on plain numbers.
@@ -63,7 +65,8 @@ fn expected(kind: Adam, world: usize, len: usize) -> Vec<f64> {
             let source = if kind == Adam::FirstShard { i % shard } else { i };
             m[i] = CONFIG.beta1 * m[i] + (1.0 - CONFIG.beta1) * mean[i];
             v[i] = CONFIG.beta2 * v[i] + (1.0 - CONFIG.beta2) * mean[i] * mean[i];
-            let decayed = params[source] * (1.0 - LR * WEIGHT_DECAY);
+            let decay = if kind == Adam::NoDecay { 0.0 } else { WEIGHT_DECAY };
+            let decayed = params[source] * (1.0 - LR * decay);
             next[i] = decayed - LR * (m[i] / c1) / ((v[i] / c2).sqrt() + CONFIG.eps);
         }
         params = next;
@@ -130,10 +133,51 @@ fn diagnose(got: &[f32], world: usize, len: usize) -> Option<&'static str> {
     if got.iter().any(|x| !x.is_finite()) {
         return Some(mistake(17, "step_not_counted"));
     }
-    [(Adam::FreshMoments, "moments_not_kept"), (Adam::FirstShard, "wrong_shard")]
+    let kinds = [(Adam::FreshMoments, "moments_not_kept"), (Adam::NoDecay, "decay_left_out")];
+    // On one rank every rank's shard is shard 0: updating the first shard is no mistake there.
+    let shards = (world > 1).then_some((Adam::FirstShard, "wrong_shard"));
+    kinds
         .into_iter()
+        .chain(shards)
         .find(|(kind, _)| close(got, &expected(*kind, world, len)))
         .map(|(_, id)| mistake(17, id))
+}
+
+/// `update_shard` alone, on a shard of `len` elements and gradients that
+/// stand for its average gradient: the parameters after `STEPS` calls and
+/// the optimizer state held.
+fn update_one_shard(len: usize) -> candle_core::Result<(Vec<f32>, usize)> {
+    let mut optimizer = ShardedAdamW::new(CONFIG, WEIGHT_DECAY);
+    let as_tensor = |v: Vec<f64>| Tensor::from_vec(v.iter().map(|&x| x as f32).collect::<Vec<_>>(), len, &Device::Cpu);
+    let mut shard = as_tensor(initial_params(len))?;
+    for step in 0..STEPS {
+        shard = optimizer.update_shard(&shard, &as_tensor(grad(0, step, len))?, LR)?;
+        if shard.dims() != [len] {
+            candle_core::bail!("update_shard returned shape {:?} for a shard of {len} elements", shard.dims());
+        }
+    }
+    Ok((shard.to_vec1()?, optimizer.state_elements()))
+}
+
+/// A shard's update is AdamW's, on that shard's elements and nothing else:
+/// no collective, moments the size of the shard.
+#[test]
+fn a_shard_is_updated_as_adamw_updates_it() {
+    let len = 7;
+    let (got, state) =
+        update_one_shard(len).unwrap_or_else(|e| panic!("ShardedAdamW::update_shard failed: {}", explain_error(&e)));
+    if let Some(difference) = first_mismatch(&got, &expected(Adam::Textbook, 1, len), near) {
+        panic!(
+            "after {STEPS} calls of update_shard on a {len}-element shard, it differs from AdamW's {STEPS} steps on \
+             it: {difference}{}",
+            cause(diagnose(&got, 1, len))
+        );
+    }
+    assert!(
+        state == 2 * len,
+        "update_shard keeps {state} elements of optimizer state for a {len}-element shard; its two moments are {}",
+        2 * len
+    );
 }
 
 /// 12 elements shard evenly on 1–4 ranks; 10 need padding on 3 and 4.

@@ -13,7 +13,8 @@
 //! the new one, so it still counts as not started.
 //!
 //! Some contracts changed: exercise 8 returns the parameter groups instead
-//! of the optimizer; exercise 22 reads a unit's gradient through
+//! of the optimizer; exercise 17's shard update became a function of its
+//! own (its stub is added to a file that lacks it, so the file compiles); exercise 22 reads a unit's gradient through
 //! `flat_grad`; exercises 20, 23 and 27 record their collectives in
 //! autograd's graph instead of writing a block's backward by hand. That is
 //! logic, which only the learner can rewrite, so the tool says how for as
@@ -49,6 +50,11 @@ pub fn carry_over(ws: &Workspace) -> Result<()> {
             std::fs::write(&path, &renewed).with_context(|| format!("cannot write {}", path.display()))?;
         }
         let source = renewed;
+        let completed = add_new_functions(ws, exercise, &source)?;
+        if completed != source {
+            std::fs::write(&path, &completed).with_context(|| format!("cannot write {}", path.display()))?;
+        }
+        let source = completed;
         let migrated = migrate_source(&source);
         if migrated != source {
             std::fs::write(&path, &migrated).with_context(|| format!("cannot write {}", path.display()))?;
@@ -77,6 +83,59 @@ fn renew_old_stubs(source: &str, names: &[&str], stub_line: &str) -> String {
         }
     }
     renewed
+}
+
+/// A function an exercise gained, in the `impl` block opened by `into`.
+struct AddedFunction {
+    number: u32,
+    name: &'static str,
+    into: &'static str,
+}
+
+/// Exercise 17's shard update became a function of its own, which ZeRO-2 calls.
+const ADDED_FUNCTIONS: [AddedFunction; 1] =
+    [AddedFunction { number: 17, name: "update_shard", into: "impl ShardedAdamW {\n" }];
+
+/// `source` with the shipped stub of each function its exercise gained and
+/// it lacks, so that the file compiles; the learner's code stays as it is.
+fn add_new_functions(ws: &Workspace, exercise: &crate::metadata::Exercise, source: &str) -> Result<String> {
+    let mut source = source.to_string();
+    for added in ADDED_FUNCTIONS.iter().filter(|a| a.number == exercise.number) {
+        let reference = ws.read(&exercise.solution_file()?)?;
+        if let Some(completed) = with_stub_of(&source, added, &reference, &exercise.stub_line())? {
+            source = completed;
+            println!(
+                "{}: exercise {} gained `{}`; its stub was added to your file, your code is unchanged",
+                exercise.file.display(),
+                added.number,
+                added.name
+            );
+        }
+    }
+    Ok(source)
+}
+
+/// `source` with `added`'s stub (the signature `reference` gives it) at the
+/// top of its `impl` block; `None` when it has the function already, or no
+/// such block.
+fn with_stub_of(source: &str, added: &AddedFunction, reference: &str, stub_line: &str) -> Result<Option<String>> {
+    let Some(at) = source.find(added.into) else { return Ok(None) };
+    if stub::locate(source, added.name).is_ok() {
+        return Ok(None);
+    }
+    let location = stub::locate(reference, added.name)?;
+    let fn_at = reference[..location.body.start].rfind(&format!("fn {}(", added.name)).unwrap_or(0);
+    let line_start = reference[..fn_at].rfind('\n').map_or(0, |i| i + 1);
+    let stub = format!(
+        "{indent}/// Exercise {number}'s new function: see the docs at the top of this file.\n{signature}{body}}}\n\n",
+        indent = location.indent,
+        number = added.number,
+        signature = &reference[line_start..location.body.start],
+        body = stub::stub_body(&location, stub_line),
+    );
+    let mut completed = source.to_string();
+    completed.insert_str(at + added.into.len(), &stub);
+    Ok(Some(completed))
 }
 
 /// A contract that changed: exercise `number`'s file still holding the old
@@ -112,6 +171,13 @@ const CHANGED_CONTRACTS: [ChangedContract; 5] = [
 ];
 
 fn explain_changed_contracts(ws: &Workspace) {
+    for added in &ADDED_FUNCTIONS {
+        let Ok(exercise) = ws.workbook.exercise(added.number) else { continue };
+        let Ok(source) = ws.read(&exercise.file) else { continue };
+        if only_the_added_is_a_stub(&source, added, &exercise.fn_names(), &exercise.stub_line()) {
+            println!("{}", added_explanation(added.number).replace("{file}", &exercise.file.display().to_string()));
+        }
+    }
     for change in &CHANGED_CONTRACTS {
         let Ok(exercise) = ws.workbook.exercise(change.number) else { continue };
         let Ok(source) = ws.read(&exercise.file) else { continue };
@@ -122,6 +188,31 @@ fn explain_changed_contracts(ws: &Workspace) {
         }
     }
 }
+
+/// Whether `added` is still its stub while the exercise's other functions are written.
+fn only_the_added_is_a_stub(source: &str, added: &AddedFunction, names: &[&str], stub_line: &str) -> bool {
+    let others: Vec<&str> = names.iter().copied().filter(|name| *name != added.name).collect();
+    stub::is_stub(source, &[added.name], stub_line).unwrap_or(false)
+        && !stub::is_stub(source, &others, stub_line).unwrap_or(true)
+}
+
+fn added_explanation(number: u32) -> &'static str {
+    match number {
+        17 => NEW_IN_EXERCISE_17,
+        _ => unreachable!("every added function is explained"),
+    }
+}
+
+const NEW_IN_EXERCISE_17: &str = "\
+{file}: exercise 17 has two functions: `update_shard`, AdamW's step of the one
+shard a rank owns (the moments of its S elements, kept from step to step), and
+`step`, the data-parallel step around it. ZeRO-2 (--strategy zero2) reduces each
+micro-batch's gradient itself and then calls `update_shard` alone. Your `step`
+is written and `update_shard` is still its stub: move your shard update (the
+moments, the step count, the decay and `self.config.update`) into
+`update_shard`, and call it from `step`.
+Or start the exercise again from its new stub: cargo xtask reset 17
+";
 
 const OLD_EXERCISE_8: &str = "\
 {file}: exercise 8 now returns the parameter groups, not the optimizer, so that
@@ -316,6 +407,29 @@ mod tests {
         }
     }
 
+    /// A learner who finished exercise 17 before `update_shard` existed: the
+    /// stub is added, their `step` is kept, and the explanation is due.
+    #[test]
+    fn a_finished_exercise_17_gains_the_stub_of_update_shard() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let workbook = crate::metadata::Workbook::load(root).unwrap();
+        let exercise = workbook.exercise(17).unwrap();
+        let reference = std::fs::read_to_string(root.join(exercise.solution_file().unwrap())).unwrap();
+        let old_step = "    pub fn step(&mut self, lr: f64) -> Result<Tensor> {\n        self.mine(lr)\n    }\n";
+        let finished = format!("use x;\n\nimpl ShardedAdamW {{\n{old_step}}}\n");
+        let added = &ADDED_FUNCTIONS[0];
+        let (names, line) = (exercise.fn_names(), exercise.stub_line());
+        let completed = with_stub_of(&finished, added, &reference, &line).unwrap().expect("the stub is added");
+        assert!(completed.contains(old_step), "the learner's step is kept:\n{completed}");
+        assert!(completed.contains("pub fn update_shard(&mut self, param_shard: &Tensor"), "{completed}");
+        assert!(only_the_added_is_a_stub(&completed, added, &names, &line), "{completed}");
+        assert!(syn::parse_file(&completed).is_ok(), "it parses:\n{completed}");
+        assert_eq!(with_stub_of(&completed, added, &reference, &line).unwrap(), None, "added once");
+        let shipped = std::fs::read_to_string(root.join(&exercise.file)).unwrap();
+        assert!(!only_the_added_is_a_stub(&shipped, added, &names, &line), "a fresh stub is not told to move code");
+        assert!(NEW_IN_EXERCISE_17.contains("cargo xtask reset 17"));
+    }
+
     #[test]
     fn the_old_exercise_8_is_explained() {
         assert!(
@@ -377,6 +491,11 @@ mod tests {
             let Some(base) = git_show(&format!("{DOCS_BASE}:{file}")) else { continue };
             // A contract changed since conflicts by design: the tool explains it.
             if CHANGED_CONTRACTS.iter().any(|c| c.number == exercise.number && base.contains(c.old)) {
+                continue;
+            }
+            // So does a function added since: the tool adds its stub.
+            let added_since = |a: &AddedFunction| a.number == exercise.number && stub::locate(&base, a.name).is_err();
+            if ADDED_FUNCTIONS.iter().any(added_since) {
                 continue;
             }
             let names = exercise.fn_names();
