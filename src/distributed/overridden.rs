@@ -75,6 +75,11 @@ impl<R: CollectiveOverride> WithOverride<R> {
     pub fn new(inner: Box<dyn ProcessGroup>, replacement: R) -> Self {
         Self { inner, replacement }
     }
+
+    /// The group without the replacement.
+    pub fn inner(&self) -> &dyn ProcessGroup {
+        self.inner.as_ref()
+    }
 }
 
 /// A subgroup's collectives are replaced too, by a clone of the replacement.

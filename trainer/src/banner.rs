@@ -61,6 +61,19 @@ pub fn exercise_lines(options: &RunOptions) -> candle_core::Result<Vec<String>> 
                         _ => "",
                     }
                 )),
+                DataAxis::ShardGradients => lines.push(format!(
+                    "optimizer (--strategy zero2): each micro-batch's gradient reduce-scattered across {} as its \
+                     backward ends, AdamW's moments and the gradient kept as shards, each shard stepped by `update_shard` \
+                     of {}{}",
+                    workbook::words::count(mesh.dp, "data-parallel replica"),
+                    named(17),
+                    match mesh.dp {
+                        1 =>
+                            "; with one replica the shard is everything: ZeRO-2 saves memory from 2 replicas on \
+                              (--nproc, or --nproc / tp with --tp)",
+                        _ => "",
+                    }
+                )),
                 DataAxis::YourDdp => lines.push(format!(
                     "DDP (--own-ddp): each micro-batch's forward and backward, and the gradients averaged over the \
                      {} ranks in buckets of {:.1} MiB, by {}",
@@ -143,6 +156,10 @@ pub fn exercise_lines(options: &RunOptions) -> candle_core::Result<Vec<String>> 
             Strategy::Mesh { data: DataAxis::ShardOptimizer, .. } => {
                 "each rank's gradients reduce-scattered with the same place in the others, AdamW's state sharded"
             }
+            Strategy::Mesh { data: DataAxis::ShardGradients, .. } => {
+                "each micro-batch's gradients reduce-scattered with the same place in the others, the gradients and \
+                 AdamW's state sharded"
+            }
             Strategy::Mesh { data: DataAxis::ShardBlocks { .. }, .. } => {
                 "each block's gradient shard reduce-scattered by its unit, the rest averaged with the same place in \
                  the others"
@@ -178,7 +195,7 @@ fn ring_carries(strategy: Strategy, mesh: MeshShape, powersgd: bool) -> String {
     let across_replicas = |what: &str| (mesh.dp > 1).then(|| format!("{what} across the {} replicas", mesh.dp));
     let gradients = match strategy {
         Strategy::Ddp if powersgd => across_replicas("the gradients' PowerSGD factors"),
-        Strategy::Mesh { data: DataAxis::ShardOptimizer, .. } => None,
+        Strategy::Mesh { data: DataAxis::ShardOptimizer | DataAxis::ShardGradients, .. } => None,
         Strategy::Mesh { data: DataAxis::ShardBlocks { .. }, .. } => {
             across_replicas("the embedding's, final norm's and head's gradients")
         }
@@ -249,8 +266,9 @@ mod tests {
         let sequence = mesh(1, 2, true);
         let carried = ring_carries(sequence, sequence.mesh(2).unwrap(), false);
         assert!(carried.starts_with("the norms' gradients across the 2 tensor-parallel ranks"), "{carried}");
-        let zero1 = ring_carries(Strategy::ZERO1, Strategy::ZERO1.mesh(2).unwrap(), false);
-        assert_eq!(zero1, "the gradient norm and the logged loss");
+        for zero in [Strategy::ZERO1, Strategy::ZERO2] {
+            assert_eq!(ring_carries(zero, zero.mesh(2).unwrap(), false), "the gradient norm and the logged loss");
+        }
         let alone = ring_carries(Strategy::Ddp, Strategy::Ddp.mesh(1).unwrap(), false);
         assert_eq!(alone, "only the logged loss (one replica: no gradients to average)");
         let ddp = ring_carries(Strategy::Ddp, Strategy::Ddp.mesh(2).unwrap(), false);

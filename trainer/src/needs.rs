@@ -51,6 +51,7 @@ pub fn exercises_called(options: &RunOptions) -> BTreeMap<u32, &'static str> {
         Strategy::Mesh { stages, tp, schedule, sequence_parallel, data } => {
             let by_data_axis = match data {
                 DataAxis::ShardOptimizer => Some((17, "--strategy zero1")),
+                DataAxis::ShardGradients => Some((17, "--strategy zero2")),
                 DataAxis::YourDdp => Some((26, "--own-ddp")),
                 DataAxis::ShardBlocks { .. } => Some((22, "--strategy fsdp with --pp")),
                 DataAxis::Replicate => None,

@@ -21,7 +21,8 @@ pub enum Strategy {
     /// MLP cut by exercise 20); the ranks beyond one pipeline of split
     /// stages are data-parallel replicas of it, whose `data` axis shares each
     /// step: DDP's averaged gradients, ZeRO-1's sharded AdamW (exercise 17;
-    /// `--strategy zero1`, with one stage of whole blocks or any mesh), or
+    /// `--strategy zero1`, with one stage of whole blocks or any mesh),
+    /// ZeRO-2's sharded gradients too (`--strategy zero2`, one stage), or
     /// the learner's own DDP (exercise 26, `--own-ddp`, one stage only).
     Mesh { stages: usize, tp: usize, schedule: PipelineSchedule, sequence_parallel: bool, data: DataAxis },
 }
@@ -45,6 +46,15 @@ impl Strategy {
         schedule: PipelineSchedule::GPipe,
         sequence_parallel: false,
         data: DataAxis::ShardOptimizer,
+    };
+
+    /// `--strategy zero2` alone: whole replicas, AdamW's state and the gradients sharded.
+    pub const ZERO2: Strategy = Strategy::Mesh {
+        stages: 1,
+        tp: 1,
+        schedule: PipelineSchedule::GPipe,
+        sequence_parallel: false,
+        data: DataAxis::ShardGradients,
     };
 
     /// `--own-ddp`: whole replicas under the learner's DataParallel (exercise 26).

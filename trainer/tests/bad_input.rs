@@ -168,6 +168,10 @@ fn flags_that_do_not_apply_are_refused() {
         "--bucket-cap-mb sizes DDP's all-reduces; --strategy zero1 has none",
     );
     refused(
+        train(&dir, &["--dataset", "dummy", "--strategy", "zero2", "--pp", "2", "--nproc", "2"]),
+        "--strategy zero2 with --pp 2: ZeRO-2 reduce-scatters each micro-batch's gradient as soon as its backward ends",
+    );
+    refused(
         train(&dir, &["--dataset", "dummy", "--own-ddp", "--strategy", "zero1"]),
         "--own-ddp applies to --strategy ddp only (your exercise 26 is a DDP), not to --strategy zero1",
     );

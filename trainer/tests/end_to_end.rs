@@ -91,6 +91,8 @@ fn a_run_calls_the_exercises_its_flags_choose() {
     let mut zero1 = options(PathBuf::from("unused"), 1, 2);
     zero1.strategy = Strategy::ZERO1;
     assert_eq!(called(&zero1), [1, 2, 3, 4, 5, 6, 7, 8, 9, 17]);
+    zero1.strategy = Strategy::ZERO2;
+    assert_eq!(called(&zero1), [1, 2, 3, 4, 5, 6, 7, 8, 9, 17]);
     zero1.strategy = mesh(1, 2, PipelineSchedule::OneFOneB, true);
     assert_eq!(called(&zero1), [1, 2, 3, 4, 5, 6, 7, 8, 9, 20, 25, 27]);
     zero1.strategy = Strategy::YOUR_DDP;
@@ -439,6 +441,34 @@ fn zero1_on_a_mesh_trains_as_one_process_and_its_checkpoint_resumes_on_one() {
             let (resumed, _) = run("zero1-mesh-resumed-by-one", 5, 1, Strategy::Ddp, Some(dir));
             let resumed_what = format!("one process resuming ZeRO-1 on {what}");
             expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(&one_dir, 5), &resumed_what);
+        }
+    }
+}
+
+/// `--strategy zero2`: each of a step's two micro-batches reduce-scattered
+/// as soon as its backward ends, alone on 2 ranks and as the data-parallel
+/// axis of dp 2 × tp 2, takes the steps one process takes, clipping
+/// included (the norm of the summed shards); ZeRO-1 resumes the 2-rank
+/// run's checkpoint (the moments gathered whole) and reaches one process.
+#[test]
+fn zero2_trains_as_one_process_and_zero1_resumes_it() {
+    let zero2_tp2 = Strategy::Mesh {
+        stages: 1,
+        tp: 2,
+        schedule: PipelineSchedule::GPipe,
+        sequence_parallel: false,
+        data: DataAxis::ShardGradients,
+    };
+    let (one_dir, one) = run("zero2-one-process", 5, 1, Strategy::Ddp, None);
+    for (what, nproc, strategy) in [("2 ranks", 2, Strategy::ZERO2), ("dp 2 × tp 2", 4, zero2_tp2)] {
+        let (dir, summary) = run(&format!("zero2-on-{nproc}"), 3, nproc, strategy, None);
+        let (a, b) = (one.first.as_ref().unwrap().grad_norm, summary.first.unwrap().grad_norm);
+        assert!((a - b).abs() <= 1e-5 * a, "ZeRO-2 on {what}: the gradient norm at step 1 is {b}, one process's {a}");
+        expect_same_params(&checkpoint_params(&dir, 3), &checkpoint_params(&one_dir, 3), &format!("ZeRO-2 on {what}"));
+        if nproc == 2 {
+            let (resumed, _) = run("zero2-resumed-by-zero1", 5, 2, Strategy::ZERO1, Some(dir));
+            let resumed_what = "ZeRO-1 resuming ZeRO-2 on 2 ranks";
+            expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(&one_dir, 5), resumed_what);
         }
     }
 }

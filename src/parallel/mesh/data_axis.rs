@@ -4,7 +4,9 @@
 //! takes the same AdamW step; ZeRO-1 keeps 1/dp of AdamW's state on each:
 //! exercise 17's step reduce-scatters this rank's parameters' gradient as
 //! one flat vector, updates this replica's shard of it and all-gathers the
-//! parameters back; a DDP of the learner's own design (exercise 26) runs
+//! parameters back; ZeRO-2 keeps 1/dp of the gradient too: each
+//! micro-batch's gradient is reduce-scattered as soon as its backward ends,
+//! the shards summed, and exercise 17's shard update takes the step; a DDP of the learner's own design (exercise 26) runs
 //! each micro-batch's forward and backward itself and hands over averaged
 //! gradients. Either way the norm for clipping is the whole model's, and a
 //! step whose norm is not finite changes nothing, on every rank.
@@ -35,6 +37,11 @@ pub enum DataAxis {
     Replicate,
     /// AdamW's state (ZeRO-1): each replica updates its shard by exercise 17.
     ShardOptimizer,
+    /// AdamW's state and the gradients (ZeRO-2): each micro-batch's gradient
+    /// reduce-scattered once its backward ends, only this replica's shard
+    /// kept, which exercise 17's shard update steps. One stage only: a
+    /// pipeline's schedule holds a stage's gradients over all its micro-batches.
+    ShardGradients,
     /// Nothing, by the learner's own DDP (exercise 26), which owns each
     /// micro-batch's forward and backward: one stage of whole blocks only.
     YourDdp,
@@ -61,7 +68,7 @@ pub(super) enum Update {
     },
 }
 
-/// ZeRO-1 over the dp group: this rank's parameters as one flat vector.
+/// ZeRO-1 or ZeRO-2 over the dp group: this rank's parameters as one flat vector.
 pub(super) struct Sharded {
     /// The shards of split blocks first, then the whole parameters: the
     /// clipping adds the first part's squares over the tp group.
@@ -72,8 +79,17 @@ pub(super) struct Sharded {
     /// The dp group, its reduce-scatter clipping.
     dp: WithOverride<ClipShards>,
     clip: ClipShards,
+    /// Under ZeRO-2, this step's gradient shard so far, summed over its
+    /// micro-batches; `None` under ZeRO-1, which reduces once in exercise 17's step.
+    grad_shard: Option<GradShard>,
     /// Steps whose gradient norm was not finite, taken without an update.
     skipped_steps: u64,
+}
+
+/// ZeRO-2's gradient: this rank's shard of the averaged flat gradient.
+#[derive(Default)]
+struct GradShard {
+    sum: Option<Tensor>,
 }
 
 impl Update {
@@ -106,7 +122,14 @@ impl Update {
                 let ddp = DataParallel::new(model_config, params.clone(), Box::new(mesh.dp_shared()), bucket_bytes)?;
                 return Ok(Self::YourDdp { optimizer, ddp: Box::new(ddp) });
             }
-            DataAxis::ShardOptimizer => {}
+            DataAxis::ShardOptimizer | DataAxis::ShardGradients => {}
+        }
+        if kind == DataAxis::ShardGradients && mesh.shape().pp > 1 {
+            bail!(
+                "ZeRO-2 reduce-scatters each micro-batch's gradient as soon as its backward ends, and a pipeline's \
+                 schedule (exercises 21 and 24) holds a stage's gradients over all its micro-batches: use ZeRO-1 \
+                 with a pipeline"
+            );
         }
         let (shards, whole): (Vec<_>, Vec<_>) = params.iter().partition(|(name, _)| cuts.is_cut(name));
         let shard_elements = shards.iter().map(|(_, var)| var.elem_count()).sum();
@@ -127,6 +150,7 @@ impl Update {
             optimizer: ShardedAdamW::new(config.optimizer.adamw, 0.0),
             dp: WithOverride::new(Box::new(mesh.dp_shared()), clip.clone()),
             clip,
+            grad_shard: (kind == DataAxis::ShardGradients).then(GradShard::default),
             skipped_steps: 0,
         })))
     }
@@ -182,6 +206,18 @@ impl Update {
         Ok(grad_norm)
     }
 
+    /// Takes one micro-batch's gradients `grads`: ZeRO-2
+    /// reduce-scatters them over the replicas and keeps its shard, and
+    /// returns `None`; the others hand them back to be accumulated.
+    pub(super) fn take_micro_batch(&mut self, grads: Gradients, device: &Device) -> Result<Option<Gradients>> {
+        let Self::Sharded(sharded) = self else { return Ok(Some(grads)) };
+        if sharded.grad_shard.is_none() {
+            return Ok(Some(grads));
+        }
+        sharded.add_micro_batch(&grads, device)?;
+        Ok(None)
+    }
+
     /// Under exercise 26, the step's forwards and backwards, run by the
     /// learner's wrapper: the mean loss and the gradients averaged over the
     /// ranks, divided by the micro-batches. `None` under the other axes,
@@ -216,7 +252,16 @@ impl Update {
     pub(super) fn moment_elements(&self, held: u64) -> u64 {
         match self {
             Self::Replicated { .. } | Self::YourDdp { .. } => 2 * held,
-            Self::Sharded(sharded) => 2 * (sharded.layout.padded_len() / sharded.dp.world_size()) as u64,
+            Self::Sharded(sharded) => 2 * sharded.shard_len() as u64,
+        }
+    }
+
+    /// The elements of gradient this rank keeps for its `held` parameter
+    /// elements: a shard under ZeRO-2, all of them otherwise.
+    pub(super) fn grad_elements(&self, held: u64) -> u64 {
+        match self {
+            Self::Sharded(sharded) if sharded.grad_shard.is_some() => sharded.shard_len() as u64,
+            _ => held,
         }
     }
 
@@ -251,15 +296,47 @@ impl Update {
     }
 }
 
+/// `tensors` by name, as a flat layout takes them.
+fn named(tensors: Vec<(&str, Tensor)>) -> HashMap<String, Tensor> {
+    tensors.into_iter().map(|(name, t)| (name.to_string(), t)).collect()
+}
+
 impl Sharded {
-    fn step(&mut self, params: &ParamStore, grads: &Gradients, lr: f64, device: &Device) -> Result<f64> {
+    /// The elements of this rank's shard of the flat vector.
+    fn shard_len(&self) -> usize {
+        self.layout.padded_len() / self.dp.world_size()
+    }
+
+    /// `grads` (every parameter's) as one flat vector on `device`.
+    fn flat_grad(&self, grads: &Gradients, device: &Device) -> Result<Tensor> {
         if let Some(name) = self.layout.names().find(|name| grads.get(name).is_none()) {
             bail!("no gradient reached `{name}`: the loss does not depend on it");
         }
-        let named = |tensors: Vec<(&str, Tensor)>| -> HashMap<String, Tensor> {
-            tensors.into_iter().map(|(name, t)| (name.to_string(), t)).collect()
-        };
-        let grad = self.layout.flatten(&named(grads.iter().map(|(n, g)| (n, g.clone())).collect()), device)?;
+        self.layout.flatten(&named(grads.iter().map(|(n, g)| (n, g.clone())).collect()), device)
+    }
+
+    /// ZeRO-2: one micro-batch's gradient averaged over the replicas, of
+    /// which this rank keeps and sums its shard; the whole is dropped.
+    fn add_micro_batch(&mut self, grads: &Gradients, device: &Device) -> Result<()> {
+        let flat = self.flat_grad(grads, device)?;
+        // The plain group: the clipping reduce-scatter is the step's, once.
+        let shard = self.dp.inner().reduce_scatter(&flat, ReduceOp::Avg)?;
+        let sum = self.grad_shard.as_mut().expect("ZeRO-2 keeps a gradient shard");
+        sum.sum = Some(match sum.sum.take() {
+            Some(so_far) => (so_far + shard)?,
+            None => shard,
+        });
+        Ok(())
+    }
+
+    fn step(&mut self, params: &ParamStore, grads: &Gradients, lr: f64, device: &Device) -> Result<f64> {
+        if let Some(sum) = self.grad_shard.as_mut() {
+            let Some(grad_shard) = sum.sum.take() else {
+                bail!("ZeRO-2's step found no gradient shard: run a micro-batch before the step");
+            };
+            return self.step_shard(params, grad_shard, lr, device);
+        }
+        let grad = self.flat_grad(grads, device)?;
         let values = named(params.iter().map(|(n, var)| (n, var.as_tensor().clone())).collect());
         let decayed = FlatLayout::decayed(&self.layout.flatten(&values, device)?, &self.decays, lr)?;
         // Exercise 17 updates the moments within its step, and the norm is
@@ -277,6 +354,31 @@ impl Sharded {
         } else {
             (self.optimizer.moments, self.optimizer.steps) = (moments_before, steps_before);
             self.skipped_steps += 1;
+        }
+        Ok(grad_norm)
+    }
+
+    /// ZeRO-2's update: the whole model's norm from this rank's averaged
+    /// `grad_shard`, the shard clipped and stepped by exercise 17's
+    /// `update_shard` (nothing changes when the norm is not finite), and
+    /// the parameters all-gathered back.
+    fn step_shard(&mut self, params: &ParamStore, grad_shard: Tensor, lr: f64, device: &Device) -> Result<f64> {
+        let grad_norm = self.clip.norm(self.dp.inner(), &grad_shard)?;
+        if !grad_norm.is_finite() {
+            self.skipped_steps += 1;
+            return Ok(grad_norm);
+        }
+        let grad_shard = match clip_factor(grad_norm, self.clip.max_norm()) {
+            Some(factor) => (grad_shard * factor)?,
+            None => grad_shard,
+        };
+        let range = self.layout.shard_range(self.dp.rank(), self.dp.world_size());
+        let values = named(params.iter().map(|(n, var)| (n, var.as_tensor().clone())).collect());
+        let param_shard = self.layout.part(&values, range.clone(), device)?;
+        let decayed = FlatLayout::decayed(&param_shard, &self.decays.slice(range), lr)?;
+        let new_shard = self.optimizer.update_shard(&decayed, &grad_shard, lr)?;
+        for (name, value) in self.layout.unflatten(&self.dp.all_gather(&new_shard)?)? {
+            params.get(&name)?.set(&value)?;
         }
         Ok(grad_norm)
     }

@@ -1,5 +1,6 @@
 //! The mesh trainer (`train --pp S`, `--tp T`, both, or either with
 //! `--sequence-parallel`; `--strategy zero1` with any of them or none;
+//! `--strategy zero2` with `--tp` or alone;
 //! `--strategy fsdp --pp S`; `--own-ddp`): the model transformed over a
 //! [`DeviceMesh`] of shape (dp, pp, tp). Pipeline parallelism cuts it into S stages, one per
 //! rank of a `pp` group, stepped on the learner's GPipe (exercise 21) or
@@ -8,7 +9,8 @@
 //! exercise 23 (or 27, the tokens outside the split matrices cut along the
 //! sequence) as ordinary modules, once per micro-batch; the ranks beyond one pipeline of split stages are data-parallel
 //! replicas of it, which share each step as the [`DataAxis`] says: DDP's
-//! averaged gradients, ZeRO-1's sharded optimizer (exercise 17), FSDP's
+//! averaged gradients, ZeRO-1's sharded optimizer (exercise 17), ZeRO-2's
+//! sharded gradients (each micro-batch's reduce-scattered at once), FSDP's
 //! units (exercise 22: each block of a stage sharded across the replicas,
 //! see `units.rs`), or the learner's own DDP (exercise 26). With one stage there is nothing to
 //! schedule: each micro-batch runs forward and back in turn through the
@@ -155,8 +157,10 @@ impl MeshTrainer {
     }
 
     /// One step of this rank's stage over `micro_batches`: the schedule's,
-    /// or with one stage each micro-batch forward and back in turn.
-    fn stage_step(&self, micro_batches: &[Tensor]) -> Result<PipelineStep> {
+    /// or with one stage each micro-batch forward and back in turn, its
+    /// gradients handed to the data-parallel axis (ZeRO-2 reduces them at
+    /// once; the others' are accumulated here).
+    fn stage_step(&mut self, micro_batches: &[Tensor]) -> Result<PipelineStep> {
         let pg = self.mesh.pp();
         if pg.world_size() > 1 {
             return self.schedule.step(pg, &self.stage, micro_batches);
@@ -170,7 +174,10 @@ impl MeshTrainer {
         for tokens in micro_batches {
             let output = self.stage.forward(tokens, tokens)?;
             loss += output.to_dtype(DType::F32)?.to_scalar::<f32>()?;
-            grads.accumulate(&self.stage.gradients(&self.stage.backward(&output, &weight)?)?)?;
+            let micro_batch = self.stage.gradients(&self.stage.backward(&output, &weight)?)?;
+            if let Some(kept) = self.update.take_micro_batch(micro_batch, &self.device)? {
+                grads.accumulate(&kept)?;
+            }
         }
         Ok(PipelineStep { loss: Some(loss / micro_batches.len() as f32), grads })
     }
@@ -385,6 +392,9 @@ impl Train for MeshTrainer {
             (_, DataAxis::ShardOptimizer) => {
                 format!(", in {replicas} data-parallel replicas, AdamW's state sharded across them (ZeRO-1)")
             }
+            (_, DataAxis::ShardGradients) => format!(
+                ", in {replicas} data-parallel replicas, AdamW's state and the gradients sharded across them (ZeRO-2)"
+            ),
             (_, DataAxis::YourDdp) => format!(", in {replicas} data-parallel replicas under exercise 26's DDP"),
             (_, DataAxis::ShardBlocks { shard_group: None }) => {
                 format!(", in {replicas} data-parallel replicas, each block an FSDP unit sharded across them")
@@ -397,8 +407,8 @@ impl Train for MeshTrainer {
         format!("{model}{split}{replicas}")
     }
 
-    /// Its stage's parameters with their gradients (f32), AdamW's moments
-    /// of them (a shard under ZeRO-1), and its FSDP units' local shards
+    /// Its stage's parameters with their gradients (f32; a shard under
+    /// ZeRO-2), AdamW's moments of them (a shard under ZeRO-1 and 2), and its FSDP units' local shards
     /// (master weights, gradient and moments); `None` for a whole replica.
     fn model_states_bytes(&self) -> Option<u64> {
         let whole_replica = self.mesh.shape().pp == 1 && self.mesh.shape().tp == 1;
@@ -410,7 +420,7 @@ impl Train for MeshTrainer {
             .stage
             .sharded_units()
             .map_or(0, |held| held.units.iter().map(|unit| unit.local_range().len() as u64).sum());
-        Some(4 * (2 * held + self.update.moment_elements(held)) + 16 * units)
+        Some(4 * (held + self.update.grad_elements(held) + self.update.moment_elements(held)) + 16 * units)
     }
 
     fn report(&self) -> Option<String> {

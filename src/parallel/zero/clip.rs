@@ -12,7 +12,9 @@
 //! whole model's squares are then also added over the tp group (for the
 //! shards, which the flat vector puts first; the whole parameters are the
 //! same on every rank of it and count once) and over the pp group (the
-//! stages hold disjoint parameters).
+//! stages hold disjoint parameters). ZeRO-2 reduces its micro-batches'
+//! gradients before the step and measures the norm of the shard it holds
+//! the same way, without the interception.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -70,9 +72,15 @@ impl ClipShards {
         }
     }
 
+    /// The norm this clipping clips to.
+    pub fn max_norm(&self) -> f64 {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).max_norm
+    }
+
     /// The whole model's gradient norm, from this rank's reduced `shard`
     /// (rank `rank`'s of the flat gradient) and the data-parallel group `dp`.
-    fn norm(&self, dp: &dyn ProcessGroup, shard: &Tensor) -> Result<f64> {
+    /// ZeRO-2, which holds its reduced shard itself, asks it directly.
+    pub fn norm(&self, dp: &dyn ProcessGroup, shard: &Tensor) -> Result<f64> {
         let len = shard.elem_count();
         let start = dp.rank() * len;
         let shards = self.parts.shard_elements.clamp(start, start + len) - start;

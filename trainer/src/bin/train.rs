@@ -105,7 +105,8 @@ struct Args {
     #[arg(long)]
     activation_checkpointing: bool,
     /// `ddp` (whole replicas), `zero1` (whole replicas, AdamW's state sharded by your
-    /// exercise 17) or `fsdp` (sharded; see --sharding and --precision).
+    /// exercise 17), `zero2` (the gradients sharded too) or `fsdp` (sharded; see
+    /// --sharding and --precision).
     #[arg(long, value_enum, default_value_t = StrategyName::Ddp)]
     strategy: StrategyName,
     /// With --strategy fsdp: full_shard (the default), shard_grad_op, no_shard or hybrid_shard.
@@ -275,6 +276,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     let on_a_mesh = args.pipeline_stages.is_some() || args.tensor_parallel.is_some();
     let no_buckets = match args.strategy {
         StrategyName::Zero1 => Some("exercise 17 reduce-scatters each rank's gradient whole"),
+        StrategyName::Zero2 => Some("each micro-batch's gradient is reduce-scattered whole"),
         StrategyName::Fsdp if !on_a_mesh => Some("each FSDP unit reduce-scatters its own gradient"),
         _ => None,
     };
@@ -430,6 +432,9 @@ enum StrategyName {
     /// Whole replicas, AdamW's state sharded by your exercise 17; with --pp
     /// or --tp, sharded across the replicas of the mesh.
     Zero1,
+    /// As zero1, and each micro-batch's gradient reduce-scattered as soon as
+    /// its backward ends, each rank keeping its shard only; with --tp, not --pp.
+    Zero2,
     /// Sharded units (see --sharding and --precision).
     Fsdp,
 }
@@ -458,7 +463,7 @@ fn strategy(
     node_size: usize,
 ) -> anyhow::Result<Strategy> {
     match name {
-        StrategyName::Ddp | StrategyName::Zero1 => {
+        StrategyName::Ddp | StrategyName::Zero1 | StrategyName::Zero2 => {
             let given = [
                 ("--sharding", sharding.is_some()),
                 ("--precision", precision.is_some()),
@@ -467,7 +472,11 @@ fn strategy(
             if let Some((flag, _)) = given.iter().find(|(_, given)| *given) {
                 anyhow::bail!("{flag} applies to --strategy fsdp only; {name} keeps whole f32 replicas");
             }
-            Ok(if name == StrategyName::Ddp { Strategy::Ddp } else { Strategy::ZERO1 })
+            Ok(match name {
+                StrategyName::Ddp => Strategy::Ddp,
+                StrategyName::Zero1 => Strategy::ZERO1,
+                _ => Strategy::ZERO2,
+            })
         }
         StrategyName::Fsdp => {
             let sharding = sharding.unwrap_or(ShardingStrategy::FullShard);
@@ -513,6 +522,12 @@ fn mesh(cut: MeshCut, strategy: StrategyName, config: &RunConfig, world_size: us
     let data = match strategy {
         StrategyName::Ddp => DataAxis::Replicate,
         StrategyName::Zero1 => DataAxis::ShardOptimizer,
+        StrategyName::Zero2 if stages > 1 => anyhow::bail!(
+            "--strategy zero2 with {flags}: ZeRO-2 reduce-scatters each micro-batch's gradient as soon as its \
+             backward ends, and a pipeline's schedule holds a stage's gradients over all its micro-batches \
+             (DeepSpeed's pipeline engine refuses the same pair); use --strategy zero1 with --pp"
+        ),
+        StrategyName::Zero2 => DataAxis::ShardGradients,
         StrategyName::Fsdp => fsdp_on_a_pipeline(&flags, sharding, hybrid_group_size)?,
     };
     if activation_checkpointing && matches!(data, DataAxis::ShardBlocks { .. }) {
