@@ -45,14 +45,16 @@ fn final_weights(dir: &Path, step: usize) -> Vec<u8> {
 /// A run whose updates diverge (an absurd learning rate) skips each update
 /// whose gradient is not finite and goes on, under every strategy: the
 /// same skip everywhere, ZeRO-1 included (whose sharded step updates the
-/// moments before the norm is known, and puts them back), on a mesh too,
+/// moments before the norm is known, and puts them back) and ZeRO-2 (whose
+/// shard update waits for the norm), on a mesh too,
 /// and under the learner's own DDP.
 #[test]
 fn a_diverging_run_skips_its_updates_and_goes_on_under_every_strategy() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let layouts: [&[&str]; 8] = [
+    let layouts: [&[&str]; 9] = [
         &["--strategy", "ddp"],
         &["--strategy", "zero1"],
+        &["--strategy", "zero2"],
         &["--strategy", "fsdp"],
         &["--tp", "2"],
         &["--pp", "2"],
