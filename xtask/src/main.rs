@@ -17,6 +17,7 @@ mod figures;
 mod grading;
 mod interop;
 mod lean;
+mod matrix;
 mod metadata;
 mod migrate;
 mod planted;
@@ -136,6 +137,13 @@ enum Task {
     /// AutoTokenizer load a checkpoint directory) and import (infer runs a Llama transformers saved).
     /// Needs a Python with torch and transformers (WORKBOOK_PYTHON).
     Interop,
+    /// Train every data-parallel axis (ddp, zero1, zero2, fsdp, hsdp) on every mesh of tp 1-2 × pp 1-2
+    /// as processes, compare each with one process, and write benchmarks/matrix.md (about a minute).
+    Matrix {
+        /// Optimizer steps per run.
+        #[arg(long, default_value_t = 10)]
+        steps: usize,
+    },
     /// Measure the reference trainer's tokens/s beside PyTorch's (or, with `fsdp`, each ZeRO
     /// stage's memory and traffic per rank beside the formulas; with `phase4`, what each Phase 4
     /// exercise buys inside the trainer; with `mesh`, the parallelisms composed on four processes;
@@ -303,6 +311,7 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
         Task::SampleStories => stories::write_sample(&ws.root).map(|()| true),
         Task::Doctor => doctor::doctor(),
         Task::Interop => interop::interop(&ws),
+        Task::Matrix { steps } => matrix::matrix(&ws, steps),
         Task::Estimate(args) => estimate::report(&args.setup(), args.gpu_memory),
         Task::Bench { what: BenchKind::Throughput, model_size, steps, large_steps, rounds } => {
             bench::bench(&ws, &model_size, steps, large_steps, rounds)

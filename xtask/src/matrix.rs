@@ -1,0 +1,35 @@
+//! `matrix`: the trainer's `matrix` program (every data-parallel axis on
+//! every mesh of tp {1, 2} × pp {1, 2}, compared with one process), its
+//! table written to `benchmarks/matrix.md`.
+
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+use crate::workspace::Workspace;
+
+const TABLE: &str = "benchmarks/matrix.md";
+
+pub fn matrix(ws: &Workspace, steps: usize) -> Result<bool> {
+    let cargo = |subcommand: &str| {
+        let mut command = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+        command.current_dir(&ws.root).args([subcommand, "--quiet", "--package", "trainer", "--features", "solutions"]);
+        command
+    };
+    // The program starts `train` from beside itself: both are built first.
+    let built = cargo("build").args(["--bin", "train", "--bin", "matrix"]).status().context("cannot run cargo")?;
+    if !built.success() {
+        bail!("building the trainer's programs failed");
+    }
+    let output = cargo("run")
+        .args(["--bin", "matrix", "--", "--steps", &steps.to_string()])
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("cannot run cargo")?;
+    let table = String::from_utf8_lossy(&output.stdout);
+    if !table.trim().is_empty() {
+        std::fs::write(ws.root.join(TABLE), table.as_bytes()).with_context(|| format!("cannot write {TABLE}"))?;
+        println!("{table}written to {TABLE}");
+    }
+    Ok(output.status.success())
+}
