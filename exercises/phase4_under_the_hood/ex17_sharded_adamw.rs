@@ -72,7 +72,7 @@ impl ShardedAdamW {
     /// average gradient of exactly those elements. Returns the updated shard
     /// (S). The moments this rank keeps are those of its shard, created at
     /// its first step; ZeRO-2 calls it on the gradient shard it accumulated
-    /// over the step's micro-batches.
+    /// over the step's micro-batches, and FSDP on each unit's shard.
     ///
     /// Pieces: `self.moments` is an `Option<crate::train::Moments>`
     /// (`exp_avg`, `exp_avg_sq`; `Moments::zeros_like(&shard)`); `self.steps`

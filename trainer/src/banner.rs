@@ -7,6 +7,7 @@
 use workbook::distributed::MeshShape;
 use workbook::parallel::fsdp::ShardingStrategy;
 use workbook::parallel::pipeline::stage_layers;
+use workbook::parallel::zero::update_shard_body;
 use workbook::parallel::DataAxis;
 
 use crate::needs::{self, Body};
@@ -44,10 +45,13 @@ pub fn exercise_lines(options: &RunOptions) -> candle_core::Result<Vec<String>> 
             },
             named(10)
         )),
-        Strategy::Fsdp(_) => lines.push(format!(
-            "FSDP: every block's unit step (gather, compute, free; gather again, reduce-scatter) by {}",
-            named(22)
-        )),
+        Strategy::Fsdp(_) => {
+            lines.push(format!(
+                "FSDP: every block's unit step (gather, compute, free; gather again, reduce-scatter) by {}",
+                named(22)
+            ));
+            lines.push(format!("optimizer: each unit's shard stepped by {}", update_shard_body()));
+        }
         Strategy::Mesh { stages, schedule, sequence_parallel, data, .. } => {
             match data {
                 DataAxis::ShardOptimizer => lines.push(format!(
@@ -95,9 +99,10 @@ pub fn exercise_lines(options: &RunOptions) -> candle_core::Result<Vec<String>> 
                         _ => "this rank's tensor-parallel shards of every block (FSDP × TP) are",
                     };
                     lines.push(format!(
-                        "FSDP (--strategy fsdp): {blocks} an FSDP unit across {across}, stepped by {}; the \
-                         embedding, final norm and head whole, averaged as under DDP",
-                        named(22)
+                        "FSDP (--strategy fsdp): {blocks} an FSDP unit across {across}, stepped by {} and its \
+                         shard updated by {}; the embedding, final norm and head whole, averaged as under DDP",
+                        named(22),
+                        update_shard_body()
                     ))
                 }
                 DataAxis::Replicate => {}

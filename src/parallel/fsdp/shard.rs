@@ -26,6 +26,7 @@ use crate::distributed::ProcessGroup;
 use crate::distributed::SharedGroup;
 use crate::model::{GptConfig, Layers, ParamStore, RotaryCache};
 use crate::parallel::tensor::{BlockStep, TensorParallelBlock};
+use crate::parallel::zero::update_piece;
 use crate::timeline;
 use crate::train::{AdamWConfig, Moments};
 
@@ -465,8 +466,8 @@ impl ShardedUnit {
     }
 
     /// One AdamW step of the local range with `grad` (f32 over `local`), in
-    /// pieces of [`STEP_CHUNK`] elements, then the replica refreshed (an
-    /// all-gather when the optimizer is sharded).
+    /// pieces of [`STEP_CHUNK`] elements, each by exercise 17's shard update,
+    /// then the replica refreshed (an all-gather when the optimizer is sharded).
     pub(crate) fn step(
         &mut self,
         grad: &Tensor,
@@ -485,7 +486,8 @@ impl ShardedUnit {
                 exp_avg: self.exp_avg.get_range(range.clone())?,
                 exp_avg_sq: self.exp_avg_sq.get_range(range.clone())?,
             };
-            let (new_p, moments) = adamw.update(t, lr, &decayed, &grad.narrow(0, start, range.len())?, moments)?;
+            let grad = grad.narrow(0, start, range.len())?;
+            let (new_p, moments) = update_piece(adamw, (t, lr), &decayed, &grad, moments)?;
             self.exp_avg.put_part(&mut exp_avg, &moments.exp_avg)?;
             self.exp_avg_sq.put_part(&mut exp_avg_sq, &moments.exp_avg_sq)?;
             params.push(new_p);
