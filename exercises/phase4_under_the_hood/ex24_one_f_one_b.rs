@@ -46,6 +46,16 @@
 //! stage returns its weights' gradients of that mean. Watch for: nothing in
 //! a received gradient says which micro-batch it belongs to.
 //!
+//! One constraint comes from GPUs. The CPU backends' `send` returns at once;
+//! NCCL's completes only once the receiving stage has posted its receive.
+//! In 1F1B's steady state a stage sends an activation forward just when the
+//! stage after it sends a gradient back: if each sends before it receives,
+//! each waits in its send for the other, forever. The tests also run your
+//! step on a group whose sends wait for their receive: where a stage sends
+//! to a neighbour and receives from that same neighbour next, make the two
+//! one exchange, `pg.send_recv(t, dst, like, src)`, whose halves are posted
+//! together (NCCL's grouped call; PyTorch's `batch_isend_irecv`).
+//!
 //! Read first: Narayanan et al. 2021, "Efficient Large-Scale Language Model
 //! Training on GPU Clusters Using Megatron-LM", section 2.2.1 and figure 4.
 //! Guide: `guide/src/phase4/24-one-f-one-b.md`. Test: `cargo test exercise_24`.
@@ -65,7 +75,7 @@ use crate::parallel::pipeline::{PipelineStage, PipelineStep};
 /// Pieces: exercise 21's (`stage.is_first()` / `is_last()`, `stage.forward`,
 /// `stage.backward`, `stage.gradients`, `stage.activation_like`, `pg.send`,
 /// `pg.recv`, `Var::from_tensor`, `store.get`, `Gradients::accumulate`),
-/// `stage.index()` and `stage.stages()` (s and S), and
+/// `pg.send_recv`, `stage.index()` and `stage.stages()` (s and S), and
 /// `std::collections::VecDeque` (`push_back`, `pop_front`).
 pub fn one_f_one_b_step(
     pg: &dyn ProcessGroup,

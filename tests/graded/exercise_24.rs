@@ -8,9 +8,9 @@ use workbook::parallel::pipeline::StageOp;
 use workbook::phase4_under_the_hood::one_f_one_b_step;
 
 use crate::pipeline_runs::{
-    bubble, expect_gradients_of_the_mean_loss, expect_one_send_per_micro_batch_and_cut,
-    expect_the_mean_loss_on_the_last_stage, expect_the_same_across_processes, gpipe, most_in_flight, one_f_one_b, run,
-    written, Schedule, M,
+    bubble, expect_gradients_of_the_mean_loss, expect_it_runs_where_sends_wait,
+    expect_one_send_per_micro_batch_and_cut, expect_the_mean_loss_on_the_last_stage, expect_the_same_across_processes,
+    gpipe, most_in_flight, one_f_one_b, run, written, Schedule, M,
 };
 use crate::support::{cause, mistake};
 
@@ -104,6 +104,16 @@ fn no_stage_holds_more_micro_batches_in_flight_than_stages_after_it(#[values(2, 
 #[rstest]
 fn activations_and_their_gradients_cross_each_cut_once_per_micro_batch(#[values(2, 3)] stages: usize) {
     expect_one_send_per_micro_batch_and_cut(ONE_F_ONE_B, stages);
+}
+
+/// On GPUs a send waits for its receive: the schedule must not have two
+/// neighbours send to each other, each before its receive.
+#[rstest]
+#[case::two_stages(2, M)]
+#[case::four_stages(4, M)]
+#[case::fewer_micro_batches_than_stages(4, 2)]
+fn it_runs_where_a_send_waits_for_its_receive(#[case] stages: usize, #[case] m: usize) {
+    expect_it_runs_where_sends_wait(ONE_F_ONE_B, stages, m, "sends_cross");
 }
 
 /// Each stage a process, activations and gradients sent over TCP.

@@ -11,6 +11,7 @@ mod fsdp_runs;
 mod pipeline_runs;
 mod process_ranks;
 mod support;
+mod synchronous_sends;
 
 // BEGIN exercise modules: written by `cargo xtask update` from exercises/info.toml
 #[cfg(any(not(only_some_tests), tests_of = "1"))]

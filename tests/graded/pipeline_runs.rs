@@ -7,11 +7,12 @@
 //! each exercise's own tests check.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use candle_core::{DType, Device, Tensor};
 use workbook::autograd::Gradients;
-use workbook::distributed::{spawn_with_timeout, Collective, ProcessGroup};
+use workbook::distributed::{spawn_with_timeout, Collective, ProcessGroup, WithOverride};
 use workbook::parallel::pipeline::StageOp::{Backward, Forward};
 use workbook::parallel::pipeline::{bubble_fraction, stage_layers, PipelineStage, PipelineStep, StageOp};
 use workbook::{init_params, Gpt, GptConfig, InitRng};
@@ -19,6 +20,7 @@ use workbook::{init_params, Gpt, GptConfig, InitRng};
 use crate::fsdp_runs::as_values;
 use crate::process_ranks::on_processes;
 use crate::support::{cause, every_rank, explain_error, first_scaled_difference, mistake, number};
+use crate::synchronous_sends::{SendBoard, SynchronousSends};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 /// Micro-batches per step, each (B, T) tokens.
@@ -167,6 +169,49 @@ pub fn run(schedule: Schedule, stages: usize, micro_batch_count: usize) -> Vec<S
         .unwrap_or_else(|e| panic!("the pipeline of {stages} stages failed: {}", explain_error(&e)));
     steps(&runs, schedule);
     runs
+}
+
+/// [`run`] where a send waits for its receive, as over NCCL: each stage's
+/// step, or its error.
+fn run_where_sends_wait(schedule: Schedule, stages: usize, micro_batch_count: usize) -> Vec<StageRun> {
+    let board = SendBoard::new();
+    spawn_with_timeout(stages, TIMEOUT, |pg| {
+        let rank = pg.rank();
+        let pg = WithOverride::new(Box::new(pg), SynchronousSends { board: Arc::clone(&board) });
+        let run = stage_run(&pg, schedule, micro_batch_count);
+        board.finish(rank);
+        run
+    })
+    .unwrap_or_else(|e| panic!("the pipeline of {stages} stages failed: {}", explain_error(&e)))
+}
+
+/// Where a send waits for its receive (NCCL's sends do; the CPU backends
+/// buffer them), the step still ends, with one process's gradients. A
+/// deadlock is named `deadlocked`, the exercise's mistake, only when the
+/// stages' sends were seen waiting for each other in a cycle.
+pub fn expect_it_runs_where_sends_wait(schedule: Schedule, stages: usize, m: usize, deadlocked: &str) {
+    let runs = run_where_sends_wait(schedule, stages, m);
+    let failed: Vec<(usize, &String)> =
+        runs.iter().enumerate().filter_map(|(s, run)| run.step.as_ref().err().map(|e| (s, e))).collect();
+    // The stage that saw the cycle says most.
+    let cycle_seen = |error: &String| error.contains("deadlock where a send waits for its receive");
+    if let Some(&(s, error)) = failed.iter().find(|(_, e)| cycle_seen(e)).or(failed.first()) {
+        let cycle = cycle_seen(error);
+        panic!(
+            "with {stages} stages and {m} micro-batches, where a send returns only once its receive is posted (as \
+             over NCCL, on GPUs), stage {s}'s step failed: {error}{}",
+            cause(cycle.then(|| mistake(schedule.exercise, deadlocked)))
+        );
+    }
+    let want = Reference::new(m).mean_grads();
+    let got = steps(&runs, schedule);
+    if let Some((s, difference)) =
+        got.iter().enumerate().find_map(|(s, (_, g))| first_difference(g, &of_stage(&want, g)).map(|d| (s, d)))
+    {
+        panic!(
+            "with {stages} stages and {m} micro-batches, where a send waits for its receive, stage {s}: {difference}"
+        );
+    }
 }
 
 /// The first parameter of `want` that `got` lacks or holds different values for.

@@ -106,14 +106,6 @@ impl MeshTrainer {
     ) -> Result<Self> {
         let MeshPlan { schedule, block_step, data_axis, bucket_bytes } = plan;
         let pg = mesh.pp();
-        let pipelined = pg.world_size() > 1;
-        if pipelined && schedule == PipelineSchedule::OneFOneB && !pg.properties().buffered_sends {
-            bail!(
-                "the 1F1B schedule (exercise 24) sends an activation on and then waits for a gradient back, and \
-                 this backend's send waits for its receive (NCCL), so neighbouring stages would wait for each \
-                 other forever: use --pipeline-schedule gpipe, or --backend tcp"
-            );
-        }
         if block_step == BlockStep::SequenceParallel && mesh.shape().tp == 1 {
             bail!("sequence parallelism cuts the tokens across a tensor-parallel group: it needs a tp axis");
         }
