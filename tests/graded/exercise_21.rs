@@ -6,8 +6,9 @@ use workbook::parallel::pipeline::StageOp;
 use workbook::phase4_under_the_hood::gpipe_step;
 
 use crate::pipeline_runs::{
-    bubble, expect_gradients_of_the_mean_loss, expect_one_send_per_micro_batch_and_cut,
-    expect_the_mean_loss_on_the_last_stage, expect_the_same_across_processes, gpipe, run, Schedule, M,
+    bubble, expect_gradients_of_the_mean_loss, expect_it_runs_where_sends_wait,
+    expect_one_send_per_micro_batch_and_cut, expect_the_mean_loss_on_the_last_stage, expect_the_same_across_processes,
+    gpipe, run, Schedule, M,
 };
 use crate::support::{cause, mistake};
 
@@ -54,6 +55,13 @@ fn activations_and_their_gradients_cross_each_cut_once_per_micro_batch(#[values(
 }
 
 /// Each stage a process, activations and gradients sent over TCP.
+/// On GPUs a send waits for its receive; GPipe's forwards all flow one way,
+/// then its backwards the other, so no two stages wait for each other.
+#[rstest]
+fn it_runs_where_a_send_waits_for_its_receive(#[values(2, 4)] stages: usize) {
+    expect_it_runs_where_sends_wait(GPIPE, stages, M, None);
+}
+
 #[test]
 fn it_runs_across_processes_over_tcp() {
     expect_the_same_across_processes(GPIPE);

@@ -113,7 +113,7 @@ fn activations_and_their_gradients_cross_each_cut_once_per_micro_batch(#[values(
 #[case::four_stages(4, M)]
 #[case::fewer_micro_batches_than_stages(4, 2)]
 fn it_runs_where_a_send_waits_for_its_receive(#[case] stages: usize, #[case] m: usize) {
-    expect_it_runs_where_sends_wait(ONE_F_ONE_B, stages, m, "sends_cross");
+    expect_it_runs_where_sends_wait(ONE_F_ONE_B, stages, m, Some("sends_cross"));
 }
 
 /// Each stage a process, activations and gradients sent over TCP.
