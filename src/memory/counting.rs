@@ -25,11 +25,19 @@ static INSTALLED: AtomicBool = AtomicBool::new(false);
 
 thread_local! {
     static LIVE: Cell<isize> = const { Cell::new(0) };
+    /// The most `LIVE` has been since [`peak_during`] last reset it.
+    static PEAK: Cell<isize> = const { Cell::new(0) };
 }
 
 fn count(delta: isize) {
     // `try_with`: a thread being torn down still frees memory.
-    let _ = LIVE.try_with(|live| live.set(live.get() + delta));
+    let _ = LIVE.try_with(|live| {
+        let now = live.get() + delta;
+        live.set(now);
+        if delta > 0 {
+            let _ = PEAK.try_with(|peak| peak.set(peak.get().max(now)));
+        }
+    });
 }
 
 /// Marks the allocator as installed. A load first, so that allocations after
@@ -70,6 +78,16 @@ unsafe impl GlobalAlloc for CountingAllocator {
 /// Bytes this thread has allocated and not freed, when the counting allocator is installed.
 pub fn thread_live_bytes() -> Option<isize> {
     INSTALLED.load(Ordering::Relaxed).then(|| LIVE.with(Cell::get))
+}
+
+/// The most `work` had allocated on this thread at once, beyond what was
+/// allocated before it, with its result.
+pub fn peak_during<T>(work: impl FnOnce() -> T) -> (T, Option<u64>) {
+    let Some(before) = thread_live_bytes() else { return (work(), None) };
+    let outer = PEAK.with(|peak| peak.replace(before));
+    let out = work();
+    let inner = PEAK.with(|peak| peak.replace(outer.max(peak.get())));
+    (out, Some((inner - before).max(0) as u64))
 }
 
 /// What `work` leaves allocated on this thread (its result included), with the result.

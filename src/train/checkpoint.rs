@@ -24,13 +24,14 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use candle_core::{bail, Device, Result, Tensor};
+use candle_core::{bail, DType, Device, Result, Tensor};
 use serde::{Deserialize, Serialize};
 
-use super::{faults, TrainConfig};
+use super::tensor_file::{TensorFile, TensorSpec};
+use super::{faults, AdamW, TrainConfig};
 use crate::data::{DataConfig, SamplerState};
 use crate::error::io_path;
-use crate::model::GptConfig;
+use crate::model::{param_specs, GptConfig};
 
 const MODEL_FILE: &str = "model.safetensors";
 const OPTIMIZER_FILE: &str = "optimizer.safetensors";
@@ -99,49 +100,21 @@ impl Checkpoint {
     /// Writes the checkpoint to `dir`, replacing what is there only once the
     /// new one is complete. A write that fails removes what it staged.
     pub fn write(&self, dir: &Path) -> Result<()> {
-        let number = faults::checkpoint_write_begins()?;
-        let parent = match dir.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-            _ => PathBuf::from("."),
+        let spec = |(name, t): (&String, &Tensor)| TensorSpec {
+            name: name.clone(),
+            shape: t.shape().clone(),
+            dtype: t.dtype(),
         };
-        fs::create_dir_all(&parent).map_err(|e| io_path("create", &parent, e))?;
-        let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        // Unique per writer, even for two threads of one process (ranks as threads).
-        static WRITES: AtomicU64 = AtomicU64::new(0);
-        let writer = WRITES.fetch_add(1, Ordering::Relaxed);
-        let staging = parent.join(format!(".{name}.partial-{}-{writer}", std::process::id()));
-        if staging.exists() {
-            fs::remove_dir_all(&staging).map_err(|e| io_path("remove", &staging, e))?;
+        let dtype = self.params.values().next().map_or(DType::F32, Tensor::dtype);
+        let (params, optimizer) = (self.params.iter().map(spec), self.optimizer.iter().map(spec));
+        let mut writer = CheckpointWriter::with_tensors(dir, params, optimizer, dtype)?;
+        for (name, t) in &self.params {
+            writer.put_param(name, t);
         }
-        fs::create_dir(&staging).map_err(|e| io_path("create", &staging, e))?;
-        let written = self.write_files(&staging, number).and_then(|()| replace_dir(&staging, dir));
-        if written.is_err() {
-            // On a full disk, what was staged would make the next save fail too.
-            let _ = fs::remove_dir_all(&staging);
+        for (name, t) in &self.optimizer {
+            writer.put_optimizer(name, t);
         }
-        written
-    }
-
-    /// Every file of the checkpoint, into `staging`, each flushed to the disk.
-    fn write_files(&self, staging: &Path, number: u64) -> Result<()> {
-        candle_core::safetensors::save(&self.params, staging.join(MODEL_FILE))?;
-        faults::disk_full_check(number).map_err(|e| io_path("write", &staging.join(OPTIMIZER_FILE), e))?;
-        candle_core::safetensors::save(&self.optimizer, staging.join(OPTIMIZER_FILE))?;
-        let dtype = self.params.values().next().map_or(candle_core::DType::F32, Tensor::dtype);
-        let tokenizer = self.state.data.as_ref().map(|d| d.config.tokenizer);
-        crate::hf::write_model_files(staging, &self.state.model, dtype, tokenizer)?;
-        let json = serde_json::to_string_pretty(&self.state).map_err(candle_core::Error::wrap)?;
-        fs::write(staging.join(STATE_FILE), json).map_err(|e| io_path("write", staging, e))?;
-        let mut checksums = BTreeMap::new();
-        for entry in fs::read_dir(staging).map_err(|e| io_path("list", staging, e))? {
-            let path = entry.map_err(|e| io_path("list", staging, e))?.path();
-            checksums.insert(file_name(&path), crc32_of(&path)?);
-            sync_file(&path)?;
-        }
-        let json = serde_json::to_string_pretty(&checksums).map_err(candle_core::Error::wrap)?;
-        fs::write(staging.join(CHECKSUM_FILE), json).map_err(|e| io_path("write", staging, e))?;
-        sync_file(&staging.join(CHECKSUM_FILE))?;
-        sync_file(staging)
+        writer.finish(&self.state)
     }
 
     /// Whether `dir` holds every file of a checkpoint: a directory that lost
@@ -237,11 +210,156 @@ impl Checkpoint {
     }
 }
 
+/// A checkpoint written a tensor at a time: every tensor's place is fixed
+/// when it is created, each is written whenever the writer has it, and
+/// [`finish`](Self::finish) completes the checkpoint as
+/// [`Checkpoint::write`] does (which writes through one). A sharded trainer
+/// gathers and writes one piece of the model at a time, so no rank ever
+/// holds the whole model and its optimizer state at once.
+///
+/// A write that fails is reported by `finish`, not where it happened, so
+/// that a rank whose write failed still takes part in every collective the
+/// other ranks make while it saves. It writes into a temporary sibling of
+/// the checkpoint's directory, which replaces the directory only once
+/// complete; dropped unfinished (an error on the way), it removes what it
+/// staged.
+pub struct CheckpointWriter {
+    dir: PathBuf,
+    staging: PathBuf,
+    /// The write's number, for the fault injection of tests.
+    number: u64,
+    model: Option<TensorFile>,
+    optimizer: Option<TensorFile>,
+    /// The parameters' dtype, which the Hugging Face config records.
+    dtype: DType,
+    /// The model the tensors are of, when created from a config.
+    config: Option<GptConfig>,
+    /// The first write that failed.
+    failed: Option<candle_core::Error>,
+    finished: bool,
+}
+
+impl CheckpointWriter {
+    /// Starts the checkpoint in `dir` of a model of shape `config`: every
+    /// parameter (by its Hugging Face name, in `dtype`) and, with `moments`,
+    /// AdamW's two moments of each (f32, by AdamW's names).
+    pub fn create(dir: &Path, config: &GptConfig, dtype: DType, moments: bool) -> Result<Self> {
+        let specs = param_specs(config);
+        let params = specs.iter().map(|s| TensorSpec { name: s.name.clone(), shape: s.shape.clone(), dtype });
+        let optimizer = specs.iter().filter(|_| moments).flat_map(|s| {
+            let shape = s.shape.clone();
+            AdamW::moment_names(&s.name).map(move |name| TensorSpec { name, shape: shape.clone(), dtype: DType::F32 })
+        });
+        let mut writer = Self::with_tensors(dir, params, optimizer, dtype)?;
+        writer.config = Some(config.clone());
+        Ok(writer)
+    }
+
+    fn with_tensors(
+        dir: &Path,
+        params: impl IntoIterator<Item = TensorSpec>,
+        optimizer: impl IntoIterator<Item = TensorSpec>,
+        dtype: DType,
+    ) -> Result<Self> {
+        let number = faults::checkpoint_write_begins()?;
+        let parent = match dir.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        fs::create_dir_all(&parent).map_err(|e| io_path("create", &parent, e))?;
+        let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        // Unique per writer, even for two threads of one process (ranks as threads).
+        static WRITES: AtomicU64 = AtomicU64::new(0);
+        let writer = WRITES.fetch_add(1, Ordering::Relaxed);
+        let staging = parent.join(format!(".{name}.partial-{}-{writer}", std::process::id()));
+        if staging.exists() {
+            fs::remove_dir_all(&staging).map_err(|e| io_path("remove", &staging, e))?;
+        }
+        fs::create_dir(&staging).map_err(|e| io_path("create", &staging, e))?;
+        let mut writer = Self {
+            dir: dir.to_path_buf(),
+            staging,
+            number,
+            model: None,
+            optimizer: None,
+            dtype,
+            config: None,
+            failed: None,
+            finished: false,
+        };
+        // Dropped on an error here, the writer removes the staging directory.
+        writer.model = Some(TensorFile::create(&writer.staging.join(MODEL_FILE), params)?);
+        writer.optimizer = Some(TensorFile::create(&writer.staging.join(OPTIMIZER_FILE), optimizer)?);
+        Ok(writer)
+    }
+
+    /// Writes the parameter `name` (its Hugging Face name); a failure is
+    /// [`finish`](Self::finish)'s error.
+    pub fn put_param(&mut self, name: &str, t: &Tensor) {
+        let written = self.model.as_mut().expect("open until finished").put(name, t);
+        self.failed = self.failed.take().or(written.err());
+    }
+
+    /// Writes the optimizer tensor `name` (AdamW's name of a moment); a
+    /// failure is [`finish`](Self::finish)'s error.
+    pub fn put_optimizer(&mut self, name: &str, t: &Tensor) {
+        let written = self.optimizer.as_mut().expect("open until finished").put(name, t);
+        self.failed = self.failed.take().or(written.err());
+    }
+
+    /// Completes the checkpoint with `state` once every tensor is written,
+    /// and moves it into place.
+    pub fn finish(mut self, state: &TrainerState) -> Result<()> {
+        if let Some(failed) = self.failed.take() {
+            return Err(failed);
+        }
+        if let Some(config) = self.config.as_ref().filter(|config| **config != state.model) {
+            bail!("the checkpoint's tensors are of {config:?}, its state of {:?}", state.model);
+        }
+        self.write_rest(state)?;
+        replace_dir(&self.staging, &self.dir)?;
+        self.finished = true;
+        Ok(())
+    }
+
+    /// The tensor files closed and every other file of the checkpoint
+    /// written, each flushed to the disk.
+    fn write_rest(&mut self, state: &TrainerState) -> Result<()> {
+        let staging = &self.staging;
+        self.model.take().expect("open until finished").finish()?;
+        faults::disk_full_check(self.number).map_err(|e| io_path("write", &staging.join(OPTIMIZER_FILE), e))?;
+        self.optimizer.take().expect("open until finished").finish()?;
+        let tokenizer = state.data.as_ref().map(|d| d.config.tokenizer);
+        crate::hf::write_model_files(staging, &state.model, self.dtype, tokenizer)?;
+        let json = serde_json::to_string_pretty(state).map_err(candle_core::Error::wrap)?;
+        fs::write(staging.join(STATE_FILE), json).map_err(|e| io_path("write", staging, e))?;
+        let mut checksums = BTreeMap::new();
+        for entry in fs::read_dir(staging).map_err(|e| io_path("list", staging, e))? {
+            let path = entry.map_err(|e| io_path("list", staging, e))?.path();
+            checksums.insert(file_name(&path), crc32_of(&path)?);
+            sync_file(&path)?;
+        }
+        let json = serde_json::to_string_pretty(&checksums).map_err(candle_core::Error::wrap)?;
+        fs::write(staging.join(CHECKSUM_FILE), json).map_err(|e| io_path("write", staging, e))?;
+        sync_file(&staging.join(CHECKSUM_FILE))?;
+        sync_file(staging)
+    }
+}
+
+impl Drop for CheckpointWriter {
+    /// On a full disk, what was staged would make the next save fail too.
+    fn drop(&mut self) {
+        if !self.finished {
+            let _ = fs::remove_dir_all(&self.staging);
+        }
+    }
+}
+
 /// The CRC-32 of the file at `path`, read a piece at a time.
 fn crc32_of(path: &Path) -> Result<u32> {
     let mut file = fs::File::open(path).map_err(|e| io_path("open", path, e))?;
     let mut hasher = crc32fast::Hasher::new();
-    let mut buffer = vec![0u8; 1 << 20];
+    let mut buffer = vec![0u8; 1 << 16];
     loop {
         let n = file.read(&mut buffer).map_err(|e| io_path("read", path, e))?;
         if n == 0 {

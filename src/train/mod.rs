@@ -8,11 +8,12 @@ pub mod faults;
 mod optimizer;
 mod schedule;
 mod seam;
+mod tensor_file;
 mod trainer;
 
 pub(crate) use adamw::Moments;
 pub use adamw::{AdamW, AdamWConfig, ParamGroup};
-pub use checkpoint::{Checkpoint, DataPosition, TrainerState};
+pub use checkpoint::{Checkpoint, CheckpointWriter, DataPosition, TrainerState};
 pub use optimizer::OptimizerConfig;
 pub use schedule::{CosineSchedule, LrSchedule, WsdSchedule};
 pub use seam::{StepCounters, Train};
