@@ -28,8 +28,14 @@
 //! - **The file does not depend on how the run was sharded**: whole tensors
 //!   by name, f32, no padding, the file Phase 2's trainer writes for the
 //!   same weights. Rank 0 alone writes it, and no rank returns before it is
-//!   complete, for exercise 11's reasons; `Checkpoint::write` is the same
-//!   atomic write.
+//!   complete, for exercise 11's reasons; `CheckpointWriter` is the same
+//!   atomic write as `Checkpoint::write`, a tensor at a time.
+//! - **No rank holds the whole model to save it**: FSDP exists because one
+//!   device cannot hold the model and its optimizer state, so rank 0 may not
+//!   hold the gathered whole either. At GPT-2 124M's shape the parameters
+//!   and two moments are 1.9 GB, one block's 85 MB: the tests measure
+//!   rank 0's heap while it saves a model of 8 blocks and allow three of its
+//!   largest unit's worth.
 //! - **A loaded run holds what a run of its own shape holds**: every rank's
 //!   state is the saved state as that run's layout shards it, and the
 //!   counters are the saved ones.
@@ -43,7 +49,9 @@
 //! the unit's padded length. Who gathers, which units need it, and how a loading rank
 //! cuts out its part are yours to work out (the 3-rank case is a good test).
 //!
-//! What goes in the file (same keys as exercise 11):
+//! What goes in the file (same keys as exercise 11; `CheckpointWriter`
+//! fixes every tensor's place when it is created, from the model's config,
+//! so they can be written in any order):
 //! - `params`: every parameter by name, f32, whole;
 //! - `optimizer`: `exp_avg.<name>` and `exp_avg_sq.<name>` for every
 //!   parameter, but only once AdamW has stepped (the trainer's counters say
@@ -63,17 +71,20 @@ use crate::parallel::fsdp::FsdpTrainer;
 use crate::train::DataPosition;
 
 impl FsdpTrainer {
-    /// Gathers the sharded state and writes it to `dir` as a whole checkpoint.
-    /// Called on every rank; rank 0 alone writes, and no rank returns before
-    /// the checkpoint is complete.
+    /// Gathers the sharded state and writes it to `dir` as a whole checkpoint,
+    /// a unit at a time. Called on every rank; rank 0 alone writes, and no
+    /// rank returns before the checkpoint is complete.
     ///
     /// Pieces: `self.process_group()` (`.rank()`, `.all_gather(&t)`,
     /// `.barrier()`); `self.units`, each a `ShardedUnit` with `.local_state()?`
     /// (a `LocalState { params, exp_avg, exp_avg_sq }` of flat f32 tensors),
     /// `.is_sharded()` and `.layout.unflatten(&whole)?` (name → tensor,
     /// padding dropped); `self.counters.optimizer_steps`;
-    /// `Checkpoint { params, optimizer, state }` and its `.write(dir)` from
-    /// `crate::train`.
+    /// `crate::train::CheckpointWriter`: `::create(dir, self.model_config(),
+    /// DType::F32, with_moments)?`, `.put_param(name, &t)`,
+    /// `.put_optimizer(name, &t)` (a failed write is `finish`'s error, so a
+    /// rank never leaves the others waiting in a gather) and
+    /// `.finish(&self.trainer_state(data))?`.
     pub fn save_checkpoint(&self, dir: &Path, data: Option<DataPosition>) -> Result<()> {
         let _ = (&dir, &data);
         todo!("Exercise 15: FSDP checkpoint; run `cargo xtask hint 15`")

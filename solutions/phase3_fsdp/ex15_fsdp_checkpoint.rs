@@ -3,32 +3,44 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use candle_core::{Result, Tensor};
+use candle_core::{DType, Result, Tensor};
 
 use crate::parallel::fsdp::{FsdpTrainer, LocalState};
-use crate::train::{Checkpoint, DataPosition};
+use crate::train::{Checkpoint, CheckpointWriter, DataPosition};
 
 const MOMENTS: [&str; 2] = ["exp_avg", "exp_avg_sq"];
 
 impl FsdpTrainer {
     pub fn save_checkpoint(&self, dir: &Path, data: Option<DataPosition>) -> Result<()> {
         let pg = self.process_group();
-        let (mut params, mut optimizer) = (HashMap::new(), HashMap::new());
+        let moments = self.counters.optimizer_steps > 0;
+        let mut writer = match pg.rank() {
+            0 => Some(CheckpointWriter::create(dir, self.model_config(), DType::F32, moments)?),
+            _ => None,
+        };
+        // A unit at a time, each whole tensor written and let go before the next
+        // is gathered: no rank ever holds the whole model at once.
         for unit in &self.units {
             let local = unit.local_state()?;
             // Every rank takes part in every all-gather, even though only rank 0 writes.
             let whole = |t: &Tensor| if unit.is_sharded() { pg.all_gather(t) } else { Ok(t.clone()) };
-            params.extend(unit.layout.unflatten(&whole(&local.params)?)?);
-            if self.counters.optimizer_steps > 0 {
+            for (name, t) in unit.layout.unflatten(&whole(&local.params)?)? {
+                if let Some(writer) = writer.as_mut() {
+                    writer.put_param(&name, &t);
+                }
+            }
+            if moments {
                 for (kind, moment) in MOMENTS.into_iter().zip([&local.exp_avg, &local.exp_avg_sq]) {
                     for (name, t) in unit.layout.unflatten(&whole(moment)?)? {
-                        optimizer.insert(format!("{kind}.{name}"), t);
+                        if let Some(writer) = writer.as_mut() {
+                            writer.put_optimizer(&format!("{kind}.{name}"), &t);
+                        }
                     }
                 }
             }
         }
-        if pg.rank() == 0 {
-            Checkpoint { params, optimizer, state: self.trainer_state(data) }.write(dir)?;
+        if let Some(writer) = writer {
+            writer.finish(&self.trainer_state(data))?;
         }
         pg.barrier()
     }
