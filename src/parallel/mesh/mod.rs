@@ -30,7 +30,7 @@
 //! A checkpoint holds whole tensors: each stage of the first replica gathers
 //! its shards along the dimension they were cut on (under ZeRO-1 its moments
 //! from the other replicas first) and sends its parameters
-//! and moments to rank 0, which writes them in the format every trainer
+//! and moments to rank 0, which writes each as it arrives, in the format every trainer
 //! reads, so a run resumes under DDP or FSDP, or on another mesh, and the
 //! other way round; loading cuts each rank's part out again.
 
@@ -53,7 +53,8 @@ use crate::parallel::pipeline::{stage_holding, PipelineSchedule, PipelineStage, 
 use crate::parallel::tensor::{moments_part, part_of, BlockStep, ShardCuts};
 use crate::phase2_training::param_groups;
 use crate::train::{
-    AdamW, Checkpoint, DataPosition, ParamGroup, StepCounters, StepStats, Train, TrainConfig, TrainerState,
+    AdamW, Checkpoint, CheckpointWriter, DataPosition, ParamGroup, StepCounters, StepStats, Train, TrainConfig,
+    TrainerState,
 };
 
 /// How a mesh trainer runs along each axis, besides the mesh's shape.
@@ -281,25 +282,27 @@ impl Train for MeshTrainer {
             }
             return self.mesh.world().barrier();
         }
-        let (mut params, mut moments) = (HashMap::new(), HashMap::new());
+        // Written as they come: rank 0 holds its own stage and one tensor of the others'.
+        let mut writer = CheckpointWriter::create(dir, &self.model_config, DType::F32, has_moments)?;
         for (name, param, own_moments) in mine {
-            params.insert(name, param);
-            moments.extend(own_moments);
+            writer.put_param(&name, &param);
+            for (moment, t) in own_moments {
+                writer.put_optimizer(&moment, &t);
+            }
         }
         for stage in 1..pg.world_size() {
             for (name, shape) in self.names_of_stage(stage) {
                 let like = Tensor::zeros(shape, DType::F32, &self.device)?;
-                params.insert(name.clone(), pg.recv(&like, stage)?);
+                writer.put_param(&name, &pg.recv(&like, stage)?);
                 if has_moments {
                     for moment in AdamW::moment_names(&name) {
-                        moments.insert(moment, pg.recv(&like, stage)?);
+                        writer.put_optimizer(&moment, &pg.recv(&like, stage)?);
                     }
                 }
             }
         }
         let optimizer_steps = self.counters().optimizer_steps;
-        let state = TrainerState::new(self.step, optimizer_steps, self.model_config.clone(), self.config, data);
-        Checkpoint { params, optimizer: moments, state }.write(dir)?;
+        writer.finish(&TrainerState::new(self.step, optimizer_steps, self.model_config.clone(), self.config, data))?;
         self.mesh.world().barrier()
     }
 
