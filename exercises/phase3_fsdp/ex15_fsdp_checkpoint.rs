@@ -34,8 +34,8 @@
 //!   device cannot hold the model and its optimizer state, so rank 0 may not
 //!   hold the gathered whole either. At GPT-2 124M's shape the parameters
 //!   and two moments are 1.9 GB, one block's 85 MB: the tests measure
-//!   rank 0's heap while it saves a model of 8 blocks and allow three of its
-//!   largest unit's worth.
+//!   rank 0's heap while it saves a model of 8 blocks and allow half of the
+//!   whole.
 //! - **A loaded run holds what a run of its own shape holds**: every rank's
 //!   state is the saved state as that run's layout shards it, and the
 //!   counters are the saved ones.

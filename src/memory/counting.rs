@@ -16,7 +16,7 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
 
 /// The system allocator, counting each thread's live bytes.
 pub struct CountingAllocator;
@@ -25,19 +25,23 @@ static INSTALLED: AtomicBool = AtomicBool::new(false);
 
 thread_local! {
     static LIVE: Cell<isize> = const { Cell::new(0) };
-    /// The most `LIVE` has been since [`peak_during`] last reset it.
-    static PEAK: Cell<isize> = const { Cell::new(0) };
 }
+
+/// Whether [`process_peak_during`] is measuring: then every thread's
+/// allocations also count in the process's totals below.
+static COUNTING_PROCESS: AtomicBool = AtomicBool::new(false);
+static PROCESS_LIVE: AtomicIsize = AtomicIsize::new(0);
+static PROCESS_PEAK: AtomicIsize = AtomicIsize::new(0);
 
 fn count(delta: isize) {
     // `try_with`: a thread being torn down still frees memory.
-    let _ = LIVE.try_with(|live| {
-        let now = live.get() + delta;
-        live.set(now);
+    let _ = LIVE.try_with(|live| live.set(live.get() + delta));
+    if COUNTING_PROCESS.load(Ordering::Relaxed) {
+        let now = PROCESS_LIVE.fetch_add(delta, Ordering::Relaxed) + delta;
         if delta > 0 {
-            let _ = PEAK.try_with(|peak| peak.set(peak.get().max(now)));
+            PROCESS_PEAK.fetch_max(now, Ordering::Relaxed);
         }
-    });
+    }
 }
 
 /// Marks the allocator as installed. A load first, so that allocations after
@@ -80,14 +84,21 @@ pub fn thread_live_bytes() -> Option<isize> {
     INSTALLED.load(Ordering::Relaxed).then(|| LIVE.with(Cell::get))
 }
 
-/// The most `work` had allocated on this thread at once, beyond what was
-/// allocated before it, with its result.
-pub fn peak_during<T>(work: impl FnOnce() -> T) -> (T, Option<u64>) {
-    let Some(before) = thread_live_bytes() else { return (work(), None) };
-    let outer = PEAK.with(|peak| peak.replace(before));
+/// The most `work` had allocated at once beyond what was allocated before
+/// it, on every thread of this process, with its result; `None` without
+/// the counting allocator. Meaningful in a process that does nothing else
+/// meanwhile (a rank of its own): a thread's own count cannot be, where
+/// threads free what others allocated (thread ranks exchanging tensors).
+pub fn process_peak_during<T>(work: impl FnOnce() -> T) -> (T, Option<u64>) {
+    if !INSTALLED.load(Ordering::Relaxed) {
+        return (work(), None);
+    }
+    PROCESS_LIVE.store(0, Ordering::Relaxed);
+    PROCESS_PEAK.store(0, Ordering::Relaxed);
+    COUNTING_PROCESS.store(true, Ordering::SeqCst);
     let out = work();
-    let inner = PEAK.with(|peak| peak.replace(outer.max(peak.get())));
-    (out, Some((inner - before).max(0) as u64))
+    COUNTING_PROCESS.store(false, Ordering::SeqCst);
+    (out, Some(PROCESS_PEAK.load(Ordering::Relaxed).max(0) as u64))
 }
 
 /// What `work` leaves allocated on this thread (its result included), with the result.

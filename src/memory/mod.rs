@@ -11,6 +11,6 @@ pub mod counting;
 pub mod footprint;
 pub mod tuning;
 
-pub use counting::{held_after, peak_during, thread_live_bytes, CountingAllocator};
+pub use counting::{held_after, process_peak_during, thread_live_bytes, CountingAllocator};
 pub use footprint::{available_memory, Footprint, RunShape};
 pub use tuning::{keep_freed_memory, return_large_blocks};
