@@ -363,15 +363,11 @@ impl Sharded {
     /// `update_shard` (nothing changes when the norm is not finite), and
     /// the parameters all-gathered back.
     fn step_shard(&mut self, params: &ParamStore, grad_shard: Tensor, lr: f64, device: &Device) -> Result<f64> {
-        let grad_norm = self.clip.norm(self.dp.inner(), &grad_shard)?;
+        let (grad_shard, grad_norm) = self.clip.clip(self.dp.inner(), grad_shard)?;
         if !grad_norm.is_finite() {
             self.skipped_steps += 1;
             return Ok(grad_norm);
         }
-        let grad_shard = match clip_factor(grad_norm, self.clip.max_norm()) {
-            Some(factor) => (grad_shard * factor)?,
-            None => grad_shard,
-        };
         let range = self.layout.shard_range(self.dp.rank(), self.dp.world_size());
         let values = named(params.iter().map(|(n, var)| (n, var.as_tensor().clone())).collect());
         let param_shard = self.layout.part(&values, range.clone(), device)?;

@@ -13,8 +13,8 @@
 //! shards, which the flat vector puts first; the whole parameters are the
 //! same on every rank of it and count once) and over the pp group (the
 //! stages hold disjoint parameters). ZeRO-2 reduces its micro-batches'
-//! gradients before the step and measures the norm of the shard it holds
-//! the same way, without the interception.
+//! gradients before the step and clips the shard it holds the same way,
+//! without the interception.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -72,15 +72,23 @@ impl ClipShards {
         }
     }
 
-    /// The norm this clipping clips to.
-    pub fn max_norm(&self) -> f64 {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner).max_norm
+    /// This rank's reduced `shard` of the flat gradient scaled as the whole
+    /// model's gradient norm asks, with that norm (the shard unscaled when
+    /// the norm is not finite). ZeRO-2, which holds its reduced shard
+    /// itself, clips it here; ZeRO-1's reduce-scatter does below.
+    pub fn clip(&self, dp: &dyn ProcessGroup, shard: Tensor) -> Result<(Tensor, f64)> {
+        let norm = self.norm(dp, &shard)?;
+        let max_norm = self.state.lock().unwrap_or_else(PoisonError::into_inner).max_norm;
+        let shard = match clip_factor(norm, max_norm) {
+            Some(factor) => (shard * factor)?,
+            None => shard,
+        };
+        Ok((shard, norm))
     }
 
     /// The whole model's gradient norm, from this rank's reduced `shard`
     /// (rank `rank`'s of the flat gradient) and the data-parallel group `dp`.
-    /// ZeRO-2, which holds its reduced shard itself, asks it directly.
-    pub fn norm(&self, dp: &dyn ProcessGroup, shard: &Tensor) -> Result<f64> {
+    fn norm(&self, dp: &dyn ProcessGroup, shard: &Tensor) -> Result<f64> {
         let len = shard.elem_count();
         let start = dp.rank() * len;
         let shards = self.parts.shard_elements.clamp(start, start + len) - start;
@@ -103,13 +111,8 @@ impl ClipShards {
 
 impl CollectiveOverride for ClipShards {
     fn reduce_scatter(&self, inner: &dyn ProcessGroup, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
-        let shard = inner.reduce_scatter(t, op)?;
-        let norm = self.norm(inner, &shard)?;
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        state.norms.push(norm);
-        match clip_factor(norm, state.max_norm) {
-            Some(factor) => shard * factor,
-            None => Ok(shard),
-        }
+        let (shard, norm) = self.clip(inner, inner.reduce_scatter(t, op)?)?;
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).norms.push(norm);
+        Ok(shard)
     }
 }
