@@ -94,8 +94,10 @@ impl Layout {
         self.data.replicas() * self.tp * self.pp
     }
 
+    /// The `train` flags of this layout, its number of ranks included.
     fn flags(self) -> Vec<String> {
-        let mut flags: Vec<String> = self.data.flags().iter().map(|f| f.to_string()).collect();
+        let mut flags = vec!["--nproc".to_string(), self.nproc().to_string()];
+        flags.extend(self.data.flags().iter().map(|f| f.to_string()));
         if self.tp > 1 {
             flags.extend(["--tp".into(), self.tp.to_string(), "--sequence-parallel".into()]);
         }
@@ -145,15 +147,16 @@ fn run(args: Args) -> Result<()> {
     std::fs::create_dir_all(&scratch).with_context(|| format!("cannot create {}", scratch.display()))?;
     let train = train_program()?;
     let one = scratch.join("one-process");
-    let _ = train_run(&train, &one, steps, &["--nproc", "1", "--threads", "1"], None)?;
+    let _ = train_run(&train, &one, steps, &["--nproc", "1", "--threads", "1"].map(String::from), None)?;
     let two_threads = scratch.join("two-threads");
-    let outcome = compared(&train, &two_threads, steps, &["--nproc", "1", "--threads", "2"], None, &one)?;
+    let two_threads_flags = ["--nproc", "1", "--threads", "2"].map(String::from);
+    let outcome = compared(&train, &two_threads, steps, &two_threads_flags, None, &one)?;
     let mut rows = vec![("one process, each micro-batch split across 2 threads".to_string(), 1, outcome)];
     for data in DataAxis::ALL {
         for (tp, pp) in [(1, 1), (2, 1), (1, 2), (2, 2)] {
             let layout = Layout { data, tp, pp };
             let dir = scratch.join(layout.describe().replace([' ', '(', ')'], ""));
-            let outcome = trained(&train, &dir, steps, layout, None, &one)?;
+            let outcome = compared(&train, &dir, steps, &layout.flags(), None, &one)?;
             eprintln!("{}: {}", layout.describe(), cell(&outcome));
             rows.push((layout.describe(), layout.nproc(), outcome));
         }
@@ -162,7 +165,7 @@ fn run(args: Args) -> Result<()> {
     let (from, to) = (Layout { data: DataAxis::Fsdp, tp: 2, pp: 2 }, Layout { data: DataAxis::Zero2, tp: 2, pp: 1 });
     let first = scratch.join(from.describe().replace([' ', '(', ')'], ""));
     let resumed = scratch.join("resumed");
-    let outcome = trained(&train, &resumed, steps, to, Some(step_dir(&first, steps / 2)), &one)?;
+    let outcome = compared(&train, &resumed, steps, &to.flags(), Some(&step_dir(&first, steps / 2)), &one)?;
     let what = format!("{} resuming {} at step {}", to.describe(), from.describe(), steps / 2);
     eprintln!("{what}: {}", cell(&outcome));
     rows.push((what, to.nproc(), outcome));
@@ -189,29 +192,13 @@ fn train_program() -> Result<PathBuf> {
     Ok(train)
 }
 
-/// `layout` trained for `steps` steps in `dir` (from `resume` when given),
-/// compared with the one-process run in `one`.
-fn trained(
-    train: &Path,
-    dir: &Path,
-    steps: usize,
-    layout: Layout,
-    resume: Option<PathBuf>,
-    one: &Path,
-) -> Result<Outcome> {
-    let nproc = layout.nproc().to_string();
-    let flags: Vec<String> = ["--nproc".to_string(), nproc].into_iter().chain(layout.flags()).collect();
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    compared(train, dir, steps, &flags, resume.as_deref(), one)
-}
-
 /// `train` with `flags` for `steps` steps in `dir` (from `resume` when
 /// given), compared with the one-process run in `one`.
 fn compared(
     train: &Path,
     dir: &Path,
     steps: usize,
-    flags: &[&str],
+    flags: &[String],
     resume: Option<&Path>,
     one: &Path,
 ) -> Result<Outcome> {
@@ -236,7 +223,7 @@ fn train_run(
     train: &Path,
     dir: &Path,
     steps: usize,
-    flags: &[&str],
+    flags: &[String],
     resume: Option<&Path>,
 ) -> Result<std::result::Result<f64, String>> {
     let mut command = Command::new(train);
