@@ -7,9 +7,9 @@ use std::io::{IsTerminal, Write};
 
 use anyhow::{bail, Context, Result};
 
-use crate::doctor::GpuBuild;
 use crate::grading::{phase_filter, Outcome, Runner, TestResult, TestRun, TEST_BINARY};
 use crate::lean;
+use crate::machine::GpuBuild;
 use crate::metadata::{Exercise, Hint};
 use crate::progress::{Body, Progress, State, PROGRESS_FILE};
 use crate::render::{self, bold, dim, green, red, yellow};
@@ -311,7 +311,7 @@ fn check_whole_phase(ws: &Workspace, number: u32, exercises_pass: bool) -> Resul
     let filter = phase_filter(number);
     let run = ws.runner().run(std::slice::from_ref(&filter))?;
     let cpu_passes = print_verdict(label, &run, &filter, &format!("cargo test {filter}"));
-    let gpu_passes = match crate::doctor::gpu_build() {
+    let gpu_passes = match crate::machine::gpu_build() {
         Some(build) => check_on_gpu(ws, number, &build)?,
         None => true,
     };

@@ -17,6 +17,7 @@ mod figures;
 mod grading;
 mod interop;
 mod lean;
+mod machine;
 mod matrix;
 mod metadata;
 mod migrate;
