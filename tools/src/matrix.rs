@@ -5,8 +5,7 @@
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
-
-use crate::workspace::Workspace;
+use xtask::workspace::Workspace;
 
 const TABLE: &str = "benchmarks/matrix.md";
 

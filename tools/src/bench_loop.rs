@@ -13,10 +13,10 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use xtask::render;
+use xtask::workspace::Workspace;
 
 use crate::bench::{cpu_model, extremes, median, replace_section, RESULTS};
-use crate::render;
-use crate::workspace::Workspace;
 
 const HEADING: &str = "## Edit → verdict";
 /// The exercise whose edits are timed.
@@ -78,8 +78,8 @@ fn verdict(dir: &Path, filter: &str) -> Result<Verdict> {
         .args(["test", filter])
         // The clone builds in its own folder, on its own choice of bodies.
         .env_remove("CARGO_TARGET_DIR")
-        .env_remove(crate::lean::LEAN_VARIABLE)
-        .env_remove(crate::grading::ONLY_TESTS_VARIABLE)
+        .env_remove(xtask::LEAN_VARIABLE)
+        .env_remove(xtask::ONLY_TESTS_VARIABLE)
         .output()
         .context("cannot run cargo")?;
     let seconds = start.elapsed().as_secs_f64();

@@ -7,10 +7,10 @@
 //! writes the tables into `benchmarks/results.md` under their own heading.
 
 use anyhow::{bail, Result};
+use xtask::render;
+use xtask::workspace::Workspace;
 
 use crate::bench::{cpu_model, median, replace_section, workbook_bench, Measurement, Ranks, Workload, RESULTS};
-use crate::render;
-use crate::workspace::Workspace;
 
 const HEADING: &str = "## Phase 4 inside the trainer: what each exercise buys";
 

@@ -16,11 +16,11 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
+use xtask::render;
+use xtask::workspace::Workspace;
 
 use crate::bench_fsdp::read_config;
 use crate::python::python_that_imports;
-use crate::render;
-use crate::workspace::Workspace;
 
 pub const RESULTS: &str = "benchmarks/results.md";
 const THROUGHPUT_HEADING: &str = "## Training throughput";

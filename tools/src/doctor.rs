@@ -1,9 +1,9 @@
-//! `doctor`: what this machine offers the workbook (the probe of
-//! `machine.rs`), and where each kind of check runs on it. It only looks: a
-//! missing driver or library is a line of the report, never an error.
+//! `doctor`: what this machine offers the workbook (xtask's `machine` probe),
+//! and where each kind of check runs on it. It only looks: a missing driver
+//! or library is a line of the report, never an error.
 
-use crate::machine::{Machine, CUDA_LIBRARIES, NCCL_LIBRARY};
-use crate::render::{bold, dim};
+use xtask::machine::{Machine, CUDA_LIBRARIES, NCCL_LIBRARY};
+use xtask::render::{bold, dim};
 
 pub fn doctor() -> anyhow::Result<bool> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());

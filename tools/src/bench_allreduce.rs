@@ -11,12 +11,12 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
+use xtask::render;
+use xtask::workspace::Workspace;
 
 use crate::bench::{
     cpu_model, extremes, free_port, median, python_with_torch, replace_section, RESULTS, SAME_ALLOCATOR,
 };
-use crate::render;
-use crate::workspace::Workspace;
 
 const HEADING: &str = "## All-reduce bus bandwidth";
 const GLOO_ALLREDUCE: &str = "benchmarks/allreduce_gloo.py";

@@ -11,11 +11,11 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
+use xtask::render;
+use xtask::workspace::Workspace;
 
 use crate::bench::{cpu_model, replace_section, RESULTS};
 use crate::estimate::{estimate, model_params, Optimizer, Precision, Setup, Strategy};
-use crate::render;
-use crate::workspace::Workspace;
 
 const HEADING: &str = "## FSDP: memory and communication per rank";
 const WORLD_SIZES: [usize; 3] = [1, 2, 4];

@@ -10,18 +10,18 @@
 //! 2. Import: a grouped-query, tied Llama saved by transformers, run by
 //!    `infer`: the same logits and greedy text as transformers.
 //!
-//! The Python side is `xtask/interop/interop.py`.
+//! The Python side is `tools/interop/interop.py`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
+use xtask::render;
+use xtask::workspace::Workspace;
 
 use crate::python::python_that_imports;
-use crate::render;
-use crate::workspace::Workspace;
 
-const SCRIPT: &str = "xtask/interop/interop.py";
+const SCRIPT: &str = "tools/interop/interop.py";
 const PROMPT: &str = "Once upon a time, Lily's café had naïve  spaces,\n\ttabs and 123 numbers!";
 const NEW_TOKENS: &str = "40";
 
