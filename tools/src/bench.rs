@@ -17,7 +17,7 @@ use anyhow::{bail, Context, Result};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use xtask::render;
-use xtask::workspace::Workspace;
+use xtask::workspace::{cargo, Workspace};
 
 use crate::bench_fsdp::read_config;
 use crate::python::python_that_imports;
@@ -260,10 +260,8 @@ pub struct Ranks {
 /// process of its own (its kernel thread pool is sized once per process);
 /// `flags` choose what the DDP or pipeline runs with.
 pub fn workbook_bench(root: &Path, workload: &Workload, ranks: Ranks, flags: &[&str]) -> Result<Measurement> {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut command = Command::new(&cargo);
+    let mut command = cargo(root);
     command
-        .current_dir(root)
         // The trainer shares each rank's threads itself, as `cargo train` does.
         .env_remove("RAYON_NUM_THREADS")
         .env_remove("CANDLE_NUM_THREADS")

@@ -12,7 +12,7 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use xtask::render;
-use xtask::workspace::Workspace;
+use xtask::workspace::{cargo, Workspace};
 
 use crate::bench::{
     cpu_model, extremes, free_port, median, python_with_torch, replace_section, RESULTS, SAME_ALLOCATOR,
@@ -77,9 +77,8 @@ pub fn bench_allreduce(ws: &Workspace, rounds: usize) -> Result<bool> {
 
 /// The workbook's `allreduce` program on 2 processes.
 fn ours(root: &Path) -> Command {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut command = Command::new(&cargo);
-    command.current_dir(root).args(["run", "--quiet", "--package", "trainer", "--bin", "allreduce", "--"]).args([
+    let mut command = cargo(root);
+    command.args(["run", "--quiet", "--package", "trainer", "--bin", "allreduce", "--"]).args([
         "--nproc",
         "2",
         "--sizes-mb",

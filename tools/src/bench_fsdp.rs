@@ -12,7 +12,7 @@ use anyhow::{bail, Context, Result};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use xtask::render;
-use xtask::workspace::Workspace;
+use xtask::workspace::{cargo, Workspace};
 
 use crate::bench::{cpu_model, replace_section, RESULTS};
 use crate::estimate::{estimate, model_params, Optimizer, Precision, Setup, Strategy};
@@ -121,8 +121,7 @@ pub(crate) fn measure(
 /// `cargo run --release` of the trainer's program `bin` with the reference
 /// solutions, ready for the program's own arguments.
 pub(crate) fn reference_program(root: &Path, bin: &str) -> Command {
-    let mut command = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    command.current_dir(root);
+    let mut command = cargo(root);
     command.args([
         "run",
         "--quiet",

@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use xtask::render;
-use xtask::workspace::Workspace;
+use xtask::workspace::{cargo, Workspace};
 
 use crate::bench::{cpu_model, extremes, median, replace_section, RESULTS};
 
@@ -71,10 +71,8 @@ impl Verdict {
 /// Runs `cargo test filter` in `dir` as a learner would and times it. The
 /// tests may fail (a stub's do); the build must not.
 fn verdict(dir: &Path, filter: &str) -> Result<Verdict> {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let start = Instant::now();
-    let output = Command::new(cargo)
-        .current_dir(dir)
+    let output = cargo(dir)
         .args(["test", filter])
         // The clone builds in its own folder, on its own choice of bodies.
         .env_remove("CARGO_TARGET_DIR")

@@ -17,7 +17,7 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 use xtask::render;
-use xtask::workspace::Workspace;
+use xtask::workspace::{cargo, Workspace};
 
 use crate::python::python_that_imports;
 
@@ -134,9 +134,8 @@ impl Interop {
 }
 
 fn build_binaries(root: &Path) -> Result<()> {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut build = Command::new(cargo);
-    build.current_dir(root).args(["build", "--release", "--quiet", "-p", "trainer", "--features", "solutions"]);
+    let mut build = cargo(root);
+    build.args(["build", "--release", "--quiet", "-p", "trainer", "--features", "solutions"]);
     build.args(["--bin", "train", "--bin", "infer"]);
     run(&mut build, "building train and infer").map(drop)
 }

@@ -2,25 +2,24 @@
 //! every mesh of tp {1, 2} × pp {1, 2}, compared with one process), its
 //! table written to `benchmarks/matrix.md`.
 
-use std::process::Command;
-
 use anyhow::{bail, Context, Result};
-use xtask::workspace::Workspace;
+use xtask::workspace::{cargo, Workspace};
 
 const TABLE: &str = "benchmarks/matrix.md";
 
 pub fn matrix(ws: &Workspace, steps: usize) -> Result<bool> {
-    let cargo = |subcommand: &str| {
-        let mut command = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-        command.current_dir(&ws.root).args([subcommand, "--quiet", "--package", "trainer", "--features", "solutions"]);
+    // `cargo <subcommand>` of the trainer's programs, with the reference bodies.
+    let trainer = |subcommand: &str| {
+        let mut command = cargo(&ws.root);
+        command.args([subcommand, "--quiet", "--package", "trainer", "--features", "solutions"]);
         command
     };
     // The program starts `train` from beside itself: both are built first.
-    let built = cargo("build").args(["--bin", "train", "--bin", "matrix"]).status().context("cannot run cargo")?;
+    let built = trainer("build").args(["--bin", "train", "--bin", "matrix"]).status().context("cannot run cargo")?;
     if !built.success() {
         bail!("building the trainer's programs failed");
     }
-    let output = cargo("run")
+    let output = trainer("run")
         .args(["--bin", "matrix", "--", "--steps", &steps.to_string()])
         .stderr(std::process::Stdio::inherit())
         .output()

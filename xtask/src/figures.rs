@@ -3,9 +3,10 @@
 //! file is stale; `cargo xtask figures` (tools/) runs its `draw`.
 
 use std::path::Path;
-use std::process::Command;
 
 use anyhow::{Context, Result};
+
+use crate::workspace::cargo;
 
 /// Where the `figures` program reads the recorded runs and writes the figures.
 pub const DATA: &str = "guide/figure-data";
@@ -16,8 +17,7 @@ pub const NUMBERS: &str = "guide/src/numbers";
 /// Runs the `figures` program: `draw` writes the figures and number files,
 /// `check` says which are stale and fails if any is.
 pub fn run_figures(root: &Path, command: &str) -> Result<bool> {
-    let status = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
-        .current_dir(root)
+    let status = cargo(root)
         .args(["run", "--quiet", "--package", "figures", "--", command, "."])
         .status()
         .context("cannot run cargo")?;

@@ -8,12 +8,13 @@
 
 use std::io::{BufRead, BufReader, IsTerminal, Read};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 use anyhow::{bail, Context, Result};
 
 use crate::lean::LEAN_VARIABLE;
 use crate::planted::PLANTED_VARIABLE;
+use crate::workspace::cargo;
 
 /// The test binary that holds every graded test.
 pub const TEST_BINARY: &str = "graded";
@@ -104,9 +105,8 @@ impl Runner {
     /// Runs the tests whose names contain any of `filters` (all when empty).
     /// Fails when the code does not compile: cargo has already shown why.
     pub fn run(&self, filters: &[String]) -> Result<TestRun> {
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut command = Command::new(cargo);
-        command.current_dir(&self.root).args(["test", "--test", TEST_BINARY, "--no-fail-fast"]);
+        let mut command = cargo(&self.root);
+        command.args(["test", "--test", TEST_BINARY, "--no-fail-fast"]);
         if let Some(features) = self.features() {
             command.args(["--features", &features]);
         }

@@ -31,7 +31,7 @@ pub mod workspace;
 
 use std::ffi::OsString;
 use std::path::Path;
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
@@ -202,8 +202,7 @@ fn run(cli: Cli, command: &str) -> anyhow::Result<ExitCode> {
 /// Runs the tools program's `command` with `args`, as cargo builds it beside
 /// this runner, and passes its exit code on.
 fn forward(root: &Path, command: &str, args: &[OsString]) -> anyhow::Result<ExitCode> {
-    let status = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
-        .current_dir(root)
+    let status = workspace::cargo(root)
         .args(["run", "--quiet", "--package", "workbook-tools", "--", command])
         .args(args)
         .status()

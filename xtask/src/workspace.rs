@@ -3,6 +3,7 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
@@ -107,6 +108,15 @@ impl Workspace {
             None => file.to_string(),
         }
     }
+}
+
+/// A `cargo` command run in `dir`: the cargo that started this tool (cargo
+/// sets `CARGO` for what it runs), so that every build uses one toolchain,
+/// or the one on `PATH` when the tool was started directly.
+pub fn cargo(dir: &Path) -> Command {
+    let mut command = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    command.current_dir(dir);
+    command
 }
 
 /// `cargo run` tells the tool where its manifest is; the compile-time path
