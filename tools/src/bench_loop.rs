@@ -77,7 +77,7 @@ fn verdict(dir: &Path, filter: &str) -> Result<Verdict> {
         // The clone builds in its own folder, on its own choice of bodies.
         .env_remove("CARGO_TARGET_DIR")
         .env_remove(xtask::LEAN_VARIABLE)
-        .env_remove(xtask::ONLY_TESTS_VARIABLE)
+        .env_remove(xtask::grading::ONLY_TESTS_VARIABLE)
         .output()
         .context("cannot run cargo")?;
     let seconds = start.elapsed().as_secs_f64();

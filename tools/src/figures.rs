@@ -3,18 +3,23 @@
 //! the workbook's own runs and committed in `guide/figure-data/`, and writes
 //! each quoted number into `guide/src/numbers/` from those runs and
 //! `benchmarks/results.md`; `--record` runs the recorded runs again first
-//! (the reference trainer, a few minutes). `verify` checks that every figure
-//! and number file is what its data gives (xtask's `figures` module).
+//! (the reference trainer, a few minutes). `verify` runs the program's
+//! `check`: whether each figure and number file is what its data gives.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
-use xtask::figures::{run_figures, DATA};
-use xtask::workspace::Workspace;
+use xtask::workspace::{cargo, Workspace};
 
 use crate::bench_fsdp::{config_params, measure, model_states_setup, name, read_config, reference_program, states};
 use crate::estimate::{estimate, Precision, Strategy};
+
+/// Where the `figures` program reads the recorded runs and writes the figures.
+pub const DATA: &str = "guide/figure-data";
+pub const FIGURES: &str = "guide/src/figures";
+/// Where it writes the quoted numbers, one file of mdBook anchors per source.
+pub const NUMBERS: &str = "guide/src/numbers";
 
 /// Draws every figure and writes every quoted number from the committed
 /// data; with `record`, records the data first.
@@ -23,6 +28,16 @@ pub fn figures(ws: &Workspace, record: bool) -> Result<bool> {
         record_all(&ws.root)?;
     }
     run_figures(&ws.root, "draw")
+}
+
+/// Runs the `figures` program (figures/): `draw` writes the figures and
+/// number files, `check` says which are stale and fails if any is.
+pub fn run_figures(root: &Path, command: &str) -> Result<bool> {
+    let status = cargo(root)
+        .args(["run", "--quiet", "--package", "figures", "--", command, "."])
+        .status()
+        .context("cannot run cargo")?;
+    Ok(status.success())
 }
 
 /// One recorded run: the trainer's arguments, and the files of its

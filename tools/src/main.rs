@@ -1,21 +1,28 @@
-//! The workbook's tools for its authors and its benchmarks: the guide's
-//! figures, the bundled stories, the memory estimate, the machine report,
-//! the checks against transformers and the benchmarks. Each is reached
-//! through `cargo xtask <command>`, which hands it to this program, so that
-//! the learner's runner (xtask/) holds only what a learner runs.
+//! The workbook's tools for CI, its authors and its benchmarks: the check
+//! of the exercise set (`verify`), the lists written from its metadata
+//! (`update`), the guide's figures, the bundled stories, the memory
+//! estimate, the machine report, the checks against transformers and the
+//! benchmarks. Each is reached through `cargo xtask <command>`, which hands
+//! it to this program, so that the learner's runner (xtask/) holds only what
+//! a learner runs.
 
 mod bench;
 mod bench_allreduce;
 mod bench_fsdp;
 mod bench_loop;
 mod bench_phase4;
+mod code_width;
 mod doctor;
 mod estimate;
 mod figures;
 mod interop;
 mod matrix;
+mod planted;
 mod python;
+mod quoted;
+mod registry;
 mod stories;
+mod verify;
 
 use std::process::ExitCode;
 
@@ -23,7 +30,7 @@ use clap::{Parser, Subcommand};
 use xtask::render;
 use xtask::workspace::Workspace;
 
-/// The workbook's tools for its authors: figures, stories, estimates, benchmarks.
+/// The workbook's tools for CI and its authors: checks, figures, stories, estimates, benchmarks.
 #[derive(Parser)]
 #[command(name = "cargo xtask", bin_name = "cargo xtask", arg_required_else_help = true)]
 struct Cli {
@@ -35,6 +42,18 @@ struct Cli {
 enum Task {
     /// Say what this machine has (cores, CUDA devices, GPU libraries) and where each kind of check runs.
     Doctor,
+    /// Check the exercise set itself: metadata, solutions pass, stubs fail, guide builds (for CI).
+    Verify {
+        /// Only plant the natural mistakes (solutions/natural.toml) and count how often each is named.
+        #[arg(long)]
+        natural: bool,
+        /// Only plant the mistakes of exercise N (repeatable): the quick check while writing them.
+        #[arg(long = "exercise", value_name = "N")]
+        exercises: Vec<u32>,
+    },
+    /// Write the lists that follow from exercises/info.toml: src/exercises.rs, the graded
+    /// tests' module list and the guide's SUMMARY.md (for whoever adds an exercise).
+    Update,
     /// Draw the guide's figures (guide/src/figures/) and write the numbers its chapters quote
     /// (guide/src/numbers/) from the runs recorded in guide/figure-data/ and benchmarks/results.md.
     Figures {
@@ -198,6 +217,10 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
     let ws = Workspace::open(false)?;
     match cli.command {
         Task::Doctor => doctor::doctor(),
+        Task::Verify { natural: false, exercises } if exercises.is_empty() => verify::verify(&ws),
+        Task::Verify { natural: false, exercises } => verify::planted_only(&ws, &exercises),
+        Task::Verify { natural: true, exercises } => verify::natural(&ws, &exercises),
+        Task::Update => registry::update(&ws).map(|()| true),
         Task::Figures { record } => figures::figures(&ws, record),
         Task::SampleStories => stories::write_sample(&ws.root).map(|()| true),
         Task::Interop => interop::interop(&ws),

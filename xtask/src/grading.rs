@@ -13,8 +13,14 @@ use std::process::Stdio;
 use anyhow::{bail, Context, Result};
 
 use crate::lean::LEAN_VARIABLE;
-use crate::planted::PLANTED_VARIABLE;
 use crate::workspace::cargo;
+
+/// Where `verify` (tools/) puts its planted copies, and the variable that
+/// names them to the build script.
+#[path = "../../build/planted_dir.rs"]
+mod planted_dir;
+
+use planted_dir::PLANTED_VARIABLE;
 
 /// The test binary that holds every graded test.
 pub const TEST_BINARY: &str = "graded";

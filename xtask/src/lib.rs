@@ -1,31 +1,26 @@
 //! `cargo xtask`: the workbook's tool.
 //!
-//! Learners use `next`, `list`, `check`, `check-phase`, `hint`, `reset` and
-//! `watch`; CI and authors use `verify` and `update`. Everything is driven by the one
-//! metadata file, `exercises/info.toml`.
+//! Learners use `next`, `list`, `check`, `check-phase`, `hint`, `reset`,
+//! `watch` and `lean`. Everything is driven by the one metadata file,
+//! `exercises/info.toml`.
 //!
-//! The authors' and the benchmarks' commands (`doctor`, `figures`,
-//! `sample-stories`, `estimate`, `interop`, `matrix`, `bench`) live in the
-//! `tools` program (tools/): `cargo xtask` hands them on, and lends that
-//! program, through this library, what both need: the workspace, the
-//! terminal styles, the machine probe and the `figures` program.
+//! The commands of CI, the authors and the benchmarks (`verify`, `update`,
+//! `doctor`, `figures`, `sample-stories`, `estimate`, `interop`, `matrix`,
+//! `bench`) live in the `tools` program (tools/): `cargo xtask` hands them
+//! on, and lends that program, through this library, what both need: the
+//! workspace and its metadata, the graded tests' runner, the stubs, the
+//! terminal styles and the machine probe.
 
-mod code_width;
 mod commands;
-pub mod figures;
-mod grading;
+pub mod grading;
 mod lean;
 pub mod machine;
-mod metadata;
+pub mod metadata;
 mod migrate;
-mod planted;
 mod progress;
-mod quoted;
-mod registry;
 pub mod render;
 mod standing;
-mod stub;
-mod verify;
+pub mod stub;
 mod watch;
 pub mod workspace;
 
@@ -36,8 +31,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
-pub use crate::grading::ONLY_TESTS_VARIABLE;
-pub use crate::lean::LEAN_VARIABLE;
+pub use crate::lean::{LEAN_FILE, LEAN_VARIABLE};
 use crate::workspace::Workspace;
 
 /// The workbook's tool: find your next exercise, grade it, get a hint.
@@ -112,17 +106,10 @@ enum Task {
     /// Say what this machine has (cores, CUDA devices, GPU libraries) and where each kind of check runs.
     Doctor(Forwarded),
     /// Check the exercise set itself: metadata, solutions pass, stubs fail, guide builds (for CI).
-    Verify {
-        /// Only plant the natural mistakes (solutions/natural.toml) and count how often each is named.
-        #[arg(long)]
-        natural: bool,
-        /// Only plant the mistakes of exercise N (repeatable): the quick check while writing them.
-        #[arg(long = "exercise", value_name = "N")]
-        exercises: Vec<u32>,
-    },
+    Verify(Forwarded),
     /// Write the lists that follow from exercises/info.toml: src/exercises.rs, the graded
     /// tests' module list and the guide's SUMMARY.md (for whoever adds an exercise).
-    Update,
+    Update(Forwarded),
     /// Draw the guide's figures and write the numbers its chapters quote (`--record`: record their runs first).
     Figures(Forwarded),
     /// Write datasets/tinystories_sample.txt again from its generator (after changing the grammar).
@@ -167,6 +154,8 @@ fn run(cli: Cli, command: &str) -> anyhow::Result<ExitCode> {
     migrate::carry_over(&ws)?;
     let passed = match cli.command {
         Task::Doctor(tool)
+        | Task::Verify(tool)
+        | Task::Update(tool)
         | Task::Figures(tool)
         | Task::SampleStories(tool)
         | Task::Estimate(tool)
@@ -191,10 +180,6 @@ fn run(cli: Cli, command: &str) -> anyhow::Result<ExitCode> {
             let list = (!exercises.is_empty()).then(|| exercises.join(","));
             lean::lean(&ws, list.as_deref(), off)
         }
-        Task::Verify { natural: false, exercises } if exercises.is_empty() => verify::verify(&ws),
-        Task::Verify { natural: false, exercises } => verify::planted_only(&ws, &exercises),
-        Task::Verify { natural: true, exercises } => verify::natural(&ws, &exercises),
-        Task::Update => registry::update(&ws).map(|()| true),
     }?;
     Ok(if passed { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }

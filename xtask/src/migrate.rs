@@ -350,7 +350,7 @@ fn replace_word(source: &str, from: &str, to: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::verify::files_under;
+    use crate::workspace::files_under;
 
     #[test]
     fn moves_the_imports_of_a_finished_exercise_10() {

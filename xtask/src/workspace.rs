@@ -134,3 +134,18 @@ fn find_root() -> Result<PathBuf> {
     }
     Ok(root)
 }
+
+/// Every file under `dir` (relative to `root`), as paths relative to `root`.
+pub fn files_under(root: &Path, dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(root.join(dir)) else { return vec![] };
+    let mut files = vec![];
+    for entry in entries.flatten() {
+        let path = dir.join(entry.file_name());
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            files.extend(files_under(root, &path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}

@@ -28,17 +28,13 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
-use crate::grading::{Outcome, TestRun};
-use crate::metadata::{Exercise, Workbook};
-use crate::workspace::Workspace;
+use xtask::grading::{Outcome, TestRun};
+use xtask::metadata::{Exercise, Workbook};
+use xtask::render::indented;
+use xtask::workspace::Workspace;
 
 /// Where the plants are listed, relative to the repository root.
 pub const PLANTS_FILE: &str = "solutions/mistakes.toml";
-
-#[path = "../../build/planted_dir.rs"]
-mod planted_dir;
-
-pub use planted_dir::PLANTED_VARIABLE;
 
 /// The planted copies' folder, relative to the repository root; the paths
 /// `cargo xtask update` writes into `src/exercises.rs` point into it.
@@ -302,7 +298,7 @@ pub fn judge(exercise: &Exercise, plant: &Plant, run: &TestRun) -> Vec<String> {
             "planted `{}`: no failure names it; {} says:\n{}",
             own.id,
             failures[0].0,
-            crate::render::indented(failures[0].1, 6)
+            indented(failures[0].1, 6)
         ));
     }
     for other in exercise.mistakes.iter().filter(|m| own.is_none_or(|own| own.id != m.id)) {
@@ -360,7 +356,7 @@ impl Drop for Planted {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::grading::TestResult;
+    use xtask::grading::TestResult;
 
     fn plant(exercise: u32, mistake: &str, edits: &[(&str, &str)]) -> Plant {
         let edits = edits.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();

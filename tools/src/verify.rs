@@ -11,19 +11,20 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use crate::code_width;
-use crate::figures;
-use crate::grading::{
+use xtask::grading::{
     graded_exercise, phase_check, unfinished_exercise, Bodies, Outcome, Runner, TestRun, TEST_BINARY,
 };
-use crate::lean;
-use crate::metadata::{self, Exercise};
+use xtask::metadata::{self, Exercise};
+use xtask::render::{bold, green, indented, red};
+use xtask::stub;
+use xtask::workspace::{files_under, Workspace};
+use xtask::LEAN_FILE;
+
+use crate::code_width;
+use crate::figures;
 use crate::planted;
 use crate::quoted;
 use crate::registry;
-use crate::render::{bold, green, indented, red};
-use crate::stub;
-use crate::workspace::Workspace;
 
 const MIN_MISTAKES: usize = 3;
 
@@ -121,11 +122,10 @@ fn metadata(ws: &Workspace, tally: &mut Tally) {
 /// files with bodies and the planted mistakes: anything else is a leftover.
 fn only_exercise_files(ws: &Workspace, tally: &mut Tally) {
     // The learner's choice of bodies (`cargo xtask lean`) is theirs, not a leftover.
-    let mut expected: BTreeSet<PathBuf> =
-        [metadata::INFO_FILE, planted::PLANTS_FILE, planted::NATURAL_FILE, lean::LEAN_FILE]
-            .into_iter()
-            .map(PathBuf::from)
-            .collect();
+    let mut expected: BTreeSet<PathBuf> = [metadata::INFO_FILE, planted::PLANTS_FILE, planted::NATURAL_FILE, LEAN_FILE]
+        .into_iter()
+        .map(PathBuf::from)
+        .collect();
     for exercise in &ws.workbook.exercises {
         expected.insert(exercise.file.clone());
         expected.extend(exercise.solution_file().ok());
@@ -140,21 +140,6 @@ fn only_exercise_files(ws: &Workspace, tally: &mut Tally) {
             });
         }
     }
-}
-
-/// Every file under `dir` (relative to `root`), as paths relative to `root`.
-pub fn files_under(root: &Path, dir: &Path) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(root.join(dir)) else { return vec![] };
-    let mut files = vec![];
-    for entry in entries.flatten() {
-        let path = dir.join(entry.file_name());
-        if entry.file_type().is_ok_and(|t| t.is_dir()) {
-            files.extend(files_under(root, &path));
-        } else {
-            files.push(path);
-        }
-    }
-    files
 }
 
 /// One `[[exercise]]` entry (the `index`-th) against the files it names.
@@ -334,7 +319,7 @@ fn cited_paths_exist(ws: &Workspace, tally: &mut Tally) {
         let text = std::fs::read_to_string(&chapter).unwrap_or_default();
         let name = chapter.strip_prefix(&ws.root).unwrap_or(&chapter).display().to_string();
         // The lean file is the learner's to create (`cargo xtask lean`).
-        for path in cited_paths(&text, &folders).filter(|path| *path != lean::LEAN_FILE) {
+        for path in cited_paths(&text, &folders).filter(|path| *path != LEAN_FILE) {
             tally.check(ws.root.join(path).exists(), || format!("{name} cites `{path}`, which does not exist"));
         }
     }
@@ -766,7 +751,7 @@ fn numbers_from_runs(ws: &Workspace, tally: &mut Tally) {
     }
     for (chapter, _) in quoted::WORKED {
         tally.check(guide.join(chapter).is_file(), || {
-            format!("xtask/src/quoted.rs allows numbers in guide/src/{chapter}, which does not exist")
+            format!("tools/src/quoted.rs allows numbers in guide/src/{chapter}, which does not exist")
         });
     }
 }
@@ -801,13 +786,13 @@ fn no_typed_numbers(name: &str, text: &str, tally: &mut Tally) {
         format!(
             "guide/src/{name} types measured numbers ({}): include each from the file `cargo xtask figures` \
              writes from its run (guide/src/numbers/); a constant or a number worked on the page goes in \
-             xtask/src/quoted.rs",
+             tools/src/quoted.rs",
             list.join(", ")
         )
     });
     for phrase in unused {
         tally.check(false, || {
-            format!("xtask/src/quoted.rs allows `{phrase}` in guide/src/{name}, which no longer holds it")
+            format!("tools/src/quoted.rs allows `{phrase}` in guide/src/{name}, which no longer holds it")
         });
     }
 }

@@ -16,9 +16,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
-use crate::metadata::{Chapter, Exercise, Workbook};
+use xtask::metadata::{Chapter, Exercise, Workbook};
+use xtask::workspace::Workspace;
+
 use crate::planted::PLANTED_DIR;
-use crate::workspace::Workspace;
 
 const EXERCISES_RS: &str = "src/exercises.rs";
 const GRADED_MAIN: &str = "tests/graded/main.rs";
