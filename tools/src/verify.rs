@@ -339,15 +339,11 @@ fn cited_paths<'a>(text: &'a str, folders: &'a [String]) -> impl Iterator<Item =
 
 /// The `.md` files under `dir`, in a stable order.
 pub fn markdown_files(dir: &Path) -> Vec<PathBuf> {
-    let mut files = vec![];
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let path = entry.path();
-        match path.is_dir() {
-            true => files.extend(markdown_files(&path)),
-            false if path.extension().is_some_and(|e| e == "md") => files.push(path),
-            false => {}
-        }
-    }
+    let mut files: Vec<PathBuf> = files_under(dir, Path::new(""))
+        .into_iter()
+        .filter(|file| file.extension().is_some_and(|e| e == "md"))
+        .map(|file| dir.join(file))
+        .collect();
     files.sort();
     files
 }
@@ -682,10 +678,9 @@ fn figures_current_and_shown(ws: &Workspace, tally: &mut Tally) {
         }
         Err(error) => tally.check(false, || format!("cannot check the figures: {error:#}")),
     }
-    let chapters: String = files_under(&ws.root, Path::new("guide/src"))
+    let chapters: String = markdown_files(&ws.root.join("guide/src"))
         .iter()
-        .filter(|f| f.extension().is_some_and(|e| e == "md"))
-        .map(|f| ws.read(f).unwrap_or_default())
+        .map(|chapter| std::fs::read_to_string(chapter).unwrap_or_default())
         .collect();
     for figure in files_under(&ws.root, Path::new(figures::FIGURES)) {
         let name = figure.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
