@@ -207,4 +207,14 @@ mod tests {
         let cli = Cli::try_parse_from(["xtask", "hint", "12", "--more", "--more"]).expect("parses");
         assert!(matches!(cli.command, Task::Hint { exercise: 12, more: 2 }));
     }
+
+    /// The tools program parses a handed-on command's flags, `--help` too: they reach it as typed.
+    #[test]
+    fn a_tools_command_gets_its_arguments_as_typed() {
+        for args in [&["--exercise", "16", "--exercise", "17"][..], &["--natural"], &["--help"], &[]] {
+            let cli = Cli::try_parse_from(["xtask", "verify"].iter().chain(args)).expect("parses");
+            let Task::Verify(tool) = cli.command else { panic!("`verify {args:?}` is not handed on") };
+            assert_eq!(tool.args, args, "verify {args:?}");
+        }
+    }
 }
