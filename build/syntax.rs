@@ -24,7 +24,7 @@ pub struct SyntaxError {
 }
 
 /// What stops a file from being cut into tokens, at the place it points to.
-const UNREADABLE: &str = "a bracket without its partner, a string, character or comment never closed, or a \
+pub const UNREADABLE: &str = "a bracket without its partner, a string, character or comment never closed, or a \
                           character Rust does not read";
 
 /// `Ok` when `source` is a Rust file; otherwise the first syntax error.

@@ -6,13 +6,21 @@
 //! between each function's braces. The stub borrows its parameters
 //! (`let _ = (&x, &weight);`) so that rustc's unused-variable warnings stay on
 //! for the learner's code, where they name real bugs, without firing on the stub.
-//! The braces are matched on a copy of the source in which comments and
-//! string/char literals are blanked out, so a `"{"` or a `// }` in the
-//! learner's code cannot confuse the match.
+//!
+//! The file is cut into tokens by proc-macro2, the lexer syn parses with, so a
+//! `"{"`, a `// }` or a lifetime in the learner's code cannot confuse the
+//! search, and a file that does not parse yet (work in progress) is still read
+//! as long as its brackets pair up. Each token knows its bytes in the file:
+//! only the text between a body's braces is ever replaced, and the learner's
+//! formatting and comments around it stay as they are.
 
 use std::ops::Range;
 
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
+use proc_macro2::{Delimiter, TokenStream, TokenTree};
+use syn::{FnArg, Pat, Signature};
+
+use crate::workspace::UNREADABLE;
 
 /// Where a function sits in a source file.
 #[derive(Debug, PartialEq, Eq)]
@@ -23,36 +31,85 @@ pub struct FnLocation {
     pub indent: String,
     /// Bytes between the body's `{` and its matching `}`, both excluded.
     pub body: Range<usize>,
-    /// The parameters bound to plain names, in order, `self` and `_`-names left out.
+    /// The parameters bound to plain names, in order, `self` and `_`-names left
+    /// out; none when the signature does not parse.
     pub params: Vec<String>,
 }
 
 /// Finds the one function named `name` in `source`.
 pub fn locate(source: &str, name: &str) -> Result<FnLocation> {
-    let code = blank_non_code(source);
-    let idents = identifiers(&code);
-    let mut found = Vec::new();
-    for pair in idents.windows(2) {
-        let (keyword, ident) = (&pair[0], &pair[1]);
-        if &code[keyword.clone()] == b"fn" && &code[ident.clone()] == name.as_bytes() {
-            found.push(keyword.start);
+    let located = match source.parse::<TokenStream>() {
+        Ok(tokens) => locate_in(source, tokens, name),
+        Err(error) => {
+            let at = error.span().start();
+            Err(anyhow!(
+                "the file cannot be read as Rust from line {}, column {}: {UNREADABLE}",
+                at.line,
+                at.column + 1
+            ))
         }
-    }
-    let fn_at = match found[..] {
-        [at] => at,
-        [] => bail!("no `fn {name}` found"),
-        _ => bail!("{} functions named `{name}`: rename the others so the exercise is unambiguous", found.len()),
     };
-    let Some(open) = body_open(&code, fn_at) else {
+    // Every parse keeps its text for the spans' locations until this: `watch`
+    // would otherwise grow without end. No span outlives this function.
+    proc_macro2::extra::invalidate_current_thread_spans();
+    located
+}
+
+fn locate_in(source: &str, tokens: TokenStream, name: &str) -> Result<FnLocation> {
+    let mut found = Vec::new();
+    fns_named(tokens, name, &mut found);
+    let tokens = match found.len() {
+        1 => found.remove(0),
+        0 => bail!("no `fn {name}` found"),
+        n => bail!("{n} functions named `{name}`: rename the others so the exercise is unambiguous"),
+    };
+    // The body is the first `{...}` after the name; a `;` first ends a declaration.
+    let end = tokens.iter().position(|token| match token {
+        TokenTree::Group(group) => group.delimiter() == Delimiter::Brace,
+        TokenTree::Punct(punct) => punct.as_char() == ';',
+        _ => false,
+    });
+    let Some((TokenTree::Group(body), signature)) = end.map(|end| (&tokens[end], &tokens[..end])) else {
         bail!("`fn {name}` has no body");
     };
-    let Some(close) = matching_close(&code, open) else {
-        bail!("the body of `fn {name}` has no closing brace");
-    };
+    let fn_at = tokens[0].span().byte_range().start;
     let line_start = source[..fn_at].rfind('\n').map_or(0, |i| i + 1);
-    let indent: String = source[line_start..].chars().take_while(|c| *c == ' ' || *c == '\t').collect();
-    let params = param_names(&code[fn_at..open]);
-    Ok(FnLocation { line: source[..fn_at].matches('\n').count() + 1, indent, body: open + 1..close, params })
+    Ok(FnLocation {
+        line: tokens[0].span().start().line,
+        indent: source[line_start..].chars().take_while(|c| *c == ' ' || *c == '\t').collect(),
+        body: body.span_open().byte_range().end..body.span_close().byte_range().start,
+        params: param_names(signature.iter().cloned().collect()),
+    })
+}
+
+/// For each `fn name` in `tokens`, at any depth, the tokens from `fn` to the
+/// end of its bracket.
+fn fns_named(tokens: TokenStream, name: &str, found: &mut Vec<Vec<TokenTree>>) {
+    let tokens: Vec<TokenTree> = tokens.into_iter().collect();
+    for (at, token) in tokens.iter().enumerate() {
+        match (token, tokens.get(at + 1)) {
+            (TokenTree::Group(group), _) => fns_named(group.stream(), name, found),
+            (TokenTree::Ident(keyword), Some(TokenTree::Ident(ident))) if keyword == "fn" && ident == name => {
+                found.push(tokens[at..].to_vec());
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The plain names bound by the parameters of `signature` (from `fn` to the
+/// body's `{`).
+fn param_names(signature: TokenStream) -> Vec<String> {
+    let Ok(signature) = syn::parse2::<Signature>(signature) else { return Vec::new() };
+    let plain = |input: &FnArg| match input {
+        FnArg::Typed(typed) => match &*typed.pat {
+            Pat::Ident(pat) if pat.by_ref.is_none() && pat.subpat.is_none() => Some(pat.ident.to_string()),
+            _ => None,
+        },
+        FnArg::Receiver(_) => None,
+    };
+    let names = signature.inputs.iter().filter_map(plain);
+    names.filter(|name| !name.starts_with('_') && !name.starts_with("r#")).collect()
 }
 
 /// The text between the braces of the shipped stub: a borrow of each
@@ -71,40 +128,6 @@ pub fn stub_body(location: &FnLocation, stub_line: &str) -> String {
 /// The stub's body before it borrowed its parameters: just `stub_line`.
 pub fn old_stub_body(indent: &str, stub_line: &str) -> String {
     format!("\n{indent}    {stub_line}\n{indent}")
-}
-
-/// The plain names bound by the parameter list in `signature` (blanked code
-/// from `fn` to the body's `{`).
-fn param_names(signature: &[u8]) -> Vec<String> {
-    let Some(open) = signature.iter().position(|&c| c == b'(') else { return Vec::new() };
-    let mut params = Vec::new();
-    let (mut depth, mut start) = (0i32, open + 1);
-    for (i, &c) in signature.iter().enumerate().skip(open) {
-        match c {
-            b'(' | b'[' | b'<' | b'{' => depth += 1,
-            b'>' if signature[i - 1] == b'-' => {} // the arrow of `Fn(A) -> B`
-            b')' | b']' | b'>' | b'}' => depth -= 1,
-            b',' if depth == 1 => {
-                params.push(start..i);
-                start = i + 1;
-            }
-            _ => {}
-        }
-        if depth == 0 {
-            params.push(start..i);
-            break;
-        }
-    }
-    params
-        .into_iter()
-        .filter_map(|range| {
-            let param = std::str::from_utf8(&signature[range]).ok()?;
-            let (pattern, _) = param.split_once(':')?;
-            let name = pattern.trim().trim_start_matches("mut ").trim();
-            let plain = name.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'_') && !name.is_empty();
-            (plain && !name.starts_with('_')).then(|| name.to_string())
-        })
-        .collect()
 }
 
 /// `source` with the body of every function in `names` replaced by the
@@ -127,187 +150,6 @@ fn reset_one(source: &str, name: &str, stub_line: &str) -> Result<String> {
     reset.push_str(&stub_body(&location, stub_line));
     reset.push_str(&source[location.body.end..]);
     Ok(reset)
-}
-
-/// A copy of `source` with comments and string/char literals replaced by
-/// spaces (newlines kept), so byte offsets still line up with the original.
-fn blank_non_code(source: &str) -> Vec<u8> {
-    let b = source.as_bytes();
-    let mut code = b.to_vec();
-    let mut i = 0;
-    while i < b.len() {
-        let end = match b[i] {
-            b'/' if b.get(i + 1) == Some(&b'/') => b[i..].iter().position(|&c| c == b'\n').map_or(b.len(), |n| i + n),
-            b'/' if b.get(i + 1) == Some(&b'*') => block_comment_end(b, i),
-            b'"' => quoted_end(b, i + 1),
-            b'\'' => match char_literal_end(b, i) {
-                Some(end) => end,
-                None => {
-                    i += 1; // a lifetime or loop label
-                    continue;
-                }
-            },
-            c if is_ident_start(c) => {
-                let ident_end = ident_end(b, i);
-                match prefixed_literal_end(b, &b[i..ident_end], ident_end) {
-                    Some(end) => end,
-                    None => {
-                        i = ident_end;
-                        continue;
-                    }
-                }
-            }
-            _ => {
-                i += 1;
-                continue;
-            }
-        };
-        for c in &mut code[i..end] {
-            if *c != b'\n' {
-                *c = b' ';
-            }
-        }
-        i = end;
-    }
-    code
-}
-
-/// `/* ... */`, which nests in Rust.
-fn block_comment_end(b: &[u8], start: usize) -> usize {
-    let (mut depth, mut i) = (0usize, start);
-    while i + 1 < b.len() {
-        match (b[i], b[i + 1]) {
-            (b'/', b'*') => {
-                depth += 1;
-                i += 2;
-            }
-            (b'*', b'/') => {
-                depth -= 1;
-                i += 2;
-                if depth == 0 {
-                    return i;
-                }
-            }
-            _ => i += 1,
-        }
-    }
-    b.len()
-}
-
-/// The end of a `"..."` literal whose contents start at `i`; `\` escapes.
-fn quoted_end(b: &[u8], mut i: usize) -> usize {
-    while i < b.len() {
-        match b[i] {
-            b'\\' => i += 2,
-            b'"' => return i + 1,
-            _ => i += 1,
-        }
-    }
-    b.len()
-}
-
-/// The end of a char literal starting at the `'` at `start`, or `None` when
-/// the quote begins a lifetime (`'a`) or a label.
-fn char_literal_end(b: &[u8], start: usize) -> Option<usize> {
-    let first = *b.get(start + 1)?;
-    if first == b'\\' {
-        // '\n', '\'', '\u{1F600}': the closing quote follows the escape.
-        let close = b[start + 3..].iter().position(|&c| c == b'\'')?;
-        return Some(start + 3 + close + 1);
-    }
-    let width = match first {
-        0x00..=0x7f => 1,
-        0xc0..=0xdf => 2,
-        0xe0..=0xef => 3,
-        _ => 4,
-    };
-    (b.get(start + 1 + width) == Some(&b'\'')).then_some(start + 2 + width)
-}
-
-/// String and char literals with a prefix: `b"..."`, `b'x'`, `c"..."`,
-/// `r"..."`, `r#"..."#`, `br##"..."##`. `None` for plain identifiers,
-/// including raw identifiers such as `r#type`.
-fn prefixed_literal_end(b: &[u8], prefix: &[u8], after: usize) -> Option<usize> {
-    let next = *b.get(after)?;
-    match (prefix, next) {
-        (b"b" | b"c", b'"') => Some(quoted_end(b, after + 1)),
-        (b"b", b'\'') => char_literal_end(b, after),
-        (b"r" | b"br" | b"cr", b'"' | b'#') => {
-            let hashes = b[after..].iter().take_while(|&&c| c == b'#').count();
-            if b.get(after + hashes) != Some(&b'"') {
-                return None;
-            }
-            let mut i = after + hashes + 1;
-            while i < b.len() {
-                if b[i] == b'"' && b[i + 1..].iter().take(hashes).filter(|&&c| c == b'#').count() == hashes {
-                    return Some(i + 1 + hashes);
-                }
-                i += 1;
-            }
-            Some(b.len())
-        }
-        _ => None,
-    }
-}
-
-fn is_ident_start(c: u8) -> bool {
-    c.is_ascii_alphabetic() || c == b'_' || c >= 0x80
-}
-
-fn ident_end(b: &[u8], start: usize) -> usize {
-    let len = b[start..].iter().take_while(|&&c| c.is_ascii_alphanumeric() || c == b'_' || c >= 0x80).count();
-    start + len
-}
-
-/// The byte ranges of all identifiers and keywords in blanked code.
-fn identifiers(code: &[u8]) -> Vec<Range<usize>> {
-    let mut idents = Vec::new();
-    let mut i = 0;
-    while i < code.len() {
-        if is_ident_start(code[i]) {
-            let end = ident_end(code, i);
-            idents.push(i..end);
-            i = end;
-        } else if code[i].is_ascii_digit() {
-            i = ident_end(code, i); // a number such as 1e5 or 2usize is not an identifier
-        } else {
-            i += 1;
-        }
-    }
-    idents
-}
-
-/// The body's `{`: the first brace after `fn` outside the parameter list and
-/// any brackets; `None` when a `;` ends the item first (a declaration).
-fn body_open(code: &[u8], fn_at: usize) -> Option<usize> {
-    let mut depth = 0i32;
-    for (i, &c) in code.iter().enumerate().skip(fn_at) {
-        match c {
-            b'(' | b'[' => depth += 1,
-            b')' | b']' => depth -= 1,
-            b'{' if depth == 0 => return Some(i),
-            b';' if depth == 0 => return None,
-            _ => {}
-        }
-    }
-    None
-}
-
-fn matching_close(code: &[u8], open: usize) -> Option<usize> {
-    let mut depth = 0usize;
-    for (i, &c) in code.iter().enumerate().skip(open) {
-        match c {
-            b'{' => depth += 1,
-            b'}' => {
-                depth -= 1;
-                if depth == 0 {
-                    return Some(i);
-                }
-            }
-            _ => {}
-        }
-    }
-    None
 }
 
 #[cfg(test)]
@@ -422,5 +264,35 @@ fn after() {}
         let location = locate(source, "demo").unwrap();
         assert_eq!(location.line, 2);
         assert!(source[location.body].ends_with("'\\u{7B}'; "));
+    }
+
+    #[test]
+    fn a_body_that_does_not_parse_is_still_found_and_reset() {
+        let source = "fn demo(x: u8) -> u8 {\n    let y = x +\n}\n\nfn after() {}\n";
+        assert!(syn::parse_file(source).is_err(), "the learner's work in progress");
+        assert_eq!(&source[locate(source, "demo").unwrap().body], "\n    let y = x +\n");
+        let shipped = reset(source, &["demo"], STUB).unwrap();
+        assert_eq!(shipped, format!("fn demo(x: u8) -> u8 {{\n    let _ = &x;\n    {STUB}\n}}\n\nfn after() {{}}\n"));
+    }
+
+    #[test]
+    fn a_file_whose_brackets_do_not_pair_says_where() {
+        let source = "fn demo() {\n    if x {\n}\n";
+        let error = locate(source, "demo").unwrap_err().to_string();
+        assert!(error.starts_with("the file cannot be read as Rust from line 1, column 11: a bracket"), "{error}");
+    }
+
+    #[test]
+    fn the_parameters_follow_the_generics_and_a_broken_signature_borrows_none() {
+        let names = |signature: &str| locate(&format!("{signature} {{}}"), "f").unwrap().params;
+        assert_eq!(names("fn f<F: Fn(u8) -> u8>(self: Box<Self>, f: F, ref r: u8)"), ["f"]);
+        assert_eq!(names("fn f(x: u8) -> <u8"), Vec::<String>::new());
+    }
+
+    #[test]
+    fn bytes_and_lines_count_past_a_byte_order_mark_and_wide_characters() {
+        let source = "\u{feff}//! Über café — ✓\nfn demo() -> char { 'é' }\n";
+        let location = locate(source, "demo").unwrap();
+        assert_eq!((location.line, &source[location.body]), (2, " 'é' "));
     }
 }

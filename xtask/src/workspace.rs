@@ -18,6 +18,7 @@ use crate::stub;
 mod syntax;
 
 pub use syntax::SyntaxError;
+pub(crate) use syntax::UNREADABLE;
 
 pub struct Workspace {
     pub root: PathBuf,
