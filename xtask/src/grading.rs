@@ -217,7 +217,7 @@ struct ClosingNoise {
 impl ClosingNoise {
     /// The lines to show now, given the next line of cargo's stderr.
     fn pass(&mut self, line: &str) -> Vec<String> {
-        let plain = strip_ansi(line);
+        let plain = anstream::adapter::strip_str(line).to_string();
         let plain = plain.trim_end();
         if !self.held.is_empty() {
             if plain.is_empty() {
@@ -241,20 +241,6 @@ impl ClosingNoise {
         }
         vec![line.to_string()]
     }
-}
-
-/// `line` without ANSI escape sequences (`ESC [ ... letter`).
-fn strip_ansi(line: &str) -> String {
-    let mut plain = String::with_capacity(line.len());
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        if c == '\x1b' {
-            chars.by_ref().find(|c| c.is_ascii_alphabetic());
-        } else {
-            plain.push(c);
-        }
-    }
-    plain
 }
 
 impl TestRun {
