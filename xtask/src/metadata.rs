@@ -258,20 +258,10 @@ impl Exercise {
     /// The line the learner's shipped stub holds, e.g.
     /// `todo!("Exercise 2: rotate_half; run `cargo xtask hint 2`")`.
     pub fn stub_line(&self) -> String {
-        // The title sits inside a format string: quote it as a Rust literal and
-        // double the braces so `todo!` prints it verbatim.
+        // The title sits inside a format string: double the braces so `todo!`
+        // prints it verbatim, and quote it as a Rust literal (`{:?}`).
         let message = format!("Exercise {}: {}; run `cargo xtask hint {}`", self.number, self.title, self.number);
-        let mut literal = String::with_capacity(message.len() + 2);
-        for c in message.chars() {
-            match c {
-                '\\' => literal.push_str("\\\\"),
-                '"' => literal.push_str("\\\""),
-                '{' => literal.push_str("{{"),
-                '}' => literal.push_str("}}"),
-                c => literal.push(c),
-            }
-        }
-        format!("todo!(\"{literal}\")")
+        format!("todo!({:?})", message.replace('{', "{{").replace('}', "}}"))
     }
 
     /// The test filter that selects this exercise's graded tests.
