@@ -244,24 +244,33 @@ impl ProcessGroup for TcpProcessGroup {
         Ok(Work::pending(move || received(buf)?.into_tensor(&dims, &device)))
     }
 
+    /// Reads the tensor where it lies, as [`all_reduce`](Self::all_reduce)
+    /// does: no copy of the whole input, of which this rank keeps one chunk
+    /// (the buffer's other chunks are written only where the ring passes
+    /// partial sums through them). At GPT-2's shape under FSDP the root
+    /// unit's gradient is 300 MB.
     fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
-        self.reduce_scatter_async(t, op)?.wait()
+        let (storage, layout) = t.storage_and_layout();
+        let input = reducible_bytes(&storage, layout).filter(|_| self.world_size > 1);
+        let Some(input) = input.map(LentBytes::new) else {
+            drop(storage);
+            return self.reduce_scatter_async(t, op)?.wait();
+        };
+        let (n, dtype, len) = (self.world_size, t.dtype(), t.elem_count());
+        let mine = self.collective(Call::ReduceScatter(op), Some(t), Start::Zeros, move |ring, buf| {
+            own_chunk_of_sum(ring, buf, Contribution::Lent(input.bytes()), len, dtype)
+        });
+        let mine = mine.and_then(received);
+        drop(storage);
+        finish(mine?.into_tensor(&scattered_dims(t, n), t.device())?, op, n)
     }
 
     fn reduce_scatter_async(&self, t: &Tensor, op: ReduceOp) -> Result<Work> {
         let (n, dtype, len) = (self.world_size, t.dtype(), t.elem_count());
-        let mut dims = t.dims().to_vec();
-        if let Some(rows) = dims.first_mut() {
-            *rows /= n; // checked to divide before the call is issued
-        }
-        let mine = self.collective(Call::ReduceScatter(op), Some(t), Start::CopyOfInput, move |ring, mut buf| {
-            let parts = chunks(len, n, dtype.size_in_bytes());
-            ring.reduce_scatter(buf.bytes_mut(), Contribution::InBuffer, &parts, dtype)?;
-            let mut mine = Elements::zeros(dtype, len / n)?;
-            mine.bytes_mut().copy_from_slice(&buf.bytes()[parts[ring.rank].clone()]);
-            Ok(mine)
+        let mine = self.collective(Call::ReduceScatter(op), Some(t), Start::CopyOfInput, move |ring, buf| {
+            own_chunk_of_sum(ring, buf, Contribution::InBuffer, len, dtype)
         })?;
-        let device = t.device().clone();
+        let (dims, device) = (scattered_dims(t, n), t.device().clone());
         Ok(Work::pending(move || finish(received(mine)?.into_tensor(&dims, &device)?, op, n)))
     }
 
@@ -394,13 +403,38 @@ fn sum_over_ring(ring: &mut Ring, buf: &mut Elements, own: Contribution, len: us
     ring.all_gather(buf.bytes_mut(), &parts)
 }
 
+/// This rank's chunk of the sum of every rank's `len` elements of `dtype`
+/// (in `buf`, or lent, as `own` says): a reduce-scatter over the ring.
+fn own_chunk_of_sum(
+    ring: &mut Ring,
+    mut buf: Elements,
+    own: Contribution,
+    len: usize,
+    dtype: DType,
+) -> Result<Elements> {
+    let parts = chunks(len, ring.world_size, dtype.size_in_bytes());
+    ring.reduce_scatter(buf.bytes_mut(), own, &parts, dtype)?;
+    let mut mine = Elements::zeros(dtype, len / ring.world_size)?;
+    mine.bytes_mut().copy_from_slice(&buf.bytes()[parts[ring.rank].clone()]);
+    Ok(mine)
+}
+
+/// The shape of a reduce-scatter's result: `t`'s, its first dimension divided by `n`.
+fn scattered_dims(t: &Tensor, n: usize) -> Vec<usize> {
+    let mut dims = t.dims().to_vec();
+    if let Some(rows) = dims.first_mut() {
+        *rows /= n; // checked to divide before the call is issued
+    }
+    dims
+}
+
 /// A tensor's bytes lent to the communication thread.
 struct LentBytes {
     start: *const u8,
     len: usize,
 }
 
-// SAFETY: only `all_reduce` lends bytes, and it holds the tensor's storage
+// SAFETY: only `all_reduce` and `reduce_scatter` lend bytes, and each holds the tensor's storage
 // (so the bytes stay alive and unchanged) until `received` returns, which is
 // once the job holding them has run or been dropped unrun. The ring's writer
 // threads read them only within a step, which waits for them.
