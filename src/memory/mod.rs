@@ -13,4 +13,4 @@ pub mod tuning;
 
 pub use counting::{held_after, process_peak_during, thread_live_bytes, CountingAllocator};
 pub use footprint::{available_memory, Footprint, RunShape};
-pub use tuning::{keep_freed_memory, return_large_blocks};
+pub use tuning::{keep_freed_memory, release_freed_memory, return_large_blocks};

@@ -49,3 +49,18 @@ pub fn return_large_blocks() {
 /// block's MLP weight (768 × 3072 f32, 9 MiB), so that a gathered block, its
 /// parameters, their gradients and its shards are all returned when freed.
 pub const LARGE_BLOCK: usize = 4 << 20;
+
+/// Hands the free pages inside the heap back to the operating system.
+///
+/// For a sharded run, after each step. Its small blocks (the optimizer's
+/// pieces, a block's activations) are freed between blocks that stay, so
+/// the heap cannot shrink from its top, and the freed pages stay resident:
+/// at GPT-2 124M's shape under FSDP on 2 ranks, 0.8 GiB of them after a
+/// step, on top of which the next step's large blocks were mapped afresh.
+pub fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free pages; it touches no live allocation.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}

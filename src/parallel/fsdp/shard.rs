@@ -56,6 +56,11 @@ pub struct ShardedUnit {
     whole: Option<Vec<Var>>,
     /// What the unit step handed over with `add_grad` since the last `take_grad`, summed.
     added: Option<Tensor>,
+    /// Set by [`fold_into_step`](Self::fold_into_step): `add_grad` sums each
+    /// shard straight into `grad`, times this factor, in this dtype.
+    fold: Option<(f64, DType)>,
+    /// Whether `add_grad` folded a shard in since the last micro-batch ended.
+    folded: bool,
     /// Which pass the unit step is in, for the timeline.
     pass: Pass,
     /// The timeline's span of a block while it is whole: its compute, from
@@ -185,6 +190,8 @@ impl ShardedUnit {
             param_dtype,
             whole: None,
             added: None,
+            fold: None,
+            folded: false,
             pass: Pass::default(),
             whole_span: None,
             grad: None,
@@ -253,27 +260,28 @@ impl ShardedUnit {
         self.lay_out(params.iter().map(|p| grads.get(p.as_tensor()).cloned()).collect())
     }
 
-    /// [`reshard`](Self::reshard), returning the [`flat_grad`](Self::flat_grad)
-    /// the unit had in `grads` and taking its parameters' gradients out of
-    /// them: the whole parameters are freed before the flat gradient is
-    /// built, so the rank never holds both (the root unit's are the
-    /// vocabulary's embedding and head).
-    pub(crate) fn reshard_taking_grad(&mut self, grads: &mut GradStore) -> Result<Option<Tensor>> {
-        let Some(params) = &self.whole else { return Ok(None) };
-        let parts = params.iter().map(|p| grads.remove(p.as_tensor())).collect();
+    /// [`reshard`](Self::reshard), returning the gradient `grads` holds for
+    /// each whole parameter, in layout order, and taking them out of it: the
+    /// whole parameters are freed before [`lay_out`](Self::lay_out) builds
+    /// the flat gradient, so the rank never holds both (the root unit's are
+    /// the vocabulary's embedding and head).
+    pub(crate) fn reshard_taking_grads(&mut self, grads: &mut GradStore) -> Vec<Option<Tensor>> {
+        let parts = self.whole.iter().flatten().map(|p| grads.remove(p.as_tensor())).collect();
         self.reshard();
-        self.lay_out(parts)
+        parts
     }
 
     /// One flat gradient of the parameters' gradients, in layout order; a
     /// parameter without one gets zeros. `None` when none has one.
-    fn lay_out(&self, grads: Vec<Option<Tensor>>) -> Result<Option<Tensor>> {
+    pub(crate) fn lay_out(&self, grads: Vec<Option<Tensor>>) -> Result<Option<Tensor>> {
         if grads.iter().all(Option::is_none) {
             return Ok(None);
         }
         let zeros = |shape: &candle_core::Shape| Tensor::zeros(shape, self.param_dtype, &self.device);
         let parts = grads.into_iter().zip(self.layout.shapes()).map(|(g, shape)| g.map_or_else(|| zeros(shape), Ok));
-        self.layout.concat(&parts.collect::<Result<Vec<_>>>()?).map(Some)
+        // Detached: a backward's gradients may carry graphs, and the cat's
+        // would hold every part as long as the flat gradient lives.
+        Ok(Some(self.layout.concat(&parts.collect::<Result<Vec<_>>>()?)?.detach()))
     }
 
     /// Bytes of the unit's whole parameters in the param dtype, padding included.
@@ -355,6 +363,19 @@ impl ShardedUnit {
             );
         }
         let shard_grad = shard_grad.detach().to_dtype(DType::F32)?;
+        if let Some((factor, dtype)) = self.fold {
+            let part = match factor {
+                1.0 => shard_grad,
+                factor => (shard_grad * factor)?,
+            };
+            let part = part.to_dtype(dtype)?;
+            self.grad = Some(match self.grad.take() {
+                Some(sum) => (sum + part)?,
+                None => part,
+            });
+            self.folded = true;
+            return Ok(());
+        }
         self.added = Some(match self.added.take() {
             Some(sum) => (sum + shard_grad)?,
             None => shard_grad,
@@ -417,6 +438,16 @@ impl ShardedUnit {
         self.replica.is_none()
     }
 
+    /// From now on, when the unit gathers (what the unit step reduce-scatters
+    /// is final), each shard `add_grad` is handed joins the step's gradient
+    /// at once, divided by the step's `micro_batches` and in the reduce dtype,
+    /// as [`end_micro_batch`](Self::end_micro_batch) would add it: a
+    /// micro-batch's shards are then never held beside the step's gradient
+    /// (12 blocks' at GPT-2's shape: 160 MiB on each of 2 ranks).
+    pub(crate) fn fold_into_step(&mut self, micro_batches: usize, policy: &MixedPrecisionPolicy) {
+        self.fold = self.gathers().then_some((1.0 / micro_batches as f64, policy.reduce_dtype));
+    }
+
     /// After a micro-batch's backward: moves what the unit step added into
     /// the step's gradient, divided by the `micro_batches` of the step as
     /// exercise 10 does, in the reduce dtype. When parameters are kept whole
@@ -429,6 +460,12 @@ impl ShardedUnit {
         policy: &MixedPrecisionPolicy,
         micro_batches: usize,
     ) -> Result<()> {
+        if self.fold.is_some() {
+            if !std::mem::take(&mut self.folded) {
+                bail!("no gradient reached unit `{}`: the loss does not depend on it", self.name);
+            }
+            return Ok(());
+        }
         let Some(added) = self.added.take() else {
             bail!("no gradient reached unit `{}`: the loss does not depend on it", self.name);
         };

@@ -3,8 +3,8 @@
 //!
 //! ```text
 //! forward:   gather root → embed → fsdp_forward (each block: gather, forward, free) → norm, head, loss
-//! backward:  head, norm → fsdp_backward (each block, last first: gather, replay, backward,
-//!            reduce-scatter its gradient, free) → embed → reduce-scatter the root's gradient, free it
+//! backward:  head, norm → free the root → fsdp_backward (each block, last first: gather, replay,
+//!            backward, reduce-scatter its gradient, free) → embed → reduce-scatter the root's gradient
 //! around:    each unit's gradient divided by the micro-batches, in the reduce dtype; reduced over
 //!            the shard group when parameters are kept whole; across replicas under HYBRID_SHARD
 //! step:      global gradient norm (one all-reduce of a scalar), clip, AdamW on the local shard
@@ -18,13 +18,15 @@
 //! parameters until backward), so backward replays each block: under FSDP
 //! every block is recomputed, whatever the strategy (activation checkpointing
 //! is implied). The root unit (embedding, final norm, head) stays gathered
-//! from its forward to the end of its backward, as in PyTorch, where the root
-//! is not resharded after forward.
+//! from its forward to the end of the head's backward, and is freed before
+//! the blocks' backward: the embedding's gradient needs only the token ids.
+//! (PyTorch keeps the root gathered to the end of its backward.)
 
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
+use candle_core::backprop::GradStore;
 use candle_core::{bail, Module, Result, Tensor, Var};
 use serde::{Deserialize, Serialize};
 
@@ -35,7 +37,7 @@ use super::{
     OffloadFile, Pass, Precision, Prefetch, ShardedUnit, ShardingPlan, ShardingStrategy, StepLedger, UnitParams,
     UnitPlacement,
 };
-use crate::autograd::{clip_factor, sum_of_squares, vjp};
+use crate::autograd::{accumulate, clip_factor, sum_of_squares, vjp};
 use crate::called_early::{fsdp_backward, fsdp_forward};
 use crate::distributed::{all_reduce_scalar, CommStats, ProcessGroup, ReduceOp};
 use crate::memory::held_after;
@@ -244,6 +246,9 @@ impl FsdpTrainer {
         let mut memory = MemoryLedger::default();
         self.gathered.reset_peak();
         let k = micro_batches.len();
+        for unit in &mut self.units {
+            unit.fold_into_step(k, &self.policy);
+        }
         let (mut loss_sum, mut tokens) = (0.0, 0);
         for batch in micro_batches {
             loss_sum += self.micro_batch(batch, k, &mut memory)?;
@@ -288,6 +293,7 @@ impl FsdpTrainer {
         let MemoryLedger { grads, gathered_peak, activations_peak, .. } = memory;
         let memory = MemoryLedger { grads, gathered_peak, activations_peak, ..self.held_memory() };
         self.ledger = StepLedger { memory, comm: self.groups.stats().since(&before) };
+        crate::memory::release_freed_memory();
         Ok(StepStats { loss: loss_sum / k as f64, grad_norm, lr, tokens })
     }
 
@@ -308,31 +314,31 @@ impl FsdpTrainer {
         if batch.device().is_cpu() {
             memory.activations_peak = memory.activations_peak.max(pass.held);
         }
-        let loss_value = pass.loss.to_scalar::<f32>()? as f64;
-        let loss = match loss_scale {
-            1.0 => pass.loss,
-            scale => (pass.loss * scale)?,
-        };
-        let mut grads = loss.backward()?;
-        // The head's graph holds its activations (the logits): freed before the blocks' backward.
-        drop(loss);
-        let Some(grad_output) = grads.remove(pass.output.as_tensor()) else {
-            bail!("the loss does not depend on the last block's output");
-        };
+        let loss_value = pass.head.loss.to_scalar::<f32>()? as f64;
+        let embedding = outer.embed_tokens.embeddings().id();
+        let (mut grads, grad_output) = head_backward(&outer, pass.head, loss_scale)?;
+        // Nothing holds the root's parameters after the head's backward (the
+        // embedding's gradient needs only the token ids): freed before the
+        // blocks' backward instead of held through it.
+        let embedding_slot = root.whole().and_then(|whole| whole.iter().position(|p| p.as_tensor().id() == embedding));
+        drop(outer);
+        let mut root_grads = root.reshard_taking_grads(&mut grads);
+        drop(grads);
         let grad_embedded = unit_step(prefetch, blocks, Pass::Backward, |blocks| {
             fsdp_backward(pg, blocks, &pass.inputs, &grad_output)
         })?;
-        // Into the step's gradient now: the blocks' shards of this micro-batch
-        // would otherwise be held through the root's backward, its largest.
         for unit in blocks.iter_mut() {
             unit.end_micro_batch(self.groups.shard(), &self.plan, &self.policy, k)?;
         }
-        grads.extend(vjp(&pass.embedded, &grad_embedded)?)?;
-        drop((outer, pass.embedded));
-        let Some(root_grad) = root.reshard_taking_grad(&mut grads)? else {
-            bail!("no gradient reached the root unit: the loss does not depend on it");
+        let Some(slot) = embedding_slot.and_then(|i| root_grads.get_mut(i)) else {
+            bail!("the root unit does not hold the token embedding");
         };
-        drop(grads);
+        let grad = embedding_grad(batch, &grad_embedded, self.model_config.vocab_size)?;
+        *slot = Some(match slot.take() {
+            Some(head) => (head + grad)?, // tied: the head's use of the same weight
+            None => grad,
+        });
+        let Some(root_grad) = root.lay_out(root_grads)? else { unreachable!("the embedding's gradient is in it") };
         root.add_grad(&pg.reduce_scatter(&root_grad, ReduceOp::Avg)?)?;
         root.end_micro_batch(self.groups.shard(), &self.plan, &self.policy, k)?;
         Ok(loss_value)
@@ -422,35 +428,89 @@ fn unit_step<R>(
 
 /// What one micro-batch's forward leaves for its backward.
 struct Forwarded {
-    /// The embedding's output, with its graph back to the root unit.
-    embedded: Tensor,
-    /// Each block's input, kept by the unit step.
+    /// Each block's input, kept by the unit step; the first is the
+    /// embedding's output, without a graph.
     inputs: Vec<Tensor>,
-    /// The last block's output, a leaf the head's backward reports on.
-    output: Var,
-    loss: Tensor,
+    head: HeadPass,
     /// Bytes the pass leaves allocated for backward (see [`MemoryLedger::activations_peak`]).
     held: Option<u64>,
+}
+
+/// The final norm, head and loss on the last block's output.
+struct HeadPass {
+    /// The last block's output, a leaf the head's backward reports on.
+    output: Var,
+    /// The final norm of `output`, (B·T, C), with its graph back to it.
+    normed: Tensor,
+    /// The head's output, (B·T, V): a leaf, since [`head_backward`] works
+    /// out the head's weight gradient itself.
+    logits: Var,
+    loss: Tensor,
 }
 
 /// The embedding, the blocks by the unit step, the final norm, head and loss.
 fn forward(outer: &Outer, pg: &dyn ProcessGroup, blocks: &mut [ShardedUnit], batch: &Tensor) -> Result<Forwarded> {
     // The root's pieces are measured where they run: the unit step's
     // collectives would spoil a count of this thread's allocations, since
-    // another rank's thread may free what they hand over.
-    let (embedded, embed_held) = held_after(|| outer.embed_tokens.forward(batch)); // (B, T, C)
-    let embedded = embedded?;
-    let blocks_pass = fsdp_forward(pg, blocks, &embedded)?;
+    // another rank's thread may free what they hand over. The embedding
+    // keeps no graph: one would hold the root's parameters until the
+    // embedding's backward, which needs only the token ids ([`embedding_grad`]).
+    let (embedded, embed_held) = held_after(|| outer.embed_tokens.forward(batch).map(|e| e.detach())); // (B, T, C)
+    let blocks_pass = fsdp_forward(pg, blocks, &embedded?)?;
     let (head, head_held) = held_after(|| -> Result<_> {
         let output = Var::from_tensor(&blocks_pass.output)?;
-        let logits = outer.lm_head.forward(&outer.norm.forward(output.as_tensor())?)?; // (B, T, V)
-        Ok((next_token_loss(&logits, batch)?, output))
+        let normed = outer.norm.forward(output.as_tensor())?;
+        let (b, t, c) = normed.dims3()?;
+        let normed = normed.reshape((b * t, c))?;
+        let logits = Var::from_tensor(&outer.lm_head.forward(&normed.detach())?)?;
+        let loss = next_token_loss(&logits.reshape((b, t, ()))?, batch)?;
+        Ok(HeadPass { output, normed, logits, loss })
     });
-    let (loss, output) = head?;
+    let head = head?;
     // The unit step keeps each block's input, the first being the embedding's output.
     let inputs_held: u64 = blocks_pass.inputs.iter().skip(1).map(bytes).sum();
     let held = embed_held.zip(head_held).map(|(embed, head)| embed + head + inputs_held);
-    Ok(Forwarded { embedded, inputs: blocks_pass.inputs, output, loss, held })
+    Ok(Forwarded { inputs: blocks_pass.inputs, head, held })
+}
+
+/// The head's backward from the loss, times `loss_scale`: the gradients of
+/// the final norm's and the head's weights, keyed by them, and of the last
+/// block's output. The head's weight gradient, (V, C), is one matmul here:
+/// candle's backward would add it into zeros of its own, for the transposed
+/// weight and again for the weight, holding three copies of the
+/// vocabulary's matrix at once, the step's largest transient.
+fn head_backward(outer: &Outer, head: HeadPass, loss_scale: f64) -> Result<(GradStore, Tensor)> {
+    let HeadPass { output, normed, logits, loss } = head;
+    let loss = match loss_scale {
+        1.0 => loss,
+        scale => (loss * scale)?,
+    };
+    let Some(grad_logits) = loss.backward()?.remove(logits.as_tensor()) else {
+        bail!("the loss does not depend on the head's output");
+    };
+    // Detached, so that the weight's gradient does not hold the logits' graph.
+    let grad_logits = grad_logits.detach();
+    let weight = outer.lm_head.weight();
+    // Laid out as the weight, (V, C): a transposed result would be copied
+    // again when the root's flat gradient is built.
+    let grad_weight = grad_logits.t()?.matmul(&normed.detach())?;
+    let grad_normed = grad_logits.matmul(&weight.detach())?;
+    drop(grad_logits);
+    let mut grads = vjp(&normed, &grad_normed)?;
+    accumulate(&mut grads, weight, grad_weight)?;
+    let Some(grad_output) = grads.remove(output.as_tensor()) else {
+        bail!("the loss does not depend on the last block's output");
+    };
+    Ok((grads, grad_output))
+}
+
+/// The token embedding's weight gradient, (V, C): each position's row of
+/// `grad_embedded` (B, T, C) added into the row of its token id in `batch`.
+/// The weight itself is not needed, so the root need not be gathered.
+fn embedding_grad(batch: &Tensor, grad_embedded: &Tensor, vocab_size: usize) -> Result<Tensor> {
+    let (b, t, c) = grad_embedded.dims3()?;
+    let rows = grad_embedded.detach().reshape((b * t, c))?;
+    Tensor::zeros((vocab_size, c), rows.dtype(), rows.device())?.index_add(&batch.flatten_all()?, &rows, 0)
 }
 
 /// The loop's view of the sharded trainer: its checkpoints are exercise 15.
@@ -475,7 +535,7 @@ impl Train for FsdpTrainer {
         root.unshard(pg.all_gather(&root.shard()?)?)?;
         let loss = root_modules(&self.model_config, root).and_then(|outer| forward(&outer, pg, blocks, tokens));
         root.reshard();
-        Ok(loss?.loss.to_scalar::<f32>()? as f64)
+        Ok(loss?.head.loss.to_scalar::<f32>()? as f64)
     }
     fn counters(&self) -> StepCounters {
         self.counters
