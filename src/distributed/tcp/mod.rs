@@ -41,7 +41,7 @@ use super::reduce_op::finish;
 use super::store::StoreServer;
 use super::{Collective, CommStats, ProcessGroup, Properties, ReduceOp, Work};
 use crate::error::io_context;
-use crate::kernels::buffers::{reducible_bytes, Elements};
+use crate::kernels::buffers::{reducible_bytes, scale_into, Elements};
 use crate::timeline;
 
 /// Where a rank finds the others, and who it is: what the launcher passes in
@@ -258,20 +258,20 @@ impl ProcessGroup for TcpProcessGroup {
         };
         let (n, dtype, len) = (self.world_size, t.dtype(), t.elem_count());
         let mine = self.collective(Call::ReduceScatter(op), Some(t), Start::Zeros, move |ring, buf| {
-            own_chunk_of_sum(ring, buf, Contribution::Lent(input.bytes()), len, dtype)
+            own_chunk_of(ring, buf, Contribution::Lent(input.bytes()), (len, dtype), op)
         });
         let mine = mine.and_then(received);
         drop(storage);
-        finish(mine?.into_tensor(&scattered_dims(t, n), t.device())?, op, n)
+        mine?.into_tensor(&scattered_dims(t, n), t.device())
     }
 
     fn reduce_scatter_async(&self, t: &Tensor, op: ReduceOp) -> Result<Work> {
         let (n, dtype, len) = (self.world_size, t.dtype(), t.elem_count());
         let mine = self.collective(Call::ReduceScatter(op), Some(t), Start::CopyOfInput, move |ring, buf| {
-            own_chunk_of_sum(ring, buf, Contribution::InBuffer, len, dtype)
+            own_chunk_of(ring, buf, Contribution::InBuffer, (len, dtype), op)
         })?;
         let (dims, device) = (scattered_dims(t, n), t.device().clone());
-        Ok(Work::pending(move || finish(received(mine)?.into_tensor(&dims, &device)?, op, n)))
+        Ok(Work::pending(move || received(mine)?.into_tensor(&dims, &device)))
     }
 
     fn barrier(&self) -> Result<()> {
@@ -403,19 +403,25 @@ fn sum_over_ring(ring: &mut Ring, buf: &mut Elements, own: Contribution, len: us
     ring.all_gather(buf.bytes_mut(), &parts)
 }
 
-/// This rank's chunk of the sum of every rank's `len` elements of `dtype`
-/// (in `buf`, or lent, as `own` says): a reduce-scatter over the ring.
-fn own_chunk_of_sum(
+/// This rank's chunk of the reduction `op` of every rank's `len` elements of
+/// `dtype` (in `buf`, or lent, as `own` says): a reduce-scatter over the ring.
+fn own_chunk_of(
     ring: &mut Ring,
     mut buf: Elements,
     own: Contribution,
-    len: usize,
-    dtype: DType,
+    (len, dtype): (usize, DType),
+    op: ReduceOp,
 ) -> Result<Elements> {
-    let parts = chunks(len, ring.world_size, dtype.size_in_bytes());
+    let n = ring.world_size;
+    let parts = chunks(len, n, dtype.size_in_bytes());
     ring.reduce_scatter(buf.bytes_mut(), own, &parts, dtype)?;
-    let mut mine = Elements::zeros(dtype, len / ring.world_size)?;
-    mine.bytes_mut().copy_from_slice(&buf.bytes()[parts[ring.rank].clone()]);
+    let mut mine = Elements::zeros(dtype, len / n)?;
+    let sum = &buf.bytes()[parts[ring.rank].clone()];
+    // Averaged as it is copied out: dividing the chunk after would copy it again.
+    match op {
+        ReduceOp::Sum => mine.bytes_mut().copy_from_slice(sum),
+        ReduceOp::Avg => scale_into(dtype, mine.bytes_mut(), sum, 1.0 / n as f64)?,
+    }
     Ok(mine)
 }
 
