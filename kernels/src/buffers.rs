@@ -61,6 +61,28 @@ impl Elements {
         }
     }
 
+    /// Every element times `mul`, plus 0, in place, each operation rounded
+    /// to the dtype as candle's `affine` rounds it: an average taken here
+    /// equals the tensor's `sum / n` bit for bit, without a second buffer.
+    pub fn scale(&mut self, mul: f64) -> Result<()> {
+        match self {
+            Self::F32(v) => {
+                let (mul, zero) = (mul as f32, 0f32);
+                v.iter_mut().for_each(|x| *x = *x * mul + zero);
+            }
+            Self::BF16(v) => {
+                let (mul, zero) = (bf16::from_f64(mul), bf16::from_f64(0.0));
+                v.iter_mut().for_each(|x| *x = *x * mul + zero);
+            }
+            Self::F16(v) => {
+                let (mul, zero) = (f16::from_f64(mul), f16::from_f64(0.0));
+                v.iter_mut().for_each(|x| *x = *x * mul + zero);
+            }
+            _ => bail!("reductions scale f32, bf16 or f16 elements"),
+        }
+        Ok(())
+    }
+
     pub fn bytes_mut(&mut self) -> &mut [u8] {
         match self {
             Self::F32(v) => bytemuck::cast_slice_mut(v),
@@ -119,38 +141,6 @@ pub fn add_assign(dtype: DType, acc: &mut [u8], other: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// `dst[i] = src[i] · mul + 0` for every element, in `dtype`, each
-/// operation rounded to the dtype as candle's `affine` rounds it: an average
-/// taken while a reduced chunk is copied out equals the tensor's `sum / n`,
-/// bit for bit, without a second copy.
-pub fn scale_into(dtype: DType, dst: &mut [u8], src: &[u8], mul: f64) -> Result<()> {
-    if dst.len() != src.len() {
-        bail!("scale_into: buffers of {} and {} bytes", dst.len(), src.len());
-    }
-    match dtype {
-        DType::F32 => {
-            let (mul, zero) = (mul as f32, 0f32);
-            map_each::<4>(dst, src, |a| (f32::from_le_bytes(a) * mul + zero).to_le_bytes())
-        }
-        DType::BF16 => {
-            let (mul, zero) = (bf16::from_f64(mul), bf16::from_f64(0.0));
-            map_each::<2>(dst, src, |a| (bf16::from_le_bytes(a) * mul + zero).to_le_bytes())
-        }
-        DType::F16 => {
-            let (mul, zero) = (f16::from_f64(mul), f16::from_f64(0.0));
-            map_each::<2>(dst, src, |a| (f16::from_le_bytes(a) * mul + zero).to_le_bytes())
-        }
-        other => bail!("reductions scale f32, bf16 or f16 elements, got {}", other.as_str()),
-    }
-    Ok(())
-}
-
-fn map_each<const N: usize>(dst: &mut [u8], src: &[u8], f: impl Fn([u8; N]) -> [u8; N]) {
-    for (d, s) in dst.chunks_exact_mut(N).zip(src.chunks_exact(N)) {
-        d.copy_from_slice(&f(s.try_into().expect("chunks of N")));
-    }
-}
-
 fn add_each<const N: usize>(acc: &mut [u8], other: &[u8], add: impl Fn([u8; N], [u8; N]) -> [u8; N]) {
     for (a, b) in acc.chunks_exact_mut(N).zip(other.chunks_exact(N)) {
         let sum = add(a.try_into().expect("chunks of N"), b.try_into().expect("chunks of N"));
@@ -162,11 +152,11 @@ fn add_each<const N: usize>(acc: &mut [u8], other: &[u8], add: impl Fn([u8; N], 
 mod tests {
     use super::*;
 
-    /// The average a reduce-scatter takes while copying its chunk out is the
-    /// one `sum / n` gives, to the bit, in every dtype it reduces (signed
-    /// zeros, subnormals and roundings included).
+    /// The average a collective takes in its own buffer is the one `sum / n`
+    /// gives, to the bit, in every dtype it reduces (signed zeros,
+    /// subnormals and roundings included).
     #[test]
-    fn scale_into_equals_candles_division_bit_for_bit() -> Result<()> {
+    fn scale_equals_candles_division_bit_for_bit() -> Result<()> {
         let values: Vec<f32> = [-0.0, 0.0, 1.0, -3.0, 1e-40, 3.3e38, 0.1, 65504.0, -7.77e-5]
             .into_iter()
             .chain((0..200).map(|i| (i as f32 * 0.37).sin() * 10f32.powi(i % 9 - 4)))
@@ -175,9 +165,9 @@ mod tests {
             for n in [2, 3, 4, 7] {
                 let sum = Tensor::new(values.as_slice(), &Device::Cpu)?.to_dtype(dtype)?;
                 let want = Elements::of(&(&sum / n as f64)?)?;
-                let mut got = Elements::zeros(dtype, values.len())?;
-                scale_into(dtype, got.bytes_mut(), Elements::of(&sum)?.bytes(), 1.0 / n as f64)?;
-                assert_eq!(got.bytes(), want.bytes(), "{dtype:?} divided by {n}");
+                let mut got = Elements::of(&sum)?;
+                got.scale(1.0 / n as f64)?;
+                assert_eq!(got, want, "{dtype:?} divided by {n}");
             }
         }
         Ok(())

@@ -37,11 +37,10 @@ use self::ring::{chunks, Contribution, Ring};
 use self::wire::{subgroup_tag, Header};
 use super::collective::{check_peer, Call};
 use super::process_group::members_of_color;
-use super::reduce_op::finish;
 use super::store::StoreServer;
 use super::{Collective, CommStats, ProcessGroup, Properties, ReduceOp, Work};
 use crate::error::io_context;
-use crate::kernels::buffers::{reducible_bytes, scale_into, Elements};
+use crate::kernels::buffers::{reducible_bytes, Elements};
 use crate::timeline;
 
 /// Where a rank finds the others, and who it is: what the launcher passes in
@@ -201,7 +200,7 @@ impl ProcessGroup for TcpProcessGroup {
         // Only once the job has run, or was dropped unrun, may the tensor change.
         let sum = sum.and_then(received);
         drop(storage);
-        finish(sum?.into_tensor(t.dims(), t.device())?, op, n)
+        finished(sum?, op, n)?.into_tensor(t.dims(), t.device())
     }
 
     fn all_reduce_async(&self, t: &Tensor, op: ReduceOp) -> Result<Work> {
@@ -211,7 +210,7 @@ impl ProcessGroup for TcpProcessGroup {
             Ok(buf)
         })?;
         let (dims, device) = (t.dims().to_vec(), t.device().clone());
-        Ok(Work::pending(move || finish(received(sum)?.into_tensor(&dims, &device)?, op, n)))
+        Ok(Work::pending(move || finished(received(sum)?, op, n)?.into_tensor(&dims, &device)))
     }
 
     fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor> {
@@ -258,20 +257,20 @@ impl ProcessGroup for TcpProcessGroup {
         };
         let (n, dtype, len) = (self.world_size, t.dtype(), t.elem_count());
         let mine = self.collective(Call::ReduceScatter(op), Some(t), Start::Zeros, move |ring, buf| {
-            own_chunk_of(ring, buf, Contribution::Lent(input.bytes()), (len, dtype), op)
+            own_chunk_of(ring, buf, Contribution::Lent(input.bytes()), len, dtype)
         });
         let mine = mine.and_then(received);
         drop(storage);
-        mine?.into_tensor(&scattered_dims(t, n), t.device())
+        finished(mine?, op, n)?.into_tensor(&scattered_dims(t, n), t.device())
     }
 
     fn reduce_scatter_async(&self, t: &Tensor, op: ReduceOp) -> Result<Work> {
         let (n, dtype, len) = (self.world_size, t.dtype(), t.elem_count());
         let mine = self.collective(Call::ReduceScatter(op), Some(t), Start::CopyOfInput, move |ring, buf| {
-            own_chunk_of(ring, buf, Contribution::InBuffer, (len, dtype), op)
+            own_chunk_of(ring, buf, Contribution::InBuffer, len, dtype)
         })?;
         let (dims, device) = (scattered_dims(t, n), t.device().clone());
-        Ok(Work::pending(move || received(mine)?.into_tensor(&dims, &device)))
+        Ok(Work::pending(move || finished(received(mine)?, op, n)?.into_tensor(&dims, &device)))
     }
 
     fn barrier(&self) -> Result<()> {
@@ -403,26 +402,23 @@ fn sum_over_ring(ring: &mut Ring, buf: &mut Elements, own: Contribution, len: us
     ring.all_gather(buf.bytes_mut(), &parts)
 }
 
-/// This rank's chunk of the reduction `op` of every rank's `len` elements of
-/// `dtype` (in `buf`, or lent, as `own` says): a reduce-scatter over the ring.
-fn own_chunk_of(
-    ring: &mut Ring,
-    mut buf: Elements,
-    own: Contribution,
-    (len, dtype): (usize, DType),
-    op: ReduceOp,
-) -> Result<Elements> {
-    let n = ring.world_size;
-    let parts = chunks(len, n, dtype.size_in_bytes());
+/// This rank's chunk of the sum of every rank's `len` elements of `dtype`
+/// (in `buf`, or lent, as `own` says): a reduce-scatter over the ring.
+fn own_chunk_of(ring: &mut Ring, mut buf: Elements, own: Contribution, len: usize, dtype: DType) -> Result<Elements> {
+    let parts = chunks(len, ring.world_size, dtype.size_in_bytes());
     ring.reduce_scatter(buf.bytes_mut(), own, &parts, dtype)?;
-    let mut mine = Elements::zeros(dtype, len / n)?;
-    let sum = &buf.bytes()[parts[ring.rank].clone()];
-    // Averaged as it is copied out: dividing the chunk after would copy it again.
-    match op {
-        ReduceOp::Sum => mine.bytes_mut().copy_from_slice(sum),
-        ReduceOp::Avg => scale_into(dtype, mine.bytes_mut(), sum, 1.0 / n as f64)?,
-    }
+    let mut mine = Elements::zeros(dtype, len / ring.world_size)?;
+    mine.bytes_mut().copy_from_slice(&buf.bytes()[parts[ring.rank].clone()]);
     Ok(mine)
+}
+
+/// The sum of `n` ranks' elements as `op` reduces it: an average is divided
+/// in the buffer the sum arrived in, not copied into a tensor of its own.
+fn finished(mut sum: Elements, op: ReduceOp, n: usize) -> Result<Elements> {
+    if op == ReduceOp::Avg {
+        sum.scale(1.0 / n as f64)?;
+    }
+    Ok(sum)
 }
 
 /// The shape of a reduce-scatter's result: `t`'s, its first dimension divided by `n`.
