@@ -57,8 +57,9 @@ pub struct ShardedUnit {
     /// What the unit step handed over with `add_grad` since the last `take_grad`, summed.
     added: Option<Tensor>,
     /// Set by [`fold_into_step`](Self::fold_into_step): `add_grad` sums each
-    /// shard straight into `grad`, times this factor, in this dtype.
-    fold: Option<(f64, DType)>,
+    /// shard straight into `grad`, for a step of this many micro-batches,
+    /// in this dtype.
+    fold: Option<(usize, DType)>,
     /// Whether `add_grad` folded a shard in since the last micro-batch ended.
     folded: bool,
     /// Which pass the unit step is in, for the timeline.
@@ -363,18 +364,9 @@ impl ShardedUnit {
             );
         }
         let shard_grad = shard_grad.detach().to_dtype(DType::F32)?;
-        if let Some((factor, dtype)) = self.fold {
-            let part = match factor {
-                1.0 => shard_grad,
-                factor => (shard_grad * factor)?,
-            };
-            let part = part.to_dtype(dtype)?;
-            self.grad = Some(match self.grad.take() {
-                Some(sum) => (sum + part)?,
-                None => part,
-            });
+        if let Some((micro_batches, dtype)) = self.fold {
             self.folded = true;
-            return Ok(());
+            return self.add_to_step(for_the_step(shard_grad, micro_batches, dtype)?);
         }
         self.added = Some(match self.added.take() {
             Some(sum) => (sum + shard_grad)?,
@@ -445,7 +437,7 @@ impl ShardedUnit {
     /// micro-batch's shards are then never held beside the step's gradient
     /// (12 blocks' at GPT-2's shape: 160 MiB on each of 2 ranks).
     pub(crate) fn fold_into_step(&mut self, micro_batches: usize, policy: &MixedPrecisionPolicy) {
-        self.fold = self.gathers().then_some((1.0 / micro_batches as f64, policy.reduce_dtype));
+        self.fold = self.gathers().then_some((micro_batches, policy.reduce_dtype));
     }
 
     /// After a micro-batch's backward: moves what the unit step added into
@@ -460,24 +452,27 @@ impl ShardedUnit {
         policy: &MixedPrecisionPolicy,
         micro_batches: usize,
     ) -> Result<()> {
-        if self.fold.is_some() {
-            if !std::mem::take(&mut self.folded) {
-                bail!("no gradient reached unit `{}`: the loss does not depend on it", self.name);
-            }
-            return Ok(());
-        }
-        let Some(added) = self.added.take() else {
-            bail!("no gradient reached unit `{}`: the loss does not depend on it", self.name);
+        let reached = match self.fold {
+            Some(_) => std::mem::take(&mut self.folded),
+            None => self.added.is_some(),
         };
-        let added = if micro_batches == 1 { added } else { (added * (1.0 / micro_batches as f64))? };
-        let added = added.to_dtype(policy.reduce_dtype)?;
+        if !reached {
+            bail!("no gradient reached unit `{}`: the loss does not depend on it", self.name);
+        }
+        let Some(added) = self.added.take() else { return Ok(()) }; // folded in as it came
+        let added = for_the_step(added, micro_batches, policy.reduce_dtype)?;
         let reduced = match self.gathers() {
             true => added,
             false => comm::reduce_micro_batch(pg, added, plan)?,
         };
+        self.add_to_step(reduced)
+    }
+
+    /// Adds `part` to the step's gradient.
+    fn add_to_step(&mut self, part: Tensor) -> Result<()> {
         self.grad = Some(match self.grad.take() {
-            Some(sum) => (sum + reduced)?,
-            None => reduced,
+            Some(sum) => (sum + part)?,
+            None => part,
         });
         Ok(())
     }
@@ -637,6 +632,13 @@ pub(crate) struct HeldBytes {
     pub optimizer: u64,
     /// Master weights and moments in the offload file.
     pub offloaded: u64,
+}
+
+/// A micro-batch's gradient as the step adds it: divided by the step's
+/// `micro_batches`, as exercise 10 does, in the reduce `dtype`.
+fn for_the_step(grad: Tensor, micro_batches: usize, dtype: DType) -> Result<Tensor> {
+    let grad = if micro_batches == 1 { grad } else { (grad * (1.0 / micro_batches as f64))? };
+    grad.to_dtype(dtype)
 }
 
 pub(crate) fn bytes(t: &Tensor) -> u64 {
