@@ -356,10 +356,12 @@ fn a_rank_that_never_arrives_times_out_with_its_name() {
 
 #[test]
 fn a_rank_busy_with_a_save_is_waited_for_past_the_timeout() {
-    let timeout = Duration::from_millis(200);
+    // Long enough that a loaded machine cannot stall rank 0 past it between
+    // the all_reduce and its next busy period; the saves outlast it twice.
+    let timeout = Duration::from_secs(1);
     let results = spawn_with_timeout(2, timeout, |pg| {
         let t = Tensor::ones(2, DType::F32, &Device::Cpu)?;
-        let slow_save = || thread::sleep(4 * timeout);
+        let slow_save = || thread::sleep(2 * timeout);
         if pg.rank() == 0 {
             while_busy(&pg, "writing checkpoint step_000100", slow_save);
         }
