@@ -16,7 +16,9 @@
 #                                checks and the one-rank NCCL group, the
 #                                multi-GPU checks (they skip on one GPU), 60
 #                                steps of training on the GPU (f32 and bf16
-#                                autocast) against the CPU's loss, the
+#                                autocast) against the CPU's loss, with
+#                                --ddp-overlap, on two TCP ranks sharing the
+#                                GPU, a traced FSDP run with --prefetch, the
 #                                trainer's tokens/s (and candle's composed
 #                                ops') beside PyTorch's on the same GPU in
 #                                f32, TF32 and bf16 autocast, and
@@ -135,6 +137,23 @@ run() {
     section "The same 60 steps on the GPU with bf16 autocast" "$CHECK/train" "${steps[@]}" \
         --device cuda --autocast-bf16 --checkpoint-dir /tmp/gpu-check-bf16 --overwrite
     section "The same 60 steps on the CPU" "$CHECK/train" "${steps[@]}" --checkpoint-dir /tmp/gpu-check-cpu --overwrite
+    # Backward on a thread of its own, queuing on the one compute stream, and
+    # the buckets all-reduced on NCCL's stream meanwhile (one rank: the
+    # ordering runs, the sum is the identity).
+    local overlap=(--ddp-overlap --bucket-cap-mb 0.5)
+    section "The same 60 steps on the GPU with --ddp-overlap, one NCCL rank" "$CHECK/train" "${steps[@]}" \
+        --device cuda "${overlap[@]}" --checkpoint-dir /tmp/gpu-check-overlap --overwrite
+    # Two ranks on one GPU: only the TCP backend allows it (NCCL refuses).
+    local shared=(--device cuda --backend tcp --nproc 2)
+    section "The same 60 steps on two TCP ranks sharing the GPU" "$CHECK/train" "${steps[@]}" "${shared[@]}" \
+        --checkpoint-dir /tmp/gpu-check-tcp --overwrite
+    section "The same 60 steps on two TCP ranks sharing the GPU, --ddp-overlap" "$CHECK/train" "${steps[@]}" \
+        "${shared[@]}" "${overlap[@]}" --checkpoint-dir /tmp/gpu-check-tcp-overlap --overwrite
+    # Each unit's all-gather started on NCCL's stream while the unit before computes.
+    section "FULL_SHARD on one NCCL rank with --prefetch, 2 steps, traced" "$CHECK/train" --model-size tiny \
+        --dataset dummy --max-steps 2 --device cuda --strategy fsdp --prefetch --trace \
+        --checkpoint-dir /tmp/gpu-check-prefetch --overwrite
+    cp /tmp/gpu-check-prefetch/trace.json "$out/fsdp-prefetch-gpu.trace.json" 2>/dev/null || true
     # The GPU's dense peaks (datasheets) in f32 without tensor cores, TF32 and bf16, for the MFU.
     local f32=() tf32=() bf16=()
     case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in

@@ -13,6 +13,7 @@
 //! | [`distributed`]   | process groups and their backends, the launcher, `env://`           |
 //! | [`data`]          | tokenizer, token files, datasets, the distributed sampler            |
 //! | [`memory`]        | heap accounting per thread, allocator tuning                          |
+//! | [`gpu`]           | opening a GPU: one compute stream that every thread queues on          |
 //! | [`timeline`]      | what each rank did when, as a Chrome trace                            |
 //! | [`words`]         | counts in words for what the programs print: "1 step", "2 steps"      |
 //!
@@ -27,6 +28,7 @@ pub mod data;
 pub mod distributed;
 pub mod error;
 mod exercises;
+pub mod gpu;
 pub mod hf;
 pub mod memory;
 pub mod model;

@@ -5,10 +5,27 @@
 //! as a CUDA kernel on the GPUs themselves: data moves GPU to GPU over
 //! NVLink, PCIe or InfiniBand without passing through the CPU, by ring or
 //! tree algorithms it picks for the topology. Each [`ProcessGroup`] method is
-//! one NCCL call on this rank's communicator, queued on the CUDA stream candle
-//! computes on, so a collective runs after the kernels that produced its
-//! input and before those that read its result. The host does not wait for
-//! it: only [`barrier`](ProcessGroup::barrier) blocks until the GPU is done.
+//! one NCCL call on this rank's communicator. The host does not wait for it:
+//! only [`barrier`](ProcessGroup::barrier) blocks until the GPU is done.
+//!
+//! **Two streams.** The calls run on a communication stream of their own,
+//! beside the compute stream candle queues its kernels on (one per device,
+//! from [`crate::gpu::open`]), as PyTorch's ProcessGroupNCCL runs them. Before
+//! each call the communication stream waits for an event recorded on the
+//! compute stream, so the call reads its input only after the kernels that
+//! produced it; after it, an event on the communication stream marks the
+//! call done, and the compute stream waits for that event before anything
+//! reads the result or frees a buffer the call uses (the buffers are kept
+//! until then: a free on the compute stream would otherwise let the next
+//! allocation reuse memory that NCCL still reads). A blocking method queues
+//! that wait at once; an `_async` one queues it in [`Work::wait`], so the
+//! kernels queued meanwhile run while the call moves data: DDP's buckets
+//! during backward, FSDP's prefetched gathers during the unit before.
+//! cudarc's automatic per-buffer tracking is off ([`crate::gpu::open`] says
+//! why), so these events are the whole ordering. Subgroups share their
+//! parent's communication stream: their calls then run in the one order the
+//! ranks issue them, which is what keeps two ranks sharing two groups from
+//! waiting for each other crosswise.
 //!
 //! **Start-up.** NCCL's ranks find each other through a 128-byte *unique id*
 //! that rank 0 creates (`ncclGetUniqueId`) and the others must receive some
@@ -60,7 +77,9 @@ use std::ffi::c_char;
 use std::fmt;
 use std::time::Duration;
 
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr, ValidAsZeroBits};
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaEvent, CudaSlice, CudaStream, CudaView, DeviceRepr, ValidAsZeroBits,
+};
 use candle_core::cuda_backend::cudarc::nccl::result::{group_end, group_start, NcclStatus};
 use candle_core::cuda_backend::cudarc::nccl::{self, Comm, Id, NcclType};
 use candle_core::cuda_backend::{CudaDType, CudaStorageSlice, WrapErr};
@@ -74,7 +93,7 @@ use super::process_group::members_of_color;
 use super::store::StoreServer;
 use super::watchdog::Watchdog;
 use super::{
-    refuse_unverified, BusyBoard, Collective, CommStats, DistEnv, ProcessGroup, Properties, ReduceOp, Rendezvous,
+    refuse_unverified, BusyBoard, Collective, CommStats, DistEnv, ProcessGroup, Properties, ReduceOp, Rendezvous, Work,
 };
 
 /// The store key under which rank 0 publishes NCCL's unique id.
@@ -83,17 +102,19 @@ const ID_KEY: &str = "nccl_id";
 /// One rank's handle on a group of processes, each driving one GPU, that
 /// exchange tensors through NCCL.
 ///
-/// The group may move to another thread (the trait requires `Send`), but
-/// mind the stream: a device from [`Device::new_cuda`] queues on CUDA's
-/// per-thread default stream, a different stream on each thread, and nothing
-/// orders work queued before the move with work queued after it. Synchronize
-/// the device before moving the group, or make the device with
-/// [`Device::new_cuda_with_stream`], whose one stream serves every thread.
+/// The group may move to another thread (the trait requires `Send`): both
+/// its streams are explicit, so they stay the same whichever thread calls.
+/// Give it a device from [`crate::gpu::open`]: one from [`Device::new_cuda`]
+/// queues on CUDA's per-thread default stream, a different stream on each
+/// thread, and the compute side of the ordering would then follow the
+/// calling thread.
 pub struct NcclProcessGroup {
     rank: usize,
     world_size: usize,
-    /// This rank's GPU, with the stream that both candle and NCCL queue on.
+    /// This rank's GPU, with the compute stream candle queues on.
     device: CudaDevice,
+    /// The stream NCCL's calls run on (the communicator is bound to it).
+    comm_stream: Arc<CudaStream>,
     comm: Comm,
     stats: RefCell<CommStats>,
     /// Ends the rank when a queued call never completes (two ranks or more).
@@ -118,7 +139,8 @@ pub struct NcclProcessGroup {
 // `RefCell` see to that), so although its methods take `&self`, only the one
 // thread that owns the group can call them, and never two at once. No NCCL
 // group call (ncclGroupStart/End) spans two methods. Each call binds the CUDA
-// context to the calling thread first (see `queue`).
+// context to the calling thread first (see `queue`), and queues on the
+// group's two streams, which do not depend on the thread.
 unsafe impl Send for NcclProcessGroup {}
 
 impl NcclProcessGroup {
@@ -137,19 +159,23 @@ impl NcclProcessGroup {
         } else {
             id_from_bytes(&store.client.get(ID_KEY, rv.timeout)?)?
         };
-        let stream = device.cuda_stream();
-        stream.context().bind_to_thread().w()?;
-        let comm = Comm::from_rank(stream, rank, world_size, id)
+        let compute = device.cuda_stream();
+        compute.context().bind_to_thread().w()?;
+        // A stream that starts out waiting for everything queued so far.
+        let comm_stream = compute.fork().w()?;
+        let comm = Comm::from_rank(Arc::clone(&comm_stream), rank, world_size, id)
             .map_err(|e| nccl_error(&format!("rank {rank} joining the NCCL communicator"), e))?;
         let board = Arc::new(BusyBoard::join(store.client, rank, world_size)?);
-        Ok(Self::of_comm(comm, device, rv.timeout, board, store.server.map(Arc::new)))
+        Ok(Self::of_comm(comm, comm_stream, device, rv.timeout, board, store.server.map(Arc::new)))
     }
 
-    /// The handle on `comm`, whose calls queue on `device`'s stream and
-    /// which a watchdog ends after `timeout` without progress, unless some
-    /// rank of the job says on `board` that it is busy.
+    /// The handle on `comm`, whose calls queue on `comm_stream`, ordered
+    /// with `device`'s compute stream, and which a watchdog ends after
+    /// `timeout` without progress, unless some rank of the job says on
+    /// `board` that it is busy.
     fn of_comm(
         comm: Comm,
+        comm_stream: Arc<CudaStream>,
         device: &CudaDevice,
         timeout: Duration,
         board: Arc<BusyBoard>,
@@ -164,7 +190,7 @@ impl NcclProcessGroup {
             })
         });
         let (device, stats, queued) = (device.clone(), RefCell::default(), Cell::new(0));
-        Self { rank, world_size, device, comm, stats, watchdog, queued, timeout, board, _server: server }
+        Self { rank, world_size, device, comm_stream, comm, stats, watchdog, queued, timeout, board, _server: server }
     }
 
     /// Joins the job this process was started in on GPU `LOCAL_RANK`
@@ -176,7 +202,7 @@ impl NcclProcessGroup {
         let Some(env) = DistEnv::from_env()? else {
             return Ok(None);
         };
-        let device = Device::new_cuda(env.local_rank)?;
+        let device = crate::gpu::open(env.local_rank)?;
         Self::init(&env.nccl_rendezvous(), device.as_cuda_device()?).map(Some)
     }
 
@@ -185,9 +211,30 @@ impl NcclProcessGroup {
         Device::Cuda(self.device.clone())
     }
 
-    /// Checks and runs a collective on `t`, returning a result of shape
+    /// An all-gather's result shape: `t`'s rows, once per rank (a scalar
+    /// gathers as shape [1] per rank).
+    fn gathered_dims(&self, t: &Tensor) -> Vec<usize> {
+        let mut dims = t.dims().to_vec();
+        match dims.first_mut() {
+            Some(rows) => *rows *= self.world_size,
+            None => dims.push(self.world_size),
+        }
+        dims
+    }
+
+    /// A reduce-scatter's result shape: this rank's share of `t`'s rows
+    /// (`Call::check` rejects what does not divide).
+    fn scattered_dims(&self, t: &Tensor) -> Vec<usize> {
+        let mut dims = t.dims().to_vec();
+        if let Some(rows) = dims.first_mut() {
+            *rows /= self.world_size;
+        }
+        dims
+    }
+
+    /// Checks and queues a collective on `t`, with a result of shape
     /// `out_dims`; counts it once it has been queued.
-    fn collective(&self, call: Call, t: &Tensor, out_dims: &[usize]) -> Result<Tensor> {
+    fn collective(&self, call: Call, t: &Tensor, out_dims: &[usize]) -> Result<InFlight> {
         call.check(Some(t), self.world_size)?;
         let op = match call {
             Call::AllReduce(op) => Op::AllReduce(op),
@@ -196,29 +243,29 @@ impl NcclProcessGroup {
             Call::ReduceScatter(op) => Op::ReduceScatter(op),
             Call::Barrier => bail!("barrier: it carries no tensor (a bug in the backend)"),
         };
-        let out = self.launch(op, t, Some(out_dims))?;
+        let flight = self.launch(op, t, Some(out_dims))?;
         let payload = call.payload_bytes(Some(t), self.world_size);
         let mut stats = self.stats.borrow_mut();
         stats.record(call.kind(), payload);
         stats.record_wire(call.kind(), ring_wire_bytes(call, payload, self.rank, self.world_size));
-        out.ok_or_else(|| Error::Msg(format!("{call}: NCCL gave no result (a bug in the backend)")))
+        Ok(flight)
     }
 
-    /// Queues `op` on `input`'s buffer and returns its result buffer, shaped
-    /// `out_dims`, as a tensor (`None` for a send, which has no result); the
-    /// watchdog watches it.
-    fn launch(&self, op: Op, input: &Tensor, out_dims: Option<&[usize]>) -> Result<Option<Tensor>> {
-        // Queued on the stream, the call is ordered before the free of the
-        // input's contiguous copy, which may go when this returns.
-        let (out, _input) = self.enqueue(op, input, out_dims)?;
+    /// Queues `op` on `input`'s buffer, with a result buffer shaped
+    /// `out_dims` (`None` for a send, which has none); the watchdog watches
+    /// it.
+    fn launch(&self, op: Op, input: &Tensor, out_dims: Option<&[usize]>) -> Result<InFlight> {
+        let (out, read) = self.enqueue(op, input, out_dims)?;
+        let flight = self.in_flight(out, vec![read])?;
         self.watch(op)?;
-        Ok(out)
+        Ok(flight)
     }
 
-    /// [`launch`](Self::launch), unwatched: inside an NCCL group nothing
-    /// runs before the group ends, so the group's caller watches it then.
-    /// Returns the result and the flat buffer NCCL reads, which the caller
-    /// keeps until the call is queued on the stream.
+    /// [`launch`](Self::launch), before the call is marked done and watched:
+    /// inside an NCCL group nothing reaches the stream before the group ends,
+    /// so the group's caller does both then. Returns the result and the flat
+    /// buffer NCCL reads, which must live until the compute stream has
+    /// waited for the call.
     fn enqueue(&self, op: Op, input: &Tensor, out_dims: Option<&[usize]>) -> Result<(Option<Tensor>, Tensor)> {
         if !input.device().same_device(&self.device()) {
             bail!(
@@ -258,7 +305,11 @@ impl NcclProcessGroup {
         let mut out: Option<CudaSlice<T>> =
             out_dims.map(|dims| self.device.alloc_zeros::<T>(dims.iter().product())).transpose()?;
         // The group may have moved to another thread since the last call.
-        self.device.cuda_stream().context().bind_to_thread().w()?;
+        let compute = self.device.cuda_stream();
+        compute.context().bind_to_thread().w()?;
+        // The call starts after what the compute stream has queued so far:
+        // the kernels that wrote its input and the result buffer's memset.
+        self.comm_stream.wait(&compute.record_event(None).w()?).w()?;
         let comm = &self.comm;
         let queued = match (op, out.as_mut()) {
             (Op::AllReduce(reduce), Some(out)) => comm.all_reduce(src, out, &nccl_op(reduce)),
@@ -285,12 +336,21 @@ impl NcclProcessGroup {
         }))
     }
 
+    /// The calls just queued, with their result (if any) and the buffers
+    /// they read, as one [`InFlight`] marked done by an event recorded after
+    /// them on the communication stream.
+    fn in_flight(&self, out: Option<Tensor>, kept: Vec<Tensor>) -> Result<InFlight> {
+        let done = self.comm_stream.record_event(None).w()?;
+        Ok(InFlight { out, _kept: kept, done, compute: self.device.cuda_stream(), waited: false })
+    }
+
     /// Hands the call just queued to the watchdog, through an event recorded
-    /// after it on the stream: the event completes when the call has.
+    /// after it on the communication stream: the event completes when the
+    /// call has.
     fn watch(&self, op: Op) -> Result<()> {
         let Some(watchdog) = &self.watchdog else { return Ok(()) };
         let number = self.queued.replace(self.queued.get() + 1);
-        let event = self.device.cuda_stream().record_event(None).w()?;
+        let event = self.comm_stream.record_event(None).w()?;
         watchdog.watch(
             format!("NCCL call #{number} ({op})"),
             Box::new(move || {
@@ -312,32 +372,35 @@ impl ProcessGroup for NcclProcessGroup {
     }
 
     fn properties(&self) -> Properties {
-        Properties { rank_order_reduction: false, detects_dead_peers: false, overlaps: false, buffered_sends: false }
+        Properties { rank_order_reduction: false, detects_dead_peers: false, overlaps: true, buffered_sends: false }
     }
 
     fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
-        self.collective(Call::AllReduce(op), t, t.dims())
+        self.collective(Call::AllReduce(op), t, t.dims())?.result()
+    }
+
+    fn all_reduce_async(&self, t: &Tensor, op: ReduceOp) -> Result<Work> {
+        Ok(self.collective(Call::AllReduce(op), t, t.dims())?.into_work())
     }
 
     fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor> {
-        self.collective(Call::Broadcast { root }, t, t.dims())
+        self.collective(Call::Broadcast { root }, t, t.dims())?.result()
     }
 
     fn all_gather(&self, t: &Tensor) -> Result<Tensor> {
-        let mut dims = t.dims().to_vec();
-        match dims.first_mut() {
-            Some(rows) => *rows *= self.world_size,
-            None => dims.push(self.world_size), // a scalar gathers as shape [1] per rank
-        }
-        self.collective(Call::AllGather, t, &dims)
+        self.collective(Call::AllGather, t, &self.gathered_dims(t))?.result()
+    }
+
+    fn all_gather_async(&self, t: &Tensor) -> Result<Work> {
+        Ok(self.collective(Call::AllGather, t, &self.gathered_dims(t))?.into_work())
     }
 
     fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
-        let mut dims = t.dims().to_vec();
-        if let Some(rows) = dims.first_mut() {
-            *rows /= self.world_size; // `Call::check` rejects what does not divide
-        }
-        self.collective(Call::ReduceScatter(op), t, &dims)
+        self.collective(Call::ReduceScatter(op), t, &self.scattered_dims(t))?.result()
+    }
+
+    fn reduce_scatter_async(&self, t: &Tensor, op: ReduceOp) -> Result<Work> {
+        Ok(self.collective(Call::ReduceScatter(op), t, &self.scattered_dims(t))?.into_work())
     }
 
     /// NCCL has no barrier of its own: a one-element all-reduce returns only
@@ -345,8 +408,9 @@ impl ProcessGroup for NcclProcessGroup {
     /// host wait for it too.
     fn barrier(&self) -> Result<()> {
         let token = Tensor::zeros(1, DType::F32, &self.device())?;
-        self.launch(Op::AllReduce(ReduceOp::Sum), &token, Some(&[1]))?;
-        self.device.cuda_stream().synchronize().w()?;
+        let flight = self.launch(Op::AllReduce(ReduceOp::Sum), &token, Some(&[1]))?;
+        self.comm_stream.synchronize().w()?;
+        flight.finish()?;
         self.stats.borrow_mut().record(Collective::Barrier, 0);
         Ok(())
     }
@@ -358,7 +422,7 @@ impl ProcessGroup for NcclProcessGroup {
     /// every send meets its receive (e.g. even ranks send first).
     fn send(&self, t: &Tensor, dst: usize) -> Result<()> {
         check_peer(Collective::Send, dst, self.rank, self.world_size)?;
-        self.launch(Op::Send { dst }, t, None)?;
+        self.launch(Op::Send { dst }, t, None)?.finish()?;
         let bytes = bytes_of(t);
         let mut stats = self.stats.borrow_mut();
         stats.record(Collective::Send, bytes);
@@ -368,9 +432,9 @@ impl ProcessGroup for NcclProcessGroup {
 
     fn recv(&self, like: &Tensor, src: usize) -> Result<Tensor> {
         check_peer(Collective::Recv, src, self.rank, self.world_size)?;
-        let out = self.launch(Op::Recv { src }, like, Some(like.dims()))?;
+        let received = self.launch(Op::Recv { src }, like, Some(like.dims()))?.result()?;
         self.stats.borrow_mut().record(Collective::Recv, bytes_of(like));
-        out.ok_or_else(|| Error::Msg("recv: NCCL gave no result (a bug in the backend)".into()))
+        Ok(received)
     }
 
     /// A new communicator of the members, as PyTorch's `new_group` makes
@@ -389,12 +453,12 @@ impl ProcessGroup for NcclProcessGroup {
         let mine = Tensor::new(id_bytes.iter().map(|&b| b as f32).collect::<Vec<_>>(), &self.device())?;
         let ids = self.all_gather(&mine)?.reshape((self.world_size, ID_BYTES))?;
         let theirs: Vec<u8> = ids.get(members[0])?.to_vec1::<f32>()?.into_iter().map(|b| b as u8).collect();
-        let stream = self.device.cuda_stream();
-        stream.context().bind_to_thread().w()?;
-        let comm = Comm::from_rank(stream, place, members.len(), id_from_bytes(&theirs)?)
+        self.comm_stream.context().bind_to_thread().w()?;
+        let comm = Comm::from_rank(Arc::clone(&self.comm_stream), place, members.len(), id_from_bytes(&theirs)?)
             .map_err(|e| nccl_error(&format!("rank {} joining a subgroup of ranks {members:?}", self.rank), e))?;
-        let server = self._server.clone();
-        Ok(Box::new(Self::of_comm(comm, &self.device, self.timeout, Arc::clone(&self.board), server)))
+        let (server, board) = (self._server.clone(), Arc::clone(&self.board));
+        let comm_stream = Arc::clone(&self.comm_stream);
+        Ok(Box::new(Self::of_comm(comm, comm_stream, &self.device, self.timeout, board, server)))
     }
 
     /// The send and the receive queued as one NCCL group, so that neither
@@ -409,18 +473,21 @@ impl ProcessGroup for NcclProcessGroup {
         let received = group
             .enqueue(self, Op::Send { dst }, t, None)
             .and_then(|_| group.enqueue(self, Op::Recv { src }, like, Some(like.dims())));
-        // The group is ended whatever happened inside it, or NCCL stays in it.
-        let ended = group.end();
-        let received = received?;
+        // The group is ended whatever happened inside it, or NCCL stays in
+        // it; whatever it queued keeps its buffers until it is done.
+        let (kept, ended) = group.end();
+        let flight = self.in_flight(received.as_ref().ok().cloned().flatten(), kept)?;
+        received?;
         ended?;
         self.watch(Op::Recv { src })?;
+        let received = flight.result()?;
         let (sent_bytes, received_bytes) = (bytes_of(t), bytes_of(like));
         let mut stats = self.stats.borrow_mut();
         stats.record(Collective::Send, sent_bytes);
         stats.record_wire(Collective::Send, sent_bytes);
         stats.record(Collective::Recv, received_bytes);
         drop(stats);
-        received.ok_or_else(|| Error::Msg("send_recv: NCCL gave no result (a bug in the backend)".into()))
+        Ok(received)
     }
 
     /// Says it on the job's store, where every rank's watchdog reads it
@@ -438,9 +505,9 @@ impl ProcessGroup for NcclProcessGroup {
 
 /// An NCCL group (`ncclGroupStart` … `ncclGroupEnd`). The calls queued in it
 /// reach the stream only when it ends, so the buffers they read are kept
-/// here until then: a contiguous copy freed earlier would be freed on the
-/// stream before the calls that read it, and its memory could be handed to
-/// the next allocation (the receive's buffer) while a send still reads it.
+/// here until then and handed on to the [`InFlight`] that outlives the calls:
+/// a contiguous copy freed earlier could have its memory handed to the next
+/// allocation (the receive's buffer) while a send still reads it.
 struct Group {
     kept: Vec<Tensor>,
     ended: bool,
@@ -465,11 +532,12 @@ impl Group {
         Ok(out)
     }
 
-    /// Ends the group, queuing its calls; then its buffers may go.
-    fn end(mut self) -> Result<()> {
+    /// Ends the group, queuing its calls, and hands back the buffers they
+    /// read, with whether it ended well.
+    fn end(mut self) -> (Vec<Tensor>, Result<()>) {
         self.ended = true;
-        group_end().map_err(|e| nccl_error("ncclGroupEnd", e))?;
-        Ok(())
+        let ended = group_end().map(drop).map_err(|e| nccl_error("ncclGroupEnd", e));
+        (std::mem::take(&mut self.kept), ended)
     }
 }
 
@@ -479,6 +547,50 @@ impl Drop for Group {
     fn drop(&mut self) {
         if !self.ended {
             let _ = group_end();
+        }
+    }
+}
+
+/// Calls queued on the communication stream: their result, the buffers
+/// they read, and the event that marks them done. The compute stream waits
+/// for that event before the result is handed out, and before the buffers
+/// can be freed (frees are queued on the compute stream): when the result is
+/// taken, or, for calls whose result is never taken, when this is dropped.
+struct InFlight {
+    out: Option<Tensor>,
+    /// Held only to be dropped after the wait.
+    _kept: Vec<Tensor>,
+    done: CudaEvent,
+    compute: Arc<CudaStream>,
+    waited: bool,
+}
+
+impl InFlight {
+    /// Orders the compute stream after the calls and hands back the result.
+    fn finish(mut self) -> Result<Option<Tensor>> {
+        self.compute.wait(&self.done).w()?;
+        self.waited = true;
+        Ok(self.out.take())
+    }
+
+    /// [`finish`](Self::finish), for a call that has a result.
+    fn result(self) -> Result<Tensor> {
+        self.finish()?.ok_or_else(|| Error::Msg("NCCL gave no result (a bug in the backend)".into()))
+    }
+
+    /// The result, waited for only when [`Work::wait`] asks for it: the
+    /// compute stream runs what is queued meanwhile beside the call.
+    fn into_work(self) -> Work {
+        Work::pending(move || self.result())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if !self.waited {
+            // Nothing to report to: a failure here is the stream's, and the
+            // next call on it reports it.
+            let _ = self.compute.wait(&self.done);
         }
     }
 }

@@ -34,7 +34,7 @@ fn gpu() -> Option<Device> {
         eprintln!("skipped: this check needs a CUDA device, and CUDA shows none (see CUDA_VISIBLE_DEVICES)");
         return None;
     }
-    match Device::new_cuda(0) {
+    match workbook::gpu::open(0) {
         Ok(device) => Some(device),
         Err(e) => panic!("these checks need CUDA device 0, and opening it failed: {e}"),
     }
@@ -330,13 +330,13 @@ fn labelled<const N: usize>(
     names.into_iter().zip(got).zip(want).map(|((name, got), want)| (name, got, want))
 }
 
+/// A group of one rank over NCCL on GPU 0, or `None` where there is none.
 #[cfg(feature = "nccl")]
-#[test]
-fn a_one_rank_nccl_group_hands_back_what_it_is_given() {
+fn one_rank_nccl_group() -> Option<workbook::distributed::NcclProcessGroup> {
     use std::time::Duration;
-    use workbook::distributed::{launch::free_port, Collective, NcclProcessGroup, ProcessGroup, ReduceOp, Rendezvous};
+    use workbook::distributed::{launch::free_port, NcclProcessGroup, Rendezvous};
 
-    let Some(device) = gpu() else { return };
+    let device = gpu()?;
     let port = free_port("127.0.0.1").unwrap();
     let rv = Rendezvous {
         rank: 0,
@@ -345,7 +345,15 @@ fn a_one_rank_nccl_group_hands_back_what_it_is_given() {
         token: "gpu-check".into(),
         timeout: Duration::from_secs(30),
     };
-    let pg = ok(NcclProcessGroup::init(&rv, device.as_cuda_device().unwrap()), "NcclProcessGroup::init");
+    Some(ok(NcclProcessGroup::init(&rv, device.as_cuda_device().unwrap()), "NcclProcessGroup::init"))
+}
+
+#[cfg(feature = "nccl")]
+#[test]
+fn a_one_rank_nccl_group_hands_back_what_it_is_given() {
+    use workbook::distributed::{Collective, ProcessGroup, ReduceOp};
+
+    let Some(pg) = one_rank_nccl_group() else { return };
     let t = Tensor::arange(0f32, 6.0, &pg.device()).unwrap().reshape((3, 2)).unwrap();
     let want = on_cpu(&t);
     let results = [
@@ -368,4 +376,44 @@ fn a_one_rank_nccl_group_hands_back_what_it_is_given() {
     let stats = pg.stats();
     assert_eq!(stats.calls(Collective::AllReduce), 3, "every all-reduce counted");
     assert_eq!(stats.calls(Collective::Barrier), 1, "the barrier counted");
+}
+
+/// NCCL's calls run on a stream of their own. An `_async` call must still
+/// read its input only after the kernels that wrote it, keep that input
+/// until it is done even when the caller drops it at once (the compute
+/// stream's next allocations would otherwise reuse its memory while NCCL
+/// reads it), and hand back its result only once the compute stream has
+/// waited for it. Each input here comes from a chain of elementwise kernels
+/// long enough to be still running when the call is queued, and the same
+/// chain, run again afterwards, gives the bits each result must have.
+#[cfg(feature = "nccl")]
+#[test]
+fn nccl_calls_on_their_own_stream_wait_for_their_input_and_keep_it() {
+    use workbook::distributed::{ProcessGroup, ReduceOp};
+
+    let Some(pg) = one_rank_nccl_group() else { return };
+    assert!(pg.properties().overlaps, "the NCCL group's _async calls should overlap with compute");
+    let device = pg.device();
+    let produce = |start: f32| {
+        let mut x = Tensor::full(start, 1 << 24, &device).unwrap();
+        for _ in 0..30 {
+            x = x.affine(1.0001, 0.5).unwrap().sqrt().unwrap();
+        }
+        x
+    };
+    // Each input's only handle is dropped as the call returns.
+    let reduced = ok(pg.all_reduce_async(&produce(3.0), ReduceOp::Sum), "all_reduce_async");
+    let gathered = ok(pg.all_gather_async(&produce(5.0)), "all_gather_async");
+    // Work that allocates while the calls may still run.
+    let busy = produce(7.0);
+    let blocking = ok(pg.all_reduce(&produce(11.0), ReduceOp::Sum), "all_reduce");
+    let results = [
+        ("all_reduce_async", ok(reduced.wait(), "waiting for all_reduce_async"), produce(3.0)),
+        ("all_gather_async", ok(gathered.wait(), "waiting for all_gather_async"), produce(5.0)),
+        ("all_reduce", blocking, produce(11.0)),
+        ("the compute in between", busy, produce(7.0)),
+    ];
+    for (what, got, want) in results {
+        expect_same_bits(&on_cpu(&got), &on_cpu(&want), &format!("{what} on one rank"), "its input, recomputed");
+    }
 }

@@ -112,7 +112,7 @@ pub fn rank_device(kind: DeviceKind, local_rank: usize, backend: Backend) -> Res
         Backend::Nccl => local_rank,
         Backend::Tcp => local_rank % count,
     };
-    Device::new_cuda(ordinal).map_err(|e| anyhow!("opening GPU {ordinal}: {e}"))
+    workbook::gpu::open(ordinal).map_err(|e| anyhow!("opening GPU {ordinal}: {e}"))
 }
 
 /// Joins the job this process was started in, over `backend`, with this

@@ -125,16 +125,6 @@ pub fn train(options: &RunOptions) -> Result<Summary> {
     let ranks_here = launched.as_ref().map_or(options.nproc, |env| env.local_world_size);
     options.config.validate(options.strategy.mesh(options.nproc)?.dp, ranks_here)?;
     options.backend.check(options.device)?;
-    if options.ddp_overlap && options.device == DeviceKind::Cuda {
-        // candle's CUDA device queues each host thread's work on that thread's
-        // own default stream: nothing would order the backward thread's
-        // gradient kernels before the reads (and frees) of the thread that
-        // sends them.
-        bail!(
-            "--ddp-overlap runs backward on a thread of its own, and on a GPU nothing yet orders that thread's \
-             kernels before the all-reduce reads their gradients: drop --ddp-overlap on --device cuda"
-        );
-    }
     if options.backend == Backend::Nccl && launched.is_none() && options.nproc > 1 {
         bail!("NCCL's ranks are processes, one per GPU: drop --ranks threads, or use --backend tcp");
     }
@@ -252,7 +242,7 @@ impl RunOptions {
 /// How many parts each rank's micro-batches can be split into across its
 /// threads: its rows under plain DDP on the CPU, else 1 (the other
 /// strategies run their batches whole; overlapped DDP takes backward a block
-/// at a time; a GPU's threads would each have a stream of their own).
+/// at a time; a GPU's threads would only queue on its one compute stream).
 pub fn rows_to_split(options: &RunOptions) -> usize {
     let splits = options.strategy == Strategy::Ddp && !options.ddp_overlap && options.device == DeviceKind::Cpu;
     if splits {

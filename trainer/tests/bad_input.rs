@@ -212,11 +212,6 @@ fn gpu_flags_say_what_they_need() {
         train(&dir, &["--dataset", "dummy", "--backend", "nccl"]),
         "--backend nccl moves tensors between GPUs: add --device cuda",
     );
-    // Backward on its own thread would race the all-reduce on a GPU's per-thread streams.
-    refused(
-        train(&dir, &["--dataset", "dummy", "--device", "cuda", "--backend", "tcp", "--ddp-overlap"]),
-        "drop --ddp-overlap on --device cuda",
-    );
     refused(
         train(&dir, &["--dataset", "dummy", "--tf32"]),
         "--tf32 changes how GPUs multiply f32 matrices: add --device cuda",
