@@ -31,7 +31,7 @@
 # The GPU machine needs the NVIDIA driver, python3 with PyTorch, CUDA's
 # libraries (cuBLAS, cuRAND, NVRTC, NCCL), as PyTorch's pip wheels bring, and
 # Nsight Compute's `ncu` for the profile.
-# `run` takes about six minutes on an H100; the first `build` about twenty
+# `run` takes about four minutes on an H200; the first `build` about twenty
 # on two cores (candle's CUDA kernels), later ones a few.
 set -euo pipefail
 cd "$(dirname "$0")/.."

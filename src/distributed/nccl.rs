@@ -63,9 +63,12 @@
 //! is treated as the error it would be here. Every call's status is checked.
 //!
 //! This file is type-checked in CI against the real candle and cudarc APIs,
-//! through a stand-in `nvcc` (`.ci/fake-nvcc/nvcc`). On one GPU (an H100,
-//! NCCL 2.28) a group of one rank joined through the store and ran every
-//! collective and the barrier (`tests/graded/gpu.rs`); two or more ranks,
+//! through a stand-in `nvcc` (`.ci/fake-nvcc/nvcc`). On one GPU (an H100 and
+//! an H200, NCCL 2.28) a group of one rank joined through the store and ran
+//! every collective and the barrier, and on the H200 its calls on their own
+//! stream, `_async` ones among them, waited for inputs still being written
+//! and kept the inputs their callers had dropped (`tests/graded/gpu.rs`),
+//! under `--ddp-overlap` and FSDP's `--prefetch` too; two or more ranks,
 //! which need as many GPUs, have not run, and neither have the watchdog,
 //! the busy board, [`split`](ProcessGroup::split)'s subgroups and
 //! [`send_recv`](ProcessGroup::send_recv)'s grouped calls. The last two are

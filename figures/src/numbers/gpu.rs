@@ -1,4 +1,4 @@
-//! The H100 rows of `benchmarks/results.md` as model FLOPs: each row's
+//! The one-GPU rows of `benchmarks/results.md` as model FLOPs: each row's
 //! MFU against the datasheet's peak for its precision, and the rate of the
 //! profiled micro-batch's matrix products.
 
