@@ -107,10 +107,12 @@ struct Collected {
     broadcast: Vec<f32>,
     scattered: Vec<f32>,
     scattered_dims: Vec<usize>,
+    /// The same reduce-scatter, started with `reduce_scatter_async`.
+    scattered_async: Vec<f32>,
 }
 
 #[rstest]
-fn all_gather_broadcast_and_reduce_scatter_match_their_definitions(#[values(2, 3)] world: usize) {
+fn all_gather_broadcast_and_reduce_scatter_match_their_definitions(#[values(2, 3, 4)] world: usize) {
     let rows = 2 * world; // reduce-scatter needs dim 0 divisible by the world size
     let got: Vec<Collected> = on_processes(world, |pg| {
         let r = pg.rank();
@@ -118,16 +120,20 @@ fn all_gather_broadcast_and_reduce_scatter_match_their_definitions(#[values(2, 3
         let broadcast = pg.broadcast(&input(r, 5, DType::F32), world - 1)?;
         let mine = input(r, rows * 3, DType::F32).reshape((rows, 3))?;
         let scattered = pg.reduce_scatter(&mine, ReduceOp::Avg)?;
+        let scattered_async = pg.reduce_scatter_async(&mine, ReduceOp::Avg)?.wait()?;
         Ok(Collected {
             gathered: as_f32(&gathered),
             broadcast: as_f32(&broadcast),
             scattered: as_f32(&scattered),
             scattered_dims: scattered.dims().to_vec(),
+            scattered_async: as_f32(&scattered_async),
         })
     });
     let gathered: Vec<f32> = (0..world).flat_map(|r| as_f32(&input(r, 3, DType::F32))).collect();
     let mean: Vec<f32> = ring_sum(world, rows * 3, DType::F32).iter().map(|v| v / world as f32).collect();
-    for (rank, Collected { gathered: g, broadcast: b, scattered: s, scattered_dims: dims }) in got.iter().enumerate() {
+    for (rank, Collected { gathered: g, broadcast: b, scattered: s, scattered_dims: dims, scattered_async }) in
+        got.iter().enumerate()
+    {
         assert_eq!(g, &gathered, "rank {rank}: all_gather must concatenate every rank's tensor in rank order");
         assert_eq!(
             b,
@@ -137,6 +143,7 @@ fn all_gather_broadcast_and_reduce_scatter_match_their_definitions(#[values(2, 3
         assert_eq!(dims, &[2, 3], "rank {rank}: reduce_scatter gives each rank 1/world of dim 0");
         let close = s.iter().zip(&mean[rank * 6..rank * 6 + 6]).all(|(a, b)| (a - b).abs() <= 1e-6 * (1.0 + b.abs()));
         assert!(close, "rank {rank}: reduce_scatter(avg) must give rank r the r-th chunk of the mean: got {s:?}");
+        assert_eq!(scattered_async, s, "rank {rank}: reduce_scatter_async must sum as reduce_scatter does");
     }
 }
 

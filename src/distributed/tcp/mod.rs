@@ -398,17 +398,17 @@ enum Start {
 /// says) over the ring into `buf`: reduce-scatter, then all-gather.
 fn sum_over_ring(ring: &mut Ring, buf: &mut Elements, own: Contribution, len: usize, dtype: DType) -> Result<()> {
     let parts = chunks(len, ring.world_size, dtype.size_in_bytes());
-    ring.reduce_scatter(buf.bytes_mut(), own, &parts, dtype)?;
+    ring.reduce_scatter(buf.bytes_mut(), own, &parts, dtype, None)?;
     ring.all_gather(buf.bytes_mut(), &parts)
 }
 
 /// This rank's chunk of the sum of every rank's `len` elements of `dtype`
-/// (in `buf`, or lent, as `own` says): a reduce-scatter over the ring.
+/// (in `buf`, or lent, as `own` says): a reduce-scatter over the ring, whose
+/// last step lands in a buffer of the chunk's size, the result itself.
 fn own_chunk_of(ring: &mut Ring, mut buf: Elements, own: Contribution, len: usize, dtype: DType) -> Result<Elements> {
     let parts = chunks(len, ring.world_size, dtype.size_in_bytes());
-    ring.reduce_scatter(buf.bytes_mut(), own, &parts, dtype)?;
     let mut mine = Elements::zeros(dtype, len / ring.world_size)?;
-    mine.bytes_mut().copy_from_slice(&buf.bytes()[parts[ring.rank].clone()]);
+    ring.reduce_scatter(buf.bytes_mut(), own, &parts, dtype, Some(mine.bytes_mut()))?;
     Ok(mine)
 }
 

@@ -109,8 +109,12 @@ impl Ring<'_> {
         Ok(())
     }
 
-    /// Leaves chunk `rank` of `buf` summed over the ranks (the other chunks
-    /// hold partial sums, or with [`Contribution::Lent`] are not written).
+    /// Sums chunk `rank` of `buf` over the ranks, into `result` where one is
+    /// given (its length that chunk's), else into the chunk itself. The other
+    /// chunks pass partial sums on; with [`Contribution::Lent`] the ones no
+    /// partial sum passes through, and with `result` the chunk itself, are
+    /// never written, so the zeroed pages of a fresh buffer stay unmapped: a
+    /// reduce-scatter at N = 2 holds no more than its result.
     /// `chunks` are byte ranges of `buf`.
     pub fn reduce_scatter(
         &mut self,
@@ -118,18 +122,38 @@ impl Ring<'_> {
         own: Contribution,
         chunks: &[Range<usize>],
         dtype: DType,
+        mut result: Option<&mut [u8]>,
     ) -> Result<()> {
         let r = self.rank as isize;
-        for step in 0..self.world_size as isize - 1 {
+        let last = self.world_size as isize - 2;
+        for step in 0..=last {
             let out = chunks[self.chunk(r - step - 1)].clone();
             let into = chunks[self.chunk(r - step - 2)].clone();
-            let (sent, received) = disjoint(buf, out.clone(), into.clone());
-            match own {
-                Contribution::InBuffer => self.exchange(sent, received, Landing::AddInPlace(dtype))?,
-                Contribution::Lent(input) => {
-                    // Only the first step sends a chunk that no step summed into.
-                    let sent = if step == 0 { &input[out] } else { sent };
+            let separate = result.as_deref_mut().filter(|_| step == last);
+            // Only the first step sends a chunk that no step summed into.
+            let unsummed = match own {
+                Contribution::Lent(input) if step == 0 => Some(&input[out.clone()]),
+                _ => None,
+            };
+            match (own, separate) {
+                (Contribution::InBuffer, None) => {
+                    let (sent, received) = disjoint(buf, out, into);
+                    self.exchange(sent, received, Landing::AddInPlace(dtype))?;
+                }
+                (Contribution::Lent(input), None) => {
+                    let (sent, received) = disjoint(buf, out.clone(), into.clone());
+                    let sent = unsummed.unwrap_or(sent);
                     self.exchange(sent, received, Landing::AddTo(dtype, &input[into]))?;
+                }
+                // The last step lands the sum of this rank's own elements and
+                // the predecessor's partial sum in `result`.
+                (Contribution::InBuffer, Some(result)) => {
+                    let buf = &*buf;
+                    self.exchange(&buf[out], result, Landing::AddTo(dtype, &buf[into]))?;
+                }
+                (Contribution::Lent(input), Some(result)) => {
+                    let sent = unsummed.unwrap_or(&buf[out]);
+                    self.exchange(sent, result, Landing::AddTo(dtype, &input[into]))?;
                 }
             }
         }

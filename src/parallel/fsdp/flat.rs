@@ -12,7 +12,7 @@
 //!
 //! While a unit computes, its gathered buffer is split into one variable per
 //! parameter ([`FlatLayout::split`]), and their gradients are laid end to end
-//! again with one `cat` ([`FlatLayout::concat`]). Parameters that were views
+//! again in one buffer ([`FlatLayout::concat`]). Parameters that were views
 //! of the buffer would cost more: candle's backward of a view pads its
 //! gradient to the whole buffer and adds it, a unit's size per parameter.
 
@@ -134,27 +134,40 @@ impl FlatLayout {
             let Some(t) = tensors.get(&entry.name) else {
                 bail!("no tensor `{}` to flatten", entry.name);
             };
-            parts.push(t.detach().to_dtype(DType::F32)?.to_device(device)?);
+            parts.push(Some(t.to_dtype(DType::F32)?.to_device(device)?));
         }
-        self.concat(&parts)
+        self.concat(parts, DType::F32, device)
     }
 
-    /// One padded buffer of `parts`, this layout's tensors in its order, in
-    /// their dtype and on their device: one `cat`, the padding zeros.
-    pub fn concat(&self, parts: &[Tensor]) -> Result<Tensor> {
-        let Some(first) = parts.first() else { bail!("no tensors to lay out: a unit has at least one parameter") };
-        if parts.len() != self.entries.len() {
-            bail!("{} tensors for a layout of {} parameters", parts.len(), self.entries.len());
-        }
-        let mut flat = Vec::with_capacity(parts.len() + 1);
-        for (entry, part) in self.entries.iter().zip(parts) {
+    /// One padded buffer of `dtype` on `device` holding `parts`, this
+    /// layout's tensors in its order; a part that is `None`, and the
+    /// padding, stay zero. Each part is copied into place and let go before
+    /// the next, so the buffer and all the parts are never held at once (at
+    /// the root unit, the gradients of the vocabulary's embedding and head).
+    /// The buffer records no graph, whatever the parts carry.
+    pub fn concat(
+        &self,
+        parts: impl IntoIterator<Item = Option<Tensor>>,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
+        let flat = Tensor::zeros(self.padded, dtype, device)?;
+        let mut parts = parts.into_iter();
+        for (i, entry) in self.entries.iter().enumerate() {
+            let Some(part) = parts.next() else {
+                bail!("{i} tensors for a layout of {} parameters", self.entries.len());
+            };
+            let Some(part) = part else { continue };
             if part.shape() != &entry.shape {
                 bail!("`{}` has shape {:?}; the layout needs {:?}", entry.name, part.shape(), entry.shape);
             }
-            flat.push(part.flatten_all()?);
+            flat.slice_set(&part.flatten_all()?.contiguous()?, 0, entry.offset)?;
         }
-        flat.push(Tensor::zeros(self.padded - self.numel, first.dtype(), first.device())?);
-        Tensor::cat(&flat, 0)
+        let extra = parts.count();
+        if extra > 0 {
+            bail!("{} tensors for a layout of {} parameters", self.entries.len() + extra, self.entries.len());
+        }
+        Ok(flat)
     }
 
     /// Each parameter of a whole padded buffer as a variable of its own, in

@@ -278,11 +278,7 @@ impl ShardedUnit {
         if grads.iter().all(Option::is_none) {
             return Ok(None);
         }
-        let zeros = |shape: &candle_core::Shape| Tensor::zeros(shape, self.param_dtype, &self.device);
-        let parts = grads.into_iter().zip(self.layout.shapes()).map(|(g, shape)| g.map_or_else(|| zeros(shape), Ok));
-        // Detached: a backward's gradients may carry graphs, and the cat's
-        // would hold every part as long as the flat gradient lives.
-        Ok(Some(self.layout.concat(&parts.collect::<Result<Vec<_>>>()?)?.detach()))
+        self.layout.concat(grads, self.param_dtype, &self.device).map(Some)
     }
 
     /// Bytes of the unit's whole parameters in the param dtype, padding included.

@@ -339,7 +339,11 @@ impl FsdpTrainer {
             None => grad,
         });
         let Some(root_grad) = root.lay_out(root_grads)? else { unreachable!("the embedding's gradient is in it") };
-        root.add_grad(&pg.reduce_scatter(&root_grad, ReduceOp::Avg)?)?;
+        let root_shard = pg.reduce_scatter(&root_grad, ReduceOp::Avg)?;
+        // The whole gradient, the step's largest buffer, goes before the
+        // shard joins the step's gradient, which takes two shards' room.
+        drop(root_grad);
+        root.add_grad(&root_shard)?;
         root.end_micro_batch(self.groups.shard(), &self.plan, &self.policy, k)?;
         Ok(loss_value)
     }
