@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use candle_core::{DType, Device, Error, Tensor, Var};
 use rstest::rstest;
 use workbook::distributed::{
-    spawn, spawn_with_timeout, while_busy, Collective, CpuProcessGroup, ProcessGroup, ReduceOp, SingleProcess,
+    spawn, spawn_with_timeout, Collective, CpuProcessGroup, ProcessGroup, ReduceOp, SingleProcess,
 };
 
 use crate::support::values;
@@ -354,24 +354,36 @@ fn a_rank_that_never_arrives_times_out_with_its_name() {
     assert!(start.elapsed() < TIMEOUT, "took {:?}", start.elapsed());
 }
 
+/// Rank 0 says it is busy before rank 1 starts waiting for it (a barrier of
+/// the test's own, outside the group, orders the two), so that only the busy
+/// period, and no thread that starts late on a loaded machine, is what holds
+/// rank 1 past the timeout.
 #[test]
 fn a_rank_busy_with_a_save_is_waited_for_past_the_timeout() {
-    // Long enough that a loaded machine cannot stall rank 0 past it between
-    // the all_reduce and its next busy period; the saves outlast it twice.
-    let timeout = Duration::from_secs(1);
+    let timeout = Duration::from_secs(2);
+    let said_busy = std::sync::Barrier::new(2);
     let results = spawn_with_timeout(2, timeout, |pg| {
         let t = Tensor::ones(2, DType::F32, &Device::Cpu)?;
-        let slow_save = || thread::sleep(2 * timeout);
-        if pg.rank() == 0 {
-            while_busy(&pg, "writing checkpoint step_000100", slow_save);
+        let save_while_the_other_waits = |what: &str| {
+            pg.set_busy(Some(what));
+            said_busy.wait();
+            thread::sleep(2 * timeout);
+            pg.set_busy(None);
+        };
+        match pg.rank() {
+            0 => save_while_the_other_waits("writing checkpoint step_000100"),
+            _ => drop(said_busy.wait()),
         }
         pg.all_reduce(&t, ReduceOp::Sum)?; // rank 1 waits here for the busy rank 0
         match pg.rank() {
-            0 => while_busy(&pg, "writing checkpoint step_000200", slow_save),
-            _ => drop(pg.recv(&t, 0)?), // and here
-        }
-        if pg.rank() == 0 {
-            pg.send(&t, 1)?;
+            0 => {
+                save_while_the_other_waits("writing checkpoint step_000200");
+                pg.send(&t, 1)?;
+            }
+            _ => {
+                said_busy.wait();
+                drop(pg.recv(&t, 0)?); // and here
+            }
         }
         Ok(())
     });
