@@ -19,8 +19,12 @@ use crate::fsdp_runs::{fsdp_step, fsdp_trainer, gather_params, model_config, sin
 use crate::process_ranks::on_processes;
 use crate::support::{bit_equal, cause, explain_error, mistake, number, ok, scratch_dir, values};
 
-const FULL: FsdpConfig =
-    FsdpConfig { sharding: ShardingStrategy::FullShard, precision: Precision::Fp32, hybrid_group_size: None };
+const FULL: FsdpConfig = FsdpConfig {
+    sharding: ShardingStrategy::FullShard,
+    precision: Precision::Fp32,
+    hybrid_group_size: None,
+    reduce_in_f32: false,
+};
 
 fn save(trainer: &FsdpTrainer, dir: &Path) {
     ok(trainer.save_checkpoint(dir, None), "FsdpTrainer::save_checkpoint");
@@ -139,7 +143,7 @@ fn two_ranks_save_the_gathered_whole(
     sharding: ShardingStrategy,
 ) {
     let dir = scratch_dir(&format!("ex15-two-ranks-{sharding}"));
-    let fsdp = FsdpConfig { sharding, precision: Precision::Fp32, hybrid_group_size: None };
+    let fsdp = FsdpConfig { sharding, precision: Precision::Fp32, hybrid_group_size: None, reduce_in_f32: false };
     // Each rank reports its save's outcome and the all-gathers it issued while saving.
     let ranks = ok(
         spawn_with_timeout(2, Duration::from_secs(20), |pg| {
@@ -287,7 +291,7 @@ fn a_four_rank_checkpoint_loads_on_two_ranks_and_one() {
             spawn(world_size, |pg| {
                 let mut trainer = fsdp_trainer(
                     Box::new(pg),
-                    FsdpConfig { sharding, precision: Precision::Fp32, hybrid_group_size: None },
+                    FsdpConfig { sharding, precision: Precision::Fp32, hybrid_group_size: None, reduce_in_f32: false },
                     train_config(1.0),
                 );
                 trainer.load_checkpoint(&dir)?;

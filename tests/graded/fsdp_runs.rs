@@ -140,7 +140,7 @@ pub fn fsdp_run(
     config: TrainConfig,
     steps: usize,
 ) -> (HashMap<String, Tensor>, Vec<FsdpTrainer>) {
-    let fsdp = FsdpConfig { sharding: strategy, precision, hybrid_group_size: None };
+    let fsdp = FsdpConfig { sharding: strategy, precision, hybrid_group_size: None, reduce_in_f32: false };
     let mut results =
         ok(spawn(world_size, |pg| Ok(fsdp_rank(Box::new(pg), fsdp, config, steps, &Device::Cpu))), "the FSDP ranks");
     let params = results[0].0.clone();

@@ -141,8 +141,12 @@ fn expect_definitions(got: &Values, want: &[(&str, Vec<f32>)], rank: usize, worl
 #[test]
 fn phase_3_full_shard_over_nccl_reaches_what_one_process_reaches() {
     let Some(world) = world_size() else { return };
-    let fsdp =
-        FsdpConfig { sharding: ShardingStrategy::FullShard, precision: Precision::Fp32, hybrid_group_size: None };
+    let fsdp = FsdpConfig {
+        sharding: ShardingStrategy::FullShard,
+        precision: Precision::Fp32,
+        hybrid_group_size: None,
+        reduce_in_f32: false,
+    };
     let per_rank = on_gpu_processes(world, |pg| {
         let device = pg.device();
         Ok(as_values(&fsdp_rank(Box::new(pg), fsdp, train_config(CLIP), STEPS, &device).0))
@@ -185,8 +189,12 @@ fn never_run_nccl_paths_split_subgroups_and_send_recv_match_their_definitions() 
 #[test]
 fn phase_3_hybrid_shard_over_nccl_reaches_what_one_process_reaches() {
     let Some(world) = world_size() else { return };
-    let fsdp =
-        FsdpConfig { sharding: ShardingStrategy::HybridShard, precision: Precision::Fp32, hybrid_group_size: Some(2) };
+    let fsdp = FsdpConfig {
+        sharding: ShardingStrategy::HybridShard,
+        precision: Precision::Fp32,
+        hybrid_group_size: Some(2),
+        reduce_in_f32: false,
+    };
     let per_rank = on_gpu_processes(world, |pg| {
         allow_unverified_nccl(true);
         let device = pg.device();

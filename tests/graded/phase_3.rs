@@ -24,7 +24,7 @@
 use candle_core::Device;
 use rstest::rstest;
 use workbook::distributed::{spawn, Collective};
-use workbook::parallel::fsdp::{FsdpConfig, LossScaler, Precision, ShardingStrategy};
+use workbook::parallel::fsdp::{FsdpConfig, LossScaler, Precision, ShardingStrategy, StepLedger};
 use workbook::phase3_fsdp::{mixed_precision_policy, sharding_plan};
 use workbook::train::TrainConfig;
 
@@ -93,8 +93,12 @@ fn expected_model_states(strategy: ShardingStrategy, psi: u64, n: u64) -> u64 {
 #[test]
 fn hybrid_shard_in_groups_of_two_trains_as_full_shard_with_a_group_of_twos_memory() {
     let (full, _) = fsdp_run(4, ShardingStrategy::FullShard, Precision::Fp32, train_config(CLIP), STEPS);
-    let hybrid =
-        FsdpConfig { sharding: ShardingStrategy::HybridShard, precision: Precision::Fp32, hybrid_group_size: Some(2) };
+    let hybrid = FsdpConfig {
+        sharding: ShardingStrategy::HybridShard,
+        precision: Precision::Fp32,
+        hybrid_group_size: Some(2),
+        reduce_in_f32: false,
+    };
     let ranks = spawn(4, |pg| Ok(fsdp_rank(Box::new(pg), hybrid, train_config(CLIP), STEPS, &Device::Cpu)));
     let ranks = ok(ranks, "HYBRID_SHARD on 4 ranks");
     for (rank, (params, trainer)) in ranks.iter().enumerate() {
@@ -133,11 +137,18 @@ fn measured_memory_per_rank_follows_the_plan(
 
 /// Per-step losses of a short FULL_SHARD run on two ranks.
 fn losses(precision: Precision, steps: usize) -> Vec<f64> {
-    let fsdp = FsdpConfig { sharding: ShardingStrategy::FullShard, precision, hybrid_group_size: None };
+    full_shard_run(precision, false, steps).0
+}
+
+/// Rank 0's per-step losses and last step's ledger in a short FULL_SHARD run
+/// on two ranks, its gradients reduced in f32 where `reduce_in_f32`.
+fn full_shard_run(precision: Precision, reduce_in_f32: bool, steps: usize) -> (Vec<f64>, StepLedger) {
+    let fsdp = FsdpConfig { sharding: ShardingStrategy::FullShard, precision, hybrid_group_size: None, reduce_in_f32 };
     let mut per_rank = ok(
         spawn(2, |pg| {
             let mut trainer = fsdp_trainer(Box::new(pg), fsdp, train_config(1.0));
-            Ok((0..steps).map(|s| fsdp_step(&mut trainer, s).loss).collect::<Vec<_>>())
+            let losses = (0..steps).map(|s| fsdp_step(&mut trainer, s).loss).collect::<Vec<_>>();
+            Ok((losses, trainer.ledger().clone()))
         }),
         "two FSDP ranks",
     );
@@ -165,13 +176,47 @@ fn a_bf16_run_tracks_the_fp32_run() {
     assert!(bf16[steps - 1] < bf16[0], "the bf16 run did not learn: loss {:.4} → {:.4}", bf16[0], bf16[steps - 1]);
 }
 
+/// PyTorch's `MixedPrecision(param_dtype=torch.bfloat16,
+/// reduce_dtype=torch.float32)`: the run computes in bf16 while its
+/// gradients are reduce-scattered and accumulated in f32, so each call
+/// carries, and the gradient buffer keeps, 4 bytes an element where a bf16
+/// reduce takes 2; it learns as the bf16 run does.
+#[test]
+fn a_bf16_run_can_reduce_its_gradients_in_f32() {
+    let steps = 3;
+    let ((_, in_bf16), (reduced_in_f32, in_f32)) =
+        (full_shard_run(Precision::Bf16, false, steps), full_shard_run(Precision::Bf16, true, steps));
+    let scattered = |ledger: &StepLedger| ledger.comm.bytes(Collective::ReduceScatter);
+    assert_eq!(
+        scattered(&in_f32),
+        2 * scattered(&in_bf16),
+        "reduce-scatter bytes per step: the f32 reduce should carry twice the bf16 reduce's"
+    );
+    assert_eq!(in_f32.memory.grads, 2 * in_bf16.memory.grads, "the f32 gradient buffer should be twice the bf16 one");
+    let fp32 = losses(Precision::Fp32, steps);
+    for (s, (a, b)) in fp32.iter().zip(&reduced_in_f32).enumerate() {
+        let rel = (a - b).abs() / a.abs();
+        assert!(
+            rel <= 1e-2,
+            "step {s}: loss {} vs fp32 {} ({:.2}% apart, allowed 1%)",
+            number(*b),
+            number(*a),
+            rel * 100.0
+        );
+    }
+}
+
 /// A loss scale of 2^40 makes fp16 gradients overflow: the step must be
 /// skipped and the scale halved until the gradients fit, and the
 /// parameters must never see an inf or NaN.
 #[test]
 fn fp16_skips_overflowing_steps_instead_of_producing_nan() {
-    let fsdp =
-        FsdpConfig { sharding: ShardingStrategy::FullShard, precision: Precision::Fp16, hybrid_group_size: None };
+    let fsdp = FsdpConfig {
+        sharding: ShardingStrategy::FullShard,
+        precision: Precision::Fp16,
+        hybrid_group_size: None,
+        reduce_in_f32: false,
+    };
     let results = ok(
         spawn(2, |pg| {
             let mut trainer = fsdp_trainer(Box::new(pg), fsdp, train_config(1.0));
@@ -238,8 +283,12 @@ fn fp16_skips_overflowing_steps_instead_of_producing_nan() {
 /// (two ranks add a + b = b + a, whichever order the ring uses).
 #[test]
 fn full_shard_on_two_processes_trains_as_on_two_thread_ranks() {
-    let fsdp =
-        FsdpConfig { sharding: ShardingStrategy::FullShard, precision: Precision::Fp32, hybrid_group_size: None };
+    let fsdp = FsdpConfig {
+        sharding: ShardingStrategy::FullShard,
+        precision: Precision::Fp32,
+        hybrid_group_size: None,
+        reduce_in_f32: false,
+    };
     let per_rank =
         on_processes(2, |pg| Ok(as_values(&fsdp_rank(Box::new(pg), fsdp, train_config(CLIP), STEPS, &Device::Cpu).0)));
     let (threads, _) = fsdp_run(2, ShardingStrategy::FullShard, Precision::Fp32, train_config(CLIP), STEPS);

@@ -108,6 +108,8 @@ fn flags_that_do_not_apply_are_refused() {
         "--sharding applies to --strategy fsdp only",
     );
     refused(train(&dir, &["--dataset", "dummy", "--precision", "bf16"]), "--precision applies to --strategy fsdp only");
+    let fp32_reduce = ["--dataset", "dummy", "--strategy", "fsdp", "--precision", "fp32", "--reduce-in-fp32"];
+    refused(train(&dir, &fp32_reduce), "--precision fp32 reduces the gradients in fp32 already");
     refused(
         train(&dir, &["--dataset", "dummy", "--data-path", "stories.txt"]),
         "--data-path is not read with --dataset dummy",

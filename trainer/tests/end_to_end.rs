@@ -79,6 +79,7 @@ fn a_run_calls_the_exercises_its_flags_choose() {
         sharding: ShardingStrategy::FullShard,
         precision: Precision::Fp32,
         hybrid_group_size: None,
+        reduce_in_f32: false,
     });
     assert_eq!(called(&fsdp), [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 14, 15]);
     let mut pipeline = options(PathBuf::from("unused"), 1, 2);
@@ -192,6 +193,7 @@ fn fsdp_trains_on_two_ranks_in_bf16_and_its_checkpoint_resumes_under_ddp() {
         sharding: ShardingStrategy::FullShard,
         precision: Precision::Bf16,
         hybrid_group_size: None,
+        reduce_in_f32: false,
     });
     fsdp.activation_checkpointing = true;
     let run = train(&fsdp).unwrap();
@@ -627,7 +629,12 @@ fn fsdp_offload_changes_no_bit_and_leaves_no_file() {
 }
 
 fn offload_changes_no_bit_and_leaves_no_file(precision: Precision) {
-    let fsdp = Strategy::Fsdp(FsdpConfig { sharding: ShardingStrategy::FullShard, precision, hybrid_group_size: None });
+    let fsdp = Strategy::Fsdp(FsdpConfig {
+        sharding: ShardingStrategy::FullShard,
+        precision,
+        hybrid_group_size: None,
+        reduce_in_f32: false,
+    });
     let (plain, _) = run(&format!("offload-plain-{precision}"), 5, 2, fsdp, None);
     let offloaded = |name: &str, steps: usize, resume: Option<PathBuf>| {
         let dir = scratch(&format!("{name}-{precision}"));
@@ -668,8 +675,12 @@ fn fsdp_master_weights_keep_no_autograd_history() {
 
     let config = RunConfig::load("tiny").unwrap();
     let params = workbook::init_params(&config.model, 0, &Device::Cpu).unwrap();
-    let fsdp =
-        FsdpConfig { sharding: ShardingStrategy::FullShard, precision: Precision::Fp32, hybrid_group_size: None };
+    let fsdp = FsdpConfig {
+        sharding: ShardingStrategy::FullShard,
+        precision: Precision::Fp32,
+        hybrid_group_size: None,
+        reduce_in_f32: false,
+    };
     let train_config = config.train_config(false);
     let mut trainer =
         FsdpTrainer::new(&config.model, params, train_config, fsdp, Box::new(SingleProcess::new())).unwrap();

@@ -134,14 +134,14 @@ impl FlatLayout {
             let Some(t) = tensors.get(&entry.name) else {
                 bail!("no tensor `{}` to flatten", entry.name);
             };
-            parts.push(Some(t.to_dtype(DType::F32)?.to_device(device)?));
+            parts.push(Some(t.to_device(device)?));
         }
         self.concat(parts, DType::F32, device)
     }
 
     /// One padded buffer of `dtype` on `device` holding `parts`, this
-    /// layout's tensors in its order; a part that is `None`, and the
-    /// padding, stay zero. Each part is copied into place and let go before
+    /// layout's tensors in its order, each cast to `dtype`; a part that is
+    /// `None`, and the padding, stay zero. Each part is copied into place and let go before
     /// the next, so the buffer and all the parts are never held at once (at
     /// the root unit, the gradients of the vocabulary's embedding and head).
     /// The buffer records no graph, whatever the parts carry.
@@ -161,7 +161,7 @@ impl FlatLayout {
             if part.shape() != &entry.shape {
                 bail!("`{}` has shape {:?}; the layout needs {:?}", entry.name, part.shape(), entry.shape);
             }
-            flat.slice_set(&part.flatten_all()?.contiguous()?, 0, entry.offset)?;
+            flat.slice_set(&part.to_dtype(dtype)?.flatten_all()?.contiguous()?, 0, entry.offset)?;
         }
         let extra = parts.count();
         if extra > 0 {

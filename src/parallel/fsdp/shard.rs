@@ -45,6 +45,8 @@ pub struct ShardedUnit {
     /// f32 master weights over `local`, unless an f32 replica already holds them.
     master: Option<StepOnly>,
     param_dtype: DType,
+    /// The dtype gradients are reduced and accumulated in.
+    reduce_dtype: DType,
     device: Device,
     /// The shard handed to the prefetching group for this pass:
     /// [`shard`](Self::shard) returns this very tensor until the pass ends,
@@ -189,6 +191,7 @@ impl ShardedUnit {
             device: device.clone(),
             pass_shard: None,
             param_dtype,
+            reduce_dtype: at.policy.reduce_dtype,
             whole: None,
             added: None,
             fold: None,
@@ -253,9 +256,9 @@ impl ShardedUnit {
 
     /// The gradient of the unit's whole flat parameters in `grads` (a
     /// backward through [`forward`](Self::forward) while the unit is whole):
-    /// P' elements, laid out as the parameters, padding zero; a parameter
-    /// the backward did not reach has a zero gradient. `None` when the unit
-    /// is not whole or no parameter of it has a gradient.
+    /// P' elements in the reduce dtype, laid out as the parameters, padding
+    /// zero; a parameter the backward did not reach has a zero gradient.
+    /// `None` when the unit is not whole or no parameter of it has a gradient.
     pub fn flat_grad(&self, grads: &GradStore) -> Result<Option<Tensor>> {
         let Some(params) = &self.whole else { return Ok(None) };
         self.lay_out(params.iter().map(|p| grads.get(p.as_tensor()).cloned()).collect())
@@ -278,7 +281,7 @@ impl ShardedUnit {
         if grads.iter().all(Option::is_none) {
             return Ok(None);
         }
-        self.layout.concat(grads, self.param_dtype, &self.device).map(Some)
+        self.layout.concat(grads, self.reduce_dtype, &self.device).map(Some)
     }
 
     /// Bytes of the unit's whole parameters in the param dtype, padding included.

@@ -58,6 +58,10 @@ pub struct FsdpConfig {
     /// each other. `None`: the whole job is one group, as FULL_SHARD.
     #[serde(default)]
     pub hybrid_group_size: Option<usize>,
+    /// Reduce and accumulate the gradients in f32 whatever the precision
+    /// computes in (see [`MixedPrecisionPolicy::reducing_in_f32`]).
+    #[serde(default)]
+    pub reduce_in_f32: bool,
 }
 
 pub struct FsdpTrainer {
@@ -96,17 +100,19 @@ impl FsdpTrainer {
         let plan = sharding_plan(fsdp.sharding);
         // Exercise 12's plan says whether the shards are replicated.
         let groups = FsdpGroups::new(pg, fsdp.hybrid_group_size.filter(|_| plan.replicate_across_nodes))?;
-        Self::with_plan(model_config, params, config, plan, fsdp.precision, groups)
+        Self::with_plan(model_config, params, config, plan, fsdp.precision, fsdp.reduce_in_f32, groups)
     }
 
     /// Shards `params` by `plan`, which may be any ZeRO stage, including
-    /// stage 1 (optimizer state only), which has no FSDP strategy of its own.
+    /// stage 1 (optimizer state only), which has no FSDP strategy of its own;
+    /// computes in `precision`, and reduces in f32 too where `reduce_in_f32`.
     pub fn with_plan(
         model_config: &GptConfig,
         params: ParamStore,
         config: TrainConfig,
         plan: ShardingPlan,
         precision: Precision,
+        reduce_in_f32: bool,
         groups: FsdpGroups,
     ) -> Result<Self> {
         if config.grad_accum_steps == 0 {
@@ -115,15 +121,10 @@ impl FsdpTrainer {
         model_config.validate()?;
         params.check_matches(model_config)?;
         plan.validate()?;
-        let policy = mixed_precision_policy(precision);
-        if policy.reduce_dtype != policy.param_dtype {
-            bail!(
-                "the mixed-precision policy reduces gradients in {:?} but computes in {:?}: this trainer reduces \
-                 them in the dtype it computes them in (exercise 13 gives one dtype for both)",
-                policy.reduce_dtype,
-                policy.param_dtype
-            );
-        }
+        let policy = match reduce_in_f32 {
+            true => mixed_precision_policy(precision).reducing_in_f32(),
+            false => mixed_precision_policy(precision),
+        };
         let units = wrap_policy(model_config);
         check_units(model_config, &units)?;
         broadcast_parameters(groups.world(), &params)?;
@@ -556,8 +557,12 @@ impl Train for FsdpTrainer {
             1 => String::new(),
             replicas => format!(" (shard groups of {shard} ranks, {replicas} replicas)"),
         };
+        let reduce = match self.policy.reduce_dtype == self.policy.param_dtype {
+            true => String::new(),
+            false => " (gradients reduced in f32)".to_string(),
+        };
         format!(
-            "FSDP over {world} ranks with {}{groups}, {} precision, {}",
+            "FSDP over {world} ranks with {}{groups}, {} precision{reduce}, {}",
             self.plan.describe(),
             self.precision,
             unit_step_body()

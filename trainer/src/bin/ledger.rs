@@ -60,6 +60,7 @@ fn run(args: Args) -> Result<()> {
             config.train_config(false),
             plan,
             precision,
+            false,
             FsdpGroups::new(Box::new(pg), None)?,
         )?;
         let mut rng = InitRng::from_seed(trainer.process_group().rank() as u64);

@@ -119,6 +119,11 @@ struct Args {
     /// With --strategy fsdp: fp32 (the default), bf16 or fp16.
     #[arg(long, value_parser = parsed::<Precision>)]
     precision: Option<Precision>,
+    /// With --precision bf16 or fp16: reduce-scatter and accumulate the
+    /// gradients in fp32 (PyTorch: MixedPrecision(reduce_dtype=torch.float32)),
+    /// at twice the 16-bit reduce's gradient traffic and memory.
+    #[arg(long, requires = "precision")]
+    reduce_in_fp32: bool,
     /// `ring` all-reduces with your exercise 16 instead of the backend's own ring.
     #[arg(long, value_parser = ["backend", "ring"], default_value = "backend")]
     allreduce: String,
@@ -318,7 +323,14 @@ fn run(args: Args) -> anyhow::Result<()> {
         (None, None) if args.own_ddp => Strategy::YOUR_DDP,
         (None, None) => {
             let node_size = launched.as_ref().map_or(args.launch.nproc_per_node, |env| env.local_world_size);
-            strategy(args.strategy, args.sharding, args.precision, args.hybrid_group_size, node_size)?
+            strategy(
+                args.strategy,
+                args.sharding,
+                args.precision,
+                args.reduce_in_fp32,
+                args.hybrid_group_size,
+                node_size,
+            )?
         }
         (stages, tp) => {
             let cut = MeshCut {
@@ -459,6 +471,7 @@ fn strategy(
     name: StrategyName,
     sharding: Option<ShardingStrategy>,
     precision: Option<Precision>,
+    reduce_in_fp32: bool,
     hybrid_group_size: Option<usize>,
     node_size: usize,
 ) -> anyhow::Result<Strategy> {
@@ -467,6 +480,7 @@ fn strategy(
             let given = [
                 ("--sharding", sharding.is_some()),
                 ("--precision", precision.is_some()),
+                ("--reduce-in-fp32", reduce_in_fp32),
                 ("--hybrid-group-size", hybrid_group_size.is_some()),
             ];
             if let Some((flag, _)) = given.iter().find(|(_, given)| *given) {
@@ -487,7 +501,12 @@ fn strategy(
             // A node's ranks by default: the launcher numbers them consecutively.
             let hybrid_group_size = hybrid.then_some(hybrid_group_size.unwrap_or(node_size));
             let precision = precision.unwrap_or(Precision::Fp32);
-            Ok(Strategy::Fsdp(FsdpConfig { sharding, precision, hybrid_group_size }))
+            if reduce_in_fp32 && precision == Precision::Fp32 {
+                anyhow::bail!(
+                    "--precision fp32 reduces the gradients in fp32 already: --reduce-in-fp32 goes with bf16 or fp16"
+                );
+            }
+            Ok(Strategy::Fsdp(FsdpConfig { sharding, precision, hybrid_group_size, reduce_in_f32: reduce_in_fp32 }))
         }
     }
 }
