@@ -5,7 +5,7 @@
 //! period to the store (`busy/<rank>`) and a watchdog about to fire reads
 //! every rank's first.
 
-use std::io;
+use std::io::{self, ErrorKind};
 use std::time::Duration;
 
 use super::store::StoreClient;
@@ -42,5 +42,20 @@ impl BusyBoard {
             let what = self.client.get(&format!("busy/{rank}"), READ_WAIT).ok()?;
             (!what.is_empty()).then(|| format!("rank {rank}: {}", String::from_utf8_lossy(&what)))
         })
+    }
+
+    /// Returns once `members` ranks have called it with the same `name`
+    /// (each name once per job), waiting on the host, through the store. A
+    /// wait of `timeout` without them fails, unless some rank says it is
+    /// busy (rank 0 writing a checkpoint while the others wait after it):
+    /// then it waits another `timeout`, as the watchdog does.
+    pub fn barrier(&self, name: &str, members: usize, timeout: Duration) -> io::Result<()> {
+        self.client.arrive(name, members)?;
+        loop {
+            match self.client.released(name, members, timeout) {
+                Err(e) if e.kind() == ErrorKind::TimedOut && self.anyone_busy().is_some() => continue,
+                released => return released,
+            }
+        }
     }
 }

@@ -54,8 +54,10 @@
 //! may be busy on the host. A rank busy with long work (a checkpoint write)
 //! says so on the job's store ([`BusyBoard`]), which rank 0 keeps serving,
 //! and a watchdog about to fire gives a late call another timeout while any
-//! rank says it is busy. A send completes only once its receive is posted
-//! ([`Properties::buffered_sends`] is false).
+//! rank says it is busy. [`barrier`](ProcessGroup::barrier), which the
+//! trainer calls after rank 0 saves, is no NCCL call but a wait on the same
+//! store, held past the timeout likewise. A send completes only once its
+//! receive is posted ([`Properties::buffered_sends`] is false).
 //!
 //! **Blocking.** The communicator is NCCL's default, blocking kind
 //! (`ncclCommInitRank` without a config): a call returns once it is queued,
@@ -70,7 +72,8 @@
 //! and kept the inputs their callers had dropped (`tests/graded/gpu.rs`),
 //! under `--ddp-overlap` and FSDP's `--prefetch` too; two or more ranks,
 //! which need as many GPUs, have not run, and neither have the watchdog,
-//! the busy board, [`split`](ProcessGroup::split)'s subgroups and
+//! the busy board, the barrier's wait for other ranks,
+//! [`split`](ProcessGroup::split)'s subgroups and
 //! [`send_recv`](ProcessGroup::send_recv)'s grouped calls. The last two are
 //! refused where they are called, with two ranks or more, unless the
 //! process opts in ([`allow_unverified_nccl`](super::allow_unverified_nccl)).
@@ -87,7 +90,7 @@ use candle_core::cuda_backend::cudarc::nccl::result::{group_end, group_start, Nc
 use candle_core::cuda_backend::cudarc::nccl::{self, Comm, Id, NcclType};
 use candle_core::cuda_backend::{CudaDType, CudaStorageSlice, WrapErr};
 use candle_core::op::BackpropOp;
-use candle_core::{bail, CudaDevice, CudaStorage, DType, Device, Error, Result, Storage, Tensor};
+use candle_core::{bail, CudaDevice, CudaStorage, Device, Error, Result, Storage, Tensor};
 
 use std::sync::Arc;
 
@@ -124,6 +127,12 @@ pub struct NcclProcessGroup {
     watchdog: Option<Watchdog>,
     /// Calls queued so far, to name them in the watchdog's message.
     queued: Cell<u64>,
+    /// Which group of the job this is, the same on each of its ranks: its
+    /// barriers' names on the store start with it.
+    key: String,
+    /// Barriers and splits so far, to name the next of each.
+    barriers: Cell<u64>,
+    splits: Cell<u64>,
     /// The longest a call may take: the watchdog's limit, a subgroup's too.
     timeout: Duration,
     /// Where the job's ranks say what long work they are busy with; shared
@@ -169,7 +178,8 @@ impl NcclProcessGroup {
         let comm = Comm::from_rank(Arc::clone(&comm_stream), rank, world_size, id)
             .map_err(|e| nccl_error(&format!("rank {rank} joining the NCCL communicator"), e))?;
         let board = Arc::new(BusyBoard::join(store.client, rank, world_size)?);
-        Ok(Self::of_comm(comm, comm_stream, device, rv.timeout, board, store.server.map(Arc::new)))
+        let key = "job".to_string();
+        Ok(Self::of_comm(comm, comm_stream, device, key, rv.timeout, board, store.server.map(Arc::new)))
     }
 
     /// The handle on `comm`, whose calls queue on `comm_stream`, ordered
@@ -180,6 +190,7 @@ impl NcclProcessGroup {
         comm: Comm,
         comm_stream: Arc<CudaStream>,
         device: &CudaDevice,
+        key: String,
         timeout: Duration,
         board: Arc<BusyBoard>,
         server: Option<Arc<StoreServer>>,
@@ -193,7 +204,23 @@ impl NcclProcessGroup {
             })
         });
         let (device, stats, queued) = (device.clone(), RefCell::default(), Cell::new(0));
-        Self { rank, world_size, device, comm_stream, comm, stats, watchdog, queued, timeout, board, _server: server }
+        let (barriers, splits) = (Cell::new(0), Cell::new(0));
+        Self {
+            rank,
+            world_size,
+            device,
+            comm_stream,
+            comm,
+            stats,
+            watchdog,
+            queued,
+            key,
+            barriers,
+            splits,
+            timeout,
+            board,
+            _server: server,
+        }
     }
 
     /// Joins the job this process was started in on GPU `LOCAL_RANK`
@@ -406,14 +433,19 @@ impl ProcessGroup for NcclProcessGroup {
         Ok(self.collective(Call::ReduceScatter(op), t, &self.scattered_dims(t))?.into_work())
     }
 
-    /// NCCL has no barrier of its own: a one-element all-reduce returns only
-    /// once every rank has contributed, and waiting for the stream makes the
-    /// host wait for it too.
+    /// Once this rank's GPU work is done, waits on the host, through the
+    /// job's store, for every rank of the group: no NCCL call. A barrier on
+    /// the GPU (PyTorch's is a one-element all-reduce) would sit queued on
+    /// the ranks that wait after rank 0 writes a checkpoint, for as long as
+    /// the write takes, timed by the watchdog; this one waits past the
+    /// timeout while a rank says on the store that it is busy, and fails
+    /// with the ranks that arrived when none does.
     fn barrier(&self) -> Result<()> {
-        let token = Tensor::zeros(1, DType::F32, &self.device())?;
-        let flight = self.launch(Op::AllReduce(ReduceOp::Sum), &token, Some(&[1]))?;
+        self.device.cuda_stream().synchronize().w()?;
         self.comm_stream.synchronize().w()?;
-        flight.finish()?;
+        let number = self.barriers.replace(self.barriers.get() + 1);
+        let name = format!("nccl/{}/{number}", self.key);
+        self.board.barrier(&name, self.world_size, self.timeout).map_err(|e| Error::Msg(format!("barrier: {e}")))?;
         self.stats.borrow_mut().record(Collective::Barrier, 0);
         Ok(())
     }
@@ -461,7 +493,9 @@ impl ProcessGroup for NcclProcessGroup {
             .map_err(|e| nccl_error(&format!("rank {} joining a subgroup of ranks {members:?}", self.rank), e))?;
         let (server, board) = (self._server.clone(), Arc::clone(&self.board));
         let comm_stream = Arc::clone(&self.comm_stream);
-        Ok(Box::new(Self::of_comm(comm, comm_stream, &self.device, self.timeout, board, server)))
+        // Every rank splits in the same order, so the number names the same split on each.
+        let key = format!("{}/split{}/{members:?}", self.key, self.splits.replace(self.splits.get() + 1));
+        Ok(Box::new(Self::of_comm(comm, comm_stream, &self.device, key, self.timeout, board, server)))
     }
 
     /// The send and the receive queued as one NCCL group, so that neither

@@ -351,8 +351,14 @@ impl StoreClient {
     /// of arrivals at `barrier/{name}` is never reset.
     pub fn barrier(&self, name: &str, world_size: usize, timeout: Duration) -> io::Result<()> {
         let started = Instant::now();
+        self.arrive(name, world_size)?;
+        self.released(name, world_size, timeout.saturating_sub(started.elapsed()))
+    }
+
+    /// The first half of [`barrier`](Self::barrier): counts this client in
+    /// at barrier `name`, releasing the others if it is the last of `world_size`.
+    pub fn arrive(&self, name: &str, world_size: usize) -> io::Result<()> {
         let arrivals = format!("barrier/{name}");
-        let done = format!("{arrivals}/done");
         let arrived = self.add(&arrivals, 1)?;
         if arrived > world_size as i64 {
             let message = format!(
@@ -362,9 +368,17 @@ impl StoreClient {
             return Err(io::Error::new(ErrorKind::InvalidInput, message));
         }
         if arrived == world_size as i64 {
-            self.set(&done, b"1")?; // the last to arrive releases the others
+            self.set(&format!("{arrivals}/done"), b"1")?; // the last to arrive releases the others
         }
-        match self.get(&done, timeout.saturating_sub(started.elapsed())) {
+        Ok(())
+    }
+
+    /// The second half of [`barrier`](Self::barrier): waits up to `timeout`
+    /// for the last of `world_size` to arrive at barrier `name`. It may be
+    /// called again after a timeout, to wait longer.
+    pub fn released(&self, name: &str, world_size: usize, timeout: Duration) -> io::Result<()> {
+        let arrivals = format!("barrier/{name}");
+        match self.get(&format!("{arrivals}/done"), timeout) {
             Err(e) if e.kind() == ErrorKind::TimedOut => {
                 let arrived = self.add(&arrivals, 0)?;
                 let message = format!(

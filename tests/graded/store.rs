@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use workbook::distributed::auth::{self, Purpose};
 use workbook::distributed::store::{StoreClient, StoreServer};
+use workbook::distributed::BusyBoard;
 
 const TOKEN: &str = "job-token";
 /// Longer than any healthy request takes, short enough that a hang fails fast.
@@ -98,6 +99,34 @@ fn barrier_releases_every_rank_once_the_last_arrives() {
     for (rank, result) in results.iter().enumerate() {
         assert!(result.is_ok(), "rank {rank} was not released from the barrier: {result:?}");
     }
+}
+
+/// Rank 1 waits at a barrier on the busy board while rank 0 writes a
+/// checkpoint for three timeouts: it is held, not failed, and released when
+/// rank 0 arrives. Once no rank says it is busy, a missing rank fails the
+/// wait after one timeout, saying who arrived.
+#[test]
+fn a_board_barrier_waits_past_the_timeout_only_while_a_rank_is_busy() {
+    let (_server, addr) = server();
+    let timeout = Duration::from_millis(300);
+    let board = |rank| BusyBoard::join(client(&addr), rank, 2).expect("joining the busy board failed");
+    let (saving, waiting) = (board(0), board(1));
+    saving.say(Some("writing checkpoint step_000100")).unwrap();
+    let (saved, waited) = thread::scope(|s| {
+        let saved = s.spawn(|| {
+            thread::sleep(3 * timeout);
+            let arrived = saving.barrier("after the save", 2, timeout);
+            saving.say(None).unwrap();
+            arrived
+        });
+        let waited = waiting.barrier("after the save", 2, timeout);
+        (saved.join().unwrap(), waited)
+    });
+    saved.expect("the saving rank's barrier failed");
+    waited.expect("the waiting rank failed while the other said it was busy");
+    let err = waiting.barrier("nobody busy", 2, timeout).expect_err("a barrier of 2 released 1");
+    assert_eq!(err.kind(), ErrorKind::TimedOut, "expected a timeout: {err}");
+    assert!(err.to_string().contains("1 of 2"), "the error must say who arrived: {err}");
 }
 
 #[test]
