@@ -67,7 +67,8 @@
 //! This file is type-checked in CI against the real candle and cudarc APIs,
 //! through a stand-in `nvcc` (`.ci/fake-nvcc/nvcc`). On one GPU (an H100 and
 //! an H200, NCCL 2.28) a group of one rank joined through the store and ran
-//! every collective and the barrier, and on the H200 its calls on their own
+//! every collective and the barrier (then an all-reduce; the store barrier
+//! has not run on a GPU), and on the H200 its calls on their own
 //! stream, `_async` ones among them, waited for inputs still being written
 //! and kept the inputs their callers had dropped (`tests/graded/gpu.rs`),
 //! under `--ddp-overlap` and FSDP's `--prefetch` too; two or more ranks,
