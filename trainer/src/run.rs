@@ -14,7 +14,7 @@ use workbook::distributed::{
 use workbook::parallel::ddp::Ddp;
 use workbook::parallel::fsdp::FsdpTrainer;
 use workbook::parallel::tensor::BlockStep;
-use workbook::parallel::{MeshPlan, MeshTrainer};
+use workbook::parallel::{DataAxis, MeshPlan, MeshTrainer};
 use workbook::timeline;
 use workbook::train::{faults, Checkpoint, DataPosition, StepStats, Train, Trainer};
 use workbook::words::count;
@@ -217,6 +217,9 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>, 
             drive(options, dataset, trainer, device, num_params)
         }
         Strategy::Mesh { schedule, sequence_parallel, data, .. } => {
+            if matches!(data, DataAxis::ShardBlocks { .. }) {
+                workbook::memory::return_large_blocks();
+            }
             // One data-parallel axis needs no layout (nor subgroups).
             let mesh = match options.strategy.cuts_the_model() {
                 true => DeviceMesh::new(pg, options.strategy.mesh(options.nproc)?)?,

@@ -29,8 +29,8 @@
 //!
 //! A checkpoint holds whole tensors: each stage of the first replica gathers
 //! its shards along the dimension they were cut on (under ZeRO-1 its moments
-//! from the other replicas first) and sends its parameters
-//! and moments to rank 0, which writes each as it arrives, in the format every trainer
+//! from the other replicas first; under FSDP a unit at a time) and sends its
+//! parameters and moments to rank 0 a tensor at a time, which writes each as it arrives, in the format every trainer
 //! reads, so a run resumes under DDP or FSDP, or on another mesh, and the
 //! other way round; loading cuts each rank's part out again.
 
@@ -38,7 +38,6 @@ mod data_axis;
 mod report;
 mod units;
 
-use std::collections::HashMap;
 use std::path::Path;
 
 use candle_core::{bail, DType, Device, Result, Tensor};
@@ -234,75 +233,88 @@ impl Train for MeshTrainer {
         let sent_after = report::sent_by_axis(&self.mesh);
         self.last_step_sent =
             sent_after.into_iter().zip(&sent_before).map(|((axis, now), (_, then))| (axis, now.since(then))).collect();
+        if self.stage.sharded_units().is_some() {
+            // Gathered units come and go each step: their pages go back, as under FSDP's own trainer.
+            crate::memory::release_freed_memory();
+        }
         Ok(StepStats { loss, grad_norm, lr, tokens: micro_batches.iter().map(Tensor::elem_count).sum() })
     }
 
-    /// Every stage of the first replica gathers its shards whole across its
-    /// tp group (when split) and sends its parameters and moments to the
-    /// first stage, rank 0, which writes them as one whole checkpoint; the
-    /// other replicas hold the same numbers.
+    /// Every stage of the first replica goes through its parameters in model
+    /// order, each gathered whole across its tp group (when split) with its
+    /// moments, and sends them to the first stage, rank 0, which writes each
+    /// as it arrives into one whole checkpoint: no rank holds more than one
+    /// tensor beyond its own part (and one FSDP unit, gathered across the
+    /// replicas, which take part in that gather only and otherwise hold the
+    /// same numbers).
     fn save_checkpoint(&self, dir: &Path, data: Option<DataPosition>) -> Result<()> {
         let has_moments = self.counters().optimizer_steps > 0;
-        // Under ZeRO-1 and FSDP every replica takes part in gathering.
-        let mut state_tensors = self.update.moments()?;
-        let mut held: HashMap<String, Tensor> =
-            self.stage.params().iter().map(|(name, var)| (name.to_string(), var.as_tensor().clone())).collect();
-        if let Some(units) = self.stage.sharded_units() {
-            let (params, moments) = units::gathered(&units, has_moments)?;
-            held.extend(params);
-            state_tensors.extend(moments);
-        }
-        if self.mesh.coords().dp != 0 {
-            return self.mesh.world().barrier();
-        }
+        // Under ZeRO-1 every replica takes part in gathering the moments.
+        let moments = self.update.moments()?;
+        let units = self.stage.sharded_units();
         let (pg, tp) = (self.mesh.pp(), self.mesh.tp());
-        // This stage's parameters in model order, each followed by its
-        // moments, whole: what rank 0 receives from each stage, in order.
-        let mut mine = Vec::new();
+        let first_replica = self.mesh.coords().dp == 0;
+        let hands_on = first_replica && tp.rank() == 0;
+        let mut writer = match hands_on && pg.rank() == 0 {
+            true => Some(CheckpointWriter::create(dir, &self.model_config, DType::F32, has_moments)?),
+            false => None,
+        };
+        let mut unit = units::WholeUnit::default();
         for (name, _) in self.names_of_stage(pg.rank()) {
-            let param = self.cuts.whole(tp, &name, &held[&name])?;
-            let mut moments = Vec::new();
-            if has_moments {
-                for moment in AdamW::moment_names(&name) {
-                    let whole = self.cuts.whole(tp, &name, &state_tensors[&moment])?;
-                    moments.push((moment, whole));
+            let in_unit = units.as_ref().and_then(|held| Some((held, units::WholeUnit::holding(held, &name)?)));
+            let (param, param_moments) = match in_unit {
+                Some((held, index)) => unit.take(held, index, &name, has_moments)?,
+                None => {
+                    let param = self.stage.params().get(&name)?.as_tensor().clone();
+                    let names = if has_moments { AdamW::moment_names(&name).to_vec() } else { vec![] };
+                    let missing = |m: &String| candle_core::Error::Msg(format!("AdamW holds no `{m}`"));
+                    (
+                        param,
+                        names
+                            .iter()
+                            .map(|m| moments.get(m).cloned().ok_or_else(|| missing(m)))
+                            .collect::<Result<_>>()?,
+                    )
                 }
+            };
+            if !first_replica {
+                continue;
             }
-            mine.push((name, param, moments));
-        }
-        if tp.rank() != 0 {
-            return self.mesh.world().barrier();
-        }
-        if pg.rank() != 0 {
-            for (_, param, moments) in &mine {
-                pg.send(param, 0)?;
-                for (_, moment) in moments {
-                    pg.send(moment, 0)?;
+            let param = self.cuts.whole(tp, &name, &param)?;
+            let param_moments =
+                param_moments.iter().map(|m| self.cuts.whole(tp, &name, m)).collect::<Result<Vec<_>>>()?;
+            match writer.as_mut() {
+                Some(writer) => {
+                    writer.put_param(&name, &param);
+                    for (moment, t) in AdamW::moment_names(&name).iter().zip(&param_moments) {
+                        writer.put_optimizer(moment, t);
+                    }
                 }
-            }
-            return self.mesh.world().barrier();
-        }
-        // Written as they come: rank 0 holds its own stage and one tensor of the others'.
-        let mut writer = CheckpointWriter::create(dir, &self.model_config, DType::F32, has_moments)?;
-        for (name, param, own_moments) in mine {
-            writer.put_param(&name, &param);
-            for (moment, t) in own_moments {
-                writer.put_optimizer(&moment, &t);
+                None if hands_on => {
+                    for t in std::iter::once(&param).chain(&param_moments) {
+                        pg.send(t, 0)?;
+                    }
+                }
+                None => {}
             }
         }
-        for stage in 1..pg.world_size() {
-            for (name, shape) in self.names_of_stage(stage) {
-                let like = Tensor::zeros(shape, DType::F32, &self.device)?;
-                writer.put_param(&name, &pg.recv(&like, stage)?);
-                if has_moments {
-                    for moment in AdamW::moment_names(&name) {
-                        writer.put_optimizer(&moment, &pg.recv(&like, stage)?);
+        drop((unit, units));
+        if let Some(mut writer) = writer {
+            for stage in 1..pg.world_size() {
+                for (name, shape) in self.names_of_stage(stage) {
+                    let like = Tensor::zeros(shape, DType::F32, &self.device)?;
+                    writer.put_param(&name, &pg.recv(&like, stage)?);
+                    if has_moments {
+                        for moment in AdamW::moment_names(&name) {
+                            writer.put_optimizer(&moment, &pg.recv(&like, stage)?);
+                        }
                     }
                 }
             }
+            let optimizer_steps = self.counters().optimizer_steps;
+            let state = TrainerState::new(self.step, optimizer_steps, self.model_config.clone(), self.config, data);
+            writer.finish(&state)?;
         }
-        let optimizer_steps = self.counters().optimizer_steps;
-        writer.finish(&TrainerState::new(self.step, optimizer_steps, self.model_config.clone(), self.config, data))?;
         self.mesh.world().barrier()
     }
 

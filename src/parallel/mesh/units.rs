@@ -4,7 +4,7 @@
 //! HYBRID_SHARD across a shard group of it, the groups replicas of each
 //! other), its gradient shard kept by the unit step (exercise 22). What the
 //! mesh trainer does with them besides: their part of the gradient norm,
-//! their AdamW step, and their whole tensors for checkpoints.
+//! their AdamW step, and their whole tensors for checkpoints, a unit at a time.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -86,24 +86,61 @@ pub(super) fn step(
     Ok(())
 }
 
-/// Every unit's parameters and, with `moments`, AdamW's two moments, whole
-/// and by name (the moments under AdamW's names). Every rank of the shard
-/// group calls it.
-pub(super) fn gathered(held: &HeldUnits, moments: bool) -> Result<(HashMap<String, Tensor>, HashMap<String, Tensor>)> {
-    let (mut params, mut state) = (HashMap::new(), HashMap::new());
-    for unit in held.units.iter() {
+/// One FSDP unit's whole tensors at a time, for a save that goes through a
+/// stage's parameters in model order: a unit is gathered when the save
+/// first asks for one of its parameters, and each tensor is let go as it is
+/// taken, so a rank holds at most one whole unit (its parameters and moments).
+#[derive(Default)]
+pub(super) struct WholeUnit {
+    index: Option<usize>,
+    params: HashMap<String, Tensor>,
+    /// AdamW's moments, under AdamW's names.
+    moments: HashMap<String, Tensor>,
+}
+
+impl WholeUnit {
+    /// The unit of `held` that holds parameter `name`, if one does.
+    pub(super) fn holding(held: &HeldUnits, name: &str) -> Option<usize> {
+        held.units.iter().position(|unit| unit.layout().names().any(|held_name| held_name == name))
+    }
+
+    /// Parameter `name` of unit `index` whole and, with `moments`, its two
+    /// moments (AdamW's order). Every rank of the shard group asks for the
+    /// same parameters in the same order: a new unit is gathered across it.
+    pub(super) fn take(
+        &mut self,
+        held: &HeldUnits,
+        index: usize,
+        name: &str,
+        moments: bool,
+    ) -> Result<(Tensor, Vec<Tensor>)> {
+        if self.index != Some(index) {
+            *self = Self::gather(held, index, moments)?;
+        }
+        let missing = || candle_core::Error::Msg(format!("unit {index} has no parameter `{name}`"));
+        let param = self.params.remove(name).ok_or_else(missing)?;
+        let moments = match moments {
+            true => AdamW::moment_names(name).iter().map(|m| self.moments.remove(m).ok_or_else(missing)).collect(),
+            false => Ok(vec![]),
+        };
+        Ok((param, moments?))
+    }
+
+    fn gather(held: &HeldUnits, index: usize, moments: bool) -> Result<Self> {
+        let unit = &held.units[index];
         let local = unit.local_state()?;
         let whole = |shard: &Tensor| unit.layout().unflatten(&held.shard.all_gather(shard)?);
-        params.extend(whole(&local.params)?);
+        let mut gathered =
+            Self { index: Some(index), params: whole(&local.params)?.into_iter().collect(), ..Self::default() };
         if moments {
             for (kind, shard) in [&local.exp_avg, &local.exp_avg_sq].into_iter().enumerate() {
                 for (name, moment) in whole(shard)? {
-                    state.insert(AdamW::moment_names(&name)[kind].clone(), moment);
+                    gathered.moments.insert(AdamW::moment_names(&name)[kind].clone(), moment);
                 }
             }
         }
+        Ok(gathered)
     }
-    Ok((params, state))
 }
 
 /// Gives each unit this rank's part of the whole `params` and, when some
