@@ -135,25 +135,27 @@ impl Ring<'_> {
                 Contribution::Lent(input) if step == 0 => Some(&input[out.clone()]),
                 _ => None,
             };
-            match (own, separate) {
-                (Contribution::InBuffer, None) => {
-                    let (sent, received) = disjoint(buf, out, into);
-                    self.exchange(sent, received, Landing::AddInPlace(dtype))?;
-                }
-                (Contribution::Lent(input), None) => {
-                    let (sent, received) = disjoint(buf, out.clone(), into.clone());
-                    let sent = unsummed.unwrap_or(sent);
-                    self.exchange(sent, received, Landing::AddTo(dtype, &input[into]))?;
-                }
+            // Where this rank's own elements of the received chunk are: in
+            // the chunk itself, or lent.
+            let own_part = match own {
+                Contribution::InBuffer => None,
+                Contribution::Lent(input) => Some(&input[into.clone()]),
+            };
+            match separate {
                 // The last step lands the sum of this rank's own elements and
                 // the predecessor's partial sum in `result`.
-                (Contribution::InBuffer, Some(result)) => {
+                Some(result) => {
                     let buf = &*buf;
-                    self.exchange(&buf[out], result, Landing::AddTo(dtype, &buf[into]))?;
-                }
-                (Contribution::Lent(input), Some(result)) => {
                     let sent = unsummed.unwrap_or(&buf[out]);
-                    self.exchange(sent, result, Landing::AddTo(dtype, &input[into]))?;
+                    self.exchange(sent, result, Landing::AddTo(dtype, own_part.unwrap_or(&buf[into])))?;
+                }
+                None => {
+                    let (sent, received) = disjoint(buf, out, into);
+                    let landing = match own_part {
+                        Some(own) => Landing::AddTo(dtype, own),
+                        None => Landing::AddInPlace(dtype),
+                    };
+                    self.exchange(unsummed.unwrap_or(sent), received, landing)?;
                 }
             }
         }

@@ -141,10 +141,11 @@ impl FlatLayout {
 
     /// One padded buffer of `dtype` on `device` holding `parts`, this
     /// layout's tensors in its order, each cast to `dtype`; a part that is
-    /// `None`, and the padding, stay zero. Each part is copied into place and let go before
-    /// the next, so the buffer and all the parts are never held at once (at
-    /// the root unit, the gradients of the vocabulary's embedding and head).
-    /// The buffer records no graph, whatever the parts carry.
+    /// `None`, and the padding, stay zero. Each part is copied into place
+    /// and let go before the next, so the buffer and all the parts are never
+    /// held at once (at the root unit, the gradients of the vocabulary's
+    /// embedding and head). The buffer records no graph, whatever the parts
+    /// carry.
     pub fn concat(
         &self,
         parts: impl IntoIterator<Item = Option<Tensor>>,

@@ -59,9 +59,8 @@ pub struct ShardedUnit {
     /// What the unit step handed over with `add_grad` since the last `take_grad`, summed.
     added: Option<Tensor>,
     /// Set by [`fold_into_step`](Self::fold_into_step): `add_grad` sums each
-    /// shard straight into `grad`, for a step of this many micro-batches,
-    /// in this dtype.
-    fold: Option<(usize, DType)>,
+    /// shard straight into `grad`, for a step of this many micro-batches.
+    fold: Option<usize>,
     /// Whether `add_grad` folded a shard in since the last micro-batch ended.
     folded: bool,
     /// Which pass the unit step is in, for the timeline.
@@ -363,9 +362,9 @@ impl ShardedUnit {
             );
         }
         let shard_grad = shard_grad.detach().to_dtype(DType::F32)?;
-        if let Some((micro_batches, dtype)) = self.fold {
+        if let Some(micro_batches) = self.fold {
             self.folded = true;
-            return self.add_to_step(for_the_step(shard_grad, micro_batches, dtype)?);
+            return self.add_to_step(for_the_step(shard_grad, micro_batches, self.reduce_dtype)?);
         }
         self.added = Some(match self.added.take() {
             Some(sum) => (sum + shard_grad)?,
@@ -435,8 +434,8 @@ impl ShardedUnit {
     /// as [`end_micro_batch`](Self::end_micro_batch) would add it: a
     /// micro-batch's shards are then never held beside the step's gradient
     /// (12 blocks' at GPT-2's shape: 160 MiB on each of 2 ranks).
-    pub(crate) fn fold_into_step(&mut self, micro_batches: usize, policy: &MixedPrecisionPolicy) {
-        self.fold = self.gathers().then_some((micro_batches, policy.reduce_dtype));
+    pub(crate) fn fold_into_step(&mut self, micro_batches: usize) {
+        self.fold = self.gathers().then_some(micro_batches);
     }
 
     /// After a micro-batch's backward: moves what the unit step added into
@@ -448,7 +447,6 @@ impl ShardedUnit {
         &mut self,
         pg: &dyn ProcessGroup,
         plan: &ShardingPlan,
-        policy: &MixedPrecisionPolicy,
         micro_batches: usize,
     ) -> Result<()> {
         let reached = match self.fold {
@@ -459,7 +457,7 @@ impl ShardedUnit {
             bail!("no gradient reached unit `{}`: the loss does not depend on it", self.name);
         }
         let Some(added) = self.added.take() else { return Ok(()) }; // folded in as it came
-        let added = for_the_step(added, micro_batches, policy.reduce_dtype)?;
+        let added = for_the_step(added, micro_batches, self.reduce_dtype)?;
         let reduced = match self.gathers() {
             true => added,
             false => comm::reduce_micro_batch(pg, added, plan)?,

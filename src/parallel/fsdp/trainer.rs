@@ -248,7 +248,7 @@ impl FsdpTrainer {
         self.gathered.reset_peak();
         let k = micro_batches.len();
         for unit in &mut self.units {
-            unit.fold_into_step(k, &self.policy);
+            unit.fold_into_step(k);
         }
         let (mut loss_sum, mut tokens) = (0.0, 0);
         for batch in micro_batches {
@@ -329,7 +329,7 @@ impl FsdpTrainer {
             fsdp_backward(pg, blocks, &pass.inputs, &grad_output)
         })?;
         for unit in blocks.iter_mut() {
-            unit.end_micro_batch(self.groups.shard(), &self.plan, &self.policy, k)?;
+            unit.end_micro_batch(self.groups.shard(), &self.plan, k)?;
         }
         let Some(slot) = embedding_slot.and_then(|i| root_grads.get_mut(i)) else {
             bail!("the root unit does not hold the token embedding");
@@ -345,7 +345,7 @@ impl FsdpTrainer {
         // shard joins the step's gradient, which takes two shards' room.
         drop(root_grad);
         root.add_grad(&root_shard)?;
-        root.end_micro_batch(self.groups.shard(), &self.plan, &self.policy, k)?;
+        root.end_micro_batch(self.groups.shard(), &self.plan, k)?;
         Ok(loss_value)
     }
 
