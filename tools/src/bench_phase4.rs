@@ -26,7 +26,7 @@ struct Variant {
 const TWO_PROCESSES: Ranks = Ranks { nproc: 2, threads_per_rank: 1, processes: true };
 
 /// What is compared; the ratios are to the first two-process variant, plain DDP.
-const VARIANTS: [Variant; 7] = [
+const VARIANTS: [Variant; 11] = [
     Variant {
         name: "single process, 2 threads",
         exercises: "",
@@ -51,9 +51,33 @@ const VARIANTS: [Variant; 7] = [
         name: "GPipe pipeline, 2 stages",
         exercises: "21",
         ranks: TWO_PROCESSES,
-        flags: &["--pipeline", "gpipe"],
+        flags: &["--pp", "2", "--pipeline-schedule", "gpipe"],
     },
-    Variant { name: "1F1B pipeline, 2 stages", exercises: "24", ranks: TWO_PROCESSES, flags: &["--pipeline", "1f1b"] },
+    Variant {
+        name: "1F1B pipeline, 2 stages",
+        exercises: "24",
+        ranks: TWO_PROCESSES,
+        flags: &["--pp", "2", "--pipeline-schedule", "1f1b"],
+    },
+    Variant {
+        name: "ZeRO-1, AdamW's state sharded",
+        exercises: "17",
+        ranks: TWO_PROCESSES,
+        flags: &["--strategy", "zero1"],
+    },
+    Variant {
+        name: "ZeRO-2, the gradients sharded too",
+        exercises: "17",
+        ranks: TWO_PROCESSES,
+        flags: &["--strategy", "zero2"],
+    },
+    Variant {
+        name: "FSDP, full_shard, your unit step",
+        exercises: "12–15, 22",
+        ranks: TWO_PROCESSES,
+        flags: &["--strategy", "fsdp"],
+    },
+    Variant { name: "your DDP", exercises: "26", ranks: TWO_PROCESSES, flags: &["--own-ddp"] },
 ];
 
 /// The variant the others are compared with.
@@ -70,14 +94,14 @@ const COMPOSED: [Variant; 4] = [
         name: "dp 2 × pp 2, GPipe",
         exercises: "21, 25",
         ranks: FOUR_PROCESSES,
-        flags: &["--pipeline", "gpipe", "--stages", "2"],
+        flags: &["--pp", "2", "--pipeline-schedule", "gpipe"],
     },
     Variant { name: "dp 2 × tp 2", exercises: "23, 25", ranks: FOUR_PROCESSES, flags: &["--tp", "2"] },
     Variant {
         name: "pp 2 × tp 2, GPipe",
         exercises: "21, 23, 25",
         ranks: FOUR_PROCESSES,
-        flags: &["--pipeline", "gpipe", "--stages", "2", "--tp", "2"],
+        flags: &["--pp", "2", "--pipeline-schedule", "gpipe", "--tp", "2"],
     },
 ];
 
@@ -103,7 +127,12 @@ pub fn bench_phase4(ws: &Workspace, model_size: &str, steps: usize, large_steps:
          vectors whole; a pipeline stage sends each micro-batch's activations forward (B·T·H floats)\n\
          and their gradients back, with a bubble of (S−1)/(M+S−1) of the step idle. In memory a\n\
          GPipe stage holds the activations of all M micro-batches at once, a 1F1B stage s at most\n\
-         S − s of them.\n",
+         S − s of them. ZeRO-1 sends what the all-reduce sends, as one reduce-scatter and one\n\
+         all-gather, and keeps 1/N of AdamW's moments; ZeRO-2 keeps 1/N of the gradient too, for\n\
+         a reduce-scatter per micro-batch: (M + 1)/2 times the all-reduce's bytes over M\n\
+         micro-batches. FSDP gathers each block's parameters twice per micro-batch (the root's\n\
+         once) and reduce-scatters each unit's gradient once, nearly 1.5·M times the all-reduce's\n\
+         bytes, and holds 1/N of every model state between uses.\n",
         cpu = cpu_model()
     );
     for workload in &workloads {

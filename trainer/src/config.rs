@@ -234,3 +234,11 @@ impl RunConfig {
         )
     }
 }
+
+/// A flag's value parsed by the type's own `FromStr`, whose error says what it takes.
+pub fn parsed<T: std::str::FromStr>(text: &str) -> Result<T, String>
+where
+    T::Err: std::fmt::Display,
+{
+    text.parse().map_err(|e: T::Err| e.to_string())
+}

@@ -12,6 +12,7 @@ pub mod eval;
 pub mod flag_conflicts;
 pub mod generate;
 pub mod launching;
+pub mod layout_flags;
 pub mod metrics;
 pub mod model_dir;
 pub mod needs;

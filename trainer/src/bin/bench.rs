@@ -16,8 +16,9 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use serde::{Deserialize, Serialize};
 use trainer::compute::{Backend, ComputeArgs, DeviceKind};
-use trainer::config::{bucket_cap_bytes, RunConfig};
+use trainer::config::RunConfig;
 use trainer::launching::RankKind;
+use trainer::layout_flags::LayoutFlags;
 use trainer::metrics::{read_log, METRICS_FILE};
 use trainer::run::{peak_memory_mib, rows_to_split, train, RunOptions};
 use trainer::strategy::Strategy;
@@ -25,7 +26,6 @@ use trainer::RankThreads;
 use workbook::data::{DataConfig, DatasetKind};
 use workbook::distributed::{relaunch_self, DistEnv, LaunchConfig, DEFAULT_TIMEOUT};
 use workbook::parallel::ddp::DEFAULT_BUCKET_BYTES;
-use workbook::parallel::pipeline::PipelineSchedule;
 use workbook::parallel::DataAxis;
 
 /// Where the ranks of a multi-process bench write their metrics, for the
@@ -61,30 +61,9 @@ struct Args {
     /// The threads each rank uses, as `train --threads` (default: the cores / --nproc).
     #[arg(long)]
     threads: Option<usize>,
-    /// `ring`: DDP all-reduces with exercise 16's ring (needs --features solutions or your code).
-    #[arg(long, value_parser = ["backend", "ring"], default_value = "backend")]
-    allreduce: String,
-    /// Average matrix gradients as rank-R PowerSGD estimates (exercise 18).
-    #[arg(long, value_name = "R")]
-    powersgd_rank: Option<usize>,
-    /// All-reduce gradient buckets during backward (exercise 19).
-    #[arg(long)]
-    ddp_overlap: bool,
-    /// A pipeline instead of DDP, on the schedule `gpipe` (exercise 21) or
-    /// `1f1b` (exercise 24): one stage per rank, or --stages of them
-    /// replicated across the ranks.
-    #[arg(long, value_name = "SCHEDULE", conflicts_with_all = ["powersgd_rank", "ddp_overlap"])]
-    pipeline: Option<PipelineSchedule>,
-    /// With --pipeline: the stages of one pipeline (default: --nproc).
-    #[arg(long, value_name = "S", requires = "pipeline")]
-    stages: Option<usize>,
-    /// Every block split across T tensor-parallel ranks (exercise 23); with
-    /// --pipeline, every stage's blocks. Replicated across the ranks.
-    #[arg(long = "tp", value_name = "T", conflicts_with_all = ["powersgd_rank", "ddp_overlap"])]
-    tensor_parallel: Option<usize>,
-    /// The most megabytes of gradients one all-reduce carries.
-    #[arg(long = "bucket-cap-mb", value_name = "MB", default_value = "25", value_parser = bucket_cap_bytes)]
-    bucket_bytes: usize,
+    /// How the ranks share the work, as `train` takes it: --strategy, --pp, --tp and the rest.
+    #[command(flatten)]
+    layout: LayoutFlags,
     /// One device's peak TFLOP/s in the precision the run computes in (the
     /// datasheet's: an H100 SXM's is about 67 in f32 without TF32, 989 in
     /// dense bf16), for the model FLOPs utilisation (MFU) of the run.
@@ -110,7 +89,8 @@ struct RankUsage {
 static ALLOCATOR: workbook::memory::CountingAllocator = workbook::memory::CountingAllocator;
 
 fn main() -> ExitCode {
-    trainer::main_with(|| run(Args::parse()))
+    let args = Args::try_parse().unwrap_or_else(|error| trainer::flag_conflicts::exit_saying_why(error));
+    trainer::main_with(|| run(args))
 }
 
 fn run(args: Args) -> Result<()> {
@@ -127,6 +107,8 @@ fn run(args: Args) -> Result<()> {
     if let Some(k) = args.grad_accum {
         config.grad_accum_steps = k;
     }
+    // Checked before any rank starts, as `train` checks it.
+    let strategy = args.layout.strategy(&config, args.nproc, args.nproc)?;
     let launched = DistEnv::from_env()?;
     let out_dir = std::env::var_os(BENCH_DIR)
         .map(PathBuf::from)
@@ -138,7 +120,7 @@ fn run(args: Args) -> Result<()> {
         if relaunch_self(&job)? != 0 {
             bail!("the bench's ranks failed");
         }
-        return report(&args, &config, &out_dir);
+        return report(&args, &config, &out_dir, strategy);
     }
     let _ = std::fs::remove_dir_all(&out_dir);
     let data = DataConfig {
@@ -163,14 +145,14 @@ fn run(args: Args) -> Result<()> {
         resume: None,
         overwrite: true,
         init_from: None,
-        activation_checkpointing: false,
-        strategy: strategy(&args),
-        own_ring: args.allreduce == "ring",
-        powersgd_rank: args.powersgd_rank,
-        ddp_overlap: args.ddp_overlap,
-        prefetch: false,
-        offload: false,
-        bucket_bytes: args.bucket_bytes,
+        activation_checkpointing: args.layout.activation_checkpointing,
+        strategy,
+        own_ring: args.layout.own_ring(),
+        powersgd_rank: args.layout.powersgd_rank(),
+        ddp_overlap: args.layout.ddp_overlap,
+        prefetch: args.layout.prefetch,
+        offload: args.layout.offload,
+        bucket_bytes: args.layout.bucket_bytes(),
         unverified_nccl: false,
         trace: false,
         eval_every: None,
@@ -192,7 +174,7 @@ fn run(args: Args) -> Result<()> {
     std::fs::write(usage_path(&out_dir, rank), serde_json::to_string(&usage)?)?;
     match launched {
         Some(_) => Ok(()), // the process that started the ranks reports
-        None => report(&args, &config, &out_dir),
+        None => report(&args, &config, &out_dir, strategy),
     }
 }
 
@@ -202,7 +184,7 @@ fn usage_path(out_dir: &Path, rank: usize) -> PathBuf {
 
 /// Prints the setup's tokens/s, from the metrics rank 0 wrote, and the
 /// busiest rank's traffic and memory, as one JSON line.
-fn report(args: &Args, config: &RunConfig, out_dir: &Path) -> Result<()> {
+fn report(args: &Args, config: &RunConfig, out_dir: &Path, strategy: Strategy) -> Result<()> {
     let records = read_log(&out_dir.join(METRICS_FILE))?;
     // Thread ranks share one process, which wrote rank 0's usage only.
     let ranks = if args.ranks == RankKind::Processes { args.nproc } else { 1 };
@@ -227,8 +209,8 @@ fn report(args: &Args, config: &RunConfig, out_dir: &Path) -> Result<()> {
     let mut setup = match (nproc, args.ranks) {
         (1, _) if parts > 1 => format!("workbook, single process, batch split across {parts} threads"),
         (1, _) => "workbook, single process".to_string(),
-        (_, RankKind::Processes) => format!("workbook, {} on {nproc} processes", parallelism(args)),
-        (_, RankKind::Threads) => format!("workbook, {} on {nproc} thread ranks", parallelism(args)),
+        (_, RankKind::Processes) => format!("workbook, {} on {nproc} processes", parallelism(strategy, nproc)),
+        (_, RankKind::Threads) => format!("workbook, {} on {nproc} thread ranks", parallelism(strategy, nproc)),
     };
     if args.compute.device == DeviceKind::Cuda {
         setup.push_str(match (nproc, args.compute.backend()) {
@@ -243,17 +225,17 @@ fn report(args: &Args, config: &RunConfig, out_dir: &Path) -> Result<()> {
             setup.push_str(", bf16 autocast");
         }
     }
-    if args.allreduce == "ring" {
+    if args.layout.own_ring() {
         setup.push_str(", your ring all-reduce");
     }
-    if let Some(rank) = args.powersgd_rank {
+    if let Some(rank) = args.layout.powersgd_rank {
         setup.push_str(&format!(", PowerSGD rank {rank}"));
     }
-    if args.ddp_overlap {
+    if args.layout.ddp_overlap {
         setup.push_str(", buckets overlapped with backward");
     }
-    if args.bucket_bytes != DEFAULT_BUCKET_BYTES {
-        setup.push_str(&format!(", {} MB buckets", args.bucket_bytes as f64 / (1024.0 * 1024.0)));
+    if args.layout.bucket_bytes() != DEFAULT_BUCKET_BYTES {
+        setup.push_str(&format!(", {} MB buckets", args.layout.bucket_bytes() as f64 / (1024.0 * 1024.0)));
     }
     // Thread ranks share their process's threads evenly.
     let threads = nproc * usages[0].threads.total();
@@ -276,31 +258,32 @@ fn report(args: &Args, config: &RunConfig, out_dir: &Path) -> Result<()> {
     Ok(())
 }
 
-fn strategy(args: &Args) -> Strategy {
-    let (stages, tp) = match (args.pipeline, args.tensor_parallel) {
-        (None, None) => return Strategy::Ddp,
-        (Some(_), tp) => (args.stages.unwrap_or(args.nproc), tp.unwrap_or(1)),
-        (None, Some(tp)) => (1, tp),
-    };
-    let schedule = args.pipeline.unwrap_or_default();
-    Strategy::Mesh { stages, tp, schedule, sequence_parallel: false, data: DataAxis::Replicate }
-}
-
-fn parallelism(args: &Args) -> String {
-    let replicas = |per_replica: usize| match args.nproc / per_replica.max(1) {
+/// The run's layout in words: its parallelisms and what the replicas share.
+fn parallelism(strategy: Strategy, nproc: usize) -> String {
+    let replicas = |per_replica: usize| match nproc / per_replica.max(1) {
         1 => String::new(),
         n => format!(" × {n} replicas"),
     };
-    match strategy(args) {
-        Strategy::Mesh { stages: 1, tp, .. } => format!("tensor parallelism over {tp} ranks{}", replicas(tp)),
-        Strategy::Mesh { schedule, stages, tp: 1, .. } => {
-            format!("a {schedule} pipeline of {stages} stages{}", replicas(stages))
-        }
-        Strategy::Mesh { schedule, stages, tp, .. } => {
-            format!("a {schedule} pipeline of {stages} stages split {tp} ways{}", replicas(stages * tp))
-        }
-        _ => "DDP".to_string(),
-    }
+    let Strategy::Mesh { stages, tp, schedule, data, .. } = strategy else {
+        return match strategy {
+            Strategy::Fsdp(fsdp) => format!("FSDP ({}, {})", fsdp.sharding, fsdp.precision),
+            _ => "DDP".to_string(),
+        };
+    };
+    let sharing = match data {
+        DataAxis::Replicate => "",
+        DataAxis::ShardOptimizer => ", ZeRO-1",
+        DataAxis::ShardGradients => ", ZeRO-2",
+        DataAxis::YourDdp => ", your DDP",
+        DataAxis::ShardBlocks { .. } => ", FSDP units",
+    };
+    let cut = match (stages, tp) {
+        (1, 1) => "whole replicas".to_string(),
+        (1, tp) => format!("tensor parallelism over {tp} ranks{}", replicas(tp)),
+        (stages, 1) => format!("a {schedule} pipeline of {stages} stages{}", replicas(stages)),
+        (stages, tp) => format!("a {schedule} pipeline of {stages} stages split {tp} ways{}", replicas(stages * tp)),
+    };
+    format!("{cut}{sharing}")
 }
 
 fn positive_tflops(text: &str) -> Result<f64, String> {
