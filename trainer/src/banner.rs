@@ -16,27 +16,27 @@ use crate::strategy::Strategy;
 
 /// The banner's lines about the exercises this run steps with.
 pub fn exercise_lines(options: &RunOptions) -> candle_core::Result<Vec<String>> {
-    let mesh = options.strategy.mesh(options.nproc)?;
+    let mesh = options.layout.strategy.mesh(options.nproc)?;
     let named = |number| named(number, needs::body(number));
     let mut lines = Vec::new();
-    if options.own_ring {
+    if options.layout.own_ring {
         lines.push(format!(
             "all-reduce (--allreduce ring): every one runs the ring from {}; here it carries {}",
             named(16),
-            ring_carries(options.strategy, mesh, options.powersgd_rank.is_some())
+            ring_carries(options.layout.strategy, mesh, options.layout.powersgd_rank.is_some())
         ));
     }
-    if options.ddp_overlap {
+    if options.layout.ddp_overlap {
         lines.push(format!("gradients (--ddp-overlap): buckets all-reduced during backward by {}", named(19)));
     }
-    if let Some(rank) = options.powersgd_rank {
+    if let Some(rank) = options.layout.powersgd_rank {
         lines.push(format!(
             "gradients (--powersgd-rank): matrices averaged as rank-{rank} PowerSGD estimates by {}",
             named(18)
         ));
     }
-    match options.strategy {
-        Strategy::Ddp if options.ddp_overlap => {}
+    match options.layout.strategy {
+        Strategy::Ddp if options.layout.ddp_overlap => {}
         Strategy::Ddp => lines.push(format!(
             "training step: micro-batches accumulated, {}clipped and stepped by {}",
             match mesh.dp {
@@ -82,7 +82,7 @@ pub fn exercise_lines(options: &RunOptions) -> candle_core::Result<Vec<String>> 
                     "DDP (--own-ddp): each micro-batch's forward and backward, and the gradients averaged over the \
                      {} ranks in buckets of {:.1} MiB, by {}",
                     mesh.dp,
-                    options.bucket_bytes as f64 / (1u64 << 20) as f64,
+                    options.layout.bucket_bytes as f64 / (1u64 << 20) as f64,
                     named(26)
                 )),
                 DataAxis::ShardBlocks { shard_group } => {
@@ -136,7 +136,7 @@ pub fn exercise_lines(options: &RunOptions) -> candle_core::Result<Vec<String>> 
         }
     }
     if mesh.tp > 1 {
-        let line = match options.strategy {
+        let line = match options.layout.strategy {
             Strategy::Mesh { sequence_parallel: true, .. } => format!(
                 "tensor-parallel MLP: every block's MLP cut by `shard` and run by `partial` of {}, whose f also \
                  sums the norms' weight gradients",
@@ -149,7 +149,7 @@ pub fn exercise_lines(options: &RunOptions) -> candle_core::Result<Vec<String>> 
         };
         lines.push(line);
     }
-    if options.strategy.cuts_the_model() {
+    if options.layout.strategy.cuts_the_model() {
         lines.push(format!(
             "mesh: dp {} x pp {} x tp {}, each rank's place and groups laid out by {}",
             mesh.dp,
@@ -157,7 +157,7 @@ pub fn exercise_lines(options: &RunOptions) -> candle_core::Result<Vec<String>> 
             mesh.tp,
             named(25)
         ));
-        let shared = match options.strategy {
+        let shared = match options.layout.strategy {
             Strategy::Mesh { data: DataAxis::ShardOptimizer, .. } => {
                 "each rank's gradients reduce-scattered with the same place in the others, AdamW's state sharded"
             }

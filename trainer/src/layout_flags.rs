@@ -1,6 +1,6 @@
 //! The flags that say how a run's ranks share the work (`--strategy`, `--pp`,
 //! `--tp` and those that go with them), and the one place that checks them
-//! and turns them into a [`Strategy`]: `train` and `bench` both take them.
+//! and turns them into a [`Layout`]: `train` and `bench` both take them.
 
 use anyhow::Result;
 use workbook::distributed::MeshShape;
@@ -11,7 +11,7 @@ use workbook::parallel::DataAxis;
 use workbook::GptConfig;
 
 use crate::config::{bucket_cap_bytes, parsed, RunConfig};
-use crate::strategy::Strategy;
+use crate::strategy::{Layout, Strategy};
 
 /// How the ranks share the work.
 #[derive(Debug, Clone, clap::Args)]
@@ -119,10 +119,10 @@ pub struct LayoutFlags {
 }
 
 impl LayoutFlags {
-    /// The strategy these flags choose for a job of `world_size` ranks,
-    /// `node_size` of them to a machine, checked against `config`: a pair of
-    /// flags that does not go together is refused with its reason.
-    pub fn strategy(&self, config: &RunConfig, world_size: usize, node_size: usize) -> Result<Strategy> {
+    /// What these flags choose for a job of `world_size` ranks, `node_size`
+    /// of them to a machine, checked against `config`: a pair of flags that
+    /// does not go together is refused with its reason.
+    pub fn choose(&self, config: &RunConfig, world_size: usize, node_size: usize) -> Result<Layout> {
         // Flags that shape one strategy's step, and what each does there.
         let one_strategy_flags = [
             ("--powersgd-rank", self.powersgd_rank.is_some(), StrategyName::Ddp, "it compresses DDP's all-reduces"),
@@ -175,22 +175,16 @@ impl LayoutFlags {
             MeshShape::new(world_size, Some(dp), Some(shape.pp), Some(shape.tp))
                 .map_err(|e| anyhow::anyhow!("--dp {dp}: {e}"))?;
         }
-        Ok(strategy)
-    }
-
-    /// Whether DDP's all-reduces run over exercise 16's ring (`--allreduce ring`).
-    pub fn own_ring(&self) -> bool {
-        self.allreduce == "ring"
-    }
-
-    /// `--powersgd-rank`, as a count.
-    pub fn powersgd_rank(&self) -> Option<usize> {
-        self.powersgd_rank.map(|r| r as usize)
-    }
-
-    /// `--bucket-cap-mb` in bytes, or PyTorch's default.
-    pub fn bucket_bytes(&self) -> usize {
-        self.bucket_bytes.unwrap_or(DEFAULT_BUCKET_BYTES)
+        Ok(Layout {
+            strategy,
+            activation_checkpointing: self.activation_checkpointing,
+            own_ring: self.allreduce == "ring",
+            powersgd_rank: self.powersgd_rank.map(|r| r as usize),
+            ddp_overlap: self.ddp_overlap,
+            prefetch: self.prefetch,
+            offload: self.offload,
+            bucket_bytes: self.bucket_bytes.unwrap_or(DEFAULT_BUCKET_BYTES),
+        })
     }
 }
 

@@ -31,14 +31,14 @@ pub fn exercises_called(options: &RunOptions) -> BTreeMap<u32, &'static str> {
     }
     called.insert(8, "AdamW's parameter groups");
     called.insert(9, "the learning-rate schedule");
-    match options.strategy {
+    match options.layout.strategy {
         Strategy::Ddp => {
-            match options.ddp_overlap {
+            match options.layout.ddp_overlap {
                 true => called.insert(19, "--ddp-overlap"),
                 false => called.insert(10, "the train step"),
             };
             called.insert(11, "the checkpoint every run saves");
-            if options.powersgd_rank.is_some() {
+            if options.layout.powersgd_rank.is_some() {
                 called.insert(18, "--powersgd-rank");
             }
         }
@@ -70,12 +70,12 @@ pub fn exercises_called(options: &RunOptions) -> BTreeMap<u32, &'static str> {
                     false => called.insert(23, "--tp"),
                 };
             }
-            if options.strategy.cuts_the_model() {
+            if options.layout.strategy.cuts_the_model() {
                 called.insert(25, "the device mesh of --pp and --tp");
             }
         }
     }
-    if options.own_ring {
+    if options.layout.own_ring {
         called.insert(16, "--allreduce ring");
     }
     called

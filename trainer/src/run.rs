@@ -28,7 +28,7 @@ use crate::eval::{evaluate, HeldOut};
 use crate::metrics::{self, loss_curve_svg, read_log, MetricsLog, StepRecord, METRICS_FILE};
 use crate::model_dir::ModelDir;
 use crate::report;
-use crate::strategy::Strategy;
+use crate::strategy::{Layout, Strategy};
 
 /// Everything a run needs besides its config file.
 #[derive(Debug, Clone)]
@@ -57,21 +57,8 @@ pub struct RunOptions {
     /// Start from these weights (a checkpoint or a Hugging Face Llama
     /// directory) instead of a fresh initialisation; `config.model` must be theirs.
     pub init_from: Option<PathBuf>,
-    pub activation_checkpointing: bool,
-    /// DDP, or FSDP with its sharding and precision.
-    pub strategy: Strategy,
-    /// All-reduce with exercise 16's ring (the learner's code) instead of the backend's.
-    pub own_ring: bool,
-    /// Under DDP, average matrix gradients as rank-R PowerSGD estimates (exercise 18).
-    pub powersgd_rank: Option<usize>,
-    /// Under DDP, all-reduce buckets during backward (exercise 19).
-    pub ddp_overlap: bool,
-    /// Under FSDP, gather the next unit while one computes.
-    pub prefetch: bool,
-    /// Under FSDP, keep what only the optimizer step reads in a file in `out_dir`.
-    pub offload: bool,
-    /// Under DDP, the most bytes of gradients one all-reduce carries.
-    pub bucket_bytes: usize,
+    /// How the ranks share the work.
+    pub layout: Layout,
     /// Record a timeline of every rank's steps and communication into
     /// `out_dir/trace.json` (a Chrome trace, see `workbook::timeline`).
     pub trace: bool,
@@ -123,7 +110,7 @@ pub fn train(options: &RunOptions) -> Result<Summary> {
     }
     // Thread ranks all share this machine; a launched rank learns how many do from its launcher.
     let ranks_here = launched.as_ref().map_or(options.nproc, |env| env.local_world_size);
-    options.config.validate(options.strategy.mesh(options.nproc)?.dp, ranks_here)?;
+    options.config.validate(options.layout.strategy.mesh(options.nproc)?.dp, ranks_here)?;
     options.backend.check(options.device)?;
     if options.backend == Backend::Nccl && launched.is_none() && options.nproc > 1 {
         bail!("NCCL's ranks are processes, one per GPU: drop --ranks threads, or use --backend tcp");
@@ -184,7 +171,7 @@ pub fn open_dataset(config: &DataConfig) -> Result<Dataset> {
 fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>, device: &Device) -> Result<Summary> {
     // What NCCL has never run with two GPUs is refused where it is called.
     workbook::distributed::allow_unverified_nccl(options.unverified_nccl);
-    let pg: Box<dyn ProcessGroup> = if options.own_ring { Box::new(OwnRing::around(pg)) } else { pg };
+    let pg: Box<dyn ProcessGroup> = if options.layout.own_ring { Box::new(OwnRing::around(pg)) } else { pg };
     workbook::model::set_autocast_bf16(options.autocast_bf16);
     let model_config = options.config.model.clone();
     let params = match &options.init_from {
@@ -196,15 +183,15 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>, 
         None => init_params(&model_config, options.seed, device).map_err(|e| anyhow!("initialising the model: {e}"))?,
     };
     let num_params = params.num_params();
-    let train_config = options.config.train_config(options.activation_checkpointing);
-    match options.strategy {
+    let train_config = options.config.train_config(options.layout.activation_checkpointing);
+    match options.layout.strategy {
         Strategy::Ddp => {
-            let ddp = match options.powersgd_rank {
+            let ddp = match options.layout.powersgd_rank {
                 Some(rank) => Ddp::new(pg).with_powersgd(rank),
                 None => Ddp::new(pg),
             };
-            let ddp = ddp.with_bucket_bytes(options.bucket_bytes);
-            let ddp = if options.ddp_overlap { ddp.with_overlap() } else { ddp };
+            let ddp = ddp.with_bucket_bytes(options.layout.bucket_bytes);
+            let ddp = if options.layout.ddp_overlap { ddp.with_overlap() } else { ddp };
             let trainer = Trainer::new(&model_config, params, train_config, ddp)?;
             let trainer = trainer.split_batches_across(options.batch_parts())?;
             drive(options, dataset, trainer, device, num_params)
@@ -212,8 +199,8 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>, 
         Strategy::Fsdp(fsdp) => {
             workbook::memory::return_large_blocks();
             let trainer = FsdpTrainer::new(&model_config, params, train_config, fsdp, pg)?;
-            let trainer = if options.prefetch { trainer.with_prefetch() } else { trainer };
-            let trainer = if options.offload { trainer.with_offload(&options.out_dir)? } else { trainer };
+            let trainer = if options.layout.prefetch { trainer.with_prefetch() } else { trainer };
+            let trainer = if options.layout.offload { trainer.with_offload(&options.out_dir)? } else { trainer };
             drive(options, dataset, trainer, device, num_params)
         }
         Strategy::Mesh { schedule, sequence_parallel, data, .. } => {
@@ -221,12 +208,12 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>, 
                 workbook::memory::return_large_blocks();
             }
             // One data-parallel axis needs no layout (nor subgroups).
-            let mesh = match options.strategy.cuts_the_model() {
-                true => DeviceMesh::new(pg, options.strategy.mesh(options.nproc)?)?,
+            let mesh = match options.layout.strategy.cuts_the_model() {
+                true => DeviceMesh::new(pg, options.layout.strategy.mesh(options.nproc)?)?,
                 false => DeviceMesh::data_parallel(pg),
             };
             let block_step = if sequence_parallel { BlockStep::SequenceParallel } else { BlockStep::TensorParallel };
-            let plan = MeshPlan { schedule, block_step, data_axis: data, bucket_bytes: options.bucket_bytes };
+            let plan = MeshPlan { schedule, block_step, data_axis: data, bucket_bytes: options.layout.bucket_bytes };
             let trainer = MeshTrainer::new(&model_config, &params, train_config, mesh, plan)?;
             drop(params); // each rank keeps only its own part
             drive(options, dataset, trainer, device, num_params)
@@ -247,7 +234,8 @@ impl RunOptions {
 /// strategies run their batches whole; overlapped DDP takes backward a block
 /// at a time; a GPU's threads would only queue on its one compute stream).
 pub fn rows_to_split(options: &RunOptions) -> usize {
-    let splits = options.strategy == Strategy::Ddp && !options.ddp_overlap && options.device == DeviceKind::Cpu;
+    let splits =
+        options.layout.strategy == Strategy::Ddp && !options.layout.ddp_overlap && options.device == DeviceKind::Cpu;
     if splits {
         options.config.batch_size / options.nproc.max(1)
     } else {
@@ -587,10 +575,10 @@ fn print_plan(
     for line in banner::exercise_lines(options)? {
         report!("{line}");
     }
-    if options.prefetch {
+    if options.layout.prefetch {
         report!("parameters: each unit's all-gather starts while the unit before it computes (--prefetch)");
     }
-    if options.offload {
+    if options.layout.offload {
         report!(
             "optimizer state and f32 master weights: in a file in {}, read back when needed (--offload)",
             options.out_dir.display()

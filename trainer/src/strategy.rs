@@ -6,6 +6,28 @@ use workbook::parallel::fsdp::FsdpConfig;
 use workbook::parallel::pipeline::PipelineSchedule;
 use workbook::parallel::DataAxis;
 
+/// How a run's ranks share the work: its strategy and the flags that
+/// shape it ([`crate::layout_flags::LayoutFlags`] chooses it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Layout {
+    /// Recompute each block in backward instead of keeping its activations.
+    pub activation_checkpointing: bool,
+    /// DDP, or FSDP with its sharding and precision.
+    pub strategy: Strategy,
+    /// All-reduce with exercise 16's ring (the learner's code) instead of the backend's.
+    pub own_ring: bool,
+    /// Under DDP, average matrix gradients as rank-R PowerSGD estimates (exercise 18).
+    pub powersgd_rank: Option<usize>,
+    /// Under DDP, all-reduce buckets during backward (exercise 19).
+    pub ddp_overlap: bool,
+    /// Under FSDP, gather the next unit while one computes.
+    pub prefetch: bool,
+    /// Under FSDP, keep what only the optimizer step reads in a file in `out_dir`.
+    pub offload: bool,
+    /// Under DDP, the most bytes of gradients one all-reduce carries.
+    pub bucket_bytes: usize,
+}
+
 /// How a run spreads over its ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Strategy {

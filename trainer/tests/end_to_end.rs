@@ -12,7 +12,7 @@ use trainer::compute::{Backend, DeviceKind};
 use trainer::config::workbook_root;
 use trainer::config::RunConfig;
 use trainer::run::{train, RunOptions, Summary};
-use trainer::strategy::Strategy;
+use trainer::strategy::{Layout, Strategy};
 use workbook::data::{DataConfig, DatasetKind, SAMPLE_PATH};
 use workbook::parallel::fsdp::{FsdpConfig, Precision, ShardingStrategy};
 use workbook::parallel::pipeline::PipelineSchedule;
@@ -46,14 +46,16 @@ fn options(out_dir: PathBuf, max_steps: usize, nproc: usize) -> RunOptions {
         resume: None,
         overwrite: false,
         init_from: None,
-        activation_checkpointing: false,
-        strategy: Strategy::Ddp,
-        own_ring: false,
-        powersgd_rank: None,
-        ddp_overlap: false,
-        prefetch: false,
-        offload: false,
-        bucket_bytes: workbook::parallel::ddp::DEFAULT_BUCKET_BYTES,
+        layout: Layout {
+            activation_checkpointing: false,
+            strategy: Strategy::Ddp,
+            own_ring: false,
+            powersgd_rank: None,
+            ddp_overlap: false,
+            prefetch: false,
+            offload: false,
+            bucket_bytes: workbook::parallel::ddp::DEFAULT_BUCKET_BYTES,
+        },
         unverified_nccl: false,
         trace: false,
         eval_every: None,
@@ -69,13 +71,13 @@ fn a_run_calls_the_exercises_its_flags_choose() {
     let called = |options: &RunOptions| trainer::needs::exercises_called(options).into_keys().collect::<Vec<_>>();
     let mut ddp = options(PathBuf::from("unused"), 1, 2);
     assert_eq!(called(&ddp), [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
-    ddp.own_ring = true;
-    ddp.powersgd_rank = Some(2);
-    ddp.ddp_overlap = true;
+    ddp.layout.own_ring = true;
+    ddp.layout.powersgd_rank = Some(2);
+    ddp.layout.ddp_overlap = true;
     ddp.init_from = Some(PathBuf::from("weights"));
     assert_eq!(called(&ddp), [1, 2, 3, 4, 5, 7, 8, 9, 11, 16, 18, 19]);
     let mut fsdp = options(PathBuf::from("unused"), 1, 2);
-    fsdp.strategy = Strategy::Fsdp(FsdpConfig {
+    fsdp.layout.strategy = Strategy::Fsdp(FsdpConfig {
         sharding: ShardingStrategy::FullShard,
         precision: Precision::Fp32,
         hybrid_group_size: None,
@@ -83,22 +85,22 @@ fn a_run_calls_the_exercises_its_flags_choose() {
     });
     assert_eq!(called(&fsdp), [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 14, 15]);
     let mut pipeline = options(PathBuf::from("unused"), 1, 2);
-    pipeline.strategy = mesh(2, 1, PipelineSchedule::OneFOneB, false);
+    pipeline.layout.strategy = mesh(2, 1, PipelineSchedule::OneFOneB, false);
     assert_eq!(called(&pipeline), [1, 2, 3, 4, 5, 6, 7, 8, 9, 24, 25]);
-    pipeline.strategy = mesh(2, 2, PipelineSchedule::GPipe, false);
+    pipeline.layout.strategy = mesh(2, 2, PipelineSchedule::GPipe, false);
     assert_eq!(called(&pipeline), [1, 2, 3, 4, 5, 6, 7, 8, 9, 20, 21, 23, 25]);
-    pipeline.strategy = mesh(2, 2, PipelineSchedule::GPipe, true);
+    pipeline.layout.strategy = mesh(2, 2, PipelineSchedule::GPipe, true);
     assert_eq!(called(&pipeline), [1, 2, 3, 4, 5, 6, 7, 8, 9, 20, 21, 25, 27]);
     let mut zero1 = options(PathBuf::from("unused"), 1, 2);
-    zero1.strategy = Strategy::ZERO1;
+    zero1.layout.strategy = Strategy::ZERO1;
     assert_eq!(called(&zero1), [1, 2, 3, 4, 5, 6, 7, 8, 9, 17]);
-    zero1.strategy = Strategy::ZERO2;
+    zero1.layout.strategy = Strategy::ZERO2;
     assert_eq!(called(&zero1), [1, 2, 3, 4, 5, 6, 7, 8, 9, 17]);
-    zero1.strategy = mesh(1, 2, PipelineSchedule::OneFOneB, true);
+    zero1.layout.strategy = mesh(1, 2, PipelineSchedule::OneFOneB, true);
     assert_eq!(called(&zero1), [1, 2, 3, 4, 5, 6, 7, 8, 9, 20, 25, 27]);
-    zero1.strategy = Strategy::YOUR_DDP;
+    zero1.layout.strategy = Strategy::YOUR_DDP;
     assert_eq!(called(&zero1), [1, 2, 3, 4, 5, 6, 7, 8, 9, 26]);
-    zero1.strategy = Strategy::Mesh {
+    zero1.layout.strategy = Strategy::Mesh {
         stages: 2,
         tp: 1,
         schedule: PipelineSchedule::GPipe,
@@ -189,13 +191,13 @@ fn resuming_in_a_new_process_reproduces_an_uninterrupted_run() {
 fn fsdp_trains_on_two_ranks_in_bf16_and_its_checkpoint_resumes_under_ddp() {
     let dir = scratch("fsdp");
     let mut fsdp = options(dir.clone(), 20, 2);
-    fsdp.strategy = Strategy::Fsdp(FsdpConfig {
+    fsdp.layout.strategy = Strategy::Fsdp(FsdpConfig {
         sharding: ShardingStrategy::FullShard,
         precision: Precision::Bf16,
         hybrid_group_size: None,
         reduce_in_f32: false,
     });
-    fsdp.activation_checkpointing = true;
+    fsdp.layout.activation_checkpointing = true;
     let run = train(&fsdp).unwrap();
     let (start, end) = (run.first.unwrap().loss, run.last.unwrap().loss);
     assert!(end < start - 1.0, "20 FSDP steps should cut the loss by more than 1 nat: {start:.3} -> {end:.3}");
@@ -215,8 +217,8 @@ fn ddp_overlapped_with_backward_reaches_the_parameters_of_ddp_after_backward() {
         let dir = scratch(name);
         let mut options = options(dir.clone(), 3, 2);
         options.config.grad_accum_steps = 2;
-        options.ddp_overlap = overlap;
-        options.bucket_bytes = 256 * 1024; // several buckets, so that they can overlap
+        options.layout.ddp_overlap = overlap;
+        options.layout.bucket_bytes = 256 * 1024; // several buckets, so that they can overlap
         train(&options).unwrap();
         candle_core::safetensors::load(
             checkpoints::step_dir(&dir, 3).join("model.safetensors"),
@@ -243,7 +245,7 @@ fn a_pipeline_of_two_stages_trains_as_one_process_and_resumes_under_ddp() {
         let dir = scratch(name);
         let mut options = options(dir.clone(), 3, nproc);
         options.config.grad_accum_steps = 4; // the pipeline's micro-batches
-        options.strategy = strategy;
+        options.layout.strategy = strategy;
         let summary = train(&options).unwrap();
         let params = candle_core::safetensors::load(
             checkpoints::step_dir(&dir, 3).join("model.safetensors"),
@@ -285,7 +287,7 @@ fn run(name: &str, steps: usize, nproc: usize, strategy: Strategy, resume: Optio
     let mut options = options(dir.clone(), steps, nproc);
     options.config.grad_accum_steps = 2; // a pipeline's micro-batches
     options.checkpoint_every = 3;
-    options.strategy = strategy;
+    options.layout.strategy = strategy;
     options.resume = resume.map(|from| checkpoints::step_dir(&from, 3));
     let summary = train(&options).unwrap();
     (dir, summary)
@@ -583,7 +585,7 @@ fn your_own_ddp_trains_as_ddp_and_its_checkpoint_resumes_under_ddp() {
         let dir = scratch(&name);
         let mut options = options(dir.clone(), 3, 2);
         (options.config.grad_accum_steps, options.checkpoint_every) = (2, 3);
-        (options.strategy, options.own_ring) = (Strategy::YOUR_DDP, own_ring);
+        (options.layout.strategy, options.layout.own_ring) = (Strategy::YOUR_DDP, own_ring);
         let own = train(&options).unwrap();
         let (a, b) = (ddp.first.as_ref().unwrap().grad_norm, own.first.unwrap().grad_norm);
         assert!((a - b).abs() <= 1e-5 * a, "{name}: the gradient norm at step 1 is {b}, DDP's {a}");
@@ -610,7 +612,8 @@ fn activation_checkpointing_in_mesh_stages_trains_as_one_process() {
     for (what, strategy) in strategies {
         let dir = scratch(&format!("checkpointed-{what}").replace(' ', ""));
         let mut options = options(dir.clone(), 3, 2);
-        (options.config.grad_accum_steps, options.strategy, options.activation_checkpointing) = (2, strategy, true);
+        (options.config.grad_accum_steps, options.layout.strategy, options.layout.activation_checkpointing) =
+            (2, strategy, true);
         train(&options).unwrap();
         let what = format!("{what} with activation checkpointing, step 3");
         expect_same_params(&checkpoint_params(&dir, 3), &checkpoint_params(&one_dir, 3), &what);
@@ -641,8 +644,8 @@ fn offload_changes_no_bit_and_leaves_no_file(precision: Precision) {
         let mut options = options(dir.clone(), steps, 2);
         options.config.grad_accum_steps = 2;
         options.checkpoint_every = 3;
-        options.strategy = fsdp;
-        options.offload = true;
+        options.layout.strategy = fsdp;
+        options.layout.offload = true;
         options.resume = resume.map(|from| checkpoints::step_dir(&from, 3));
         train(&options).unwrap();
         let left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();

@@ -21,7 +21,7 @@ use trainer::launching::RankKind;
 use trainer::layout_flags::LayoutFlags;
 use trainer::metrics::{read_log, METRICS_FILE};
 use trainer::run::{peak_memory_mib, rows_to_split, train, RunOptions};
-use trainer::strategy::Strategy;
+use trainer::strategy::{Layout, Strategy};
 use trainer::RankThreads;
 use workbook::data::{DataConfig, DatasetKind};
 use workbook::distributed::{relaunch_self, DistEnv, LaunchConfig, DEFAULT_TIMEOUT};
@@ -108,7 +108,7 @@ fn run(args: Args) -> Result<()> {
         config.grad_accum_steps = k;
     }
     // Checked before any rank starts, as `train` checks it.
-    let strategy = args.layout.strategy(&config, args.nproc, args.nproc)?;
+    let layout = args.layout.choose(&config, args.nproc, args.nproc)?;
     let launched = DistEnv::from_env()?;
     let out_dir = std::env::var_os(BENCH_DIR)
         .map(PathBuf::from)
@@ -120,7 +120,7 @@ fn run(args: Args) -> Result<()> {
         if relaunch_self(&job)? != 0 {
             bail!("the bench's ranks failed");
         }
-        return report(&args, &config, &out_dir, strategy);
+        return report(&args, &config, &out_dir, &layout);
     }
     let _ = std::fs::remove_dir_all(&out_dir);
     let data = DataConfig {
@@ -145,14 +145,7 @@ fn run(args: Args) -> Result<()> {
         resume: None,
         overwrite: true,
         init_from: None,
-        activation_checkpointing: args.layout.activation_checkpointing,
-        strategy,
-        own_ring: args.layout.own_ring(),
-        powersgd_rank: args.layout.powersgd_rank(),
-        ddp_overlap: args.layout.ddp_overlap,
-        prefetch: args.layout.prefetch,
-        offload: args.layout.offload,
-        bucket_bytes: args.layout.bucket_bytes(),
+        layout,
         unverified_nccl: false,
         trace: false,
         eval_every: None,
@@ -174,7 +167,7 @@ fn run(args: Args) -> Result<()> {
     std::fs::write(usage_path(&out_dir, rank), serde_json::to_string(&usage)?)?;
     match launched {
         Some(_) => Ok(()), // the process that started the ranks reports
-        None => report(&args, &config, &out_dir, strategy),
+        None => report(&args, &config, &out_dir, &options.layout),
     }
 }
 
@@ -184,7 +177,7 @@ fn usage_path(out_dir: &Path, rank: usize) -> PathBuf {
 
 /// Prints the setup's tokens/s, from the metrics rank 0 wrote, and the
 /// busiest rank's traffic and memory, as one JSON line.
-fn report(args: &Args, config: &RunConfig, out_dir: &Path, strategy: Strategy) -> Result<()> {
+fn report(args: &Args, config: &RunConfig, out_dir: &Path, layout: &Layout) -> Result<()> {
     let records = read_log(&out_dir.join(METRICS_FILE))?;
     // Thread ranks share one process, which wrote rank 0's usage only.
     let ranks = if args.ranks == RankKind::Processes { args.nproc } else { 1 };
@@ -209,8 +202,8 @@ fn report(args: &Args, config: &RunConfig, out_dir: &Path, strategy: Strategy) -
     let mut setup = match (nproc, args.ranks) {
         (1, _) if parts > 1 => format!("workbook, single process, batch split across {parts} threads"),
         (1, _) => "workbook, single process".to_string(),
-        (_, RankKind::Processes) => format!("workbook, {} on {nproc} processes", parallelism(strategy, nproc)),
-        (_, RankKind::Threads) => format!("workbook, {} on {nproc} thread ranks", parallelism(strategy, nproc)),
+        (_, RankKind::Processes) => format!("workbook, {} on {nproc} processes", parallelism(layout.strategy, nproc)),
+        (_, RankKind::Threads) => format!("workbook, {} on {nproc} thread ranks", parallelism(layout.strategy, nproc)),
     };
     if args.compute.device == DeviceKind::Cuda {
         setup.push_str(match (nproc, args.compute.backend()) {
@@ -225,17 +218,17 @@ fn report(args: &Args, config: &RunConfig, out_dir: &Path, strategy: Strategy) -
             setup.push_str(", bf16 autocast");
         }
     }
-    if args.layout.own_ring() {
+    if layout.own_ring {
         setup.push_str(", your ring all-reduce");
     }
-    if let Some(rank) = args.layout.powersgd_rank {
+    if let Some(rank) = layout.powersgd_rank {
         setup.push_str(&format!(", PowerSGD rank {rank}"));
     }
-    if args.layout.ddp_overlap {
+    if layout.ddp_overlap {
         setup.push_str(", buckets overlapped with backward");
     }
-    if args.layout.bucket_bytes() != DEFAULT_BUCKET_BYTES {
-        setup.push_str(&format!(", {} MB buckets", args.layout.bucket_bytes() as f64 / (1024.0 * 1024.0)));
+    if layout.bucket_bytes != DEFAULT_BUCKET_BYTES {
+        setup.push_str(&format!(", {} MB buckets", layout.bucket_bytes as f64 / (1024.0 * 1024.0)));
     }
     // Thread ranks share their process's threads evenly.
     let threads = nproc * usages[0].threads.total();

@@ -194,7 +194,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     };
     let world_size = launched.as_ref().map_or(args.launch.world_size(), |env| env.world_size);
     let node_size = launched.as_ref().map_or(args.launch.nproc_per_node, |env| env.local_world_size);
-    let strategy = args.layout.strategy(&config, world_size, node_size)?;
+    let layout = args.layout.choose(&config, world_size, node_size)?;
     let mut options = RunOptions {
         config,
         data,
@@ -210,14 +210,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         resume,
         overwrite: args.overwrite,
         init_from: args.init_from,
-        activation_checkpointing: args.layout.activation_checkpointing,
-        strategy,
-        own_ring: args.layout.own_ring(),
-        powersgd_rank: args.layout.powersgd_rank(),
-        ddp_overlap: args.layout.ddp_overlap,
-        prefetch: args.layout.prefetch,
-        offload: args.layout.offload,
-        bucket_bytes: args.layout.bucket_bytes(),
+        layout,
         unverified_nccl: args.unverified_nccl,
         trace: args.trace,
         log_every: args.log_every as usize,
@@ -231,7 +224,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     if starts_ranks {
         // Tokenise once here, not in every rank at the same time.
         for world_size in args.launch.world_sizes() {
-            options.config.validate(options.strategy.mesh(world_size)?.dp, args.launch.nproc_per_node)?;
+            options.config.validate(options.layout.strategy.mesh(world_size)?.dp, args.launch.nproc_per_node)?;
         }
         // Rank 0, which writes the checkpoints, runs on node 0: its launcher
         // takes the directory (other nodes may share its filesystem).
