@@ -53,6 +53,11 @@ impl Gradients {
         self.by_name.get(name)
     }
 
+    /// Takes the gradient of `name` out of the buffer.
+    pub fn remove(&mut self, name: &str) -> Option<Tensor> {
+        self.by_name.remove(name)
+    }
+
     /// Replaces the gradient of `name`.
     pub fn insert(&mut self, name: &str, grad: Tensor) {
         self.by_name.insert(name.to_string(), grad);

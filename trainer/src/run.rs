@@ -14,7 +14,7 @@ use workbook::distributed::{
 use workbook::parallel::ddp::Ddp;
 use workbook::parallel::fsdp::FsdpTrainer;
 use workbook::parallel::tensor::BlockStep;
-use workbook::parallel::{DataAxis, MeshPlan, MeshTrainer};
+use workbook::parallel::{MeshPlan, MeshTrainer};
 use workbook::timeline;
 use workbook::train::{faults, Checkpoint, DataPosition, StepStats, Train, Trainer};
 use workbook::words::count;
@@ -204,7 +204,7 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>, 
             drive(options, dataset, trainer, device, num_params)
         }
         Strategy::Mesh { schedule, sequence_parallel, data, .. } => {
-            if matches!(data, DataAxis::ShardBlocks { .. }) {
+            if data.shards() {
                 workbook::memory::return_large_blocks();
             }
             // One data-parallel axis needs no layout (nor subgroups).

@@ -181,7 +181,46 @@ impl FlatLayout {
     /// Elements `range` of the buffer [`flatten`](Self::flatten) makes of
     /// `tensors`: a copy, not a view that would keep the whole buffer alive.
     pub fn part(&self, tensors: &HashMap<String, Tensor>, range: Range<usize>, device: &Device) -> Result<Tensor> {
-        self.flatten(tensors, device)?.narrow(0, range.start, range.len())?.force_contiguous()
+        self.part_scaled(tensors, range, |_| 1.0, device)
+    }
+
+    /// [`part`](Self::part) with each parameter's elements times
+    /// `factor(name)` (AdamW's decoupled weight decay, `1 − lr · wd`). Built
+    /// from the parameters that overlap `range` alone, one at a time: the
+    /// whole buffer is never made, and no more than one parameter's copy is
+    /// held beside the part.
+    pub fn part_scaled(
+        &self,
+        tensors: &HashMap<String, Tensor>,
+        range: Range<usize>,
+        factor: impl Fn(&str) -> f64,
+        device: &Device,
+    ) -> Result<Tensor> {
+        if range.end > self.padded {
+            bail!("elements {range:?} of a flat buffer of {}", self.padded);
+        }
+        let part = Tensor::zeros(range.len(), DType::F32, device)?;
+        for entry in &self.entries {
+            let span = entry.offset..entry.offset + entry.shape.elem_count();
+            let (start, end) = (span.start.max(range.start), span.end.min(range.end));
+            if start >= end {
+                continue;
+            }
+            let Some(t) = tensors.get(&entry.name) else {
+                bail!("no tensor `{}` to flatten", entry.name);
+            };
+            if t.shape() != &entry.shape {
+                bail!("`{}` has shape {:?}; the layout needs {:?}", entry.name, t.shape(), entry.shape);
+            }
+            let piece =
+                t.to_device(device)?.to_dtype(DType::F32)?.flatten_all()?.narrow(0, start - span.start, end - start)?;
+            let piece = match factor(&entry.name) {
+                1.0 => piece,
+                times => (piece * times)?,
+            };
+            part.slice_set(&piece.contiguous()?, 0, start - range.start)?;
+        }
+        Ok(part)
     }
 
     /// The named tensors of a whole padded buffer, padding dropped: views, no copy.

@@ -12,15 +12,16 @@
 //! step whose norm is not finite changes nothing, on every rank.
 
 use std::collections::HashMap;
+use std::ops::Range;
 
-use candle_core::{bail, Device, Result, Tensor};
+use candle_core::{bail, DType, Device, Result, Tensor};
 
 use super::units;
 use crate::autograd::{clip_factor, Gradients};
 use crate::distributed::{all_reduce_scalar, DeviceMesh, ProcessGroup, ReduceOp, WithOverride};
 use crate::model::{GptConfig, ParamStore};
 use crate::parallel::ddp::average_in_buckets;
-use crate::parallel::fsdp::{DecayRuns, FlatLayout};
+use crate::parallel::fsdp::FlatLayout;
 use crate::parallel::pipeline::PipelineStage;
 use crate::parallel::pipeline::PipelineStep;
 use crate::parallel::tensor::ShardCuts;
@@ -54,6 +55,14 @@ pub enum DataAxis {
     ShardBlocks { shard_group: Option<usize> },
 }
 
+impl DataAxis {
+    /// Whether the replicas shard some of the model states (ZeRO-1, ZeRO-2,
+    /// FSDP): runs whose point is memory.
+    pub fn shards(self) -> bool {
+        matches!(self, Self::ShardOptimizer | Self::ShardGradients | Self::ShardBlocks { .. })
+    }
+}
+
 /// The optimizer of a rank's parameters under one [`DataAxis`] choice.
 pub(super) enum Update {
     Replicated {
@@ -73,8 +82,8 @@ pub(super) struct Sharded {
     /// The shards of split blocks first, then the whole parameters: the
     /// clipping adds the first part's squares over the tp group.
     layout: FlatLayout,
-    /// Each element's weight decay, applied before the step.
-    decays: DecayRuns,
+    /// Each parameter's weight decay, applied before the step.
+    decay_of: HashMap<String, f64>,
     optimizer: ShardedAdamW,
     /// The dp group, its reduce-scatter clipping.
     dp: WithOverride<ClipShards>,
@@ -135,7 +144,6 @@ impl Update {
         let shard_elements = shards.iter().map(|(_, var)| var.elem_count()).sum();
         let shapes = shards.into_iter().chain(whole).map(|(name, var)| (name.to_string(), var.shape().clone()));
         let layout = FlatLayout::of_shapes(shapes, mesh.dp().world_size());
-        let decays = layout.decay_runs(0..layout.padded_len(), |name| decay_of[name]);
         let spread = |size: usize, group| (size > 1).then_some(group);
         let parts = ModelParts {
             shard_elements,
@@ -145,7 +153,7 @@ impl Update {
         let clip = ClipShards::of_part(config.max_grad_norm, parts);
         Ok(Self::Sharded(Box::new(Sharded {
             layout,
-            decays,
+            decay_of,
             // Decay is applied before the step, element by element, with each parameter's own.
             optimizer: ShardedAdamW::new(config.optimizer.adamw, 0.0),
             dp: WithOverride::new(Box::new(mesh.dp_shared()), clip.clone()),
@@ -171,7 +179,7 @@ impl Update {
     ) -> Result<f64> {
         let params = stage.params();
         let optimizer = match self {
-            Self::Sharded(sharded) => return sharded.step(params, &grads, lr, device),
+            Self::Sharded(sharded) => return sharded.step(params, grads, lr, device),
             Self::Replicated { optimizer, bucket_bytes } => {
                 average_in_buckets(mesh.dp(), &mut grads, *bucket_bytes)?;
                 optimizer
@@ -214,7 +222,7 @@ impl Update {
         if sharded.grad_shard.is_none() {
             return Ok(Some(grads));
         }
-        sharded.add_micro_batch(&grads, device)?;
+        sharded.add_micro_batch(grads, device)?;
         Ok(None)
     }
 
@@ -307,17 +315,25 @@ impl Sharded {
         self.layout.padded_len() / self.dp.world_size()
     }
 
-    /// `grads` (every parameter's) as one flat vector on `device`.
-    fn flat_grad(&self, grads: &Gradients, device: &Device) -> Result<Tensor> {
+    /// `grads` (every parameter's) as one flat vector on `device`, each
+    /// gradient let go once it is copied in.
+    fn flat_grad(&self, mut grads: Gradients, device: &Device) -> Result<Tensor> {
         if let Some(name) = self.layout.names().find(|name| grads.get(name).is_none()) {
             bail!("no gradient reached `{name}`: the loss does not depend on it");
         }
-        self.layout.flatten(&named(grads.iter().map(|(n, g)| (n, g.clone())).collect()), device)
+        self.layout.concat(self.layout.names().map(|name| grads.remove(name)), DType::F32, device)
+    }
+
+    /// Elements `range` of this rank's parameters as one flat vector, with
+    /// AdamW's decoupled weight decay at `lr` applied, each parameter's own.
+    fn decayed_params(&self, params: &ParamStore, range: Range<usize>, lr: f64, device: &Device) -> Result<Tensor> {
+        let values = named(params.iter().map(|(n, var)| (n, var.as_tensor().clone())).collect());
+        self.layout.part_scaled(&values, range, |name| 1.0 - lr * self.decay_of[name], device)
     }
 
     /// ZeRO-2: one micro-batch's gradient averaged over the replicas, of
     /// which this rank keeps and sums its shard; the whole is dropped.
-    fn add_micro_batch(&mut self, grads: &Gradients, device: &Device) -> Result<()> {
+    fn add_micro_batch(&mut self, grads: Gradients, device: &Device) -> Result<()> {
         let flat = self.flat_grad(grads, device)?;
         // The plain group: the clipping reduce-scatter is the step's, once.
         let shard = self.dp.inner().reduce_scatter(&flat, ReduceOp::Avg)?;
@@ -329,7 +345,7 @@ impl Sharded {
         Ok(())
     }
 
-    fn step(&mut self, params: &ParamStore, grads: &Gradients, lr: f64, device: &Device) -> Result<f64> {
+    fn step(&mut self, params: &ParamStore, grads: Gradients, lr: f64, device: &Device) -> Result<f64> {
         if let Some(sum) = self.grad_shard.as_mut() {
             let Some(grad_shard) = sum.sum.take() else {
                 bail!("ZeRO-2's step found no gradient shard: run a micro-batch before the step");
@@ -337,8 +353,7 @@ impl Sharded {
             return self.step_shard(params, grad_shard, lr, device);
         }
         let grad = self.flat_grad(grads, device)?;
-        let values = named(params.iter().map(|(n, var)| (n, var.as_tensor().clone())).collect());
-        let decayed = FlatLayout::decayed(&self.layout.flatten(&values, device)?, &self.decays, lr)?;
+        let decayed = self.decayed_params(params, 0..self.layout.padded_len(), lr, device)?;
         // Exercise 17 updates the moments within its step, and the norm is
         // known only after it: a step whose gradient is not finite puts the
         // moments (tensors are immutable: these are the old ones, not copies)
@@ -369,9 +384,7 @@ impl Sharded {
             return Ok(grad_norm);
         }
         let range = self.layout.shard_range(self.dp.rank(), self.dp.world_size());
-        let values = named(params.iter().map(|(n, var)| (n, var.as_tensor().clone())).collect());
-        let param_shard = self.layout.part(&values, range.clone(), device)?;
-        let decayed = FlatLayout::decayed(&param_shard, &self.decays.slice(range), lr)?;
+        let decayed = self.decayed_params(params, range, lr, device)?;
         let new_shard = self.optimizer.update_shard(&decayed, &grad_shard, lr)?;
         for (name, value) in self.layout.unflatten(&self.dp.all_gather(&new_shard)?)? {
             params.get(&name)?.set(&value)?;
