@@ -132,7 +132,9 @@ pub fn bench_phase4(ws: &Workspace, model_size: &str, steps: usize, large_steps:
          a reduce-scatter per micro-batch: (M + 1)/2 times the all-reduce's bytes over M\n\
          micro-batches. FSDP gathers each block's parameters twice per micro-batch (the root's\n\
          once) and reduce-scatters each unit's gradient once, nearly 1.5·M times the all-reduce's\n\
-         bytes, and holds 1/N of every model state between uses.\n",
+         bytes, and holds 1/N of every model state between uses. The rows that shard (ZeRO, FSDP)\n\
+         hand freed blocks of 4 MiB and more back to the operating system, as the trainer does\n\
+         for them; the others keep freed memory for reuse, as the trainer does for them.\n",
         cpu = cpu_model()
     );
     for workload in &workloads {
