@@ -17,6 +17,9 @@ const POWERSGD: &str = "DDP, PowerSGD rank 2";
 const OVERLAP: &str = "DDP, buckets all-reduced during backward";
 const GPIPE: &str = "GPipe pipeline, 2 stages";
 const ONE_F_ONE_B: &str = "1F1B pipeline, 2 stages";
+const ZERO1: &str = "ZeRO-1, AdamW's state sharded";
+const ZERO2: &str = "ZeRO-2, the gradients sharded too";
+const FSDP: &str = "FSDP, full_shard, your unit step";
 /// The pipelines' stages, as their rows name them.
 const STAGES: f64 = 2.0;
 const PEAK: &str = "peak memory per rank";
@@ -39,6 +42,11 @@ pub fn quotes(sources: &Sources) -> Result<Vec<Quote>> {
         quote("small-overlap-peak", mib(setup(small, OVERLAP)?.number(PEAK)?)),
         quote("small-powersgd-peak", mib(setup(small, POWERSGD)?.number(PEAK)?)),
         quote("small-gpipe-peak", mib(setup(small, GPIPE)?.number(PEAK)?)),
+        quote("small-zero1-peak", mib(setup(small, ZERO1)?.number(PEAK)?)),
+        quote("small-zero2-peak", mib(setup(small, ZERO2)?.number(PEAK)?)),
+        quote("small-fsdp-peak", mib(setup(small, FSDP)?.number(PEAK)?)),
+        quote("small-zero1-speed", ratio(setup(small, ZERO1)?.number(SPEED)?)),
+        quote("small-zero2-speed", ratio(setup(small, ZERO2)?.number(SPEED)?)),
         quote("small-ring-speed", ratio(setup(small, RING)?.number(SPEED)?)),
         quote("small-overlap-speed", ratio(setup(small, OVERLAP)?.number(SPEED)?)),
         quote("small-powersgd-speed", ratio(setup(small, POWERSGD)?.number(SPEED)?)),
