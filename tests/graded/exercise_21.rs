@@ -20,6 +20,7 @@ const GPIPE: Schedule = Schedule {
     loss_overwritten: "loss_overwritten",
     backward_from_one: "backward_from_one",
     gradients_not_accumulated: "gradients_not_accumulated",
+    zero_share: "zero_share",
     input_not_a_var: Some("input_not_a_var"),
 };
 

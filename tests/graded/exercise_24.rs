@@ -22,6 +22,7 @@ const ONE_F_ONE_B: Schedule = Schedule {
     loss_overwritten: "loss_overwritten",
     backward_from_one: "backward_from_one",
     gradients_not_accumulated: "gradients_not_accumulated",
+    zero_share: "zero_share",
     input_not_a_var: None,
 };
 

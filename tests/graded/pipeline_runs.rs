@@ -48,6 +48,8 @@ pub struct Schedule {
     pub backward_from_one: &'static str,
     /// Each micro-batch's gradients replacing the previous ones'.
     pub gradients_not_accumulated: &'static str,
+    /// Each micro-batch's share 1/M computed as 0: every backward starts from 0.
+    pub zero_share: &'static str,
     /// A received activation used as it arrived, not made a `Var`, where
     /// the exercise lists that mistake.
     pub input_not_a_var: Option<&'static str>,
@@ -258,6 +260,8 @@ pub fn expect_gradients_of_the_mean_loss(schedule: Schedule, stages: usize, micr
     });
     let why = if matches(grads, &scaled(&want_here, m as f32)) {
         Some(mistake(schedule.exercise, schedule.backward_from_one))
+    } else if zero_shares(&got) {
+        Some(mistake(schedule.exercise, schedule.zero_share))
     } else if one_micro_batch {
         Some(mistake(schedule.exercise, schedule.gradients_not_accumulated))
     } else {
@@ -278,6 +282,14 @@ pub fn expect_gradients_of_the_mean_loss(schedule: Schedule, stages: usize, micr
         first_difference(grads, &want_here).unwrap_or_else(|| "it holds other parameters".into()),
         cause(why)
     );
+}
+
+/// Whether the step's loss and every stage's every gradient are exactly 0:
+/// each micro-batch's share 1/M was 0. (A loss of 0 alone could be a loss
+/// never added to; gradients of 0 alone, a backward seeded apart from it.)
+fn zero_shares(got: &[(Option<f32>, Grads)]) -> bool {
+    let all_zero = |grads: &Grads| grads.values().all(|g| g.iter().all(|&v| v == 0.0));
+    got.last().and_then(|(loss, _)| *loss) == Some(0.0) && got.iter().all(|(_, grads)| all_zero(grads))
 }
 
 /// The mistake of a received activation not made a `Var`, when the stage
@@ -303,6 +315,8 @@ pub fn expect_the_mean_loss_on_the_last_stage(schedule: Schedule, stages: usize)
         Some(mistake(schedule.exercise, schedule.loss_summed))
     } else if reference.losses.iter().any(|&alone| near(alone / M as f32)) {
         Some(mistake(schedule.exercise, schedule.loss_overwritten))
+    } else if zero_shares(&got) {
+        Some(mistake(schedule.exercise, schedule.zero_share))
     } else {
         None
     };
