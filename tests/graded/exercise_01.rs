@@ -81,7 +81,8 @@ fn bf16_input_is_normalised_in_f32_and_returned_as_bf16() {
     let (x, weight, want) = (f.get("x_long"), f.get("weight_long"), f.get("out_long_bf16"));
     // The same values in f32 first: a failure there is not about bf16.
     let f32_out = ok(norm(&weight).forward(&x), "RmsNorm::forward(x) on 4096 channels");
-    expect_close(&f32_out, &want, BF16, "RmsNorm::forward(x) on 4096 channels, in f32", &[]);
+    let what = "RmsNorm::forward(x) on 4096 channels, in f32 (checked before the bf16 input: not about bf16)";
+    expect_close(&f32_out, &want, BF16, what, &[]);
     let bf16 = |t: &Tensor| t.to_dtype(DType::BF16).unwrap();
     let out = ok(norm(&bf16(&weight)).forward(&bf16(&x)), "RmsNorm::forward(bf16 x)");
     expect_dtype(&out, DType::BF16, "RmsNorm::forward(bf16 x)", "Cast the result back to the input's dtype.");

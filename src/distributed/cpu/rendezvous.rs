@@ -67,6 +67,28 @@ impl State {
             at = from;
         }
     }
+
+    /// What the ranks of `cycle` were sent by ranks other than the one each
+    /// waits for: tensors no recv of theirs takes, in words (empty if none).
+    fn unclaimed_in(&self, cycle: &[(usize, usize)]) -> String {
+        let unclaimed: Vec<String> = cycle
+            .iter()
+            .flat_map(|&(rank, waits_for)| {
+                let mut senders: Vec<usize> = self
+                    .mailboxes
+                    .iter()
+                    .filter(|((from, to), queue)| *to == rank && *from != waits_for && !queue.is_empty())
+                    .map(|((from, _), _)| *from)
+                    .collect();
+                senders.sort_unstable();
+                senders.into_iter().map(move |from| format!("rank {rank} holds a tensor from rank {from}"))
+            })
+            .collect();
+        match unclaimed.is_empty() {
+            true => String::new(),
+            false => format!(" ({}, which none of its recvs asks for)", unclaimed.join(", ")),
+        }
+    }
 }
 
 struct Subgroup {
@@ -166,9 +188,10 @@ impl Rendezvous {
                 let waits: Vec<String> =
                     cycle.iter().map(|&(r, from)| format!("rank {r} waits in recv(src {from})")).collect();
                 let reason = format!(
-                    "recv(src {src}) on rank {dst} can never complete: {}, and none of them has been sent anything: \
-                     the ranks wait for each other in a cycle, so none reaches the send another waits for",
-                    waits.join(", ")
+                    "recv(src {src}) on rank {dst} can never complete: {}, and none has been sent anything by the \
+                     rank it waits for: the ranks wait for each other in a cycle, so no send can end it{}",
+                    waits.join(", "),
+                    state.unclaimed_in(&cycle)
                 );
                 return Err(self.fail(&mut state, reason));
             }

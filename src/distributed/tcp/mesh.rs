@@ -525,18 +525,24 @@ impl Mesh {
             // A fact, not a verdict: rank `third` may be stuck, or may wait
             // on another rank in turn, this one included.
             return Err(format!(
-                "{waiting_for} timed out after {:.0?} on rank {me}: rank {from} is alive but has itself waited on rank {third} all this time; look at rank {third}: it is stuck in its own work, or the ranks wait for each other in a cycle (collectives issued in different orders on groups they share); if the work legitimately takes longer, raise --timeout",
+                "{waiting_for} timed out after {:.0?} on rank {me}: rank {from} is alive but has itself waited on rank {third} all this time; look at rank {third}: it is stuck in its own work, or the ranks wait for each other in a cycle (collectives issued in different orders on groups they share); if the work legitimately takes longer, raise the timeout (WORKBOOK_TIMEOUT_S, or the launcher's --timeout)",
                 now - wait.start
             ));
         }
-        // A receive can also wait on a peer that waits in a receive of its own.
-        let or_waiting = if waiting_for.kind == Collective::Send {
-            ", it waits in a recv of its own (ranks that each receive before they send wait for each other forever),"
-        } else {
-            ""
-        };
+        // A receive can also wait on a peer that waits in a receive of its
+        // own: its heartbeats say from whom, and that is all that is known.
+        if let Some(other) = peer.waiting_on.filter(|_| waiting_for.kind == Collective::Send) {
+            let whom = match other == me {
+                true => "this rank: each waits for the other".to_string(),
+                false => format!("rank {other}"),
+            };
+            return Err(format!(
+                "{waiting_for} timed out after {:.0?} on rank {me}: rank {from} is alive (its heartbeats arrive) but sent nothing for this call: it waits in a receive of its own, from {whom}",
+                now - wait.start
+            ));
+        }
         Err(format!(
-            "{waiting_for} timed out after {:.0?} on rank {me}: rank {from} is alive (its heartbeats arrive) but sent nothing for this call: it is stuck in its own work{or_waiting} or it skipped this call (every rank must issue the same collectives in the same order); if its work legitimately takes longer, raise --timeout",
+            "{waiting_for} timed out after {:.0?} on rank {me}: rank {from} is alive (its heartbeats arrive) but sent nothing for this call: it is stuck in its own work or it skipped this call (every rank must issue the same collectives in the same order); if its work legitimately takes longer, raise the timeout (WORKBOOK_TIMEOUT_S, or the launcher's --timeout)",
             now - wait.start
         ))
     }
