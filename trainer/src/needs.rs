@@ -2,10 +2,10 @@
 //! would otherwise panic at its `todo!()` in the middle of the run (the first
 //! checkpoint save, twenty steps in), on every rank.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::{bail, Result};
-use workbook::exercise_bodies::{REFERENCE, UNFINISHED, UNPARSABLE};
+use workbook::exercise_bodies::{UNFINISHED, UNPARSABLE};
 
 use workbook::parallel::pipeline::PipelineSchedule;
 use workbook::parallel::DataAxis;
@@ -108,18 +108,27 @@ fn unfinished_called(called: &BTreeMap<u32, &str>, unfinished: &[u32]) -> Option
     ))
 }
 
-/// The lines that say which exercises run their reference body: one for
-/// those the learner leans on (none with all of them: `--features
-/// solutions`), and one for each file that does not parse, with where it stops.
-pub fn body_notes() -> Vec<String> {
-    let leaned = (!REFERENCE.is_empty() && !cfg!(feature = "solutions")).then(|| {
-        format!(
-            "exercises {} run their reference bodies (`cargo xtask lean`); your code everywhere else{}",
-            lean_file::ranges(&REFERENCE.iter().copied().collect()),
-            if UNPARSABLE.is_empty() { "" } else { " that parses" }
-        )
-    });
-    leaned.into_iter().chain(UNPARSABLE.iter().map(|(_, sentence)| format!("warning: {sentence}"))).collect()
+/// The lines that say whose body each exercise this run calls runs: yours,
+/// or the reference leaned on in its place (none with `--features
+/// solutions`, where every one is the reference); and a warning for each
+/// file that does not parse, with where it stops.
+pub fn body_notes(options: &RunOptions) -> Vec<String> {
+    let called = exercises_called(options);
+    let whose =
+        |wanted: Body| -> BTreeSet<u32> { called.keys().copied().filter(|&number| body(number) == wanted).collect() };
+    let (yours, leaned) = (whose(Body::Yours), whose(Body::Leaned));
+    let mut parts = Vec::new();
+    if !yours.is_empty() {
+        parts.push(format!("yours: {}", lean_file::ranges(&yours)));
+    }
+    if !leaned.is_empty() {
+        parts.push(format!("the reference leaned on (`cargo xtask lean`): {}", lean_file::ranges(&leaned)));
+    }
+    // The run does not grade your code: the checks do.
+    let graded_by = if yours.is_empty() { "" } else { "; `cargo xtask check N` grades yours" };
+    let notes = (!cfg!(feature = "solutions") && !parts.is_empty())
+        .then(|| format!("exercises this run calls, {}{graded_by}", parts.join("; ")));
+    notes.into_iter().chain(UNPARSABLE.iter().map(|(_, sentence)| format!("warning: {sentence}"))).collect()
 }
 
 #[cfg(test)]

@@ -219,7 +219,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     };
     trainer::needs::check_finished(&options)?;
     if is_logger || starts_ranks {
-        trainer::needs::body_notes().iter().for_each(|note| report!("{note}"));
+        trainer::needs::body_notes(&options).iter().for_each(|note| report!("{note}"));
     }
     if starts_ranks {
         // Tokenise once here, not in every rank at the same time.
