@@ -149,26 +149,8 @@ impl LayoutFlags {
         }
         let strategy = match (self.pipeline_stages, self.tensor_parallel) {
             (None, None) if self.own_ddp => Strategy::YOUR_DDP,
-            (None, None) => strategy(
-                self.strategy,
-                self.sharding,
-                self.precision,
-                self.reduce_in_fp32,
-                self.hybrid_group_size,
-                node_size,
-            )?,
-            (stages, tp) => {
-                let cut = MeshCut {
-                    stages: stages.unwrap_or(1),
-                    tp: tp.unwrap_or(1),
-                    schedule: self.pipeline_schedule,
-                    sequence_parallel: self.sequence_parallel,
-                    sharding: self.sharding,
-                    hybrid_group_size: self.hybrid_group_size,
-                    activation_checkpointing: self.activation_checkpointing,
-                };
-                mesh(cut, self.strategy, config, world_size)?
-            }
+            (None, None) => self.whole_replicas(node_size)?,
+            (stages, tp) => self.mesh(stages.unwrap_or(1), tp.unwrap_or(1), config, world_size)?,
         };
         if let Some(dp) = self.data_parallel {
             let shape = strategy.mesh(world_size)?;
@@ -211,132 +193,116 @@ impl std::fmt::Display for StrategyName {
     }
 }
 
-/// The strategy `--strategy` names, with its FSDP options; `node_size` ranks share a machine.
-fn strategy(
-    name: StrategyName,
-    sharding: Option<ShardingStrategy>,
-    precision: Option<Precision>,
-    reduce_in_fp32: bool,
-    hybrid_group_size: Option<usize>,
-    node_size: usize,
-) -> anyhow::Result<Strategy> {
-    match name {
-        StrategyName::Ddp | StrategyName::Zero1 | StrategyName::Zero2 => {
-            let given = [
-                ("--sharding", sharding.is_some()),
-                ("--precision", precision.is_some()),
-                ("--reduce-in-fp32", reduce_in_fp32),
-                ("--hybrid-group-size", hybrid_group_size.is_some()),
-            ];
-            if let Some((flag, _)) = given.iter().find(|(_, given)| *given) {
-                anyhow::bail!("{flag} applies to --strategy fsdp only; {name} keeps whole f32 replicas");
+impl LayoutFlags {
+    /// Refuses FSDP's own flags under any other `--strategy`.
+    fn refuse_fsdp_flags(&self) -> Result<()> {
+        if self.strategy == StrategyName::Fsdp {
+            return Ok(());
+        }
+        let given = [
+            ("--sharding", self.sharding.is_some()),
+            ("--precision", self.precision.is_some()),
+            ("--reduce-in-fp32", self.reduce_in_fp32),
+            ("--hybrid-group-size", self.hybrid_group_size.is_some()),
+        ];
+        match given.iter().find(|(_, given)| *given) {
+            Some((flag, _)) => {
+                anyhow::bail!("{flag} applies to --strategy fsdp only; {} keeps whole f32 replicas", self.strategy)
             }
-            Ok(match name {
-                StrategyName::Ddp => Strategy::Ddp,
-                StrategyName::Zero1 => Strategy::ZERO1,
-                _ => Strategy::ZERO2,
-            })
+            None => Ok(()),
         }
-        StrategyName::Fsdp => {
-            let sharding = sharding.unwrap_or(ShardingStrategy::FullShard);
-            let hybrid = sharding == ShardingStrategy::HybridShard;
-            if hybrid_group_size.is_some() && !hybrid {
-                anyhow::bail!("--hybrid-group-size applies to --sharding hybrid_shard only");
+    }
+
+    /// The strategy `--strategy` names without `--pp` or `--tp`, with its
+    /// FSDP options; `node_size` ranks share a machine.
+    fn whole_replicas(&self, node_size: usize) -> Result<Strategy> {
+        self.refuse_fsdp_flags()?;
+        match self.strategy {
+            StrategyName::Ddp => Ok(Strategy::Ddp),
+            StrategyName::Zero1 => Ok(Strategy::ZERO1),
+            StrategyName::Zero2 => Ok(Strategy::ZERO2),
+            StrategyName::Fsdp => {
+                let sharding = self.sharding.unwrap_or(ShardingStrategy::FullShard);
+                let hybrid = sharding == ShardingStrategy::HybridShard;
+                if self.hybrid_group_size.is_some() && !hybrid {
+                    anyhow::bail!("--hybrid-group-size applies to --sharding hybrid_shard only");
+                }
+                // A node's ranks by default: the launcher numbers them consecutively.
+                let hybrid_group_size = hybrid.then_some(self.hybrid_group_size.unwrap_or(node_size));
+                let precision = self.precision.unwrap_or(Precision::Fp32);
+                let reduce_in_f32 = self.reduce_in_fp32;
+                if reduce_in_f32 && precision == Precision::Fp32 {
+                    anyhow::bail!(
+                        "--precision fp32 reduces the gradients in fp32 already: --reduce-in-fp32 goes with bf16 or \
+                         fp16"
+                    );
+                }
+                Ok(Strategy::Fsdp(FsdpConfig { sharding, precision, hybrid_group_size, reduce_in_f32 }))
             }
-            // A node's ranks by default: the launcher numbers them consecutively.
-            let hybrid_group_size = hybrid.then_some(hybrid_group_size.unwrap_or(node_size));
-            let precision = precision.unwrap_or(Precision::Fp32);
-            if reduce_in_fp32 && precision == Precision::Fp32 {
-                anyhow::bail!(
-                    "--precision fp32 reduces the gradients in fp32 already: --reduce-in-fp32 goes with bf16 or fp16"
-                );
+        }
+    }
+
+    /// The mesh of `stages` pipeline stages of blocks split `tp` ways that
+    /// `world_size` ranks are laid out on, checked against the model.
+    fn mesh(&self, stages: usize, tp: usize, config: &RunConfig, world_size: usize) -> Result<Strategy> {
+        let flags = match (stages, tp) {
+            (1, _) => format!("--tp {tp}"),
+            (_, 1) => format!("--pp {stages}"),
+            _ => format!("--pp {stages} --tp {tp}"),
+        };
+        self.refuse_fsdp_flags()?;
+        let data = match self.strategy {
+            StrategyName::Ddp => DataAxis::Replicate,
+            StrategyName::Zero1 => DataAxis::ShardOptimizer,
+            StrategyName::Zero2 if stages > 1 => anyhow::bail!(
+                "--strategy zero2 with {flags}: ZeRO-2 reduce-scatters each micro-batch's gradient as soon as its \
+                 backward ends, and a pipeline's schedule holds a stage's gradients over all its micro-batches \
+                 (DeepSpeed's pipeline engine refuses the same pair); use --strategy zero1 with --pp"
+            ),
+            StrategyName::Zero2 => DataAxis::ShardGradients,
+            StrategyName::Fsdp => self.fsdp_on_a_pipeline(&flags)?,
+        };
+        if self.activation_checkpointing && matches!(data, DataAxis::ShardBlocks { .. }) {
+            anyhow::bail!(
+                "--activation-checkpointing with --strategy fsdp {flags}: each FSDP unit is recomputed in backward \
+                 already (exercise 22 replays it from its input); drop --activation-checkpointing"
+            );
+        }
+        if tp > 1 {
+            check_tensor_split(tp, &config.model)?;
+        }
+        if self.sequence_parallel && !config.seq_len.is_multiple_of(tp) {
+            anyhow::bail!(
+                "--sequence-parallel cuts each sequence of {} tokens into {tp} chunks, one per tensor-parallel rank: \
+                 use a --seq-len that {tp} divides",
+                config.seq_len
+            );
+        }
+        let (schedule, sequence_parallel) = (self.pipeline_schedule, self.sequence_parallel);
+        let strategy = Strategy::Mesh { stages, tp, schedule, sequence_parallel, data };
+        strategy.mesh(world_size).map_err(|e| anyhow::anyhow!("{flags}: {e}"))?;
+        Ok(strategy)
+    }
+
+    /// What the replicas of a pipeline's stages shard under --strategy fsdp:
+    /// each block, across all of them (FULL_SHARD) or across groups of
+    /// `--hybrid-group-size` (HYBRID_SHARD).
+    fn fsdp_on_a_pipeline(&self, flags: &str) -> Result<DataAxis> {
+        match (self.sharding.unwrap_or(ShardingStrategy::FullShard), self.hybrid_group_size) {
+            (ShardingStrategy::FullShard, None) => Ok(DataAxis::ShardBlocks { shard_group: None }),
+            (ShardingStrategy::FullShard, Some(_)) => {
+                anyhow::bail!("--hybrid-group-size applies to --sharding hybrid_shard only")
             }
-            Ok(Strategy::Fsdp(FsdpConfig { sharding, precision, hybrid_group_size, reduce_in_f32: reduce_in_fp32 }))
+            (ShardingStrategy::HybridShard, Some(size)) => Ok(DataAxis::ShardBlocks { shard_group: Some(size) }),
+            (ShardingStrategy::HybridShard, None) => anyhow::bail!(
+                "--sharding hybrid_shard with {flags} needs --hybrid-group-size: how many replicas of a stage share \
+                 one set of shards"
+            ),
+            (other, _) => anyhow::bail!(
+                "{flags} with --strategy fsdp shards each stage's blocks as full_shard or hybrid_shard; --sharding \
+                 {other} is built for FSDP without --pp or --tp only"
+            ),
         }
-    }
-}
-
-/// What `--pp`, `--tp`, `--pipeline-schedule` and `--sequence-parallel` ask for.
-struct MeshCut {
-    stages: usize,
-    tp: usize,
-    schedule: PipelineSchedule,
-    sequence_parallel: bool,
-    /// Under --strategy fsdp: how the replicas shard each stage's blocks.
-    sharding: Option<ShardingStrategy>,
-    hybrid_group_size: Option<usize>,
-    activation_checkpointing: bool,
-}
-
-/// The mesh `cut` lays `world_size` ranks out on, checked against the model.
-fn mesh(cut: MeshCut, strategy: StrategyName, config: &RunConfig, world_size: usize) -> anyhow::Result<Strategy> {
-    let MeshCut { stages, tp, schedule, sequence_parallel, sharding, hybrid_group_size, activation_checkpointing } =
-        cut;
-    let flags = match (stages, tp) {
-        (1, _) => format!("--tp {tp}"),
-        (_, 1) => format!("--pp {stages}"),
-        _ => format!("--pp {stages} --tp {tp}"),
-    };
-    if strategy != StrategyName::Fsdp {
-        let given = [("--sharding", sharding.is_some()), ("--hybrid-group-size", hybrid_group_size.is_some())];
-        if let Some((flag, _)) = given.iter().find(|(_, given)| *given) {
-            anyhow::bail!("{flag} applies to --strategy fsdp only; {strategy} keeps whole f32 replicas");
-        }
-    }
-    let data = match strategy {
-        StrategyName::Ddp => DataAxis::Replicate,
-        StrategyName::Zero1 => DataAxis::ShardOptimizer,
-        StrategyName::Zero2 if stages > 1 => anyhow::bail!(
-            "--strategy zero2 with {flags}: ZeRO-2 reduce-scatters each micro-batch's gradient as soon as its \
-             backward ends, and a pipeline's schedule holds a stage's gradients over all its micro-batches \
-             (DeepSpeed's pipeline engine refuses the same pair); use --strategy zero1 with --pp"
-        ),
-        StrategyName::Zero2 => DataAxis::ShardGradients,
-        StrategyName::Fsdp => fsdp_on_a_pipeline(&flags, sharding, hybrid_group_size)?,
-    };
-    if activation_checkpointing && matches!(data, DataAxis::ShardBlocks { .. }) {
-        anyhow::bail!(
-            "--activation-checkpointing with --strategy fsdp {flags}: each FSDP unit is recomputed in backward \
-             already (exercise 22 replays it from its input); drop --activation-checkpointing"
-        );
-    }
-    if tp > 1 {
-        check_tensor_split(tp, &config.model)?;
-    }
-    if sequence_parallel && !config.seq_len.is_multiple_of(tp) {
-        anyhow::bail!(
-            "--sequence-parallel cuts each sequence of {} tokens into {tp} chunks, one per tensor-parallel rank: \
-             use a --seq-len that {tp} divides",
-            config.seq_len
-        );
-    }
-    let strategy = Strategy::Mesh { stages, tp, schedule, sequence_parallel, data };
-    strategy.mesh(world_size).map_err(|e| anyhow::anyhow!("{flags}: {e}"))?;
-    Ok(strategy)
-}
-
-/// What the replicas of a pipeline's stages shard under --strategy fsdp:
-/// each block, across all of them (FULL_SHARD) or across groups of
-/// `--hybrid-group-size` (HYBRID_SHARD).
-fn fsdp_on_a_pipeline(
-    flags: &str,
-    sharding: Option<ShardingStrategy>,
-    hybrid_group_size: Option<usize>,
-) -> anyhow::Result<DataAxis> {
-    match (sharding.unwrap_or(ShardingStrategy::FullShard), hybrid_group_size) {
-        (ShardingStrategy::FullShard, None) => Ok(DataAxis::ShardBlocks { shard_group: None }),
-        (ShardingStrategy::FullShard, Some(_)) => {
-            anyhow::bail!("--hybrid-group-size applies to --sharding hybrid_shard only")
-        }
-        (ShardingStrategy::HybridShard, Some(size)) => Ok(DataAxis::ShardBlocks { shard_group: Some(size) }),
-        (ShardingStrategy::HybridShard, None) => anyhow::bail!(
-            "--sharding hybrid_shard with {flags} needs --hybrid-group-size: how many replicas of a stage share \
-             one set of shards"
-        ),
-        (other, _) => anyhow::bail!(
-            "{flags} with --strategy fsdp shards each stage's blocks as full_shard or hybrid_shard; --sharding \
-             {other} is built for FSDP without --pp or --tp only"
-        ),
     }
 }
 

@@ -184,6 +184,10 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>, 
     };
     let num_params = params.num_params();
     let train_config = options.config.train_config(options.layout.activation_checkpointing);
+    if options.layout.strategy.shards() {
+        // Memory is the point of sharding: freed blocks go back to the OS.
+        workbook::memory::return_large_blocks();
+    }
     match options.layout.strategy {
         Strategy::Ddp => {
             let ddp = match options.layout.powersgd_rank {
@@ -197,16 +201,12 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>, 
             drive(options, dataset, trainer, device, num_params)
         }
         Strategy::Fsdp(fsdp) => {
-            workbook::memory::return_large_blocks();
             let trainer = FsdpTrainer::new(&model_config, params, train_config, fsdp, pg)?;
             let trainer = if options.layout.prefetch { trainer.with_prefetch() } else { trainer };
             let trainer = if options.layout.offload { trainer.with_offload(&options.out_dir)? } else { trainer };
             drive(options, dataset, trainer, device, num_params)
         }
         Strategy::Mesh { schedule, sequence_parallel, data, .. } => {
-            if data.shards() {
-                workbook::memory::return_large_blocks();
-            }
             // One data-parallel axis needs no layout (nor subgroups).
             let mesh = match options.layout.strategy.cuts_the_model() {
                 true => DeviceMesh::new(pg, options.layout.strategy.mesh(options.nproc)?)?,

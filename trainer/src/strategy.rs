@@ -88,6 +88,16 @@ impl Strategy {
         data: DataAxis::YourDdp,
     };
 
+    /// Whether the replicas shard some of the model states (FSDP, ZeRO-1,
+    /// ZeRO-2, FSDP on a mesh).
+    pub fn shards(self) -> bool {
+        match self {
+            Strategy::Ddp => false,
+            Strategy::Fsdp(_) => true,
+            Strategy::Mesh { data, .. } => data.shards(),
+        }
+    }
+
     /// Whether the mesh is cut at all (pipeline stages or tensor-parallel
     /// ranks): laid out by exercise 25, not one data-parallel axis.
     pub fn cuts_the_model(self) -> bool {

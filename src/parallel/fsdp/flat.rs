@@ -129,14 +129,7 @@ impl FlatLayout {
     /// run, and a buffer that still recorded the variables it was made from
     /// would chain every later update to the one before, keeping them all.
     pub fn flatten(&self, tensors: &HashMap<String, Tensor>, device: &Device) -> Result<Tensor> {
-        let mut parts = Vec::with_capacity(self.entries.len() + 1);
-        for entry in &self.entries {
-            let Some(t) = tensors.get(&entry.name) else {
-                bail!("no tensor `{}` to flatten", entry.name);
-            };
-            parts.push(Some(t.to_device(device)?));
-        }
-        self.concat(parts, DType::F32, device)
+        self.part(tensors, 0..self.padded, device)
     }
 
     /// One padded buffer of `dtype` on `device` holding `parts`, this

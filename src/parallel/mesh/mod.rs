@@ -40,7 +40,7 @@ mod units;
 
 use std::path::Path;
 
-use candle_core::{bail, DType, Device, Result, Tensor};
+use candle_core::{bail, DType, Device, Error, Result, Tensor};
 
 pub use data_axis::DataAxis;
 
@@ -264,16 +264,15 @@ impl Train for MeshTrainer {
             let in_unit = units.as_ref().and_then(|held| Some((held, units::WholeUnit::holding(held, &name)?)));
             let (param, param_moments) = match in_unit {
                 Some((held, index)) => unit.take(held, index, &name, has_moments)?,
+                // The other replicas take part in the units' gathers alone.
+                None if !first_replica => continue,
                 None => {
-                    let param = self.stage.params().get(&name)?.as_tensor().clone();
                     let names = if has_moments { AdamW::moment_names(&name).to_vec() } else { vec![] };
-                    let missing = |m: &String| candle_core::Error::Msg(format!("AdamW holds no `{m}`"));
+                    let moment =
+                        |m: &String| moments.get(m).cloned().ok_or_else(|| Error::Msg(format!("AdamW holds no `{m}`")));
                     (
-                        param,
-                        names
-                            .iter()
-                            .map(|m| moments.get(m).cloned().ok_or_else(|| missing(m)))
-                            .collect::<Result<_>>()?,
+                        self.stage.params().get(&name)?.as_tensor().clone(),
+                        names.iter().map(moment).collect::<Result<_>>()?,
                     )
                 }
             };
