@@ -53,7 +53,15 @@ impl BusyBoard {
         self.client.arrive(name, members)?;
         loop {
             match self.client.released(name, members, timeout) {
-                Err(e) if e.kind() == ErrorKind::TimedOut && self.anyone_busy().is_some() => continue,
+                Err(e) if e.kind() == ErrorKind::TimedOut => {
+                    if self.anyone_busy().is_some() {
+                        continue;
+                    }
+                    // A rank may have arrived and stopped being busy since the
+                    // wait ran out: look once more, now that nobody is.
+                    let again = self.client.released(name, members, Duration::ZERO);
+                    return again.map_err(|again| if again.kind() == ErrorKind::TimedOut { e } else { again });
+                }
                 released => return released,
             }
         }
