@@ -173,7 +173,9 @@ pub fn list(ws: &Workspace, quick: bool) -> Result<bool> {
         );
         println!("  {}", dim(&render::wrap(&phase.summary, 2)));
         for exercise in in_phase {
-            render::list_row(exercise, state(exercise), progress.hints(exercise.number), title_width);
+            let mut leaned_calls = ws.workbook.chain(exercise.number);
+            leaned_calls.retain(|&n| ws.leans_on(n));
+            render::list_row(exercise, state(exercise), &leaned_calls, progress.hints(exercise.number), title_width);
         }
     }
     println!();
@@ -309,7 +311,14 @@ fn check_whole_phase(ws: &Workspace, number: u32, exercises_pass: bool) -> Resul
         return Ok(Some(false));
     }
     let filter = phase_filter(number);
-    let run = ws.runner().run(std::slice::from_ref(&filter))?;
+    // Cargo's lines would land inside the table (they are shown if the
+    // build fails); a terminal sees the row wait, then its verdict over it.
+    let terminal = std::io::stdout().is_terminal();
+    if terminal {
+        print!("      {label}  {}\r", dim("running…"));
+        std::io::stdout().flush()?;
+    }
+    let run = Runner { quiet_build: true, ..ws.runner() }.run(std::slice::from_ref(&filter))?;
     let cpu_passes = print_verdict(label, &run, &filter, &format!("cargo test {filter}"));
     let gpu_passes = match crate::machine::gpu_build() {
         Some(build) => check_on_gpu(ws, number, &build)?,

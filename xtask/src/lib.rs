@@ -73,8 +73,8 @@ enum Task {
         /// The phase number, e.g. 1.
         phase: u32,
     },
-    /// Show the hint for an exercise: the idea first, `--more` for the pieces, `--more --more` for
-    /// the recipe with the mistakes its tests catch.
+    /// Show the hint tiers of an exercise read so far (the idea first); each `--more` adds one: the
+    /// pieces, then the recipe with the mistakes its tests catch.
     Hint {
         /// The exercise number, e.g. 5.
         exercise: u32,

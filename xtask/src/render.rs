@@ -193,9 +193,15 @@ pub fn state_label(state: State) -> String {
     }
 }
 
-/// One row of `list`.
-pub fn list_row(exercise: &Exercise, state: State, hints: HintsRead, title_width: usize) {
-    let label = state_label(state);
+/// One row of `list`; `leaned_calls` are the exercises it calls that run
+/// the reference, which a done exercise's checks ran on.
+pub fn list_row(exercise: &Exercise, state: State, leaned_calls: &BTreeSet<u32>, hints: HintsRead, title_width: usize) {
+    let label = match state {
+        State::Done if !leaned_calls.is_empty() => {
+            format!("{}{}", state_label(state), dim(&format!(", calling the reference of {}", ranges(leaned_calls))))
+        }
+        _ => state_label(state),
+    };
     let of = |tiers| format!("{tiers} of {} tiers", Hint::TIERS);
     let hints = match (hints.before_passing, hints.after_passing) {
         (0, 0) => String::new(),
@@ -206,34 +212,32 @@ pub fn list_row(exercise: &Exercise, state: State, hints: HintsRead, title_width
     println!("  {:>2}  {:<title_width$}  {label}{hints}", exercise.number, exercise.title);
 }
 
-/// The hint commands past the `read` tiers already read, each with what its
-/// tier gives: "`cargo xtask hint 5` gives the idea, `--more` the pieces,
-/// `--more --more` the recipe with the mistakes the checks catch". `None`
-/// once every tier is read. Plain `hint` shows the tiers read (at least the
-/// first), and each `--more` one more.
+/// The hint command that shows the tier after the `read` ones already
+/// read, and what the tiers after it give: plain `hint` shows the tiers
+/// read (at least the first), and each `--more` one more, so the same
+/// command goes one tier further each time. `None` once every tier is read.
 pub fn hint_ladder(number: u32, read: u8) -> Option<String> {
-    let plain = read.max(1);
-    let first_new = if read == 0 { 1 } else { read + 1 };
-    let steps: Vec<(String, String)> = (first_new..=Hint::TIERS)
-        .map(|tier| {
-            let flags = vec!["--more"; usize::from(tier - plain)].join(" ");
-            let heading = Hint::HEADINGS[usize::from(tier - 1)].to_lowercase();
-            let gives = match tier == Hint::TIERS {
-                true => format!("{heading} with the mistakes the checks catch"),
-                false => heading,
-            };
-            (flags, gives)
-        })
-        .collect();
-    let ((flags, gives), rest) = steps.split_first()?;
-    let command = format!("cargo xtask hint {number} {flags}");
-    let first = format!("`{}` gives {gives}", command.trim_end());
-    Some(
-        std::iter::once(first)
-            .chain(rest.iter().map(|(flags, gives)| format!("`{flags}` {gives}")))
-            .collect::<Vec<_>>()
-            .join(", "),
-    )
+    let gives = |tier: u8| {
+        let heading = Hint::HEADINGS[usize::from(tier - 1)].to_lowercase();
+        match tier == Hint::TIERS {
+            true => format!("{heading} with the mistakes the checks catch"),
+            false => heading,
+        }
+    };
+    let next = read + 1;
+    if next > Hint::TIERS {
+        return None;
+    }
+    let later: Vec<String> = (next + 1..=Hint::TIERS).map(gives).collect();
+    let first = match read {
+        0 => format!("`cargo xtask hint {number}` gives {}", gives(next)),
+        _ => format!("`cargo xtask hint {number} --more` adds {}", gives(next)),
+    };
+    Some(match (read, later.is_empty()) {
+        (_, true) => first,
+        (0, false) => format!("{first}; each `--more` then adds a tier: {}", later.join(", then ")),
+        (_, false) => format!("{first}; once more, {}", later.join(", then ")),
+    })
 }
 
 /// `k/n done` (and how many are leaned on), green when all are done with the learner's own code.
@@ -326,12 +330,15 @@ mod tests {
         let fresh = hint_ladder(5, 0).unwrap();
         assert_eq!(
             fresh,
-            "`cargo xtask hint 5` gives the idea, `--more` the pieces, `--more --more` the recipe with the \
-             mistakes the checks catch"
+            "`cargo xtask hint 5` gives the idea; each `--more` then adds a tier: the pieces, then the recipe with \
+             the mistakes the checks catch"
         );
         let after_the_idea = hint_ladder(5, 1).unwrap();
-        assert!(after_the_idea.starts_with("`cargo xtask hint 5 --more` gives the pieces, `--more --more` the recipe"));
-        assert!(hint_ladder(5, 2).unwrap().starts_with("`cargo xtask hint 5 --more` gives the recipe"));
+        assert_eq!(
+            after_the_idea,
+            "`cargo xtask hint 5 --more` adds the pieces; once more, the recipe with the mistakes the checks catch"
+        );
+        assert!(hint_ladder(5, 2).unwrap().starts_with("`cargo xtask hint 5 --more` adds the recipe"));
         assert_eq!(hint_ladder(5, Hint::TIERS), None);
     }
 
