@@ -247,7 +247,9 @@ fn a_rank_busy_writing_a_checkpoint_is_waited_for_past_the_timeout() {
     let results: Vec<Option<f64>> = on_processes_timing_out_after(2, SHORT_TIMEOUT_S, |pg| {
         let start = std::time::Instant::now();
         if pg.rank() == 0 {
-            let slow_save = std::time::Duration::from_secs(3 * SHORT_TIMEOUT_S);
+            // Two and a half timeouts: the save ends between two of the
+            // waiting rank's looks at whether it is busy, not at one.
+            let slow_save = std::time::Duration::from_millis(2500 * SHORT_TIMEOUT_S);
             while_busy(&pg, "writing checkpoint step_000100", || std::thread::sleep(slow_save));
         }
         pg.barrier()?;

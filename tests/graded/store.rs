@@ -103,8 +103,10 @@ fn barrier_releases_every_rank_once_the_last_arrives() {
 
 /// Rank 1 waits at a barrier on the busy board while rank 0 writes a
 /// checkpoint for three timeouts: it is held, not failed, and released when
-/// rank 0 arrives. Once no rank says it is busy, a missing rank fails the
-/// wait after one timeout, saying who arrived.
+/// rank 0 arrives. The save ends at one of the waiting rank's looks at the
+/// board on purpose: rank 0 may arrive and stop being busy between that
+/// look's timeout and its reading of the board. Once no rank says it is
+/// busy, a missing rank fails the wait after one timeout, saying who arrived.
 #[test]
 fn a_board_barrier_waits_past_the_timeout_only_while_a_rank_is_busy() {
     let (_server, addr) = server();
