@@ -25,7 +25,8 @@ pub struct SyntaxError {
 
 /// What stops a file from being cut into tokens, at the place it points to.
 pub const UNREADABLE: &str = "a bracket without its partner, a string, character or comment never closed, or a \
-                          character Rust does not read";
+                          character Rust does not read; where reading stopped may be well after the cause: \
+                          `cargo build` shows rustc's own account, which points at where the bracket or string began";
 
 /// `Ok` when `source` is a Rust file; otherwise the first syntax error.
 /// Only the syntax is checked: a file that parses may still fail to compile.

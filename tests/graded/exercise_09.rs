@@ -1,5 +1,7 @@
 //! Exercise 9: warmup + cosine schedule. Reference: tests/fixtures/generate.py, `exercise_09`.
 
+use std::cmp::Ordering;
+
 use rstest::rstest;
 use workbook::phase2_training::get_lr;
 use workbook::train::CosineSchedule;
@@ -73,9 +75,10 @@ fn a_warmup_as_long_as_the_run_gives_no_nan() {
         let want = if step < 5 { 2e-3 * (step + 1) as f64 / 5.0 } else { 2e-4 };
         // 0/0 is the one thing this test adds to the others; any other wrong value is theirs to explain.
         let why = if got.is_nan() { "; computing the cosine there divides 0 by 0" } else { "" };
+        let from_max_steps = if step >= 5 { ": from max_steps on the rate is min_lr" } else { "" };
         assert!(
             close(got, want),
-            "{} (warmup_steps = max_steps = 5: from max_steps on the rate is min_lr{why})",
+            "{} (warmup_steps = max_steps = 5{from_max_steps}{why})",
             value_failure(&format!("get_lr({step})"), got, want, None)
         );
     }
@@ -87,22 +90,19 @@ fn rises_during_warmup_and_never_rises_after() {
     let lrs: Vec<f64> = (0..=150).map(|step| get_lr(step, &s)).collect();
     for step in 1..=150 {
         let (before, now) = (lrs[step - 1], lrs[step]);
-        if step < s.warmup_steps {
-            assert!(
-                now > before,
-                "the rate must rise during warmup: step {} {} → step {step} {}",
-                step - 1,
-                number(before),
-                number(now)
-            );
-        } else {
-            assert!(
-                now <= before + 1e-15,
-                "the rate must not rise after warmup: step {} {} → step {step} {}",
-                step - 1,
-                number(before),
-                number(now)
-            );
-        }
+        let rises = now > before + 1e-15;
+        let (broken, rule) = match step.cmp(&s.warmup_steps) {
+            Ordering::Less => (now <= before, "the rate must rise during warmup".to_string()),
+            Ordering::Equal => (
+                rises,
+                format!(
+                    "the rate must not rise from the last warmup step to the first after it (warmup ends at max_lr, \
+                     at step warmup_steps − 1 = {})",
+                    step - 1
+                ),
+            ),
+            Ordering::Greater => (rises, "the rate must not rise after warmup".to_string()),
+        };
+        assert!(!broken, "{rule}: step {} {} → step {step} {}", step - 1, number(before), number(now));
     }
 }

@@ -226,11 +226,12 @@ fn blocked_note(message: &str) -> Option<String> {
 }
 
 /// A note before any test runs, and again after libtest's last line, when
-/// the tests asked for grade an exercise whose reference body is compiled in
-/// place of the learner's: leaned on (`cargo xtask lean`), or because the
-/// learner's file does not parse. Said again because libtest's summary
-/// ("test result: ok") would otherwise be the last word, read as the
-/// learner's code passing. A rank says nothing: its test's process does.
+/// the tests asked for grade an exercise the learner leans on (`cargo xtask
+/// lean`): its reference body is compiled in place of theirs. Said again
+/// because libtest's summary ("test result: ok") would otherwise be the last
+/// word, read as the learner's code passing. Asked for an exercise whose
+/// file does not parse, the run stops with an error before any test. A rank
+/// says nothing: its test's process does.
 #[ctor::ctor(unsafe)]
 fn say_which_bodies_run() {
     if std::env::var_os(RANK_OF).is_some() {
@@ -246,12 +247,20 @@ fn say_which_bodies_run() {
              your code; `cargo xtask lean --off {number}` grades yours."
         )
     });
-    let unparsable = workbook::exercise_bodies::UNPARSABLE.iter().filter(|(number, _)| is_asked(*number));
-    let unparsable = unparsable
-        .map(|(_, sentence)| format!("note: {sentence}: these checks grade its reference body, not your code."));
-    for note in leaned.chain(unparsable) {
+    for note in leaned {
         eprintln!("{note}");
         say_again_at_exit(note);
+    }
+    // Its checks would pass on the reference and read as the learner's code
+    // passing: the run fails instead, as a build of the file itself would.
+    let unparsable: Vec<String> = workbook::exercise_bodies::UNPARSABLE
+        .iter()
+        .filter(|(number, _)| is_asked(*number))
+        .map(|(number, sentence)| format!("error: {sentence}: exercise {number}'s checks cannot grade your code"))
+        .collect();
+    if !unparsable.is_empty() {
+        unparsable.iter().for_each(|line| eprintln!("{line}"));
+        std::process::exit(1);
     }
 }
 

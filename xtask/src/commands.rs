@@ -383,12 +383,13 @@ pub fn hint(ws: &Workspace, number: u32, more: u8) -> Result<bool> {
         println!("{}", render::indented(text.trim(), 2));
     }
     println!();
-    match render::hint_ladder(number, shown) {
-        Some(ladder) => println!("{}", dim(&render::wrap(&format!("Try it with this first; {ladder}."), 0))),
-        None => println!("{}", dim("That was the last tier.")),
+    let passed = !ws.solutions && known_state(ws, exercise, &progress)? == State::Done;
+    match (render::hint_ladder(number, shown), passed) {
+        (Some(ladder), false) => println!("{}", dim(&render::wrap(&format!("Try it with this first; {ladder}."), 0))),
+        (Some(ladder), true) => println!("{}", dim(&render::wrap(&format!("Your code passes already; {ladder}."), 0))),
+        (None, _) => println!("{}", dim("That was the last tier.")),
     }
     if !ws.solutions {
-        let passed = known_state(ws, exercise, &progress)? == State::Done;
         progress.read_hint(number, shown, passed);
         progress.save(&ws.root)?;
     }
