@@ -1,19 +1,23 @@
 //! `figures draw ROOT` draws every guide figure from the recorded data in
-//! the workbook at ROOT and writes the numbers its chapters quote;
-//! `figures check ROOT` says which figures or number files are not what
-//! their data gives today.
+//! the workbook at ROOT, writes the numbers its chapters quote, and writes
+//! each quoted value in the chapters again; `figures check ROOT` says which
+//! figures, number files or chapters are not what their data gives today.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{bail, Result};
+use std::collections::BTreeMap;
+
+use anyhow::{bail, Context, Result};
 use figures::catalog::FIGURES;
-use figures::numbers::{Sources, NUMBER_FILES};
+use figures::numbers::{chapters, Sources, NUMBER_FILES};
 
 /// Where the workbook keeps what this program reads and writes.
 const DATA: &str = "guide/figure-data";
 const FIGURES_DIR: &str = "guide/src/figures";
 const NUMBERS_DIR: &str = "guide/src/numbers";
+/// The chapters, which quote the numbers.
+const GUIDE_DIR: &str = "guide/src";
 const RESULTS: &str = "benchmarks/results.md";
 const CONFIGS: &str = "configs";
 
@@ -44,8 +48,19 @@ fn run() -> Result<ExitCode> {
     for figure in FIGURES {
         outputs.push((root.join(FIGURES_DIR).join(figure.file), figure.draw(&data)?));
     }
+    let mut number_files = BTreeMap::new();
     for numbers in NUMBER_FILES {
-        outputs.push((root.join(NUMBERS_DIR).join(numbers.file), numbers.render(&sources)?));
+        let text = numbers.render(&sources)?;
+        number_files.insert(numbers.file, text.clone());
+        outputs.push((root.join(NUMBERS_DIR).join(numbers.file), text));
+    }
+    let value = |file: &str, anchor: &str| number_files.get(file).and_then(|text| chapters::anchored(text, anchor));
+    for chapter in markdown_under(&root.join(GUIDE_DIR))? {
+        let text = std::fs::read_to_string(&chapter)?;
+        let requoted = chapters::requote(&text, value).with_context(|| format!("{}", chapter.display()))?;
+        if requoted != text || !write {
+            outputs.push((chapter, requoted));
+        }
     }
     let mut stale = 0;
     for (path, text) in &outputs {
@@ -63,6 +78,20 @@ fn run() -> Result<ExitCode> {
         stale += 1;
     }
     Ok(if stale == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// The markdown files under `dir`, the number files aside.
+fn markdown_under(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut found = vec![];
+    for entry in std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))? {
+        let path = entry?.path();
+        if path.is_dir() && !path.ends_with("numbers") {
+            found.extend(markdown_under(&path)?);
+        } else if path.extension().is_some_and(|e| e == "md") {
+            found.push(path);
+        }
+    }
+    Ok(found)
 }
 
 /// The files in `dir` that no output is written to: what a renamed or

@@ -3,11 +3,7 @@
 //! size. A longer line scrolls sideways on every screen, and the end of a
 //! command or of a diagram's row is what a reader misses. A command breaks
 //! with `\`, illustrative output elides with `…`, a diagram is drawn
-//! narrower. A block's `{{#include}}` counts as the lines it brings in.
-
-use std::path::Path;
-
-use crate::quoted;
+//! narrower.
 
 /// The widest line a code block may hold.
 pub const COLUMNS: usize = 80;
@@ -15,26 +11,12 @@ pub const COLUMNS: usize = 80;
 /// A line of a code block wider than [`COLUMNS`]: where, and how wide.
 #[derive(Debug, PartialEq)]
 pub struct WideLine {
-    /// The chapter's line (an include's line counts as the include's).
     pub line: usize,
     pub columns: usize,
 }
 
-/// The lines of `chapter`'s fenced code blocks wider than [`COLUMNS`], each
-/// `{{#include}}` in a block read from its file beside the chapter.
-pub fn wide_code_lines(chapter: &Path, text: &str) -> Vec<WideLine> {
-    wide_lines(text, |path, anchor| {
-        let file = std::fs::read_to_string(quoted::resolve(chapter, path)).ok()?;
-        match anchor {
-            Some(anchor) => quoted::anchored(&file, anchor),
-            None => Some(file),
-        }
-    })
-}
-
-/// The wide lines of `text`'s code blocks, `include` giving what an
-/// `{{#include path:anchor}}` brings in.
-fn wide_lines(text: &str, include: impl Fn(&str, Option<&str>) -> Option<String>) -> Vec<WideLine> {
+/// The lines of a chapter's fenced code blocks wider than [`COLUMNS`].
+pub fn wide_code_lines(text: &str) -> Vec<WideLine> {
     let mut wide = vec![];
     // The open block's fence (``` or ~~~, as long as it was typed) and indent.
     let mut open: Option<(String, usize)> = None;
@@ -56,14 +38,7 @@ fn wide_lines(text: &str, include: impl Fn(&str, Option<&str>) -> Option<String>
             }
             Some((_, fence_indent)) => {
                 // A block indented under a list item loses that indent on the page.
-                let shown = &line[indent.min(*fence_indent)..];
-                let mut lines = vec![shown.to_string()];
-                if let Some(found) = quoted::includes(shown).next() {
-                    if let Some(brought) = include(found.path, found.anchor) {
-                        lines = brought.lines().map(str::to_string).collect();
-                    }
-                }
-                let columns = lines.iter().map(|l| l.chars().count()).max().unwrap_or(0);
+                let columns = line[indent.min(*fence_indent)..].chars().count();
                 if columns > COLUMNS {
                     wide.push(WideLine { line: index + 1, columns });
                 }
@@ -75,11 +50,12 @@ fn wide_lines(text: &str, include: impl Fn(&str, Option<&str>) -> Option<String>
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
 
     fn wide(text: &str) -> Vec<(usize, usize)> {
-        let include = |_: &str, _: Option<&str>| Some(format!("short\n{}", "x".repeat(90)));
-        wide_lines(text, include).into_iter().map(|w| (w.line, w.columns)).collect()
+        wide_code_lines(text).into_iter().map(|w| (w.line, w.columns)).collect()
     }
 
     #[test]
@@ -101,12 +77,6 @@ mod tests {
     }
 
     #[test]
-    fn an_include_in_a_block_counts_as_the_lines_it_brings_in() {
-        let text = "```text\n{{#include ../numbers/x.md:rows}}\n```\n\n{{#include ../numbers/x.md:rows}}\n";
-        assert_eq!(wide(text), [(2, 90)], "the include outside a block is prose");
-    }
-
-    #[test]
     fn a_longer_fence_holds_a_shorter_one() {
         let text = format!("````markdown\n```text\n{}\n```\n````\n{}\n", "m".repeat(81), "after ".repeat(20));
         assert_eq!(wide(&text), [(3, 81)]);
@@ -119,7 +89,7 @@ mod tests {
         for chapter in crate::verify::markdown_files(&guide) {
             let text = std::fs::read_to_string(&chapter).unwrap();
             let name = chapter.strip_prefix(&guide).unwrap().display().to_string();
-            for line in wide_code_lines(&chapter, &text) {
+            for line in wide_code_lines(&text) {
                 found.push(format!("guide/src/{name}:{}: {} columns", line.line, line.columns));
             }
         }

@@ -1,10 +1,11 @@
 //! `cargo xtask figures`: the guide's figures and the numbers its chapters
 //! quote. The `figures` program draws each figure from data recorded from
-//! the workbook's own runs and committed in `guide/figure-data/`, and writes
+//! the workbook's own runs and committed in `guide/figure-data/`, writes
 //! each quoted number into `guide/src/numbers/` from those runs and
-//! `benchmarks/results.md`; `--record` runs the recorded runs again first
-//! (the reference trainer, a few minutes). `verify` runs the program's
-//! `check`: whether each figure and number file is what its data gives.
+//! `benchmarks/results.md`, and from there into the chapters that quote it;
+//! `--record` runs the recorded runs again first (the reference trainer, a
+//! few minutes). `verify` runs the program's `check`: whether each figure,
+//! number file and quoted value is what its data gives.
 
 use std::path::{Path, PathBuf};
 
@@ -18,7 +19,7 @@ use crate::estimate::{estimate, Precision, Strategy};
 /// Where the `figures` program reads the recorded runs and writes the figures.
 pub const DATA: &str = "guide/figure-data";
 pub const FIGURES: &str = "guide/src/figures";
-/// Where it writes the quoted numbers, one file of mdBook anchors per source.
+/// Where it writes the quoted numbers, one file of anchors per source.
 pub const NUMBERS: &str = "guide/src/numbers";
 
 /// Draws every figure and writes every quoted number from the committed

@@ -1,12 +1,11 @@
 //! The guide quotes measured numbers only from committed runs: a chapter
-//! includes each one from the files `cargo xtask figures` writes into
-//! `guide/src/numbers/` (`{{#include ../numbers/phase4.md:small-ddp-peak}}`)
-//! instead of typing it. This finds a number typed with a unit of
-//! measurement outside such an include, and an include that names an anchor
-//! no number file has (mdBook would render it as nothing).
+//! holds each one between comments that name the file `cargo xtask figures`
+//! writes it into under `guide/src/numbers/` and its anchor
+//! (`<!-- from phase4.md:small-ddp-peak -->4,236 MiB<!-- end -->`), and
+//! `figures` writes it there again from that file. This finds a number
+//! typed with a unit of measurement outside such a quote.
 
-use std::collections::BTreeSet;
-use std::path::{Component, Path, PathBuf};
+use ::figures::numbers::chapters;
 
 /// The units a measured speed, size or time is given in.
 const UNITS: [&str; 8] = ["tok/s", "tokens/s", "GFLOP/s", "TFLOP/s", "MiB", "GiB", "ms", "MFU"];
@@ -47,10 +46,10 @@ pub struct Typed {
 }
 
 /// The numbers with a unit of measurement typed in a chapter's `text`,
-/// outside its includes, its "Check yourself" section and the `worked`
+/// outside its quotes, its "Check yourself" section and the `worked`
 /// phrases; and the `worked` phrases the text does not hold.
 pub fn typed_numbers<'a>(text: &str, worked: &[&'a str]) -> (Vec<Typed>, Vec<&'a str>) {
-    let mut masked = mask_includes(text);
+    let mut masked = mask_quotes(text);
     mask_check_yourself(&mut masked);
     let unused = worked.iter().copied().filter(|phrase| !mask_all(&mut masked, phrase)).collect();
     let mut found: Vec<(usize, Typed)> = UNITS
@@ -98,11 +97,12 @@ fn number_before(text: &[u8], at: usize, end: usize) -> Option<usize> {
     is_number.then_some(i)
 }
 
-/// `text` with every `{{#include …}}` blanked out.
-fn mask_includes(text: &str) -> String {
+/// `text` with every quote, value and comments, blanked out (none when one
+/// is unclosed: `figures check` reports that).
+fn mask_quotes(text: &str) -> String {
     let mut masked = text.to_string();
-    for (start, end) in includes(text).map(|include| include.span) {
-        blank(&mut masked, start, end);
+    for quoted in chapters::quotes(text).unwrap_or_default() {
+        blank(&mut masked, quoted.whole.start, quoted.whole.end);
     }
     masked
 }
@@ -141,58 +141,6 @@ fn blank(text: &mut String, start: usize, end: usize) {
     text.replace_range(start..end, &blanked);
 }
 
-/// One `{{#include path:anchor}}` of a chapter.
-#[derive(Debug, PartialEq)]
-pub struct Include<'a> {
-    pub path: &'a str,
-    pub anchor: Option<&'a str>,
-    span: (usize, usize),
-}
-
-/// The includes of a chapter's `text`, in order.
-pub fn includes(text: &str) -> impl Iterator<Item = Include<'_>> {
-    const OPEN: &str = "{{#include ";
-    text.match_indices(OPEN).filter_map(move |(start, _)| {
-        let spec_start = start + OPEN.len();
-        let spec_end = spec_start + text[spec_start..].find("}}")?;
-        let spec = text[spec_start..spec_end].trim();
-        let (path, anchor) = spec.split_once(':').map_or((spec, None), |(path, anchor)| (path, Some(anchor)));
-        Some(Include { path, anchor, span: (start, spec_end + 2) })
-    })
-}
-
-/// The file an include in `chapter` names, with its `..` resolved.
-pub fn resolve(chapter: &Path, path: &str) -> PathBuf {
-    let mut resolved = PathBuf::new();
-    for component in chapter.parent().unwrap_or(Path::new("")).join(path).components() {
-        match component {
-            Component::ParentDir => {
-                resolved.pop();
-            }
-            Component::CurDir => {}
-            other => resolved.push(other),
-        }
-    }
-    resolved
-}
-
-/// The anchors a number file defines (`ANCHOR: name` lines).
-pub fn anchors(text: &str) -> BTreeSet<&str> {
-    text.lines().filter_map(|line| line.strip_prefix("ANCHOR: ")).map(str::trim).collect()
-}
-
-/// What an include of `anchor` brings in from `text`: the lines between
-/// `ANCHOR: anchor` and `ANCHOR_END: anchor`, without other anchors' lines,
-/// as mdBook does.
-pub fn anchored(text: &str, anchor: &str) -> Option<String> {
-    let mut lines = text.lines().skip_while(|line| line.strip_prefix("ANCHOR: ").map(str::trim) != Some(anchor));
-    lines.next()?;
-    let inside = lines.take_while(|line| line.strip_prefix("ANCHOR_END: ").map(str::trim) != Some(anchor));
-    let kept: Vec<&str> =
-        inside.filter(|line| !line.starts_with("ANCHOR: ") && !line.starts_with("ANCHOR_END: ")).collect();
-    Some(kept.join("\n"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -222,11 +170,9 @@ mod tests {
     }
 
     #[test]
-    fn the_same_number_from_an_include_passes() {
-        let text = "DDP ran at {{#include ../numbers/throughput.md:ddp-tok-s}} on two cores.";
+    fn the_same_number_in_a_quote_passes() {
+        let text = "DDP ran at <!-- from throughput.md:ddp-tok-s -->162 tok/s<!-- end --> on two cores.";
         assert_eq!(typed(text, &[]), Vec::<String>::new());
-        let include = includes(text).next().unwrap();
-        assert_eq!((include.path, include.anchor), ("../numbers/throughput.md", Some("ddp-tok-s")));
     }
 
     #[test]
@@ -242,22 +188,5 @@ mod tests {
         let text = "# Ch\n\n## Check yourself\n\n1. At 200 ms a step...\n\n## Next\n\nIt took 93 ms.\n";
         let (found, _) = typed_numbers(text, &[]);
         assert_eq!(found, [Typed { line: 9, text: "93 ms".into() }]);
-    }
-
-    #[test]
-    fn an_anchor_brings_in_its_lines_only() {
-        let file = "ANCHOR: a\none\nANCHOR: b\ntwo\nANCHOR_END: b\nANCHOR_END: a\nthree\n";
-        assert_eq!(anchored(file, "a").as_deref(), Some("one\ntwo"));
-        assert_eq!(anchored(file, "b").as_deref(), Some("two"));
-        assert_eq!(anchored(file, "c"), None);
-    }
-
-    #[test]
-    fn an_include_resolves_against_its_chapter_and_anchors_are_read() {
-        let chapter = Path::new("guide/src/phase2/profiling.md");
-        assert_eq!(resolve(chapter, "../numbers/gpu.md"), Path::new("guide/src/numbers/gpu.md"));
-        let file =
-            "<!-- header -->\nANCHOR: peak\n67 TFLOP/s\nANCHOR_END: peak\nANCHOR: rows\n| a |\nANCHOR_END: rows\n";
-        assert_eq!(anchors(file).into_iter().collect::<Vec<_>>(), ["peak", "rows"]);
     }
 }

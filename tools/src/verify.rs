@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
+use ::figures::numbers::chapters;
 use xtask::grading::{
     graded_exercise, phase_check, unfinished_exercise, Bodies, Outcome, Runner, TestRun, TEST_BINARY,
 };
@@ -673,9 +674,9 @@ fn guide_builds(ws: &Workspace, tally: &mut Tally) {
 /// figure in `guide/src/figures/` as a link to itself.
 fn figures_current_and_shown(ws: &Workspace, tally: &mut Tally) {
     match figures::run_figures(&ws.root, "check") {
-        Ok(current) => {
-            tally.check(current, || "a figure or number file is stale (named above): run `cargo xtask figures`".into())
-        }
+        Ok(current) => tally.check(current, || {
+            "a figure, number file or quoted value is stale (named above): run `cargo xtask figures`".into()
+        }),
         Err(error) => tally.check(false, || format!("cannot check the figures: {error:#}")),
     }
     let chapters: String = markdown_files(&ws.root.join("guide/src"))
@@ -707,39 +708,28 @@ fn shows_full_size(text: &str, name: &str) -> bool {
     })
 }
 
-/// Every measured number a chapter shows is included from the files the
+/// Every measured number a chapter shows is quoted from the files the
 /// figures program writes from committed runs: none is typed with a unit
-/// outside an include (the worked examples `quoted::WORKED` lists aside),
-/// every include names an anchor a number file has, and every anchor is
-/// quoted by some chapter.
+/// outside a quote (the worked examples `quoted::WORKED` lists aside), and
+/// every anchor is quoted by some chapter. That each quote names an anchor,
+/// and holds what it gives, is the figures check's.
 fn numbers_from_runs(ws: &Workspace, tally: &mut Tally) {
     let guide = ws.root.join("guide/src");
     let numbers = ws.root.join(figures::NUMBERS);
-    let mut included = BTreeSet::new();
+    let mut quoted_anchors = BTreeSet::new();
     for chapter in markdown_files(&guide).into_iter().filter(|chapter| !chapter.starts_with(&numbers)) {
         let text = std::fs::read_to_string(&chapter).unwrap_or_default();
         let name = chapter.strip_prefix(&guide).unwrap_or(&chapter).to_string_lossy().replace('\\', "/");
         no_typed_numbers(&name, &text, tally);
-        for include in quoted::includes(&text) {
-            let target = quoted::resolve(&chapter, include.path);
-            if target.starts_with(&numbers) {
-                let anchor = include.anchor.unwrap_or_default();
-                let file = std::fs::read_to_string(&target).unwrap_or_default();
-                tally.check(quoted::anchors(&file).contains(anchor), || {
-                    format!(
-                        "guide/src/{name} includes `{}:{anchor}`, which no number file has: mdBook would show \
-                         nothing (name one of the anchors `cargo xtask figures` writes there)",
-                        include.path
-                    )
-                });
-                included.insert((target, anchor.to_string()));
-            }
+        for quote in chapters::quotes(&text).unwrap_or_default() {
+            quoted_anchors.insert((quote.file.to_string(), quote.anchor.to_string()));
         }
     }
     for file in files_under(&ws.root, Path::new(figures::NUMBERS)) {
         let text = ws.read(&file).unwrap_or_default();
-        for anchor in quoted::anchors(&text) {
-            tally.check(included.contains(&(ws.root.join(&file), anchor.to_string())), || {
+        let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        for anchor in chapters::anchors(&text) {
+            tally.check(quoted_anchors.contains(&(name.clone(), anchor.to_string())), || {
                 format!("{}: `{anchor}` is quoted by no chapter: quote it, or stop writing it", file.display())
             });
         }
@@ -757,7 +747,7 @@ fn code_fits_the_page(ws: &Workspace, tally: &mut Tally) {
     for chapter in markdown_files(&guide) {
         let text = std::fs::read_to_string(&chapter).unwrap_or_default();
         let name = chapter.strip_prefix(&guide).unwrap_or(&chapter).to_string_lossy().replace('\\', "/");
-        for wide in code_width::wide_code_lines(&chapter, &text) {
+        for wide in code_width::wide_code_lines(&text) {
             tally.check(false, || {
                 format!(
                     "guide/src/{name}:{}: a code line of {} columns scrolls sideways (the page shows {}): break a \
@@ -779,9 +769,9 @@ fn no_typed_numbers(name: &str, text: &str, tally: &mut Tally) {
     tally.check(typed.is_empty(), || {
         let list: Vec<String> = typed.iter().map(|t| format!("line {}: `{}`", t.line, t.text)).collect();
         format!(
-            "guide/src/{name} types measured numbers ({}): include each from the file `cargo xtask figures` \
-             writes from its run (guide/src/numbers/); a constant or a number worked on the page goes in \
-             tools/src/quoted.rs",
+            "guide/src/{name} types measured numbers ({}): quote each from the file `cargo xtask figures` \
+             writes from its run (guide/src/numbers/), as `<!-- from FILE:ANCHOR --><!-- end -->`, which \
+             `cargo xtask figures` fills in; a constant or a number worked on the page goes in tools/src/quoted.rs",
             list.join(", ")
         )
     });

@@ -7,7 +7,7 @@ use anyhow::Result;
 use super::format::{grouped, percent, ratio};
 use super::model::Config;
 use super::results::{Section, Table};
-use super::{quote, Quote, Sources};
+use super::{quote, table, Quote, Sources};
 
 const SECTION: &str = "On one GPU";
 const F32_ROW: &str = "GPT-2 124M shape, T 1024, f32";
@@ -45,7 +45,13 @@ pub fn quotes(sources: &Sources) -> Result<Vec<Quote>> {
         quote("peak-f32", format!("{:.0} TFLOP/s", peaks.f32)),
         quote("peak-tf32", format!("{:.0}", peaks.tf32)),
         quote("peak-bf16", format!("{:.0}", peaks.bf16)),
-        quote("mfu-rows", mfu_rows(runs, &peaks, six_n)?),
+        quote(
+            "mfu-table",
+            table(
+                "| row of `results.md` | tokens/s | 6N × tokens/s | MFU |\n|---|---:|---:|---:|",
+                mfu_rows(runs, &peaks, six_n)?,
+            ),
+        ),
         quote("workbook-f32-mfu-attention", percent(tflops(workbook_f32, with_attention) / peaks.f32, 1)),
         quote("pytorch-f32-mfu-attention", percent(tflops(pytorch_f32, with_attention) / peaks.f32, 1)),
         quote("workbook-f32-against-bf16-peak", percent(tflops(workbook_f32, six_n) / peaks.bf16, 1)),

@@ -1,13 +1,14 @@
-//! The measured numbers the guide quotes, written where mdBook includes
-//! them from: one small file per source under `guide/src/numbers/`, each
-//! number (with its unit) or table between a pair of anchor lines. A chapter
-//! writes `{{#include ../numbers/phase4.md:small-ddp-peak}}` instead of the
-//! number, so that every number it shows comes from a committed run
-//! (`benchmarks/results.md` or a run recorded in `guide/figure-data/`), and a
-//! new run changes every chapter that quotes it. Numbers derived from
+//! The measured numbers the guide quotes: one small file per source under
+//! `guide/src/numbers/`, each number (with its unit) or table between a pair
+//! of anchor lines, and each chapter that quotes one holds it between two
+//! comments naming its file and anchor ([`chapters`]), written again from
+//! the file with it. So every number a chapter shows comes from a committed
+//! run (`benchmarks/results.md` or a run recorded in `guide/figure-data/`),
+//! and a new run changes every chapter that quotes it. Numbers derived from
 //! measured ones (an MFU from tokens/s) are computed here, never typed.
 
 mod allreduce;
+pub mod chapters;
 pub(crate) mod format;
 mod fsdp;
 mod gpu;
@@ -40,7 +41,7 @@ impl Sources {
     }
 }
 
-/// One number, phrase or table, under the anchor a chapter includes it by.
+/// One number, phrase or table, under the anchor a chapter quotes it by.
 pub struct Quote {
     anchor: &'static str,
     text: String,
@@ -48,6 +49,17 @@ pub struct Quote {
 
 fn quote(anchor: &'static str, text: impl Into<String>) -> Quote {
     Quote { anchor, text: text.into() }
+}
+
+/// A markdown table of `rows` under `header` (its title and alignment
+/// lines), quoted whole: a comment between a table's lines would end it.
+fn table(header: &str, rows: String) -> String {
+    format!("{header}\n{rows}")
+}
+
+/// `body` as a plain-text code block, quoted whole, fences and all.
+fn code_block(body: String) -> String {
+    format!("```text\n{body}\n```")
 }
 
 /// One generated file of quotes.

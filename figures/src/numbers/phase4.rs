@@ -7,7 +7,7 @@ use anyhow::Result;
 
 use super::format::{grouped, percent, ratio};
 use super::results::{Row, Table};
-use super::{allreduce, quote, Quote, Sources};
+use super::{allreduce, quote, table, Quote, Sources};
 
 const SECTION: &str = "Phase 4 inside the trainer: what each exercise buys";
 const SINGLE: &str = "single process, 2 threads";
@@ -52,8 +52,18 @@ pub fn quotes(sources: &Sources) -> Result<Vec<Quote>> {
         quote("small-powersgd-speed", ratio(setup(small, POWERSGD)?.number(SPEED)?)),
         quote("small-1f1b-saving", mib(one_f_one_b_saving(small)?)),
         quote("small-ddp-sent", format!("{:.3} MB", setup(small, DDP)?.number(SENT)?)),
-        quote("bubble-rows", bubble_rows(tiny)?),
-        quote("schedule-rows", schedule_rows(tiny, small)?),
+        quote(
+            "bubble-table",
+            table("| setup | M | bubble (S−1)/(M+S−1) | tokens/s |\n|---|---:|---:|---:|", bubble_rows(tiny)?),
+        ),
+        quote(
+            "schedule-table",
+            table(
+                "| | tiny config, M = 4 micro-batches of 16 sequences | GPT-2 124M's shape, T 256, M = 2 of 2 \
+                 sequences |\n|---|---:|---:|",
+                schedule_rows(tiny, small)?,
+            ),
+        ),
         quote("small-ddp-traffic-share", ddp_traffic_share(sources, small)?),
     ])
 }

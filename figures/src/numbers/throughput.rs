@@ -7,7 +7,7 @@ use anyhow::Result;
 
 use super::format::{grouped, percent};
 use super::model::Config;
-use super::{quote, Quote, Sources};
+use super::{code_block, quote, Quote, Sources};
 
 const SECTION: &str = "Training throughput";
 /// A core's FLOPs per cycle as the chapter assumes them: AVX2's 8 f32 lanes,
@@ -34,10 +34,10 @@ pub fn quotes(sources: &Sources) -> Result<Vec<Quote>> {
     Ok(vec![
         quote("host", section.host()?),
         quote("gemm-1-thread", format!("{gemm:.0} GFLOP/s")),
-        quote("cpu-rates", rates(cores, flops, &rows)),
+        quote("cpu-rates", code_block(rates(cores, flops, &rows))),
         quote("ddp-full-clock", format!("{:.1} GHz", ddp_gflops / (cores * FLOPS_PER_CYCLE))),
         quote("clock-bound", format!("{FLOPS_PER_CYCLE:.0}·f ≥ {gemm:.0} and f ≥ {lowest_clock:.1} GHz")),
-        quote("cpu-mfu-by-clock", mfu_by_clock(cores, lowest_clock, &rows)),
+        quote("cpu-mfu-by-clock", code_block(mfu_by_clock(cores, lowest_clock, &rows))),
         quote(
             "ddp-mfu-bound",
             format!("{ddp_gflops:.0} / ({cores} × {gemm:.0}) = {}", percent(ddp_gflops / (cores * gemm), 0)),
