@@ -109,23 +109,27 @@ fn unfinished_called(called: &BTreeMap<u32, &str>, unfinished: &[u32]) -> Option
 }
 
 /// The lines that say whose body each exercise this run calls runs: yours,
-/// or the reference leaned on in its place (none with `--features
-/// solutions`, where every one is the reference); and a warning for each
-/// file that does not parse, with where it stops.
+/// the reference leaned on, or the reference in place of a file that does
+/// not parse (none with `--features solutions`, where every one is the
+/// reference); and a warning for each file that does not parse, with where
+/// it stops.
 pub fn body_notes(options: &RunOptions) -> Vec<String> {
     let called = exercises_called(options);
     let whose =
         |wanted: Body| -> BTreeSet<u32> { called.keys().copied().filter(|&number| body(number) == wanted).collect() };
-    let (yours, leaned) = (whose(Body::Yours), whose(Body::Leaned));
     let mut parts = Vec::new();
-    if !yours.is_empty() {
-        parts.push(format!("yours: {}", lean_file::ranges(&yours)));
-    }
-    if !leaned.is_empty() {
-        parts.push(format!("the reference leaned on (`cargo xtask lean`): {}", lean_file::ranges(&leaned)));
+    for (body, said) in [
+        (Body::Yours, "yours"),
+        (Body::Leaned, "the reference leaned on (`cargo xtask lean`)"),
+        (Body::DoesNotParse, "the reference in place of your file, which does not parse (below)"),
+    ] {
+        let numbers = whose(body);
+        if !numbers.is_empty() {
+            parts.push(format!("{said}: {}", lean_file::ranges(&numbers)));
+        }
     }
     // The run does not grade your code: the checks do.
-    let graded_by = if yours.is_empty() { "" } else { "; `cargo xtask check N` grades yours" };
+    let graded_by = if whose(Body::Yours).is_empty() { "" } else { "; `cargo xtask check N` grades yours" };
     let notes = (!cfg!(feature = "solutions") && !parts.is_empty())
         .then(|| format!("exercises this run calls, {}{graded_by}", parts.join("; ")));
     notes.into_iter().chain(UNPARSABLE.iter().map(|(_, sentence)| format!("warning: {sentence}"))).collect()
