@@ -181,11 +181,12 @@ fn list(numbers: &[u32]) -> String {
 }
 
 /// Passes cargo's build output through to the learner as it comes, minus
-/// its closing "test failed" lines: the verdicts we print say that better.
+/// its status and closing "test failed" lines: the verdicts we print say
+/// that better.
 /// With `quiet`, holds it back instead and returns it, for a failed build.
 /// Also returns cargo's line saying the workbook library warned, if it did.
 fn relay_build_output(stderr: impl Read, quiet: bool) -> (Vec<String>, Option<String>) {
-    let mut filter = ClosingNoise::default();
+    let mut filter = CargoNoise::default();
     let mut held_back = Vec::new();
     let mut lib_warnings = None;
     for line in BufReader::new(stderr).split(b'\n').map_while(std::io::Result::ok) {
@@ -203,18 +204,20 @@ fn relay_build_output(stderr: impl Read, quiet: bool) -> (Vec<String>, Option<St
     (held_back, lib_warnings)
 }
 
-/// Drops cargo's `error: test failed, to rerun pass ...` and `error: 1 target
-/// failed:` (with the list of targets under it), unless a `Caused by:`
-/// follows: that one explains a crash and is kept whole.
+/// Drops cargo's `Finished` and `Running` status lines (the build's end and
+/// the test binary's path, which would sit above the verdicts), and its
+/// `error: test failed, to rerun pass ...` and `error: 1 target failed:`
+/// (with the list of targets under it), unless a `Caused by:` follows: that
+/// one explains a crash and is kept whole.
 #[derive(Default)]
-struct ClosingNoise {
+struct CargoNoise {
     in_target_list: bool,
     /// A "test failed" line and the blank lines after it, until we know
     /// whether a `Caused by:` comes.
     held: Vec<String>,
 }
 
-impl ClosingNoise {
+impl CargoNoise {
     /// The lines to show now, given the next line of cargo's stderr.
     fn pass(&mut self, line: &str) -> Vec<String> {
         let plain = anstream::adapter::strip_str(line).to_string();
@@ -230,6 +233,10 @@ impl ClosingNoise {
             }
         }
         if self.in_target_list && plain.starts_with("    `") {
+            return Vec::new();
+        }
+        let status = plain.trim_start();
+        if status.starts_with("Finished `") || status.starts_with("Running ") {
             return Vec::new();
         }
         self.in_target_list = plain.starts_with("error: ") && plain.ends_with(" failed:") && plain.contains(" target");
@@ -434,12 +441,13 @@ test result: FAILED. 3 passed; 2 failed; 1 ignored; 0 measured; 0 filtered out; 
     }
 
     #[test]
-    fn cargo_closing_failure_lines_are_dropped() {
-        let mut filter = ClosingNoise::default();
+    fn cargo_status_and_closing_failure_lines_are_dropped() {
+        let mut filter = CargoNoise::default();
         let test_failed = "\x1b[1m\x1b[91merror\x1b[0m: test failed, to rerun pass `--test graded`";
         let stderr = [
             ("   Compiling workbook v0.1.0 (/work)", true),
-            ("\x1b[1m\x1b[92m     Running\x1b[0m tests/graded.rs", true),
+            ("\x1b[1m\x1b[92m    Finished\x1b[0m `test` profile [unoptimized] target(s) in 0.12s", false),
+            ("\x1b[1m\x1b[92m     Running\x1b[0m graded/main.rs (target/debug/deps/graded-88f6)", false),
             (test_failed, false),
             ("error: 1 target failed:", false),
             ("    `--test graded`", false),
@@ -453,7 +461,7 @@ test result: FAILED. 3 passed; 2 failed; 1 ignored; 0 measured; 0 filtered out; 
 
     #[test]
     fn a_crash_keeps_cargos_explanation() {
-        let mut filter = ClosingNoise::default();
+        let mut filter = CargoNoise::default();
         let shown: Vec<String> = ["error: test failed, to rerun pass `--test graded`", "", "Caused by:", "  signal: 6"]
             .into_iter()
             .flat_map(|line| filter.pass(line))
