@@ -6,12 +6,14 @@
 //! wrong result is compared with what each typical mistake gives.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use candle_core::{Device, Tensor, Var};
 use rstest::rstest;
 use workbook::autograd::vjp;
-use workbook::distributed::{spawn_with_timeout, Collective, ProcessGroup};
+use workbook::distributed::{spawn_with_timeout, Collective, CollectiveOverride, ProcessGroup, ReduceOp, WithOverride};
+use workbook::parallel::fsdp::GatheredBytes;
 use workbook::parallel::fsdp_unit::BlockUnit;
 use workbook::phase4_under_the_hood::{fsdp_backward, fsdp_forward};
 use workbook::{init_params, Block, GptConfig, InitRng, ParamStore, RotaryCache};
@@ -110,6 +112,34 @@ struct RankRun {
     /// The most bytes this rank's units held whole at once, and one unit's.
     peak_gathered: u64,
     unit_bytes: u64,
+    /// Each all-gather and reduce-scatter, in the order issued.
+    issued: Vec<Issued>,
+}
+
+/// A collective a rank issued, with the bytes its units held whole then.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+enum Issued {
+    Gather { whole: u64 },
+    Scatter { whole: u64 },
+}
+
+/// Notes each all-gather and reduce-scatter before passing it on.
+#[derive(Clone)]
+struct Recorder {
+    issued: Arc<Mutex<Vec<Issued>>>,
+    gathered: Arc<GatheredBytes>,
+}
+
+impl CollectiveOverride for Recorder {
+    fn all_gather(&self, inner: &dyn ProcessGroup, t: &Tensor) -> candle_core::Result<Tensor> {
+        self.issued.lock().unwrap().push(Issued::Gather { whole: self.gathered.now() });
+        inner.all_gather(t)
+    }
+
+    fn reduce_scatter(&self, inner: &dyn ProcessGroup, t: &Tensor, op: ReduceOp) -> candle_core::Result<Tensor> {
+        self.issued.lock().unwrap().push(Issued::Scatter { whole: self.gathered.now() });
+        inner.reduce_scatter(t, op)
+    }
 }
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -125,11 +155,15 @@ struct Step {
     grad_input: Vec<f32>,
 }
 
-fn rank_run(pg: &dyn ProcessGroup) -> candle_core::Result<RankRun> {
+fn rank_run(pg: impl ProcessGroup + 'static) -> candle_core::Result<RankRun> {
     let (x, grad_output) = batch(pg.rank());
     // A graph behind x, as behind the embedding's output in the trainer.
     let x = (Var::from_tensor(&x)?.as_tensor() * 1.0)?;
     let mut units = BlockUnit::shard_blocks(&config(), &params(), pg.rank(), pg.world_size())?;
+    let issued: Arc<Mutex<Vec<Issued>>> = Arc::default();
+    let recorder = Recorder { issued: Arc::clone(&issued), gathered: units[0].gathered_bytes() };
+    let pg = WithOverride::new(Box::new(pg), recorder);
+    let pg: &dyn ProcessGroup = &pg;
     let before = pg.stats();
     let whole = |units: &[BlockUnit]| units.iter().filter(|unit| unit.whole().is_some()).count();
     let mut whole_after_forward = None;
@@ -148,6 +182,7 @@ fn rank_run(pg: &dyn ProcessGroup) -> candle_core::Result<RankRun> {
         })
     });
     let used = pg.stats().since(&before);
+    let issued = std::mem::take(&mut *issued.lock().unwrap());
     Ok(RankRun {
         step: step.map_err(|e| explain_error(&e)),
         whole_after_forward,
@@ -158,6 +193,7 @@ fn rank_run(pg: &dyn ProcessGroup) -> candle_core::Result<RankRun> {
         ),
         peak_gathered: units[0].peak_gathered_bytes(),
         unit_bytes: (units[0].layout().padded_len() * 4) as u64,
+        issued,
     })
 }
 
@@ -183,7 +219,7 @@ fn steps(runs: &[RankRun]) -> Vec<Step> {
 }
 
 fn run(world: usize) -> Vec<RankRun> {
-    spawn_with_timeout(world, TIMEOUT, |pg| rank_run(&pg))
+    spawn_with_timeout(world, TIMEOUT, rank_run)
         .unwrap_or_else(|e| panic!("the FSDP step on {world} rank(s) failed: {}", explain_error(&e)))
 }
 
@@ -256,6 +292,7 @@ fn only_one_unit_is_whole_at_a_time(#[values(2, 3)] world: usize) {
         let gathered_twice = run.collectives.0 == 2 * UNITS as u64;
         // What the units held when each half returned singles out the half that kept them.
         let established = match step.whole_after {
+            (0, 0) if resharded_late(run) => Some(mistake(22, "kept_after_backward")),
             (0, 0) => None,
             (0, _) => Some(mistake(22, "kept_after_backward")),
             (_, _) if gathered_twice => Some(mistake(22, "never_resharded")),
@@ -273,6 +310,20 @@ fn only_one_unit_is_whole_at_a_time(#[values(2, 3)] world: usize) {
             cause(established)
         );
     }
+}
+
+/// The forward gathered each unit with none whole, and the backward took
+/// the units one at a time, each gathered, then reduce-scattered before the
+/// next was gathered, yet some unit was still whole at a later gather: kept
+/// past its backward. (Gathering units early would put gathers side by side.)
+fn resharded_late(run: &RankRun) -> bool {
+    let (forward, backward) = run.issued.split_at(UNITS.min(run.issued.len()));
+    let forward_one_at_a_time = forward.iter().all(|issued| *issued == Issued::Gather { whole: 0 });
+    let backward_in_pairs = backward.len() == 2 * UNITS
+        && backward.chunks(2).all(|pair| matches!(pair, [Issued::Gather { .. }, Issued::Scatter { .. }]));
+    let gathered_beside_another =
+        backward.iter().any(|issued| matches!(issued, Issued::Gather { whole } if *whole > 0));
+    forward_one_at_a_time && backward_in_pairs && gathered_beside_another
 }
 
 /// Backward replays each unit from the input the forward kept for it.
@@ -319,7 +370,7 @@ fn the_forward_keeps_no_graph() {
 /// Each rank a process, the shards gathered and the gradients scattered over TCP.
 #[test]
 fn it_runs_across_processes_over_tcp() {
-    let runs: Vec<RankRun> = on_processes(2, |pg| rank_run(&pg));
+    let runs: Vec<RankRun> = on_processes(2, rank_run);
     for (rank, step) in steps(&runs).iter().enumerate() {
         for unit in 0..UNITS {
             let grad = step.unit_grads[unit].as_deref().unwrap_or_default();

@@ -121,6 +121,11 @@ impl GatheredBytes {
         timeline::counter(GATHERED_COUNTER, now as f64);
     }
 
+    /// The bytes held now.
+    pub fn now(&self) -> u64 {
+        self.now.load(Ordering::Relaxed)
+    }
+
     /// The most bytes held at once since the last [`reset_peak`](Self::reset_peak).
     pub fn peak(&self) -> u64 {
         self.peak.load(Ordering::Relaxed)
@@ -401,6 +406,11 @@ impl ShardedUnit {
     /// The most bytes the slots of this rank's units held at once.
     pub fn peak_gathered_bytes(&self) -> u64 {
         self.gathered.peak()
+    }
+
+    /// The count of bytes the slots of this rank's units hold, which they share.
+    pub fn gathered_bytes(&self) -> Arc<GatheredBytes> {
+        Arc::clone(&self.gathered)
     }
 
     /// The unit's layout: where each of its parameters sits in the flat buffer.
