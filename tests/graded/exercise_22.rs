@@ -271,14 +271,22 @@ fn each_unit_is_gathered_twice_and_reduce_scattered_once(#[values(2, 3)] world: 
     steps(&runs);
     for (rank, run) in runs.iter().enumerate() {
         let (gathers, scatters, all_reduces) = run.collectives;
-        let once_kept = gathers == UNITS as u64 && run.peak_gathered == UNITS as u64 * run.unit_bytes;
+        let units = UNITS as u64;
+        let once_kept = gathers == units && run.peak_gathered == units * run.unit_bytes;
+        // Every reduce-scatter an all-reduce instead, the gathers right.
+        let all_reduced = gathers == 2 * units && scatters == 0 && all_reduces == units;
+        let why = match (once_kept, all_reduced) {
+            (true, _) => Some(mistake(22, "no_second_gather")),
+            (_, true) => Some(mistake(22, "all_reduced")),
+            _ => None,
+        };
         assert!(
-            run.collectives == (2 * UNITS as u64, UNITS as u64, 0),
+            run.collectives == (2 * units, units, 0),
             "rank {rank} of {world} issued {gathers} all-gather(s), {scatters} reduce-scatter(s) and {all_reduces} \
              all-reduce(s) for {UNITS} units; FULL_SHARD issues, per unit, an all-gather before its forward, another \
              before its backward and one reduce-scatter of its gradient: {}, {UNITS} and 0{}",
             2 * UNITS,
-            cause(once_kept.then(|| mistake(22, "no_second_gather")))
+            cause(why)
         );
     }
 }
