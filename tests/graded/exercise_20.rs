@@ -349,6 +349,8 @@ fn f_is_the_identity_forward_and_sums_the_gradient_backward() {
             Some(mistake(20, "f_and_g_swapped"))
         } else if same(output, &F_INPUT) && grad.is_some_and(|d| same(d, &mean)) {
             Some(mistake(20, "f_backward_averages"))
+        } else if same(output, &add(F_INPUT, F_INPUT)) && grad.is_some_and(|d| same(d, &grad_sum)) {
+            Some(mistake(20, "f_sums_forward"))
         } else {
             (same(output, &F_INPUT) && grad.is_some_and(|d| same(d, &F_GRADS[rank]))).then(|| mistake(20, "f_missing"))
         };
