@@ -42,15 +42,22 @@ enum Adam {
     FirstShard,
     /// The weight decay left out.
     NoDecay,
+    /// The decay without the learning rate: p · (1 − wd).
+    DecayWithoutLr,
 }
 
 /// The parameters after `STEPS` steps of `kind` on `world` ranks, on plain numbers.
 fn expected(kind: Adam, world: usize, len: usize) -> Vec<f64> {
+    expected_after(STEPS, kind, world, len)
+}
+
+/// The parameters after `steps` steps of `kind` on `world` ranks.
+fn expected_after(steps: usize, kind: Adam, world: usize, len: usize) -> Vec<f64> {
     let shard = len.div_ceil(world);
     let padded = |v: Vec<f64>| [v, vec![0.0; shard * world - len]].concat();
     let mut params = padded(initial_params(len));
     let (mut m, mut v) = (vec![0.0; params.len()], vec![0.0; params.len()]);
-    for step in 0..STEPS {
+    for step in 0..steps {
         let grads: Vec<Vec<f64>> = (0..world).map(|r| padded(grad(r, step, len))).collect();
         let mean: Vec<f64> =
             (0..params.len()).map(|i| grads.iter().map(|g| g[i]).sum::<f64>() / world as f64).collect();
@@ -65,8 +72,12 @@ fn expected(kind: Adam, world: usize, len: usize) -> Vec<f64> {
             let source = if kind == Adam::FirstShard { i % shard } else { i };
             m[i] = CONFIG.beta1 * m[i] + (1.0 - CONFIG.beta1) * mean[i];
             v[i] = CONFIG.beta2 * v[i] + (1.0 - CONFIG.beta2) * mean[i] * mean[i];
-            let decay = if kind == Adam::NoDecay { 0.0 } else { WEIGHT_DECAY };
-            let decayed = params[source] * (1.0 - LR * decay);
+            let shrink = match kind {
+                Adam::NoDecay => 1.0,
+                Adam::DecayWithoutLr => 1.0 - WEIGHT_DECAY,
+                _ => 1.0 - LR * WEIGHT_DECAY,
+            };
+            let decayed = params[source] * shrink;
             next[i] = decayed - LR * (m[i] / c1) / ((v[i] / c2).sqrt() + CONFIG.eps);
         }
         params = next;
@@ -133,7 +144,11 @@ fn diagnose(got: &[f32], world: usize, len: usize) -> Option<&'static str> {
     if got.iter().any(|x| !x.is_finite()) {
         return Some(mistake(17, "step_not_counted"));
     }
-    let kinds = [(Adam::FreshMoments, "moments_not_kept"), (Adam::NoDecay, "decay_left_out")];
+    let kinds = [
+        (Adam::FreshMoments, "moments_not_kept"),
+        (Adam::NoDecay, "decay_left_out"),
+        (Adam::DecayWithoutLr, "decay_without_lr"),
+    ];
     // On one rank every rank's shard is shard 0: updating the first shard is no mistake there.
     let shards = (world > 1).then_some((Adam::FirstShard, "wrong_shard"));
     kinds
@@ -144,19 +159,21 @@ fn diagnose(got: &[f32], world: usize, len: usize) -> Option<&'static str> {
 }
 
 /// `update_shard` alone, on a shard of `len` elements and gradients that
-/// stand for its average gradient: the parameters after `STEPS` calls and
-/// the optimizer state held.
-fn update_one_shard(len: usize) -> candle_core::Result<(Vec<f32>, usize)> {
+/// stand for its average gradient: the parameters after each of `STEPS`
+/// calls, and the optimizer state held.
+fn update_one_shard(len: usize) -> candle_core::Result<(Vec<Vec<f32>>, usize)> {
     let mut optimizer = ShardedAdamW::new(CONFIG, WEIGHT_DECAY);
     let as_tensor = |v: Vec<f64>| Tensor::from_vec(v.iter().map(|&x| x as f32).collect::<Vec<_>>(), len, &Device::Cpu);
     let mut shard = as_tensor(initial_params(len))?;
+    let mut after_each = vec![];
     for step in 0..STEPS {
         shard = optimizer.update_shard(&shard, &as_tensor(grad(0, step, len))?, LR)?;
         if shard.dims() != [len] {
             candle_core::bail!("update_shard returned shape {:?} for a shard of {len} elements", shard.dims());
         }
+        after_each.push(shard.to_vec1()?);
     }
-    Ok((shard.to_vec1()?, optimizer.state_elements()))
+    Ok((after_each, optimizer.state_elements()))
 }
 
 /// A shard's update is AdamW's, on that shard's elements and nothing else:
@@ -164,13 +181,16 @@ fn update_one_shard(len: usize) -> candle_core::Result<(Vec<f32>, usize)> {
 #[test]
 fn a_shard_is_updated_as_adamw_updates_it() {
     let len = 7;
-    let (got, state) =
+    let (after_each, state) =
         update_one_shard(len).unwrap_or_else(|e| panic!("ShardedAdamW::update_shard failed: {}", explain_error(&e)));
-    if let Some(difference) = first_mismatch(&got, &expected(Adam::Textbook, 1, len), near) {
+    let differs =
+        |call: usize| first_mismatch(&after_each[call], &expected_after(call + 1, Adam::Textbook, 1, len), near);
+    if let Some((call, difference)) = (0..STEPS).find_map(|call| Some((call, differs(call)?))) {
         panic!(
-            "after {STEPS} calls of update_shard on a {len}-element shard, it differs from AdamW's {STEPS} steps on \
-             it: {difference}{}",
-            cause(diagnose(&got, 1, len))
+            "update_shard on a {len}-element shard, called {STEPS} times, differs from AdamW's steps on it from \
+             call {} on: after it, {difference}{}",
+            call + 1,
+            cause(diagnose(&after_each[STEPS - 1], 1, len))
         );
     }
     assert!(
