@@ -354,15 +354,22 @@ fn f_is_the_identity_forward_and_sums_the_gradient_backward() {
         } else {
             (same(output, &F_INPUT) && grad.is_some_and(|d| same(d, &F_GRADS[rank]))).then(|| mistake(20, "f_missing"))
         };
-        panic!(
-            "f on rank {rank} of 2, x = {F_INPUT:?} on both ranks: its output is {output:?}, expected x itself; a backward \
-             from ∂L/∂output = {:?} (rank 0: {:?}, rank 1: {:?}) gives x {}, expected their sum {grad_sum:?}{}",
-            F_GRADS[rank],
-            F_GRADS[0],
-            F_GRADS[1],
-            show(grad),
-            cause(why)
-        );
+        let forward = match same(output, &F_INPUT) {
+            true => "its output is x, as it should be".to_string(),
+            false => format!("its output is {output:?}, expected x itself"),
+        };
+        let backward = match grad.is_some_and(|d| same(d, &grad_sum)) {
+            true => "its backward gives the sum over the ranks, as it should".to_string(),
+            false => format!(
+                "a backward from this rank's ∂L/∂output {:?} gives x {}, expected the sum over the ranks' \
+                 ∂L/∂output, {grad_sum:?} ({:?} + {:?})",
+                F_GRADS[rank],
+                show(grad),
+                F_GRADS[0],
+                F_GRADS[1]
+            ),
+        };
+        panic!("f on rank {rank} of 2, x = {F_INPUT:?} on both ranks: {forward}; {backward}{}", cause(why));
     }
 }
 
@@ -388,17 +395,23 @@ fn g_sums_forward_and_is_the_identity_backward() {
             (same(output, &sum) && grad.is_some_and(|d| same(d, &add(G_GRADS[0], G_GRADS[1]))))
                 .then(|| mistake(20, "g_backward_all_reduced"))
         };
-        panic!(
-            "g on rank {rank} of 2, x = {:?} (rank 0: {:?}, rank 1: {:?}): its output is {output:?}, expected the sum \
-             {sum:?}; a backward from ∂L/∂output = {:?} gives x {}, expected that same {:?}{}",
-            G_INPUTS[rank],
-            G_INPUTS[0],
-            G_INPUTS[1],
-            G_GRADS[rank],
-            show(grad),
-            G_GRADS[rank],
-            cause(why)
-        );
+        let forward = match same(output, &sum) {
+            true => "its output is the sum over the ranks, as it should be".to_string(),
+            false => format!(
+                "its output is {output:?}, expected the sum over the ranks' x, {sum:?} ({:?} + {:?})",
+                G_INPUTS[0], G_INPUTS[1]
+            ),
+        };
+        let backward = match grad.is_some_and(|d| same(d, &G_GRADS[rank])) {
+            true => "its backward passes ∂L/∂output through, as it should".to_string(),
+            false => format!(
+                "a backward from ∂L/∂output {:?} gives x {}, expected that same {:?}",
+                G_GRADS[rank],
+                show(grad),
+                G_GRADS[rank]
+            ),
+        };
+        panic!("g on rank {rank} of 2, this rank's x = {:?}: {forward}; {backward}{}", G_INPUTS[rank], cause(why));
     }
 }
 
