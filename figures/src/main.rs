@@ -3,10 +3,9 @@
 //! each quoted value in the chapters again; `figures check ROOT` says which
 //! figures, number files or chapters are not what their data gives today.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-
-use std::collections::BTreeMap;
 
 use anyhow::{bail, Context, Result};
 use figures::catalog::FIGURES;
