@@ -2,8 +2,9 @@
 //! batch; the expected values are one process's: the same blocks, resident,
 //! run forward and backward on each rank's batch, their gradients averaged
 //! over the ranks and cut into the ranks' shards. The process group counts
-//! the collectives, the units count the bytes they held whole at once, and a
-//! wrong result is compared with what each typical mistake gives.
+//! the collectives and records their order, the units count the bytes they
+//! held whole (at each collective, and at most at once), and a wrong result
+//! is compared with what each typical mistake gives.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
