@@ -57,7 +57,8 @@ fn run() -> Result<ExitCode> {
     for chapter in markdown_under(&root.join(GUIDE_DIR))? {
         let text = std::fs::read_to_string(&chapter)?;
         let requoted = chapters::requote(&text, value).with_context(|| format!("{}", chapter.display()))?;
-        if requoted != text || !write {
+        // Only a chapter whose quotes changed is written, or stale.
+        if requoted != text {
             outputs.push((chapter, requoted));
         }
     }

@@ -117,19 +117,19 @@ pub fn body_notes(options: &RunOptions) -> Vec<String> {
     let called = exercises_called(options);
     let whose =
         |wanted: Body| -> BTreeSet<u32> { called.keys().copied().filter(|&number| body(number) == wanted).collect() };
-    let mut parts = Vec::new();
-    for (body, said) in [
-        (Body::Yours, "yours"),
-        (Body::Leaned, "the reference leaned on (`cargo xtask lean`)"),
-        (Body::DoesNotParse, "the reference in place of your file, which does not parse (below)"),
-    ] {
-        let numbers = whose(body);
-        if !numbers.is_empty() {
-            parts.push(format!("{said}: {}", lean_file::ranges(&numbers)));
-        }
-    }
+    let [yours, leaned, unparsable] = [Body::Yours, Body::Leaned, Body::DoesNotParse].map(whose);
+    let said = [
+        ("yours", &yours),
+        ("the reference leaned on (`cargo xtask lean`)", &leaned),
+        ("the reference in place of your file, which does not parse (below)", &unparsable),
+    ];
+    let parts: Vec<String> = said
+        .iter()
+        .filter(|(_, numbers)| !numbers.is_empty())
+        .map(|(said, numbers)| format!("{said}: {}", lean_file::ranges(numbers)))
+        .collect();
     // The run does not grade your code: the checks do.
-    let graded_by = if whose(Body::Yours).is_empty() { "" } else { "; `cargo xtask check N` grades yours" };
+    let graded_by = if yours.is_empty() { "" } else { "; `cargo xtask check N` grades yours" };
     let notes = (!cfg!(feature = "solutions") && !parts.is_empty())
         .then(|| format!("exercises this run calls, {}{graded_by}", parts.join("; ")));
     notes.into_iter().chain(UNPARSABLE.iter().map(|(_, sentence)| format!("warning: {sentence}"))).collect()

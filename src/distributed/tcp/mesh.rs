@@ -60,6 +60,8 @@ const GREETING_PATIENCE: Duration = Duration::from_secs(2);
 /// The pause before a rank dials again after its connection was closed
 /// during the greeting.
 const REDIAL_AFTER: Duration = Duration::from_millis(50);
+/// How a learner gives a wait longer, under `cargo test` or the launcher.
+const RAISE_TIMEOUT: &str = "raise the timeout (WORKBOOK_TIMEOUT_S, or the launcher's --timeout)";
 
 /// This rank's connections to the others.
 pub(super) struct Mesh {
@@ -525,7 +527,7 @@ impl Mesh {
             // A fact, not a verdict: rank `third` may be stuck, or may wait
             // on another rank in turn, this one included.
             return Err(format!(
-                "{waiting_for} timed out after {:.0?} on rank {me}: rank {from} is alive but has itself waited on rank {third} all this time; look at rank {third}: it is stuck in its own work, or the ranks wait for each other in a cycle (collectives issued in different orders on groups they share); if the work legitimately takes longer, raise the timeout (WORKBOOK_TIMEOUT_S, or the launcher's --timeout)",
+                "{waiting_for} timed out after {:.0?} on rank {me}: rank {from} is alive but has itself waited on rank {third} all this time; look at rank {third}: it is stuck in its own work, or the ranks wait for each other in a cycle (collectives issued in different orders on groups they share); if the work legitimately takes longer, {RAISE_TIMEOUT}",
                 now - wait.start
             ));
         }
@@ -542,7 +544,7 @@ impl Mesh {
             ));
         }
         Err(format!(
-            "{waiting_for} timed out after {:.0?} on rank {me}: rank {from} is alive (its heartbeats arrive) but sent nothing for this call: it is stuck in its own work or it skipped this call (every rank must issue the same collectives in the same order); if its work legitimately takes longer, raise the timeout (WORKBOOK_TIMEOUT_S, or the launcher's --timeout)",
+            "{waiting_for} timed out after {:.0?} on rank {me}: rank {from} is alive (its heartbeats arrive) but sent nothing for this call: it is stuck in its own work or it skipped this call (every rank must issue the same collectives in the same order); if its work legitimately takes longer, {RAISE_TIMEOUT}",
             now - wait.start
         ))
     }
