@@ -43,8 +43,8 @@ pub struct LayoutFlags {
     #[arg(long, requires = "precision")]
     pub reduce_in_fp32: bool,
     /// `ring` all-reduces with your exercise 16 instead of the backend's own ring.
-    #[arg(long, value_parser = ["backend", "ring"], default_value = "backend")]
-    pub allreduce: String,
+    #[arg(long, value_enum, default_value_t = AllReduce::Backend)]
+    pub allreduce: AllReduce,
     /// With --strategy ddp: average each matrix gradient as a rank-R PowerSGD
     /// estimate (your exercise 18) instead of whole.
     #[arg(long, value_name = "R", value_parser = clap::value_parser!(u64).range(1..))]
@@ -160,7 +160,7 @@ impl LayoutFlags {
         Ok(Layout {
             strategy,
             activation_checkpointing: self.activation_checkpointing,
-            own_ring: self.allreduce == "ring",
+            own_ring: self.allreduce == AllReduce::Ring,
             powersgd_rank: self.powersgd_rank.map(|r| r as usize),
             ddp_overlap: self.ddp_overlap,
             prefetch: self.prefetch,
@@ -184,6 +184,15 @@ pub enum StrategyName {
     Zero2,
     /// Sharded units (see --sharding and --precision).
     Fsdp,
+}
+
+/// `--allreduce`: whose ring averages the gradients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AllReduce {
+    /// The process backend's own all-reduce (TCP's ring, or NCCL's).
+    Backend,
+    /// Your exercise 16's, over the backend's point-to-point messages.
+    Ring,
 }
 
 impl std::fmt::Display for StrategyName {
