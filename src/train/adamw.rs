@@ -142,13 +142,6 @@ impl AdamW {
         self.skipped
     }
 
-    /// Counts an update refused without looking at the gradients: when ranks
-    /// holding different parameters learn from a global norm that one of them
-    /// saw a non-finite gradient, all of them skip together.
-    pub fn skip_step(&mut self) {
-        self.skipped += 1;
-    }
-
     /// One update of every grouped parameter with its gradient in `grads` at learning rate `lr`.
     ///
     /// A gradient holding an inf or NaN would poison the moments for good, so

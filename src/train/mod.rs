@@ -8,6 +8,7 @@ pub mod faults;
 mod optimizer;
 mod schedule;
 mod seam;
+mod step_end;
 mod tensor_file;
 mod trainer;
 
@@ -16,5 +17,6 @@ pub use adamw::{AdamW, AdamWConfig, ParamGroup};
 pub use checkpoint::{Checkpoint, CheckpointWriter, DataPosition, TrainerState};
 pub use optimizer::OptimizerConfig;
 pub use schedule::{CosineSchedule, LrSchedule, WsdSchedule};
-pub use seam::{StepCounters, Train};
+pub use seam::Train;
+pub use step_end::{StepCounters, Verdict};
 pub use trainer::{StepStats, TrainConfig, Trainer};

@@ -10,26 +10,8 @@ use std::path::Path;
 
 use candle_core::{Result, Tensor};
 
-use super::{AdamW, DataPosition, StepStats};
+use super::{DataPosition, StepCounters, StepStats};
 use crate::distributed::{CommStats, DeviceMesh, ProcessGroup};
-
-/// How far a run has come, in one place.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct StepCounters {
-    /// Optimizer steps taken, skipped ones included: the schedule's clock.
-    pub step: usize,
-    /// Updates applied: AdamW's `t` in its bias corrections.
-    pub optimizer_steps: u64,
-    /// Updates skipped because a gradient was not finite.
-    pub skipped_steps: u64,
-}
-
-impl StepCounters {
-    /// The counters of a trainer at `step` whose one optimizer is `optimizer`.
-    pub fn of(step: usize, optimizer: &AdamW) -> Self {
-        Self { step, optimizer_steps: optimizer.steps(), skipped_steps: optimizer.skipped_steps() }
-    }
-}
 
 /// What a training loop needs of a trainer.
 pub trait Train {

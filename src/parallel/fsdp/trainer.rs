@@ -37,7 +37,7 @@ use super::{
     OffloadFile, Pass, Precision, Prefetch, ShardedUnit, ShardingPlan, ShardingStrategy, StepLedger, UnitParams,
     UnitPlacement,
 };
-use crate::autograd::{accumulate, clip_factor, sum_of_squares, vjp};
+use crate::autograd::{accumulate, sum_of_squares, vjp};
 use crate::called_early::{fsdp_backward, fsdp_forward};
 use crate::distributed::{all_reduce_scalar, CommStats, ProcessGroup, ReduceOp};
 use crate::memory::held_after;
@@ -46,7 +46,7 @@ use crate::parallel::ddp::broadcast_parameters;
 use crate::phase1_model::next_token_loss;
 use crate::phase2_training::param_groups;
 use crate::phase3_fsdp::{mixed_precision_policy, sharding_plan, wrap_policy};
-use crate::train::{DataPosition, ParamGroup, StepCounters, StepStats, Train, TrainConfig, TrainerState};
+use crate::train::{DataPosition, ParamGroup, StepCounters, StepStats, Train, TrainConfig, TrainerState, Verdict};
 
 /// How a run shards and which precision it computes in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -233,8 +233,7 @@ impl FsdpTrainer {
 
     /// Takes up the counters of a checkpoint's state.
     pub fn restore_counters(&mut self, state: &TrainerState) {
-        self.counters.step = state.step;
-        self.counters.optimizer_steps = state.optimizer_steps;
+        self.counters.restore(state);
     }
 
     /// One optimizer step over `micro_batches` (each (B, T) token ids), as
@@ -269,16 +268,10 @@ impl FsdpTrainer {
             }
         }
         let grad_norm = self.global_norm(&grads)?;
-        let overflowed = !grad_norm.is_finite();
-        if let Some(scaler) = &mut self.scaler {
-            scaler.update(overflowed);
-        }
         let lr = self.config.schedule.lr(self.counters.step);
-        if overflowed {
-            self.counters.skipped_steps += 1;
-        } else {
-            let clip = clip_factor(grad_norm, self.config.max_grad_norm);
-            self.counters.optimizer_steps += 1;
+        if let Verdict::Update { clip, t } =
+            self.counters.settle(grad_norm, self.config.max_grad_norm, self.scaler.as_mut())
+        {
             // Each gradient is clipped as its unit steps and dropped after,
             // the root (the largest unit) last, when the others' are gone.
             for (unit, grad) in self.units.iter_mut().zip(grads).rev() {
@@ -286,10 +279,9 @@ impl FsdpTrainer {
                     Some(factor) => (grad * factor)?,
                     None => grad,
                 };
-                unit.step(&grad, lr, self.counters.optimizer_steps, &self.config.optimizer.adamw, self.groups.shard())?;
+                unit.step(&grad, lr, t, &self.config.optimizer.adamw, self.groups.shard())?;
             }
         }
-        self.counters.step += 1;
         // What was measured in the step, and what the units hold after it.
         let MemoryLedger { grads, gathered_peak, activations_peak, .. } = memory;
         let memory = MemoryLedger { grads, gathered_peak, activations_peak, ..self.held_memory() };

@@ -17,7 +17,7 @@ use std::ops::Range;
 use candle_core::{bail, DType, Device, Result, Tensor};
 
 use super::units;
-use crate::autograd::{clip_factor, Gradients};
+use crate::autograd::Gradients;
 use crate::distributed::{all_reduce_scalar, DeviceMesh, ProcessGroup, ReduceOp, WithOverride};
 use crate::model::{GptConfig, ParamStore};
 use crate::parallel::ddp::average_in_buckets;
@@ -28,7 +28,7 @@ use crate::parallel::tensor::ShardCuts;
 use crate::parallel::zero::{ClipShards, ModelParts, ShardedAdamW};
 use crate::phase2_training::param_groups;
 use crate::phase4_under_the_hood::DataParallel;
-use crate::train::{AdamW, Moments, ParamGroup, StepCounters, TrainConfig};
+use crate::train::{AdamW, Moments, ParamGroup, TrainConfig, Verdict};
 
 /// What the data-parallel axis of a mesh shards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -91,8 +91,6 @@ pub(super) struct Sharded {
     /// Under ZeRO-2, this step's gradient shard so far, summed over its
     /// micro-batches; `None` under ZeRO-1, which reduces once in exercise 17's step.
     grad_shard: Option<GradShard>,
-    /// Steps whose gradient norm was not finite, taken without an update.
-    skipped_steps: u64,
 }
 
 /// ZeRO-2's gradient: this rank's shard of the averaged flat gradient.
@@ -159,27 +157,25 @@ impl Update {
             dp: WithOverride::new(Box::new(mesh.dp_shared()), clip.clone()),
             clip,
             grad_shard: (kind == DataAxis::ShardGradients).then(GradShard::default),
-            skipped_steps: 0,
         })))
     }
 
     /// Finishes a step from `grads`, the gradients of `stage`'s parameters
     /// (on `device`) for this replica's share of the batch (its FSDP units,
-    /// if any, hold their own): the whole model's gradient norm, clipping and
-    /// AdamW at `lr`, or nothing when the norm is not finite. Returns the
-    /// norm before clipping.
+    /// if any, hold their own): the whole model's gradient norm, which
+    /// `settle` turns into the step's verdict, then AdamW at `lr`, clipped,
+    /// or nothing. Returns the norm before clipping.
     pub(super) fn step(
         &mut self,
         (mesh, cuts): (&DeviceMesh, &ShardCuts),
         stage: &PipelineStage,
         mut grads: Gradients,
-        lr: f64,
-        max_grad_norm: f64,
+        (lr, settle): (f64, impl FnOnce(f64) -> Verdict),
         device: &Device,
     ) -> Result<f64> {
         let params = stage.params();
         let optimizer = match self {
-            Self::Sharded(sharded) => return sharded.step(params, grads, lr, device),
+            Self::Sharded(sharded) => return sharded.step(params, grads, (lr, settle), device),
             Self::Replicated { optimizer, bucket_bytes } => {
                 average_in_buckets(mesh.dp(), &mut grads, *bucket_bytes)?;
                 optimizer
@@ -199,17 +195,14 @@ impl Update {
         // The stages hold different parameters: their sums of squares add up.
         let sum_sq = cuts.sum_of_squares(&grads, mesh.tp(), device)? + unit_sum_sq;
         let grad_norm = all_reduce_scalar(mesh.pp(), sum_sq, ReduceOp::Sum, device)?.sqrt();
-        if grad_norm.is_finite() {
-            let clip = clip_factor(grad_norm, max_grad_norm);
+        if let Verdict::Update { clip, t } = settle(grad_norm) {
             if let Some(factor) = clip {
                 grads.scale(factor)?;
             }
             optimizer.step(params, &grads, lr)?;
             if let Some(held) = units.as_mut() {
-                units::step(held, unit_grads, (clip, lr, optimizer.steps()), &optimizer.config())?;
+                units::step(held, unit_grads, (clip, lr, t), &optimizer.config())?;
             }
-        } else {
-            optimizer.skip_step(); // on every rank, not only the one that saw it
         }
         Ok(grad_norm)
     }
@@ -243,16 +236,6 @@ impl Update {
         let k = micro_batches.len() as f64;
         grads.scale(1.0 / k)?;
         Ok(Some(PipelineStep { loss: Some((loss / k) as f32), grads }))
-    }
-
-    /// The counters of a trainer at `step`.
-    pub(super) fn counters(&self, step: usize) -> StepCounters {
-        match self {
-            Self::Replicated { optimizer, .. } | Self::YourDdp { optimizer, .. } => StepCounters::of(step, optimizer),
-            Self::Sharded(sharded) => {
-                StepCounters { step, optimizer_steps: sharded.optimizer.steps, skipped_steps: sharded.skipped_steps }
-            }
-        }
     }
 
     /// The elements of AdamW's two moments this rank keeps for its `held`
@@ -345,12 +328,18 @@ impl Sharded {
         Ok(())
     }
 
-    fn step(&mut self, params: &ParamStore, grads: Gradients, lr: f64, device: &Device) -> Result<f64> {
+    fn step(
+        &mut self,
+        params: &ParamStore,
+        grads: Gradients,
+        (lr, settle): (f64, impl FnOnce(f64) -> Verdict),
+        device: &Device,
+    ) -> Result<f64> {
         if let Some(sum) = self.grad_shard.as_mut() {
             let Some(grad_shard) = sum.sum.take() else {
                 bail!("ZeRO-2's step found no gradient shard: run a micro-batch before the step");
             };
-            return self.step_shard(params, grad_shard, lr, device);
+            return self.step_shard(params, grad_shard, (lr, settle), device);
         }
         let grad = self.flat_grad(grads, device)?;
         let decayed = self.decayed_params(params, 0..self.layout.padded_len(), lr, device)?;
@@ -362,25 +351,31 @@ impl Sharded {
         let (moments_before, steps_before) = (self.optimizer.moments.clone(), self.optimizer.steps);
         let updated = self.optimizer.step(&self.dp, &decayed, &grad, lr)?;
         let grad_norm = self.clip.take_norm()?;
-        if grad_norm.is_finite() {
-            for (name, value) in self.layout.unflatten(&updated)? {
-                params.get(&name)?.set(&value)?;
+        // The clipping was applied in the step's reduce-scatter, by the same factor.
+        match settle(grad_norm) {
+            Verdict::Update { .. } => {
+                for (name, value) in self.layout.unflatten(&updated)? {
+                    params.get(&name)?.set(&value)?;
+                }
             }
-        } else {
-            (self.optimizer.moments, self.optimizer.steps) = (moments_before, steps_before);
-            self.skipped_steps += 1;
+            Verdict::Skip => (self.optimizer.moments, self.optimizer.steps) = (moments_before, steps_before),
         }
         Ok(grad_norm)
     }
 
     /// ZeRO-2's update: the whole model's norm from this rank's averaged
     /// `grad_shard`, the shard clipped and stepped by exercise 17's
-    /// `update_shard` (nothing changes when the norm is not finite), and
-    /// the parameters all-gathered back.
-    fn step_shard(&mut self, params: &ParamStore, grad_shard: Tensor, lr: f64, device: &Device) -> Result<f64> {
+    /// `update_shard` (nothing changes when `settle` skips), and the
+    /// parameters all-gathered back.
+    fn step_shard(
+        &mut self,
+        params: &ParamStore,
+        grad_shard: Tensor,
+        (lr, settle): (f64, impl FnOnce(f64) -> Verdict),
+        device: &Device,
+    ) -> Result<f64> {
         let (grad_shard, grad_norm) = self.clip.clip(self.dp.inner(), grad_shard)?;
-        if !grad_norm.is_finite() {
-            self.skipped_steps += 1;
+        if settle(grad_norm) == Verdict::Skip {
             return Ok(grad_norm);
         }
         let range = self.layout.shard_range(self.dp.rank(), self.dp.world_size());

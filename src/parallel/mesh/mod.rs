@@ -86,7 +86,7 @@ pub struct MeshTrainer {
     cuts: ShardCuts,
     /// Where this stage computes: the scalars and buffers it exchanges live there too.
     device: Device,
-    step: usize,
+    counters: StepCounters,
     /// What the last step sent along each axis with more than one rank.
     last_step_sent: Vec<(Axis, CommStats)>,
 }
@@ -138,7 +138,7 @@ impl MeshTrainer {
             mesh,
             cuts,
             device,
-            step: 0,
+            counters: StepCounters::default(),
             last_step_sent: vec![],
         })
     }
@@ -223,13 +223,12 @@ impl Train for MeshTrainer {
             Some(step) => step,
             None => self.stage_step(micro_batches)?,
         };
-        let lr = self.config.schedule.lr(self.step);
-        let max_norm = self.config.max_grad_norm;
+        let lr = self.config.schedule.lr(self.counters.step);
+        let settle = |grad_norm| self.counters.settle(grad_norm, self.config.max_grad_norm, None);
         let parts = (&self.mesh, &self.cuts);
-        let grad_norm = self.update.step(parts, &self.stage, step.grads, lr, max_norm, &self.device)?;
+        let grad_norm = self.update.step(parts, &self.stage, step.grads, (lr, settle), &self.device)?;
         let loss = Tensor::new(&[step.loss.unwrap_or(0.0)], &self.device)?;
         let loss = self.mesh.pp().broadcast(&loss, last)?.to_vec1::<f32>()?[0] as f64;
-        self.step += 1;
         let sent_after = report::sent_by_axis(&self.mesh);
         self.last_step_sent =
             sent_after.into_iter().zip(&sent_before).map(|((axis, now), (_, then))| (axis, now.since(then))).collect();
@@ -310,8 +309,8 @@ impl Train for MeshTrainer {
                     }
                 }
             }
-            let optimizer_steps = self.counters().optimizer_steps;
-            let state = TrainerState::new(self.step, optimizer_steps, self.model_config.clone(), self.config, data);
+            let StepCounters { step, optimizer_steps, .. } = self.counters;
+            let state = TrainerState::new(step, optimizer_steps, self.model_config.clone(), self.config, data);
             writer.finish(&state)?;
         }
         self.mesh.world().barrier()
@@ -339,7 +338,7 @@ impl Train for MeshTrainer {
         if let Some(mut units) = self.stage.sharded_units() {
             units::load(&mut units, &part, (steps > 0).then_some(&moments), &self.device)?;
         }
-        self.step = checkpoint.state.step;
+        self.counters.restore(&checkpoint.state);
         Ok(checkpoint.state.data)
     }
 
@@ -363,7 +362,7 @@ impl Train for MeshTrainer {
         Ok(pg.broadcast(&loss, last)?.to_vec1::<f32>()?[0] as f64)
     }
     fn counters(&self) -> StepCounters {
-        self.update.counters(self.step)
+        self.counters
     }
 
     fn process_group(&self) -> &dyn ProcessGroup {
