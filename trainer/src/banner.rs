@@ -100,7 +100,8 @@ pub fn exercise_lines(options: &RunOptions) -> candle_core::Result<Vec<String>> 
                     };
                     lines.push(format!(
                         "FSDP (--strategy fsdp): {blocks} an FSDP unit across {across}, stepped by {} and its \
-                         shard updated by {}; the embedding, final norm and head whole, averaged as under DDP",
+                         shard updated by {}; each stage's embedding, final norm and head one more unit, its root, \
+                         gathered for the step",
                         named(22),
                         update_shard_body()
                     ))

@@ -111,9 +111,8 @@ pub struct LayoutFlags {
     #[arg(long)]
     pub offload: bool,
     /// Where gradients are all-reduced in buckets (--strategy ddp, with or
-    /// without --pp/--tp; --own-ddp; the embedding and head under
-    /// --strategy fsdp --pp): the most megabytes one all-reduce carries
-    /// (PyTorch's bucket_cap_mb) [default: 25].
+    /// without --pp/--tp; --own-ddp): the most megabytes one all-reduce
+    /// carries (PyTorch's bucket_cap_mb) [default: 25].
     #[arg(long = "bucket-cap-mb", value_name = "MB", value_parser = bucket_cap_bytes)]
     pub bucket_bytes: Option<usize>,
 }
@@ -136,13 +135,12 @@ impl LayoutFlags {
                 anyhow::bail!("{flag} applies to --strategy {only} only ({what}), not to --strategy {}", self.strategy);
             }
         }
-        // ZeRO-1's gradient goes in one reduce-scatter, plain FSDP's unit by unit: no buckets.
-        let on_a_mesh = self.pipeline_stages.is_some() || self.tensor_parallel.is_some();
+        // ZeRO-1's gradient goes in one reduce-scatter, FSDP's unit by unit: no buckets.
         let no_buckets = match self.strategy {
             StrategyName::Zero1 => Some("exercise 17 reduce-scatters each rank's gradient whole"),
             StrategyName::Zero2 => Some("each micro-batch's gradient is reduce-scattered whole"),
-            StrategyName::Fsdp if !on_a_mesh => Some("each FSDP unit reduce-scatters its own gradient"),
-            _ => None,
+            StrategyName::Fsdp => Some("each FSDP unit reduce-scatters its own gradient"),
+            StrategyName::Ddp => None,
         };
         if let (Some(why), Some(_)) = (no_buckets, self.bucket_bytes) {
             anyhow::bail!("--bucket-cap-mb sizes DDP's all-reduces; --strategy {} has none ({why})", self.strategy);

@@ -28,7 +28,7 @@ use crate::parallel::tensor::ShardCuts;
 use crate::parallel::zero::{ClipShards, ModelParts, ShardedAdamW};
 use crate::phase2_training::param_groups;
 use crate::phase4_under_the_hood::DataParallel;
-use crate::train::{AdamW, Moments, ParamGroup, TrainConfig, Verdict};
+use crate::train::{AdamW, AdamWConfig, Moments, ParamGroup, TrainConfig, Verdict};
 
 /// What the data-parallel axis of a mesh shards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -49,9 +49,10 @@ pub enum DataAxis {
     /// The blocks (FSDP in f32): each an FSDP unit across the replicas
     /// (FULL_SHARD), or across groups of `shard_group` consecutive replicas
     /// that are replicas of each other (HYBRID_SHARD), stepped by exercise
-    /// 22; the embedding, final norm and head whole, averaged as under DDP.
-    /// With a tp axis each unit holds this rank's tensor-parallel shards of
-    /// its block (FSDP × TP).
+    /// 22; each stage's embedding, final norm and head one more unit, its
+    /// root, sharded the same way. With a tp axis each block's unit holds
+    /// this rank's tensor-parallel shards of it (FSDP × TP); the root is
+    /// whole on every rank of the tp group.
     ShardBlocks { shard_group: Option<usize> },
 }
 
@@ -70,6 +71,11 @@ pub(super) enum Update {
         bucket_bytes: usize,
     },
     Sharded(Box<Sharded>),
+    /// FSDP's units alone, the stage's root among them: each keeps its
+    /// own shards of the parameters, gradient and moments.
+    Units {
+        adamw: AdamWConfig,
+    },
     /// Exercise 26's wrapper, which averages the gradients itself.
     YourDdp {
         optimizer: AdamW,
@@ -113,10 +119,11 @@ impl Update {
         let groups = param_groups(params, config.optimizer.weight_decay);
         let decay_of = ParamGroup::decay_by_name(&groups, params)?;
         match kind {
-            DataAxis::Replicate | DataAxis::ShardBlocks { .. } => {
+            DataAxis::Replicate => {
                 let optimizer = AdamW::new(groups, config.optimizer.adamw)?;
                 return Ok(Self::Replicated { optimizer, bucket_bytes });
             }
+            DataAxis::ShardBlocks { .. } => return Ok(Self::Units { adamw: config.optimizer.adamw }),
             DataAxis::YourDdp => {
                 if mesh.shape().pp > 1 || mesh.shape().tp > 1 {
                     bail!(
@@ -174,13 +181,19 @@ impl Update {
         device: &Device,
     ) -> Result<f64> {
         let params = stage.params();
-        let optimizer = match self {
+        // AdamW over the parameters the stage holds whole, if any, and the units' settings.
+        let (optimizer, adamw) = match self {
             Self::Sharded(sharded) => return sharded.step(params, grads, (lr, settle), device),
             Self::Replicated { optimizer, bucket_bytes } => {
                 average_in_buckets(mesh.dp(), &mut grads, *bucket_bytes)?;
-                optimizer
+                let adamw = optimizer.config();
+                (Some(optimizer), adamw)
             }
-            Self::YourDdp { optimizer, .. } => optimizer, // its gradients arrive averaged
+            Self::YourDdp { optimizer, .. } => {
+                let adamw = optimizer.config(); // its gradients arrive averaged
+                (Some(optimizer), adamw)
+            }
+            Self::Units { adamw } => (None, *adamw),
         };
         // FSDP units hold their own gradient shards, averaged over the replicas.
         let mut units = stage.sharded_units();
@@ -199,9 +212,11 @@ impl Update {
             if let Some(factor) = clip {
                 grads.scale(factor)?;
             }
-            optimizer.step(params, &grads, lr)?;
+            if let Some(optimizer) = optimizer {
+                optimizer.step(params, &grads, lr)?;
+            }
             if let Some(held) = units.as_mut() {
-                units::step(held, unit_grads, (clip, lr, t), &optimizer.config())?;
+                units::step(held, unit_grads, (clip, lr, t), &adamw)?;
             }
         }
         Ok(grad_norm)
@@ -242,7 +257,7 @@ impl Update {
     /// parameter elements (once it has stepped).
     pub(super) fn moment_elements(&self, held: u64) -> u64 {
         match self {
-            Self::Replicated { .. } | Self::YourDdp { .. } => 2 * held,
+            Self::Replicated { .. } | Self::YourDdp { .. } | Self::Units { .. } => 2 * held,
             Self::Sharded(sharded) => 2 * sharded.shard_len() as u64,
         }
     }
@@ -266,6 +281,7 @@ impl Update {
                 _ => Ok(optimizer.state_tensors().into_iter().collect()),
             },
             Self::Sharded(sharded) => sharded.moments(),
+            Self::Units { .. } => Ok(HashMap::new()), // the units hold theirs
         }
     }
 
@@ -283,6 +299,7 @@ impl Update {
                 optimizer.load_state(steps, moments, params)
             }
             Self::Sharded(sharded) => sharded.load(steps, moments, device),
+            Self::Units { .. } => Ok(()), // the units take theirs
         }
     }
 }

@@ -12,7 +12,8 @@
 //! averaged gradients, ZeRO-1's sharded optimizer (exercise 17), ZeRO-2's
 //! sharded gradients (each micro-batch's reduce-scattered at once), FSDP's
 //! units (exercise 22: each block of a stage sharded across the replicas,
-//! see `units.rs`), or the learner's own DDP (exercise 26). With one stage there is nothing to
+//! and the stage's embedding, final norm and head as one more unit, its
+//! root; see `units.rs`), or the learner's own DDP (exercise 26). With one stage there is nothing to
 //! schedule: each micro-batch runs forward and back in turn through the
 //! whole model.
 //!
@@ -174,6 +175,27 @@ impl MeshTrainer {
         Ok(PipelineStep { loss: Some(loss / micro_batches.len() as f32), grads })
     }
 
+    /// The loss of `tokens` with no backward: the stages in turn, each
+    /// forward once, the last stage's loss broadcast to all.
+    fn stage_forward(&self, tokens: &Tensor) -> Result<f64> {
+        let pg = self.mesh.pp();
+        let (rank, last) = (pg.rank(), pg.world_size() - 1);
+        let input = match self.stage.is_first() {
+            true => tokens.clone(),
+            false => pg.recv(&self.stage.activation_like(tokens)?, rank - 1)?,
+        };
+        let output = self.stage.forward(&input, tokens)?;
+        self.stage.discard(&output);
+        let loss = match self.stage.is_last() {
+            true => output.to_dtype(DType::F32)?.reshape(1)?,
+            false => {
+                pg.send(&output, rank + 1)?;
+                Tensor::zeros(1, DType::F32, &self.device)?
+            }
+        };
+        Ok(pg.broadcast(&loss, last)?.to_vec1::<f32>()?[0] as f64)
+    }
+
     /// The parameters stage `index` holds, in model order, with their shapes.
     fn names_of_stage(&self, index: usize) -> Vec<(String, candle_core::Shape)> {
         param_specs(&self.model_config)
@@ -219,10 +241,12 @@ impl Train for MeshTrainer {
     fn train_step(&mut self, micro_batches: &[Tensor]) -> Result<StepStats> {
         let sent_before = report::sent_by_axis(&self.mesh);
         let last = self.mesh.pp().world_size() - 1;
-        let step = match self.update.run_micro_batches(micro_batches)? {
+        self.stage.gather_root()?;
+        let mut step = match self.update.run_micro_batches(micro_batches)? {
             Some(step) => step,
             None => self.stage_step(micro_batches)?,
         };
+        self.stage.reshard_root(Some(&mut step.grads))?;
         let lr = self.config.schedule.lr(self.counters.step);
         let settle = |grad_norm| self.counters.settle(grad_norm, self.config.max_grad_norm, None);
         let parts = (&self.mesh, &self.cuts);
@@ -342,24 +366,13 @@ impl Train for MeshTrainer {
         Ok(checkpoint.state.data)
     }
 
-    /// The stages in turn, each forward once: the last stage's loss goes to all.
+    /// The stages in turn, each forward once: the last stage's loss goes to
+    /// all. Under FSDP each stage's root is gathered for it.
     fn eval_loss(&mut self, tokens: &Tensor) -> Result<f64> {
-        let pg = self.mesh.pp();
-        let (rank, last) = (pg.rank(), pg.world_size() - 1);
-        let input = match self.stage.is_first() {
-            true => tokens.clone(),
-            false => pg.recv(&self.stage.activation_like(tokens)?, rank - 1)?,
-        };
-        let output = self.stage.forward(&input, tokens)?;
-        self.stage.discard(&output);
-        let loss = match self.stage.is_last() {
-            true => output.to_dtype(DType::F32)?.reshape(1)?,
-            false => {
-                pg.send(&output, rank + 1)?;
-                Tensor::zeros(1, DType::F32, &self.device)?
-            }
-        };
-        Ok(pg.broadcast(&loss, last)?.to_vec1::<f32>()?[0] as f64)
+        self.stage.gather_root()?;
+        let loss = self.stage_forward(tokens);
+        self.stage.reshard_root(None)?;
+        loss
     }
     fn counters(&self) -> StepCounters {
         self.counters
@@ -402,11 +415,13 @@ impl Train for MeshTrainer {
             ),
             (_, DataAxis::YourDdp) => format!(", in {replicas} data-parallel replicas under exercise 26's DDP"),
             (_, DataAxis::ShardBlocks { shard_group: None }) => {
-                format!(", in {replicas} data-parallel replicas, each block an FSDP unit sharded across them")
+                format!(
+                    ", in {replicas} data-parallel replicas, each block and the root an FSDP unit sharded across them"
+                )
             }
             (_, DataAxis::ShardBlocks { shard_group: Some(size) }) => format!(
-                ", in {replicas} data-parallel replicas, each block an FSDP unit sharded across groups of {size} of \
-                 them (HYBRID_SHARD)"
+                ", in {replicas} data-parallel replicas, each block and the root an FSDP unit sharded across groups \
+                 of {size} of them (HYBRID_SHARD)"
             ),
         };
         format!("{model}{split}{replicas}")
@@ -435,7 +450,7 @@ impl Train for MeshTrainer {
             gathered_peak: self
                 .stage
                 .sharded_units()
-                .and_then(|held| held.units.first().map(|unit| unit.peak_gathered_bytes())),
+                .and_then(|held| held.units.iter().next().map(|unit| unit.peak_gathered_bytes())),
             last_step: self.last_step_sent.clone(),
         };
         Some(report.to_string())

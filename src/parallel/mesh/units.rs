@@ -2,9 +2,11 @@
 //! both): each of the stage's blocks (under FSDP × TP, this rank's shards of
 //! it) is a unit sharded across the data-parallel group (under
 //! HYBRID_SHARD across a shard group of it, the groups replicas of each
-//! other), its gradient shard kept by the unit step (exercise 22). What the
-//! mesh trainer does with them besides: their part of the gradient norm,
-//! their AdamW step, and their whole tensors for checkpoints, a unit at a time.
+//! other), its gradient shard kept by the unit step (exercise 22); so is the
+//! stage's root (embedding, final norm, head), whose gradient the stage
+//! reduce-scatters. What the mesh trainer does with them besides: their part
+//! of the gradient norm, their AdamW step, and their whole tensors for
+//! checkpoints, a unit at a time.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -21,10 +23,10 @@ use crate::train::{AdamW, AdamWConfig};
 /// The units' gradient shards for this step, taken from them: averaged over
 /// the shard group by the unit step, and here across the replicas.
 pub(super) fn take_grads(held: &mut HeldUnits) -> Result<Vec<Tensor>> {
-    let mut grads = Vec::with_capacity(held.units.len());
+    let mut grads = vec![];
     for unit in held.units.iter_mut() {
         let Some(grad) = unit.take_grad() else {
-            bail!("no gradient reached unit {}: the loss does not depend on it", unit.layer());
+            bail!("no gradient reached unit `{}`: the loss does not depend on it", unit.name);
         };
         grads.push(match held.replicas {
             Some(replicas) => replicas.all_reduce(&grad, ReduceOp::Avg)?,
@@ -127,7 +129,7 @@ impl WholeUnit {
     }
 
     fn gather(held: &HeldUnits, index: usize, moments: bool) -> Result<Self> {
-        let unit = &held.units[index];
+        let Some(unit) = held.units.iter().nth(index) else { bail!("the stage has no unit {index}") };
         let local = unit.local_state()?;
         let whole = |shard: &Tensor| unit.layout().unflatten(&held.shard.all_gather(shard)?);
         let mut gathered =

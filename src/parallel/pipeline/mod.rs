@@ -25,7 +25,7 @@ use candle_nn::Embedding;
 use crate::autograd::{vjp, Checkpointed, Gradients, Recompute};
 use crate::distributed::{ProcessGroup, SharedGroup};
 use crate::model::{layer_of, lm_head, Block, GptConfig, Linear, ParamStore, RmsNorm, RotaryCache, Weights};
-use crate::parallel::fsdp::{MixedPrecisionPolicy, ShardingPlan};
+use crate::parallel::fsdp::{FlatLayout, MixedPrecisionPolicy, ShardedUnit, ShardingPlan, UnitPlacement};
 use crate::parallel::fsdp_unit::BlockUnit;
 use crate::parallel::tensor::{join_tokens, split_tokens, BlockStep, SplitBlock, TensorParallelBlock};
 use crate::phase1_model::next_token_loss;
@@ -33,7 +33,7 @@ use crate::phase4_under_the_hood::{gpipe_step, one_f_one_b_step};
 use crate::timeline;
 
 mod replayed;
-pub use replayed::HeldUnits;
+pub use replayed::{HeldUnits, Units};
 use replayed::{Kept, ReplayedBlocks};
 
 /// One rank's stage: the embedding on the first stage, a run of blocks, and
@@ -42,11 +42,14 @@ pub struct PipelineStage {
     index: usize,
     stages: usize,
     layers: Range<usize>,
+    /// On the first stage, while its parameters are whole (under FSDP,
+    /// between [`gather_root`](Self::gather_root) and [`reshard_root`](Self::reshard_root)).
     embed_tokens: Option<Embedding>,
     blocks: StageBlocks,
+    /// On the last stage, while its parameters are whole.
     head: Option<(RmsNorm, Linear)>,
     params: ParamStore,
-    hidden_size: usize,
+    config: GptConfig,
     dtype: DType,
     schedule: Mutex<Vec<StageOp>>,
     /// Forwards run on an input that tracks no gradient (see [`PipelineStage::take_untracked_inputs`]).
@@ -238,8 +241,10 @@ impl PipelineStage {
     /// HYBRID_SHARD replicated across `replicas`; with `split`, each unit
     /// holds this rank's shards of its block across that tensor-parallel
     /// group, run by that exercise (FSDP × TP). The embedding, final norm
-    /// and head whole. `weight_decay_of` gives each block parameter's
-    /// decay, which the units' AdamW applies element by element.
+    /// and head (those of them the stage holds) are its root unit, sharded
+    /// the same way and whole on every rank of a tensor-parallel group.
+    /// `weight_decay_of` gives each parameter's decay, which the units'
+    /// AdamW applies element by element.
     pub fn sharded(
         config: &GptConfig,
         params: &ParamStore,
@@ -313,19 +318,20 @@ impl PipelineStage {
                     weight_decay_of,
                 )?;
                 let sequence = split.and_then(|(tp, step)| (step == BlockStep::SequenceParallel).then_some(tp));
-                (StageBlocks::Replayed(ReplayedBlocks::new(units, (shard, replicas), sequence)), outer())
+                // The blocks' units count what is whole; so does the root.
+                let Some(gathered) = units.first().map(ShardedUnit::gathered_bytes) else {
+                    bail!("stage {index} holds no block")
+                };
+                let at = UnitPlacement { plan: &plan, policy: &policy, rank, world_size: ranks, gathered };
+                let root = root_unit(&outer(), &at, weight_decay_of)?;
+                let units = Units { root, blocks: units };
+                let replayed = ReplayedBlocks::new(units, (shard, replicas), sequence);
+                (StageBlocks::Replayed(replayed), ParamStore::from_vars(std::iter::empty()))
             }
         };
-        let embed_tokens = match first {
-            true => Some(Embedding::new(params.tensor("model.embed_tokens.weight")?, config.hidden_size)),
-            false => None,
-        };
-        // Tied embeddings are refused above unless one stage holds both ends.
-        let head = match last {
-            true => {
-                Some((RmsNorm::new(params.tensor("model.norm.weight")?, config.norm_eps), lm_head(config, &params)?))
-            }
-            false => None,
+        let (embed_tokens, head) = match blocks {
+            StageBlocks::Replayed(_) => (None, None),
+            StageBlocks::Whole(_) => ends(config, (first, last), &params)?,
         };
         Ok(Self {
             index,
@@ -335,7 +341,7 @@ impl PipelineStage {
             blocks,
             head,
             params,
-            hidden_size: config.hidden_size,
+            config: config.clone(),
             dtype,
             schedule: Mutex::new(vec![]),
             untracked_inputs: AtomicUsize::new(0),
@@ -381,9 +387,38 @@ impl PipelineStage {
         self.layers.clone()
     }
 
-    /// This stage's parameters (under FSDP, those outside its units).
+    /// This stage's parameters; under FSDP, its root's while it is gathered.
     pub fn params(&self) -> &ParamStore {
         &self.params
+    }
+
+    /// Under FSDP, gathers the stage's root unit (its embedding, or its final
+    /// norm and head) across the shard group: until
+    /// [`reshard_root`](Self::reshard_root) the stage runs them as whole
+    /// modules, their variables in [`params`](Self::params). Every rank of
+    /// the shard group calls it. Does nothing elsewhere.
+    pub fn gather_root(&mut self) -> Result<()> {
+        let StageBlocks::Replayed(replayed) = &self.blocks else { return Ok(()) };
+        let Some(whole) = replayed.gather_root()? else { return Ok(()) };
+        self.params = ParamStore::from_vars(whole);
+        (self.embed_tokens, self.head) = ends(&self.config, (self.is_first(), self.is_last()), &self.params)?;
+        Ok(())
+    }
+
+    /// Under FSDP, frees the root's whole parameters; with `grads`, the
+    /// step's gradients, their part for the root is taken out and
+    /// reduce-scattered into the root's gradient shard first. Every rank of
+    /// the shard group calls it. Does nothing elsewhere.
+    pub fn reshard_root(&mut self, grads: Option<&mut Gradients>) -> Result<()> {
+        let StageBlocks::Replayed(replayed) = &self.blocks else { return Ok(()) };
+        (self.embed_tokens, self.head) = (None, None);
+        self.params = ParamStore::from_vars(std::iter::empty());
+        replayed.reshard_root(grads)
+    }
+
+    /// Whether the stage's embedding or head is sharded away right now.
+    fn ends_sharded(&self) -> bool {
+        (self.is_first() && self.embed_tokens.is_none()) || (self.is_last() && self.head.is_none())
     }
 
     /// The stage's FSDP units and their groups, when its blocks are sharded.
@@ -402,16 +437,19 @@ impl PipelineStage {
     /// (an f32 scalar).
     pub fn forward(&self, input: &Tensor, tokens: &Tensor) -> Result<Tensor> {
         let _span = timeline::span("compute", format!("forward, stage {}", self.index));
+        if self.ends_sharded() {
+            bail!("stage {}'s root unit is sharded: gather_root before running the stage", self.index);
+        }
         self.record(StageOp::Forward);
         let mut x = match &self.embed_tokens {
             Some(embed_tokens) => embed_tokens.forward(input)?,
             None => {
                 let (b, t) = tokens.dims2()?;
-                if input.dims() != [b, t, self.hidden_size] {
+                if input.dims() != [b, t, self.config.hidden_size] {
                     bail!(
                         "stage {} takes activations of shape [{b}, {t}, {}] for tokens {:?}, got {:?}",
                         self.index,
-                        self.hidden_size,
+                        self.config.hidden_size,
                         tokens.dims(),
                         input.dims()
                     );
@@ -478,7 +516,7 @@ impl PipelineStage {
     /// the shape of what it receives from it.
     pub fn activation_like(&self, tokens: &Tensor) -> Result<Tensor> {
         let (b, t) = tokens.dims2()?;
-        Tensor::zeros((b, t, self.hidden_size), self.dtype, tokens.device())
+        Tensor::zeros((b, t, self.config.hidden_size), self.dtype, tokens.device())
     }
 
     /// Back-propagates `grad_output`, the gradient of the step's loss with
@@ -554,6 +592,42 @@ impl PipelineStage {
     fn record(&self, op: StageOp) {
         self.schedule.lock().unwrap_or_else(PoisonError::into_inner).push(op);
     }
+}
+
+/// The embedding a first stage runs and the final norm and head a last
+/// stage runs, on `params`. Tied embeddings are refused by the stage's
+/// build unless one stage holds both ends.
+fn ends(
+    config: &GptConfig,
+    (first, last): (bool, bool),
+    params: &ParamStore,
+) -> Result<(Option<Embedding>, Option<(RmsNorm, Linear)>)> {
+    let embed_tokens = match first {
+        true => Some(Embedding::new(params.tensor("model.embed_tokens.weight")?, config.hidden_size)),
+        false => None,
+    };
+    let head = match last {
+        true => Some((RmsNorm::new(params.tensor("model.norm.weight")?, config.norm_eps), lm_head(config, params)?)),
+        false => None,
+    };
+    Ok((embed_tokens, head))
+}
+
+/// The root unit of a stage whose blocks are FSDP units: its `outer`
+/// parameters (embedding, final norm, head) flattened in model order and
+/// sharded as `at` places them; `None` when it holds none of them.
+fn root_unit(
+    outer: &ParamStore,
+    at: &UnitPlacement<'_>,
+    weight_decay_of: &dyn Fn(&str) -> f64,
+) -> Result<Option<ShardedUnit>> {
+    let Some((_, any)) = outer.iter().next() else { return Ok(None) };
+    let device = any.device().clone();
+    let shapes = outer.iter().map(|(name, var)| (name.to_string(), var.shape().clone()));
+    let layout = FlatLayout::of_shapes(shapes.collect::<Vec<_>>(), at.world_size);
+    let named = outer.iter().map(|(name, var)| (name.to_string(), var.as_tensor().clone())).collect();
+    let full = layout.flatten(&named, &device)?;
+    ShardedUnit::new("root".to_string(), layout, &full, None, at, weight_decay_of).map(Some)
 }
 
 /// A gradient store with nothing in it (candle makes stores only by a backward).

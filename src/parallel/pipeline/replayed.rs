@@ -5,22 +5,31 @@
 //! TP a unit holds this rank's shards of its block, and under sequence
 //! parallelism the units run on this rank's chunk of the tokens, whole
 //! activations entering and leaving the stage as elsewhere.
+//!
+//! The stage's other parameters (the embedding on the first stage, the
+//! final norm and head on the last) are one more unit, its root, as
+//! torchtitan shards the root after the blocks: gathered whole for a step
+//! or an evaluation and run with its graph like any module, its gradient
+//! then reduce-scattered, and only this rank's shard kept between steps.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use candle_core::{Result, Tensor, TensorId, Var};
+use candle_core::{bail, Result, Tensor, TensorId, Var};
 
+use crate::autograd::Gradients;
 use crate::called_early::{fsdp_backward, fsdp_forward};
-use crate::distributed::SharedGroup;
+use crate::distributed::{ProcessGroup, ReduceOp, SharedGroup};
+use crate::parallel::fsdp::ShardedUnit;
 use crate::parallel::fsdp_unit::BlockUnit;
 use crate::parallel::tensor::{gather_sequence, own_tokens};
 
 /// FSDP units replayed in backward, and what each forward in flight kept.
 pub(super) struct ReplayedBlocks {
-    /// Each block an FSDP unit across `shard`: this rank keeps its shard;
-    /// under HYBRID_SHARD the shard groups are `replicas` of each other.
-    units: Mutex<Vec<BlockUnit>>,
+    /// Each block an FSDP unit across `shard`, and the root: this rank
+    /// keeps its shards; under HYBRID_SHARD the shard groups are `replicas`
+    /// of each other.
+    units: Mutex<Units>,
     shard: SharedGroup,
     replicas: Option<SharedGroup>,
     /// Under sequence parallelism, the tensor-parallel group whose ranks
@@ -42,17 +51,46 @@ pub(super) struct Kept {
 
 impl ReplayedBlocks {
     pub(super) fn new(
-        units: Vec<BlockUnit>,
+        units: Units,
         (shard, replicas): (SharedGroup, Option<SharedGroup>),
         sequence: Option<SharedGroup>,
     ) -> Self {
         Self { units: Mutex::new(units), shard, replicas, sequence, in_flight: Mutex::new(HashMap::new()) }
     }
 
+    /// The root's whole parameters by name, all-gathered across the shard
+    /// group, each a variable of its own; `None` for a stage without a root
+    /// (one of blocks only).
+    pub(super) fn gather_root(&self) -> Result<Option<Vec<(String, Var)>>> {
+        let mut units = lock(&self.units);
+        let Some(root) = units.root.as_mut() else { return Ok(None) };
+        root.unshard(self.shard.all_gather(&root.shard()?)?)?;
+        let Some(whole) = root.whole() else { unreachable!("the root was just unsharded") };
+        Ok(Some(root.layout().names().map(String::from).zip(whole.iter().cloned()).collect()))
+    }
+
+    /// Frees the root's whole parameters, after reduce-scattering their
+    /// gradients, taken out of `grads`, into the root's gradient shard.
+    /// Without `grads` (an evaluation), frees them only.
+    pub(super) fn reshard_root(&self, grads: Option<&mut Gradients>) -> Result<()> {
+        let mut units = lock(&self.units);
+        let Some(root) = units.root.as_mut() else { return Ok(()) };
+        let Some(grads) = grads else {
+            root.reshard();
+            return Ok(());
+        };
+        let parts: Vec<_> = root.layout().names().map(|name| grads.remove(name)).collect();
+        root.reshard();
+        let Some(flat) = root.lay_out(parts)? else {
+            bail!("no gradient reached unit `{}`: the loss does not depend on it", root.name);
+        };
+        root.add_grad(&self.shard.reduce_scatter(&flat, ReduceOp::Avg)?)
+    }
+
     /// `x` (B, T, C) through the units, no graph kept: each unit's input,
     /// and the last unit's output, (B, T, C) whole.
     pub(super) fn forward(&self, x: &Tensor) -> Result<(Vec<Tensor>, Tensor)> {
-        let pass = fsdp_forward(&self.shard, &mut lock(&self.units), &self.own_tokens(x)?)?;
+        let pass = fsdp_forward(&self.shard, &mut lock(&self.units).blocks, &self.own_tokens(x)?)?;
         Ok((pass.inputs, self.all_tokens(&pass.output)?))
     }
 
@@ -62,7 +100,7 @@ impl ReplayedBlocks {
     /// keeps its own shard of its gradients. Returns ∂L/∂ the first unit's
     /// input, whole.
     pub(super) fn backward(&self, inputs: &[Tensor], grad: &Tensor) -> Result<Tensor> {
-        let grad = fsdp_backward(&self.shard, &mut lock(&self.units), inputs, &self.own_tokens(grad)?)?;
+        let grad = fsdp_backward(&self.shard, &mut lock(&self.units).blocks, inputs, &self.own_tokens(grad)?)?;
         self.all_tokens(&grad)
     }
 
@@ -98,11 +136,30 @@ impl ReplayedBlocks {
     }
 }
 
+/// A stage's FSDP units: its root (when the stage holds the embedding or
+/// the head) and one per block.
+pub struct Units {
+    pub root: Option<ShardedUnit>,
+    pub blocks: Vec<BlockUnit>,
+}
+
+impl Units {
+    /// Every unit, the root first: the order every rank of a shard group
+    /// goes through them in, collectives and all.
+    pub fn iter(&self) -> impl Iterator<Item = &ShardedUnit> {
+        self.root.iter().chain(&self.blocks)
+    }
+
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut ShardedUnit> {
+        self.root.iter_mut().chain(&mut self.blocks)
+    }
+}
+
 /// A stage's FSDP units, held for a step or a checkpoint, with the group
 /// they are sharded over and, under HYBRID_SHARD, the group of ranks that
 /// hold the same shards.
 pub struct HeldUnits<'a> {
-    pub units: MutexGuard<'a, Vec<BlockUnit>>,
+    pub units: MutexGuard<'a, Units>,
     pub shard: &'a SharedGroup,
     pub replicas: Option<&'a SharedGroup>,
 }
