@@ -104,13 +104,24 @@ fn warn_unchecked(dir: &Path, unchecked: &[&str]) {
     }
 }
 
-/// Deletes all but the newest `keep` checkpoints under `root`. Each is first
-/// renamed to a debris name, `.step_NNNNNN.pruned` (or `.pruned-N` where
-/// something else has that name), so that a kill midway never leaves a
-/// half-deleted checkpoint under its own name.
-pub fn prune(root: &Path, keep: usize) -> Result<()> {
+/// The checkpoints under `root` of a step after `step`: in a run that
+/// resumed from `step` or earlier, those of the run it rewound.
+pub fn after(root: &Path, step: usize) -> Result<Vec<PathBuf>> {
+    Ok(steps(root)?.into_iter().filter(|&s| s > step).map(|s| step_dir(root, s)).collect())
+}
+
+/// Deletes the checkpoints under `root` of steps after `newest`, the
+/// checkpoint just written (those of a rewound run, which a later
+/// `--resume` would otherwise take for this run's newest), then all but
+/// the newest `keep`. Each is first renamed to a debris name,
+/// `.step_NNNNNN.pruned` (or `.pruned-N` where something else has that
+/// name), so that a kill midway never leaves a half-deleted checkpoint
+/// under its own name.
+pub fn prune(root: &Path, newest: usize, keep: usize) -> Result<()> {
     let steps = steps(root)?;
-    for &step in steps.iter().take(steps.len().saturating_sub(keep)) {
+    let (mine, rewound): (Vec<usize>, Vec<usize>) = steps.into_iter().partition(|&step| step <= newest);
+    let pruned = mine.iter().take(mine.len().saturating_sub(keep));
+    for &step in pruned.chain(&rewound) {
         let dir = step_dir(root, step);
         let pruned = (0..)
             .map(|n| match n {

@@ -296,6 +296,17 @@ fn drive(
         if is_logger {
             metrics::truncate_after(&options.out_dir.join(METRICS_FILE), step)?;
             report!("resumed from {} at step {step}", dir.display());
+            let later = checkpoints::after(&options.out_dir, step)?;
+            if !later.is_empty() {
+                let names: Vec<String> =
+                    later.iter().filter_map(|dir| dir.file_name()).map(|n| n.to_string_lossy().into_owned()).collect();
+                report!(
+                    "note: the checkpoints after step {step} in {} ({}) belong to the run this one rewinds: they \
+                     go when this run writes its first checkpoint, so that a later --resume continues this run",
+                    options.out_dir.display(),
+                    names.join(", ")
+                );
+            }
             let was = Checkpoint::read_state(&dir)?.train.grad_accum_steps;
             if was != config.grad_accum_steps {
                 report!(
@@ -437,7 +448,7 @@ fn save(trainer: &impl Train, options: &RunOptions, sampler: &DistributedSampler
             .save_checkpoint(&dir, Some(position))
             .map_err(|e| anyhow!("saving {}: {e}; {}", dir.display(), after_failed_save(options, &e)))?;
         if pg.rank() == 0 {
-            checkpoints::prune(&options.out_dir, options.keep_checkpoints)?;
+            checkpoints::prune(&options.out_dir, trainer.counters().step, options.keep_checkpoints)?;
         }
         Ok(())
     })
