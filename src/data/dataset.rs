@@ -25,8 +25,16 @@ use crate::words::count;
 /// writes them.
 pub const SAMPLE_PATH: &str = "datasets/tinystories_sample.txt";
 
-/// What to tell a learner whose data file is not there yet.
-const DOWNLOAD_HINT: &str = "download it with the commands in datasets/README.md, or use --dataset dummy";
+/// What to tell a learner whose data file `path` is not there yet: where
+/// the download commands are, by a path that works from anywhere.
+fn download_hint(path: &Path) -> String {
+    let readme = path.parent().map(|dir| dir.join("README.md")).filter(|readme| readme.is_file());
+    let commands = match readme {
+        Some(readme) => readme.display().to_string(),
+        None => "the workbook's datasets/README.md".to_string(),
+    };
+    format!("download it with the commands in {commands}, or use --dataset dummy")
+}
 
 /// Which data to train on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -74,7 +82,8 @@ impl FromStr for DatasetKind {
         DatasetKind::ALL
             .into_iter()
             .find(|k| k.name() == s)
-            .ok_or_else(|| Error::msg(format!("unknown dataset `{s}`: choose dummy, tinystories or openwebtext")))
+            // A flag's value: the message alone, no backtrace.
+            .ok_or_else(|| Error::Msg(format!("unknown dataset `{s}`: choose dummy, tinystories or openwebtext")))
     }
 }
 
@@ -116,20 +125,27 @@ pub struct Dataset {
     num_windows: usize,
 }
 
-impl fmt::Debug for Dataset {
+/// Where the tokens come from and how they are cut, as the run's banner says it.
+impl fmt::Display for Dataset {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let source = match &self.tokens {
             Tokens::Memory(_) => "random tokens".to_string(),
             Tokens::File(file) => file.path().display().to_string(),
         };
         let (windows, tokens) = (count(self.num_windows, "window"), count(self.seq_len, "token"));
-        write!(f, "Dataset({source}: {windows} of {tokens}, tokenizer {}", self.tokenizer)?;
+        write!(f, "{source}: {windows} of {tokens}, tokenizer {}", self.tokenizer)?;
         if let Tokens::Memory(_) = &self.tokens {
             // Uniform over the vocabulary: no model does better than ln V.
             let vocab = self.tokenizer.vocab_size();
             write!(f, "; nothing to learn: the loss cannot fall below ln {vocab} = {:.2}", (vocab as f64).ln())?;
         }
-        write!(f, ")")
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Dataset {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Dataset({self})")
     }
 }
 
@@ -169,14 +185,14 @@ impl Dataset {
         check_seq_len(seq_len)?;
         match std::fs::metadata(path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                bail!("dataset file `{}` not found: {DOWNLOAD_HINT}", path.display())
+                bail!("dataset file `{}` not found: {}", path.display(), download_hint(path))
             }
             Err(e) => bail!("cannot read dataset file `{}`: {e}", path.display()),
             Ok(meta) if meta.is_dir() => {
                 bail!("dataset path `{}` is a folder; give the text file", path.display())
             }
             Ok(meta) if meta.len() == 0 => {
-                bail!("dataset file `{}` is empty: {DOWNLOAD_HINT}", path.display())
+                bail!("dataset file `{}` is empty: {}", path.display(), download_hint(path))
             }
             Ok(_) => {}
         }

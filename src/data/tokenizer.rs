@@ -110,7 +110,8 @@ impl FromStr for Tokenizer {
     /// Parses `gpt2` or `bytes`.
     fn from_str(s: &str) -> Result<Self> {
         Tokenizer::ALL.into_iter().find(|t| t.name() == s).ok_or_else(|| {
-            Error::msg(format!("unknown tokenizer `{s}`: choose gpt2 (GPT-2 BPE, 50257 ids) or bytes (257 ids)"))
+            // A flag's value: the message alone, no backtrace.
+            Error::Msg(format!("unknown tokenizer `{s}`: choose gpt2 (GPT-2 BPE, 50257 ids) or bytes (257 ids)"))
         })
     }
 }

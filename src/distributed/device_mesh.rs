@@ -72,8 +72,12 @@ impl MeshShape {
             Some(dp) => dp,
             None if world_size.is_multiple_of(pp * tp) => world_size / (pp * tp),
             None => bail!(
-                "{world_size} ranks do not make whole replicas of {pp} pipeline stage(s) × {tp} tensor-parallel \
-                 rank(s) ({} ranks each): use a number of ranks that is a multiple of {}",
+                "{} {} not make whole replicas of {} × {} ({} ranks each): give --nproc (times --nnodes) \
+                 a multiple of {}",
+                crate::words::count(world_size, "rank"),
+                if world_size == 1 { "does" } else { "do" },
+                crate::words::count(pp, "pipeline stage"),
+                crate::words::count(tp, "tensor-parallel rank"),
                 pp * tp,
                 pp * tp
             ),

@@ -200,13 +200,26 @@ impl Checkpoint {
 
     /// Fails unless the checkpoint was written for a model of shape `config`.
     pub fn ensure_fits(&self, config: &GptConfig) -> Result<()> {
-        if &self.state.model != config {
-            bail!(
-                "the checkpoint was written for a different model:\n  checkpoint: {:?}\n  this run:   {config:?}\nuse the model size the checkpoint was trained with",
-                self.state.model
-            );
+        if &self.state.model == config {
+            return Ok(());
         }
-        Ok(())
+        let (saved, here) = (serde_json::to_value(&self.state.model), serde_json::to_value(config));
+        let (Ok(serde_json::Value::Object(saved)), Ok(serde_json::Value::Object(here))) = (saved, here) else {
+            bail!("the checkpoint was written for a different model");
+        };
+        let differ: Vec<String> = saved
+            .iter()
+            .filter(|(field, value)| here.get(*field) != Some(value))
+            .map(|(field, value)| {
+                let this_run = here.get(field).map_or("nothing".to_string(), ToString::to_string);
+                format!("{field} {value} there, {this_run} here")
+            })
+            .collect();
+        let advice = match differ.iter().all(|d| d.starts_with("vocab_size ")) {
+            true => "the vocabulary follows the tokenizer: use the --tokenizer it was trained with",
+            false => "use the model size (--model-size) it was trained with",
+        };
+        bail!("the checkpoint was written for a different model ({}): {advice}", differ.join("; "))
     }
 }
 

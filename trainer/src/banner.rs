@@ -45,12 +45,26 @@ pub fn exercise_lines(options: &RunOptions) -> candle_core::Result<Vec<String>> 
             },
             named(10)
         )),
-        Strategy::Fsdp(_) => {
-            lines.push(format!(
-                "FSDP: every block's unit step (gather, compute, free; gather again, reduce-scatter) by {}",
-                named(22)
-            ));
-            lines.push(format!("optimizer: each unit's shard stepped by {}", update_shard_body()));
+        Strategy::Fsdp(fsdp) => {
+            let (unit_step, optimizer) = match fsdp.sharding {
+                ShardingStrategy::FullShard | ShardingStrategy::HybridShard => (
+                    "(gather, compute, free; gather again, reduce-scatter)",
+                    format!("each unit's shard stepped by {}", update_shard_body()),
+                ),
+                ShardingStrategy::ShardGradOp => (
+                    "on parameters kept whole on every rank (nothing to gather), each gradient reduce-scattered",
+                    format!(
+                        "each unit's shard stepped by {}, the updated shards all-gathered after the step",
+                        update_shard_body()
+                    ),
+                ),
+                ShardingStrategy::NoShard => (
+                    "on parameters kept whole on every rank, each gradient all-reduced as under DDP",
+                    format!("every unit stepped whole by {}", update_shard_body()),
+                ),
+            };
+            lines.push(format!("FSDP: every block's unit step {unit_step} by {}", named(22)));
+            lines.push(format!("optimizer: {optimizer}"));
         }
         Strategy::Mesh { stages, schedule, sequence_parallel, data, .. } => {
             match data {
@@ -87,6 +101,9 @@ pub fn exercise_lines(options: &RunOptions) -> candle_core::Result<Vec<String>> 
                 )),
                 DataAxis::ShardBlocks { shard_group } => {
                     let across = match shard_group {
+                        None if mesh.dp == 1 => "the one data-parallel replica (FULL_SHARD, f32): with one replica \
+                             a shard is the whole unit, FSDP saves memory from 2 replicas on (--nproc / (pp · tp))"
+                            .to_string(),
                         None => format!("the {} data-parallel replicas (FULL_SHARD, f32)", mesh.dp),
                         Some(size) => format!(
                             "groups of {size} of the {} data-parallel replicas, each group a replica of the others \
@@ -150,14 +167,15 @@ pub fn exercise_lines(options: &RunOptions) -> candle_core::Result<Vec<String>> 
         };
         lines.push(line);
     }
+    if options.layout.activation_checkpointing {
+        lines.push(
+            "activation checkpointing (--activation-checkpointing): each block keeps only its input in forward \
+             and is recomputed in backward"
+                .to_string(),
+        );
+    }
     if options.layout.strategy.cuts_the_model() {
-        lines.push(format!(
-            "mesh: dp {} x pp {} x tp {}, each rank's place and groups laid out by {}",
-            mesh.dp,
-            mesh.pp,
-            mesh.tp,
-            named(25)
-        ));
+        lines.push(format!("mesh: {mesh}, each rank's place and groups laid out by {}", named(25)));
         let shared = match options.layout.strategy {
             Strategy::Mesh { data: DataAxis::ShardOptimizer, .. } => {
                 "each rank's gradients reduce-scattered with the same place in the others, AdamW's state sharded"
@@ -167,8 +185,8 @@ pub fn exercise_lines(options: &RunOptions) -> candle_core::Result<Vec<String>> 
                  AdamW's state sharded"
             }
             Strategy::Mesh { data: DataAxis::ShardBlocks { .. }, .. } => {
-                "each block's gradient shard reduce-scattered by its unit, the rest averaged with the same place in \
-                 the others"
+                "each unit's gradient (each block's, and the root's) reduce-scattered with the same place in the \
+                 others"
             }
             _ => "each rank's gradients averaged with the same place in the others",
         };

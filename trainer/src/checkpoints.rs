@@ -54,6 +54,13 @@ fn step_of(name: &str) -> Option<usize> {
 /// cannot be told intact, is taken only when no older one can be: a deleted
 /// `checksums.json` must not put a damaged checkpoint ahead of a good one.
 pub fn resolve(root: &Path) -> Result<PathBuf> {
+    if std::fs::symlink_metadata(root).is_err() {
+        bail!(
+            "there is nothing at {}: check the path (a step_NNNNNN checkpoint, a run's --checkpoint-dir, or for \
+             --init-from and infer a Hugging Face model directory)",
+            root.display()
+        );
+    }
     if root.join("trainer_state.json").is_file() {
         warn_unchecked(root, &Checkpoint::verify(root)?);
         return Ok(root.to_path_buf());
@@ -180,19 +187,38 @@ fn prepare(root: &Path, resume: bool, overwrite: bool) -> Result<()> {
     for file in &logs {
         std::fs::remove_file(file).with_context(|| format!("cannot remove {}", file.display()))?;
     }
+    let names = logs.iter().filter_map(|f| f.file_name()).map(|name| name.to_string_lossy().into_owned());
+    let removed: Vec<String> = steps.iter().map(|&step| format!("step_{step:06}")).chain(names).collect();
+    println!("--overwrite: removed the earlier run's {} from {}", removed.join(", "), root.display());
     Ok(())
 }
 
 /// A run's hold on its directory: an advisory lock on `<root>/.lock`, which the
 /// operating system releases when the process ends however it ends, so a
-/// killed run never leaves a stale lock behind.
+/// killed run never leaves a stale lock behind. A directory the lock
+/// created is removed again when the lock is dropped with nothing else in
+/// it: a run that failed before writing anything leaves no trace.
 pub struct RunLock {
     _file: File,
+    /// The directory, when taking the lock created it.
+    created: Option<PathBuf>,
+}
+
+impl Drop for RunLock {
+    fn drop(&mut self) {
+        let Some(root) = &self.created else { return };
+        let only_the_lock =
+            std::fs::read_dir(root).is_ok_and(|entries| entries.flatten().all(|entry| entry.file_name() == LOCK_FILE));
+        if only_the_lock {
+            let _ = std::fs::remove_file(root.join(LOCK_FILE)).and_then(|()| std::fs::remove_dir(root));
+        }
+    }
 }
 
 impl RunLock {
     /// Takes the directory, or fails at once if another run holds it.
     pub fn acquire(root: &Path) -> Result<Self> {
+        let created = (!root.exists()).then(|| root.to_path_buf());
         std::fs::create_dir_all(root).with_context(|| format!("cannot create {}", root.display()))?;
         let path = root.join(LOCK_FILE);
         let mut options = File::options();
@@ -208,7 +234,7 @@ impl RunLock {
                 path.display()
             );
         }
-        Ok(Self { _file: file })
+        Ok(Self { _file: file, created })
     }
 }
 

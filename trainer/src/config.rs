@@ -149,10 +149,15 @@ impl RunConfig {
         if world_size == 0 {
             bail!("--nproc must be at least 1");
         }
-        if self.batch_size == 0 || !self.batch_size.is_multiple_of(world_size) {
+        if self.batch_size == 0 {
+            bail!("--batch-size must be at least 1: it is the sequences of one micro-batch, over all ranks together");
+        }
+        if !self.batch_size.is_multiple_of(world_size) {
             bail!(
-                "batch size {} does not divide across {world_size} ranks: use a multiple of {world_size} (it is the global batch, split evenly)",
-                self.batch_size
+                "the batch size, {} (--batch-size, or the config's), does not divide across {}: give --batch-size \
+                 a multiple of {world_size} (it is the global batch, split evenly)",
+                self.batch_size,
+                workbook::words::count(world_size, "data-parallel rank")
             );
         }
         if self.seq_len < 2 || self.seq_len > self.model.max_seq_len {
@@ -232,6 +237,15 @@ impl RunConfig {
             listed.join("; "),
             gib(available)
         )
+    }
+}
+
+/// A count flag's value: a whole number of 1 or more (clap's own range
+/// check would answer `0 is not in 1..18446744073709551615`).
+pub fn at_least_one(text: &str) -> Result<u64, String> {
+    match text.parse::<u64>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err("give a whole number of 1 or more".to_string()),
     }
 }
 

@@ -10,16 +10,16 @@ use workbook::parallel::pipeline::PipelineSchedule;
 use workbook::parallel::DataAxis;
 use workbook::GptConfig;
 
-use crate::config::{bucket_cap_bytes, parsed, RunConfig};
+use crate::config::{at_least_one, bucket_cap_bytes, parsed, RunConfig};
 use crate::strategy::{Layout, Strategy};
 
 /// How the ranks share the work.
 #[derive(Debug, Clone, clap::Args)]
 pub struct LayoutFlags {
-    /// Recompute each block in backward instead of keeping its activations.
-    /// Not with --tp (a split block is stepped forward and backward in one
-    /// call, recomputed already), --own-ddp (your wrapper builds its own
-    /// model) or FSDP with --pp (its units recompute already).
+    /// Recompute each block in backward instead of keeping its activations
+    /// (whole or split blocks, any --pp and --tp). Not with --own-ddp (your
+    /// wrapper builds its own model) or --strategy fsdp (its units are
+    /// recomputed in backward already).
     #[arg(long)]
     pub activation_checkpointing: bool,
     /// `ddp` (whole replicas), `zero1` (whole replicas, AdamW's state sharded by your
@@ -47,7 +47,7 @@ pub struct LayoutFlags {
     pub allreduce: AllReduce,
     /// With --strategy ddp: average each matrix gradient as a rank-R PowerSGD
     /// estimate (your exercise 18) instead of whole.
-    #[arg(long, value_name = "R", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "R", value_parser = at_least_one)]
     pub powersgd_rank: Option<u64>,
     /// Cut the blocks into S pipeline stages, one per rank, stepped by your
     /// exercise 21 on GPipe's schedule or by your exercise 24 on 1F1B's
@@ -135,6 +135,12 @@ impl LayoutFlags {
                 anyhow::bail!("{flag} applies to --strategy {only} only ({what}), not to --strategy {}", self.strategy);
             }
         }
+        if self.activation_checkpointing && self.strategy == StrategyName::Fsdp {
+            anyhow::bail!(
+                "--activation-checkpointing with --strategy fsdp: each FSDP unit is recomputed in backward already \
+                 (exercise 22 replays it from its input); drop --activation-checkpointing"
+            );
+        }
         // ZeRO-1's gradient goes in one reduce-scatter, FSDP's unit by unit: no buckets.
         let no_buckets = match self.strategy {
             StrategyName::Zero1 => Some("exercise 17 reduce-scatters each rank's gradient whole"),
@@ -150,6 +156,16 @@ impl LayoutFlags {
             (None, None) => self.whole_replicas(node_size)?,
             (stages, tp) => self.mesh(stages.unwrap_or(1), tp.unwrap_or(1), config, world_size)?,
         };
+        if let Some(size) = self.hybrid_group_size {
+            let replicas = strategy.mesh(world_size)?.dp;
+            if size == 0 || !replicas.is_multiple_of(size) {
+                anyhow::bail!(
+                    "--hybrid-group-size {size}: the {} do not split into shard groups of {size}: give a size that \
+                     divides {replicas}",
+                    workbook::words::count(replicas, "data-parallel rank")
+                );
+            }
+        }
         if let Some(dp) = self.data_parallel {
             let shape = strategy.mesh(world_size)?;
             MeshShape::new(world_size, Some(dp), Some(shape.pp), Some(shape.tp))
@@ -269,12 +285,6 @@ impl LayoutFlags {
             StrategyName::Zero2 => DataAxis::ShardGradients,
             StrategyName::Fsdp => self.fsdp_on_a_pipeline(&flags)?,
         };
-        if self.activation_checkpointing && matches!(data, DataAxis::ShardBlocks { .. }) {
-            anyhow::bail!(
-                "--activation-checkpointing with --strategy fsdp {flags}: each FSDP unit is recomputed in backward \
-                 already (exercise 22 replays it from its input); drop --activation-checkpointing"
-            );
-        }
         if tp > 1 {
             check_tensor_split(tp, &config.model)?;
         }

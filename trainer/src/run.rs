@@ -82,6 +82,8 @@ pub struct Summary {
     pub last: Option<StepRecord>,
     pub steps: usize,
     pub skipped_updates: u64,
+    /// How many of the last steps in a row were skipped.
+    pub trailing_skips: usize,
     pub seconds: f64,
     pub num_params: usize,
     /// The tensor bytes this rank sent to other ranks per optimizer step, on
@@ -307,7 +309,20 @@ fn drive(
                     names.join(", ")
                 );
             }
-            let was = Checkpoint::read_state(&dir)?.train.grad_accum_steps;
+            let saved = Checkpoint::read_state(&dir)?.train;
+            let schedule = config.train_config(options.layout.activation_checkpointing).schedule;
+            if saved.schedule != schedule {
+                report!(
+                    "note: {} was trained on another learning-rate schedule; this run's (from --lr, \
+                     --warmup-steps and --max-steps) takes over: step {} runs at lr {:.3e} where the checkpoint's \
+                     gave {:.3e}",
+                    dir.display(),
+                    step + 1,
+                    schedule.lr(step),
+                    saved.schedule.lr(step)
+                );
+            }
+            let was = saved.grad_accum_steps;
             if was != config.grad_accum_steps {
                 report!(
                     "note: {} was trained with {} per step and this run takes {} (--grad-accum): each step \
@@ -328,7 +343,7 @@ fn drive(
     let tokens_per_step = config.batch_size * config.grad_accum_steps * config.seq_len;
     let start = Instant::now();
     let (mut first, mut last, mut loss_ema) = (None, None, None::<f64>);
-    let (mut sent_bytes, mut steps_trained) = (0u64, 0usize);
+    let (mut sent_bytes, mut steps_trained, mut trailing_skips) = (0u64, 0usize, 0usize);
     let eval = |trainer: &mut _| -> Result<Option<f64>> {
         let Some(held_out) = &held_out else { return Ok(None) };
         evaluate(trainer, dataset, held_out, per_rank_batch, device).map(Some)
@@ -363,6 +378,7 @@ fn drive(
         let loss = all_reduce_scalar(trainer.process_group(), stats.loss, ReduceOp::Avg, device)?;
         let counters = trainer.counters();
         let step = counters.step;
+        trailing_skips = if counters.skipped_steps > skipped_before { trailing_skips + 1 } else { 0 };
         let tokens_per_s = tokens_per_step as f64 / step_start.elapsed().as_secs_f64();
         let due = options.eval_every.is_some_and(|every| step.is_multiple_of(every) || step == config.max_steps);
         let eval_loss = if due { eval(&mut trainer)? } else { None };
@@ -423,6 +439,7 @@ fn drive(
         last,
         steps: trainer.counters().step,
         skipped_updates: trainer.counters().skipped_steps,
+        trailing_skips,
         seconds: start.elapsed().as_secs_f64(),
         num_params,
         sent_bytes_per_step: sent_bytes as f64 / steps_trained.max(1) as f64,
@@ -512,7 +529,7 @@ fn report_anomalies(bar: &ProgressBar, record: &StepRecord, stats: &StepStats, s
         say(
             bar,
             format!(
-                "step {}: loss {} / gradient norm {}: not finite, the update was skipped",
+                "step {}: loss {:.4}, gradient norm {}: not finite, the update was skipped",
                 record.step, record.loss, stats.grad_norm
             ),
         );
@@ -570,7 +587,7 @@ fn print_plan(
         c.model.num_layers,
         c.model.hidden_size,
     );
-    report!("data: {dataset:?}");
+    report!("data: {dataset}");
     if device.is_cuda() {
         let carrier = match options.backend {
             Backend::Nccl => "collectives over NCCL",

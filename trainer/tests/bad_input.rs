@@ -116,7 +116,7 @@ fn flags_that_do_not_apply_are_refused() {
     );
     refused(
         train(&dir, &["--dataset", "dummy", "--pp", "2", "--nproc", "3"]),
-        "--pp 2: 3 ranks do not make whole replicas of 2 pipeline stage(s) × 1 tensor-parallel rank(s)",
+        "--pp 2: 3 ranks do not make whole replicas of 2 pipeline stages × 1 tensor-parallel rank (2 ranks each): give --nproc",
     );
     refused(
         train(
@@ -130,7 +130,7 @@ fn flags_that_do_not_apply_are_refused() {
             &dir,
             &["--dataset", "dummy", "--pp", "2", "--nproc", "2", "--strategy", "fsdp", "--activation-checkpointing"],
         ),
-        "--activation-checkpointing with --strategy fsdp --pp 2: each FSDP unit is recomputed in backward already",
+        "--activation-checkpointing with --strategy fsdp: each FSDP unit is recomputed in backward already",
     );
     refused(
         train(&dir, &["--dataset", "dummy", "--pp", "2", "--nproc", "2", "--sharding", "full_shard"]),
@@ -153,7 +153,7 @@ fn flags_that_do_not_apply_are_refused() {
     );
     refused(
         train(&dir, &["--dataset", "dummy", "--tp", "2", "--nproc", "3"]),
-        "--tp 2: 3 ranks do not make whole replicas of 1 pipeline stage(s) × 2 tensor-parallel rank(s)",
+        "--tp 2: 3 ranks do not make whole replicas of 1 pipeline stage × 2 tensor-parallel ranks (2 ranks each): give --nproc",
     );
     refused(
         train(&dir, &["--dataset", "dummy", "--ddp-overlap", "--strategy", "fsdp"]),
@@ -198,7 +198,10 @@ fn an_elastic_job_that_could_not_run_at_some_size_is_refused() {
     assert!(stderr.contains("3:2 asks for more machines at least (3) than at most (2)"), "{stderr}");
     // The batch of 4 fits 1, 2 and 4 machines, not 3.
     let elastic = ["--dataset", "dummy", "--nnodes", "1:4", "--nproc", "1", "--master-port", "29599"];
-    refused(train(&dir, &elastic), "batch size 4 does not divide across 3 ranks");
+    refused(
+        train(&dir, &elastic),
+        "the batch size, 4 (--batch-size, or the config's), does not divide across 3 data-parallel ranks",
+    );
 }
 
 /// A GPU asked of a build without CUDA says how to get one; NCCL needs GPUs.
@@ -265,7 +268,7 @@ fn launcher_settings_that_cannot_work_are_refused() {
 fn counts_of_zero_are_refused() {
     let dir = scratch("zeros");
     for flag in ["--checkpoint-every", "--keep-checkpoints", "--log-every"] {
-        refused_argument(train(&dir, &["--dataset", "dummy", flag, "0"]), "0 is not in 1..");
+        refused_argument(train(&dir, &["--dataset", "dummy", flag, "0"]), "give a whole number of 1 or more");
     }
 }
 

@@ -162,7 +162,7 @@ fn two_ranks_train_and_a_bad_batch_is_refused() {
     let mut odd = options(scratch("odd-batch"), 3, 3);
     odd.config.batch_size = 8;
     let err = train(&odd).unwrap_err().to_string();
-    assert!(err.contains("does not divide across 3 ranks"), "{err}");
+    assert!(err.contains("does not divide across 3 data-parallel ranks"), "{err}");
 }
 
 /// `train` for 6 steps equals `train` for 3, then a new `train` process resuming for 3 more: bit for bit.

@@ -66,7 +66,8 @@ fn a_diverging_run_skips_its_updates_and_goes_on_under_every_strategy() {
         let dir = scratch(&format!("diverging{}", layout.join("")));
         let output = succeed(&mut train(&dir, 4, &[&["--nproc", "2", "--lr", "1e30"][..], layout].concat()));
         let stdout = String::from_utf8_lossy(&output.stdout);
-        assert!(stdout.contains("3 update(s) skipped for non-finite gradients"), "{layout:?}:\n{stdout}");
+        assert!(stdout.contains("3 updates skipped for non-finite gradients"), "{layout:?}:\n{stdout}");
+        assert!(stdout.contains("the last 3 steps were all skipped"), "{layout:?}:\n{stdout}");
     }
 }
 

@@ -90,7 +90,9 @@ impl ShardingPlan {
             [one] => format!("{one} sharded"),
             [first @ .., last] => format!("{} and {last} sharded", first.join(", ")),
         };
-        let nodes = if self.replicate_across_nodes { " within each node, replicated across nodes" } else { "" };
+        // The groups are a node's ranks by default, or --hybrid-group-size's.
+        let nodes =
+            if self.replicate_across_nodes { " within each shard group, replicated across the groups" } else { "" };
         format!("ZeRO stage {} ({what}{nodes})", self.zero_stage())
     }
 

@@ -190,7 +190,8 @@ impl FromStr for PipelineSchedule {
         match name {
             "gpipe" => Ok(Self::GPipe),
             "1f1b" => Ok(Self::OneFOneB),
-            other => bail!("unknown pipeline schedule `{other}`: use gpipe or 1f1b"),
+            // A flag's value: the message alone, no backtrace.
+            other => Err(candle_core::Error::Msg(format!("unknown pipeline schedule `{other}`: use gpipe or 1f1b"))),
         }
     }
 }

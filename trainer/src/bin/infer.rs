@@ -16,7 +16,7 @@ use trainer::report;
 
 /// Generate text from a trained model.
 #[derive(Parser)]
-#[command(name = "infer")]
+#[command(name = "infer", version)]
 struct Args {
     /// A step_NNNNNN checkpoint, a directory of them (the newest is used), or
     /// a Hugging Face Llama directory (config.json and safetensors).
@@ -80,6 +80,15 @@ fn run(args: Args) -> anyhow::Result<()> {
         let tensors =
             HashMap::from([("ids".to_string(), ids.to_dtype(candle_core::DType::I64)?), ("logits".into(), logits)]);
         candle_core::safetensors::save(&tensors, path)?;
+    }
+    // On stderr: stdout holds the text alone, for a pipe.
+    eprintln!("model: {}", source.dir.display());
+    if prompt.len() + args.max_new_tokens > source.context_len {
+        eprintln!(
+            "note: the model was trained on contexts of {} tokens: past that it reads the last {} tokens only, \
+             a sliding window",
+            source.context_len, source.context_len
+        );
     }
     let sampling = Sampling { temperature: args.temperature, top_k: args.top_k };
     let mut rng = ChaCha8Rng::seed_from_u64(args.seed);

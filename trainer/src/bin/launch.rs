@@ -18,7 +18,7 @@ use trainer::launching::LaunchArgs;
 
 /// Start a program as the ranks of a job (like torchrun).
 #[derive(Parser)]
-#[command(name = "launch")]
+#[command(name = "launch", version)]
 struct Args {
     #[command(flatten)]
     launch: LaunchArgs,

@@ -13,7 +13,7 @@ use clap::Parser;
 use trainer::checkpoints;
 use trainer::compute::ComputeArgs;
 use trainer::config::workbook_root;
-use trainer::config::{parsed, RunConfig};
+use trainer::config::{at_least_one, parsed, RunConfig};
 use trainer::launching::{LaunchArgs, RankKind};
 use trainer::layout_flags::LayoutFlags;
 use trainer::model_dir::ModelDir;
@@ -26,7 +26,7 @@ use workbook::words::count;
 
 /// Train a GPT. Defaults come from configs/<model-size>.toml; flags override them.
 #[derive(Parser)]
-#[command(name = "train")]
+#[command(name = "train", version)]
 struct Args {
     /// tiny, small, medium, or the path of a config file.
     #[arg(long, default_value = "tiny")]
@@ -35,7 +35,8 @@ struct Args {
     #[arg(long, default_value = "tinystories", value_parser = parsed::<DatasetKind>)]
     dataset: DatasetKind,
     /// The text file. Default: datasets/TinyStoriesV2-GPT4-train.txt (the bundled sample until that is
-    /// downloaded) or datasets/owt_train.txt.
+    /// downloaded) or datasets/owt_train.txt. It is tokenised once into <file>.<tokenizer>.tokens
+    /// beside it, which later runs read instead.
     #[arg(long)]
     data_path: Option<PathBuf>,
     /// bytes or gpt2 (default: the config's).
@@ -67,7 +68,7 @@ struct Args {
     /// ranks on it). Under DDP on the CPU each micro-batch's rows are split
     /// across them, one part per thread; elsewhere they run the tensor
     /// operations. `RAYON_NUM_THREADS`, when set, fixes the latter.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_parser = at_least_one)]
     threads: Option<u64>,
     /// --device and --backend.
     #[command(flatten)]
@@ -86,10 +87,10 @@ struct Args {
     #[arg(long, conflicts_with = "resume")]
     overwrite: bool,
     /// Save a checkpoint every this many steps (and after the last).
-    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 100, value_parser = at_least_one)]
     checkpoint_every: u64,
     /// How many of the newest checkpoints to keep.
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 3, value_parser = at_least_one)]
     keep_checkpoints: u64,
     #[arg(long, default_value_t = 1337)]
     seed: u64,
@@ -106,12 +107,12 @@ struct Args {
     #[arg(long)]
     trace: bool,
     /// Without a terminal, print a line every this many steps.
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 10, value_parser = at_least_one)]
     log_every: u64,
     /// Hold out the last 1% of the data (never trained on) and print the
     /// loss and perplexity on it before the first step, every N steps and
     /// after the last; metrics.jsonl and loss.svg show it too.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "N", value_parser = at_least_one)]
     eval_every: Option<u64>,
 }
 
@@ -135,6 +136,12 @@ fn run(args: Args) -> anyhow::Result<()> {
     if let Some(dir) = &args.init_from {
         // The shape and the vocabulary are the weights'; the rest stays the config's.
         let source = ModelDir::open(dir)?;
+        if is_logger {
+            report!(
+                "initialising from {}: its weights; the optimizer and the step count start afresh",
+                source.dir.display()
+            );
+        }
         config.model = source.config.clone();
         config.tokenizer = source.tokenizer(chosen_tokenizer)?;
     } else if let Some(tokenizer) = chosen_tokenizer {
@@ -149,15 +156,15 @@ fn run(args: Args) -> anyhow::Result<()> {
     if config.max_steps == 0 {
         anyhow::bail!("--max-steps must be at least 1");
     }
+    // Said once the run is known to start, not above an error about something else.
+    let mut warmup_note = None;
     if args.warmup_steps.is_none() && config.optimizer.warmup_steps >= config.max_steps {
         config.optimizer.warmup_steps = (config.max_steps / 10).max(1).min(config.max_steps - 1);
-        if is_logger {
-            report!(
-                "note: warmup shortened to {} to fit --max-steps {}",
-                count(config.optimizer.warmup_steps, "step"),
-                config.max_steps
-            );
-        }
+        warmup_note = Some(format!(
+            "note: warmup shortened to {} to fit --max-steps {}",
+            count(config.optimizer.warmup_steps, "step"),
+            config.max_steps
+        ));
     }
     if args.lr.is_some() {
         config.optimizer.min_lr = config.optimizer.lr / 10.0;
@@ -218,6 +225,11 @@ fn run(args: Args) -> anyhow::Result<()> {
         timeout: args.launch.config().timeout(),
     };
     trainer::needs::check_finished(&options)?;
+    let ranks_here = launched.as_ref().map_or(args.launch.nproc_per_node, |env| env.local_world_size);
+    options.config.validate(options.layout.strategy.mesh(world_size)?.dp, ranks_here)?;
+    if let Some(note) = warmup_note.filter(|_| is_logger) {
+        report!("{note}");
+    }
     if is_logger || starts_ranks {
         trainer::needs::body_notes(&options).iter().for_each(|note| report!("{note}"));
     }
@@ -228,15 +240,15 @@ fn run(args: Args) -> anyhow::Result<()> {
         }
         // Rank 0, which writes the checkpoints, runs on node 0: its launcher
         // takes the directory (other nodes may share its filesystem).
-        let _lock = match args.launch.node_rank {
+        let lock = match args.launch.node_rank {
             0 => Some(checkpoints::take(&options.out_dir, options.resume.is_some(), options.overwrite)?),
             _ => None,
         };
         open_dataset(&options.data)?;
         let code = args.launch.relaunch_self()?;
+        drop(lock); // exit runs no destructor: a failed job's empty directory goes here
         std::process::exit(code);
     }
-    let ranks_here = launched.as_ref().map_or(args.launch.nproc_per_node, |env| env.local_world_size);
     let threads = RankThreads::share(ranks_here, args.threads.map(|n| n as usize), rows_to_split(&options));
     threads.apply()?;
     options.batch_threads = threads.batch;
@@ -260,7 +272,16 @@ fn run(args: Args) -> anyhow::Result<()> {
         report!("held-out loss {before:.3} -> {after:.3} (perplexity {:.2} -> {:.2})", before.exp(), after.exp());
     }
     if summary.skipped_updates > 0 {
-        report!("{} update(s) skipped for non-finite gradients", summary.skipped_updates);
+        report!("{} skipped for non-finite gradients", count(summary.skipped_updates as usize, "update"));
+    }
+    if summary.trailing_skips > 1 {
+        report!(
+            "the last {} were all skipped: the weights have not changed since step {}, and a run whose every \
+             gradient is NaN has diverged; rewind to an earlier checkpoint at a lower --lr (the guide's chapter \
+             on training stability)",
+            count(summary.trailing_skips, "step"),
+            summary.steps - summary.trailing_skips
+        );
     }
     if let Some(mib) = peak_memory_mib() {
         let host = if summary.gpu_memory_mib.is_some() { " on the host" } else { "" };
