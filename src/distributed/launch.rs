@@ -22,6 +22,7 @@ use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
@@ -136,9 +137,35 @@ impl LaunchConfig {
     }
 }
 
+/// What [`launch`] returns when the job was interrupted (Ctrl-C, or SIGTERM
+/// from a scheduler): the shell's code for a SIGINT.
+pub const INTERRUPTED: i32 = 128 + 2;
+
+/// Set by the launcher's handler of SIGINT and SIGTERM.
+static SIGNALLED: AtomicBool = AtomicBool::new(false);
+
+#[cfg(unix)]
+extern "C" fn on_interrupt(_signal: libc::c_int) {
+    SIGNALLED.store(true, Ordering::SeqCst); // async-signal-safe: one atomic store
+}
+
+/// Makes SIGINT and SIGTERM stop the ranks and return [`INTERRUPTED`]
+/// instead of ending the launcher on the spot, so that it can say how the
+/// job ended. A rank's own handling is the default again after its exec.
+fn catch_interrupts() {
+    #[cfg(unix)]
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        let handler = on_interrupt as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        libc::signal(libc::SIGINT, handler);
+        libc::signal(libc::SIGTERM, handler);
+    }
+}
+
 /// Runs `program args` as this node's ranks and waits for them. Returns the
 /// exit code for the launcher to exit with: 0 when every rank succeeded,
-/// otherwise the first failing rank's, after the others were stopped.
+/// [`INTERRUPTED`] when the launcher was told to stop, otherwise the first
+/// failing rank's, after the others were stopped.
 pub fn launch(config: &LaunchConfig, program: &Path, args: &[OsString]) -> Result<i32> {
     config.check()?;
     let port = match config.master_port {
@@ -149,14 +176,20 @@ pub fn launch(config: &LaunchConfig, program: &Path, args: &[OsString]) -> Resul
     if config.is_elastic() {
         return elastic::run(config, port, &token, &Job { program, args });
     }
+    catch_interrupts();
     let mut ranks = Job { program, args }.start(config, port, &token, &[])?;
-    Ok(match supervise(&mut ranks, || None::<Infallible>) {
+    let interrupted = || SIGNALLED.load(Ordering::SeqCst).then_some(());
+    Ok(match supervise(&mut ranks, interrupted) {
         Ended::Succeeded => 0,
-        Ended::Failed { code, report, .. } => {
+        Ended::Failed { code, report, .. } if !SIGNALLED.load(Ordering::SeqCst) => {
             eprintln!("launch: {report}");
             code
         }
-        Ended::Interrupted(never) => match never {},
+        // A Ctrl-C at a terminal reaches the ranks too, which may die of it first.
+        Ended::Failed { .. } | Ended::Interrupted(()) => {
+            eprintln!("launch: interrupted: stopped the ranks");
+            INTERRUPTED
+        }
     })
 }
 

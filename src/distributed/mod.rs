@@ -99,7 +99,7 @@ pub use collective::{chunk_ranges, Collective};
 pub use cpu::{spawn, spawn_with_timeout, CpuProcessGroup, DEFAULT_TIMEOUT};
 pub use device_mesh::{Axis, DeviceMesh, MeshCoords, MeshShape};
 pub use env::{init_from_env, DistEnv, NCCL_DEFAULT_TIMEOUT};
-pub use launch::{launch, relaunch_self, LaunchConfig};
+pub use launch::{launch, relaunch_self, LaunchConfig, INTERRUPTED};
 #[cfg(feature = "nccl")]
 pub use nccl::NcclProcessGroup;
 pub use overridden::{CollectiveOverride, WithOverride};

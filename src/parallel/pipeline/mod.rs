@@ -47,7 +47,7 @@ pub struct PipelineStage {
     embed_tokens: Option<Embedding>,
     blocks: StageBlocks,
     /// On the last stage, while its parameters are whole.
-    head: Option<(RmsNorm, Linear)>,
+    head: Option<Head>,
     params: ParamStore,
     config: GptConfig,
     dtype: DType,
@@ -60,8 +60,11 @@ pub struct PipelineStage {
 /// a tensor-parallel group), or FSDP units replayed in backward.
 enum StageBlocks {
     Whole(WholeBlocks),
-    Replayed(ReplayedBlocks),
+    Replayed(Box<ReplayedBlocks>),
 }
+
+/// The last stage's final norm and head.
+type Head = (RmsNorm, Linear);
 
 /// How a stage holds its blocks, as it is built.
 enum Holding<'a> {
@@ -327,7 +330,7 @@ impl PipelineStage {
                 let root = root_unit(&outer(), &at, weight_decay_of)?;
                 let units = Units { root, blocks: units };
                 let replayed = ReplayedBlocks::new(units, (shard, replicas), sequence);
-                (StageBlocks::Replayed(replayed), ParamStore::from_vars(std::iter::empty()))
+                (StageBlocks::Replayed(Box::new(replayed)), ParamStore::from_vars(std::iter::empty()))
             }
         };
         let (embed_tokens, head) = match blocks {
@@ -602,7 +605,7 @@ fn ends(
     config: &GptConfig,
     (first, last): (bool, bool),
     params: &ParamStore,
-) -> Result<(Option<Embedding>, Option<(RmsNorm, Linear)>)> {
+) -> Result<(Option<Embedding>, Option<Head>)> {
     let embed_tokens = match first {
         true => Some(Embedding::new(params.tensor("model.embed_tokens.weight")?, config.hidden_size)),
         false => None,

@@ -246,6 +246,9 @@ fn run(args: Args) -> anyhow::Result<()> {
         };
         open_dataset(&options.data)?;
         let code = args.launch.relaunch_self()?;
+        if code == workbook::distributed::INTERRUPTED {
+            report!("{}", interrupted_at(&options.out_dir)?);
+        }
         drop(lock); // exit runs no destructor: a failed job's empty directory goes here
         std::process::exit(code);
     }
@@ -298,6 +301,17 @@ fn override_with<T>(slot: &mut T, value: Option<T>) {
     if let Some(v) = value {
         *slot = v;
     }
+}
+
+/// What to say when the job was interrupted: where it can go on from.
+fn interrupted_at(out_dir: &std::path::Path) -> anyhow::Result<String> {
+    Ok(match checkpoints::steps(out_dir)?.last() {
+        Some(&step) => format!(
+            "interrupted: the newest checkpoint is {}; --resume continues from it",
+            checkpoints::step_dir(out_dir, step).display()
+        ),
+        None => format!("interrupted before the first checkpoint: nothing in {} to resume", out_dir.display()),
+    })
 }
 
 #[cfg(test)]
