@@ -29,11 +29,12 @@ pub const SAMPLE_PATH: &str = "datasets/tinystories_sample.txt";
 /// the download commands are, by a path that works from anywhere.
 fn download_hint(path: &Path) -> String {
     let readme = path.parent().map(|dir| dir.join("README.md")).filter(|readme| readme.is_file());
-    let commands = match readme {
-        Some(readme) => readme.display().to_string(),
-        None => "the workbook's datasets/README.md".to_string(),
-    };
-    format!("download it with the commands in {commands}, or use --dataset dummy")
+    match readme {
+        Some(readme) => format!("download it with the commands in {}, or use --dataset dummy", readme.display()),
+        None => "check the path given to --data-path, or download the dataset with the commands in the workbook's \
+                 datasets/README.md, or use --dataset dummy"
+            .to_string(),
+    }
 }
 
 /// Which data to train on.

@@ -111,35 +111,42 @@ fn warn_unchecked(dir: &Path, unchecked: &[&str]) {
     }
 }
 
-/// The checkpoints under `root` of a step after `step`: in a run that
-/// resumed from `step` or earlier, those of the run it rewound.
-pub fn after(root: &Path, step: usize) -> Result<Vec<PathBuf>> {
-    Ok(steps(root)?.into_iter().filter(|&s| s > step).map(|s| step_dir(root, s)).collect())
+/// Deletes the checkpoints under `root` of steps after `step`: in a run
+/// that resumed from `step`, those of the run it rewound, which a later
+/// `--resume` would otherwise take for this run's newest. Returns their
+/// names.
+pub fn retire_after(root: &Path, step: usize) -> Result<Vec<String>> {
+    let later: Vec<usize> = steps(root)?.into_iter().filter(|&s| s > step).collect();
+    for &step in &later {
+        remove(root, step)?;
+    }
+    Ok(later.iter().map(|step| format!("step_{step:06}")).collect())
 }
 
-/// Deletes the checkpoints under `root` of steps after `newest`, the
-/// checkpoint just written (those of a rewound run, which a later
-/// `--resume` would otherwise take for this run's newest), then all but
-/// the newest `keep`. Each is first renamed to a debris name,
-/// `.step_NNNNNN.pruned` (or `.pruned-N` where something else has that
-/// name), so that a kill midway never leaves a half-deleted checkpoint
-/// under its own name.
-pub fn prune(root: &Path, newest: usize, keep: usize) -> Result<()> {
+/// Deletes all but the newest `keep` checkpoints under `root`.
+pub fn prune(root: &Path, keep: usize) -> Result<()> {
     let steps = steps(root)?;
-    let (mine, rewound): (Vec<usize>, Vec<usize>) = steps.into_iter().partition(|&step| step <= newest);
-    let pruned = mine.iter().take(mine.len().saturating_sub(keep));
-    for &step in pruned.chain(&rewound) {
-        let dir = step_dir(root, step);
-        let pruned = (0..)
-            .map(|n| match n {
-                0 => root.join(format!(".step_{step:06}.pruned")),
-                n => root.join(format!(".step_{step:06}.pruned-{n}")),
-            })
-            .find(|path| std::fs::symlink_metadata(path).is_err())
-            .expect("some name is free");
-        std::fs::rename(&dir, &pruned).with_context(|| format!("cannot move {} aside", dir.display()))?;
-        std::fs::remove_dir_all(&pruned).with_context(|| format!("cannot remove {}", pruned.display()))?;
+    for &step in steps.iter().take(steps.len().saturating_sub(keep)) {
+        remove(root, step)?;
     }
+    Ok(())
+}
+
+/// Deletes the checkpoint of `step` under `root`. It is first renamed to a
+/// debris name, `.step_NNNNNN.pruned` (or `.pruned-N` where something else
+/// has that name), so that a kill midway never leaves a half-deleted
+/// checkpoint under its own name.
+fn remove(root: &Path, step: usize) -> Result<()> {
+    let dir = step_dir(root, step);
+    let pruned = (0..)
+        .map(|n| match n {
+            0 => root.join(format!(".step_{step:06}.pruned")),
+            n => root.join(format!(".step_{step:06}.pruned-{n}")),
+        })
+        .find(|path| std::fs::symlink_metadata(path).is_err())
+        .expect("some name is free");
+    std::fs::rename(&dir, &pruned).with_context(|| format!("cannot move {} aside", dir.display()))?;
+    std::fs::remove_dir_all(&pruned).with_context(|| format!("cannot remove {}", pruned.display()))?;
     Ok(())
 }
 

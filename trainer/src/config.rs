@@ -55,7 +55,11 @@ impl OptimizerSettings {
         ];
         for (name, value, in_range, range) in checks {
             if !(value.is_finite() && in_range) {
-                bail!("optimizer setting {name} = {value} must be {range}");
+                let flag = match name {
+                    "lr" => " (--lr, or the config's)",
+                    _ => " (in the config file)",
+                };
+                bail!("optimizer setting {name} = {value}{flag} must be {range}");
             }
         }
         Ok(())
@@ -161,10 +165,17 @@ impl RunConfig {
             );
         }
         if self.seq_len < 2 || self.seq_len > self.model.max_seq_len {
-            bail!("seq_len {} must be between 2 and the model's max_seq_len {}", self.seq_len, self.model.max_seq_len);
+            bail!(
+                "--seq-len {} must be between 2 and the model's max_seq_len {}",
+                self.seq_len,
+                self.model.max_seq_len
+            );
         }
-        if self.grad_accum_steps == 0 || self.max_steps == 0 {
-            bail!("grad_accum_steps and max_steps must be at least 1");
+        if self.grad_accum_steps == 0 {
+            bail!("--grad-accum must be at least 1: it is the micro-batches of one step");
+        }
+        if self.max_steps == 0 {
+            bail!("--max-steps must be at least 1");
         }
         if self.optimizer.warmup_steps >= self.max_steps {
             bail!(

@@ -34,7 +34,7 @@ pub struct LayoutFlags {
     /// ranks replicated across groups (default: the ranks of one node).
     #[arg(long, value_name = "RANKS")]
     pub hybrid_group_size: Option<usize>,
-    /// With --strategy fsdp: fp32 (the default), bf16 or fp16.
+    /// With --strategy fsdp, without --pp or --tp: fp32 (the default), bf16 or fp16.
     #[arg(long, value_parser = parsed::<Precision>)]
     pub precision: Option<Precision>,
     /// With --precision bf16 or fp16: reduce-scatter and accumulate the
@@ -99,13 +99,13 @@ pub struct LayoutFlags {
         conflicts_with_all = ["pipeline_stages", "tensor_parallel", "powersgd_rank", "ddp_overlap", "activation_checkpointing"]
     )]
     pub own_ddp: bool,
-    /// With --strategy fsdp: gather the next unit's parameters while the
-    /// current one computes, in forward and backward (PyTorch's
+    /// With --strategy fsdp, without --pp or --tp: gather the next unit's
+    /// parameters while the current one computes, in forward and backward (PyTorch's
     /// forward_prefetch and backward_prefetch=BACKWARD_PRE); two units are
     /// whole at once.
     #[arg(long)]
     pub prefetch: bool,
-    /// With --strategy fsdp: keep AdamW's moments and the f32 master shards
+    /// With --strategy fsdp, without --pp or --tp: keep AdamW's moments and the f32 master shards
     /// in a file in --checkpoint-dir, read back when the step or an
     /// all-gather needs them (PyTorch's CPUOffload, one level down: the disk).
     #[arg(long)]
@@ -149,7 +149,10 @@ impl LayoutFlags {
             StrategyName::Ddp => None,
         };
         if let (Some(why), Some(_)) = (no_buckets, self.bucket_bytes) {
-            anyhow::bail!("--bucket-cap-mb sizes DDP's all-reduces; --strategy {} has none ({why})", self.strategy);
+            anyhow::bail!(
+                "--bucket-cap-mb sizes DDP's all-reduces; --strategy {} has none ({why}): drop --bucket-cap-mb",
+                self.strategy
+            );
         }
         let strategy = match (self.pipeline_stages, self.tensor_parallel) {
             (None, None) if self.own_ddp => Strategy::YOUR_DDP,

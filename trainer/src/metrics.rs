@@ -190,6 +190,13 @@ pub fn truncate_after(path: &Path, step: usize) -> Result<()> {
     std::fs::rename(&staging, path).with_context(|| format!("cannot replace {}", path.display()))
 }
 
+/// Draws the loss curve of the run in `out_dir` from its log into `loss.svg` there.
+pub fn draw_loss_curve(out_dir: &Path) -> Result<()> {
+    let records = read_log(&out_dir.join(METRICS_FILE))?;
+    let path = out_dir.join("loss.svg");
+    std::fs::write(&path, loss_curve_svg(&records)?).with_context(|| format!("cannot write {}", path.display()))
+}
+
 /// Draws loss and learning rate against step as a standalone SVG picture.
 pub fn loss_curve_svg(records: &[StepRecord]) -> Result<String> {
     let points: Vec<StepPoint> =

@@ -25,7 +25,7 @@ use crate::checkpoints;
 use crate::compute::{self, Backend, DeviceKind};
 use crate::config::{workbook_root, RunConfig};
 use crate::eval::{evaluate, HeldOut};
-use crate::metrics::{self, loss_curve_svg, read_log, MetricsLog, StepRecord, METRICS_FILE};
+use crate::metrics::{self, MetricsLog, StepRecord, METRICS_FILE};
 use crate::model_dir::ModelDir;
 use crate::report;
 use crate::strategy::{Layout, Strategy};
@@ -274,8 +274,13 @@ fn drive(
         let dir = checkpoints::resolve(resume)?;
         let position = trainer.load_checkpoint(&dir).map_err(|e| anyhow!("resuming from {}: {e}", dir.display()))?;
         if let Some(position) = position {
-            if resolved(&position.config)? != resolved(&options.data)? {
-                bail!("{} was trained on {:?}; resume it with the same data options", dir.display(), position.config);
+            let (saved, here) = (resolved(&position.config)?, resolved(&options.data)?);
+            if saved != here {
+                bail!(
+                    "{} was trained on other data: {}; resume it with the same data options",
+                    dir.display(),
+                    data_differences(&saved, &here).join("; ")
+                );
             }
             if position.held_out != holds_out {
                 bail!(
@@ -298,15 +303,14 @@ fn drive(
         if is_logger {
             metrics::truncate_after(&options.out_dir.join(METRICS_FILE), step)?;
             report!("resumed from {} at step {step}", dir.display());
-            let later = checkpoints::after(&options.out_dir, step)?;
+            // The log is cut back to this step above; so are the checkpoints.
+            let later = checkpoints::retire_after(&options.out_dir, step)?;
             if !later.is_empty() {
-                let names: Vec<String> =
-                    later.iter().filter_map(|dir| dir.file_name()).map(|n| n.to_string_lossy().into_owned()).collect();
                 report!(
-                    "note: the checkpoints after step {step} in {} ({}) belong to the run this one rewinds: they \
-                     go when this run writes its first checkpoint, so that a later --resume continues this run",
-                    options.out_dir.display(),
-                    names.join(", ")
+                    "removed {} from {}: they belonged to the run this one rewinds, and a later --resume \
+                     continues this one",
+                    later.join(", "),
+                    options.out_dir.display()
                 );
             }
             let saved = Checkpoint::read_state(&dir)?.train;
@@ -428,8 +432,7 @@ fn drive(
         write_trace(trainer.process_group(), &options.out_dir)?;
     }
     if is_logger {
-        let records = read_log(&options.out_dir.join(METRICS_FILE))?;
-        std::fs::write(options.out_dir.join("loss.svg"), loss_curve_svg(&records)?)?;
+        metrics::draw_loss_curve(&options.out_dir)?;
         if let Some(report) = trainer.report() {
             report!("{report}");
         }
@@ -465,7 +468,7 @@ fn save(trainer: &impl Train, options: &RunOptions, sampler: &DistributedSampler
             .save_checkpoint(&dir, Some(position))
             .map_err(|e| anyhow!("saving {}: {e}; {}", dir.display(), after_failed_save(options, &e)))?;
         if pg.rank() == 0 {
-            checkpoints::prune(&options.out_dir, trainer.counters().step, options.keep_checkpoints)?;
+            checkpoints::prune(&options.out_dir, options.keep_checkpoints)?;
         }
         Ok(())
     })
@@ -646,6 +649,21 @@ pub fn peak_memory_mib() -> Option<f64> {
 }
 
 /// `config` with its data file named absolutely: a relative path is the workbook's.
+/// Each data option in which `here` differs from `saved`, by its flag, e.g.
+/// "--seq-len 128 there, 64 here".
+fn data_differences(saved: &DataConfig, here: &DataConfig) -> Vec<String> {
+    let path =
+        |config: &DataConfig| config.path.as_ref().map_or("the default".to_string(), |p| p.display().to_string());
+    let options = [
+        ("--dataset", saved.kind.to_string(), here.kind.to_string()),
+        ("--data-path", path(saved), path(here)),
+        ("--tokenizer", saved.tokenizer.to_string(), here.tokenizer.to_string()),
+        ("--seq-len", saved.seq_len.to_string(), here.seq_len.to_string()),
+        ("--seed", saved.seed.to_string(), here.seed.to_string()),
+    ];
+    options.into_iter().filter(|(_, a, b)| a != b).map(|(flag, a, b)| format!("{flag} {a} there, {b} here")).collect()
+}
+
 fn resolved(config: &DataConfig) -> Result<DataConfig> {
     let mut config = config.clone();
     if let Some(path) = config.path.as_mut() {

@@ -32,9 +32,9 @@ fn hyperparameters_out_of_range_are_refused_before_any_step() {
     let dummy = ["--dataset", "dummy", "--max-steps", "3"];
     let with = |extra: &[&str]| train(&dir, &[&dummy[..], extra].concat());
     refused(train(&dir, &["--dataset", "dummy", "--max-steps", "0"]), "--max-steps must be at least 1");
-    refused(with(&["--lr", "NaN"]), "optimizer setting lr = NaN must be a positive number");
-    refused(with(&["--lr", "inf"]), "optimizer setting lr = inf must be a positive number");
-    refused(with(&["--lr=-0.001"]), "optimizer setting lr = -0.001 must be a positive number");
+    refused(with(&["--lr", "NaN"]), "optimizer setting lr = NaN (--lr, or the config's) must be a positive number");
+    refused(with(&["--lr", "inf"]), "optimizer setting lr = inf (--lr, or the config's) must be a positive number");
+    refused(with(&["--lr=-0.001"]), "optimizer setting lr = -0.001 (--lr, or the config's) must be a positive number");
 }
 
 #[test]
@@ -45,8 +45,12 @@ fn a_config_file_out_of_range_is_refused() {
     let mut cases = vec![
         ("norm_eps", "-1e-5", "norm_eps must be a positive number, not -0.00001"),
         ("rope_theta", "0.0", "rope_theta must be a positive number, not 0"),
-        ("beta1", "1.5", "optimizer setting beta1 = 1.5 must be in [0, 1)"),
-        ("max_grad_norm", "-1.0", "optimizer setting max_grad_norm = -1 must be a positive number"),
+        ("beta1", "1.5", "optimizer setting beta1 = 1.5 (in the config file) must be in [0, 1)"),
+        (
+            "max_grad_norm",
+            "-1.0",
+            "optimizer setting max_grad_norm = -1 (in the config file) must be a positive number",
+        ),
         // Unknown keys are refused, by name, with the ones that exist.
         ("bias", "false\nnum_head = 4", "unknown field `num_head`, expected one of"),
     ];

@@ -82,20 +82,22 @@ fn a_resume_rewrites_the_metrics_after_its_step_and_skips_stray_step_directories
 }
 
 /// A rewind (a resume from an earlier checkpoint of the same directory)
-/// leaves the rewound run's later checkpoints only until its own first
-/// save: a later plain `--resume` continues the rewind, not the run it left.
+/// removes the rewound run's later checkpoints as it cuts the log back,
+/// whatever steps it saves at: a later plain `--resume` continues the
+/// rewind, not the run it left.
 #[test]
 fn a_rewind_retires_the_later_checkpoints_of_the_run_it_left() {
     let dir = scratch("rewind");
     succeeded(&train(&dir, 6, &["--keep-checkpoints", "5"]));
-    let rewind = train(&dir, 4, &["--resume", checkpoints::step_dir(&dir, 2).to_str().unwrap()]);
+    let from = checkpoints::step_dir(&dir, 2);
+    let rewind = train(&dir, 3, &["--resume", from.to_str().unwrap()]);
     succeeded(&rewind);
     let stdout = String::from_utf8_lossy(&rewind.stdout);
-    assert!(stdout.contains("checkpoints after step 2") && stdout.contains("step_000004, step_000006"), "{stdout}");
-    assert_eq!(checkpoints::steps(&dir).unwrap(), [2, 4], "step 6 was the rewound run's");
+    assert!(stdout.contains("removed step_000004, step_000006 from"), "{stdout}");
+    assert_eq!(checkpoints::steps(&dir).unwrap(), [2, 3], "steps 4 and 6 were the rewound run's");
     succeeded(&train(&dir, 5, &["--resume"]));
     let logged: Vec<usize> = read_log(&dir.join("metrics.jsonl")).unwrap().iter().map(|r| r.step).collect();
-    assert_eq!(logged, [1, 2, 3, 4, 5], "the log reads as the rewound run");
+    assert_eq!(logged, [1, 2, 3, 4, 5], "the log reads as the rewind, from step 3 on");
 }
 
 /// A resume that takes another `--grad-accum` than the checkpoint's run

@@ -196,6 +196,17 @@ impl MeshTrainer {
         Ok(pg.broadcast(&loss, last)?.to_vec1::<f32>()?[0] as f64)
     }
 
+    /// What the groups split out of the dp group have sent: under
+    /// HYBRID_SHARD the units' shard and replica groups; nothing otherwise,
+    /// where the units run on the dp group itself.
+    fn split_dp_stats(&self) -> CommStats {
+        if !matches!(self.data_axis, DataAxis::ShardBlocks { shard_group: Some(_) }) {
+            return CommStats::default();
+        }
+        let Some(held) = self.stage.sharded_units() else { return CommStats::default() };
+        std::iter::once(held.shard).chain(held.replicas).map(|group| group.stats()).sum()
+    }
+
     /// The parameters stage `index` holds, in model order, with their shapes.
     fn names_of_stage(&self, index: usize) -> Vec<(String, candle_core::Shape)> {
         param_specs(&self.model_config)
@@ -239,7 +250,7 @@ fn shard_groups(mesh: &DeviceMesh, shard_group: Option<usize>) -> Result<(Shared
 
 impl Train for MeshTrainer {
     fn train_step(&mut self, micro_batches: &[Tensor]) -> Result<StepStats> {
-        let sent_before = report::sent_by_axis(&self.mesh);
+        let sent_before = report::sent_by_axis(&self.mesh, self.split_dp_stats());
         let last = self.mesh.pp().world_size() - 1;
         self.stage.gather_root()?;
         let mut step = match self.update.run_micro_batches(micro_batches)? {
@@ -253,7 +264,7 @@ impl Train for MeshTrainer {
         let grad_norm = self.update.step(parts, &self.stage, step.grads, (lr, settle), &self.device)?;
         let loss = Tensor::new(&[step.loss.unwrap_or(0.0)], &self.device)?;
         let loss = self.mesh.pp().broadcast(&loss, last)?.to_vec1::<f32>()?[0] as f64;
-        let sent_after = report::sent_by_axis(&self.mesh);
+        let sent_after = report::sent_by_axis(&self.mesh, self.split_dp_stats());
         self.last_step_sent =
             sent_after.into_iter().zip(&sent_before).map(|((axis, now), (_, then))| (axis, now.since(then))).collect();
         if self.stage.sharded_units().is_some() {
@@ -384,6 +395,10 @@ impl Train for MeshTrainer {
 
     fn mesh(&self) -> Option<&DeviceMesh> {
         Some(&self.mesh)
+    }
+
+    fn comm_stats(&self) -> CommStats {
+        [self.mesh.stats(), self.split_dp_stats()].into_iter().sum()
     }
 
     fn layout(&self) -> String {

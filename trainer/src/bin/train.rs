@@ -246,7 +246,11 @@ fn run(args: Args) -> anyhow::Result<()> {
         };
         open_dataset(&options.data)?;
         let code = args.launch.relaunch_self()?;
-        if code == workbook::distributed::INTERRUPTED {
+        // Node 0's launcher holds the directory rank 0 writes.
+        if code == workbook::distributed::INTERRUPTED && args.launch.node_rank == 0 {
+            if options.out_dir.join(trainer::metrics::METRICS_FILE).is_file() {
+                trainer::metrics::draw_loss_curve(&options.out_dir)?;
+            }
             report!("{}", interrupted_at(&options.out_dir)?);
         }
         drop(lock); // exit runs no destructor: a failed job's empty directory goes here
@@ -280,8 +284,8 @@ fn run(args: Args) -> anyhow::Result<()> {
     if summary.trailing_skips > 1 {
         report!(
             "the last {} were all skipped: the weights have not changed since step {}, and a run whose every \
-             gradient is NaN has diverged; rewind to an earlier checkpoint at a lower --lr (the guide's chapter \
-             on training stability)",
+             gradient is NaN has diverged; resume from a checkpoint kept from before it, if there is one, or \
+             start again, at a lower --lr (the guide's chapter on training stability)",
             count(summary.trailing_skips, "step"),
             summary.steps - summary.trailing_skips
         );
