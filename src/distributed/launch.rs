@@ -22,13 +22,13 @@ use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
 use candle_core::{bail, Error, Result};
 
+use super::interrupt::{catch_interrupts, interrupted, Again, INTERRUPTED};
 use crate::error::io_context;
 
 mod elastic;
@@ -137,34 +137,10 @@ impl LaunchConfig {
     }
 }
 
-/// What [`launch`] returns when the job was interrupted (Ctrl-C, or SIGTERM
-/// from a scheduler): the shell's code for a SIGINT.
-pub const INTERRUPTED: i32 = 128 + 2;
-
-/// Set by the launcher's handler of SIGINT and SIGTERM.
-static SIGNALLED: AtomicBool = AtomicBool::new(false);
-
-#[cfg(unix)]
-extern "C" fn on_interrupt(_signal: libc::c_int) {
-    SIGNALLED.store(true, Ordering::SeqCst); // async-signal-safe: one atomic store
-}
-
-/// Makes SIGINT and SIGTERM stop the ranks and return [`INTERRUPTED`]
-/// instead of ending the launcher on the spot, so that it can say how the
-/// job ended. A rank's own handling is the default again after its exec.
-fn catch_interrupts() {
-    #[cfg(unix)]
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe {
-        let handler = on_interrupt as extern "C" fn(libc::c_int) as libc::sighandler_t;
-        libc::signal(libc::SIGINT, handler);
-        libc::signal(libc::SIGTERM, handler);
-    }
-}
-
 /// Runs `program args` as this node's ranks and waits for them. Returns the
 /// exit code for the launcher to exit with: 0 when every rank succeeded,
-/// [`INTERRUPTED`] when the launcher was told to stop, otherwise the first
+/// [`INTERRUPTED`] when the launcher was told to stop (a SIGINT or SIGTERM,
+/// which stops the ranks), otherwise the first
 /// failing rank's, after the others were stopped.
 pub fn launch(config: &LaunchConfig, program: &Path, args: &[OsString]) -> Result<i32> {
     config.check()?;
@@ -176,12 +152,11 @@ pub fn launch(config: &LaunchConfig, program: &Path, args: &[OsString]) -> Resul
     if config.is_elastic() {
         return elastic::run(config, port, &token, &Job { program, args });
     }
-    catch_interrupts();
+    catch_interrupts(Again::Caught);
     let mut ranks = Job { program, args }.start(config, port, &token, &[])?;
-    let interrupted = || SIGNALLED.load(Ordering::SeqCst).then_some(());
-    Ok(match supervise(&mut ranks, interrupted) {
+    Ok(match supervise(&mut ranks, || interrupted().then_some(())) {
         Ended::Succeeded => 0,
-        Ended::Failed { code, report, .. } if !SIGNALLED.load(Ordering::SeqCst) => {
+        Ended::Failed { code, report, .. } if !interrupted() => {
             eprintln!("launch: {report}");
             code
         }

@@ -76,6 +76,7 @@ mod collective;
 mod cpu;
 mod device_mesh;
 mod env;
+mod interrupt;
 pub mod launch;
 #[cfg(feature = "nccl")]
 mod nccl;
@@ -99,7 +100,8 @@ pub use collective::{chunk_ranges, Collective};
 pub use cpu::{spawn, spawn_with_timeout, CpuProcessGroup, DEFAULT_TIMEOUT};
 pub use device_mesh::{Axis, DeviceMesh, MeshCoords, MeshShape};
 pub use env::{init_from_env, DistEnv, NCCL_DEFAULT_TIMEOUT};
-pub use launch::{launch, relaunch_self, LaunchConfig, INTERRUPTED};
+pub use interrupt::{catch_interrupts, interrupted, Again, INTERRUPTED};
+pub use launch::{launch, relaunch_self, LaunchConfig};
 #[cfg(feature = "nccl")]
 pub use nccl::NcclProcessGroup;
 pub use overridden::{CollectiveOverride, WithOverride};

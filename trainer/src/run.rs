@@ -8,8 +8,8 @@ use candle_core::{Device, Tensor};
 use indicatif::{ProgressBar, ProgressStyle};
 use workbook::data::{DataConfig, Dataset, DistributedSampler};
 use workbook::distributed::{
-    all_reduce_scalar, spawn_with_timeout, while_busy, DeviceMesh, DistEnv, OwnRing, ProcessGroup, ReduceOp,
-    SingleProcess,
+    all_reduce_scalar, catch_interrupts, interrupted, spawn_with_timeout, while_busy, Again, DeviceMesh, DistEnv,
+    OwnRing, ProcessGroup, ReduceOp, SingleProcess,
 };
 use workbook::parallel::ddp::Ddp;
 use workbook::parallel::fsdp::FsdpTrainer;
@@ -84,6 +84,8 @@ pub struct Summary {
     pub skipped_updates: u64,
     /// How many of the last steps in a row were skipped.
     pub trailing_skips: usize,
+    /// Whether a Ctrl-C stopped the run before `--max-steps`.
+    pub interrupted: bool,
     pub seconds: f64,
     pub num_params: usize,
     /// The tensor bytes this rank sent to other ranks per optimizer step, on
@@ -255,6 +257,13 @@ fn drive(
 ) -> Result<Summary> {
     let (rank, world) = (trainer.process_group().rank(), trainer.process_group().world_size());
     let is_logger = rank == 0;
+    // A lone process owns its job (a launcher owns a job of processes): a
+    // Ctrl-C stops it once the step in flight is done, a second one at once.
+    let lone = world == 1 && DistEnv::from_env()?.is_none();
+    if lone {
+        catch_interrupts(Again::Ends);
+    }
+    let mut was_interrupted = false;
     // The ranks that split the data: the replicas; the stages of one pipeline read the same batch.
     let (data_rank, data_ranks) = trainer.replica();
     if options.trace {
@@ -426,6 +435,10 @@ fn drive(
         if at_end || step.is_multiple_of(options.checkpoint_every) {
             save(&trainer, options, &sampler, holds_out)?;
         }
+        if lone && interrupted() {
+            was_interrupted = true;
+            break;
+        }
     }
     bar.finish_and_clear();
     if options.trace {
@@ -443,6 +456,7 @@ fn drive(
         steps: trainer.counters().step,
         skipped_updates: trainer.counters().skipped_steps,
         trailing_skips,
+        interrupted: was_interrupted,
         seconds: start.elapsed().as_secs_f64(),
         num_params,
         sent_bytes_per_step: sent_bytes as f64 / steps_trained.max(1) as f64,

@@ -71,28 +71,33 @@ fn a_diverging_run_skips_its_updates_and_goes_on_under_every_strategy() {
     }
 }
 
-/// Ctrl-C (SIGINT to the launcher) stops the ranks and says which
-/// checkpoint a resume continues from, with the shell's code for SIGINT.
+/// Ctrl-C (SIGINT to the launcher, or to a lone process) stops the job
+/// and says which checkpoint a resume continues from, with the shell's
+/// code for SIGINT; the loss curve is drawn as at a run's end.
 #[cfg(unix)]
 #[test]
 fn an_interrupted_job_says_where_it_can_resume() {
     let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = scratch("interrupted");
-    let mut command = train_saving_every(&dir, 100_000, 2, &["--nproc", "2"]);
-    let child = command.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
-    let start = Instant::now();
-    while checkpoints::steps(&dir).unwrap().is_empty() {
-        assert!(start.elapsed() < Duration::from_secs(120), "no checkpoint within two minutes");
-        std::thread::sleep(Duration::from_millis(50));
+    for nproc in ["1", "2"] {
+        let dir = scratch(&format!("interrupted-{nproc}"));
+        let mut command = train_saving_every(&dir, 100_000, 2, &["--nproc", nproc]);
+        let child = command.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+        let start = Instant::now();
+        while checkpoints::steps(&dir).unwrap().is_empty() {
+            assert!(start.elapsed() < Duration::from_secs(120), "no checkpoint within two minutes");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let signalled = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+        assert!(signalled.success());
+        let output = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(130), "--nproc {nproc}: {stdout}{stderr}");
+        let newest = *checkpoints::steps(&dir).unwrap().last().unwrap();
+        let said = format!("the newest checkpoint is {}", checkpoints::step_dir(&dir, newest).display());
+        assert!(stdout.contains(&said), "--nproc {nproc}: expected `{said}`:\n{stdout}");
+        assert!(dir.join("loss.svg").is_file(), "--nproc {nproc}: no loss.svg");
     }
-    let signalled = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
-    assert!(signalled.success());
-    let output = child.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert_eq!(output.status.code(), Some(130), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
-    let newest = *checkpoints::steps(&dir).unwrap().last().unwrap();
-    let said = format!("the newest checkpoint is {}", checkpoints::step_dir(&dir, newest).display());
-    assert!(stdout.contains(&said), "expected `{said}`:\n{stdout}");
 }
 
 #[test]

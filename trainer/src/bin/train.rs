@@ -298,6 +298,10 @@ fn run(args: Args) -> anyhow::Result<()> {
         report!("GPU memory in use at the end: {used:.0} of {total:.0} MiB (every process's on this GPU)");
     }
     report!("checkpoints, metrics.jsonl, the TensorBoard events and loss.svg are in {}", options.out_dir.display());
+    if summary.interrupted {
+        report!("{}", interrupted_at(&options.out_dir)?);
+        std::process::exit(workbook::distributed::INTERRUPTED);
+    }
     Ok(())
 }
 
