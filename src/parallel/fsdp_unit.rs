@@ -27,6 +27,9 @@ use crate::parallel::tensor::{part_of, BlockStep};
 /// ([`ShardedUnit`]), seen by the unit step.
 pub type BlockUnit = ShardedUnit;
 
+/// The parameters of block `l`'s unit, in the unit's order.
+pub(crate) type NamesOf<'a> = &'a dyn Fn(usize) -> Vec<String>;
+
 /// What the forward pass over the units leaves for the backward pass.
 #[derive(Debug, Clone)]
 pub struct FsdpForward {
@@ -44,14 +47,19 @@ impl BlockUnit {
     pub fn shard_blocks(config: &GptConfig, params: &ParamStore, rank: usize, world_size: usize) -> Result<Vec<Self>> {
         let (plan, policy) = (ShardingPlan::zero(3), MixedPrecisionPolicy::f32());
         let at = (rank, world_size);
-        Self::shard_layers(config, params, 0..config.num_layers, at, (&plan, &policy), None, &|_| 0.0)
+        let specs = param_specs(config);
+        let names_of = |layer| -> Vec<String> {
+            specs.iter().map(|s| s.name.clone()).filter(|n| layer_of(n) == Some(layer)).collect()
+        };
+        Self::shard_layers(config, params, 0..config.num_layers, at, (&plan, &policy), None, (&names_of, &|_| 0.0))
     }
 
     /// Blocks `layers` of the model `params` holds, as units placed by
-    /// `plan` and `policy` on rank `rank` of `world_size`, each element of a
-    /// unit decayed by its parameter's `weight_decay_of`. With `split`, each
-    /// unit holds this rank's shards of its block across that
-    /// tensor-parallel group (FSDP × TP), run by that exercise.
+    /// `plan` and `policy` on rank `rank` of `world_size`, the unit of block
+    /// `l` holding the parameters `names_of(l)` in that order, each element
+    /// decayed by its parameter's `weight_decay_of`. With `split`, each unit
+    /// holds this rank's shards of its block across that tensor-parallel
+    /// group (FSDP × TP), run by that exercise.
     pub(crate) fn shard_layers(
         config: &GptConfig,
         params: &ParamStore,
@@ -59,16 +67,12 @@ impl BlockUnit {
         (rank, world_size): (usize, usize),
         (plan, policy): (&ShardingPlan, &MixedPrecisionPolicy),
         split: Option<(SharedGroup, BlockStep)>,
-        weight_decay_of: &dyn Fn(&str) -> f64,
+        (names_of, weight_decay_of): (NamesOf<'_>, &dyn Fn(&str) -> f64),
     ) -> Result<Vec<Self>> {
         config.validate()?;
         if rank >= world_size {
             bail!("rank {rank} of {world_size}: ranks are numbered 0 to {}", world_size.saturating_sub(1));
         }
-        let specs = param_specs(config);
-        let names_of = |layer| -> Vec<String> {
-            specs.iter().map(|s| s.name.clone()).filter(|n| layer_of(n) == Some(layer)).collect()
-        };
         let device = params.device()?;
         let rotary = RotaryCache::new(config.head_dim(), config.max_seq_len, config.rope_theta, &device)?;
         let at = UnitPlacement { plan, policy, rank, world_size, gathered: Arc::default() };

@@ -118,9 +118,11 @@ pub fn exercise_lines(options: &RunOptions) -> candle_core::Result<Vec<String>> 
                     lines.push(format!(
                         "FSDP (--strategy fsdp): {blocks} an FSDP unit across {across}, stepped by {} and its \
                          shard updated by {}; each stage's embedding, final norm and head one more unit, its root, \
-                         gathered for the step",
+                         gathered for the step; the plan from {}, the units from {}",
                         named(22),
-                        update_shard_body()
+                        update_shard_body(),
+                        named(12),
+                        named(14)
                     ))
                 }
                 DataAxis::Replicate => {}

@@ -57,6 +57,10 @@ pub fn exercises_called(options: &RunOptions) -> BTreeMap<u32, &'static str> {
                 DataAxis::Replicate => None,
             };
             called.extend(by_data_axis);
+            if let DataAxis::ShardBlocks { .. } = data {
+                called.insert(12, "--strategy fsdp with --pp or --tp (its sharding plan)");
+                called.insert(14, "--strategy fsdp with --pp or --tp (its units)");
+            }
             if stages > 1 {
                 match schedule {
                     PipelineSchedule::GPipe => called.insert(21, "--pipeline-schedule gpipe"),

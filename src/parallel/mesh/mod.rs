@@ -13,7 +13,8 @@
 //! sharded gradients (each micro-batch's reduce-scattered at once), FSDP's
 //! units (exercise 22: each block of a stage sharded across the replicas,
 //! and the stage's embedding, final norm and head as one more unit, its
-//! root; see `units.rs`), or the learner's own DDP (exercise 26). With one stage there is nothing to
+//! root, as exercise 14's wrap policy and exercise 12's plan lay them out;
+//! see `units.rs`), or the learner's own DDP (exercise 26). With one stage there is nothing to
 //! schedule: each micro-batch runs forward and back in turn through the
 //! whole model.
 //!
@@ -49,9 +50,11 @@ use self::data_axis::Update;
 use crate::autograd::Gradients;
 use crate::distributed::{Axis, CommStats, DeviceMesh, ProcessGroup, SharedGroup};
 use crate::model::{param_specs, GptConfig, ParamStore};
-use crate::parallel::pipeline::{stage_holding, PipelineSchedule, PipelineStage, PipelineStep};
+use crate::parallel::fsdp::{check_units, ShardingPlan, ShardingStrategy};
+use crate::parallel::pipeline::{stage_holding, FsdpPlan, PipelineSchedule, PipelineStage, PipelineStep};
 use crate::parallel::tensor::{moments_part, part_of, BlockStep, ShardCuts};
 use crate::phase2_training::param_groups;
+use crate::phase3_fsdp::{sharding_plan, wrap_policy};
 use crate::train::{
     AdamW, Checkpoint, CheckpointWriter, DataPosition, ParamGroup, StepCounters, StepStats, Train, TrainConfig,
     TrainerState,
@@ -116,9 +119,14 @@ impl MeshTrainer {
             (split, DataAxis::ShardBlocks { shard_group }) => {
                 let groups = param_groups(params, config.optimizer.weight_decay);
                 let decay = ParamGroup::decay_by_name(&groups, params)?;
-                let decay_of = |name: &str| decay.get(name).copied().unwrap_or(0.0);
+                let weight_decay_of = |name: &str| decay.get(name).copied().unwrap_or(0.0);
+                // The learner's plan (exercise 12) and units (exercise 14), as FSDP's own trainer takes them.
+                let plan = fsdp_plan(shard_group)?;
+                let units = wrap_policy(model_config);
+                check_units(model_config, &units)?;
                 let groups = shard_groups(&mesh, shard_group)?;
-                PipelineStage::sharded(model_config, params, (index, stages), groups, split, &decay_of)?
+                let fsdp = FsdpPlan { plan: &plan, units: &units, weight_decay_of: &weight_decay_of };
+                PipelineStage::sharded(model_config, params, (index, stages), groups, split, fsdp)?
             }
             (None, _) => PipelineStage::new(model_config, params, index, stages)?,
             (Some((tp, step)), _) => PipelineStage::split(model_config, params, index, stages, tp, step)?,
@@ -231,6 +239,28 @@ fn cuts_of(config: &GptConfig, stage: &PipelineStage) -> ShardCuts {
         }
     }
     ShardCuts::of_shapes(config, shapes.iter().map(|(name, dims)| (name.as_str(), dims.as_slice())))
+}
+
+/// Exercise 12's plan of FULL_SHARD, or of HYBRID_SHARD when the replicas
+/// form shard groups; a mesh's units shard their parameters, so the plan
+/// must shard everything.
+fn fsdp_plan(shard_group: Option<usize>) -> Result<ShardingPlan> {
+    let strategy = match shard_group {
+        Some(_) => ShardingStrategy::HybridShard,
+        None => ShardingStrategy::FullShard,
+    };
+    let plan = sharding_plan(strategy);
+    plan.validate()?;
+    if plan.zero_stage() != 3 || plan.replicate_across_nodes != shard_group.is_some() {
+        bail!(
+            "exercise 12's sharding_plan(ShardingStrategy::{strategy:?}) gives {}: FSDP's units on a mesh shard \
+             parameters, \
+             gradients and optimizer state{}; `cargo test exercise_12` says what differs",
+            plan.describe(),
+            if shard_group.is_some() { " within shard groups, replicated across them" } else { "" }
+        );
+    }
+    Ok(plan)
 }
 
 /// The groups a stage's FSDP units live on: the shard group and, under

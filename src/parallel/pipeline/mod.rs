@@ -25,7 +25,9 @@ use candle_nn::Embedding;
 use crate::autograd::{vjp, Checkpointed, Gradients, Recompute};
 use crate::distributed::{ProcessGroup, SharedGroup};
 use crate::model::{layer_of, lm_head, Block, GptConfig, Linear, ParamStore, RmsNorm, RotaryCache, Weights};
-use crate::parallel::fsdp::{FlatLayout, MixedPrecisionPolicy, ShardedUnit, ShardingPlan, UnitPlacement};
+use crate::parallel::fsdp::{
+    FlatLayout, FsdpUnit, MixedPrecisionPolicy, ShardedUnit, ShardingPlan, UnitPlacement, ROOT_UNIT,
+};
 use crate::parallel::fsdp_unit::BlockUnit;
 use crate::parallel::tensor::{join_tokens, split_tokens, BlockStep, SplitBlock, TensorParallelBlock};
 use crate::phase1_model::next_token_loss;
@@ -72,9 +74,19 @@ enum Holding<'a> {
     Split(SharedGroup, BlockStep),
     /// FSDP units across the first group (replicated across the second
     /// under HYBRID_SHARD), of this rank's shards of each block across the
-    /// third when there is one (FSDP × TP), each element decayed by its
-    /// parameter's weight decay.
-    Sharded((SharedGroup, Option<SharedGroup>), Option<(SharedGroup, BlockStep)>, &'a dyn Fn(&str) -> f64),
+    /// third when there is one (FSDP × TP), laid out as the plan says.
+    Sharded((SharedGroup, Option<SharedGroup>), Option<(SharedGroup, BlockStep)>, FsdpPlan<'a>),
+}
+
+/// How FSDP lays a stage out: the plan of what is sharded (exercise 12's),
+/// the model's units (exercise 14's wrap policy: the root, then one per
+/// block; the stage takes its blocks' and its part of the root), and each
+/// parameter's weight decay, which the units' AdamW applies element by element.
+#[derive(Clone, Copy)]
+pub struct FsdpPlan<'a> {
+    pub plan: &'a ShardingPlan,
+    pub units: &'a [FsdpUnit],
+    pub weight_decay_of: &'a dyn Fn(&str) -> f64,
 }
 
 /// Blocks run as modules, each under activation checkpointing when asked:
@@ -247,17 +259,16 @@ impl PipelineStage {
     /// group, run by that exercise (FSDP × TP). The embedding, final norm
     /// and head (those of them the stage holds) are its root unit, sharded
     /// the same way and whole on every rank of a tensor-parallel group.
-    /// `weight_decay_of` gives each parameter's decay, which the units'
-    /// AdamW applies element by element.
+    /// `fsdp` gives the plan, the units and the weight decays.
     pub fn sharded(
         config: &GptConfig,
         params: &ParamStore,
         (index, stages): (usize, usize),
         groups: (SharedGroup, Option<SharedGroup>),
         split: Option<(SharedGroup, BlockStep)>,
-        weight_decay_of: &dyn Fn(&str) -> f64,
+        fsdp: FsdpPlan<'_>,
     ) -> Result<Self> {
-        Self::build(config, params, index, stages, Holding::Sharded(groups, split, weight_decay_of))
+        Self::build(config, params, index, stages, Holding::Sharded(groups, split, fsdp))
     }
 
     fn build(
@@ -309,26 +320,32 @@ impl PipelineStage {
                 let blocks = blocks.into_iter().map(StageBlock::Split).collect();
                 (StageBlocks::Whole(WholeBlocks::new(blocks, sequence)), held)
             }
-            Holding::Sharded((shard, replicas), split, weight_decay_of) => {
-                let (plan, policy) = (ShardingPlan::zero(3), MixedPrecisionPolicy::f32());
+            Holding::Sharded((shard, replicas), split, FsdpPlan { plan, units, weight_decay_of }) => {
+                let policy = MixedPrecisionPolicy::f32();
                 let (rank, ranks) = (shard.rank(), shard.world_size());
-                let units = BlockUnit::shard_layers(
+                let Some((root_names, block_names)) = units.split_first() else {
+                    bail!("the wrap policy made no unit")
+                };
+                let names_of = |layer: usize| block_names.get(layer).map_or(vec![], |unit| unit.params.clone());
+                let blocks = BlockUnit::shard_layers(
                     config,
                     params,
                     layers.clone(),
                     (rank, ranks),
-                    (&plan, &policy),
+                    (plan, &policy),
                     split.clone(),
-                    weight_decay_of,
+                    (&names_of, weight_decay_of),
                 )?;
                 let sequence = split.and_then(|(tp, step)| (step == BlockStep::SequenceParallel).then_some(tp));
                 // The blocks' units count what is whole; so does the root.
-                let Some(gathered) = units.first().map(ShardedUnit::gathered_bytes) else {
+                let Some(gathered) = blocks.first().map(ShardedUnit::gathered_bytes) else {
                     bail!("stage {index} holds no block")
                 };
-                let at = UnitPlacement { plan: &plan, policy: &policy, rank, world_size: ranks, gathered };
-                let root = root_unit(&outer(), &at, weight_decay_of)?;
-                let units = Units { root, blocks: units };
+                let at = UnitPlacement { plan, policy: &policy, rank, world_size: ranks, gathered };
+                let mine: Vec<&String> =
+                    root_names.params.iter().filter(|name| stage_holding(config, stages, name) == index).collect();
+                let root = root_unit(&mine, &outer(), &at, weight_decay_of)?;
+                let units = Units { root, blocks };
                 let replayed = ReplayedBlocks::new(units, (shard, replicas), sequence);
                 (StageBlocks::Replayed(Box::new(replayed)), ParamStore::from_vars(std::iter::empty()))
             }
@@ -617,21 +634,24 @@ fn ends(
     Ok((embed_tokens, head))
 }
 
-/// The root unit of a stage whose blocks are FSDP units: its `outer`
-/// parameters (embedding, final norm, head) flattened in model order and
+/// The root unit of a stage whose blocks are FSDP units: its parameters
+/// `names` (of the embedding, final norm and head, the stage's part of the
+/// wrap policy's root, in its order), read from `outer`, flattened and
 /// sharded as `at` places them; `None` when it holds none of them.
 fn root_unit(
+    names: &[&String],
     outer: &ParamStore,
     at: &UnitPlacement<'_>,
     weight_decay_of: &dyn Fn(&str) -> f64,
 ) -> Result<Option<ShardedUnit>> {
-    let Some((_, any)) = outer.iter().next() else { return Ok(None) };
-    let device = any.device().clone();
-    let shapes = outer.iter().map(|(name, var)| (name.to_string(), var.shape().clone()));
+    let Some(first) = names.first() else { return Ok(None) };
+    let device = outer.get(first)?.device().clone();
+    let vars = names.iter().map(|name| Ok(((*name).clone(), outer.get(name)?))).collect::<Result<Vec<_>>>()?;
+    let shapes = vars.iter().map(|(name, var)| (name.clone(), var.shape().clone()));
     let layout = FlatLayout::of_shapes(shapes.collect::<Vec<_>>(), at.world_size);
-    let named = outer.iter().map(|(name, var)| (name.to_string(), var.as_tensor().clone())).collect();
+    let named = vars.iter().map(|(name, var)| (name.clone(), var.as_tensor().clone())).collect();
     let full = layout.flatten(&named, &device)?;
-    ShardedUnit::new("root".to_string(), layout, &full, None, at, weight_decay_of).map(Some)
+    ShardedUnit::new(ROOT_UNIT.to_string(), layout, &full, None, at, weight_decay_of).map(Some)
 }
 
 /// A gradient store with nothing in it (candle makes stores only by a backward).
