@@ -111,16 +111,31 @@ fn warn_unchecked(dir: &Path, unchecked: &[&str]) {
     }
 }
 
-/// Deletes the checkpoints under `root` of steps after `step`: in a run
-/// that resumed from `step`, those of the run it rewound, which a later
-/// `--resume` would otherwise take for this run's newest. Returns their
-/// names.
-pub fn retire_after(root: &Path, step: usize) -> Result<Vec<String>> {
+/// Moves the checkpoints under `root` of steps after `step` into a folder
+/// of their own there: in a run that resumed from `step`, those of the run
+/// it rewound, which a later `--resume` would otherwise take for this run's
+/// newest. Nothing is deleted. Returns the folder and the checkpoints' names,
+/// or `None` when there were none.
+pub fn set_aside_after(root: &Path, step: usize) -> Result<Option<(PathBuf, Vec<String>)>> {
     let later: Vec<usize> = steps(root)?.into_iter().filter(|&s| s > step).collect();
-    for &step in &later {
-        remove(root, step)?;
+    if later.is_empty() {
+        return Ok(None);
     }
-    Ok(later.iter().map(|step| format!("step_{step:06}")).collect())
+    let folder = (0..)
+        .map(|n| match n {
+            0 => root.join(format!("rewound_after_step_{step:06}")),
+            n => root.join(format!("rewound_after_step_{step:06}-{n}")),
+        })
+        .find(|path| std::fs::symlink_metadata(path).is_err())
+        .expect("some name is free");
+    std::fs::create_dir(&folder).with_context(|| format!("cannot create {}", folder.display()))?;
+    let mut names = vec![];
+    for &later_step in &later {
+        let (dir, name) = (step_dir(root, later_step), format!("step_{later_step:06}"));
+        std::fs::rename(&dir, folder.join(&name)).with_context(|| format!("cannot move {} aside", dir.display()))?;
+        names.push(name);
+    }
+    Ok(Some((folder, names)))
 }
 
 /// Deletes all but the newest `keep` checkpoints under `root`.

@@ -312,14 +312,13 @@ fn drive(
         if is_logger {
             metrics::truncate_after(&options.out_dir.join(METRICS_FILE), step)?;
             report!("resumed from {} at step {step}", dir.display());
-            // The log is cut back to this step above; so are the checkpoints.
-            let later = checkpoints::retire_after(&options.out_dir, step)?;
-            if !later.is_empty() {
+            // The log is cut back to this step above; the later checkpoints go aside.
+            if let Some((folder, names)) = checkpoints::set_aside_after(&options.out_dir, step)? {
                 report!(
-                    "removed {} from {}: they belonged to the run this one rewinds, and a later --resume \
-                     continues this one",
-                    later.join(", "),
-                    options.out_dir.display()
+                    "moved {} into {}: they belong to the run this one rewinds, so a later --resume continues \
+                     this one; delete them when you no longer need them",
+                    names.join(", "),
+                    folder.display()
                 );
             }
             let saved = Checkpoint::read_state(&dir)?.train;

@@ -82,9 +82,9 @@ fn a_resume_rewrites_the_metrics_after_its_step_and_skips_stray_step_directories
 }
 
 /// A rewind (a resume from an earlier checkpoint of the same directory)
-/// removes the rewound run's later checkpoints as it cuts the log back,
+/// moves the rewound run's later checkpoints aside as it cuts the log back,
 /// whatever steps it saves at: a later plain `--resume` continues the
-/// rewind, not the run it left.
+/// rewind, not the run it left, and nothing is deleted.
 #[test]
 fn a_rewind_retires_the_later_checkpoints_of_the_run_it_left() {
     let dir = scratch("rewind");
@@ -93,8 +93,10 @@ fn a_rewind_retires_the_later_checkpoints_of_the_run_it_left() {
     let rewind = train(&dir, 3, &["--resume", from.to_str().unwrap()]);
     succeeded(&rewind);
     let stdout = String::from_utf8_lossy(&rewind.stdout);
-    assert!(stdout.contains("removed step_000004, step_000006 from"), "{stdout}");
+    assert!(stdout.contains("moved step_000004, step_000006 into"), "{stdout}");
     assert_eq!(checkpoints::steps(&dir).unwrap(), [2, 3], "steps 4 and 6 were the rewound run's");
+    let aside = dir.join("rewound_after_step_000002");
+    assert_eq!(checkpoints::steps(&aside).unwrap(), [4, 6], "the rewound run's checkpoints are kept aside");
     succeeded(&train(&dir, 5, &["--resume"]));
     let logged: Vec<usize> = read_log(&dir.join("metrics.jsonl")).unwrap().iter().map(|r| r.step).collect();
     assert_eq!(logged, [1, 2, 3, 4, 5], "the log reads as the rewind, from step 3 on");
