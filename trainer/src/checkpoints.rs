@@ -17,7 +17,7 @@ const LOCK_FILE: &str = ".lock";
 
 /// The directory of the checkpoint written after `step` optimizer steps.
 pub fn step_dir(root: &Path, step: usize) -> PathBuf {
-    root.join(format!("step_{step:06}"))
+    root.join(step_name(step))
 }
 
 /// The step numbers of the complete checkpoints under `root`, oldest first.
@@ -41,11 +41,27 @@ fn step_dirs(root: &Path) -> Result<Vec<usize>> {
     Ok(steps)
 }
 
+/// The name of the checkpoint written after `step` optimizer steps.
+fn step_name(step: usize) -> String {
+    format!("step_{step:06}")
+}
+
 /// The step of a directory named exactly as [`step_dir`] names one.
 fn step_of(name: &str) -> Option<usize> {
     let digits = name.strip_prefix("step_")?;
     let step: usize = digits.bytes().all(|b| b.is_ascii_digit()).then(|| digits.parse().ok())??;
-    (format!("step_{step:06}") == name).then_some(step)
+    (step_name(step) == name).then_some(step)
+}
+
+/// `root/name`, or `root/name-N` for the first N where that is taken.
+fn free_path(root: &Path, name: &str) -> PathBuf {
+    (0..)
+        .map(|n| match n {
+            0 => root.join(name),
+            n => root.join(format!("{name}-{n}")),
+        })
+        .find(|path| std::fs::symlink_metadata(path).is_err())
+        .expect("some name is free")
 }
 
 /// The newest complete and intact checkpoint under `root` (a newer one that
@@ -121,47 +137,29 @@ pub fn set_aside_after(root: &Path, step: usize) -> Result<Option<(PathBuf, Vec<
     if later.is_empty() {
         return Ok(None);
     }
-    let folder = (0..)
-        .map(|n| match n {
-            0 => root.join(format!("rewound_after_step_{step:06}")),
-            n => root.join(format!("rewound_after_step_{step:06}-{n}")),
-        })
-        .find(|path| std::fs::symlink_metadata(path).is_err())
-        .expect("some name is free");
+    let folder = free_path(root, &format!("rewound_after_{}", step_name(step)));
     std::fs::create_dir(&folder).with_context(|| format!("cannot create {}", folder.display()))?;
     let mut names = vec![];
     for &later_step in &later {
-        let (dir, name) = (step_dir(root, later_step), format!("step_{later_step:06}"));
+        let (dir, name) = (step_dir(root, later_step), step_name(later_step));
         std::fs::rename(&dir, folder.join(&name)).with_context(|| format!("cannot move {} aside", dir.display()))?;
         names.push(name);
     }
     Ok(Some((folder, names)))
 }
 
-/// Deletes all but the newest `keep` checkpoints under `root`.
+/// Deletes all but the newest `keep` checkpoints under `root`. Each is first
+/// renamed to a debris name, `.step_NNNNNN.pruned` (or `.pruned-N` where
+/// something else has that name), so that a kill midway never leaves a
+/// half-deleted checkpoint under its own name.
 pub fn prune(root: &Path, keep: usize) -> Result<()> {
     let steps = steps(root)?;
     for &step in steps.iter().take(steps.len().saturating_sub(keep)) {
-        remove(root, step)?;
+        let dir = step_dir(root, step);
+        let pruned = free_path(root, &format!(".{}.pruned", step_name(step)));
+        std::fs::rename(&dir, &pruned).with_context(|| format!("cannot move {} aside", dir.display()))?;
+        std::fs::remove_dir_all(&pruned).with_context(|| format!("cannot remove {}", pruned.display()))?;
     }
-    Ok(())
-}
-
-/// Deletes the checkpoint of `step` under `root`. It is first renamed to a
-/// debris name, `.step_NNNNNN.pruned` (or `.pruned-N` where something else
-/// has that name), so that a kill midway never leaves a half-deleted
-/// checkpoint under its own name.
-fn remove(root: &Path, step: usize) -> Result<()> {
-    let dir = step_dir(root, step);
-    let pruned = (0..)
-        .map(|n| match n {
-            0 => root.join(format!(".step_{step:06}.pruned")),
-            n => root.join(format!(".step_{step:06}.pruned-{n}")),
-        })
-        .find(|path| std::fs::symlink_metadata(path).is_err())
-        .expect("some name is free");
-    std::fs::rename(&dir, &pruned).with_context(|| format!("cannot move {} aside", dir.display()))?;
-    std::fs::remove_dir_all(&pruned).with_context(|| format!("cannot remove {}", pruned.display()))?;
     Ok(())
 }
 
@@ -210,7 +208,7 @@ fn prepare(root: &Path, resume: bool, overwrite: bool) -> Result<()> {
         std::fs::remove_file(file).with_context(|| format!("cannot remove {}", file.display()))?;
     }
     let names = logs.iter().filter_map(|f| f.file_name()).map(|name| name.to_string_lossy().into_owned());
-    let removed: Vec<String> = steps.iter().map(|&step| format!("step_{step:06}")).chain(names).collect();
+    let removed: Vec<String> = steps.iter().map(|&step| step_name(step)).chain(names).collect();
     println!("--overwrite: removed the earlier run's {} from {}", removed.join(", "), root.display());
     Ok(())
 }

@@ -20,12 +20,11 @@ pub(super) struct MeshReport {
 /// more than one rank; `within_dp` is what groups split out of the dp
 /// group sent (HYBRID_SHARD's shard and replica groups), counted under dp.
 pub(super) fn sent_by_axis(mesh: &DeviceMesh, within_dp: CommStats) -> Vec<(Axis, CommStats)> {
-    let mut within_dp = Some(within_dp);
     [Axis::Dp, Axis::Pp, Axis::Tp]
         .into_iter()
         .filter(|&axis| mesh.group(axis).world_size() > 1)
         .map(|axis| match axis {
-            Axis::Dp => (axis, [mesh.group(axis).stats(), within_dp.take().unwrap_or_default()].into_iter().sum()),
+            Axis::Dp => (axis, [mesh.group(axis).stats(), within_dp.clone()].into_iter().sum()),
             _ => (axis, mesh.group(axis).stats()),
         })
         .collect()

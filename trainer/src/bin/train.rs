@@ -226,7 +226,14 @@ fn run(args: Args) -> anyhow::Result<()> {
     };
     trainer::needs::check_finished(&options)?;
     let ranks_here = launched.as_ref().map_or(args.launch.nproc_per_node, |env| env.local_world_size);
-    options.config.validate(options.layout.strategy.mesh(world_size)?.dp, ranks_here)?;
+    // A launcher checks every size an elastic job may take; a rank, its own.
+    let sizes: Vec<usize> = match starts_ranks {
+        true => args.launch.world_sizes().collect(),
+        false => vec![world_size],
+    };
+    for size in sizes {
+        options.config.validate(options.layout.strategy.mesh(size)?.dp, ranks_here)?;
+    }
     if let Some(note) = warmup_note.filter(|_| is_logger) {
         report!("{note}");
     }
@@ -234,16 +241,13 @@ fn run(args: Args) -> anyhow::Result<()> {
         trainer::needs::body_notes(&options).iter().for_each(|note| report!("{note}"));
     }
     if starts_ranks {
-        // Tokenise once here, not in every rank at the same time.
-        for world_size in args.launch.world_sizes() {
-            options.config.validate(options.layout.strategy.mesh(world_size)?.dp, args.launch.nproc_per_node)?;
-        }
         // Rank 0, which writes the checkpoints, runs on node 0: its launcher
         // takes the directory (other nodes may share its filesystem).
         let lock = match args.launch.node_rank {
             0 => Some(checkpoints::take(&options.out_dir, options.resume.is_some(), options.overwrite)?),
             _ => None,
         };
+        // Tokenise once here, not in every rank at the same time.
         open_dataset(&options.data)?;
         let code = args.launch.relaunch_self()?;
         // Node 0's launcher holds the directory rank 0 writes.
