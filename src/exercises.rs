@@ -196,6 +196,8 @@ pub mod phase3_fsdp {
     pub use super::ex12_sharding_strategy::sharding_plan;
     pub use super::ex13_mixed_precision::mixed_precision_policy;
     pub use super::ex14_wrap_policy::wrap_policy;
+    pub use super::ex15_fsdp_checkpoint::gather_full_state;
+    pub use super::ex15_fsdp_checkpoint::shard_full_state;
 }
 
 /// Phase 4: Under the hood (exercises 16–27).

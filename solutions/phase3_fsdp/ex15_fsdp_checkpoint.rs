@@ -1,74 +1,57 @@
 //! Reference solution of exercise 15: FSDP checkpoints, gathered to whole tensors.
 
 use std::collections::HashMap;
-use std::path::Path;
 
-use candle_core::{DType, Result, Tensor};
+use candle_core::{Result, Tensor};
 
-use crate::parallel::fsdp::{FsdpTrainer, LocalState};
-use crate::train::{Checkpoint, CheckpointWriter, DataPosition};
+use crate::distributed::ProcessGroup;
+use crate::parallel::fsdp::{LocalState, ShardedUnit, WholeParam};
 
-const MOMENTS: [&str; 2] = ["exp_avg", "exp_avg_sq"];
-
-impl FsdpTrainer {
-    pub fn save_checkpoint(&self, dir: &Path, data: Option<DataPosition>) -> Result<()> {
-        let pg = self.process_group();
-        let moments = self.counters.optimizer_steps > 0;
-        let mut writer = match pg.rank() {
-            0 => Some(CheckpointWriter::create(dir, self.model_config(), DType::F32, moments)?),
-            _ => None,
+pub fn gather_full_state<'a>(
+    units: impl IntoIterator<Item = &'a ShardedUnit>,
+    group: &dyn ProcessGroup,
+    with_moments: bool,
+    keep: &mut dyn FnMut(WholeParam) -> Result<()>,
+) -> Result<()> {
+    // A unit at a time, each whole tensor handed on before the next unit is
+    // gathered: no rank ever holds the whole model at once.
+    for unit in units {
+        let local = unit.local_state()?;
+        // Every rank takes part in every all-gather; a whole buffer is not gathered again.
+        let whole = |t: &Tensor| {
+            let flat = if unit.is_sharded() { group.all_gather(t)? } else { t.clone() };
+            unit.layout.unflatten(&flat)
         };
-        // A unit at a time, each whole tensor written and let go before the next
-        // is gathered: no rank ever holds the whole model at once.
-        for unit in &self.units {
-            let local = unit.local_state()?;
-            // Every rank takes part in every all-gather, even though only rank 0 writes.
-            let whole = |t: &Tensor| if unit.is_sharded() { pg.all_gather(t) } else { Ok(t.clone()) };
-            for (name, t) in unit.layout.unflatten(&whole(&local.params)?)? {
-                if let Some(writer) = writer.as_mut() {
-                    writer.put_param(&name, &t);
-                }
-            }
-            if moments {
-                for (kind, moment) in MOMENTS.into_iter().zip([&local.exp_avg, &local.exp_avg_sq]) {
-                    for (name, t) in unit.layout.unflatten(&whole(moment)?)? {
-                        if let Some(writer) = writer.as_mut() {
-                            writer.put_optimizer(&format!("{kind}.{name}"), &t);
-                        }
-                    }
-                }
-            }
+        let params = whole(&local.params)?;
+        // unflatten gives every buffer's parameters in the layout's order.
+        let moments: Vec<Option<[Tensor; 2]>> = match with_moments {
+            true => whole(&local.exp_avg)?
+                .into_iter()
+                .zip(whole(&local.exp_avg_sq)?)
+                .map(|((_, m), (_, v))| Some([m, v]))
+                .collect(),
+            false => vec![None; params.len()],
+        };
+        for ((name, value), moments) in params.into_iter().zip(moments) {
+            keep(WholeParam { name, value, moments })?;
         }
-        if let Some(writer) = writer {
-            writer.finish(&self.trainer_state(data))?;
-        }
-        pg.barrier()
     }
+    Ok(())
+}
 
-    pub fn load_checkpoint(&mut self, dir: &Path) -> Result<Option<DataPosition>> {
-        let checkpoint = Checkpoint::read(dir)?;
-        checkpoint.ensure_fits(self.model_config())?;
-        let moments = MOMENTS.map(|kind| {
-            let prefix = format!("{kind}.");
-            let named = checkpoint.optimizer.iter();
-            named
-                .filter_map(|(key, t)| Some((key.strip_prefix(&prefix)?.to_string(), t.clone())))
-                .collect::<HashMap<_, _>>()
-        });
-        for index in 0..self.units.len() {
-            let unit = &self.units[index];
-            let range = unit.local_range();
-            let mine = |named: &HashMap<String, Tensor>| {
-                unit.layout.flatten(named, unit.device())?.narrow(0, range.start, range.len())
-            };
-            let params = mine(&checkpoint.params)?;
-            let [exp_avg, exp_avg_sq] = match checkpoint.state.optimizer_steps {
-                0 => [params.zeros_like()?, params.zeros_like()?],
-                _ => [mine(&moments[0])?, mine(&moments[1])?],
-            };
-            self.set_local_state(index, LocalState { params, exp_avg, exp_avg_sq })?;
-        }
-        self.restore_counters(&checkpoint.state);
-        Ok(checkpoint.state.data)
-    }
+pub fn shard_full_state(
+    unit: &ShardedUnit,
+    params: &HashMap<String, Tensor>,
+    moments: Option<[&HashMap<String, Tensor>; 2]>,
+) -> Result<LocalState> {
+    let range = unit.local_range();
+    let mine = |named: &HashMap<String, Tensor>| {
+        unit.layout.flatten(named, unit.device())?.narrow(0, range.start, range.len())
+    };
+    let params = mine(params)?;
+    let [exp_avg, exp_avg_sq] = match moments {
+        None => [params.zeros_like()?, params.zeros_like()?],
+        Some([exp_avg, exp_avg_sq]) => [mine(exp_avg)?, mine(exp_avg_sq)?],
+    };
+    Ok(LocalState { params, exp_avg, exp_avg_sq })
 }

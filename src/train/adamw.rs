@@ -181,6 +181,15 @@ impl AdamW {
         [format!("exp_avg.{name}"), format!("exp_avg_sq.{name}")]
     }
 
+    /// A checkpoint's moments (by [`AdamW::moment_names`]) as two maps by
+    /// parameter name: `exp_avg`'s and `exp_avg_sq`'s.
+    pub fn moments_by_param(optimizer: &HashMap<String, Tensor>) -> [HashMap<String, Tensor>; 2] {
+        ["exp_avg.", "exp_avg_sq."].map(|prefix| {
+            let named = optimizer.iter();
+            named.filter_map(|(key, t)| Some((key.strip_prefix(prefix)?.to_string(), t.clone()))).collect()
+        })
+    }
+
     /// The moments as named tensors (see [`AdamW::moment_names`]), for a checkpoint.
     pub fn state_tensors(&self) -> BTreeMap<String, Tensor> {
         let mut out = BTreeMap::new();

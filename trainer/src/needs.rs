@@ -60,6 +60,7 @@ pub fn exercises_called(options: &RunOptions) -> BTreeMap<u32, &'static str> {
             if let DataAxis::ShardBlocks { .. } = data {
                 called.insert(12, "--strategy fsdp with --pp or --tp (its sharding plan)");
                 called.insert(14, "--strategy fsdp with --pp or --tp (its units)");
+                called.insert(15, "the checkpoint every run saves");
             }
             if stages > 1 {
                 match schedule {

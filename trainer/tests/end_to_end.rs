@@ -107,7 +107,7 @@ fn a_run_calls_the_exercises_its_flags_choose() {
         sequence_parallel: false,
         data: DataAxis::ShardBlocks { shard_group: None },
     };
-    assert_eq!(called(&zero1), [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 14, 21, 22, 25]);
+    assert_eq!(called(&zero1), [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 14, 15, 21, 22, 25]);
 }
 
 /// The mesh of `--pp stages --tp tp`, with `--sequence-parallel` when asked.

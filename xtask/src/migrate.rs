@@ -55,6 +55,11 @@ pub fn carry_over(ws: &Workspace) -> Result<()> {
             std::fs::write(&path, &completed).with_context(|| format!("cannot write {}", path.display()))?;
         }
         let source = completed;
+        let replaced = add_replacing_functions(ws, exercise, &source)?;
+        if replaced != source {
+            std::fs::write(&path, &replaced).with_context(|| format!("cannot write {}", path.display()))?;
+        }
+        let source = replaced;
         let migrated = migrate_source(&source);
         if migrated != source {
             std::fs::write(&path, &migrated).with_context(|| format!("cannot write {}", path.display()))?;
@@ -138,6 +143,82 @@ fn with_stub_of(source: &str, added: &AddedFunction, reference: &str, stub_line:
     Ok(Some(completed))
 }
 
+/// An exercise whose functions were replaced by free functions of another
+/// contract: a file still holding the old ones (`old` in its code) and none
+/// of the new gets the new functions' stubs, with the imports they need, in
+/// a module of their own at its end (`module`, re-exported), so that it
+/// compiles; the learner's code stays as it is, and `explanation` says what
+/// to move for as long as the new functions are stubs.
+struct ReplacedContract {
+    number: u32,
+    old: &'static str,
+    module: &'static str,
+    explanation: &'static str,
+}
+
+/// Exercise 15 was `impl FsdpTrainer { save_checkpoint, load_checkpoint }`;
+/// it became the gather and the cut that every FSDP run's checkpoint uses.
+const REPLACED_CONTRACTS: [ReplacedContract; 1] =
+    [ReplacedContract { number: 15, old: "impl FsdpTrainer", module: "exercise_15_now", explanation: OLD_EXERCISE_15 }];
+
+/// `source` with the new functions' stubs of its exercise's replaced
+/// contract added (see [`ReplacedContract`]), when it needs them.
+fn add_replacing_functions(ws: &Workspace, exercise: &crate::metadata::Exercise, source: &str) -> Result<String> {
+    let Some(replaced) = REPLACED_CONTRACTS.iter().find(|r| r.number == exercise.number) else {
+        return Ok(source.to_string());
+    };
+    let names = exercise.fn_names();
+    if !needs_replacing_stubs(source, replaced, &names) {
+        return Ok(source.to_string());
+    }
+    let reference = ws.read(&exercise.solution_file()?)?;
+    let completed = with_replacing_stubs(source, replaced, &reference, &names, &exercise.stub_line())?;
+    println!(
+        "{}: exercise {} is now {}; their stubs were added at the end of your file (module `{}`), your code is \
+         unchanged",
+        exercise.file.display(),
+        exercise.number,
+        names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(" and "),
+        replaced.module
+    );
+    Ok(completed)
+}
+
+/// Whether `source` holds the old contract and none of the new functions.
+fn needs_replacing_stubs(source: &str, replaced: &ReplacedContract, names: &[&str]) -> bool {
+    code_of(source).contains(replaced.old) && names.iter().all(|name| stub::locate(source, name).is_err())
+}
+
+/// `source` followed by `module`, holding the reference's imports and its
+/// functions `names` as stubs.
+fn with_replacing_stubs(
+    source: &str,
+    replaced: &ReplacedContract,
+    reference: &str,
+    names: &[&str],
+    stub_line: &str,
+) -> Result<String> {
+    let code: Vec<&str> = reference.lines().filter(|line| !line.starts_with("//!")).collect();
+    let stubs = stub::reset(code.join("\n").trim(), names, stub_line)?;
+    let indented: Vec<String> =
+        stubs.lines().map(|line| if line.is_empty() { String::new() } else { format!("    {line}") }).collect();
+    Ok(format!(
+        "{}\n\n// Exercise {number}'s new functions (see `cargo xtask next`): your code above is the old\n\
+         // contract, which nothing calls any more.\npub use {module}::{{{exported}}};\n\nmod {module} {{\n{body}\n}}\n",
+        source.trim_end(),
+        number = replaced.number,
+        module = replaced.module,
+        exported = names.join(", "),
+        body = indented.join("\n"),
+    ))
+}
+
+/// `source` without its comment lines: the docs may have come over in a
+/// pull already, the code tells.
+fn code_of(source: &str) -> String {
+    source.lines().filter(|l| !l.trim_start().starts_with("//")).collect()
+}
+
 /// A contract that changed: exercise `number`'s file still holding the old
 /// function (`old`) and not yet the new one (`new`) gets `explanation`.
 struct ChangedContract {
@@ -178,11 +259,19 @@ fn explain_changed_contracts(ws: &Workspace) {
             println!("{}", added_explanation(added.number).replace("{file}", &exercise.file.display().to_string()));
         }
     }
+    for replaced in &REPLACED_CONTRACTS {
+        let Ok(exercise) = ws.workbook.exercise(replaced.number) else { continue };
+        let Ok(source) = ws.read(&exercise.file) else { continue };
+        if code_of(&source).contains(replaced.old)
+            && stub::is_stub(&source, &exercise.fn_names(), &exercise.stub_line()).unwrap_or(false)
+        {
+            println!("{}", replaced.explanation.replace("{file}", &exercise.file.display().to_string()));
+        }
+    }
     for change in &CHANGED_CONTRACTS {
         let Ok(exercise) = ws.workbook.exercise(change.number) else { continue };
         let Ok(source) = ws.read(&exercise.file) else { continue };
-        // The docs may have come over in a pull already: the code tells.
-        let code: String = source.lines().filter(|l| !l.trim_start().starts_with("//")).collect();
+        let code = code_of(&source);
         if code.contains(change.old) && !code.contains(change.new) {
             println!("{}", change.explanation.replace("{file}", &exercise.file.display().to_string()));
         }
@@ -224,6 +313,32 @@ list of groups). To carry your work over:
   - return the two groups you built instead of `AdamW::new(groups, config.adamw)`
     (the trainer calls AdamW::new now), and import `crate::train::ParamGroup`.
 Or start the exercise again from its new stub: cargo xtask reset 8
+";
+
+const OLD_EXERCISE_15: &str = "\
+{file}: exercise 15 is now two functions that every FSDP run's checkpoint
+calls, plain --strategy fsdp and FSDP on a device mesh (--pp, --tp) alike:
+      pub fn gather_full_state<'a>(units: impl IntoIterator<Item = &'a ShardedUnit>,
+          group: &dyn ProcessGroup, with_moments: bool,
+          keep: &mut dyn FnMut(WholeParam) -> Result<()>) -> Result<()>
+      pub fn shard_full_state(unit: &ShardedUnit, params: &HashMap<String, Tensor>,
+          moments: Option<[&HashMap<String, Tensor>; 2]>) -> Result<LocalState>
+in place of `impl FsdpTrainer { save_checkpoint, load_checkpoint }`. The trainer
+now creates the writer, writes on rank 0, finishes and meets the barrier, and
+reads the file and restores the counters. To carry your work over:
+  - your save's loop over the units (gather what is sharded, unflatten) goes
+    into `gather_full_state`, over `units` and `group`: hand each parameter to
+    `keep` as a `WholeParam { name, value, moments }` (moments
+    `Some([exp_avg, exp_avg_sq])` when `with_moments`) instead of writing it;
+  - your load's cut of one unit (flatten, narrow to the local range, zero
+    moments before the first step) goes into `shard_full_state`, returning
+    the `LocalState` instead of setting it; the moments arrive by parameter
+    name, without the `exp_avg.` prefixes;
+  - write both in the `exercise_15_now` module at the end of the file, where
+    their stubs are (or move them to the top level and delete the module and
+    its `pub use`), then delete your `impl FsdpTrainer` block.
+Or start again from the shipped file, discarding yours:
+  git checkout origin/main -- {file}
 ";
 
 const OLD_EXERCISE_20: &str = "\
@@ -430,6 +545,51 @@ mod tests {
         assert!(NEW_IN_EXERCISE_17.contains("cargo xtask reset 17"));
     }
 
+    /// The last release with exercise 15's old contract.
+    const OLD_CONTRACT_15: &str = "babf53e7ad5e3f2d5600560d5c5d6359eee13296";
+
+    /// A learner who finished exercise 15 as `impl FsdpTrainer { save_checkpoint,
+    /// load_checkpoint }` (the old reference stands in for their work): the
+    /// new functions' stubs are added after their code, which stays, the file
+    /// parses, the exercise counts as not started, and the note is due.
+    #[test]
+    fn a_finished_old_exercise_15_gains_the_new_functions_as_stubs() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let workbook = crate::metadata::Workbook::load(root).unwrap();
+        let exercise = workbook.exercise(15).unwrap();
+        let old_file = |path: &str| {
+            let shown = std::process::Command::new("git")
+                .args(["show", &format!("{OLD_CONTRACT_15}:{path}")])
+                .current_dir(root)
+                .output()
+                .expect("git runs");
+            assert!(shown.status.success(), "this test needs the repository's history back to {OLD_CONTRACT_15}");
+            String::from_utf8(shown.stdout).unwrap()
+        };
+        let finished = old_file("solutions/phase3_fsdp/ex15_fsdp_checkpoint.rs");
+        let replaced = &REPLACED_CONTRACTS[0];
+        let (names, line) = (exercise.fn_names(), exercise.stub_line());
+        assert!(needs_replacing_stubs(&finished, replaced, &names));
+        let reference = std::fs::read_to_string(root.join(exercise.solution_file().unwrap())).unwrap();
+        let completed = with_replacing_stubs(&finished, replaced, &reference, &names, &line).unwrap();
+        assert!(completed.starts_with(finished.trim_end()), "the learner's code is kept:\n{completed}");
+        assert!(syn::parse_file(&completed).is_ok(), "it parses:\n{completed}");
+        assert!(stub::is_stub(&completed, &names, &line).unwrap(), "the new functions are stubs:\n{completed}");
+        assert!(!needs_replacing_stubs(&completed, replaced, &names), "added once");
+        // The old stub, untouched, needs them as much: it would not compile either.
+        assert!(needs_replacing_stubs(&old_file(exercise.file.to_str().unwrap()), replaced, &names));
+        let shipped = std::fs::read_to_string(root.join(&exercise.file)).unwrap();
+        assert!(!needs_replacing_stubs(&shipped, replaced, &names), "today's stub is left alone");
+        // The note quotes today's signatures.
+        let squeezed = |text: &str| text.split_whitespace().collect::<String>().replace(",)", ")");
+        for name in &names {
+            let location = stub::locate(&shipped, name).unwrap();
+            let fn_at = shipped[..location.body.start].rfind(&format!("pub fn {name}")).unwrap();
+            let signature = squeezed(&shipped[fn_at..location.body.start - 1]);
+            assert!(squeezed(OLD_EXERCISE_15).contains(&signature), "the note quotes `{signature}`");
+        }
+    }
+
     #[test]
     fn the_old_exercise_8_is_explained() {
         assert!(
@@ -490,7 +650,9 @@ mod tests {
             // An exercise added since arrives whole: nothing of the learner's to merge.
             let Some(base) = git_show(&format!("{DOCS_BASE}:{file}")) else { continue };
             // A contract changed since conflicts by design: the tool explains it.
-            if CHANGED_CONTRACTS.iter().any(|c| c.number == exercise.number && base.contains(c.old)) {
+            if CHANGED_CONTRACTS.iter().any(|c| c.number == exercise.number && base.contains(c.old))
+                || REPLACED_CONTRACTS.iter().any(|r| r.number == exercise.number && base.contains(r.old))
+            {
                 continue;
             }
             // So does a function added since: the tool adds its stub.

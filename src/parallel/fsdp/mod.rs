@@ -14,12 +14,14 @@
 //! The pieces: [`ShardingPlan`] (exercise 12 maps a strategy to one),
 //! [`MixedPrecisionPolicy`] (exercise 13), [`FsdpUnit`]s (exercise 14 picks
 //! them), [`FlatLayout`] (a unit's parameters as one padded buffer),
-//! [`ShardedUnit`] (a rank's part of a unit), [`FsdpTrainer`] (runs the units
-//! and their collectives; its checkpoints are exercise 15) and
+//! [`ShardedUnit`] (a rank's part of a unit; exercise 15 gathers it whole for
+//! a checkpoint and shards it again), [`FsdpTrainer`] (runs the units and
+//! their collectives) and
 //! [`StepLedger`] (what a rank held and sent in a step). Every collective is
 //! in `comm.rs` and goes through the
 //! [`ProcessGroup`](crate::distributed::ProcessGroup).
 
+mod checkpoint;
 mod comm;
 mod flat;
 mod groups;
@@ -39,7 +41,7 @@ pub(crate) use offload::OffloadFile;
 pub use precision::{LossScaler, MixedPrecisionPolicy, Precision};
 pub use prefetch::Prefetch;
 pub(crate) use shard::{BlockCompute, Pass, UnitPlacement};
-pub use shard::{GatheredBytes, LocalState, ShardedUnit};
+pub use shard::{GatheredBytes, LocalState, ShardedUnit, WholeParam};
 pub use strategy::{ShardingPlan, ShardingStrategy};
 pub use trainer::{FsdpConfig, FsdpTrainer};
 pub use units::{block_unit_name, check_units, FsdpUnit, ROOT_UNIT};

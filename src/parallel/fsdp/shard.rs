@@ -146,6 +146,16 @@ pub struct LocalState {
     pub exp_avg_sq: Tensor,
 }
 
+/// One parameter of a unit, whole, as exercise 15 gathers it for a
+/// checkpoint: its f32 value and, when asked for, AdamW's two moments of it
+/// (`exp_avg`, `exp_avg_sq`), each of the parameter's shape.
+#[derive(Debug, Clone)]
+pub struct WholeParam {
+    pub name: String,
+    pub value: Tensor,
+    pub moments: Option<[Tensor; 2]>,
+}
+
 /// How a rank holds its units: what the plan shards, in which dtypes, across
 /// how many ranks, and the count of gathered bytes they share.
 pub(crate) struct UnitPlacement<'a> {

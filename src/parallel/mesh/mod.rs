@@ -401,7 +401,7 @@ impl Train for MeshTrainer {
         let steps = checkpoint.state.optimizer_steps;
         self.update.load(steps, &moments, self.stage.params(), &self.device)?;
         if let Some(mut units) = self.stage.sharded_units() {
-            units::load(&mut units, &part, (steps > 0).then_some(&moments), &self.device)?;
+            units::load(&mut units, &part, (steps > 0).then_some(&moments))?;
         }
         self.counters.restore(&checkpoint.state);
         Ok(checkpoint.state.data)

@@ -5,19 +5,20 @@
 //! other), its gradient shard kept by the unit step (exercise 22); so is the
 //! stage's root (embedding, final norm, head), whose gradient the stage
 //! reduce-scatters. What the mesh trainer does with them besides: their part
-//! of the gradient norm, their AdamW step, and their whole tensors for
-//! checkpoints, a unit at a time.
+//! of the gradient norm, their AdamW step, and their checkpoints: whole
+//! tensors a unit at a time and each rank's part again, by exercise 15.
 
 use std::collections::HashMap;
 use std::ops::Range;
 
-use candle_core::{bail, DType, Device, Result, Tensor};
+use candle_core::{bail, Device, Result, Tensor};
 
 use crate::autograd::sum_of_squares;
 use crate::distributed::{all_reduce_scalar, ProcessGroup, ReduceOp};
-use crate::parallel::fsdp::{FlatLayout, LocalState};
+use crate::parallel::fsdp::{FlatLayout, WholeParam};
 use crate::parallel::pipeline::HeldUnits;
 use crate::parallel::tensor::ShardCuts;
+use crate::phase3_fsdp::{gather_full_state, shard_full_state};
 use crate::train::{AdamW, AdamWConfig};
 
 /// The units' gradient shards for this step, taken from them: averaged over
@@ -89,15 +90,14 @@ pub(super) fn step(
 }
 
 /// One FSDP unit's whole tensors at a time, for a save that goes through a
-/// stage's parameters in model order: a unit is gathered when the save
-/// first asks for one of its parameters, and each tensor is let go as it is
-/// taken, so a rank holds at most one whole unit (its parameters and moments).
+/// stage's parameters in model order: a unit is gathered (exercise 15) when
+/// the save first asks for one of its parameters, and each tensor is let go
+/// as it is taken, so a rank holds at most one whole unit (its parameters
+/// and moments).
 #[derive(Default)]
 pub(super) struct WholeUnit {
     index: Option<usize>,
-    params: HashMap<String, Tensor>,
-    /// AdamW's moments, under AdamW's names.
-    moments: HashMap<String, Tensor>,
+    params: HashMap<String, WholeParam>,
 }
 
 impl WholeUnit {
@@ -117,51 +117,30 @@ impl WholeUnit {
         moments: bool,
     ) -> Result<(Tensor, Vec<Tensor>)> {
         if self.index != Some(index) {
-            *self = Self::gather(held, index, moments)?;
+            let Some(unit) = held.units.iter().nth(index) else { bail!("the stage has no unit {index}") };
+            let mut params = HashMap::new();
+            gather_full_state([unit], held.shard, moments, &mut |whole| {
+                params.insert(whole.name.clone(), whole);
+                Ok(())
+            })?;
+            *self = Self { index: Some(index), params };
         }
-        let missing = || candle_core::Error::Msg(format!("unit {index} has no parameter `{name}`"));
-        let param = self.params.remove(name).ok_or_else(missing)?;
-        let moments = match moments {
-            true => AdamW::moment_names(name).iter().map(|m| self.moments.remove(m).ok_or_else(missing)).collect(),
-            false => Ok(vec![]),
-        };
-        Ok((param, moments?))
-    }
-
-    fn gather(held: &HeldUnits, index: usize, moments: bool) -> Result<Self> {
-        let Some(unit) = held.units.iter().nth(index) else { bail!("the stage has no unit {index}") };
-        let local = unit.local_state()?;
-        let whole = |shard: &Tensor| unit.layout().unflatten(&held.shard.all_gather(shard)?);
-        let mut gathered =
-            Self { index: Some(index), params: whole(&local.params)?.into_iter().collect(), ..Self::default() };
-        if moments {
-            for (kind, shard) in [&local.exp_avg, &local.exp_avg_sq].into_iter().enumerate() {
-                for (name, moment) in whole(shard)? {
-                    gathered.moments.insert(AdamW::moment_names(&name)[kind].clone(), moment);
-                }
-            }
-        }
-        Ok(gathered)
+        let Some(whole) = self.params.remove(name) else { bail!("unit {index} has no parameter `{name}`") };
+        Ok((whole.value, whole.moments.map(Vec::from).unwrap_or_default()))
     }
 }
 
-/// Gives each unit this rank's part of the whole `params` and, when some
-/// update was taken, of AdamW's `moments` (by AdamW's names).
+/// Gives each unit this rank's part (exercise 15) of the whole `params`
+/// and, when some update was taken, of AdamW's `moments` (by AdamW's names).
 pub(super) fn load(
     held: &mut HeldUnits,
     params: &HashMap<String, Tensor>,
     moments: Option<&HashMap<String, Tensor>>,
-    device: &Device,
 ) -> Result<()> {
     let shard = held.shard;
+    let [exp_avg, exp_avg_sq] = AdamW::moments_by_param(moments.unwrap_or(&HashMap::new()));
     for unit in held.units.iter_mut() {
-        let (layout, range) = (unit.layout(), unit.local_range());
-        let moment = |kind: usize| match moments {
-            Some(saved) => saved_moment_part(layout, range.clone(), saved, kind, device),
-            None => Tensor::zeros(range.len(), DType::F32, device),
-        };
-        let params = layout.part(params, range.clone(), device)?;
-        let state = LocalState { params, exp_avg: moment(0)?, exp_avg_sq: moment(1)? };
+        let state = shard_full_state(unit, params, moments.map(|_| [&exp_avg, &exp_avg_sq]))?;
         unit.set_local_state(state, shard)?;
     }
     Ok(())
