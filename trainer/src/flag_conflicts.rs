@@ -14,10 +14,8 @@ const REASONS: &[(&str, &str, &str)] = &[
     ("--resume", "--overwrite", "--overwrite deletes the checkpoints --resume would continue from"),
     ("--pp", "--precision", MESH_IN_F32),
     ("--tp", "--precision", MESH_IN_F32),
-    ("--pp", "--prefetch", MESH_UNITS),
-    ("--pp", "--offload", MESH_UNITS),
-    ("--tp", "--prefetch", MESH_UNITS),
-    ("--tp", "--offload", MESH_UNITS),
+    ("--pp", "--prefetch", MESH_PREFETCH),
+    ("--tp", "--prefetch", MESH_PREFETCH),
     ("--pp", "--powersgd-rank", PLAIN_DDP_ONLY),
     ("--tp", "--powersgd-rank", PLAIN_DDP_ONLY),
     ("--own-ddp", "--powersgd-rank", PLAIN_DDP_ONLY),
@@ -40,8 +38,9 @@ const REASONS: &[(&str, &str, &str)] = &[
 
 const MESH_IN_F32: &str =
     "mixed precision is FSDP's policy (--strategy fsdp without --pp or --tp); a mesh computes in f32";
-const MESH_UNITS: &str = "prefetch and offload belong to FSDP's own trainer; --strategy fsdp with --pp or --tp shards \
-     each stage's blocks without them";
+const MESH_PREFETCH: &str =
+    "prefetch belongs to FSDP's own trainer, which gathers its units in order; --strategy fsdp \
+     with --pp or --tp gathers each stage's blocks as the pipeline's schedule reaches them";
 const PLAIN_DDP_ONLY: &str = "PowerSGD compresses the gradient all-reduce of a plain DDP run (--strategy ddp, no mesh)";
 const OVERLAP_PLAIN_DDP: &str =
     "--ddp-overlap overlaps a plain DDP run's all-reduce with backward (exercise 19); this layout averages after it";
@@ -86,8 +85,8 @@ mod tests {
 
     #[test]
     fn a_pair_is_found_in_either_order_and_an_unknown_one_is_not() {
-        assert_eq!(reason("--tp", "--offload"), Some(MESH_UNITS));
-        assert_eq!(reason("--offload", "--tp"), Some(MESH_UNITS));
+        assert_eq!(reason("--tp", "--prefetch"), Some(MESH_PREFETCH));
+        assert_eq!(reason("--prefetch", "--tp"), Some(MESH_PREFETCH));
         assert_eq!(reason("--tp", "--seed"), None);
     }
 }

@@ -58,7 +58,7 @@ pub struct LayoutFlags {
         long = "pp",
         visible_alias = "pipeline-stages",
         value_name = "S",
-        conflicts_with_all = ["precision", "prefetch", "offload", "powersgd_rank", "ddp_overlap"]
+        conflicts_with_all = ["precision", "prefetch", "powersgd_rank", "ddp_overlap"]
     )]
     pub pipeline_stages: Option<usize>,
     /// Split every block across T tensor-parallel ranks, Megatron style,
@@ -70,7 +70,7 @@ pub struct LayoutFlags {
     #[arg(
         long = "tp",
         value_name = "T",
-        conflicts_with_all = ["precision", "prefetch", "offload", "powersgd_rank", "ddp_overlap"]
+        conflicts_with_all = ["precision", "prefetch", "powersgd_rank", "ddp_overlap"]
     )]
     pub tensor_parallel: Option<usize>,
     /// With --tp: cut the norms and residuals of every block along the
@@ -105,9 +105,10 @@ pub struct LayoutFlags {
     /// whole at once.
     #[arg(long)]
     pub prefetch: bool,
-    /// With --strategy fsdp, without --pp or --tp: keep AdamW's moments and the f32 master shards
-    /// in a file in --checkpoint-dir, read back when the step or an
-    /// all-gather needs them (PyTorch's CPUOffload, one level down: the disk).
+    /// With --strategy fsdp (with or without --pp and --tp): keep AdamW's
+    /// moments and the f32 master shards of the FSDP units in a file in
+    /// --checkpoint-dir, read back when the step or an all-gather needs them
+    /// (PyTorch's CPUOffload, one level down: the disk).
     #[arg(long)]
     pub offload: bool,
     /// Where gradients are all-reduced in buckets (--strategy ddp, with or

@@ -220,6 +220,7 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>, 
             let plan = MeshPlan { schedule, block_step, data_axis: data, bucket_bytes: options.layout.bucket_bytes };
             let trainer = MeshTrainer::new(&model_config, &params, train_config, mesh, plan)?;
             drop(params); // each rank keeps only its own part
+            let trainer = if options.layout.offload { trainer.with_offload(&options.out_dir)? } else { trainer };
             drive(options, dataset, trainer, device, num_params)
         }
     }

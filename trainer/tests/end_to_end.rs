@@ -621,30 +621,43 @@ fn activation_checkpointing_in_mesh_stages_trains_as_one_process() {
 }
 
 /// `--offload` keeps FSDP's moments and f32 master shards in a file: in f32
-/// (where each all-gather reads its shard back) and in bf16 (where it casts
-/// from it), its checkpoints, and a resumed run's, are the very bytes of a
-/// run without it, and the file leaves no name behind.
+/// (where each all-gather reads its shard back), in bf16 (where it casts
+/// from it) and in the units of a pipeline's stages (FSDP × PP on 4 ranks),
+/// its checkpoints, and a resumed run's, are the very bytes of a run
+/// without it, and the file leaves no name behind.
 #[test]
 fn fsdp_offload_changes_no_bit_and_leaves_no_file() {
-    for precision in [Precision::Fp32, Precision::Bf16] {
-        offload_changes_no_bit_and_leaves_no_file(precision);
+    let fsdp = |precision| {
+        let config = FsdpConfig {
+            sharding: ShardingStrategy::FullShard,
+            precision,
+            hybrid_group_size: None,
+            reduce_in_f32: false,
+        };
+        Strategy::Fsdp(config)
+    };
+    let pipeline = Strategy::Mesh {
+        stages: 2,
+        tp: 1,
+        schedule: PipelineSchedule::OneFOneB,
+        sequence_parallel: false,
+        data: DataAxis::ShardBlocks { shard_group: None },
+    };
+    for (what, strategy, nproc) in
+        [("fp32", fsdp(Precision::Fp32), 2), ("bf16", fsdp(Precision::Bf16), 2), ("pp2", pipeline, 4)]
+    {
+        offload_changes_no_bit_and_leaves_no_file(what, strategy, nproc);
     }
 }
 
-fn offload_changes_no_bit_and_leaves_no_file(precision: Precision) {
-    let fsdp = Strategy::Fsdp(FsdpConfig {
-        sharding: ShardingStrategy::FullShard,
-        precision,
-        hybrid_group_size: None,
-        reduce_in_f32: false,
-    });
-    let (plain, _) = run(&format!("offload-plain-{precision}"), 5, 2, fsdp, None);
+fn offload_changes_no_bit_and_leaves_no_file(what: &str, strategy: Strategy, nproc: usize) {
+    let (plain, _) = run(&format!("offload-plain-{what}"), 5, nproc, strategy, None);
     let offloaded = |name: &str, steps: usize, resume: Option<PathBuf>| {
-        let dir = scratch(&format!("{name}-{precision}"));
-        let mut options = options(dir.clone(), steps, 2);
+        let dir = scratch(&format!("{name}-{what}"));
+        let mut options = options(dir.clone(), steps, nproc);
         options.config.grad_accum_steps = 2;
         options.checkpoint_every = 3;
-        options.layout.strategy = fsdp;
+        options.layout.strategy = strategy;
         options.layout.offload = true;
         options.resume = resume.map(|from| checkpoints::step_dir(&from, 3));
         train(&options).unwrap();
@@ -661,7 +674,7 @@ fn offload_changes_no_bit_and_leaves_no_file(precision: Precision) {
     for (dir, step) in [(&first, 3), (&resumed, 5)] {
         for file in ["model.safetensors", "optimizer.safetensors"] {
             let read = |dir: &PathBuf| std::fs::read(checkpoints::step_dir(dir, step).join(file)).unwrap();
-            assert!(read(dir) == read(&plain), "{precision}: step {step}'s {file} differs with --offload");
+            assert!(read(dir) == read(&plain), "{what}: step {step}'s {file} differs with --offload");
         }
     }
 }

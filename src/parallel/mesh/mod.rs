@@ -50,7 +50,7 @@ use self::data_axis::Update;
 use crate::autograd::Gradients;
 use crate::distributed::{Axis, CommStats, DeviceMesh, ProcessGroup, SharedGroup};
 use crate::model::{param_specs, GptConfig, ParamStore};
-use crate::parallel::fsdp::{check_units, ShardingPlan, ShardingStrategy};
+use crate::parallel::fsdp::{check_units, OffloadFile, ShardedUnit, ShardingPlan, ShardingStrategy};
 use crate::parallel::pipeline::{stage_holding, FsdpPlan, PipelineSchedule, PipelineStage, PipelineStep};
 use crate::parallel::tensor::{moments_part, part_of, BlockStep, ShardCuts};
 use crate::phase2_training::param_groups;
@@ -150,6 +150,24 @@ impl MeshTrainer {
             counters: StepCounters::default(),
             last_step_sent: vec![],
         })
+    }
+
+    /// Keeps AdamW's moments and the f32 master shards of this rank's FSDP
+    /// units in a new file in `dir` between uses, as
+    /// [`FsdpTrainer::with_offload`](crate::parallel::fsdp::FsdpTrainer::with_offload)
+    /// does; refused where the data axis holds no units (`--strategy fsdp`).
+    pub fn with_offload(self, dir: &Path) -> Result<Self> {
+        let Some(mut held) = self.stage.sharded_units() else {
+            bail!(
+                "offloading moves FSDP units' state to a file; this mesh's data axis holds no units (--strategy fsdp)"
+            )
+        };
+        let file = OffloadFile::create(dir, self.mesh.world().rank())?;
+        for unit in held.units.iter_mut() {
+            unit.offload_to(&file)?;
+        }
+        drop(held);
+        Ok(self)
     }
 
     /// The stage this rank runs.
@@ -474,18 +492,23 @@ impl Train for MeshTrainer {
 
     /// Its stage's parameters with their gradients (f32; a shard under
     /// ZeRO-2), AdamW's moments of them (a shard under ZeRO-1 and 2), and its FSDP units' local shards
-    /// (master weights, gradient and moments); `None` for a whole replica.
+    /// (master weights, gradient and moments, but for what `--offload` keeps in a file); `None` for a
+    /// whole replica.
     fn model_states_bytes(&self) -> Option<u64> {
         let whole_replica = self.mesh.shape().pp == 1 && self.mesh.shape().tp == 1;
         if whole_replica && matches!(self.data_axis, DataAxis::Replicate | DataAxis::YourDdp) {
             return None;
         }
         let held: u64 = self.stage.params().iter().map(|(_, var)| var.elem_count() as u64).sum();
-        let units: u64 = self
-            .stage
-            .sharded_units()
-            .map_or(0, |held| held.units.iter().map(|unit| unit.local_range().len() as u64).sum());
-        Some(4 * (held + self.update.grad_elements(held) + self.update.moment_elements(held)) + 16 * units)
+        // A unit's parameters, f32 master and moments as it holds them (offloaded ones are not held), and its gradient shard.
+        let units: u64 = self.stage.sharded_units().map_or(0, |held| {
+            let in_memory = |unit: &ShardedUnit| {
+                let bytes = unit.held_bytes();
+                bytes.params + bytes.master + bytes.optimizer + 4 * unit.local_range().len() as u64
+            };
+            held.units.iter().map(in_memory).sum()
+        });
+        Some(4 * (held + self.update.grad_elements(held) + self.update.moment_elements(held)) + units)
     }
 
     fn report(&self) -> Option<String> {
