@@ -37,6 +37,19 @@ impl InitRng {
 /// Creates every parameter of the model, in [`param_specs`] order, with
 /// [`init_parameter`] (exercise 6) and a generator seeded with `seed`.
 pub fn init_params(config: &GptConfig, seed: u64, device: &Device) -> Result<ParamStore> {
+    init_params_where(config, seed, device, |_| true)
+}
+
+/// The parameters named by `keep` of what [`init_params`] creates, the same
+/// numbers: every parameter is still drawn, in order, and the others let go
+/// one at a time, so a rank that runs a part of the model (a pipeline stage)
+/// never holds the whole of it.
+pub fn init_params_where(
+    config: &GptConfig,
+    seed: u64,
+    device: &Device,
+    keep: impl Fn(&str) -> bool,
+) -> Result<ParamStore> {
     config.validate()?;
     let mut rng = InitRng::from_seed(seed);
     let mut tensors = Vec::new();
@@ -50,7 +63,42 @@ pub fn init_params(config: &GptConfig, seed: u64, device: &Device) -> Result<Par
                 spec.shape
             );
         }
-        tensors.push((spec.name, tensor));
+        if keep(&spec.name) {
+            tensors.push((spec.name, tensor));
+        }
     }
     ParamStore::from_tensors(tensors)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::layer_of;
+
+    /// One block's parameters, kept alone, are the very numbers of the whole model's.
+    #[test]
+    fn a_part_kept_is_the_same_numbers_as_in_the_whole() {
+        let config = GptConfig {
+            vocab_size: 32,
+            hidden_size: 16,
+            num_layers: 3,
+            num_heads: 2,
+            num_kv_heads: None,
+            intermediate_size: 40,
+            max_seq_len: 8,
+            rope_theta: 10000.0,
+            norm_eps: 1e-5,
+            bias: false,
+            tie_word_embeddings: false,
+        };
+        let whole = init_params(&config, 5, &Device::Cpu).unwrap();
+        let part = init_params_where(&config, 5, &Device::Cpu, |name| layer_of(name) == Some(1)).unwrap();
+        let names: Vec<_> = whole.iter().map(|(name, _)| name.to_string()).filter(|n| layer_of(n) == Some(1)).collect();
+        assert_eq!(part.iter().count(), names.len());
+        for name in names {
+            let (a, b) = (whole.get(&name).unwrap().as_tensor().clone(), part.get(&name).unwrap().as_tensor().clone());
+            let same = (&a - &b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap() == 0.0;
+            assert!(same, "`{name}` differs");
+        }
+    }
 }

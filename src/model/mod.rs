@@ -19,7 +19,7 @@ pub use attention::CausalSelfAttention;
 pub use block::{Block, Layers};
 pub use config::GptConfig;
 pub use gpt::{lm_head, ForwardPass, Gpt, Outer};
-pub use init::{init_params, InitRng};
+pub use init::{init_params, init_params_where, InitRng};
 pub use linear::{autocast_bf16, set_autocast_bf16, Linear};
 pub use mlp::Mlp;
 pub use norm::RmsNorm;

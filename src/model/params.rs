@@ -126,8 +126,15 @@ impl ParamStore {
 
     /// Checks that the store holds exactly the parameters of `config`, with their shapes.
     pub fn check_matches(&self, config: &GptConfig) -> Result<()> {
+        self.check_holds(config, |_| true)
+    }
+
+    /// Checks that the store holds every parameter of `config` that `part`
+    /// names, with its shape, and nothing that is not of `config`: a whole
+    /// model, or the part of it a rank builds (a pipeline stage's).
+    pub fn check_holds(&self, config: &GptConfig, part: impl Fn(&str) -> bool) -> Result<()> {
         let specs = param_specs(config);
-        for spec in &specs {
+        for spec in specs.iter().filter(|spec| part(&spec.name)) {
             let var = self.get(&spec.name)?;
             if var.shape() != &spec.shape {
                 bail!(
@@ -168,10 +175,13 @@ impl ParamStore {
         Ok(Self { vars })
     }
 
-    /// The device the model computes on: its embedding's (a model keeps its
-    /// parameters together).
+    /// The device the model computes on: any parameter's (a model, or the
+    /// part of it a rank holds, keeps its parameters together).
     pub fn device(&self) -> Result<Device> {
-        Ok(self.get("model.embed_tokens.weight")?.device().clone())
+        match self.vars.values().next() {
+            Some(var) => Ok(var.device().clone()),
+            None => bail!("an empty parameter store is on no device"),
+        }
     }
 
     /// The total number of scalars.

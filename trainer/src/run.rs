@@ -11,14 +11,16 @@ use workbook::distributed::{
     all_reduce_scalar, catch_interrupts, interrupted, spawn_with_timeout, while_busy, Again, DeviceMesh, DistEnv,
     OwnRing, ProcessGroup, ReduceOp, SingleProcess,
 };
+use workbook::model::{init_params_where, param_specs};
 use workbook::parallel::ddp::Ddp;
 use workbook::parallel::fsdp::FsdpTrainer;
+use workbook::parallel::pipeline::stage_holding;
 use workbook::parallel::tensor::BlockStep;
 use workbook::parallel::{MeshPlan, MeshTrainer};
 use workbook::timeline;
 use workbook::train::{faults, Checkpoint, DataPosition, StepStats, Train, Trainer};
 use workbook::words::count;
-use workbook::{init_params, ParamStore};
+use workbook::ParamStore;
 
 use crate::banner;
 use crate::checkpoints;
@@ -178,15 +180,7 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>, 
     let pg: Box<dyn ProcessGroup> = if options.layout.own_ring { Box::new(OwnRing::around(pg)) } else { pg };
     workbook::model::set_autocast_bf16(options.autocast_bf16);
     let model_config = options.config.model.clone();
-    let params = match &options.init_from {
-        Some(dir) => {
-            let params = ModelDir::open(dir)?.params.into_iter().map(|(name, t)| Ok((name, t.to_device(device)?)));
-            ParamStore::from_tensors(params.collect::<Result<Vec<_>>>()?)?
-        }
-        // The same numbers on every device: drawn on the CPU, then copied.
-        None => init_params(&model_config, options.seed, device).map_err(|e| anyhow!("initialising the model: {e}"))?,
-    };
-    let num_params = params.num_params();
+    let num_params = param_specs(&model_config).iter().map(|spec| spec.shape.elem_count()).sum();
     let train_config = options.config.train_config(options.layout.activation_checkpointing);
     if options.layout.strategy.shards() {
         // Memory is the point of sharding: freed blocks go back to the OS.
@@ -200,11 +194,12 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>, 
             };
             let ddp = ddp.with_bucket_bytes(options.layout.bucket_bytes);
             let ddp = if options.layout.ddp_overlap { ddp.with_overlap() } else { ddp };
-            let trainer = Trainer::new(&model_config, params, train_config, ddp)?;
+            let trainer = Trainer::new(&model_config, model_params(options, device, |_| true)?, train_config, ddp)?;
             let trainer = trainer.split_batches_across(options.batch_parts())?;
             drive(options, dataset, trainer, device, num_params)
         }
         Strategy::Fsdp(fsdp) => {
+            let params = model_params(options, device, |_| true)?;
             let trainer = FsdpTrainer::new(&model_config, params, train_config, fsdp, pg)?;
             let trainer = if options.layout.prefetch { trainer.with_prefetch() } else { trainer };
             let trainer = if options.layout.offload { trainer.with_offload(&options.out_dir)? } else { trainer };
@@ -218,12 +213,31 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>, 
             };
             let block_step = if sequence_parallel { BlockStep::SequenceParallel } else { BlockStep::TensorParallel };
             let plan = MeshPlan { schedule, block_step, data_axis: data, bucket_bytes: options.layout.bucket_bytes };
+            // A rank builds only its stage's parameters, and keeps only its own part of those.
+            let (stages, stage) = (mesh.shape().pp, mesh.coords().pp);
+            let params = model_params(options, device, |name| stage_holding(&model_config, stages, name) == stage)?;
             let trainer = MeshTrainer::new(&model_config, &params, train_config, mesh, plan)?;
-            drop(params); // each rank keeps only its own part
+            drop(params);
             let trainer = if options.layout.offload { trainer.with_offload(&options.out_dir)? } else { trainer };
             drive(options, dataset, trainer, device, num_params)
         }
     }
+}
+
+/// The model's parameters that `keep` names, on `device`: from `--init-from`,
+/// or drawn from the run's seed (the same numbers on every device and
+/// whatever is kept).
+fn model_params(options: &RunOptions, device: &Device, keep: impl Fn(&str) -> bool) -> Result<ParamStore> {
+    Ok(match &options.init_from {
+        Some(dir) => {
+            let kept = ModelDir::open(dir)?.params.into_iter().filter(|(name, _)| keep(name));
+            ParamStore::from_tensors(
+                kept.map(|(name, t)| Ok((name, t.to_device(device)?))).collect::<Result<Vec<_>>>()?,
+            )?
+        }
+        None => init_params_where(&options.config.model, options.seed, device, keep)
+            .map_err(|e| anyhow!("initialising the model: {e}"))?,
+    })
 }
 
 impl RunOptions {

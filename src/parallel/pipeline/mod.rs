@@ -279,7 +279,6 @@ impl PipelineStage {
         holding: Holding<'_>,
     ) -> Result<Self> {
         config.validate()?;
-        params.check_matches(config)?;
         if index >= stages {
             bail!("stage {index} of {stages}: stages are numbered 0 to {}", stages.saturating_sub(1));
         }
@@ -292,6 +291,7 @@ impl PipelineStage {
                  set tie_word_embeddings = false to pipeline this model"
             );
         }
+        params.check_holds(config, |name| stage_holding(config, stages, name) == index)?;
         let layers = stage_layers(config.num_layers, stages, index);
         let (first, last) = (index == 0, index + 1 == stages);
         let mine = params.subset(|name| stage_holding(config, stages, name) == index);

@@ -19,7 +19,7 @@ pub use split_block::{BlockStep, SplitBlock};
 
 use candle_core::{bail, Result, Tensor};
 
-use crate::model::{CausalSelfAttention, GptConfig, ParamStore, RmsNorm, RotaryCache, Weights};
+use crate::model::{layer_of, CausalSelfAttention, GptConfig, ParamStore, RmsNorm, RotaryCache, Weights};
 
 /// One rank's shard of a SwiGLU MLP (`down(silu(gate x) * up x)`) split
 /// across N ranks along the intermediate dimension I; its `partial` and
@@ -57,7 +57,7 @@ impl TensorParallelBlock {
     /// must divide by `world`; biases are not supported.
     pub fn shard(config: &GptConfig, params: &ParamStore, layer: usize, rank: usize, world: usize) -> Result<Self> {
         config.validate()?;
-        params.check_matches(config)?;
+        params.check_holds(config, |name| layer_of(name) == Some(layer))?;
         let (heads, kv_heads, d) = (config.num_heads, config.kv_heads(), config.head_dim());
         if config.bias {
             bail!("tensor parallelism here takes a model without biases: a row-parallel layer's bias would be added once per rank");
