@@ -65,6 +65,11 @@ pub fn exercise_lines(options: &RunOptions) -> candle_core::Result<Vec<String>> 
             };
             lines.push(format!("FSDP: every block's unit step {unit_step} by {}", named(22)));
             lines.push(format!("optimizer: {optimizer}"));
+            if mesh.dp == 1 {
+                lines.push(
+                    "note: on one rank a shard is the whole unit: FSDP saves memory from 2 ranks on (--nproc)".into(),
+                );
+            }
         }
         Strategy::Mesh { stages, schedule, sequence_parallel, data, .. } => {
             match data {
@@ -118,11 +123,13 @@ pub fn exercise_lines(options: &RunOptions) -> candle_core::Result<Vec<String>> 
                     lines.push(format!(
                         "FSDP (--strategy fsdp): {blocks} an FSDP unit across {across}, stepped by {} and its \
                          shard updated by {}; each stage's embedding, final norm and head one more unit, its root, \
-                         gathered for the step; the plan from {}, the units from {}",
+                         gathered for the step; the plan from {}, the units from {}, their checkpoints gathered \
+                         and cut again by {}",
                         named(22),
                         update_shard_body(),
                         named(12),
-                        named(14)
+                        named(14),
+                        named(15)
                     ))
                 }
                 DataAxis::Replicate => {}
