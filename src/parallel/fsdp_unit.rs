@@ -74,7 +74,8 @@ impl BlockUnit {
             bail!("rank {rank} of {world_size}: ranks are numbered 0 to {}", world_size.saturating_sub(1));
         }
         let device = params.device()?;
-        let rotary = RotaryCache::new(config.head_dim(), config.max_seq_len, config.rope_theta, &device)?;
+        let rotary = RotaryCache::new(config.head_dim(), config.max_seq_len, config.rope_theta, &device)?
+            .to_dtype(policy.buffer_dtype)?;
         let at = UnitPlacement { plan, policy, rank, world_size, gathered: Arc::default() };
         // The blocks' parameters: whole, or this rank's shards of them across tp.
         let (tp_rank, tp_ranks) = split.as_ref().map_or((0, 1), |(tp, _)| (tp.rank(), tp.world_size()));

@@ -104,15 +104,20 @@ pub fn exercise_lines(options: &RunOptions) -> candle_core::Result<Vec<String>> 
                     options.layout.bucket_bytes as f64 / (1u64 << 20) as f64,
                     named(26)
                 )),
-                DataAxis::ShardBlocks { shard_group } => {
+                DataAxis::ShardBlocks { shard_group, precision, reduce_in_f32 } => {
+                    let dtypes = match reduce_in_f32 {
+                        true => format!("{precision}, gradients reduced in f32"),
+                        false => precision.to_string(),
+                    };
                     let across = match shard_group {
-                        None if mesh.dp == 1 => "the one data-parallel replica (FULL_SHARD, f32): with one replica \
-                             a shard is the whole unit, FSDP saves memory from 2 replicas on (--nproc / (pp · tp))"
-                            .to_string(),
-                        None => format!("the {} data-parallel replicas (FULL_SHARD, f32)", mesh.dp),
+                        None if mesh.dp == 1 => format!(
+                            "the one data-parallel replica (FULL_SHARD, {dtypes}): with one replica a shard is the \
+                             whole unit, FSDP saves memory from 2 replicas on (--nproc / (pp · tp))"
+                        ),
+                        None => format!("the {} data-parallel replicas (FULL_SHARD, {dtypes})", mesh.dp),
                         Some(size) => format!(
                             "groups of {size} of the {} data-parallel replicas, each group a replica of the others \
-                             (HYBRID_SHARD, f32)",
+                             (HYBRID_SHARD, {dtypes})",
                             mesh.dp
                         ),
                     };

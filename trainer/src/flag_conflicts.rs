@@ -12,8 +12,6 @@ const REASONS: &[(&str, &str, &str)] = &[
         "--resume continues a run (weights, optimizer, step); --init-from starts a new one from weights",
     ),
     ("--resume", "--overwrite", "--overwrite deletes the checkpoints --resume would continue from"),
-    ("--pp", "--precision", MESH_IN_F32),
-    ("--tp", "--precision", MESH_IN_F32),
     ("--pp", "--prefetch", MESH_PREFETCH),
     ("--tp", "--prefetch", MESH_PREFETCH),
     ("--pp", "--powersgd-rank", PLAIN_DDP_ONLY),
@@ -36,8 +34,6 @@ const REASONS: &[(&str, &str, &str)] = &[
     ),
 ];
 
-const MESH_IN_F32: &str =
-    "mixed precision is FSDP's policy (--strategy fsdp without --pp or --tp); a mesh computes in f32";
 const MESH_PREFETCH: &str =
     "prefetch belongs to FSDP's own trainer, which gathers its units in order; --strategy fsdp \
      with --pp or --tp gathers each stage's blocks as the pipeline's schedule reaches them";

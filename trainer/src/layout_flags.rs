@@ -34,7 +34,8 @@ pub struct LayoutFlags {
     /// ranks replicated across groups (default: the ranks of one node).
     #[arg(long, value_name = "RANKS")]
     pub hybrid_group_size: Option<usize>,
-    /// With --strategy fsdp, without --pp or --tp: fp32 (the default), bf16 or fp16.
+    /// With --strategy fsdp: fp32 (the default), bf16 or fp16 (fp16 without
+    /// --pp or --tp: a mesh's step scales no loss).
     #[arg(long, value_parser = parsed::<Precision>)]
     pub precision: Option<Precision>,
     /// With --precision bf16 or fp16: reduce-scatter and accumulate the
@@ -58,7 +59,7 @@ pub struct LayoutFlags {
         long = "pp",
         visible_alias = "pipeline-stages",
         value_name = "S",
-        conflicts_with_all = ["precision", "prefetch", "powersgd_rank", "ddp_overlap"]
+        conflicts_with_all = ["prefetch", "powersgd_rank", "ddp_overlap"]
     )]
     pub pipeline_stages: Option<usize>,
     /// Split every block across T tensor-parallel ranks, Megatron style,
@@ -70,7 +71,7 @@ pub struct LayoutFlags {
     #[arg(
         long = "tp",
         value_name = "T",
-        conflicts_with_all = ["precision", "prefetch", "powersgd_rank", "ddp_overlap"]
+        conflicts_with_all = ["prefetch", "powersgd_rank", "ddp_overlap"]
     )]
     pub tensor_parallel: Option<usize>,
     /// With --tp: cut the norms and residuals of every block along the
@@ -256,14 +257,7 @@ impl LayoutFlags {
                 }
                 // A node's ranks by default: the launcher numbers them consecutively.
                 let hybrid_group_size = hybrid.then_some(self.hybrid_group_size.unwrap_or(node_size));
-                let precision = self.precision.unwrap_or(Precision::Fp32);
-                let reduce_in_f32 = self.reduce_in_fp32;
-                if reduce_in_f32 && precision == Precision::Fp32 {
-                    anyhow::bail!(
-                        "--precision fp32 reduces the gradients in fp32 already: --reduce-in-fp32 goes with bf16 or \
-                         fp16"
-                    );
-                }
+                let (precision, reduce_in_f32) = self.fsdp_precision()?;
                 Ok(Strategy::Fsdp(FsdpConfig { sharding, precision, hybrid_group_size, reduce_in_f32 }))
             }
         }
@@ -305,16 +299,35 @@ impl LayoutFlags {
         Ok(strategy)
     }
 
+    /// FSDP's `--precision` and whether it reduces in f32 too (`--reduce-in-fp32`).
+    fn fsdp_precision(&self) -> Result<(Precision, bool)> {
+        let precision = self.precision.unwrap_or(Precision::Fp32);
+        if self.reduce_in_fp32 && precision == Precision::Fp32 {
+            anyhow::bail!(
+                "--precision fp32 reduces the gradients in fp32 already: --reduce-in-fp32 goes with bf16 or fp16"
+            );
+        }
+        Ok((precision, self.reduce_in_fp32))
+    }
+
     /// What the replicas of a pipeline's stages shard under --strategy fsdp:
     /// each block, across all of them (FULL_SHARD) or across groups of
-    /// `--hybrid-group-size` (HYBRID_SHARD).
+    /// `--hybrid-group-size` (HYBRID_SHARD), in `--precision` but fp16.
     fn fsdp_on_a_pipeline(&self, flags: &str) -> Result<DataAxis> {
+        let (precision, reduce_in_f32) = self.fsdp_precision()?;
+        if precision == Precision::Fp16 {
+            anyhow::bail!(
+                "--precision fp16 with {flags}: fp16 needs its loss scaled (its range is narrow), and a mesh's step \
+                 scales no loss; use --precision bf16, whose range is f32's"
+            );
+        }
+        let blocks = |shard_group| DataAxis::ShardBlocks { shard_group, precision, reduce_in_f32 };
         match (self.sharding.unwrap_or(ShardingStrategy::FullShard), self.hybrid_group_size) {
-            (ShardingStrategy::FullShard, None) => Ok(DataAxis::ShardBlocks { shard_group: None }),
+            (ShardingStrategy::FullShard, None) => Ok(blocks(None)),
             (ShardingStrategy::FullShard, Some(_)) => {
                 anyhow::bail!("--hybrid-group-size applies to --sharding hybrid_shard only")
             }
-            (ShardingStrategy::HybridShard, Some(size)) => Ok(DataAxis::ShardBlocks { shard_group: Some(size) }),
+            (ShardingStrategy::HybridShard, Some(size)) => Ok(blocks(Some(size))),
             (ShardingStrategy::HybridShard, None) => anyhow::bail!(
                 "--sharding hybrid_shard with {flags} needs --hybrid-group-size: how many replicas of a stage share \
                  one set of shards"

@@ -59,6 +59,7 @@ pub fn exercises_called(options: &RunOptions) -> BTreeMap<u32, &'static str> {
             called.extend(by_data_axis);
             if let DataAxis::ShardBlocks { .. } = data {
                 called.insert(12, "--strategy fsdp with --pp or --tp (its sharding plan)");
+                called.insert(13, "--strategy fsdp with --pp or --tp (its precision policy)");
                 called.insert(14, "--strategy fsdp with --pp or --tp (its units)");
                 called.insert(15, "the checkpoint every run saves");
             }

@@ -105,9 +105,9 @@ fn a_run_calls_the_exercises_its_flags_choose() {
         tp: 1,
         schedule: PipelineSchedule::GPipe,
         sequence_parallel: false,
-        data: DataAxis::ShardBlocks { shard_group: None },
+        data: DataAxis::ShardBlocks { shard_group: None, precision: Precision::Fp32, reduce_in_f32: false },
     };
-    assert_eq!(called(&zero1), [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 14, 15, 21, 22, 25]);
+    assert_eq!(called(&zero1), [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 14, 15, 21, 22, 25]);
 }
 
 /// The mesh of `--pp stages --tp tp`, with `--sequence-parallel` when asked.
@@ -207,6 +207,53 @@ fn fsdp_trains_on_two_ranks_in_bf16_and_its_checkpoint_resumes_under_ddp() {
     more.resume = Some(dir.clone());
     let resumed = train(&more).unwrap();
     assert_eq!(resumed.first.unwrap().step, 21);
+}
+
+/// `--precision bf16` on the units of a mesh (FSDP × PP 2, FSDP × TP 2 on 4
+/// ranks): they gather and compute in bf16 from f32 master shards, as plain
+/// FSDP's do. bf16 keeps 8 bits of mantissa, so no two orders of work agree
+/// to f32's 1e-5; what a mesh must match is plain bf16 FSDP's distance from
+/// one f32 process after the same steps (measured: 0.167 for plain FSDP on
+/// 2 ranks, 0.170 on 4; 0.167 and 0.169 for the two meshes, L2 over every
+/// parameter): within a quarter of it, and not much below it (a mesh that
+/// computed in f32 would be 1e-5 away). Its f32 checkpoint resumes under DDP.
+#[test]
+fn fsdp_on_a_mesh_trains_in_bf16_as_plain_fsdp_does() {
+    let bf16 = FsdpConfig {
+        sharding: ShardingStrategy::FullShard,
+        precision: Precision::Bf16,
+        hybrid_group_size: None,
+        reduce_in_f32: false,
+    };
+    let (f32_dir, _) = run("bf16-fsdp-f32", 3, 1, Strategy::Ddp, None);
+    let (plain_dir, _) = run("bf16-fsdp-plain", 3, 2, Strategy::Fsdp(bf16), None);
+    let truth = checkpoint_params(&f32_dir, 3);
+    let plain_error = l2_distance(&checkpoint_params(&plain_dir, 3), &truth);
+    for (what, stages, tp) in [("pp2", 2, 1), ("tp2", 1, 2)] {
+        let data = DataAxis::ShardBlocks { shard_group: None, precision: Precision::Bf16, reduce_in_f32: false };
+        let strategy =
+            Strategy::Mesh { stages, tp, schedule: PipelineSchedule::OneFOneB, sequence_parallel: false, data };
+        let (dir, _) = run(&format!("bf16-fsdp-{what}"), 3, 4, strategy, None);
+        let error = l2_distance(&checkpoint_params(&dir, 3), &truth);
+        assert!(
+            (0.5 * plain_error..=1.25 * plain_error).contains(&error),
+            "bf16 FSDP × {what} is {error:.4} from one f32 process after 3 steps (L2 over every parameter), plain \
+             bf16 FSDP on 2 ranks {plain_error:.4}"
+        );
+        if what == "pp2" {
+            let (resumed, _) = run("bf16-fsdp-pp2-resumed-by-ddp", 5, 1, Strategy::Ddp, Some(dir));
+            assert!(checkpoints::step_dir(&resumed, 5).exists(), "DDP resuming bf16 FSDP × PP saved no step 5");
+        }
+    }
+}
+
+/// The L2 norm of `a − b` over every parameter.
+fn l2_distance(
+    a: &std::collections::HashMap<String, candle_core::Tensor>,
+    b: &std::collections::HashMap<String, candle_core::Tensor>,
+) -> f64 {
+    let squares = a.iter().map(|(name, t)| (t - &b[name]).and_then(|d| d.sqr()?.sum_all()?.to_scalar::<f32>()));
+    squares.map(|s| s.unwrap() as f64).sum::<f64>().sqrt()
 }
 
 /// `--ddp-overlap` takes the same steps as DDP that all-reduces after
@@ -489,7 +536,7 @@ fn fsdp_on_a_pipeline_trains_as_one_process_and_its_checkpoints_move_both_ways()
         tp: 1,
         schedule,
         sequence_parallel: false,
-        data: DataAxis::ShardBlocks { shard_group: None },
+        data: DataAxis::ShardBlocks { shard_group: None, precision: Precision::Fp32, reduce_in_f32: false },
     };
     let (one_dir, one) = run("fsdp-pp-one-process", 5, 1, Strategy::Ddp, None);
     for schedule in [PipelineSchedule::GPipe, PipelineSchedule::OneFOneB] {
@@ -523,7 +570,7 @@ fn hybrid_sharding_on_a_pipeline_trains_as_one_process() {
         tp: 1,
         schedule: PipelineSchedule::OneFOneB,
         sequence_parallel: false,
-        data: DataAxis::ShardBlocks { shard_group: Some(2) },
+        data: DataAxis::ShardBlocks { shard_group: Some(2), precision: Precision::Fp32, reduce_in_f32: false },
     };
     let (one_dir, one) = run("hsdp-pp-one-process", 5, 1, Strategy::Ddp, None);
     let (dir, summary) = run("hsdp-pp", 3, 8, hsdp, None);
@@ -549,7 +596,7 @@ fn fsdp_with_tensor_parallelism_trains_as_one_process_and_its_checkpoints_move_b
         tp: 2,
         schedule: PipelineSchedule::OneFOneB,
         sequence_parallel,
-        data: DataAxis::ShardBlocks { shard_group: None },
+        data: DataAxis::ShardBlocks { shard_group: None, precision: Precision::Fp32, reduce_in_f32: false },
     };
     let (one_dir, one) = run("fsdp-tp-one-process", 5, 1, Strategy::Ddp, None);
     let layouts = [
@@ -641,7 +688,7 @@ fn fsdp_offload_changes_no_bit_and_leaves_no_file() {
         tp: 1,
         schedule: PipelineSchedule::OneFOneB,
         sequence_parallel: false,
-        data: DataAxis::ShardBlocks { shard_group: None },
+        data: DataAxis::ShardBlocks { shard_group: None, precision: Precision::Fp32, reduce_in_f32: false },
     };
     for (what, strategy, nproc) in
         [("fp32", fsdp(Precision::Fp32), 2), ("bf16", fsdp(Precision::Bf16), 2), ("pp2", pipeline, 4)]

@@ -50,11 +50,13 @@ use self::data_axis::Update;
 use crate::autograd::Gradients;
 use crate::distributed::{Axis, CommStats, DeviceMesh, ProcessGroup, SharedGroup};
 use crate::model::{param_specs, GptConfig, ParamStore};
-use crate::parallel::fsdp::{check_units, OffloadFile, ShardedUnit, ShardingPlan, ShardingStrategy};
+use crate::parallel::fsdp::{
+    check_units, MixedPrecisionPolicy, OffloadFile, Precision, ShardedUnit, ShardingPlan, ShardingStrategy,
+};
 use crate::parallel::pipeline::{stage_holding, FsdpPlan, PipelineSchedule, PipelineStage, PipelineStep};
 use crate::parallel::tensor::{moments_part, part_of, BlockStep, ShardCuts};
 use crate::phase2_training::param_groups;
-use crate::phase3_fsdp::{sharding_plan, wrap_policy};
+use crate::phase3_fsdp::{mixed_precision_policy, sharding_plan, wrap_policy};
 use crate::train::{
     AdamW, Checkpoint, CheckpointWriter, DataPosition, ParamGroup, StepCounters, StepStats, Train, TrainConfig,
     TrainerState,
@@ -116,16 +118,17 @@ impl MeshTrainer {
         let (index, stages) = (pg.rank(), pg.world_size());
         let split = (mesh.shape().tp > 1).then(|| (mesh.tp_shared(), block_step));
         let stage = match (split, data_axis) {
-            (split, DataAxis::ShardBlocks { shard_group }) => {
+            (split, DataAxis::ShardBlocks { shard_group, precision, reduce_in_f32 }) => {
                 let groups = param_groups(params, config.optimizer.weight_decay);
                 let decay = ParamGroup::decay_by_name(&groups, params)?;
                 let weight_decay_of = |name: &str| decay.get(name).copied().unwrap_or(0.0);
                 // The learner's plan (exercise 12) and units (exercise 14), as FSDP's own trainer takes them.
                 let plan = fsdp_plan(shard_group)?;
+                let policy = fsdp_policy(precision, reduce_in_f32)?;
                 let units = wrap_policy(model_config);
                 check_units(model_config, &units)?;
                 let groups = shard_groups(&mesh, shard_group)?;
-                let fsdp = FsdpPlan { plan: &plan, units: &units, weight_decay_of: &weight_decay_of };
+                let fsdp = FsdpPlan { plan: &plan, policy: &policy, units: &units, weight_decay_of: &weight_decay_of };
                 PipelineStage::sharded(model_config, params, (index, stages), groups, split, fsdp)?
             }
             (None, _) => PipelineStage::new(model_config, params, index, stages)?,
@@ -226,7 +229,7 @@ impl MeshTrainer {
     /// HYBRID_SHARD the units' shard and replica groups; nothing otherwise,
     /// where the units run on the dp group itself.
     fn split_dp_stats(&self) -> CommStats {
-        if !matches!(self.data_axis, DataAxis::ShardBlocks { shard_group: Some(_) }) {
+        if !matches!(self.data_axis, DataAxis::ShardBlocks { shard_group: Some(_), .. }) {
             return CommStats::default();
         }
         let Some(held) = self.stage.sharded_units() else { return CommStats::default() };
@@ -279,6 +282,20 @@ fn fsdp_plan(shard_group: Option<usize>) -> Result<ShardingPlan> {
         );
     }
     Ok(plan)
+}
+
+/// The dtypes FSDP's units on a mesh use: exercise 13's policy for
+/// `precision`, reducing in f32 too where `reduce_in_f32`. A policy that
+/// scales the loss (fp16) is refused: the mesh's step has no loss scaler.
+fn fsdp_policy(precision: Precision, reduce_in_f32: bool) -> Result<MixedPrecisionPolicy> {
+    let policy = mixed_precision_policy(precision);
+    if policy.loss_scaling {
+        bail!(
+            "{precision} on a mesh: its policy scales the loss (fp16's narrow range), and the mesh's step applies no \
+             loss scaling; use bf16, whose range is f32's"
+        );
+    }
+    Ok(if reduce_in_f32 { policy.reducing_in_f32() } else { policy })
 }
 
 /// The groups a stage's FSDP units live on: the shard group and, under
@@ -477,14 +494,13 @@ impl Train for MeshTrainer {
                 ", in {replicas} data-parallel replicas, AdamW's state and the gradients sharded across them (ZeRO-2)"
             ),
             (_, DataAxis::YourDdp) => format!(", in {replicas} data-parallel replicas under exercise 26's DDP"),
-            (_, DataAxis::ShardBlocks { shard_group: None }) => {
-                format!(
-                    ", in {replicas} data-parallel replicas, each block and the root an FSDP unit sharded across them"
-                )
-            }
-            (_, DataAxis::ShardBlocks { shard_group: Some(size) }) => format!(
+            (_, DataAxis::ShardBlocks { shard_group: None, precision, .. }) => format!(
+                ", in {replicas} data-parallel replicas, each block and the root an FSDP unit sharded across them, \
+                 {precision}"
+            ),
+            (_, DataAxis::ShardBlocks { shard_group: Some(size), precision, .. }) => format!(
                 ", in {replicas} data-parallel replicas, each block and the root an FSDP unit sharded across groups \
-                 of {size} of them (HYBRID_SHARD)"
+                 of {size} of them (HYBRID_SHARD), {precision}"
             ),
         };
         format!("{model}{split}{replicas}")

@@ -85,6 +85,8 @@ enum Holding<'a> {
 #[derive(Clone, Copy)]
 pub struct FsdpPlan<'a> {
     pub plan: &'a ShardingPlan,
+    /// The dtypes the units gather, compute and reduce in (exercise 13's).
+    pub policy: &'a MixedPrecisionPolicy,
     pub units: &'a [FsdpUnit],
     pub weight_decay_of: &'a dyn Fn(&str) -> f64,
 }
@@ -297,7 +299,12 @@ impl PipelineStage {
         let mine = params.subset(|name| stage_holding(config, stages, name) == index);
         // Every stage holds at least one block, so at least one parameter.
         let Some((_, any)) = mine.iter().next() else { bail!("stage {index} holds no parameters") };
-        let (device, dtype) = (any.device().clone(), any.dtype());
+        let device = any.device().clone();
+        // The activations a stage hands on: in the dtype its blocks compute in.
+        let dtype = match &holding {
+            Holding::Sharded(_, _, fsdp) => fsdp.policy.param_dtype,
+            _ => any.dtype(),
+        };
         let outer = || mine.subset(|name| layer_of(name).is_none());
         let (blocks, params) = match holding {
             Holding::Whole => {
@@ -320,8 +327,7 @@ impl PipelineStage {
                 let blocks = blocks.into_iter().map(StageBlock::Split).collect();
                 (StageBlocks::Whole(WholeBlocks::new(blocks, sequence)), held)
             }
-            Holding::Sharded((shard, replicas), split, FsdpPlan { plan, units, weight_decay_of }) => {
-                let policy = MixedPrecisionPolicy::f32();
+            Holding::Sharded((shard, replicas), split, FsdpPlan { plan, policy, units, weight_decay_of }) => {
                 let (rank, ranks) = (shard.rank(), shard.world_size());
                 let Some((root_names, block_names)) = units.split_first() else {
                     bail!("the wrap policy made no unit")
@@ -332,7 +338,7 @@ impl PipelineStage {
                     params,
                     layers.clone(),
                     (rank, ranks),
-                    (plan, &policy),
+                    (plan, policy),
                     split.clone(),
                     (&names_of, weight_decay_of),
                 )?;
@@ -341,7 +347,7 @@ impl PipelineStage {
                 let Some(gathered) = blocks.first().map(ShardedUnit::gathered_bytes) else {
                     bail!("stage {index} holds no block")
                 };
-                let at = UnitPlacement { plan, policy: &policy, rank, world_size: ranks, gathered };
+                let at = UnitPlacement { plan, policy, rank, world_size: ranks, gathered };
                 let mine: Vec<&String> =
                     root_names.params.iter().filter(|name| stage_holding(config, stages, name) == index).collect();
                 let root = root_unit(&mine, &outer(), &at, weight_decay_of)?;
