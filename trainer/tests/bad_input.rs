@@ -35,6 +35,12 @@ fn hyperparameters_out_of_range_are_refused_before_any_step() {
     refused(with(&["--lr", "NaN"]), "optimizer setting lr = NaN (--lr, or the config's) must be a positive number");
     refused(with(&["--lr", "inf"]), "optimizer setting lr = inf (--lr, or the config's) must be a positive number");
     refused(with(&["--lr=-0.001"]), "optimizer setting lr = -0.001 (--lr, or the config's) must be a positive number");
+    // A negative number is a value, not a flag: its parser says what is wrong with it.
+    refused(
+        with(&["--lr", "-0.001"]),
+        "optimizer setting lr = -0.001 (--lr, or the config's) must be a positive number",
+    );
+    refused_argument(train(&dir, &["--dataset", "dummy", "--max-steps", "-1"]), "invalid value '-1' for '--max-steps");
 }
 
 #[test]

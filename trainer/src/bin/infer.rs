@@ -16,7 +16,7 @@ use trainer::report;
 
 /// Generate text from a trained model.
 #[derive(Parser)]
-#[command(name = "infer", version)]
+#[command(name = "infer", version, allow_negative_numbers = true)]
 struct Args {
     /// A step_NNNNNN checkpoint, a directory of them (the newest is used), or
     /// a Hugging Face Llama directory (config.json and safetensors).

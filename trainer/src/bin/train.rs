@@ -26,7 +26,7 @@ use workbook::words::count;
 
 /// Train a GPT. Defaults come from configs/<model-size>.toml; flags override them.
 #[derive(Parser)]
-#[command(name = "train", version)]
+#[command(name = "train", version, allow_negative_numbers = true)]
 struct Args {
     /// tiny, small, medium, or the path of a config file.
     #[arg(long, default_value = "tiny")]
