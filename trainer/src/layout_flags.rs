@@ -34,8 +34,7 @@ pub struct LayoutFlags {
     /// ranks replicated across groups (default: the ranks of one node).
     #[arg(long, value_name = "RANKS")]
     pub hybrid_group_size: Option<usize>,
-    /// With --strategy fsdp: fp32 (the default), bf16 or fp16 (fp16 without
-    /// --pp or --tp: a mesh's step scales no loss).
+    /// With --strategy fsdp: fp32 (the default), bf16 or fp16 (its loss scaled).
     #[arg(long, value_parser = parsed::<Precision>)]
     pub precision: Option<Precision>,
     /// With --precision bf16 or fp16: reduce-scatter and accumulate the
@@ -312,15 +311,9 @@ impl LayoutFlags {
 
     /// What the replicas of a pipeline's stages shard under --strategy fsdp:
     /// each block, across all of them (FULL_SHARD) or across groups of
-    /// `--hybrid-group-size` (HYBRID_SHARD), in `--precision` but fp16.
+    /// `--hybrid-group-size` (HYBRID_SHARD), in `--precision`.
     fn fsdp_on_a_pipeline(&self, flags: &str) -> Result<DataAxis> {
         let (precision, reduce_in_f32) = self.fsdp_precision()?;
-        if precision == Precision::Fp16 {
-            anyhow::bail!(
-                "--precision fp16 with {flags}: fp16 needs its loss scaled (its range is narrow), and a mesh's step \
-                 scales no loss; use --precision bf16, whose range is f32's"
-            );
-        }
         let blocks = |shard_group| DataAxis::ShardBlocks { shard_group, precision, reduce_in_f32 };
         match (self.sharding.unwrap_or(ShardingStrategy::FullShard), self.hybrid_group_size) {
             (ShardingStrategy::FullShard, None) => Ok(blocks(None)),

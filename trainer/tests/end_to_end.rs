@@ -209,40 +209,56 @@ fn fsdp_trains_on_two_ranks_in_bf16_and_its_checkpoint_resumes_under_ddp() {
     assert_eq!(resumed.first.unwrap().step, 21);
 }
 
-/// `--precision bf16` on the units of a mesh (FSDP × PP 2, FSDP × TP 2 on 4
-/// ranks): they gather and compute in bf16 from f32 master shards, as plain
-/// FSDP's do. bf16 keeps 8 bits of mantissa, so no two orders of work agree
-/// to f32's 1e-5; what a mesh must match is plain bf16 FSDP's distance from
-/// one f32 process after the same steps (measured: 0.167 for plain FSDP on
-/// 2 ranks, 0.170 on 4; 0.167 and 0.169 for the two meshes, L2 over every
-/// parameter): within a quarter of it, and not much below it (a mesh that
-/// computed in f32 would be 1e-5 away). Its f32 checkpoint resumes under DDP.
+/// `--precision bf16` and `fp16` on the units of a mesh (FSDP × PP 2, FSDP
+/// × TP 2 on 4 ranks): they gather and compute in 16 bits from f32 master
+/// shards, fp16 with its loss scaled, as plain FSDP's do. 16 bits keep 8
+/// (bf16) or 11 (fp16) bits of mantissa, so no two orders of work agree to
+/// f32's 1e-5; what a mesh must match is plain FSDP's distance, in the same
+/// precision, from one f32 process after the same 3 steps (L2 over every
+/// parameter; measured: bf16 0.167 for plain FSDP on 2 ranks, 0.170 on 4,
+/// 0.167 and 0.169 for the two meshes; fp16 0.042, and 0.042 and 0.044):
+/// within a quarter of it, and not much below it (a mesh that computed in
+/// f32 would be 1e-5 away). The gradient norm is the true one (the loss
+/// scale divided out), the same updates are skipped for an overflow, and
+/// DDP resumes the f32 checkpoint.
 #[test]
-fn fsdp_on_a_mesh_trains_in_bf16_as_plain_fsdp_does() {
-    let bf16 = FsdpConfig {
-        sharding: ShardingStrategy::FullShard,
-        precision: Precision::Bf16,
-        hybrid_group_size: None,
-        reduce_in_f32: false,
-    };
-    let (f32_dir, _) = run("bf16-fsdp-f32", 3, 1, Strategy::Ddp, None);
-    let (plain_dir, _) = run("bf16-fsdp-plain", 3, 2, Strategy::Fsdp(bf16), None);
+fn fsdp_on_a_mesh_trains_in_16_bits_as_plain_fsdp_does() {
+    let (f32_dir, _) = run("16-bit-fsdp-f32", 3, 1, Strategy::Ddp, None);
     let truth = checkpoint_params(&f32_dir, 3);
-    let plain_error = l2_distance(&checkpoint_params(&plain_dir, 3), &truth);
-    for (what, stages, tp) in [("pp2", 2, 1), ("tp2", 1, 2)] {
-        let data = DataAxis::ShardBlocks { shard_group: None, precision: Precision::Bf16, reduce_in_f32: false };
-        let strategy =
-            Strategy::Mesh { stages, tp, schedule: PipelineSchedule::OneFOneB, sequence_parallel: false, data };
-        let (dir, _) = run(&format!("bf16-fsdp-{what}"), 3, 4, strategy, None);
-        let error = l2_distance(&checkpoint_params(&dir, 3), &truth);
-        assert!(
-            (0.5 * plain_error..=1.25 * plain_error).contains(&error),
-            "bf16 FSDP × {what} is {error:.4} from one f32 process after 3 steps (L2 over every parameter), plain \
-             bf16 FSDP on 2 ranks {plain_error:.4}"
-        );
-        if what == "pp2" {
-            let (resumed, _) = run("bf16-fsdp-pp2-resumed-by-ddp", 5, 1, Strategy::Ddp, Some(dir));
-            assert!(checkpoints::step_dir(&resumed, 5).exists(), "DDP resuming bf16 FSDP × PP saved no step 5");
+    for precision in [Precision::Bf16, Precision::Fp16] {
+        let plain = FsdpConfig {
+            sharding: ShardingStrategy::FullShard,
+            precision,
+            hybrid_group_size: None,
+            reduce_in_f32: false,
+        };
+        let (plain_dir, plain_run) = run(&format!("{precision}-fsdp-plain"), 3, 2, Strategy::Fsdp(plain), None);
+        let plain_error = l2_distance(&checkpoint_params(&plain_dir, 3), &truth);
+        for (what, stages, tp) in [("pp2", 2, 1), ("tp2", 1, 2)] {
+            let data = DataAxis::ShardBlocks { shard_group: None, precision, reduce_in_f32: false };
+            let strategy =
+                Strategy::Mesh { stages, tp, schedule: PipelineSchedule::OneFOneB, sequence_parallel: false, data };
+            let (dir, mesh_run) = run(&format!("{precision}-fsdp-{what}"), 3, 4, strategy, None);
+            let error = l2_distance(&checkpoint_params(&dir, 3), &truth);
+            assert!(
+                (0.5 * plain_error..=1.25 * plain_error).contains(&error),
+                "{precision} FSDP × {what} is {error:.4} from one f32 process after 3 steps (L2 over every \
+                 parameter), plain {precision} FSDP on 2 ranks {plain_error:.4}"
+            );
+            // The loss scale divided back out before the norm: the same norm, not 2^16 times it.
+            let (norm, plain_norm) = (mesh_run.first.unwrap().grad_norm, plain_run.first.as_ref().unwrap().grad_norm);
+            assert!(
+                (norm - plain_norm).abs() <= 1e-2 * plain_norm,
+                "{precision} FSDP × {what}: the gradient norm at step 1 is {norm}, plain FSDP's {plain_norm}"
+            );
+            assert_eq!(
+                mesh_run.skipped_updates, plain_run.skipped_updates,
+                "{precision} FSDP × {what} skipped another number of updates for an overflow than plain FSDP"
+            );
+            if what == "pp2" && precision == Precision::Bf16 {
+                let (resumed, _) = run("bf16-fsdp-pp2-resumed-by-ddp", 5, 1, Strategy::Ddp, Some(dir));
+                assert!(checkpoints::step_dir(&resumed, 5).exists(), "DDP resuming bf16 FSDP × PP saved no step 5");
+            }
         }
     }
 }

@@ -171,18 +171,23 @@ impl Update {
 
     /// Finishes a step from `grads`, the gradients of `stage`'s parameters
     /// (on `device`) for this replica's share of the batch (its FSDP units,
-    /// if any, hold their own): the whole model's gradient norm, which
-    /// `settle` turns into the step's verdict, then AdamW at `lr`, clipped,
-    /// or nothing. Returns the norm before clipping.
+    /// if any, hold their own), all `loss_scale` times the true ones: the
+    /// whole model's gradient norm, which `settle` turns into the step's
+    /// verdict, then AdamW at `lr`, clipped, or nothing. Returns the norm
+    /// before clipping.
     pub(super) fn step(
         &mut self,
         (mesh, cuts): (&DeviceMesh, &ShardCuts),
         stage: &PipelineStage,
         mut grads: Gradients,
-        (lr, settle): (f64, impl FnOnce(f64) -> Verdict),
+        (lr, loss_scale, settle): (f64, f64, impl FnOnce(f64) -> Verdict),
         device: &Device,
     ) -> Result<f64> {
         let params = stage.params();
+        let unscale = 1.0 / loss_scale;
+        if loss_scale != 1.0 {
+            grads.scale(unscale)?;
+        }
         // AdamW over the parameters the stage holds whole, if any, and the units' settings.
         let (optimizer, adamw) = match self {
             Self::Sharded(sharded) => return sharded.step(params, grads, (lr, settle), device),
@@ -200,7 +205,7 @@ impl Update {
         // FSDP units hold their own gradient shards, averaged over the replicas.
         let mut units = stage.sharded_units();
         let unit_grads = match units.as_mut() {
-            Some(held) => units::take_grads(held)?,
+            Some(held) => units::take_grads(held, unscale)?,
             None => vec![],
         };
         let unit_sum_sq = match &units {

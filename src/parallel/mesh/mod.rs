@@ -51,7 +51,7 @@ use crate::autograd::Gradients;
 use crate::distributed::{Axis, CommStats, DeviceMesh, ProcessGroup, SharedGroup};
 use crate::model::{param_specs, GptConfig, ParamStore};
 use crate::parallel::fsdp::{
-    check_units, MixedPrecisionPolicy, OffloadFile, Precision, ShardedUnit, ShardingPlan, ShardingStrategy,
+    check_units, LossScaler, MixedPrecisionPolicy, OffloadFile, Precision, ShardedUnit, ShardingPlan, ShardingStrategy,
 };
 use crate::parallel::pipeline::{stage_holding, FsdpPlan, PipelineSchedule, PipelineStage, PipelineStep};
 use crate::parallel::tensor::{moments_part, part_of, BlockStep, ShardCuts};
@@ -93,6 +93,8 @@ pub struct MeshTrainer {
     /// Where this stage computes: the scalars and buffers it exchanges live there too.
     device: Device,
     counters: StepCounters,
+    /// Dynamic loss scaling, when the FSDP units' policy asks for it (fp16).
+    scaler: Option<LossScaler>,
     /// What the last step sent along each axis with more than one rank.
     last_step_sent: Vec<(Axis, CommStats)>,
 }
@@ -117,6 +119,7 @@ impl MeshTrainer {
         }
         let (index, stages) = (pg.rank(), pg.world_size());
         let split = (mesh.shape().tp > 1).then(|| (mesh.tp_shared(), block_step));
+        let mut scaler = None;
         let stage = match (split, data_axis) {
             (split, DataAxis::ShardBlocks { shard_group, precision, reduce_in_f32 }) => {
                 let groups = param_groups(params, config.optimizer.weight_decay);
@@ -124,7 +127,8 @@ impl MeshTrainer {
                 let weight_decay_of = |name: &str| decay.get(name).copied().unwrap_or(0.0);
                 // The learner's plan (exercise 12) and units (exercise 14), as FSDP's own trainer takes them.
                 let plan = fsdp_plan(shard_group)?;
-                let policy = fsdp_policy(precision, reduce_in_f32)?;
+                let policy = fsdp_policy(precision, reduce_in_f32);
+                scaler = policy.loss_scaling.then(LossScaler::default);
                 let units = wrap_policy(model_config);
                 check_units(model_config, &units)?;
                 let groups = shard_groups(&mesh, shard_group)?;
@@ -151,6 +155,7 @@ impl MeshTrainer {
             cuts,
             device,
             counters: StepCounters::default(),
+            scaler,
             last_step_sent: vec![],
         })
     }
@@ -285,17 +290,14 @@ fn fsdp_plan(shard_group: Option<usize>) -> Result<ShardingPlan> {
 }
 
 /// The dtypes FSDP's units on a mesh use: exercise 13's policy for
-/// `precision`, reducing in f32 too where `reduce_in_f32`. A policy that
-/// scales the loss (fp16) is refused: the mesh's step has no loss scaler.
-fn fsdp_policy(precision: Precision, reduce_in_f32: bool) -> Result<MixedPrecisionPolicy> {
+/// `precision`, reducing in f32 too where `reduce_in_f32`.
+fn fsdp_policy(precision: Precision, reduce_in_f32: bool) -> MixedPrecisionPolicy {
     let policy = mixed_precision_policy(precision);
-    if policy.loss_scaling {
-        bail!(
-            "{precision} on a mesh: its policy scales the loss (fp16's narrow range), and the mesh's step applies no \
-             loss scaling; use bf16, whose range is f32's"
-        );
+    if reduce_in_f32 {
+        policy.reducing_in_f32()
+    } else {
+        policy
     }
-    Ok(if reduce_in_f32 { policy.reducing_in_f32() } else { policy })
 }
 
 /// The groups a stage's FSDP units live on: the shard group and, under
@@ -317,6 +319,9 @@ impl Train for MeshTrainer {
     fn train_step(&mut self, micro_batches: &[Tensor]) -> Result<StepStats> {
         let sent_before = report::sent_by_axis(&self.mesh, self.split_dp_stats());
         let last = self.mesh.pp().world_size() - 1;
+        if let Some(scaler) = &self.scaler {
+            self.stage.set_loss_scale(scaler.scale);
+        }
         self.stage.gather_root()?;
         let mut step = match self.update.run_micro_batches(micro_batches)? {
             Some(step) => step,
@@ -324,9 +329,10 @@ impl Train for MeshTrainer {
         };
         self.stage.reshard_root(Some(&mut step.grads))?;
         let lr = self.config.schedule.lr(self.counters.step);
-        let settle = |grad_norm| self.counters.settle(grad_norm, self.config.max_grad_norm, None);
+        let loss_scale = self.scaler.map_or(1.0, |scaler| scaler.scale);
+        let settle = |grad_norm| self.counters.settle(grad_norm, self.config.max_grad_norm, self.scaler.as_mut());
         let parts = (&self.mesh, &self.cuts);
-        let grad_norm = self.update.step(parts, &self.stage, step.grads, (lr, settle), &self.device)?;
+        let grad_norm = self.update.step(parts, &self.stage, step.grads, (lr, loss_scale, settle), &self.device)?;
         let loss = Tensor::new(&[step.loss.unwrap_or(0.0)], &self.device)?;
         let loss = self.mesh.pp().broadcast(&loss, last)?.to_vec1::<f32>()?[0] as f64;
         let sent_after = report::sent_by_axis(&self.mesh, self.split_dp_stats());

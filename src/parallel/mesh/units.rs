@@ -22,13 +22,15 @@ use crate::phase3_fsdp::{gather_full_state, shard_full_state};
 use crate::train::{AdamW, AdamWConfig};
 
 /// The units' gradient shards for this step, taken from them: averaged over
-/// the shard group by the unit step, and here across the replicas.
-pub(super) fn take_grads(held: &mut HeldUnits) -> Result<Vec<Tensor>> {
+/// the shard group by the unit step, and here across the replicas; times
+/// `unscale` (a loss scale divided back out) where it is not 1.
+pub(super) fn take_grads(held: &mut HeldUnits, unscale: f64) -> Result<Vec<Tensor>> {
     let mut grads = vec![];
     for unit in held.units.iter_mut() {
         let Some(grad) = unit.take_grad() else {
             bail!("no gradient reached unit `{}`: the loss does not depend on it", unit.name);
         };
+        let grad = if unscale == 1.0 { grad } else { (grad * unscale)? };
         grads.push(match held.replicas {
             Some(replicas) => replicas.all_reduce(&grad, ReduceOp::Avg)?,
             None => grad,

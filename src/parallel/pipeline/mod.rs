@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::ops::Range;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use candle_core::backprop::GradStore;
@@ -56,6 +56,9 @@ pub struct PipelineStage {
     schedule: Mutex<Vec<StageOp>>,
     /// Forwards run on an input that tracks no gradient (see [`PipelineStage::take_untracked_inputs`]).
     untracked_inputs: AtomicUsize,
+    /// What the last stage multiplies the loss's gradient by (fp16's loss
+    /// scaling; 1 elsewhere), as an f64's bits.
+    loss_scale: AtomicU64,
 }
 
 /// A stage's blocks: modules run with their graph (whole, or split across
@@ -372,6 +375,7 @@ impl PipelineStage {
             dtype,
             schedule: Mutex::new(vec![]),
             untracked_inputs: AtomicUsize::new(0),
+            loss_scale: AtomicU64::new(1f64.to_bits()),
         })
     }
 
@@ -562,6 +566,10 @@ impl PipelineStage {
                 grad_output.dims()
             );
         }
+        let grad_output = match (self.is_last(), f64::from_bits(self.loss_scale.load(Ordering::Relaxed))) {
+            (true, scale) if scale != 1.0 => (grad_output.to_dtype(DType::F32)? * scale)?,
+            _ => grad_output.clone(),
+        };
         let grad_output = grad_output.to_dtype(output.dtype())?;
         let replayed = match &self.blocks {
             StageBlocks::Whole(whole) => {
@@ -614,6 +622,14 @@ impl PipelineStage {
     /// a stage sends back for it is incomplete, and nothing fails.
     pub fn take_untracked_inputs(&self) -> usize {
         self.untracked_inputs.swap(0, Ordering::Relaxed)
+    }
+
+    /// From now on the last stage's backward multiplies the loss's gradient
+    /// by `scale`, so that 16-bit gradients stay above fp16's smallest
+    /// numbers (dynamic loss scaling); every gradient of the step is then
+    /// `scale` times the true one, until the step divides it back out.
+    pub fn set_loss_scale(&self, scale: f64) {
+        self.loss_scale.store(scale.to_bits(), Ordering::Relaxed);
     }
 
     fn record(&self, op: StageOp) {
