@@ -12,8 +12,6 @@ const REASONS: &[(&str, &str, &str)] = &[
         "--resume continues a run (weights, optimizer, step); --init-from starts a new one from weights",
     ),
     ("--resume", "--overwrite", "--overwrite deletes the checkpoints --resume would continue from"),
-    ("--pp", "--prefetch", MESH_PREFETCH),
-    ("--tp", "--prefetch", MESH_PREFETCH),
     ("--pp", "--powersgd-rank", PLAIN_DDP_ONLY),
     ("--tp", "--powersgd-rank", PLAIN_DDP_ONLY),
     ("--own-ddp", "--powersgd-rank", PLAIN_DDP_ONLY),
@@ -34,9 +32,6 @@ const REASONS: &[(&str, &str, &str)] = &[
     ),
 ];
 
-const MESH_PREFETCH: &str =
-    "prefetch belongs to FSDP's own trainer, which gathers its units in order; --strategy fsdp \
-     with --pp or --tp gathers each stage's blocks as the pipeline's schedule reaches them";
 const PLAIN_DDP_ONLY: &str = "PowerSGD compresses the gradient all-reduce of a plain DDP run (--strategy ddp, no mesh)";
 const OVERLAP_PLAIN_DDP: &str =
     "--ddp-overlap overlaps a plain DDP run's all-reduce with backward (exercise 19); this layout averages after it";
@@ -81,8 +76,8 @@ mod tests {
 
     #[test]
     fn a_pair_is_found_in_either_order_and_an_unknown_one_is_not() {
-        assert_eq!(reason("--tp", "--prefetch"), Some(MESH_PREFETCH));
-        assert_eq!(reason("--prefetch", "--tp"), Some(MESH_PREFETCH));
+        assert_eq!(reason("--tp", "--powersgd-rank"), Some(PLAIN_DDP_ONLY));
+        assert_eq!(reason("--powersgd-rank", "--tp"), Some(PLAIN_DDP_ONLY));
         assert_eq!(reason("--tp", "--seed"), None);
     }
 }

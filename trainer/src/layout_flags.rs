@@ -58,7 +58,7 @@ pub struct LayoutFlags {
         long = "pp",
         visible_alias = "pipeline-stages",
         value_name = "S",
-        conflicts_with_all = ["prefetch", "powersgd_rank", "ddp_overlap"]
+        conflicts_with_all = ["powersgd_rank", "ddp_overlap"]
     )]
     pub pipeline_stages: Option<usize>,
     /// Split every block across T tensor-parallel ranks, Megatron style,
@@ -70,7 +70,7 @@ pub struct LayoutFlags {
     #[arg(
         long = "tp",
         value_name = "T",
-        conflicts_with_all = ["prefetch", "powersgd_rank", "ddp_overlap"]
+        conflicts_with_all = ["powersgd_rank", "ddp_overlap"]
     )]
     pub tensor_parallel: Option<usize>,
     /// With --tp: cut the norms and residuals of every block along the
@@ -99,10 +99,10 @@ pub struct LayoutFlags {
         conflicts_with_all = ["pipeline_stages", "tensor_parallel", "powersgd_rank", "ddp_overlap", "activation_checkpointing"]
     )]
     pub own_ddp: bool,
-    /// With --strategy fsdp, without --pp or --tp: gather the next unit's
-    /// parameters while the current one computes, in forward and backward (PyTorch's
-    /// forward_prefetch and backward_prefetch=BACKWARD_PRE); two units are
-    /// whole at once.
+    /// With --strategy fsdp (with or without --pp and --tp): gather the next
+    /// unit's parameters while the current one computes, in forward and
+    /// backward (PyTorch's forward_prefetch and
+    /// backward_prefetch=BACKWARD_PRE); two units are whole at once.
     #[arg(long)]
     pub prefetch: bool,
     /// With --strategy fsdp (with or without --pp and --tp): keep AdamW's

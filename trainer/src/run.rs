@@ -218,6 +218,7 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>, 
             let params = model_params(options, device, |name| stage_holding(&model_config, stages, name) == stage)?;
             let trainer = MeshTrainer::new(&model_config, &params, train_config, mesh, plan)?;
             drop(params);
+            let trainer = if options.layout.prefetch { trainer.with_prefetch()? } else { trainer };
             let trainer = if options.layout.offload { trainer.with_offload(&options.out_dir)? } else { trainer };
             drive(options, dataset, trainer, device, num_params)
         }

@@ -742,6 +742,29 @@ fn offload_changes_no_bit_and_leaves_no_file(what: &str, strategy: Strategy, npr
     }
 }
 
+/// `--prefetch` on the units of a mesh: each unit's all-gather starts one
+/// unit early, in forward and in backward, while the pipeline's schedule
+/// and (with `--tp`) the split blocks' collectives run; FSDP × PP 2 and FSDP
+/// × TP 2 × PP 2 write the very checkpoint bytes of runs without it.
+#[test]
+fn prefetching_on_a_mesh_changes_no_bit() {
+    for (what, stages, tp, nproc) in [("pp2", 2, 1, 4), ("tp2-pp2", 2, 2, 8)] {
+        let data = DataAxis::ShardBlocks { shard_group: None, precision: Precision::Fp32, reduce_in_f32: false };
+        let strategy =
+            Strategy::Mesh { stages, tp, schedule: PipelineSchedule::OneFOneB, sequence_parallel: false, data };
+        let (plain, _) = run(&format!("prefetch-plain-{what}"), 3, nproc, strategy, None);
+        let dir = scratch(&format!("prefetch-{what}"));
+        let mut options = options(dir.clone(), 3, nproc);
+        (options.config.grad_accum_steps, options.checkpoint_every) = (2, 3);
+        (options.layout.strategy, options.layout.prefetch) = (strategy, true);
+        train(&options).unwrap();
+        for file in ["model.safetensors", "optimizer.safetensors"] {
+            let read = |dir: &PathBuf| std::fs::read(checkpoints::step_dir(dir, 3).join(file)).unwrap();
+            assert!(read(&dir) == read(&plain), "FSDP × {what}: step 3's {file} differs with --prefetch");
+        }
+    }
+}
+
 /// FSDP's master weights are copies outside autograd. A shard that still
 /// recorded the variables it was cut from would make every step's update
 /// record the one before: the whole history stays in memory (at GPT-2

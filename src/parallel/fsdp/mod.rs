@@ -39,6 +39,7 @@ pub use groups::FsdpGroups;
 pub use ledger::{MemoryLedger, StepLedger};
 pub(crate) use offload::OffloadFile;
 pub use precision::{LossScaler, MixedPrecisionPolicy, Precision};
+pub(crate) use prefetch::in_pass;
 pub use prefetch::Prefetch;
 pub(crate) use shard::{BlockCompute, Pass, UnitPlacement};
 pub use shard::{GatheredBytes, LocalState, ShardedUnit, WholeParam};

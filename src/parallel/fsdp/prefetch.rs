@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use candle_core::{Result, Tensor, TensorId};
 
 use super::shard::{bytes, GatheredBytes};
+use super::{Pass, ShardedUnit};
 use crate::distributed::{CollectiveOverride, ProcessGroup, Work};
 
 /// The parameter group's all-gather, prefetching; clones share one state.
@@ -102,4 +103,36 @@ impl CollectiveOverride for Prefetch {
         }
         Ok(whole)
     }
+}
+
+/// Runs `work`, the unit step on `blocks` in `pass`: the blocks name their
+/// compute after it on the timeline, and with prefetching on, the parameter
+/// group prefetches their shards in the order the pass gathers them.
+pub(crate) fn in_pass<R>(
+    prefetch: Option<&Prefetch>,
+    blocks: &mut [ShardedUnit],
+    pass: Pass,
+    work: impl FnOnce(&mut [ShardedUnit]) -> Result<R>,
+) -> Result<R> {
+    blocks.iter_mut().for_each(|unit| unit.set_pass(pass));
+    let Some(prefetch) = prefetch else { return work(blocks) };
+    // The prefetching group knows a gather by its input: each unit hands
+    // out one shard tensor for the whole pass.
+    let held = blocks.iter_mut().map(ShardedUnit::hold_shard).collect::<Result<Vec<_>>>();
+    let mut shards = match held {
+        Ok(shards) => shards,
+        Err(e) => {
+            blocks.iter_mut().for_each(ShardedUnit::release_shard);
+            return Err(e);
+        }
+    };
+    if pass == Pass::Backward {
+        shards.reverse();
+    }
+    prefetch.expect(shards);
+    let done = work(blocks);
+    blocks.iter_mut().for_each(ShardedUnit::release_shard);
+    let settled = prefetch.finish();
+    let done = done?;
+    settled.map(|()| done)
 }

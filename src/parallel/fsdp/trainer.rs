@@ -33,9 +33,9 @@ use serde::{Deserialize, Serialize};
 use super::shard::bytes;
 use super::units::check_units;
 use super::{
-    BlockCompute, FlatLayout, FsdpGroups, GatheredBytes, LocalState, LossScaler, MemoryLedger, MixedPrecisionPolicy,
-    OffloadFile, Pass, Precision, Prefetch, ShardedUnit, ShardingPlan, ShardingStrategy, StepLedger, UnitParams,
-    UnitPlacement,
+    in_pass, BlockCompute, FlatLayout, FsdpGroups, GatheredBytes, LocalState, LossScaler, MemoryLedger,
+    MixedPrecisionPolicy, OffloadFile, Pass, Precision, Prefetch, ShardedUnit, ShardingPlan, ShardingStrategy,
+    StepLedger, UnitParams, UnitPlacement,
 };
 use crate::autograd::{accumulate, sum_of_squares, vjp};
 use crate::called_early::{fsdp_backward, fsdp_forward};
@@ -300,7 +300,7 @@ impl FsdpTrainer {
         let outer = root_modules(&self.model_config, root)?;
         let prefetch = self.prefetch.as_ref();
         let run_forward = |blocks: &mut [ShardedUnit]| {
-            unit_step(prefetch, blocks, Pass::Forward, |blocks| forward(&outer, pg, blocks, batch))
+            in_pass(prefetch, blocks, Pass::Forward, |blocks| forward(&outer, pg, blocks, batch))
         };
         let pass = run_forward(blocks)?;
         // The counting allocator sees host memory only: on a GPU there is nothing to count.
@@ -317,9 +317,8 @@ impl FsdpTrainer {
         drop(outer);
         let mut root_grads = root.reshard_taking_grads(&mut grads);
         drop(grads);
-        let grad_embedded = unit_step(prefetch, blocks, Pass::Backward, |blocks| {
-            fsdp_backward(pg, blocks, &pass.inputs, &grad_output)
-        })?;
+        let grad_embedded =
+            in_pass(prefetch, blocks, Pass::Backward, |blocks| fsdp_backward(pg, blocks, &pass.inputs, &grad_output))?;
         for unit in blocks.iter_mut() {
             unit.end_micro_batch(self.groups.shard(), &self.plan, k)?;
         }
@@ -389,38 +388,6 @@ fn unit_step_body() -> &'static str {
         Body::DoesNotParse => "exercise 22's reference unit step, in place of your file, which does not parse",
         Body::Yours => "your unit step (exercise 22)",
     }
-}
-
-/// Runs `work`, the unit step on `blocks` in `pass`: the blocks name their
-/// compute after it on the timeline, and with prefetching on, the parameter
-/// group prefetches their shards in the order the pass gathers them.
-fn unit_step<R>(
-    prefetch: Option<&Prefetch>,
-    blocks: &mut [ShardedUnit],
-    pass: Pass,
-    work: impl FnOnce(&mut [ShardedUnit]) -> Result<R>,
-) -> Result<R> {
-    blocks.iter_mut().for_each(|unit| unit.set_pass(pass));
-    let Some(prefetch) = prefetch else { return work(blocks) };
-    // The prefetching group knows a gather by its input: each unit hands
-    // out one shard tensor for the whole pass.
-    let held = blocks.iter_mut().map(ShardedUnit::hold_shard).collect::<Result<Vec<_>>>();
-    let mut shards = match held {
-        Ok(shards) => shards,
-        Err(e) => {
-            blocks.iter_mut().for_each(ShardedUnit::release_shard);
-            return Err(e);
-        }
-    };
-    if pass == Pass::Backward {
-        shards.reverse();
-    }
-    prefetch.expect(shards);
-    let done = work(blocks);
-    blocks.iter_mut().for_each(ShardedUnit::release_shard);
-    let settled = prefetch.finish();
-    let done = done?;
-    settled.map(|()| done)
 }
 
 /// What one micro-batch's forward leaves for its backward.

@@ -160,6 +160,15 @@ impl MeshTrainer {
         })
     }
 
+    /// Gathers each FSDP unit one unit early while one computes, in forward
+    /// and in backward, as
+    /// [`FsdpTrainer::with_prefetch`](crate::parallel::fsdp::FsdpTrainer::with_prefetch)
+    /// does; refused where the data axis holds no units (`--strategy fsdp`).
+    pub fn with_prefetch(mut self) -> Result<Self> {
+        self.stage = self.stage.with_prefetch()?;
+        Ok(self)
+    }
+
     /// Keeps AdamW's moments and the f32 master shards of this rank's FSDP
     /// units in a new file in `dir` between uses, as
     /// [`FsdpTrainer::with_offload`](crate::parallel::fsdp::FsdpTrainer::with_offload)

@@ -394,6 +394,16 @@ impl PipelineStage {
         Ok(self)
     }
 
+    /// Gathers each FSDP unit's parameters one unit early, in forward and in
+    /// backward (FSDP's `--prefetch`); refused for a stage without units.
+    pub fn with_prefetch(mut self) -> Result<Self> {
+        match &mut self.blocks {
+            StageBlocks::Replayed(replayed) => replayed.prefetching()?,
+            StageBlocks::Whole(_) => bail!("prefetching gathers FSDP units early: this stage holds none"),
+        }
+        Ok(self)
+    }
+
     /// This stage's place in the pipeline, from 0: the rank that runs it.
     pub fn index(&self) -> usize {
         self.index

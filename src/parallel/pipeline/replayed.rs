@@ -19,8 +19,8 @@ use candle_core::{bail, Result, Tensor, TensorId, Var};
 
 use crate::autograd::Gradients;
 use crate::called_early::{fsdp_backward, fsdp_forward};
-use crate::distributed::{ProcessGroup, ReduceOp, SharedGroup};
-use crate::parallel::fsdp::ShardedUnit;
+use crate::distributed::{ProcessGroup, ReduceOp, SharedGroup, WithOverride};
+use crate::parallel::fsdp::{in_pass, Pass, Prefetch, ShardedUnit};
 use crate::parallel::fsdp_unit::BlockUnit;
 use crate::parallel::tensor::{gather_sequence, own_tokens};
 
@@ -35,6 +35,9 @@ pub(super) struct ReplayedBlocks {
     /// Under sequence parallelism, the tensor-parallel group whose ranks
     /// each run a chunk of the tokens through the units.
     sequence: Option<SharedGroup>,
+    /// With prefetching, what starts each unit's all-gather one unit early,
+    /// and the shard group whose all-gathers it answers.
+    prefetch: Option<(Prefetch, SharedGroup)>,
     in_flight: Mutex<HashMap<TensorId, Kept>>,
 }
 
@@ -55,7 +58,35 @@ impl ReplayedBlocks {
         (shard, replicas): (SharedGroup, Option<SharedGroup>),
         sequence: Option<SharedGroup>,
     ) -> Self {
-        Self { units: Mutex::new(units), shard, replicas, sequence, in_flight: Mutex::new(HashMap::new()) }
+        Self {
+            units: Mutex::new(units),
+            shard,
+            replicas,
+            sequence,
+            prefetch: None,
+            in_flight: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Gathers the next unit's parameters while one computes, in forward
+    /// and in backward, as FSDP's own trainer does with `--prefetch`; the
+    /// numbers do not change, and two units are whole at once.
+    pub(super) fn prefetching(&mut self) -> Result<()> {
+        let Some(gathered) = lock(&self.units).blocks.first().map(ShardedUnit::gathered_bytes) else {
+            bail!("a stage of no blocks has nothing to prefetch")
+        };
+        let prefetch = Prefetch::new(gathered);
+        let group = SharedGroup::new(Box::new(WithOverride::new(Box::new(self.shard.clone()), prefetch.clone())));
+        self.prefetch = Some((prefetch, group));
+        Ok(())
+    }
+
+    /// The group the unit step gathers over: the shard group, prefetching when asked.
+    fn gathering(&self) -> (&SharedGroup, Option<&Prefetch>) {
+        match &self.prefetch {
+            Some((prefetch, group)) => (group, Some(prefetch)),
+            None => (&self.shard, None),
+        }
     }
 
     /// The root's whole parameters by name, all-gathered across the shard
@@ -90,7 +121,10 @@ impl ReplayedBlocks {
     /// `x` (B, T, C) through the units, no graph kept: each unit's input,
     /// and the last unit's output, (B, T, C) whole.
     pub(super) fn forward(&self, x: &Tensor) -> Result<(Vec<Tensor>, Tensor)> {
-        let pass = fsdp_forward(&self.shard, &mut lock(&self.units).blocks, &self.own_tokens(x)?)?;
+        let (group, prefetch) = self.gathering();
+        let x = self.own_tokens(x)?;
+        let blocks = &mut lock(&self.units).blocks;
+        let pass = in_pass(prefetch, blocks, Pass::Forward, |blocks| fsdp_forward(group, blocks, &x))?;
         Ok((pass.inputs, self.all_tokens(&pass.output)?))
     }
 
@@ -100,7 +134,10 @@ impl ReplayedBlocks {
     /// keeps its own shard of its gradients. Returns ∂L/∂ the first unit's
     /// input, whole.
     pub(super) fn backward(&self, inputs: &[Tensor], grad: &Tensor) -> Result<Tensor> {
-        let grad = fsdp_backward(&self.shard, &mut lock(&self.units).blocks, inputs, &self.own_tokens(grad)?)?;
+        let (group, prefetch) = self.gathering();
+        let grad = self.own_tokens(grad)?;
+        let blocks = &mut lock(&self.units).blocks;
+        let grad = in_pass(prefetch, blocks, Pass::Backward, |blocks| fsdp_backward(group, blocks, inputs, &grad))?;
         self.all_tokens(&grad)
     }
 
