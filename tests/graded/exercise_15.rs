@@ -162,13 +162,17 @@ fn one_rank_hands_on_what_one_process_trained(#[values(0, 2)] steps: usize) {
             (Some(moments), true) => {
                 for (moment_name, got) in AdamW::moment_names(name).iter().zip(moments) {
                     let want = &single_moments[moment_name];
+                    let kind = moment_name.split('.').next().unwrap_or_default();
                     assert!(
-                        got.dims() == want.dims() && bit_equal(got, want),
-                        "`{name}`'s {} differs from one process's AdamW (shape {:?}, expected {:?}): moments come \
-                         in the order exp_avg, exp_avg_sq",
-                        moment_name.split('.').next().unwrap_or_default(),
+                        got.dims() == want.dims(),
+                        "`{name}`'s {kind} handed on with shape {:?}, expected {:?}: whole, as its parameter",
                         got.dims(),
                         want.dims()
+                    );
+                    assert!(
+                        bit_equal(got, want),
+                        "`{name}`'s {kind} differs from one process's AdamW: moments come in the order exp_avg, \
+                         exp_avg_sq"
                     );
                 }
             }
