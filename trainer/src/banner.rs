@@ -5,7 +5,7 @@
 //! learner whose code does not run never reads "your exercise" for it.
 
 use workbook::distributed::MeshShape;
-use workbook::parallel::fsdp::ShardingStrategy;
+use workbook::parallel::fsdp::{FsdpConfig, ShardingStrategy};
 use workbook::parallel::pipeline::stage_layers;
 use workbook::parallel::zero::update_shard_body;
 use workbook::parallel::DataAxis;
@@ -104,18 +104,28 @@ pub fn exercise_lines(options: &RunOptions) -> candle_core::Result<Vec<String>> 
                     options.layout.bucket_bytes as f64 / (1u64 << 20) as f64,
                     named(26)
                 )),
-                DataAxis::ShardBlocks { shard_group, precision, reduce_in_f32 } => {
+                DataAxis::ShardBlocks { sharding, shard_group, precision, reduce_in_f32 } => {
                     let dtypes = match reduce_in_f32 {
                         true => format!("{precision}, gradients reduced in f32"),
                         false => precision.to_string(),
                     };
-                    let across = match shard_group {
-                        None if mesh.dp == 1 => format!(
+                    let across = match (sharding, shard_group) {
+                        (ShardingStrategy::ShardGradOp, _) => format!(
+                            "the {} data-parallel replicas (SHARD_GRAD_OP, {dtypes}: parameters kept whole, \
+                             gradients and AdamW's state sharded)",
+                            mesh.dp
+                        ),
+                        (ShardingStrategy::NoShard, _) => format!(
+                            "the {} data-parallel replicas (NO_SHARD, {dtypes}: nothing sharded, each gradient \
+                             all-reduced as under DDP)",
+                            mesh.dp
+                        ),
+                        (_, None) if mesh.dp == 1 => format!(
                             "the one data-parallel replica (FULL_SHARD, {dtypes}): with one replica a shard is the \
                              whole unit, FSDP saves memory from 2 replicas on (--nproc / (pp · tp))"
                         ),
-                        None => format!("the {} data-parallel replicas (FULL_SHARD, {dtypes})", mesh.dp),
-                        Some(size) => format!(
+                        (_, None) => format!("the {} data-parallel replicas (FULL_SHARD, {dtypes})", mesh.dp),
+                        (_, Some(size)) => format!(
                             "groups of {size} of the {} data-parallel replicas, each group a replica of the others \
                              (HYBRID_SHARD, {dtypes})",
                             mesh.dp
@@ -198,6 +208,9 @@ pub fn exercise_lines(options: &RunOptions) -> candle_core::Result<Vec<String>> 
                 "each micro-batch's gradients reduce-scattered with the same place in the others, the gradients and \
                  AdamW's state sharded"
             }
+            Strategy::Mesh { data: DataAxis::ShardBlocks { sharding: ShardingStrategy::NoShard, .. }, .. } => {
+                "each unit's gradient (each block's, and the root's) all-reduced with the same place in the others"
+            }
             Strategy::Mesh { data: DataAxis::ShardBlocks { .. }, .. } => {
                 "each unit's gradient (each block's, and the root's) reduce-scattered with the same place in the \
                  others"
@@ -234,15 +247,13 @@ fn ring_carries(strategy: Strategy, mesh: MeshShape, powersgd: bool) -> String {
     let gradients = match strategy {
         Strategy::Ddp if powersgd => across_replicas("the gradients' PowerSGD factors"),
         Strategy::Mesh { data: DataAxis::ShardOptimizer | DataAxis::ShardGradients, .. } => None,
-        Strategy::Mesh { data: DataAxis::ShardBlocks { .. }, .. } => {
-            across_replicas("the embedding's, final norm's and head's gradients")
-        }
-        Strategy::Ddp | Strategy::Mesh { .. } => across_replicas("the gradients"),
-        Strategy::Fsdp(config) => match config.sharding {
+        Strategy::Fsdp(FsdpConfig { sharding, .. })
+        | Strategy::Mesh { data: DataAxis::ShardBlocks { sharding, .. }, .. } => match sharding {
             ShardingStrategy::NoShard => across_replicas("the gradients"),
             ShardingStrategy::HybridShard => Some("each shard's gradients across the groups that hold it".to_string()),
             ShardingStrategy::FullShard | ShardingStrategy::ShardGradOp => None,
         },
+        Strategy::Ddp | Strategy::Mesh { .. } => across_replicas("the gradients"),
     };
     // Sequence parallelism turns the partial sums into reduce-scatters and
     // all-gathers; the norms, which saw a chunk of the tokens each, still sum.

@@ -310,26 +310,21 @@ impl LayoutFlags {
     }
 
     /// What the replicas of a pipeline's stages shard under --strategy fsdp:
-    /// each block, across all of them (FULL_SHARD) or across groups of
-    /// `--hybrid-group-size` (HYBRID_SHARD), in `--precision`.
+    /// each block, as `--sharding` says (FULL_SHARD by default; HYBRID_SHARD
+    /// across groups of `--hybrid-group-size`), in `--precision`.
     fn fsdp_on_a_pipeline(&self, flags: &str) -> Result<DataAxis> {
         let (precision, reduce_in_f32) = self.fsdp_precision()?;
-        let blocks = |shard_group| DataAxis::ShardBlocks { shard_group, precision, reduce_in_f32 };
-        match (self.sharding.unwrap_or(ShardingStrategy::FullShard), self.hybrid_group_size) {
-            (ShardingStrategy::FullShard, None) => Ok(blocks(None)),
-            (ShardingStrategy::FullShard, Some(_)) => {
-                anyhow::bail!("--hybrid-group-size applies to --sharding hybrid_shard only")
-            }
-            (ShardingStrategy::HybridShard, Some(size)) => Ok(blocks(Some(size))),
+        let sharding = self.sharding.unwrap_or(ShardingStrategy::FullShard);
+        let shard_group = match (sharding, self.hybrid_group_size) {
+            (ShardingStrategy::HybridShard, Some(size)) => Some(size),
             (ShardingStrategy::HybridShard, None) => anyhow::bail!(
                 "--sharding hybrid_shard with {flags} needs --hybrid-group-size: how many replicas of a stage share \
                  one set of shards"
             ),
-            (other, _) => anyhow::bail!(
-                "{flags} with --strategy fsdp shards each stage's blocks as full_shard or hybrid_shard; --sharding \
-                 {other} is built for FSDP without --pp or --tp only"
-            ),
-        }
+            (_, Some(_)) => anyhow::bail!("--hybrid-group-size applies to --sharding hybrid_shard only"),
+            (_, None) => None,
+        };
+        Ok(DataAxis::ShardBlocks { sharding, shard_group, precision, reduce_in_f32 })
     }
 }
 

@@ -149,13 +149,6 @@ fn flags_that_do_not_apply_are_refused() {
         "--sharding applies to --strategy fsdp only; ddp keeps whole f32 replicas",
     );
     refused(
-        train(
-            &dir,
-            &["--dataset", "dummy", "--tp", "2", "--nproc", "2", "--strategy", "fsdp", "--sharding", "no_shard"],
-        ),
-        "--tp 2 with --strategy fsdp shards each stage's blocks as full_shard or hybrid_shard",
-    );
-    refused(
         train(&dir, &["--dataset", "dummy", "--pp", "2", "--dp", "2", "--nproc", "2"]),
         "--dp 2: the mesh dp 2 × pp 2 × tp 1 needs 4 ranks, but the job has 2",
     );

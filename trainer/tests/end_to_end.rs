@@ -105,9 +105,14 @@ fn a_run_calls_the_exercises_its_flags_choose() {
         tp: 1,
         schedule: PipelineSchedule::GPipe,
         sequence_parallel: false,
-        data: DataAxis::ShardBlocks { shard_group: None, precision: Precision::Fp32, reduce_in_f32: false },
+        data: fsdp_units(ShardingStrategy::FullShard),
     };
     assert_eq!(called(&zero1), [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 14, 15, 21, 22, 25]);
+}
+
+/// FSDP's units as the data axis of a mesh, sharded as `sharding` says, in f32.
+fn fsdp_units(sharding: ShardingStrategy) -> DataAxis {
+    DataAxis::ShardBlocks { sharding, shard_group: None, precision: Precision::Fp32, reduce_in_f32: false }
 }
 
 /// The mesh of `--pp stages --tp tp`, with `--sequence-parallel` when asked.
@@ -235,7 +240,12 @@ fn fsdp_on_a_mesh_trains_in_16_bits_as_plain_fsdp_does() {
         let (plain_dir, plain_run) = run(&format!("{precision}-fsdp-plain"), 3, 2, Strategy::Fsdp(plain), None);
         let plain_error = l2_distance(&checkpoint_params(&plain_dir, 3), &truth);
         for (what, stages, tp) in [("pp2", 2, 1), ("tp2", 1, 2)] {
-            let data = DataAxis::ShardBlocks { shard_group: None, precision, reduce_in_f32: false };
+            let data = DataAxis::ShardBlocks {
+                sharding: ShardingStrategy::FullShard,
+                shard_group: None,
+                precision,
+                reduce_in_f32: false,
+            };
             let strategy =
                 Strategy::Mesh { stages, tp, schedule: PipelineSchedule::OneFOneB, sequence_parallel: false, data };
             let (dir, mesh_run) = run(&format!("{precision}-fsdp-{what}"), 3, 4, strategy, None);
@@ -545,29 +555,56 @@ fn zero2_trains_as_one_process_and_zero1_resumes_it() {
 /// steps one process takes, clipping included (the units' shards add their
 /// squares over the replicas); one process resumes its checkpoint (the
 /// units' shards and moments gathered whole), and it resumes one process's.
+/// So do SHARD_GRAD_OP and NO_SHARD, whose units keep their parameters
+/// whole: they send less than FULL_SHARD, which gathers each unit twice a
+/// micro-batch.
 #[test]
 fn fsdp_on_a_pipeline_trains_as_one_process_and_its_checkpoints_move_both_ways() {
-    let fsdp = |schedule| Strategy::Mesh {
+    let fsdp = |schedule, sharding| Strategy::Mesh {
         stages: 2,
         tp: 1,
         schedule,
         sequence_parallel: false,
-        data: DataAxis::ShardBlocks { shard_group: None, precision: Precision::Fp32, reduce_in_f32: false },
+        data: fsdp_units(sharding),
     };
     let (one_dir, one) = run("fsdp-pp-one-process", 5, 1, Strategy::Ddp, None);
-    for schedule in [PipelineSchedule::GPipe, PipelineSchedule::OneFOneB] {
-        let (dir, summary) = run(&format!("fsdp-pp-{schedule}"), 3, 4, fsdp(schedule), None);
-        let what = format!("FSDP on dp 2 × pp 2 ({schedule})");
+    let mut sent = std::collections::HashMap::new();
+    let layouts = [
+        (PipelineSchedule::GPipe, ShardingStrategy::FullShard),
+        (PipelineSchedule::OneFOneB, ShardingStrategy::FullShard),
+        (PipelineSchedule::OneFOneB, ShardingStrategy::ShardGradOp),
+        (PipelineSchedule::OneFOneB, ShardingStrategy::NoShard),
+    ];
+    for (schedule, sharding) in layouts {
+        let (dir, summary) = run(&format!("fsdp-pp-{schedule}-{sharding}"), 3, 4, fsdp(schedule, sharding), None);
+        let what = format!("FSDP ({sharding}) on dp 2 × pp 2 ({schedule})");
         let (a, b) = (one.first.as_ref().unwrap().grad_norm, summary.first.unwrap().grad_norm);
         assert!((a - b).abs() <= 1e-5 * a, "{what}: the gradient norm at step 1 is {b}, one process's {a}");
         expect_same_params(&checkpoint_params(&dir, 3), &checkpoint_params(&one_dir, 3), &what);
-        if schedule == PipelineSchedule::OneFOneB {
+        if (schedule, sharding) == (PipelineSchedule::OneFOneB, ShardingStrategy::ShardGradOp) {
             let (resumed, _) = run("fsdp-pp-resumed-by-one", 5, 1, Strategy::Ddp, Some(dir));
             let resumed_what = format!("one process resuming {what}");
             expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(&one_dir, 5), &resumed_what);
         }
+        if schedule == PipelineSchedule::OneFOneB {
+            sent.insert(sharding, summary.sent_bytes_per_step);
+        }
     }
-    let (resumed, _) = run("one-resumed-by-fsdp-pp", 5, 4, fsdp(PipelineSchedule::GPipe), Some(one_dir.clone()));
+    for kept_whole in [ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard] {
+        let (full, whole) = (sent[&ShardingStrategy::FullShard], sent[&kept_whole]);
+        assert!(
+            whole < 0.8 * full,
+            "FSDP ({kept_whole}) on dp 2 × pp 2 sent {whole:.0} bytes a step, FULL_SHARD {full:.0}: parameters kept \
+             whole are not gathered for each micro-batch"
+        );
+    }
+    let (resumed, _) = run(
+        "one-resumed-by-fsdp-pp",
+        5,
+        4,
+        fsdp(PipelineSchedule::GPipe, ShardingStrategy::FullShard),
+        Some(one_dir.clone()),
+    );
     expect_same_params(
         &checkpoint_params(&resumed, 5),
         &checkpoint_params(&one_dir, 5),
@@ -586,7 +623,12 @@ fn hybrid_sharding_on_a_pipeline_trains_as_one_process() {
         tp: 1,
         schedule: PipelineSchedule::OneFOneB,
         sequence_parallel: false,
-        data: DataAxis::ShardBlocks { shard_group: Some(2), precision: Precision::Fp32, reduce_in_f32: false },
+        data: DataAxis::ShardBlocks {
+            sharding: ShardingStrategy::HybridShard,
+            shard_group: Some(2),
+            precision: Precision::Fp32,
+            reduce_in_f32: false,
+        },
     };
     let (one_dir, one) = run("hsdp-pp-one-process", 5, 1, Strategy::Ddp, None);
     let (dir, summary) = run("hsdp-pp", 3, 8, hsdp, None);
@@ -603,22 +645,24 @@ fn hybrid_sharding_on_a_pipeline_trains_as_one_process() {
 /// unit across the replicas (FSDP × TP, with and without sequence
 /// parallelism, and with a 1F1B pipeline: FSDP × TP × PP on 8 ranks), takes
 /// the steps one process takes, clipping included (a unit's cut elements
-/// add their squares over tp as well, its norms' once); one process resumes
-/// the 8-rank run's checkpoint, and FSDP × TP resumes one process's.
+/// add their squares over tp as well, its norms' once; under NO_SHARD each
+/// replica's whole gradient counts once); one process resumes the 8-rank
+/// run's checkpoint, and FSDP × TP resumes one process's.
 #[test]
 fn fsdp_with_tensor_parallelism_trains_as_one_process_and_its_checkpoints_move_both_ways() {
-    let fsdp = |stages, sequence_parallel| Strategy::Mesh {
+    let fsdp = |stages, sequence_parallel, sharding| Strategy::Mesh {
         stages,
         tp: 2,
         schedule: PipelineSchedule::OneFOneB,
         sequence_parallel,
-        data: DataAxis::ShardBlocks { shard_group: None, precision: Precision::Fp32, reduce_in_f32: false },
+        data: fsdp_units(sharding),
     };
     let (one_dir, one) = run("fsdp-tp-one-process", 5, 1, Strategy::Ddp, None);
     let layouts = [
-        ("dp 2 × tp 2", 4, fsdp(1, false)),
-        ("dp 2 × tp 2 with sequence parallelism", 4, fsdp(1, true)),
-        ("dp 2 × pp 2 × tp 2 (1F1B)", 8, fsdp(2, false)),
+        ("dp 2 × tp 2", 4, fsdp(1, false, ShardingStrategy::FullShard)),
+        ("dp 2 × tp 2, NO_SHARD", 4, fsdp(1, false, ShardingStrategy::NoShard)),
+        ("dp 2 × tp 2 with sequence parallelism, SHARD_GRAD_OP", 4, fsdp(1, true, ShardingStrategy::ShardGradOp)),
+        ("dp 2 × pp 2 × tp 2 (1F1B)", 8, fsdp(2, false, ShardingStrategy::FullShard)),
     ];
     for (layout, nproc, strategy) in layouts {
         let (dir, summary) = run(&format!("fsdp-{nproc}-{}", layout.len()), 3, nproc, strategy, None);
@@ -632,7 +676,8 @@ fn fsdp_with_tensor_parallelism_trains_as_one_process_and_its_checkpoints_move_b
             expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(&one_dir, 5), &resumed_what);
         }
     }
-    let (resumed, _) = run("one-resumed-by-fsdp-tp", 5, 4, fsdp(1, false), Some(one_dir.clone()));
+    let (resumed, _) =
+        run("one-resumed-by-fsdp-tp", 5, 4, fsdp(1, false, ShardingStrategy::FullShard), Some(one_dir.clone()));
     let what = "FSDP × TP resuming one process";
     expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(&one_dir, 5), what);
 }
@@ -704,7 +749,7 @@ fn fsdp_offload_changes_no_bit_and_leaves_no_file() {
         tp: 1,
         schedule: PipelineSchedule::OneFOneB,
         sequence_parallel: false,
-        data: DataAxis::ShardBlocks { shard_group: None, precision: Precision::Fp32, reduce_in_f32: false },
+        data: fsdp_units(ShardingStrategy::FullShard),
     };
     for (what, strategy, nproc) in
         [("fp32", fsdp(Precision::Fp32), 2), ("bf16", fsdp(Precision::Bf16), 2), ("pp2", pipeline, 4)]
@@ -749,7 +794,7 @@ fn offload_changes_no_bit_and_leaves_no_file(what: &str, strategy: Strategy, npr
 #[test]
 fn prefetching_on_a_mesh_changes_no_bit() {
     for (what, stages, tp, nproc) in [("pp2", 2, 1, 4), ("tp2-pp2", 2, 2, 8)] {
-        let data = DataAxis::ShardBlocks { shard_group: None, precision: Precision::Fp32, reduce_in_f32: false };
+        let data = fsdp_units(ShardingStrategy::FullShard);
         let strategy =
             Strategy::Mesh { stages, tp, schedule: PipelineSchedule::OneFOneB, sequence_parallel: false, data };
         let (plain, _) = run(&format!("prefetch-plain-{what}"), 3, nproc, strategy, None);

@@ -21,7 +21,7 @@ use crate::autograd::Gradients;
 use crate::distributed::{all_reduce_scalar, DeviceMesh, ProcessGroup, ReduceOp, WithOverride};
 use crate::model::{GptConfig, ParamStore};
 use crate::parallel::ddp::average_in_buckets;
-use crate::parallel::fsdp::{FlatLayout, Precision};
+use crate::parallel::fsdp::{FlatLayout, Precision, ShardingStrategy};
 use crate::parallel::pipeline::PipelineStage;
 use crate::parallel::pipeline::PipelineStep;
 use crate::parallel::tensor::ShardCuts;
@@ -46,16 +46,16 @@ pub enum DataAxis {
     /// Nothing, by the learner's own DDP (exercise 26), which owns each
     /// micro-batch's forward and backward: one stage of whole blocks only.
     YourDdp,
-    /// The blocks (FSDP in f32): each an FSDP unit across the replicas
-    /// (FULL_SHARD), or across groups of `shard_group` consecutive replicas
-    /// that are replicas of each other (HYBRID_SHARD), stepped by exercise
-    /// 22; each stage's embedding, final norm and head one more unit, its
-    /// root, sharded the same way. With a tp axis each block's unit holds
-    /// this rank's tensor-parallel shards of it (FSDP × TP); the root is
-    /// whole on every rank of the tp group. The units compute in
-    /// `precision` as exercise 13's policy says (f32 master shards and
-    /// moments), and reduce in f32 as well where `reduce_in_f32`.
-    ShardBlocks { shard_group: Option<usize>, precision: Precision, reduce_in_f32: bool },
+    /// The blocks: each an FSDP unit across the replicas, sharded as
+    /// exercise 12's plan of `sharding` says, under HYBRID_SHARD across
+    /// groups of `shard_group` consecutive replicas that are replicas of each
+    /// other, stepped by exercise 22; each stage's embedding, final norm and
+    /// head one more unit, its root, sharded the same way. With a tp axis
+    /// each block's unit holds this rank's tensor-parallel shards of it
+    /// (FSDP × TP); the root is whole on every rank of the tp group. The
+    /// units compute in `precision` as exercise 13's policy says (f32 master
+    /// shards and moments), and reduce in f32 as well where `reduce_in_f32`.
+    ShardBlocks { sharding: ShardingStrategy, shard_group: Option<usize>, precision: Precision, reduce_in_f32: bool },
 }
 
 impl DataAxis {

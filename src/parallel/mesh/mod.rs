@@ -121,17 +121,18 @@ impl MeshTrainer {
         let split = (mesh.shape().tp > 1).then(|| (mesh.tp_shared(), block_step));
         let mut scaler = None;
         let stage = match (split, data_axis) {
-            (split, DataAxis::ShardBlocks { shard_group, precision, reduce_in_f32 }) => {
+            (split, DataAxis::ShardBlocks { sharding, shard_group, precision, reduce_in_f32 }) => {
                 let groups = param_groups(params, config.optimizer.weight_decay);
                 let decay = ParamGroup::decay_by_name(&groups, params)?;
                 let weight_decay_of = |name: &str| decay.get(name).copied().unwrap_or(0.0);
                 // The learner's plan (exercise 12) and units (exercise 14), as FSDP's own trainer takes them.
-                let plan = fsdp_plan(shard_group)?;
+                let plan = fsdp_plan(sharding, shard_group)?;
                 let policy = fsdp_policy(precision, reduce_in_f32);
                 scaler = policy.loss_scaling.then(LossScaler::default);
                 let units = wrap_policy(model_config);
                 check_units(model_config, &units)?;
-                let groups = shard_groups(&mesh, shard_group)?;
+                // Exercise 12's plan says whether the shards are replicated.
+                let groups = shard_groups(&mesh, shard_group.filter(|_| plan.replicate_across_nodes))?;
                 let fsdp = FsdpPlan { plan: &plan, policy: &policy, units: &units, weight_decay_of: &weight_decay_of };
                 PipelineStage::sharded(model_config, params, (index, stages), groups, split, fsdp)?
             }
@@ -243,11 +244,9 @@ impl MeshTrainer {
     /// HYBRID_SHARD the units' shard and replica groups; nothing otherwise,
     /// where the units run on the dp group itself.
     fn split_dp_stats(&self) -> CommStats {
-        if !matches!(self.data_axis, DataAxis::ShardBlocks { shard_group: Some(_), .. }) {
-            return CommStats::default();
-        }
         let Some(held) = self.stage.sharded_units() else { return CommStats::default() };
-        std::iter::once(held.shard).chain(held.replicas).map(|group| group.stats()).sum()
+        let Some(replicas) = held.replicas else { return CommStats::default() };
+        [held.shard, replicas].into_iter().map(|group| group.stats()).sum()
     }
 
     /// The parameters stage `index` holds, in model order, with their shapes.
@@ -276,25 +275,16 @@ fn cuts_of(config: &GptConfig, stage: &PipelineStage) -> ShardCuts {
     ShardCuts::of_shapes(config, shapes.iter().map(|(name, dims)| (name.as_str(), dims.as_slice())))
 }
 
-/// Exercise 12's plan of FULL_SHARD, or of HYBRID_SHARD when the replicas
-/// form shard groups; a mesh's units shard their parameters, so the plan
-/// must shard everything.
-fn fsdp_plan(shard_group: Option<usize>) -> Result<ShardingPlan> {
-    let strategy = match shard_group {
-        Some(_) => ShardingStrategy::HybridShard,
-        None => ShardingStrategy::FullShard,
-    };
-    let plan = sharding_plan(strategy);
-    plan.validate()?;
-    if plan.zero_stage() != 3 || plan.replicate_across_nodes != shard_group.is_some() {
+/// Exercise 12's plan of `sharding`; `shard_group` gives HYBRID_SHARD's
+/// groups and goes with it only.
+fn fsdp_plan(sharding: ShardingStrategy, shard_group: Option<usize>) -> Result<ShardingPlan> {
+    if (sharding == ShardingStrategy::HybridShard) != shard_group.is_some() {
         bail!(
-            "exercise 12's sharding_plan(ShardingStrategy::{strategy:?}) gives {}: FSDP's units on a mesh shard \
-             parameters, \
-             gradients and optimizer state{}; `cargo test exercise_12` says what differs",
-            plan.describe(),
-            if shard_group.is_some() { " within shard groups, replicated across them" } else { "" }
+            "a shard group size goes with HYBRID_SHARD, and HYBRID_SHARD needs one; got {sharding} and {shard_group:?}"
         );
     }
+    let plan = sharding_plan(sharding);
+    plan.validate()?;
     Ok(plan)
 }
 
@@ -509,13 +499,13 @@ impl Train for MeshTrainer {
                 ", in {replicas} data-parallel replicas, AdamW's state and the gradients sharded across them (ZeRO-2)"
             ),
             (_, DataAxis::YourDdp) => format!(", in {replicas} data-parallel replicas under exercise 26's DDP"),
-            (_, DataAxis::ShardBlocks { shard_group: None, precision, .. }) => format!(
-                ", in {replicas} data-parallel replicas, each block and the root an FSDP unit sharded across them, \
-                 {precision}"
-            ),
             (_, DataAxis::ShardBlocks { shard_group: Some(size), precision, .. }) => format!(
                 ", in {replicas} data-parallel replicas, each block and the root an FSDP unit sharded across groups \
                  of {size} of them (HYBRID_SHARD), {precision}"
+            ),
+            (_, DataAxis::ShardBlocks { sharding, precision, .. }) => format!(
+                ", in {replicas} data-parallel replicas, each block and the root an FSDP unit across them \
+                 ({sharding}), {precision}"
             ),
         };
         format!("{model}{split}{replicas}")

@@ -355,7 +355,7 @@ impl PipelineStage {
                     root_names.params.iter().filter(|name| stage_holding(config, stages, name) == index).collect();
                 let root = root_unit(&mine, &outer(), &at, weight_decay_of)?;
                 let units = Units { root, blocks };
-                let replayed = ReplayedBlocks::new(units, (shard, replicas), sequence);
+                let replayed = ReplayedBlocks::new(units, (shard, replicas), *plan, sequence);
                 (StageBlocks::Replayed(Box::new(replayed)), ParamStore::from_vars(std::iter::empty()))
             }
         };

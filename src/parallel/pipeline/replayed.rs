@@ -11,6 +11,11 @@
 //! torchtitan shards the root after the blocks: gathered whole for a step
 //! or an evaluation and run with its graph like any module, its gradient
 //! then reduce-scattered, and only this rank's shard kept between steps.
+//!
+//! What is sharded is exercise 12's plan: where it keeps parameters whole
+//! (SHARD_GRAD_OP, NO_SHARD) the unit step runs over this rank alone, so
+//! its collectives move nothing, and each micro-batch's gradient is reduced
+//! over the shard group after its backward, as FSDP's own trainer does.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -19,8 +24,8 @@ use candle_core::{bail, Result, Tensor, TensorId, Var};
 
 use crate::autograd::Gradients;
 use crate::called_early::{fsdp_backward, fsdp_forward};
-use crate::distributed::{ProcessGroup, ReduceOp, SharedGroup, WithOverride};
-use crate::parallel::fsdp::{in_pass, Pass, Prefetch, ShardedUnit};
+use crate::distributed::{ProcessGroup, ReduceOp, SharedGroup, SingleProcess, WithOverride};
+use crate::parallel::fsdp::{in_pass, Pass, Prefetch, ShardedUnit, ShardingPlan};
 use crate::parallel::fsdp_unit::BlockUnit;
 use crate::parallel::tensor::{gather_sequence, own_tokens};
 
@@ -32,6 +37,11 @@ pub(super) struct ReplayedBlocks {
     units: Mutex<Units>,
     shard: SharedGroup,
     replicas: Option<SharedGroup>,
+    /// What the units shard (exercise 12's plan).
+    plan: ShardingPlan,
+    /// This rank alone: the group the unit step runs over when the plan
+    /// keeps parameters whole.
+    alone: SharedGroup,
     /// Under sequence parallelism, the tensor-parallel group whose ranks
     /// each run a chunk of the tokens through the units.
     sequence: Option<SharedGroup>,
@@ -56,12 +66,15 @@ impl ReplayedBlocks {
     pub(super) fn new(
         units: Units,
         (shard, replicas): (SharedGroup, Option<SharedGroup>),
+        plan: ShardingPlan,
         sequence: Option<SharedGroup>,
     ) -> Self {
         Self {
             units: Mutex::new(units),
             shard,
             replicas,
+            plan,
+            alone: SharedGroup::new(Box::new(SingleProcess::new())),
             sequence,
             prefetch: None,
             in_flight: Mutex::new(HashMap::new()),
@@ -81,11 +94,21 @@ impl ReplayedBlocks {
         Ok(())
     }
 
-    /// The group the unit step gathers over: the shard group, prefetching when asked.
+    /// The group the unit step gathers over: the parameters' group,
+    /// prefetching when asked and there is something to prefetch.
     fn gathering(&self) -> (&SharedGroup, Option<&Prefetch>) {
         match &self.prefetch {
-            Some((prefetch, group)) => (group, Some(prefetch)),
-            None => (&self.shard, None),
+            Some((prefetch, group)) if self.plan.params => (group, Some(prefetch)),
+            _ => (self.params_group(), None),
+        }
+    }
+
+    /// The ranks a unit's parameters are sharded across: the shard group,
+    /// or this rank alone when the plan keeps them whole.
+    fn params_group(&self) -> &SharedGroup {
+        match self.plan.params {
+            true => &self.shard,
+            false => &self.alone,
         }
     }
 
@@ -95,13 +118,14 @@ impl ReplayedBlocks {
     pub(super) fn gather_root(&self) -> Result<Option<Vec<(String, Var)>>> {
         let mut units = lock(&self.units);
         let Some(root) = units.root.as_mut() else { return Ok(None) };
-        root.unshard(self.shard.all_gather(&root.shard()?)?)?;
+        root.unshard(self.params_group().all_gather(&root.shard()?)?)?;
         let Some(whole) = root.whole() else { unreachable!("the root was just unsharded") };
         Ok(Some(root.layout().names().map(String::from).zip(whole.iter().cloned()).collect()))
     }
 
     /// Frees the root's whole parameters, after reduce-scattering their
-    /// gradients, taken out of `grads`, into the root's gradient shard.
+    /// gradients, taken out of `grads`, into the root's gradient shard (or
+    /// reducing them as the plan says, when parameters are kept whole).
     /// Without `grads` (an evaluation), frees them only.
     pub(super) fn reshard_root(&self, grads: Option<&mut Gradients>) -> Result<()> {
         let mut units = lock(&self.units);
@@ -115,7 +139,8 @@ impl ReplayedBlocks {
         let Some(flat) = root.lay_out(parts)? else {
             bail!("no gradient reached unit `{}`: the loss does not depend on it", root.name);
         };
-        root.add_grad(&self.shard.reduce_scatter(&flat, ReduceOp::Avg)?)
+        root.add_grad(&self.params_group().reduce_scatter(&flat, ReduceOp::Avg)?)?;
+        root.end_micro_batch(&self.shard, &self.plan, 1)
     }
 
     /// `x` (B, T, C) through the units, no graph kept: each unit's input,
@@ -131,13 +156,17 @@ impl ReplayedBlocks {
     /// Back through the units, last first, from `grad` (∂L/∂ the last
     /// output, whole and the same on every rank of a tensor-parallel
     /// group), from the inputs [`forward`](Self::forward) kept: each unit
-    /// keeps its own shard of its gradients. Returns ∂L/∂ the first unit's
-    /// input, whole.
+    /// keeps its own shard of its gradients, reduced as the plan says.
+    /// Returns ∂L/∂ the first unit's input, whole.
     pub(super) fn backward(&self, inputs: &[Tensor], grad: &Tensor) -> Result<Tensor> {
         let (group, prefetch) = self.gathering();
         let grad = self.own_tokens(grad)?;
         let blocks = &mut lock(&self.units).blocks;
         let grad = in_pass(prefetch, blocks, Pass::Backward, |blocks| fsdp_backward(group, blocks, inputs, &grad))?;
+        // The schedule scaled each micro-batch's loss already: divide by 1.
+        for unit in blocks.iter_mut() {
+            unit.end_micro_batch(&self.shard, &self.plan, 1)?;
+        }
         self.all_tokens(&grad)
     }
 
@@ -169,7 +198,7 @@ impl ReplayedBlocks {
 
     /// The units and their groups.
     pub(super) fn units(&self) -> HeldUnits<'_> {
-        HeldUnits { units: lock(&self.units), shard: &self.shard, replicas: self.replicas.as_ref() }
+        HeldUnits { units: lock(&self.units), shard: &self.shard, replicas: self.replicas.as_ref(), plan: &self.plan }
     }
 }
 
@@ -199,6 +228,7 @@ pub struct HeldUnits<'a> {
     pub units: MutexGuard<'a, Units>,
     pub shard: &'a SharedGroup,
     pub replicas: Option<&'a SharedGroup>,
+    pub plan: &'a ShardingPlan,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
