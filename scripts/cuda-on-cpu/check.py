@@ -1,7 +1,7 @@
 """Runs the fused CUDA kernels of kernels/src/cuda.rs on the CPU and compares them with NumPy.
 
 Takes the kernels' modules out of cuda.rs unchanged, compiles them with g++
-against shim.h (a thread per CUDA thread, real barriers, warp shuffles through
+against shim.h (a coroutine per CUDA thread, barriers, warp shuffles through
 shared memory), cuda_bf16.h (bf16 with the hardware's rounding) and
 driver.cpp, runs each kernel on random inputs, and checks the results against
 float64 NumPy: the attention softmax with its causal mask and scale, the
@@ -23,8 +23,7 @@ compiles it (NVRTC needs no GPU).
 
     python3 scripts/cuda-on-cpu/check.py       # needs g++ with C++20 and numpy
 
-Not part of any test; a run takes a minute or two (each block of threads starts
-its OS threads anew).
+Not part of any test; a run takes about a minute on 2 cores, most of it g++.
 """
 
 import ctypes
@@ -67,7 +66,7 @@ def build(folder, flags):
     for name, source in module_sources().items():
         (folder / f"{name}.cu").write_text(source)
     driver = folder / "driver"
-    command = ["g++", "-std=c++20", "-O2", *flags, "-pthread", f"-I{HERE}", f"-I{folder}", str(HERE / "driver.cpp"), "-o", str(driver)]
+    command = ["g++", "-std=c++20", "-O2", *flags, f"-I{HERE}", f"-I{folder}", str(HERE / "driver.cpp"), "-o", str(driver)]
     subprocess.run(command, check=True)
     return driver
 
