@@ -15,8 +15,9 @@
 //! [`MixedPrecisionPolicy`] (exercise 13), [`FsdpUnit`]s (exercise 14 picks
 //! them), [`FlatLayout`] (a unit's parameters as one padded buffer),
 //! [`ShardedUnit`] (a rank's part of a unit; exercise 15 gathers it whole for
-//! a checkpoint and shards it again), [`FsdpTrainer`] (runs the units and
-//! their collectives) and
+//! a checkpoint and shards it again), the units' optimizer step (`step.rs`,
+//! which FSDP's trainer and a mesh's stages share), [`FsdpTrainer`] (runs
+//! the units and their collectives) and
 //! [`StepLedger`] (what a rank held and sent in a step). Every collective is
 //! in `comm.rs` and goes through the
 //! [`ProcessGroup`](crate::distributed::ProcessGroup).
@@ -30,6 +31,7 @@ mod offload;
 mod precision;
 mod prefetch;
 mod shard;
+mod step;
 mod strategy;
 mod trainer;
 mod units;
@@ -43,6 +45,7 @@ pub(crate) use prefetch::in_pass;
 pub use prefetch::Prefetch;
 pub(crate) use shard::{BlockCompute, Pass, UnitPlacement};
 pub use shard::{GatheredBytes, LocalState, ShardedUnit, WholeParam};
+pub(crate) use step::{step, sum_of_squares_over, take_grads, UnitGroups};
 pub use strategy::{ShardingPlan, ShardingStrategy};
 pub use trainer::{FsdpConfig, FsdpTrainer};
 pub use units::{block_unit_name, check_units, FsdpUnit, ROOT_UNIT};

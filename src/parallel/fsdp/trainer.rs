@@ -35,11 +35,12 @@ use super::units::check_units;
 use super::{
     in_pass, BlockCompute, FlatLayout, FsdpGroups, GatheredBytes, LocalState, LossScaler, MemoryLedger,
     MixedPrecisionPolicy, OffloadFile, Pass, Precision, Prefetch, ShardedUnit, ShardingPlan, ShardingStrategy,
-    StepLedger, UnitParams, UnitPlacement,
+    StepLedger, UnitGroups, UnitParams, UnitPlacement,
 };
-use crate::autograd::{accumulate, sum_of_squares, vjp};
+use super::{step, sum_of_squares_over, take_grads};
+use crate::autograd::{accumulate, vjp};
 use crate::called_early::{fsdp_backward, fsdp_forward};
-use crate::distributed::{all_reduce_scalar, CommStats, ProcessGroup, ReduceOp};
+use crate::distributed::{CommStats, ProcessGroup, ReduceOp};
 use crate::memory::held_after;
 use crate::model::{GptConfig, Outer, ParamStore, RotaryCache};
 use crate::parallel::ddp::broadcast_parameters;
@@ -256,31 +257,16 @@ impl FsdpTrainer {
         }
         memory.grads = memory.grads.max(self.units.iter().map(ShardedUnit::grad_bytes).sum());
         memory.gathered_peak = self.gathered.peak();
-        let mut grads = Vec::with_capacity(self.units.len());
-        for unit in &mut self.units {
-            grads.push(unit.take_reduced_grad(self.groups.shard(), self.groups.replicas(), &self.plan)?);
-        }
-        if let Some(scaler) = &self.scaler {
-            // A unit at a time: a second copy of every gradient at once would
-            // be the step's largest allocation.
-            for grad in &mut grads {
-                *grad = (&*grad * (1.0 / scaler.scale))?;
-            }
-        }
-        let grad_norm = self.global_norm(&grads)?;
+        let groups = UnitGroups { shard: self.groups.shard(), replicas: self.groups.replicas(), plan: &self.plan };
+        let unscale = self.scaler.map_or(1.0, |scaler| 1.0 / scaler.scale);
+        let grads = take_grads(&mut self.units, groups, unscale)?;
+        let device = grads[0].device().clone();
+        let grad_norm = sum_of_squares_over(&self.units, &grads, groups, None, &device)?.sqrt();
         let lr = self.config.schedule.lr(self.counters.step);
         if let Verdict::Update { clip, t } =
             self.counters.settle(grad_norm, self.config.max_grad_norm, self.scaler.as_mut())
         {
-            // Each gradient is clipped as its unit steps and dropped after,
-            // the root (the largest unit) last, when the others' are gone.
-            for (unit, grad) in self.units.iter_mut().zip(grads).rev() {
-                let grad = match clip {
-                    Some(factor) => (grad * factor)?,
-                    None => grad,
-                };
-                unit.step(&grad, lr, t, &self.config.optimizer.adamw, self.groups.shard())?;
-            }
+            step(&mut self.units, grads, (clip, lr, t), &self.config.optimizer.adamw, groups.shard)?;
         }
         // What was measured in the step, and what the units hold after it.
         let MemoryLedger { grads, gathered_peak, activations_peak, .. } = memory;
@@ -353,18 +339,6 @@ impl FsdpTrainer {
             memory.grads += (unit.local_range().len() * self.policy.reduce_dtype.size_in_bytes()) as u64;
         }
         memory
-    }
-
-    /// The L2 norm of the whole model's gradient, from every rank's local part.
-    fn global_norm(&self, grads: &[Tensor]) -> Result<f64> {
-        let mut sum_sq = sum_of_squares(grads)?;
-        let pg = self.groups.shard();
-        if self.plan.optimizer_state && pg.world_size() > 1 {
-            // Each rank of a shard group holds a different part of the gradient
-            // (and each replica the same parts): add up one group's parts.
-            sum_sq = all_reduce_scalar(pg, sum_sq, ReduceOp::Sum, grads[0].device())?;
-        }
-        Ok(sum_sq.sqrt())
     }
 }
 

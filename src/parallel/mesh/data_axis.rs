@@ -21,7 +21,7 @@ use crate::autograd::Gradients;
 use crate::distributed::{all_reduce_scalar, DeviceMesh, ProcessGroup, ReduceOp, WithOverride};
 use crate::model::{GptConfig, ParamStore};
 use crate::parallel::ddp::average_in_buckets;
-use crate::parallel::fsdp::{FlatLayout, Precision, ShardingStrategy};
+use crate::parallel::fsdp::{self, FlatLayout, Precision, ShardingStrategy};
 use crate::parallel::pipeline::PipelineStage;
 use crate::parallel::pipeline::PipelineStep;
 use crate::parallel::tensor::ShardCuts;
@@ -202,14 +202,20 @@ impl Update {
             }
             Self::Units { adamw } => (None, *adamw),
         };
-        // FSDP units hold their own gradient shards, averaged over the replicas.
+        // FSDP units hold their own gradients, stepped as FSDP's own trainer steps them.
         let mut units = stage.sharded_units();
         let unit_grads = match units.as_mut() {
-            Some(held) => units::take_grads(held, unscale)?,
+            Some(held) => {
+                let groups = held.groups();
+                fsdp::take_grads(held.units.iter_mut(), groups, unscale)?
+            }
             None => vec![],
         };
         let unit_sum_sq = match &units {
-            Some(held) => units::sum_of_squares_over(held, &unit_grads, (cuts, mesh.tp()), device)?,
+            Some(held) => {
+                let split = Some((cuts, mesh.tp()));
+                fsdp::sum_of_squares_over(held.units.iter(), &unit_grads, held.groups(), split, device)?
+            }
             None => 0.0,
         };
         // The stages hold different parameters: their sums of squares add up.
@@ -223,7 +229,8 @@ impl Update {
                 optimizer.step(params, &grads, lr)?;
             }
             if let Some(held) = units.as_mut() {
-                units::step(held, unit_grads, (clip, lr, t), &adamw)?;
+                let shard = held.shard;
+                fsdp::step(held.units.iter_mut(), unit_grads, (clip, lr, t), &adamw, shard)?;
             }
         }
         Ok(grad_norm)

@@ -6,96 +6,20 @@
 //! stage's root (embedding, final norm, head), whose gradient the stage
 //! reduce-scatters. Exercise 12's plan may keep parameters, or gradients
 //! and moments too, whole (SHARD_GRAD_OP, NO_SHARD): the units then reduce
-//! each micro-batch's gradient as FSDP's own trainer does. What the mesh
-//! trainer does with them besides: their part
-//! of the gradient norm, their AdamW step, and their checkpoints: whole
-//! tensors a unit at a time and each rank's part again, by exercise 15.
+//! each micro-batch's gradient as FSDP's own trainer does, and step as it
+//! steps them (`fsdp/step.rs`). What the mesh trainer does with them here:
+//! their checkpoints, whole tensors a unit at a time and each rank's part
+//! again, by exercise 15.
 
 use std::collections::HashMap;
 use std::ops::Range;
 
 use candle_core::{bail, Device, Result, Tensor};
 
-use crate::autograd::sum_of_squares;
-use crate::distributed::{all_reduce_scalar, ProcessGroup, ReduceOp, SingleProcess};
 use crate::parallel::fsdp::{FlatLayout, WholeParam};
 use crate::parallel::pipeline::HeldUnits;
-use crate::parallel::tensor::ShardCuts;
 use crate::phase3_fsdp::{gather_full_state, shard_full_state};
-use crate::train::{AdamW, AdamWConfig};
-
-/// The units' gradients over their local ranges for this step, taken
-/// from them: averaged over the shard group (by the unit step, or now when
-/// the plan keeps gradients whole) and across the replicas; times `unscale`
-/// (a loss scale divided back out) where it is not 1.
-pub(super) fn take_grads(held: &mut HeldUnits, unscale: f64) -> Result<Vec<Tensor>> {
-    let (shard, replicas, plan) = (held.shard, held.replicas, held.plan);
-    let mut grads = vec![];
-    for unit in held.units.iter_mut() {
-        let replicas = replicas.map(|group| group as &dyn ProcessGroup);
-        let grad = unit.take_reduced_grad(shard, replicas, plan)?;
-        grads.push(if unscale == 1.0 { grad } else { (grad * unscale)? });
-    }
-    Ok(grads)
-}
-
-/// The squared norm of the units' whole gradients: their shards' squares
-/// added over the shard group (the shards are disjoint parts of one
-/// averaged gradient; replicas hold the same ones and count once), or
-/// this rank's alone when the plan keeps gradients and moments whole. Under
-/// FSDP × TP a unit's parameters are this rank's shards across `tp` where
-/// `cuts` says so, whose squares add over `tp` too, and whole elsewhere, the
-/// same on every rank of `tp` and counted once.
-pub(super) fn sum_of_squares_over(
-    held: &HeldUnits,
-    grads: &[Tensor],
-    (cuts, tp): (&ShardCuts, &dyn ProcessGroup),
-    device: &Device,
-) -> Result<f64> {
-    let ranks = tp.world_size();
-    let alone = SingleProcess::new();
-    let shards: &dyn ProcessGroup = match held.plan.optimizer_state {
-        true => held.shard,
-        false => &alone,
-    };
-    if ranks == 1 {
-        return all_reduce_scalar(shards, sum_of_squares(grads)?, ReduceOp::Sum, device);
-    }
-    let mut local = 0.0;
-    for (unit, grad) in held.units.iter().zip(grads) {
-        let held_range = unit.local_range();
-        for (name, span) in unit.layout().spans() {
-            let (start, end) = (span.start.max(held_range.start), span.end.min(held_range.end));
-            if start >= end {
-                continue;
-            }
-            let squares = sum_of_squares([&grad.narrow(0, start - held_range.start, end - start)?])?;
-            // A whole parameter counts 1/N on each of the N ranks: once over tp.
-            local += if cuts.is_cut(name) { squares } else { squares / ranks as f64 };
-        }
-    }
-    let over_shards = all_reduce_scalar(shards, local, ReduceOp::Sum, device)?;
-    all_reduce_scalar(tp, over_shards, ReduceOp::Sum, device)
-}
-
-/// AdamW's `t`-th update of each unit's shard at `lr`, its gradient scaled
-/// by `clip` first.
-pub(super) fn step(
-    held: &mut HeldUnits,
-    grads: Vec<Tensor>,
-    (clip, lr, t): (Option<f64>, f64, u64),
-    adamw: &AdamWConfig,
-) -> Result<()> {
-    let shard = held.shard;
-    for (unit, grad) in held.units.iter_mut().zip(grads) {
-        let grad = match clip {
-            Some(factor) => (grad * factor)?,
-            None => grad,
-        };
-        unit.step(&grad, lr, t, adamw, shard)?;
-    }
-    Ok(())
-}
+use crate::train::AdamW;
 
 /// One FSDP unit's whole tensors at a time, for a save that goes through a
 /// stage's parameters in model order: a unit is gathered (exercise 15) when

@@ -25,7 +25,7 @@ use candle_core::{bail, Result, Tensor, TensorId, Var};
 use crate::autograd::Gradients;
 use crate::called_early::{fsdp_backward, fsdp_forward};
 use crate::distributed::{ProcessGroup, ReduceOp, SharedGroup, SingleProcess, WithOverride};
-use crate::parallel::fsdp::{in_pass, Pass, Prefetch, ShardedUnit, ShardingPlan};
+use crate::parallel::fsdp::{in_pass, Pass, Prefetch, ShardedUnit, ShardingPlan, UnitGroups};
 use crate::parallel::fsdp_unit::BlockUnit;
 use crate::parallel::tensor::{gather_sequence, own_tokens};
 
@@ -229,6 +229,14 @@ pub struct HeldUnits<'a> {
     pub shard: &'a SharedGroup,
     pub replicas: Option<&'a SharedGroup>,
     pub plan: &'a ShardingPlan,
+}
+
+impl<'a> HeldUnits<'a> {
+    /// The groups the units are sharded over, and their plan.
+    pub(crate) fn groups(&self) -> UnitGroups<'a> {
+        let replicas = self.replicas.map(|group| group as &dyn ProcessGroup);
+        UnitGroups { shard: self.shard, replicas, plan: self.plan }
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
