@@ -135,11 +135,15 @@ pub fn exercise_lines(options: &RunOptions) -> candle_core::Result<Vec<String>> 
                         1 => "every block of each stage is",
                         _ => "this rank's tensor-parallel shards of every block (FSDP × TP) are",
                     };
+                    let updated = match sharding {
+                        ShardingStrategy::NoShard => "whole state",
+                        _ => "shard",
+                    };
                     lines.push(format!(
                         "FSDP (--strategy fsdp): {blocks} an FSDP unit across {across}, stepped by {} and its \
-                         shard updated by {}; each stage's embedding, final norm and head one more unit, its root, \
-                         gathered for the step; the plan from {}, the units from {}, their checkpoints gathered \
-                         and cut again by {}",
+                         {updated} updated by {}; each stage's embedding, final norm and head one more unit, its \
+                         root, gathered for the step; the plan from {}, the units from {}, their checkpoints \
+                         gathered and cut again by {}",
                         named(22),
                         update_shard_body(),
                         named(12),

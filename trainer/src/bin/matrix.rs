@@ -1,4 +1,5 @@
-//! `matrix`: every data-parallel axis (DDP, ZeRO-1, ZeRO-2, FSDP, HSDP) on
+//! `matrix`: every data-parallel axis (DDP, ZeRO-1, ZeRO-2, FSDP under
+//! each sharding strategy, HSDP) on
 //! every mesh of tp {1, 2} × pp {1, 2} (sequence parallelism where tp = 2),
 //! each trained by the `train` program as processes and compared with one
 //! single-threaded process trained on the same batches: the loss of every
@@ -45,11 +46,23 @@ enum DataAxis {
     Zero1,
     Zero2,
     Fsdp,
+    /// FSDP keeping parameters whole: gradients and AdamW's state sharded.
+    FsdpShardGradOp,
+    /// FSDP sharding nothing.
+    FsdpNoShard,
     Hsdp,
 }
 
 impl DataAxis {
-    const ALL: [DataAxis; 5] = [DataAxis::Ddp, DataAxis::Zero1, DataAxis::Zero2, DataAxis::Fsdp, DataAxis::Hsdp];
+    const ALL: [DataAxis; 7] = [
+        DataAxis::Ddp,
+        DataAxis::Zero1,
+        DataAxis::Zero2,
+        DataAxis::Fsdp,
+        DataAxis::FsdpShardGradOp,
+        DataAxis::FsdpNoShard,
+        DataAxis::Hsdp,
+    ];
 
     fn name(self) -> &'static str {
         match self {
@@ -57,6 +70,8 @@ impl DataAxis {
             DataAxis::Zero1 => "ZeRO-1",
             DataAxis::Zero2 => "ZeRO-2",
             DataAxis::Fsdp => "FSDP",
+            DataAxis::FsdpShardGradOp => "FSDP (SHARD_GRAD_OP)",
+            DataAxis::FsdpNoShard => "FSDP (NO_SHARD)",
             DataAxis::Hsdp => "HSDP (2 × 2)",
         }
     }
@@ -76,6 +91,8 @@ impl DataAxis {
             DataAxis::Zero1 => &["--strategy", "zero1"],
             DataAxis::Zero2 => &["--strategy", "zero2"],
             DataAxis::Fsdp => &["--strategy", "fsdp"],
+            DataAxis::FsdpShardGradOp => &["--strategy", "fsdp", "--sharding", "shard_grad_op"],
+            DataAxis::FsdpNoShard => &["--strategy", "fsdp", "--sharding", "no_shard"],
             DataAxis::Hsdp => &["--strategy", "fsdp", "--sharding", "hybrid_shard", "--hybrid-group-size", "2"],
         }
     }
