@@ -105,14 +105,14 @@ impl PowerSgdHook {
         }
         let mut whole = Gradients::default();
         let mut estimates = vec![];
-        // Name order: the same on every rank, and so are the seeds.
-        for (index, (name, grad)) in grads.iter().enumerate() {
+        // Name order: the same on every rank.
+        for (name, grad) in grads.iter() {
             if !self.compresses(grad.dims()) {
                 whole.insert(name, grad.clone());
                 continue;
             }
             let state =
-                self.states.entry(name.to_string()).or_insert_with(|| PowerSgd::new(self.approx_rank, index as u64));
+                self.states.entry(name.to_string()).or_insert_with(|| PowerSgd::new(self.approx_rank, seed_of(name)));
             estimates.push((name.to_string(), state.all_reduce(pg, grad)?));
         }
         average_in_buckets(pg, &mut whole, bucket_bytes)?;
@@ -121,4 +121,11 @@ impl PowerSgdHook {
         }
         Ok(())
     }
+}
+
+/// The seed of a parameter's first Q, from its name (64-bit FNV-1a): the
+/// same on every rank, and the same whatever else the rank holds, so that
+/// a pipeline stage starts each of its matrices where the whole model would.
+fn seed_of(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3))
 }

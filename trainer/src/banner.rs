@@ -249,7 +249,9 @@ fn named(number: u32, body: Body) -> String {
 fn ring_carries(strategy: Strategy, mesh: MeshShape, powersgd: bool) -> String {
     let across_replicas = |what: &str| (mesh.dp > 1).then(|| format!("{what} across the {} replicas", mesh.dp));
     let gradients = match strategy {
-        Strategy::Ddp if powersgd => across_replicas("the gradients' PowerSGD factors"),
+        Strategy::Ddp | Strategy::Mesh { data: DataAxis::Replicate, .. } if powersgd => {
+            across_replicas("the gradients' PowerSGD factors")
+        }
         Strategy::Mesh { data: DataAxis::ShardOptimizer | DataAxis::ShardGradients, .. } => None,
         Strategy::Fsdp(FsdpConfig { sharding, .. })
         | Strategy::Mesh { data: DataAxis::ShardBlocks { sharding, .. }, .. } => match sharding {

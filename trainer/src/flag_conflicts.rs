@@ -12,9 +12,7 @@ const REASONS: &[(&str, &str, &str)] = &[
         "--resume continues a run (weights, optimizer, step); --init-from starts a new one from weights",
     ),
     ("--resume", "--overwrite", "--overwrite deletes the checkpoints --resume would continue from"),
-    ("--pp", "--powersgd-rank", PLAIN_DDP_ONLY),
-    ("--tp", "--powersgd-rank", PLAIN_DDP_ONLY),
-    ("--own-ddp", "--powersgd-rank", PLAIN_DDP_ONLY),
+    ("--own-ddp", "--powersgd-rank", OWN_DDP_AVERAGES),
     (
         "--ddp-overlap",
         "--powersgd-rank",
@@ -32,7 +30,8 @@ const REASONS: &[(&str, &str, &str)] = &[
     ),
 ];
 
-const PLAIN_DDP_ONLY: &str = "PowerSGD compresses the gradient all-reduce of a plain DDP run (--strategy ddp, no mesh)";
+const OWN_DDP_AVERAGES: &str =
+    "your DataParallel (exercise 26) averages the gradients itself; PowerSGD compresses the runtime's DDP all-reduce";
 const OVERLAP_PLAIN_DDP: &str =
     "--ddp-overlap overlaps a plain DDP run's all-reduce with backward (exercise 19); this layout averages after it";
 const OWN_DDP_WHOLE: &str =
@@ -76,8 +75,8 @@ mod tests {
 
     #[test]
     fn a_pair_is_found_in_either_order_and_an_unknown_one_is_not() {
-        assert_eq!(reason("--tp", "--powersgd-rank"), Some(PLAIN_DDP_ONLY));
-        assert_eq!(reason("--powersgd-rank", "--tp"), Some(PLAIN_DDP_ONLY));
+        assert_eq!(reason("--own-ddp", "--powersgd-rank"), Some(OWN_DDP_AVERAGES));
+        assert_eq!(reason("--powersgd-rank", "--own-ddp"), Some(OWN_DDP_AVERAGES));
         assert_eq!(reason("--tp", "--seed"), None);
     }
 }

@@ -45,8 +45,9 @@ pub struct LayoutFlags {
     /// `ring` all-reduces with your exercise 16 instead of the backend's own ring.
     #[arg(long, value_enum, default_value_t = AllReduce::Backend)]
     pub allreduce: AllReduce,
-    /// With --strategy ddp: average each matrix gradient as a rank-R PowerSGD
-    /// estimate (your exercise 18) instead of whole.
+    /// With --strategy ddp (with or without --pp and --tp): average each
+    /// matrix gradient across the replicas as a rank-R PowerSGD estimate
+    /// (your exercise 18) instead of whole.
     #[arg(long, value_name = "R", value_parser = at_least_one)]
     pub powersgd_rank: Option<u64>,
     /// Cut the blocks into S pipeline stages, one per rank, stepped by your
@@ -54,12 +55,7 @@ pub struct LayoutFlags {
     /// (--pipeline-schedule); the micro-batches are --grad-accum's. With --tp
     /// T each stage's blocks are split across T ranks. With more ranks than
     /// S·T, the pipeline is replicated across them, data-parallel.
-    #[arg(
-        long = "pp",
-        visible_alias = "pipeline-stages",
-        value_name = "S",
-        conflicts_with_all = ["powersgd_rank", "ddp_overlap"]
-    )]
+    #[arg(long = "pp", visible_alias = "pipeline-stages", value_name = "S", conflicts_with = "ddp_overlap")]
     pub pipeline_stages: Option<usize>,
     /// Split every block across T tensor-parallel ranks, Megatron style,
     /// run by your exercise 23 (the embedding and head stay whole on
@@ -67,11 +63,7 @@ pub struct LayoutFlags {
     /// (or S·T), the group is replicated across them, data-parallel: DDP,
     /// ZeRO-1, or with --strategy fsdp each rank's shards of a block an FSDP
     /// unit across the replicas (FSDP × TP).
-    #[arg(
-        long = "tp",
-        value_name = "T",
-        conflicts_with_all = ["powersgd_rank", "ddp_overlap"]
-    )]
+    #[arg(long = "tp", value_name = "T", conflicts_with = "ddp_overlap")]
     pub tensor_parallel: Option<usize>,
     /// With --tp: cut the norms and residuals of every block along the
     /// sequence, each tensor-parallel rank keeping its chunk of the tokens,

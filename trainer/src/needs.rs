@@ -53,7 +53,7 @@ pub fn exercises_called(options: &RunOptions) -> BTreeMap<u32, &'static str> {
                 DataAxis::ShardOptimizer => Some((17, "--strategy zero1")),
                 DataAxis::ShardGradients => Some((17, "--strategy zero2")),
                 DataAxis::YourDdp => Some((26, "--own-ddp")),
-                DataAxis::ShardBlocks { .. } => Some((22, "--strategy fsdp with --pp")),
+                DataAxis::ShardBlocks { .. } => Some((22, "--strategy fsdp with --pp or --tp")),
                 DataAxis::Replicate => None,
             };
             called.extend(by_data_axis);
@@ -75,6 +75,9 @@ pub fn exercises_called(options: &RunOptions) -> BTreeMap<u32, &'static str> {
                     true => called.insert(27, "--sequence-parallel"),
                     false => called.insert(23, "--tp"),
                 };
+            }
+            if options.layout.powersgd_rank.is_some() {
+                called.insert(18, "--powersgd-rank");
             }
             if options.layout.strategy.cuts_the_model() {
                 called.insert(25, "the device mesh of --pp and --tp");

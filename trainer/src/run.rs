@@ -220,6 +220,10 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>, 
             drop(params);
             let trainer = if options.layout.prefetch { trainer.with_prefetch()? } else { trainer };
             let trainer = if options.layout.offload { trainer.with_offload(&options.out_dir)? } else { trainer };
+            let trainer = match options.layout.powersgd_rank {
+                Some(rank) => trainer.with_powersgd(rank)?,
+                None => trainer,
+            };
             drive(options, dataset, trainer, device, num_params)
         }
     }

@@ -682,6 +682,38 @@ fn fsdp_with_tensor_parallelism_trains_as_one_process_and_its_checkpoints_move_b
     expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(&one_dir, 5), what);
 }
 
+/// `--powersgd-rank 2` on a mesh: DDP × PP 2 compresses each stage's
+/// matrices as plain DDP compresses the whole model's (each matrix's first
+/// Q seeded by its name), so it takes plain DDP's PowerSGD steps on 2 ranks;
+/// DDP × TP 2 compresses each rank's shards of the blocks, and sends less
+/// than without it.
+#[test]
+fn powersgd_compresses_the_replicas_gradients_on_a_mesh() {
+    let run_with = |name: &str, nproc, strategy, powersgd_rank| {
+        let dir = scratch(name);
+        let mut options = options(dir.clone(), 3, nproc);
+        (options.config.grad_accum_steps, options.checkpoint_every) = (2, 3);
+        (options.layout.strategy, options.layout.powersgd_rank) = (strategy, powersgd_rank);
+        let summary = train(&options).unwrap();
+        (dir, summary)
+    };
+    let (ddp_dir, ddp) = run_with("powersgd-ddp", 2, Strategy::Ddp, Some(2));
+    let (pp_dir, pp) = run_with("powersgd-pp", 4, mesh(2, 1, PipelineSchedule::OneFOneB, false), Some(2));
+    let what = "DDP × PP 2 with PowerSGD at rank 2";
+    let (a, b) = (ddp.first.as_ref().unwrap().grad_norm, pp.first.unwrap().grad_norm);
+    assert!((a - b).abs() <= 1e-5 * a, "{what}: the gradient norm at step 1 is {b}, plain DDP's with PowerSGD {a}");
+    expect_same_params(&checkpoint_params(&pp_dir, 3), &checkpoint_params(&ddp_dir, 3), what);
+    let tp = mesh(1, 2, PipelineSchedule::OneFOneB, false);
+    let (_, whole) = run_with("powersgd-tp-whole", 4, tp, None);
+    let (_, compressed) = run_with("powersgd-tp", 4, tp, Some(2));
+    let (whole, compressed) = (whole.sent_bytes_per_step, compressed.sent_bytes_per_step);
+    assert!(
+        compressed < whole,
+        "DDP × TP 2 sent {compressed:.0} bytes a step with PowerSGD at rank 2, {whole:.0} without: the replicas' \
+         gradients should be compressed"
+    );
+}
+
 /// `--own-ddp` on 2 ranks, the learner's DataParallel (exercise 26) running
 /// each micro-batch and averaging the gradients, also over exercise 16's
 /// ring, takes the steps DDP takes; DDP resumes its checkpoint.

@@ -20,7 +20,7 @@ use super::units;
 use crate::autograd::Gradients;
 use crate::distributed::{all_reduce_scalar, DeviceMesh, ProcessGroup, ReduceOp, WithOverride};
 use crate::model::{GptConfig, ParamStore};
-use crate::parallel::ddp::average_in_buckets;
+use crate::parallel::ddp::Ddp;
 use crate::parallel::fsdp::{self, FlatLayout, Precision, ShardingStrategy};
 use crate::parallel::pipeline::PipelineStage;
 use crate::parallel::pipeline::PipelineStep;
@@ -70,7 +70,9 @@ impl DataAxis {
 pub(super) enum Update {
     Replicated {
         optimizer: AdamW,
-        bucket_bytes: usize,
+        /// Averages the gradients across the replicas, in buckets (with
+        /// PowerSGD's estimates when asked for), as a plain DDP run does.
+        ddp: Ddp,
     },
     Sharded(Box<Sharded>),
     /// FSDP's units alone, the stage's root among them: each keeps its
@@ -123,7 +125,8 @@ impl Update {
         match kind {
             DataAxis::Replicate => {
                 let optimizer = AdamW::new(groups, config.optimizer.adamw)?;
-                return Ok(Self::Replicated { optimizer, bucket_bytes });
+                let ddp = Ddp::new(Box::new(mesh.dp_shared())).with_bucket_bytes(bucket_bytes);
+                return Ok(Self::Replicated { optimizer, ddp });
             }
             DataAxis::ShardBlocks { .. } => return Ok(Self::Units { adamw: config.optimizer.adamw }),
             DataAxis::YourDdp => {
@@ -191,8 +194,8 @@ impl Update {
         // AdamW over the parameters the stage holds whole, if any, and the units' settings.
         let (optimizer, adamw) = match self {
             Self::Sharded(sharded) => return sharded.step(params, grads, (lr, settle), device),
-            Self::Replicated { optimizer, bucket_bytes } => {
-                average_in_buckets(mesh.dp(), &mut grads, *bucket_bytes)?;
+            Self::Replicated { optimizer, ddp } => {
+                ddp.sync_gradients(&mut grads)?;
                 let adamw = optimizer.config();
                 (Some(optimizer), adamw)
             }
@@ -234,6 +237,22 @@ impl Update {
             }
         }
         Ok(grad_norm)
+    }
+
+    /// Averages the replicas' matrix gradients as rank-`approx_rank`
+    /// PowerSGD estimates (exercise 18), as a plain DDP run does with
+    /// `--powersgd-rank`; refused where the replicas do not all-reduce whole
+    /// gradients (DDP).
+    pub(super) fn with_powersgd(self, approx_rank: usize) -> Result<Self> {
+        match self {
+            Self::Replicated { optimizer, ddp } => {
+                Ok(Self::Replicated { optimizer, ddp: ddp.with_powersgd(approx_rank) })
+            }
+            _ => bail!(
+                "PowerSGD compresses the all-reduce of DDP's whole gradients; this mesh's replicas shard them \
+                 (--strategy zero1, zero2 or fsdp) or average them by your exercise 26"
+            ),
+        }
     }
 
     /// Takes one micro-batch's gradients `grads`: ZeRO-2

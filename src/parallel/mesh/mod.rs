@@ -188,6 +188,15 @@ impl MeshTrainer {
         Ok(self)
     }
 
+    /// Averages the replicas' matrix gradients as rank-`approx_rank`
+    /// PowerSGD estimates (exercise 18), as
+    /// [`Ddp::with_powersgd`](crate::parallel::ddp::Ddp::with_powersgd) does
+    /// for a plain DDP run; refused where the data axis is not DDP.
+    pub fn with_powersgd(mut self, approx_rank: usize) -> Result<Self> {
+        self.update = self.update.with_powersgd(approx_rank)?;
+        Ok(self)
+    }
+
     /// The stage this rank runs.
     pub fn stage(&self) -> &PipelineStage {
         &self.stage
