@@ -181,6 +181,11 @@ impl AdamW {
         [format!("exp_avg.{name}"), format!("exp_avg_sq.{name}")]
     }
 
+    /// The parameter whose moment [`AdamW::moment_names`] calls `moment`.
+    pub fn param_of_moment(moment: &str) -> Option<&str> {
+        ["exp_avg.", "exp_avg_sq."].into_iter().find_map(|prefix| moment.strip_prefix(prefix))
+    }
+
     /// A checkpoint's moments (by [`AdamW::moment_names`]) as two maps by
     /// parameter name: `exp_avg`'s and `exp_avg_sq`'s.
     pub fn moments_by_param(optimizer: &HashMap<String, Tensor>) -> [HashMap<String, Tensor>; 2] {

@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use candle_core::{bail, DType, Device, Result, Tensor};
 use serde::{Deserialize, Serialize};
 
-use super::tensor_file::{TensorFile, TensorSpec};
+use super::tensor_file::{TensorFile, TensorFileReader, TensorSpec};
 use super::{faults, AdamW, TrainConfig};
 use crate::data::{DataConfig, SamplerState};
 use crate::error::io_path;
@@ -181,9 +181,19 @@ impl Checkpoint {
 
     /// Reads the checkpoint in `dir`, with errors that say what is wrong with it.
     pub fn read(dir: &Path) -> Result<Self> {
-        let (state, params) = Self::read_model(dir)?;
+        Self::read_where(dir, |_| true)
+    }
+
+    /// The checkpoint in `dir` as [`read`](Self::read) gives it, but only the
+    /// parameters `keep` names and their moments, read without the others:
+    /// what a pipeline stage holds.
+    pub fn read_where(dir: &Path, keep: impl Fn(&str) -> bool) -> Result<Self> {
+        let state = read_state(dir)?;
+        verify_checksums(dir, Some(MODEL_FILE))?;
+        let params = load_tensors(dir, MODEL_FILE, &keep)?;
         verify_checksums(dir, Some(OPTIMIZER_FILE))?;
-        Ok(Self { params, optimizer: load_tensors(dir, OPTIMIZER_FILE)?, state })
+        let optimizer = load_tensors(dir, OPTIMIZER_FILE, |moment| AdamW::param_of_moment(moment).is_some_and(&keep))?;
+        Ok(Self { params, optimizer, state })
     }
 
     /// The state alone (steps, configs, data position), checked.
@@ -195,7 +205,7 @@ impl Checkpoint {
     pub fn read_model(dir: &Path) -> Result<(TrainerState, HashMap<String, Tensor>)> {
         let state = read_state(dir)?;
         verify_checksums(dir, Some(MODEL_FILE))?;
-        Ok((state, load_tensors(dir, MODEL_FILE)?))
+        Ok((state, load_tensors(dir, MODEL_FILE, |_| true)?))
     }
 
     /// Fails unless the checkpoint was written for a model of shape `config`.
@@ -383,10 +393,16 @@ fn crc32_of(path: &Path) -> Result<u32> {
 }
 
 /// The tensors of `dir/file`, or an error that says the file is damaged.
-fn load_tensors(dir: &Path, file: &str) -> Result<HashMap<String, Tensor>> {
-    match candle_core::safetensors::load(dir.join(file), &Device::Cpu) {
+fn load_tensors(dir: &Path, file: &str, keep: impl Fn(&str) -> bool) -> Result<HashMap<String, Tensor>> {
+    let path = dir.join(file);
+    let read = || -> Result<HashMap<String, Tensor>> {
+        let mut reader = TensorFileReader::open(&path)?;
+        let kept: Vec<String> = reader.names().filter(|name| keep(name)).map(String::from).collect();
+        kept.into_iter().map(|name| Ok((name.clone(), reader.read(&name, &Device::Cpu)?))).collect()
+    };
+    match read() {
         Ok(tensors) => Ok(tensors),
-        Err(e) => bail!("{} is corrupt or missing ({e}); resume from an earlier checkpoint", dir.join(file).display()),
+        Err(e) => bail!("{} is corrupt or missing ({e}); resume from an earlier checkpoint", path.display()),
     }
 }
 

@@ -1,4 +1,5 @@
-//! A safetensors file written a tensor at a time.
+//! A safetensors file written a tensor at a time, and read a tensor at a
+//! time.
 //!
 //! The format is an 8-byte little-endian header length, a JSON header that
 //! gives each tensor's dtype, shape and byte range, then the tensors' bytes
@@ -6,10 +7,13 @@
 //! the header, so each tensor can be written to its place whenever it is at
 //! hand, in any order, and let go: a writer holds one tensor at a time, not
 //! the whole file's worth (an FSDP rank saving a model it holds 1/N of).
+//! Reading is the same the other way round: the header says where each
+//! tensor lies, so a rank reads the tensors it keeps (a pipeline stage's)
+//! and none of the others.
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{Seek, SeekFrom, Write};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use candle_core::{bail, DType, Device, Result, Shape, Tensor};
@@ -118,6 +122,75 @@ impl TensorFile {
     }
 }
 
+/// A safetensors file open for reading: its header read, its tensors not.
+#[derive(Debug)]
+pub struct TensorFileReader {
+    path: PathBuf,
+    file: File,
+    slots: BTreeMap<String, Slot>,
+}
+
+impl TensorFileReader {
+    /// Opens `path` and reads where each of its tensors lies.
+    pub fn open(path: &Path) -> Result<Self> {
+        let corrupt =
+            |why: &str| candle_core::Error::Msg(format!("{} is not a safetensors file: {why}", path.display()));
+        let mut file = File::open(path).map_err(|e| io_path("open", path, e))?;
+        let file_len = file.metadata().map_err(|e| io_path("read", path, e))?.len();
+        let mut len = [0u8; 8];
+        file.read_exact(&mut len).map_err(|_| corrupt("shorter than its header's length"))?;
+        let header_len = u64::from_le_bytes(len);
+        if header_len > file_len - 8 {
+            return Err(corrupt("its header's length runs past its end"));
+        }
+        let mut json = vec![0u8; header_len as usize];
+        file.read_exact(&mut json).map_err(|e| io_path("read", path, e))?;
+        let header: BTreeMap<String, serde_json::Value> =
+            serde_json::from_slice(&json).map_err(|e| corrupt(&format!("its header is not JSON ({e})")))?;
+        let data_start = 8 + header_len;
+        let mut slots = BTreeMap::new();
+        for (name, info) in header.into_iter().filter(|(name, _)| name != "__metadata__") {
+            let entry: HeaderEntry = serde_json::from_value(info)
+                .map_err(|e| corrupt(&format!("`{name}` has no dtype, shape and offsets ({e})")))?;
+            let dtype = dtype_of(&entry.dtype)?;
+            let shape = Shape::from(entry.shape);
+            let [begin, end] = entry.data_offsets;
+            let len = (shape.elem_count() * dtype.size_in_bytes()) as u64;
+            if end.checked_sub(begin) != Some(len) || data_start + end > file_len {
+                return Err(corrupt(&format!("`{name}`'s bytes do not match its shape or lie past the end")));
+            }
+            slots.insert(name, Slot { shape, dtype, at: data_start + begin, written: true });
+        }
+        Ok(Self { path: path.to_path_buf(), file, slots })
+    }
+
+    /// The names of the file's tensors, in order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.slots.keys().map(String::as_str)
+    }
+
+    /// The tensor named `name`, read from the file onto `device`.
+    pub fn read(&mut self, name: &str, device: &Device) -> Result<Tensor> {
+        let Some(slot) = self.slots.get(name) else {
+            bail!("{} has no tensor `{name}`: it holds {}", self.path.display(), names_sample(&self.slots));
+        };
+        let mut bytes = vec![0u8; slot.shape.elem_count() * slot.dtype.size_in_bytes()];
+        self.file
+            .seek(SeekFrom::Start(slot.at))
+            .and_then(|_| self.file.read_exact(&mut bytes))
+            .map_err(|e| io_path("read", &self.path, e))?;
+        Tensor::from_raw_buffer(&bytes, slot.dtype, slot.shape.dims(), device)
+    }
+}
+
+/// One tensor's entry in a safetensors header.
+#[derive(serde::Deserialize)]
+struct HeaderEntry {
+    dtype: String,
+    shape: Vec<usize>,
+    data_offsets: [u64; 2],
+}
+
 /// A tensor error as an I/O error of the write it stopped.
 fn other(e: candle_core::Error) -> std::io::Error {
     std::io::Error::other(e.to_string())
@@ -130,6 +203,16 @@ fn dtype_name(dtype: DType) -> Result<&'static str> {
         DType::BF16 => "BF16",
         DType::F16 => "F16",
         other => bail!("a checkpoint holds f32, bf16 or f16 tensors, not {other:?}"),
+    })
+}
+
+/// The dtype of safetensors' name `name`, one a checkpoint holds.
+fn dtype_of(name: &str) -> Result<DType> {
+    Ok(match name {
+        "F32" => DType::F32,
+        "BF16" => DType::BF16,
+        "F16" => DType::F16,
+        other => bail!("a checkpoint holds F32, BF16 or F16 tensors, not {other}"),
     })
 }
 
@@ -166,6 +249,11 @@ mod tests {
         let read = candle_core::safetensors::load(&path, &Device::Cpu)?;
         assert_eq!(read["z.a"].to_vec2::<f32>()?, a.to_vec2::<f32>()?);
         assert_eq!(read["b"].to_dtype(DType::F32)?.to_vec1::<f32>()?, vec![1.5, -2.0]);
+        let mut reader = TensorFileReader::open(&path)?;
+        assert_eq!(reader.names().collect::<Vec<_>>(), ["b", "z.a"]);
+        assert_eq!(reader.read("z.a", &Device::Cpu)?.to_vec2::<f32>()?, a.to_vec2::<f32>()?);
+        assert_eq!(reader.read("b", &Device::Cpu)?.to_dtype(DType::F32)?.to_vec1::<f32>()?, vec![1.5, -2.0]);
+        assert!(reader.read("c", &Device::Cpu).is_err(), "a tensor the file lacks is an error");
         let unfinished = TensorFile::create(&dir.join("u.safetensors"), [spec("b", &b)])?;
         assert!(unfinished.finish().is_err(), "a tensor never written is an error");
         std::fs::remove_dir_all(&dir).ok();

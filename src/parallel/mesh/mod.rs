@@ -432,8 +432,11 @@ impl Train for MeshTrainer {
 
     /// Every stage reads the whole checkpoint and keeps its own part.
     /// Cut as the stage's shards are, when its blocks are split.
+    /// Each rank reads its stage's parameters and moments only, and keeps
+    /// its part of them.
     fn load_checkpoint(&mut self, dir: &Path) -> Result<Option<DataPosition>> {
-        let checkpoint = Checkpoint::read(dir)?;
+        let (config, stages, stage) = (&self.model_config, self.mesh.pp().world_size(), self.mesh.pp().rank());
+        let checkpoint = Checkpoint::read_where(dir, |name| stage_holding(config, stages, name) == stage)?;
         checkpoint.ensure_fits(&self.model_config)?;
         let (layers, rank, ranks) = (self.stage.layers(), self.mesh.tp().rank(), self.mesh.tp().world_size());
         let whole = ParamStore::from_tensors(checkpoint.params.clone())?;
@@ -445,7 +448,8 @@ impl Train for MeshTrainer {
             var.set(&saved.to_dtype(var.dtype())?.to_device(var.device())?)?;
         }
         // With a moment missing, AdamW's own check names it.
-        let moments = moments_part(&self.model_config, &checkpoint.optimizer, layers, rank, ranks)?
+        let stage_names = checkpoint.params.keys().map(String::as_str);
+        let moments = moments_part(&self.model_config, &checkpoint.optimizer, stage_names, (layers, rank, ranks))?
             .unwrap_or_else(|| checkpoint.optimizer.clone());
         let steps = checkpoint.state.optimizer_steps;
         self.update.load(steps, &moments, self.stage.params(), &self.device)?;

@@ -109,22 +109,22 @@ pub fn part_of(
     Ok(part)
 }
 
-/// The part of each AdamW moment in `saved` for the parameters
-/// [`part_of`] cuts, cut as they are; `None` when one is missing.
-pub fn moments_part(
+/// The part of each AdamW moment in `saved` of the parameters `names`
+/// (those of `layers` and the others a stage holds), cut as [`part_of`]
+/// cuts the parameters; `None` when one is missing.
+pub fn moments_part<'a>(
     config: &GptConfig,
     saved: &HashMap<String, Tensor>,
-    layers: Range<usize>,
-    rank: usize,
-    ranks: usize,
+    names: impl IntoIterator<Item = &'a str> + Clone,
+    (layers, rank, ranks): (Range<usize>, usize, usize),
 ) -> Result<Option<HashMap<String, Tensor>>> {
     let mut part = HashMap::new();
     for kind in 0..2 {
         let named = |name: &str| AdamW::moment_names(name)[kind].clone();
         let mut whole = Vec::new();
-        for spec in param_specs(config) {
-            let Some(moment) = saved.get(&named(&spec.name)) else { return Ok(None) };
-            whole.push((spec.name, moment.clone()));
+        for name in names.clone() {
+            let Some(moment) = saved.get(&named(name)) else { return Ok(None) };
+            whole.push((name.to_string(), moment.clone()));
         }
         let cut = part_of(config, &ParamStore::from_tensors(whole)?, layers.clone(), rank, ranks)?;
         part.extend(cut.into_iter().map(|(name, moment)| (named(&name), moment)));
