@@ -94,7 +94,8 @@ pub struct LayoutFlags {
     /// With --strategy fsdp (with or without --pp and --tp): gather the next
     /// unit's parameters while the current one computes, in forward and
     /// backward (PyTorch's forward_prefetch and
-    /// backward_prefetch=BACKWARD_PRE); two units are whole at once.
+    /// backward_prefetch=BACKWARD_PRE); two units are whole at once. With
+    /// full_shard or hybrid_shard: the others keep parameters whole.
     #[arg(long)]
     pub prefetch: bool,
     /// With --strategy fsdp (with or without --pp and --tp): keep AdamW's
@@ -145,6 +146,13 @@ impl LayoutFlags {
             anyhow::bail!(
                 "--bucket-cap-mb sizes DDP's all-reduces; --strategy {} has none ({why}): drop --bucket-cap-mb",
                 self.strategy
+            );
+        }
+        let kept_whole = [ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard];
+        if let Some(sharding) = self.sharding.filter(|s| self.prefetch && kept_whole.contains(s)) {
+            anyhow::bail!(
+                "--prefetch gathers the next FSDP unit early; --sharding {sharding} keeps every unit's parameters \
+                 whole, so nothing is gathered: drop --prefetch"
             );
         }
         let strategy = match (self.pipeline_stages, self.tensor_parallel) {

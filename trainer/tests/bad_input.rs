@@ -149,6 +149,11 @@ fn flags_that_do_not_apply_are_refused() {
         "--sharding applies to --strategy fsdp only; ddp keeps whole f32 replicas",
     );
     refused(
+        train(&dir, &["--dataset", "dummy", "--strategy", "fsdp", "--sharding", "no_shard", "--prefetch"]),
+        "--prefetch gathers the next FSDP unit early; --sharding no_shard keeps every unit's parameters whole, so \
+         nothing is gathered: drop --prefetch",
+    );
+    refused(
         train(&dir, &["--dataset", "dummy", "--pp", "2", "--dp", "2", "--nproc", "2"]),
         "--dp 2: the mesh dp 2 × pp 2 × tp 1 needs 4 ranks, but the job has 2",
     );
