@@ -188,9 +188,7 @@ impl Checkpoint {
     /// parameters `keep` names and their moments, read without the others:
     /// what a pipeline stage holds.
     pub fn read_where(dir: &Path, keep: impl Fn(&str) -> bool) -> Result<Self> {
-        let state = read_state(dir)?;
-        verify_checksums(dir, Some(MODEL_FILE))?;
-        let params = load_tensors(dir, MODEL_FILE, &keep)?;
+        let (state, params) = read_model_where(dir, &keep)?;
         verify_checksums(dir, Some(OPTIMIZER_FILE))?;
         let optimizer = load_tensors(dir, OPTIMIZER_FILE, |moment| AdamW::param_of_moment(moment).is_some_and(&keep))?;
         Ok(Self { params, optimizer, state })
@@ -203,9 +201,7 @@ impl Checkpoint {
 
     /// The state and the parameters only: what inference needs.
     pub fn read_model(dir: &Path) -> Result<(TrainerState, HashMap<String, Tensor>)> {
-        let state = read_state(dir)?;
-        verify_checksums(dir, Some(MODEL_FILE))?;
-        Ok((state, load_tensors(dir, MODEL_FILE, |_| true)?))
+        read_model_where(dir, |_| true)
     }
 
     /// Fails unless the checkpoint was written for a model of shape `config`.
@@ -392,7 +388,14 @@ fn crc32_of(path: &Path) -> Result<u32> {
     }
 }
 
-/// The tensors of `dir/file`, or an error that says the file is damaged.
+/// The state of the checkpoint in `dir` and the parameters `keep` names, checked.
+fn read_model_where(dir: &Path, keep: impl Fn(&str) -> bool) -> Result<(TrainerState, HashMap<String, Tensor>)> {
+    let state = read_state(dir)?;
+    verify_checksums(dir, Some(MODEL_FILE))?;
+    Ok((state, load_tensors(dir, MODEL_FILE, keep)?))
+}
+
+/// The tensors of `dir/file` that `keep` names, or an error that says the file is damaged.
 fn load_tensors(dir: &Path, file: &str, keep: impl Fn(&str) -> bool) -> Result<HashMap<String, Tensor>> {
     let path = dir.join(file);
     let read = || -> Result<HashMap<String, Tensor>> {

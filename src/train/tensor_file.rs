@@ -11,7 +11,7 @@
 //! tensor lies, so a rank reads the tensors it keeps (a pipeline stage's)
 //! and none of the others.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -35,7 +35,6 @@ struct Slot {
     dtype: DType,
     /// Where its bytes start, from the start of the file.
     at: u64,
-    written: bool,
 }
 
 /// The file being written.
@@ -44,6 +43,8 @@ pub struct TensorFile {
     path: PathBuf,
     file: File,
     slots: BTreeMap<String, Slot>,
+    /// The tensors written so far, by name.
+    written: BTreeSet<String>,
 }
 
 impl TensorFile {
@@ -78,16 +79,16 @@ impl TensorFile {
         let mut at = data_start;
         for TensorSpec { name, shape, dtype } in specs {
             let len = (shape.elem_count() * dtype.size_in_bytes()) as u64;
-            slots.insert(name, Slot { shape, dtype, at, written: false });
+            slots.insert(name, Slot { shape, dtype, at });
             at += len;
         }
-        Ok(Self { path: path.to_path_buf(), file, slots })
+        Ok(Self { path: path.to_path_buf(), file, slots, written: BTreeSet::new() })
     }
 
     /// Writes `t` as the tensor named `name`, which must have the shape and
     /// dtype it was announced with.
     pub fn put(&mut self, name: &str, t: &Tensor) -> Result<()> {
-        let Some(slot) = self.slots.get_mut(name) else {
+        let Some(slot) = self.slots.get(name) else {
             bail!("{} has no tensor `{name}`: it holds {}", self.path.display(), names_sample(&self.slots));
         };
         if t.shape() != &slot.shape || t.dtype() != slot.dtype {
@@ -108,13 +109,13 @@ impl TensorFile {
             _ => self.file.write_all(bytemuck::cast_slice(&host.to_vec1::<f32>().map_err(other)?)),
         });
         written.map_err(|e| io_path("write", &self.path, e))?;
-        slot.written = true;
+        self.written.insert(name.to_string());
         Ok(())
     }
 
     /// Fails unless every tensor was written; flushes the file to the disk.
     pub fn finish(self) -> Result<()> {
-        let missing: Vec<&str> = self.slots.iter().filter(|(_, s)| !s.written).map(|(n, _)| n.as_str()).collect();
+        let missing: Vec<&str> = self.slots.keys().filter(|n| !self.written.contains(*n)).map(String::as_str).collect();
         if let Some(first) = missing.first() {
             bail!("{} was not given {} of its tensors, `{first}` among them", self.path.display(), missing.len());
         }
@@ -159,7 +160,7 @@ impl TensorFileReader {
             if end.checked_sub(begin) != Some(len) || data_start + end > file_len {
                 return Err(corrupt(&format!("`{name}`'s bytes do not match its shape or lie past the end")));
             }
-            slots.insert(name, Slot { shape, dtype, at: data_start + begin, written: true });
+            slots.insert(name, Slot { shape, dtype, at: data_start + begin });
         }
         Ok(Self { path: path.to_path_buf(), file, slots })
     }
@@ -196,24 +197,23 @@ fn other(e: candle_core::Error) -> std::io::Error {
     std::io::Error::other(e.to_string())
 }
 
+/// The dtypes a checkpoint holds, by safetensors' names for them.
+const DTYPES: [(DType, &str); 3] = [(DType::F32, "F32"), (DType::BF16, "BF16"), (DType::F16, "F16")];
+
 /// Safetensors' name of `dtype`.
 fn dtype_name(dtype: DType) -> Result<&'static str> {
-    Ok(match dtype {
-        DType::F32 => "F32",
-        DType::BF16 => "BF16",
-        DType::F16 => "F16",
-        other => bail!("a checkpoint holds f32, bf16 or f16 tensors, not {other:?}"),
-    })
+    match DTYPES.iter().find(|(known, _)| *known == dtype) {
+        Some((_, name)) => Ok(name),
+        None => bail!("a checkpoint holds f32, bf16 or f16 tensors, not {dtype:?}"),
+    }
 }
 
-/// The dtype of safetensors' name `name`, one a checkpoint holds.
+/// The dtype safetensors calls `name`, one a checkpoint holds.
 fn dtype_of(name: &str) -> Result<DType> {
-    Ok(match name {
-        "F32" => DType::F32,
-        "BF16" => DType::BF16,
-        "F16" => DType::F16,
-        other => bail!("a checkpoint holds F32, BF16 or F16 tensors, not {other}"),
-    })
+    match DTYPES.iter().find(|(_, known)| *known == name) {
+        Some((dtype, _)) => Ok(*dtype),
+        None => bail!("a checkpoint holds F32, BF16 or F16 tensors, not {name}"),
+    }
 }
 
 /// A few of the slots' names, to say what a file holds.

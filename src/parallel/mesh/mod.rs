@@ -430,10 +430,9 @@ impl Train for MeshTrainer {
         self.mesh.world().barrier()
     }
 
-    /// Every stage reads the whole checkpoint and keeps its own part.
-    /// Cut as the stage's shards are, when its blocks are split.
     /// Each rank reads its stage's parameters and moments only, and keeps
-    /// its part of them.
+    /// its part of them: cut as the stage's shards are, when its blocks are
+    /// split.
     fn load_checkpoint(&mut self, dir: &Path) -> Result<Option<DataPosition>> {
         let (config, stages, stage) = (&self.model_config, self.mesh.pp().world_size(), self.mesh.pp().rank());
         let checkpoint = Checkpoint::read_where(dir, |name| stage_holding(config, stages, name) == stage)?;
