@@ -26,25 +26,22 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use candle_core::backprop::GradStore;
-use candle_core::{bail, Module, Result, Tensor, Var};
+use candle_core::{bail, Module, Result, Tensor};
 use serde::{Deserialize, Serialize};
 
 use super::shard::bytes;
 use super::units::check_units;
+use super::{embedding_grad, head_backward, head_forward, step, sum_of_squares_over, take_grads, HeadPass};
 use super::{
     in_pass, BlockCompute, FlatLayout, FsdpGroups, GatheredBytes, LocalState, LossScaler, MemoryLedger,
     MixedPrecisionPolicy, OffloadFile, Pass, Precision, Prefetch, ShardedUnit, ShardingPlan, ShardingStrategy,
     StepLedger, UnitGroups, UnitParams, UnitPlacement,
 };
-use super::{step, sum_of_squares_over, take_grads};
-use crate::autograd::{accumulate, vjp};
 use crate::called_early::{fsdp_backward, fsdp_forward};
 use crate::distributed::{CommStats, ProcessGroup, ReduceOp};
 use crate::memory::held_after;
 use crate::model::{GptConfig, Outer, ParamStore, RotaryCache};
 use crate::parallel::ddp::broadcast_parameters;
-use crate::phase1_model::next_token_loss;
 use crate::phase2_training::param_groups;
 use crate::phase3_fsdp::{mixed_precision_policy, sharding_plan, wrap_policy};
 use crate::train::{DataPosition, ParamGroup, StepCounters, StepStats, Train, TrainConfig, TrainerState, Verdict};
@@ -295,7 +292,7 @@ impl FsdpTrainer {
         }
         let loss_value = pass.head.loss.to_scalar::<f32>()? as f64;
         let embedding = outer.embed_tokens.embeddings().id();
-        let (mut grads, grad_output) = head_backward(&outer, pass.head, loss_scale)?;
+        let (mut grads, grad_output) = head_backward(&outer.lm_head, pass.head, loss_scale)?;
         // Nothing holds the root's parameters after the head's backward (the
         // embedding's gradient needs only the token ids): freed before the
         // blocks' backward instead of held through it.
@@ -374,18 +371,6 @@ struct Forwarded {
     held: Option<u64>,
 }
 
-/// The final norm, head and loss on the last block's output.
-struct HeadPass {
-    /// The last block's output, a leaf the head's backward reports on.
-    output: Var,
-    /// The final norm of `output`, (B·T, C), with its graph back to it.
-    normed: Tensor,
-    /// The head's output, (B·T, V): a leaf, since [`head_backward`] works
-    /// out the head's weight gradient itself.
-    logits: Var,
-    loss: Tensor,
-}
-
 /// The embedding, the blocks by the unit step, the final norm, head and loss.
 fn forward(outer: &Outer, pg: &dyn ProcessGroup, blocks: &mut [ShardedUnit], batch: &Tensor) -> Result<Forwarded> {
     // The root's pieces are measured where they run: the unit step's
@@ -395,60 +380,12 @@ fn forward(outer: &Outer, pg: &dyn ProcessGroup, blocks: &mut [ShardedUnit], bat
     // embedding's backward, which needs only the token ids ([`embedding_grad`]).
     let (embedded, embed_held) = held_after(|| outer.embed_tokens.forward(batch).map(|e| e.detach())); // (B, T, C)
     let blocks_pass = fsdp_forward(pg, blocks, &embedded?)?;
-    let (head, head_held) = held_after(|| -> Result<_> {
-        let output = Var::from_tensor(&blocks_pass.output)?;
-        let normed = outer.norm.forward(output.as_tensor())?;
-        let (b, t, c) = normed.dims3()?;
-        let normed = normed.reshape((b * t, c))?;
-        let logits = Var::from_tensor(&outer.lm_head.forward(&normed.detach())?)?;
-        let loss = next_token_loss(&logits.reshape((b, t, ()))?, batch)?;
-        Ok(HeadPass { output, normed, logits, loss })
-    });
+    let (head, head_held) = held_after(|| head_forward(&outer.norm, &outer.lm_head, &blocks_pass.output, batch));
     let head = head?;
     // The unit step keeps each block's input, the first being the embedding's output.
     let inputs_held: u64 = blocks_pass.inputs.iter().skip(1).map(bytes).sum();
     let held = embed_held.zip(head_held).map(|(embed, head)| embed + head + inputs_held);
     Ok(Forwarded { inputs: blocks_pass.inputs, head, held })
-}
-
-/// The head's backward from the loss, times `loss_scale`: the gradients of
-/// the final norm's and the head's weights, keyed by them, and of the last
-/// block's output. The head's weight gradient, (V, C), is one matmul here:
-/// candle's backward would add it into zeros of its own, for the transposed
-/// weight and again for the weight, holding three copies of the
-/// vocabulary's matrix at once, the step's largest transient.
-fn head_backward(outer: &Outer, head: HeadPass, loss_scale: f64) -> Result<(GradStore, Tensor)> {
-    let HeadPass { output, normed, logits, loss } = head;
-    let loss = match loss_scale {
-        1.0 => loss,
-        scale => (loss * scale)?,
-    };
-    let Some(grad_logits) = loss.backward()?.remove(logits.as_tensor()) else {
-        bail!("the loss does not depend on the head's output");
-    };
-    // Detached, so that the weight's gradient does not hold the logits' graph.
-    let grad_logits = grad_logits.detach();
-    let weight = outer.lm_head.weight();
-    // Laid out as the weight, (V, C): a transposed result would be copied
-    // again when the root's flat gradient is built.
-    let grad_weight = grad_logits.t()?.matmul(&normed.detach())?;
-    let grad_normed = grad_logits.matmul(&weight.detach())?;
-    drop(grad_logits);
-    let mut grads = vjp(&normed, &grad_normed)?;
-    accumulate(&mut grads, weight, grad_weight)?;
-    let Some(grad_output) = grads.remove(output.as_tensor()) else {
-        bail!("the loss does not depend on the last block's output");
-    };
-    Ok((grads, grad_output))
-}
-
-/// The token embedding's weight gradient, (V, C): each position's row of
-/// `grad_embedded` (B, T, C) added into the row of its token id in `batch`.
-/// The weight itself is not needed, so the root need not be gathered.
-fn embedding_grad(batch: &Tensor, grad_embedded: &Tensor, vocab_size: usize) -> Result<Tensor> {
-    let (b, t, c) = grad_embedded.dims3()?;
-    let rows = grad_embedded.detach().reshape((b * t, c))?;
-    Tensor::zeros((vocab_size, c), rows.dtype(), rows.device())?.index_add(&batch.flatten_all()?, &rows, 0)
 }
 
 /// The loop's view of the sharded trainer: its checkpoints go through exercise 15.

@@ -209,7 +209,11 @@ impl MeshTrainer {
     fn stage_step(&mut self, micro_batches: &[Tensor]) -> Result<PipelineStep> {
         let pg = self.mesh.pp();
         if pg.world_size() > 1 {
-            return self.schedule.step(pg, &self.stage, micro_batches);
+            // The schedule interleaves the micro-batches: an FSDP root stays gathered for all of them.
+            self.stage.gather_root()?;
+            let mut step = self.schedule.step(pg, &self.stage, micro_batches)?;
+            self.stage.reshard_root(Some(&mut step.grads))?;
+            return Ok(step);
         }
         if micro_batches.is_empty() {
             bail!("train_step needs at least one micro-batch");
@@ -218,9 +222,14 @@ impl MeshTrainer {
         let weight = Tensor::new(1.0 / micro_batches.len() as f32, &self.device)?;
         let (mut grads, mut loss) = (Gradients::default(), 0.0);
         for tokens in micro_batches {
+            // An FSDP root is gathered for one micro-batch at a time, as FSDP's
+            // own trainer does: its gradient is reduce-scattered at once, not
+            // summed whole over the step.
+            self.stage.gather_root()?;
             let output = self.stage.forward(tokens, tokens)?;
             loss += output.to_dtype(DType::F32)?.to_scalar::<f32>()?;
-            let micro_batch = self.stage.gradients(&self.stage.backward(&output, &weight)?)?;
+            let mut micro_batch = self.stage.gradients(&self.stage.backward(&output, &weight)?)?;
+            self.stage.reshard_root(Some(&mut micro_batch))?;
             if let Some(kept) = self.update.take_micro_batch(micro_batch, &self.device)? {
                 grads.accumulate(&kept)?;
             }
@@ -330,12 +339,10 @@ impl Train for MeshTrainer {
         if let Some(scaler) = &self.scaler {
             self.stage.set_loss_scale(scaler.scale);
         }
-        self.stage.gather_root()?;
-        let mut step = match self.update.run_micro_batches(micro_batches)? {
+        let step = match self.update.run_micro_batches(micro_batches)? {
             Some(step) => step,
             None => self.stage_step(micro_batches)?,
         };
-        self.stage.reshard_root(Some(&mut step.grads))?;
         let lr = self.config.schedule.lr(self.counters.step);
         let loss_scale = self.scaler.map_or(1.0, |scaler| scaler.scale);
         let settle = |grad_norm| self.counters.settle(grad_norm, self.config.max_grad_norm, self.scaler.as_mut());

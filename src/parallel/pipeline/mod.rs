@@ -22,11 +22,12 @@ use candle_core::backprop::GradStore;
 use candle_core::{bail, DType, Module, Result, Tensor, TensorId, Var};
 use candle_nn::Embedding;
 
-use crate::autograd::{vjp, Checkpointed, Gradients, Recompute};
+use crate::autograd::{accumulate, vjp, Checkpointed, Gradients, Recompute};
 use crate::distributed::{ProcessGroup, SharedGroup};
 use crate::model::{layer_of, lm_head, Block, GptConfig, Linear, ParamStore, RmsNorm, RotaryCache, Weights};
 use crate::parallel::fsdp::{
-    FlatLayout, FsdpUnit, MixedPrecisionPolicy, ShardedUnit, ShardingPlan, UnitPlacement, ROOT_UNIT,
+    embedding_grad, head_backward, head_forward, FlatLayout, FsdpUnit, MixedPrecisionPolicy, ShardedUnit, ShardingPlan,
+    UnitPlacement, ROOT_UNIT,
 };
 use crate::parallel::fsdp_unit::BlockUnit;
 use crate::parallel::tensor::{join_tokens, split_tokens, BlockStep, SplitBlock, TensorParallelBlock};
@@ -521,15 +522,16 @@ impl PipelineStage {
             }
             StageBlocks::Replayed(replayed) => replayed,
         };
-        let (block_inputs, h) = replayed.forward(&x)?;
-        let (output, top) = match &self.head {
-            Some(_) => {
-                let top = Var::from_tensor(&h)?;
-                (self.head_of(top.as_tensor(), tokens)?, Some(top))
+        // The embedding keeps no graph: its weight's gradient needs only the token ids.
+        let (block_inputs, h) = replayed.forward(&x.detach())?;
+        let (output, head) = match &self.head {
+            Some((norm, lm_head)) => {
+                let head = head_forward(norm, lm_head, &h, tokens)?;
+                (head.loss.clone(), Some(head))
             }
             None => (h, None),
         };
-        replayed.keep(&output, Kept { input: x, block_inputs, top });
+        replayed.keep(&output, Kept { input: input.clone(), block_inputs, head });
         Ok(output)
     }
 
@@ -597,19 +599,21 @@ impl PipelineStage {
                 self.index
             );
         };
-        let (mut store, grad) = match &kept.top {
-            Some(top) => {
-                let mut store = vjp(output, &grad_output)?;
-                let Some(grad) = store.remove(top.as_tensor()) else { bail!("the loss did not read the blocks") };
-                (store, grad)
+        let (mut store, grad) = match (kept.head, &self.head) {
+            (Some(head), Some((_, lm_head))) => {
+                let seed = grad_output.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+                head_backward(lm_head, head, seed)?
             }
-            None => (empty_grad_store()?, grad_output),
+            (None, _) => (empty_grad_store()?, grad_output),
+            (Some(_), None) => bail!("stage {}'s root unit was sharded between a forward and its backward", self.index),
         };
         let grad_input = replayed.backward(&kept.block_inputs, &grad)?;
-        match self.is_first() {
-            // The embedding's graph takes the gradient on to its weight.
-            true => store.extend(vjp(&kept.input, &grad_input)?)?,
-            false => drop(store.insert(&kept.input, grad_input)),
+        match &self.embed_tokens {
+            Some(embed_tokens) => {
+                let grad = embedding_grad(&kept.input, &grad_input, self.config.vocab_size)?;
+                accumulate(&mut store, embed_tokens.embeddings(), grad)?;
+            }
+            None => drop(store.insert(&kept.input, grad_input)),
         }
         Ok(store)
     }

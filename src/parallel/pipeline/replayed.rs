@@ -8,9 +8,12 @@
 //!
 //! The stage's other parameters (the embedding on the first stage, the
 //! final norm and head on the last) are one more unit, its root, as
-//! torchtitan shards the root after the blocks: gathered whole for a step
-//! or an evaluation and run with its graph like any module, its gradient
-//! then reduce-scattered, and only this rank's shard kept between steps.
+//! torchtitan shards the root after the blocks: gathered whole for an
+//! evaluation, for a pipeline's step (whose schedule interleaves the
+//! micro-batches), or with one stage for each micro-batch; its gradient is
+//! then reduce-scattered, and only this rank's shard kept between uses. It
+//! runs as FSDP's own trainer runs it (`fsdp/root.rs`): the embedding keeps
+//! no graph and the head's weight gradient is one matmul.
 //!
 //! What is sharded is exercise 12's plan: where it keeps parameters whole
 //! (SHARD_GRAD_OP, NO_SHARD) the unit step runs over this rank alone, so
@@ -25,7 +28,7 @@ use candle_core::{bail, Result, Tensor, TensorId, Var};
 use crate::autograd::Gradients;
 use crate::called_early::{fsdp_backward, fsdp_forward};
 use crate::distributed::{ProcessGroup, ReduceOp, SharedGroup, SingleProcess, WithOverride};
-use crate::parallel::fsdp::{in_pass, Pass, Prefetch, ShardedUnit, ShardingPlan, UnitGroups};
+use crate::parallel::fsdp::{in_pass, HeadPass, Pass, Prefetch, ShardedUnit, ShardingPlan, UnitGroups};
 use crate::parallel::fsdp_unit::BlockUnit;
 use crate::parallel::tensor::{gather_sequence, own_tokens};
 
@@ -53,13 +56,14 @@ pub(super) struct ReplayedBlocks {
 
 /// What one forward keeps for its backward.
 pub(super) struct Kept {
-    /// The stage's input: the embedding's output, with its graph (first
-    /// stage), or the activation received, whose gradient goes back.
+    /// The stage's input: the token ids (first stage), whose embedding's
+    /// gradient needs nothing else, or the activation received, whose
+    /// gradient goes back.
     pub input: Tensor,
     /// Each block's input, detached.
     pub block_inputs: Vec<Tensor>,
-    /// On the last stage, the last block's output as the leaf the head read.
-    pub top: Option<Var>,
+    /// On the last stage, what the head's backward needs.
+    pub head: Option<HeadPass>,
 }
 
 impl ReplayedBlocks {
