@@ -61,8 +61,8 @@ pub struct LayoutFlags {
     /// run by your exercise 23 (the embedding and head stay whole on
     /// every rank); with --pp, each stage's blocks. With more ranks than T
     /// (or S·T), the group is replicated across them, data-parallel: DDP,
-    /// ZeRO-1, or with --strategy fsdp each rank's shards of a block an FSDP
-    /// unit across the replicas (FSDP × TP).
+    /// ZeRO-1, ZeRO-2 (without --pp), or with --strategy fsdp each rank's
+    /// shards of a block an FSDP unit across the replicas (FSDP × TP).
     #[arg(long = "tp", value_name = "T", conflicts_with = "ddp_overlap")]
     pub tensor_parallel: Option<usize>,
     /// With --tp: cut the norms and residuals of every block along the
