@@ -23,7 +23,7 @@ use std::path::Path;
 use candle_core::{Result, Tensor};
 
 use crate::data::Tokenizer;
-use crate::model::GptConfig;
+use crate::model::{param_specs, GptConfig};
 
 /// The file that marks a Hugging Face model directory.
 pub const CONFIG_FILE: &str = "config.json";
@@ -51,8 +51,18 @@ pub struct Pretrained {
 impl Pretrained {
     /// Reads the model in `dir`, refusing variants this model does not implement.
     pub fn read(dir: &Path) -> Result<Self> {
+        Self::read_where(dir, |_| true)
+    }
+
+    /// [`read`](Self::read), keeping only the parameters `keep` names; the
+    /// weights are not read at all when it names none of the model's.
+    pub fn read_where(dir: &Path, keep: impl Fn(&str) -> bool) -> Result<Self> {
         let config = read_config(dir)?;
-        let params = read_weights(dir, &config)?;
+        let mut params = match param_specs(&config).iter().any(|spec| keep(&spec.name)) {
+            true => read_weights(dir, &config)?,
+            false => HashMap::new(),
+        };
+        params.retain(|name, _| keep(name));
         Ok(Self { config, params, tokenizer: read_tokenizer(dir)? })
     }
 }

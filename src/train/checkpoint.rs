@@ -199,9 +199,13 @@ impl Checkpoint {
         read_state(dir)
     }
 
-    /// The state and the parameters only: what inference needs.
-    pub fn read_model(dir: &Path) -> Result<(TrainerState, HashMap<String, Tensor>)> {
-        read_model_where(dir, |_| true)
+    /// The state and the parameters `keep` names, read without the others
+    /// or the optimizer's state: what inference needs, or a rank's part.
+    pub fn read_model_where(
+        dir: &Path,
+        keep: impl Fn(&str) -> bool,
+    ) -> Result<(TrainerState, HashMap<String, Tensor>)> {
+        read_model_where(dir, keep)
     }
 
     /// Fails unless the checkpoint was written for a model of shape `config`.

@@ -29,16 +29,23 @@ pub struct ModelDir {
 impl ModelDir {
     /// Opens `path`: a checkpoint, the newest checkpoint under it, or a Hugging Face directory.
     pub fn open(path: &Path) -> Result<Self> {
+        Self::open_where(path, |_| true)
+    }
+
+    /// [`open`](Self::open), keeping only the parameters `keep` names: a
+    /// workbook checkpoint reads none of the others, and neither kind reads
+    /// any weights when `keep` names none (the shape and the vocabulary alone).
+    pub fn open_where(path: &Path, keep: impl Fn(&str) -> bool) -> Result<Self> {
         let is_checkpoint = path.join("trainer_state.json").is_file();
         if !is_checkpoint && path.join(CONFIG_FILE).is_file() {
             // A checkpoint that lost its state still lists its files' checksums.
             Checkpoint::verify_listed_files(path)?;
-            let Pretrained { config, params, tokenizer } = Pretrained::read(path)?;
+            let Pretrained { config, params, tokenizer } = Pretrained::read_where(path, keep)?;
             let context_len = config.max_seq_len;
             return Ok(Self { dir: path.to_path_buf(), config, params, tokenizer, context_len });
         }
         let dir = checkpoints::resolve(path)?;
-        let (state, params) = Checkpoint::read_model(&dir)?;
+        let (state, params) = Checkpoint::read_model_where(&dir, keep)?;
         let (tokenizer, context_len) = match &state.data {
             Some(data) => (Some(data.config.tokenizer), data.config.seq_len),
             None => (None, state.model.max_seq_len),

@@ -235,7 +235,7 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>, 
 fn model_params(options: &RunOptions, device: &Device, keep: impl Fn(&str) -> bool) -> Result<ParamStore> {
     Ok(match &options.init_from {
         Some(dir) => {
-            let kept = ModelDir::open(dir)?.params.into_iter().filter(|(name, _)| keep(name));
+            let kept = ModelDir::open_where(dir, keep)?.params.into_iter();
             ParamStore::from_tensors(
                 kept.map(|(name, t)| Ok((name, t.to_device(device)?))).collect::<Result<Vec<_>>>()?,
             )?

@@ -134,8 +134,9 @@ fn run(args: Args) -> anyhow::Result<()> {
     let mut config = RunConfig::load(&args.model_size)?;
     let chosen_tokenizer = args.tokenizer.as_deref().map(str::parse).transpose()?;
     if let Some(dir) = &args.init_from {
-        // The shape and the vocabulary are the weights'; the rest stays the config's.
-        let source = ModelDir::open(dir)?;
+        // The shape and the vocabulary are the weights'; the rest stays the
+        // config's. Each rank reads its weights later, only those it holds.
+        let source = ModelDir::open_where(dir, |_| false)?;
         if is_logger {
             report!(
                 "initialising from {}: its weights; the optimizer and the step count start afresh",
