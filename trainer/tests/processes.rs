@@ -1,7 +1,8 @@
 //! Ranks as processes: `train --nproc N` starts itself as N processes through
 //! the launcher, two launchers with `--nnodes 2` form one job, a rank that
-//! dies ends the job at once with its name, and an elastic job restarts from
-//! its checkpoint, on the machines it has left.
+//! dies ends the job at once with its name, an elastic job restarts from
+//! its checkpoint, on the machines it has left, and meshes of processes
+//! train as one process does.
 //! Needs finished exercises: run with `cargo test -p trainer --features solutions`.
 
 mod common;
@@ -34,7 +35,7 @@ fn train_saving_every(dir: &Path, steps: usize, every: usize, extra: &[&str]) ->
 
 fn succeed(command: &mut Command) -> Output {
     let output = command.output().expect("train starts");
-    assert!(output.status.success(), "train failed:\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "{command:?} failed:\n{}", String::from_utf8_lossy(&output.stderr));
     output
 }
 
@@ -114,6 +115,27 @@ fn two_processes_train_exactly_as_two_thread_ranks() {
         final_weights(&processes, 4) == final_weights(&threads, 4),
         "two processes must train bit for bit as two thread ranks"
     );
+}
+
+/// Three rows of `cargo xtask matrix`, ranks as processes: FSDP × TP × PP
+/// on 8, ZeRO-1 × TP on 4 and HSDP × PP on 8 each take one process's loss
+/// at every one of 10 steps, within the matrix's 1e-5 (the program fails
+/// otherwise).
+#[test]
+fn three_meshes_as_processes_train_as_one_process() {
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let rows = ["FSDP × TP 2 (SP) × PP 2", "ZeRO-1 × TP 2 (SP)", "HSDP (2 × 2) × PP 2"];
+    let mut matrix = Command::new(env!("CARGO_BIN_EXE_matrix"));
+    matrix.args(["--steps", "10", "--scratch"]).arg(scratch("matrix-rows")).env("RAYON_NUM_THREADS", "1");
+    for row in rows {
+        matrix.args(["--only", row]);
+    }
+    let output = succeed(&mut matrix);
+    let table = String::from_utf8_lossy(&output.stdout);
+    for row in rows {
+        let line = table.lines().find(|line| line.starts_with(&format!("| {row} |")));
+        assert!(line.is_some_and(|line| line.ends_with("| matches |")), "{row}:\n{table}");
+    }
 }
 
 /// Two launchers on loopback, one per "node", form one job of two ranks.

@@ -34,6 +34,10 @@ struct Args {
     /// Where the runs write (a fresh directory under the system's temporary one by default).
     #[arg(long)]
     scratch: Option<PathBuf>,
+    /// Run only the layouts named (as the table names them, e.g. "ZeRO-1 ×
+    /// TP 2 (SP)"), and the resume row if its two layouts are among them.
+    #[arg(long = "only", value_name = "LAYOUT")]
+    only: Vec<String>,
 }
 
 /// A run's loss matches one process's when it is at most this far, relatively.
@@ -161,6 +165,15 @@ fn run(args: Args) -> Result<()> {
         Some(dir) => dir,
         None => std::env::temp_dir().join(format!("workbook-matrix-{}", std::process::id())),
     };
+    let every: Vec<Layout> = DataAxis::ALL
+        .into_iter()
+        .flat_map(|data| [(1, 1), (2, 1), (1, 2), (2, 2)].map(|(tp, pp)| Layout { data, tp, pp }))
+        .collect();
+    if let Some(unknown) = args.only.iter().find(|name| !every.iter().any(|layout| layout.describe() == **name)) {
+        bail!("--only {unknown}: not a layout of the matrix; name one as its table does, such as `FSDP × TP 2 (SP) × PP 2`");
+    }
+    let chosen = |layout: Layout| args.only.is_empty() || args.only.contains(&layout.describe());
+    let layouts: Vec<Layout> = every.into_iter().filter(|&layout| chosen(layout)).collect();
     std::fs::create_dir_all(&scratch).with_context(|| format!("cannot create {}", scratch.display()))?;
     let train = train_program()?;
     let one = scratch.join("one-process");
@@ -169,23 +182,22 @@ fn run(args: Args) -> Result<()> {
     let two_threads_flags = ["--nproc", "1", "--threads", "2"].map(String::from);
     let outcome = compared(&train, &two_threads, steps, &two_threads_flags, None, &one)?;
     let mut rows = vec![("one process, each micro-batch split across 2 threads".to_string(), 1, outcome)];
-    for data in DataAxis::ALL {
-        for (tp, pp) in [(1, 1), (2, 1), (1, 2), (2, 2)] {
-            let layout = Layout { data, tp, pp };
-            let dir = scratch.join(layout.describe().replace([' ', '(', ')'], ""));
-            let outcome = compared(&train, &dir, steps, &layout.flags(), None, &one)?;
-            eprintln!("{}: {}", layout.describe(), cell(&outcome));
-            rows.push((layout.describe(), layout.nproc(), outcome));
-        }
+    for layout in layouts {
+        let dir = scratch.join(layout.describe().replace([' ', '(', ')'], ""));
+        let outcome = compared(&train, &dir, steps, &layout.flags(), None, &one)?;
+        eprintln!("{}: {}", layout.describe(), cell(&outcome));
+        rows.push((layout.describe(), layout.nproc(), outcome));
     }
     // A checkpoint holds whole tensors: the last step's row picks up the first row's run half way.
     let (from, to) = (Layout { data: DataAxis::Fsdp, tp: 2, pp: 2 }, Layout { data: DataAxis::Zero2, tp: 2, pp: 1 });
-    let first = scratch.join(from.describe().replace([' ', '(', ')'], ""));
-    let resumed = scratch.join("resumed");
-    let outcome = compared(&train, &resumed, steps, &to.flags(), Some(&step_dir(&first, steps / 2)), &one)?;
-    let what = format!("{} resuming {} at step {}", to.describe(), from.describe(), steps / 2);
-    eprintln!("{what}: {}", cell(&outcome));
-    rows.push((what, to.nproc(), outcome));
+    if chosen(from) && chosen(to) {
+        let first = scratch.join(from.describe().replace([' ', '(', ')'], ""));
+        let resumed = scratch.join("resumed");
+        let outcome = compared(&train, &resumed, steps, &to.flags(), Some(&step_dir(&first, steps / 2)), &one)?;
+        let what = format!("{} resuming {} at step {}", to.describe(), from.describe(), steps / 2);
+        eprintln!("{what}: {}", cell(&outcome));
+        rows.push((what, to.nproc(), outcome));
+    }
     println!("{}", table(&rows, steps));
     std::fs::remove_dir_all(&scratch).ok();
     let differing = rows.iter().filter(|(_, _, outcome)| verdict(outcome) == "DIFFERS").count();
