@@ -353,13 +353,15 @@ fn fsdp_startup_line_gives_the_model_states_this_rank_holds() {
 /// On a mesh the startup line gives what this rank holds: ZeRO-1 on 2
 /// replicas keeps whole f32 parameters and gradients (8 of DDP's 16 bytes
 /// per parameter) and half of AdamW's 8; tp 2 holds the root and half of
-/// every block.
+/// every block. FSDP's units in bf16 hold per element of their shards an
+/// f32 master and two f32 moments (12 bytes) and a bf16 gradient, an f32 one
+/// with --reduce-in-fp32: 14 bytes against 16, as the report at the end says.
 #[test]
 fn mesh_startup_line_gives_the_model_states_this_rank_holds() {
     let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let held = |name: &str, layout: &[&str]| -> (f64, f64) {
         let dir = scratch(name);
-        let output = succeed(&mut train(&dir, 3, &[&["--nproc", "2"][..], layout].concat()));
+        let output = succeed(&mut train(&dir, 3, layout));
         let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
         let marker = " MiB for parameters + gradients + AdamW state on this rank, ";
         let line = stdout.lines().find(|l| l.contains(marker)).unwrap_or_else(|| panic!("no startup line:\n{stdout}"));
@@ -368,10 +370,25 @@ fn mesh_startup_line_gives_the_model_states_this_rank_holds() {
         let number = |text: Option<&str>| text.and_then(|t| t.parse::<f64>().ok()).expect("a figure in MiB");
         (number(mine), number(whole))
     };
-    let (mine, whole) = held("zero1-startup-memory", &["--strategy", "zero1"]);
+    let (mine, whole) = held("zero1-startup-memory", &["--nproc", "2", "--strategy", "zero1"]);
     assert!((mine / whole - 0.75).abs() < 0.01, "ZeRO-1 on 2: {mine} of {whole} MiB, not 3/4");
-    let (mine, whole) = held("tp-startup-memory", &["--tp", "2"]);
+    let (mine, whole) = held("tp-startup-memory", &["--nproc", "2", "--tp", "2"]);
     assert!(mine < 0.75 * whole && mine > 0.5 * whole, "tp 2: {mine} of {whole} MiB, not the root and half the blocks");
+    // The report at the end gives the figure to 0.01 MiB, the startup line to 0.1.
+    let reported = |name: &str, layout: &[&str]| -> f64 {
+        let output = succeed(&mut train(&scratch(name), 3, layout));
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        let line =
+            stdout.lines().find(|l| l.contains("  model states ")).unwrap_or_else(|| panic!("no report:\n{stdout}"));
+        line.split_whitespace().last().and_then(|t| t.parse().ok()).expect("a figure in MiB")
+    };
+    let fsdp_tp = ["--nproc", "4", "--strategy", "fsdp", "--tp", "2", "--precision", "bf16"];
+    let bf16_grads = reported("fsdp-tp-bf16-memory", &fsdp_tp);
+    let f32_grads = reported("fsdp-tp-bf16-f32-grads-memory", &[&fsdp_tp[..], &["--reduce-in-fp32"]].concat());
+    assert!(
+        (bf16_grads / f32_grads - 14.0 / 16.0).abs() < 0.01,
+        "bf16 FSDP × TP 2: {bf16_grads} MiB with bf16 gradients, {f32_grads} MiB with f32 ones, not 14 : 16"
+    );
 }
 
 /// `--prefetch` on two processes, whose collectives run on the TCP backend's

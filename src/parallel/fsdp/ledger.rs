@@ -36,6 +36,20 @@ impl MemoryLedger {
     }
 }
 
+/// What several units hold between steps, added up; the peaks are not.
+impl std::iter::Sum for MemoryLedger {
+    fn sum<I: Iterator<Item = Self>>(ledgers: I) -> Self {
+        ledgers.fold(Self::default(), |total, m| Self {
+            params: total.params + m.params,
+            master_params: total.master_params + m.master_params,
+            grads: total.grads + m.grads,
+            optimizer_state: total.optimizer_state + m.optimizer_state,
+            offloaded: total.offloaded + m.offloaded,
+            ..total
+        })
+    }
+}
+
 /// What one rank held and sent during its last optimizer step.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StepLedger {

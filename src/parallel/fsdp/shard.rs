@@ -21,7 +21,7 @@ use candle_core::backprop::GradStore;
 use candle_core::{bail, DType, Device, Module, Result, Tensor, Var};
 
 use super::offload::{OffloadFile, Parts, StepOnly};
-use super::{comm, DecayRuns, FlatLayout, MixedPrecisionPolicy, ShardingPlan, UnitParams};
+use super::{comm, DecayRuns, FlatLayout, MemoryLedger, MixedPrecisionPolicy, ShardingPlan, UnitParams};
 use crate::distributed::ProcessGroup;
 use crate::distributed::SharedGroup;
 use crate::model::{GptConfig, Layers, ParamStore, RotaryCache};
@@ -588,16 +588,20 @@ impl ShardedUnit {
         }
     }
 
-    /// Bytes held between steps, in memory: params in the compute dtype, f32
-    /// master, moments; and bytes offloaded to a file.
-    pub(crate) fn held_bytes(&self) -> HeldBytes {
+    /// What the unit holds between steps, in memory (params in the compute
+    /// dtype, f32 master, moments) and offloaded to a file, and the gradient
+    /// buffer a step fills: its local range in the reduce dtype. Nothing
+    /// gathered (see [`peak_gathered_bytes`](Self::peak_gathered_bytes)).
+    pub(crate) fn held_memory(&self) -> MemoryLedger {
         let master = self.master.as_ref().map_or((0, 0), StepOnly::bytes);
         let (exp_avg, exp_avg_sq) = (self.exp_avg.bytes(), self.exp_avg_sq.bytes());
-        HeldBytes {
+        MemoryLedger {
             params: self.replica.as_ref().map_or(0, |v| bytes(v.as_tensor())),
-            master: master.0,
-            optimizer: exp_avg.0 + exp_avg_sq.0,
+            master_params: master.0,
+            grads: (self.local.len() * self.reduce_dtype.size_in_bytes()) as u64,
+            optimizer_state: exp_avg.0 + exp_avg_sq.0,
             offloaded: master.1 + exp_avg.1 + exp_avg_sq.1,
+            ..MemoryLedger::default()
         }
     }
 
@@ -637,19 +641,6 @@ impl ShardedUnit {
 /// rather than a few times the unit's (the root unit holds the vocabulary's
 /// embedding and head), and offloaded state comes back a piece at a time.
 const STEP_CHUNK: usize = 1 << 16;
-
-/// Bytes a unit holds between steps, by what they are for.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct HeldBytes {
-    /// Parameters in the compute dtype, kept whole.
-    pub params: u64,
-    /// f32 master weights in memory.
-    pub master: u64,
-    /// AdamW's moments in memory.
-    pub optimizer: u64,
-    /// Master weights and moments in the offload file.
-    pub offloaded: u64,
-}
 
 /// A micro-batch's gradient as the step adds it: divided by the step's
 /// `micro_batches`, as exercise 10 does, in the reduce `dtype`.

@@ -267,7 +267,12 @@ impl FsdpTrainer {
         }
         // What was measured in the step, and what the units hold after it.
         let MemoryLedger { grads, gathered_peak, activations_peak, .. } = memory;
-        let memory = MemoryLedger { grads, gathered_peak, activations_peak, ..self.held_memory() };
+        let memory = MemoryLedger {
+            grads,
+            gathered_peak,
+            activations_peak,
+            ..self.units.iter().map(ShardedUnit::held_memory).sum()
+        };
         self.ledger = StepLedger { memory, comm: self.groups.stats().since(&before) };
         crate::memory::release_freed_memory();
         Ok(StepStats { loss: loss_sum / k as f64, grad_norm, lr, tokens })
@@ -321,21 +326,6 @@ impl FsdpTrainer {
         root.add_grad(&root_shard)?;
         root.end_micro_batch(self.groups.shard(), &self.plan, k)?;
         Ok(loss_value)
-    }
-
-    /// What this rank's units hold between steps, and the gradient buffer
-    /// a step fills: each unit's local range in the reduce dtype.
-    fn held_memory(&self) -> MemoryLedger {
-        let mut memory = MemoryLedger::default();
-        for unit in &self.units {
-            let held = unit.held_bytes();
-            memory.params += held.params;
-            memory.master_params += held.master;
-            memory.optimizer_state += held.optimizer;
-            memory.offloaded += held.offloaded;
-            memory.grads += (unit.local_range().len() * self.policy.reduce_dtype.size_in_bytes()) as u64;
-        }
-        memory
     }
 }
 
@@ -439,7 +429,7 @@ impl Train for FsdpTrainer {
         )
     }
     fn model_states_bytes(&self) -> Option<u64> {
-        Some(self.held_memory().model_states())
+        Some(self.units.iter().map(ShardedUnit::held_memory).sum::<MemoryLedger>().model_states())
     }
     fn report(&self) -> Option<String> {
         Some(format!("{}, {} units; rank 0's last step:\n{}", self.layout(), self.units.len(), self.ledger()))

@@ -51,7 +51,8 @@ use crate::autograd::Gradients;
 use crate::distributed::{Axis, CommStats, DeviceMesh, ProcessGroup, SharedGroup};
 use crate::model::{param_specs, GptConfig, ParamStore};
 use crate::parallel::fsdp::{
-    check_units, LossScaler, MixedPrecisionPolicy, OffloadFile, Precision, ShardedUnit, ShardingPlan, ShardingStrategy,
+    check_units, LossScaler, MemoryLedger, MixedPrecisionPolicy, OffloadFile, Precision, ShardedUnit, ShardingPlan,
+    ShardingStrategy,
 };
 use crate::parallel::pipeline::{stage_holding, FsdpPlan, PipelineSchedule, PipelineStage, PipelineStep};
 use crate::parallel::tensor::{moments_part, part_of, BlockStep, ShardCuts};
@@ -541,13 +542,10 @@ impl Train for MeshTrainer {
         }
         let held: u64 = self.stage.params().iter().map(|(_, var)| var.elem_count() as u64).sum();
         // A unit's parameters, f32 master and moments as it holds them (offloaded ones are not held), and its gradient shard.
-        let units: u64 = self.stage.sharded_units().map_or(0, |held| {
-            let in_memory = |unit: &ShardedUnit| {
-                let bytes = unit.held_bytes();
-                bytes.params + bytes.master + bytes.optimizer + 4 * unit.local_range().len() as u64
-            };
-            held.units.iter().map(in_memory).sum()
-        });
+        let units = self
+            .stage
+            .sharded_units()
+            .map_or(0, |held| held.units.iter().map(ShardedUnit::held_memory).sum::<MemoryLedger>().model_states());
         Some(4 * (held + self.update.grad_elements(held) + self.update.moment_elements(held)) + units)
     }
 
