@@ -379,7 +379,7 @@ fn mesh_startup_line_gives_the_model_states_this_rank_holds() {
         let output = succeed(&mut train(&scratch(name), 3, layout));
         let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
         let line =
-            stdout.lines().find(|l| l.contains("  model states ")).unwrap_or_else(|| panic!("no report:\n{stdout}"));
+            stdout.lines().find(|l| l.contains("= model states")).unwrap_or_else(|| panic!("no report:\n{stdout}"));
         line.split_whitespace().last().and_then(|t| t.parse().ok()).expect("a figure in MiB")
     };
     let fsdp_tp = ["--nproc", "4", "--strategy", "fsdp", "--tp", "2", "--precision", "bf16"];

@@ -77,19 +77,31 @@ impl StepLedger {
     }
 }
 
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
+/// The model states part by part, one line each, in MiB (and what is
+/// offloaded, if anything); the peaks are the caller's to say.
+impl fmt::Display for MemoryLedger {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "  params (compute dtype) {:>10.2}", mib(self.params))?;
+        writeln!(f, "  master params (f32)    {:>10.2}", mib(self.master_params))?;
+        writeln!(f, "  gradients              {:>10.2}", mib(self.grads))?;
+        writeln!(f, "  optimizer state        {:>10.2}", mib(self.optimizer_state))?;
+        write!(f, "  = model states         {:>10.2}", mib(self.model_states()))?;
+        if self.offloaded > 0 {
+            write!(f, "\n  offloaded to a file    {:>10.2}", mib(self.offloaded))?;
+        }
+        Ok(())
+    }
+}
+
 impl fmt::Display for StepLedger {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let m = &self.memory;
-        let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
         writeln!(f, "memory per rank (MiB):")?;
-        writeln!(f, "  params (compute dtype) {:>10.2}", mib(m.params))?;
-        writeln!(f, "  master params (f32)    {:>10.2}", mib(m.master_params))?;
-        writeln!(f, "  gradients              {:>10.2}", mib(m.grads))?;
-        writeln!(f, "  optimizer state        {:>10.2}", mib(m.optimizer_state))?;
-        writeln!(f, "  = model states         {:>10.2}", mib(m.model_states()))?;
-        if m.offloaded > 0 {
-            writeln!(f, "  offloaded to a file    {:>10.2}", mib(m.offloaded))?;
-        }
+        writeln!(f, "{m}")?;
         writeln!(f, "  gathered units, peak   {:>10.2}", mib(m.gathered_peak))?;
         match m.activations_peak {
             Some(bytes) => writeln!(f, "  activations, peak      {:>10.2}", mib(bytes))?,

@@ -268,6 +268,29 @@ impl MeshTrainer {
         [held.shard, replicas].into_iter().map(|group| group.stats()).sum()
     }
 
+    /// What this rank holds between steps: its stage's parameters with
+    /// their gradients (f32; a shard under ZeRO-2) and AdamW's moments of
+    /// them (a shard under ZeRO-1 and 2), and its FSDP units' parts (see
+    /// [`ShardedUnit::held_memory`]); `None` for a whole replica.
+    fn memory(&self) -> Option<MemoryLedger> {
+        let whole_replica = self.mesh.shape().pp == 1 && self.mesh.shape().tp == 1;
+        if whole_replica && matches!(self.data_axis, DataAxis::Replicate | DataAxis::YourDdp) {
+            return None;
+        }
+        let held: u64 = self.stage.params().iter().map(|(_, var)| var.elem_count() as u64).sum();
+        let units = self
+            .stage
+            .sharded_units()
+            .map_or_else(MemoryLedger::default, |held| held.units.iter().map(ShardedUnit::held_memory).sum());
+        let f32_bytes = |elements: u64| 4 * elements;
+        Some(MemoryLedger {
+            params: f32_bytes(held) + units.params,
+            grads: f32_bytes(self.update.grad_elements(held)) + units.grads,
+            optimizer_state: f32_bytes(self.update.moment_elements(held)) + units.optimizer_state,
+            ..units
+        })
+    }
+
     /// The parameters stage `index` holds, in model order, with their shapes.
     fn names_of_stage(&self, index: usize) -> Vec<(String, candle_core::Shape)> {
         param_specs(&self.model_config)
@@ -531,28 +554,14 @@ impl Train for MeshTrainer {
         format!("{model}{split}{replicas}")
     }
 
-    /// Its stage's parameters with their gradients (f32; a shard under
-    /// ZeRO-2), AdamW's moments of them (a shard under ZeRO-1 and 2), and its FSDP units' local shards
-    /// (master weights, gradient and moments, but for what `--offload` keeps in a file); `None` for a
-    /// whole replica.
     fn model_states_bytes(&self) -> Option<u64> {
-        let whole_replica = self.mesh.shape().pp == 1 && self.mesh.shape().tp == 1;
-        if whole_replica && matches!(self.data_axis, DataAxis::Replicate | DataAxis::YourDdp) {
-            return None;
-        }
-        let held: u64 = self.stage.params().iter().map(|(_, var)| var.elem_count() as u64).sum();
-        // A unit's parameters, f32 master and moments as it holds them (offloaded ones are not held), and its gradient shard.
-        let units = self
-            .stage
-            .sharded_units()
-            .map_or(0, |held| held.units.iter().map(ShardedUnit::held_memory).sum::<MemoryLedger>().model_states());
-        Some(4 * (held + self.update.grad_elements(held) + self.update.moment_elements(held)) + units)
+        self.memory().map(|memory| memory.model_states())
     }
 
     fn report(&self) -> Option<String> {
         let report = report::MeshReport {
             shape: self.mesh.shape().to_string(),
-            model_states: self.model_states_bytes(),
+            memory: self.memory(),
             gathered_peak: self
                 .stage
                 .sharded_units()

@@ -4,12 +4,13 @@
 use std::fmt;
 
 use crate::distributed::{Axis, CommStats, DeviceMesh};
+use crate::parallel::fsdp::MemoryLedger;
 
 /// A rank's memory and its last step's communication, by axis.
 pub(super) struct MeshReport {
     pub shape: String,
-    /// Parameters, gradients and AdamW state this rank holds, in bytes.
-    pub model_states: Option<u64>,
+    /// Parameters, gradients and AdamW state this rank holds; `None` for a whole replica.
+    pub memory: Option<MemoryLedger>,
     /// The most bytes of gathered FSDP units held at once, when the blocks are units.
     pub gathered_peak: Option<u64>,
     /// What the last step sent along each axis with more than one rank.
@@ -35,8 +36,8 @@ impl fmt::Display for MeshReport {
         let mib = |bytes: u64| bytes as f64 / (1u64 << 20) as f64;
         writeln!(f, "mesh {}, rank 0's last step:", self.shape)?;
         writeln!(f, "memory per rank (MiB):")?;
-        match self.model_states {
-            Some(bytes) => writeln!(f, "  model states           {:>10.2}", mib(bytes))?,
+        match &self.memory {
+            Some(memory) => writeln!(f, "{memory}")?,
             None => writeln!(f, "  model states           a whole replica's")?,
         }
         if let Some(bytes) = self.gathered_peak {
