@@ -88,7 +88,8 @@ pub fn fsdp_forward(pg: &dyn ProcessGroup, units: &mut [BlockUnit], x: &Tensor) 
 /// Pieces: the ones above, `candle_core::Var::from_tensor`,
 /// `crate::autograd::vjp(y, grad_y)` (a `GradStore` for the variables `y`
 /// was computed from), `grads.get(t)`, `unit.flat_grad(&grads)?` (the
-/// gradient of the unit's whole flat parameters, (P',)),
+/// gradient of the unit's whole flat parameters, (P',); `None` when the unit
+/// is not whole or the backward reached none of its parameters),
 /// `pg.reduce_scatter(t, op)` (`crate::distributed::ReduceOp`),
 /// `unit.add_grad(shard_grad)`.
 pub fn fsdp_backward(

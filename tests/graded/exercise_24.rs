@@ -36,6 +36,9 @@ fn schedule_mistake(got: &[Vec<StageOp>], m: usize) -> Option<&'static str> {
             ("warmup_one_too_many", 2, 4) => written(&["FFFBFBBB", "FFBFBFBB"]),
             ("warmup_one_too_many", 4, 4) => written(&["FFFFBBBB", "FFFFBBBB", "FFFBFBBB", "FFBFBFBB"]),
             ("warmup_one_too_many", 4, 2) => written(&["FFBB"; 4]),
+            ("warmup_one_too_few", 2, 4) => written(&["FBFBFBFB"; 2]),
+            // With fewer micro-batches than stages the count is capped at M, and the text's S − s − 1 would be untrue.
+            ("warmup_one_too_few", 4, 4) => written(&["FFFBFBBB", "FFBFBFBB", "FBFBFBFB", "FBFBFBFB"]),
             ("same_warmup_everywhere", 2, 4) => written(&["FFBFBFBB"; 2]),
             ("same_warmup_everywhere", 4, 4) => written(&["FFFFBBBB"; 4]),
             ("same_warmup_everywhere", 4, 2) => written(&["FFBB"; 4]),
@@ -45,8 +48,15 @@ fn schedule_mistake(got: &[Vec<StageOp>], m: usize) -> Option<&'static str> {
             _ => vec![],
         }
     };
-    let mistakes = ["gpipe_schedule", "warmup_one_too_many", "same_warmup_everywhere", "no_warmup", "cooldown_skipped"]
-        .map(|id| (id, mistaken(id)));
+    let mistakes = [
+        "gpipe_schedule",
+        "warmup_one_too_many",
+        "warmup_one_too_few",
+        "same_warmup_everywhere",
+        "no_warmup",
+        "cooldown_skipped",
+    ]
+    .map(|id| (id, mistaken(id)));
     let mut matching = mistakes.iter().filter(|(_, schedules)| schedules == got);
     match (matching.next(), matching.next()) {
         (Some((id, _)), None) => Some(mistake(24, id)),
