@@ -599,13 +599,15 @@ impl PipelineStage {
                 self.index
             );
         };
+        if self.ends_sharded() {
+            bail!("stage {}'s root unit was sharded between a forward and its backward", self.index);
+        }
         let (mut store, grad) = match (kept.head, &self.head) {
             (Some(head), Some((_, lm_head))) => {
                 let seed = grad_output.to_dtype(DType::F64)?.to_scalar::<f64>()?;
                 head_backward(lm_head, head, seed)?
             }
-            (None, _) => (empty_grad_store()?, grad_output),
-            (Some(_), None) => bail!("stage {}'s root unit was sharded between a forward and its backward", self.index),
+            _ => (empty_grad_store()?, grad_output),
         };
         let grad_input = replayed.backward(&kept.block_inputs, &grad)?;
         match &self.embed_tokens {
