@@ -249,9 +249,24 @@ fn each_rank_keeps_its_shard_of_the_gradient_averaged_over_ranks(#[values(1, 2, 
                 (_, true) => Some(mistake(22, "gradient_not_reduced")),
                 _ => None,
             };
+            // The units after it were right: the difference starts at this one.
+            let after = match UNITS - 1 - unit {
+                0 => String::new(),
+                1 => format!(
+                    " (unit {}, after it, is right: the difference starts at unit {unit}, in what its replay reads: \
+                     its input, or the gradient handed back to it)",
+                    unit + 1
+                ),
+                _ => format!(
+                    " (units {}..={}, after it, are right: the difference starts at unit {unit}, in what its replay \
+                     reads: its input, or the gradient handed back to it)",
+                    unit + 1,
+                    UNITS - 1
+                ),
+            };
             panic!(
                 "rank {rank} of {world}: unit {unit}'s gradient shard (elements {}..{} of the flat buffer): \
-                 {difference}{}",
+                 {difference}{after}{}",
                 rank * want.len(),
                 (rank + 1) * want.len(),
                 cause(why)
