@@ -42,7 +42,7 @@ fn every_stage_runs_all_forwards_then_all_backwards(#[values(2, 4)] stages: usiz
     let one_by_one = schedules[s] == [StageOp::Forward, StageOp::Backward].repeat(M);
     panic!(
         "with {stages} stages and {M} micro-batches, stage {s} ran {:?}; GPipe runs the {M} forwards, then the {M} \
-         backwards. Idle share of the stages, a backward costing two forwards: yours {}, GPipe's {} = (S−1)/(M+S−1){}",
+         backwards. Idle share of the stages, a backward as long as a forward: yours {}, GPipe's {} = (S−1)/(M+S−1){}",
         schedules[s],
         bubble(&schedules),
         bubble(&vec![gpipe; stages]),

@@ -89,7 +89,7 @@ fn every_stage_warms_up_then_runs_one_forward_one_backward(#[case] stages: usize
     let Some(s) = (0..stages).find(|&s| got[s] != want[s]) else { return };
     panic!(
         "with {stages} stages and {m} micro-batches, stage {s} ran {:?}; 1F1B runs {:?} there. Idle share of the \
-         stages, a backward costing two forwards: yours {}, 1F1B's {} = (S−1)/(M+S−1){}",
+         stages, a backward as long as a forward: yours {}, 1F1B's {} = (S−1)/(M+S−1){}",
         got[s],
         want[s],
         bubble(&got),

@@ -404,8 +404,8 @@ pub fn most_in_flight(schedule: &[StageOp]) -> usize {
     most as usize
 }
 
-/// The stages' idle share when they run `schedules`, a backward costing two
-/// forwards, for a failure message.
+/// The stages' idle share when they run `schedules`, a backward as long as
+/// a forward (as the stubs' traces draw them), for a failure message.
 pub fn bubble(schedules: &[Vec<StageOp>]) -> String {
-    bubble_fraction(schedules, 1.0, 2.0).map_or_else(|e| e.to_string(), |b| format!("{:.0}%", 100.0 * b))
+    bubble_fraction(schedules, 1.0, 1.0).map_or_else(|e| e.to_string(), |b| format!("{:.0}%", 100.0 * b))
 }
