@@ -139,6 +139,9 @@ fn near(got: f64, want: f64) -> bool {
     (got - want).abs() <= 1e-5 + 1e-5 * want.abs()
 }
 
+/// What [`near`] allows, for a message: a miss beyond it is no rounding.
+const NEAR: &str = "apart by more than the 1e-5 + 1e-5·|expected| that f32's rounding stays within";
+
 /// Which typical mistake gives exactly `got`, if one does.
 fn diagnose(got: &[f32], world: usize, len: usize) -> Option<&'static str> {
     if got.iter().any(|x| !x.is_finite()) {
@@ -188,7 +191,7 @@ fn a_shard_is_updated_as_adamw_updates_it() {
     if let Some((call, difference)) = (0..STEPS).find_map(|call| Some((call, differs(call)?))) {
         panic!(
             "update_shard on a {len}-element shard, called {STEPS} times, differs from AdamW's steps on it from \
-             call {} on: after it, {difference}{}",
+             call {} on: after it, {difference} ({NEAR}){}",
             call + 1,
             cause(diagnose(&after_each[STEPS - 1], 1, len))
         );
@@ -213,7 +216,7 @@ fn sharded_steps_reach_what_adamw_reaches_on_the_average_gradient(
         }
         let detail = match got.params.iter().zip(&want).position(|(&g, &w)| !close(&[g], &[w])) {
             Some(i) => format!(
-                "element {i} (shard {}) is {}, expected {}",
+                "element {i} (shard {}) is {}, expected {} ({NEAR})",
                 i / len.div_ceil(world),
                 number(got.params[i] as f64),
                 number(want[i])
