@@ -188,7 +188,7 @@ impl Checkpoint {
     /// parameters `keep` names and their moments, read without the others:
     /// what a pipeline stage holds.
     pub fn read_where(dir: &Path, keep: impl Fn(&str) -> bool) -> Result<Self> {
-        let (state, params) = read_model_where(dir, &keep)?;
+        let (state, params) = Self::read_model_where(dir, &keep)?;
         verify_checksums(dir, Some(OPTIMIZER_FILE))?;
         let optimizer = load_tensors(dir, OPTIMIZER_FILE, |moment| AdamW::param_of_moment(moment).is_some_and(&keep))?;
         Ok(Self { params, optimizer, state })
@@ -205,7 +205,9 @@ impl Checkpoint {
         dir: &Path,
         keep: impl Fn(&str) -> bool,
     ) -> Result<(TrainerState, HashMap<String, Tensor>)> {
-        read_model_where(dir, keep)
+        let state = read_state(dir)?;
+        verify_checksums(dir, Some(MODEL_FILE))?;
+        Ok((state, load_tensors(dir, MODEL_FILE, keep)?))
     }
 
     /// Fails unless the checkpoint was written for a model of shape `config`.
@@ -390,13 +392,6 @@ fn crc32_of(path: &Path) -> Result<u32> {
         }
         hasher.update(&buffer[..n]);
     }
-}
-
-/// The state of the checkpoint in `dir` and the parameters `keep` names, checked.
-fn read_model_where(dir: &Path, keep: impl Fn(&str) -> bool) -> Result<(TrainerState, HashMap<String, Tensor>)> {
-    let state = read_state(dir)?;
-    verify_checksums(dir, Some(MODEL_FILE))?;
-    Ok((state, load_tensors(dir, MODEL_FILE, keep)?))
 }
 
 /// The tensors of `dir/file` that `keep` names, or an error that says the file is damaged.

@@ -142,8 +142,8 @@ pub fn exercise_lines(options: &RunOptions) -> candle_core::Result<Vec<String>> 
                     lines.push(format!(
                         "FSDP (--strategy fsdp): {blocks} an FSDP unit across {across}, stepped by {} and its \
                          {updated} updated by {}; each stage's embedding, final norm and head one more unit, its \
-                         root, gathered for the step (with one stage, for each micro-batch); the plan from {}, the units from {}, their checkpoints \
-                         gathered and cut again by {}",
+                         root, gathered for the step (with one stage, for each micro-batch); the plan from {}, the \
+                         units from {}, their checkpoints gathered and cut again by {}",
                         named(22),
                         update_shard_body(),
                         named(12),

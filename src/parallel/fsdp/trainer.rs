@@ -267,12 +267,7 @@ impl FsdpTrainer {
         }
         // What was measured in the step, and what the units hold after it.
         let MemoryLedger { grads, gathered_peak, activations_peak, .. } = memory;
-        let memory = MemoryLedger {
-            grads,
-            gathered_peak,
-            activations_peak,
-            ..self.units.iter().map(ShardedUnit::held_memory).sum()
-        };
+        let memory = MemoryLedger { grads, gathered_peak, activations_peak, ..self.held_memory() };
         self.ledger = StepLedger { memory, comm: self.groups.stats().since(&before) };
         crate::memory::release_freed_memory();
         Ok(StepStats { loss: loss_sum / k as f64, grad_norm, lr, tokens })
@@ -326,6 +321,11 @@ impl FsdpTrainer {
         root.add_grad(&root_shard)?;
         root.end_micro_batch(self.groups.shard(), &self.plan, k)?;
         Ok(loss_value)
+    }
+
+    /// What this rank's units hold between steps, and the gradient buffer a step fills.
+    fn held_memory(&self) -> MemoryLedger {
+        self.units.iter().map(ShardedUnit::held_memory).sum()
     }
 }
 
@@ -429,7 +429,7 @@ impl Train for FsdpTrainer {
         )
     }
     fn model_states_bytes(&self) -> Option<u64> {
-        Some(self.units.iter().map(ShardedUnit::held_memory).sum::<MemoryLedger>().model_states())
+        Some(self.held_memory().model_states())
     }
     fn report(&self) -> Option<String> {
         Some(format!("{}, {} units; rank 0's last step:\n{}", self.layout(), self.units.len(), self.ledger()))
