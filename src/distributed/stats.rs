@@ -63,6 +63,23 @@ impl CommStats {
         self.counts.iter().map(|c| c.payload).sum()
     }
 
+    /// Bytes each rank sends and receives in a ring implementation, with the
+    /// (N-1)/N factor left out as in the ZeRO paper: an all-reduce moves its
+    /// buffer twice (reduce-scatter then all-gather), the others once.
+    pub fn ring_volume(&self) -> u64 {
+        Collective::ALL
+            .into_iter()
+            .map(|kind| match kind {
+                Collective::AllReduce => 2 * self.bytes(kind),
+                Collective::AllGather | Collective::ReduceScatter | Collective::Broadcast | Collective::Send => {
+                    self.bytes(kind)
+                }
+                // A received tensor is its sender's traffic, already counted there.
+                Collective::Barrier | Collective::Recv => 0,
+            })
+            .sum()
+    }
+
     /// The tensor bytes this rank sent to other ranks in `kind`, over all its calls.
     pub fn wire_bytes(&self, kind: Collective) -> u64 {
         self.counts[kind as usize].wire

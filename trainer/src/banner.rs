@@ -5,7 +5,7 @@
 //! learner whose code does not run never reads "your exercise" for it.
 
 use workbook::distributed::MeshShape;
-use workbook::parallel::fsdp::{FsdpConfig, ShardingStrategy};
+use workbook::parallel::fsdp::ShardingStrategy;
 use workbook::parallel::pipeline::stage_layers;
 use workbook::parallel::zero::update_shard_body;
 use workbook::parallel::DataAxis;
@@ -45,32 +45,6 @@ pub fn exercise_lines(options: &RunOptions) -> candle_core::Result<Vec<String>> 
             },
             named(10)
         )),
-        Strategy::Fsdp(fsdp) => {
-            let (unit_step, optimizer) = match fsdp.sharding {
-                ShardingStrategy::FullShard | ShardingStrategy::HybridShard => (
-                    "(gather, compute, free; gather again, reduce-scatter)",
-                    format!("each unit's shard stepped by {}", update_shard_body()),
-                ),
-                ShardingStrategy::ShardGradOp => (
-                    "on parameters kept whole on every rank (nothing to gather), each gradient reduce-scattered",
-                    format!(
-                        "each unit's shard stepped by {}, the updated shards all-gathered after the step",
-                        update_shard_body()
-                    ),
-                ),
-                ShardingStrategy::NoShard => (
-                    "on parameters kept whole on every rank, each gradient all-reduced as under DDP",
-                    format!("every unit stepped whole by {}", update_shard_body()),
-                ),
-            };
-            lines.push(format!("FSDP: every block's unit step {unit_step} by {}", named(22)));
-            lines.push(format!("optimizer: {optimizer}"));
-            if mesh.dp == 1 {
-                lines.push(
-                    "note: on one rank a shard is the whole unit: FSDP saves memory from 2 ranks on (--nproc)".into(),
-                );
-            }
-        }
         Strategy::Mesh { stages, schedule, sequence_parallel, data, .. } => {
             match data {
                 DataAxis::ShardOptimizer => lines.push(format!(
@@ -131,9 +105,14 @@ pub fn exercise_lines(options: &RunOptions) -> candle_core::Result<Vec<String>> 
                             mesh.dp
                         ),
                     };
-                    let blocks = match mesh.tp {
-                        1 => "every block of each stage is",
+                    let blocks = match (mesh.tp, stages) {
+                        (1, 1) => "every block is",
+                        (1, _) => "every block of each stage is",
                         _ => "this rank's tensor-parallel shards of every block (FSDP × TP) are",
+                    };
+                    let root = match stages {
+                        1 => "the embedding, final norm and head one more unit, the root, gathered for each micro-batch",
+                        _ => "each stage's embedding, final norm and head one more unit, its root, gathered for the step",
                     };
                     let updated = match sharding {
                         ShardingStrategy::NoShard => "whole state",
@@ -141,9 +120,8 @@ pub fn exercise_lines(options: &RunOptions) -> candle_core::Result<Vec<String>> 
                     };
                     lines.push(format!(
                         "FSDP (--strategy fsdp): {blocks} an FSDP unit across {across}, stepped by {} and its \
-                         {updated} updated by {}; each stage's embedding, final norm and head one more unit, its \
-                         root, gathered for the step (with one stage, for each micro-batch); the plan from {}, the \
-                         units from {}, their checkpoints gathered and cut again by {}",
+                         {updated} updated by {}; {root}; the plan from {}, the units from {}, their checkpoints \
+                         gathered and cut again by {}",
                         named(22),
                         update_shard_body(),
                         named(12),
@@ -253,8 +231,7 @@ fn ring_carries(strategy: Strategy, mesh: MeshShape, powersgd: bool) -> String {
             across_replicas("the gradients' PowerSGD factors")
         }
         Strategy::Mesh { data: DataAxis::ShardOptimizer | DataAxis::ShardGradients, .. } => None,
-        Strategy::Fsdp(FsdpConfig { sharding, .. })
-        | Strategy::Mesh { data: DataAxis::ShardBlocks { sharding, .. }, .. } => match sharding {
+        Strategy::Mesh { data: DataAxis::ShardBlocks { sharding, .. }, .. } => match sharding {
             ShardingStrategy::NoShard => across_replicas("the gradients"),
             ShardingStrategy::HybridShard => Some("each shard's gradients across the groups that hold it".to_string()),
             ShardingStrategy::FullShard | ShardingStrategy::ShardGradOp => None,

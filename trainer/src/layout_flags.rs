@@ -5,7 +5,7 @@
 use anyhow::Result;
 use workbook::distributed::MeshShape;
 use workbook::parallel::ddp::DEFAULT_BUCKET_BYTES;
-use workbook::parallel::fsdp::{FsdpConfig, Precision, ShardingStrategy};
+use workbook::parallel::fsdp::{Precision, ShardingStrategy};
 use workbook::parallel::pipeline::PipelineSchedule;
 use workbook::parallel::DataAxis;
 use workbook::GptConfig;
@@ -257,7 +257,8 @@ impl LayoutFlags {
                 // A node's ranks by default: the launcher numbers them consecutively.
                 let hybrid_group_size = hybrid.then_some(self.hybrid_group_size.unwrap_or(node_size));
                 let (precision, reduce_in_f32) = self.fsdp_precision()?;
-                Ok(Strategy::Fsdp(FsdpConfig { sharding, precision, hybrid_group_size, reduce_in_f32 }))
+                let shard_group = hybrid_group_size;
+                Ok(Strategy::whole_replicas(DataAxis::ShardBlocks { sharding, shard_group, precision, reduce_in_f32 }))
             }
         }
     }

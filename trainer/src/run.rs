@@ -13,7 +13,6 @@ use workbook::distributed::{
 };
 use workbook::model::{init_params_where, param_specs};
 use workbook::parallel::ddp::Ddp;
-use workbook::parallel::fsdp::FsdpTrainer;
 use workbook::parallel::pipeline::stage_holding;
 use workbook::parallel::tensor::BlockStep;
 use workbook::parallel::{MeshPlan, MeshTrainer};
@@ -196,13 +195,6 @@ fn run_rank(options: &RunOptions, dataset: &Dataset, pg: Box<dyn ProcessGroup>, 
             let ddp = if options.layout.ddp_overlap { ddp.with_overlap() } else { ddp };
             let trainer = Trainer::new(&model_config, model_params(options, device, |_| true)?, train_config, ddp)?;
             let trainer = trainer.split_batches_across(options.batch_parts())?;
-            drive(options, dataset, trainer, device, num_params)
-        }
-        Strategy::Fsdp(fsdp) => {
-            let params = model_params(options, device, |_| true)?;
-            let trainer = FsdpTrainer::new(&model_config, params, train_config, fsdp, pg)?;
-            let trainer = if options.layout.prefetch { trainer.with_prefetch() } else { trainer };
-            let trainer = if options.layout.offload { trainer.with_offload(&options.out_dir)? } else { trainer };
             drive(options, dataset, trainer, device, num_params)
         }
         Strategy::Mesh { schedule, sequence_parallel, data, .. } => {

@@ -2,7 +2,6 @@
 //! [`workbook::train::Train`].
 
 use workbook::distributed::MeshShape;
-use workbook::parallel::fsdp::FsdpConfig;
 use workbook::parallel::pipeline::PipelineSchedule;
 use workbook::parallel::DataAxis;
 
@@ -12,7 +11,7 @@ use workbook::parallel::DataAxis;
 pub struct Layout {
     /// Recompute each block in backward instead of keeping its activations.
     pub activation_checkpointing: bool,
-    /// DDP, or FSDP with its sharding and precision.
+    /// DDP, or the model over a mesh, and what its replicas share.
     pub strategy: Strategy,
     /// All-reduce with exercise 16's ring (the learner's code) instead of the backend's.
     pub own_ring: bool,
@@ -33,9 +32,7 @@ pub struct Layout {
 pub enum Strategy {
     /// Phase 2: whole replicas, gradients all-reduced.
     Ddp,
-    /// Phase 3: sharded units.
-    Fsdp(FsdpConfig),
-    /// Phase 4: the model over a mesh. Its blocks cut into `stages`
+    /// Phases 3 and 4: the model over a mesh. Its blocks cut into `stages`
     /// pipeline stages (1: none), stepped on GPipe's schedule (exercise 21)
     /// or 1F1B's (exercise 24); each stage's blocks split across `tp`
     /// tensor-parallel ranks (1: whole), run by exercise 23, or by
@@ -44,7 +41,8 @@ pub enum Strategy {
     /// stages are data-parallel replicas of it, whose `data` axis shares each
     /// step: DDP's averaged gradients, ZeRO-1's sharded AdamW (exercise 17;
     /// `--strategy zero1`, with one stage of whole blocks or any mesh),
-    /// ZeRO-2's sharded gradients too (`--strategy zero2`, one stage), or
+    /// ZeRO-2's sharded gradients too (`--strategy zero2`, one stage), FSDP's
+    /// units (exercises 12-15 and 22, `--strategy fsdp`, any mesh), or
     /// the learner's own DDP (exercise 26, `--own-ddp`, one stage only).
     Mesh { stages: usize, tp: usize, schedule: PipelineSchedule, sequence_parallel: bool, data: DataAxis },
 }
@@ -55,45 +53,32 @@ impl Strategy {
     pub fn mesh(self, nproc: usize) -> candle_core::Result<MeshShape> {
         match self {
             Strategy::Mesh { stages, tp, .. } => MeshShape::new(nproc, None, Some(stages), Some(tp)),
-            Strategy::Ddp | Strategy::Fsdp(_) => Ok(MeshShape::data_parallel(nproc)),
+            Strategy::Ddp => Ok(MeshShape::data_parallel(nproc)),
         }
     }
 }
 
 impl Strategy {
+    /// Whole replicas of the model, sharing each step as `data` says:
+    /// `--strategy zero1`, `zero2` or `fsdp` alone, or `--own-ddp`.
+    pub const fn whole_replicas(data: DataAxis) -> Strategy {
+        Strategy::Mesh { stages: 1, tp: 1, schedule: PipelineSchedule::GPipe, sequence_parallel: false, data }
+    }
+
     /// `--strategy zero1` alone: whole replicas, AdamW's state sharded.
-    pub const ZERO1: Strategy = Strategy::Mesh {
-        stages: 1,
-        tp: 1,
-        schedule: PipelineSchedule::GPipe,
-        sequence_parallel: false,
-        data: DataAxis::ShardOptimizer,
-    };
+    pub const ZERO1: Strategy = Strategy::whole_replicas(DataAxis::ShardOptimizer);
 
     /// `--strategy zero2` alone: whole replicas, AdamW's state and the gradients sharded.
-    pub const ZERO2: Strategy = Strategy::Mesh {
-        stages: 1,
-        tp: 1,
-        schedule: PipelineSchedule::GPipe,
-        sequence_parallel: false,
-        data: DataAxis::ShardGradients,
-    };
+    pub const ZERO2: Strategy = Strategy::whole_replicas(DataAxis::ShardGradients);
 
     /// `--own-ddp`: whole replicas under the learner's DataParallel (exercise 26).
-    pub const YOUR_DDP: Strategy = Strategy::Mesh {
-        stages: 1,
-        tp: 1,
-        schedule: PipelineSchedule::GPipe,
-        sequence_parallel: false,
-        data: DataAxis::YourDdp,
-    };
+    pub const YOUR_DDP: Strategy = Strategy::whole_replicas(DataAxis::YourDdp);
 
     /// Whether the replicas shard some of the model states (FSDP, ZeRO-1,
     /// ZeRO-2, FSDP on a mesh).
     pub fn shards(self) -> bool {
         match self {
             Strategy::Ddp => false,
-            Strategy::Fsdp(_) => true,
             Strategy::Mesh { data, .. } => data.shards(),
         }
     }

@@ -77,12 +77,7 @@ fn a_run_calls_the_exercises_its_flags_choose() {
     ddp.init_from = Some(PathBuf::from("weights"));
     assert_eq!(called(&ddp), [1, 2, 3, 4, 5, 7, 8, 9, 11, 16, 18, 19]);
     let mut fsdp = options(PathBuf::from("unused"), 1, 2);
-    fsdp.layout.strategy = Strategy::Fsdp(FsdpConfig {
-        sharding: ShardingStrategy::FullShard,
-        precision: Precision::Fp32,
-        hybrid_group_size: None,
-        reduce_in_f32: false,
-    });
+    fsdp.layout.strategy = plain_fsdp(Precision::Fp32);
     assert_eq!(called(&fsdp), [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 14, 15]);
     let mut pipeline = options(PathBuf::from("unused"), 1, 2);
     pipeline.layout.strategy = mesh(2, 1, PipelineSchedule::OneFOneB, false);
@@ -113,6 +108,17 @@ fn a_run_calls_the_exercises_its_flags_choose() {
 /// FSDP's units as the data axis of a mesh, sharded as `sharding` says, in f32.
 fn fsdp_units(sharding: ShardingStrategy) -> DataAxis {
     DataAxis::ShardBlocks { sharding, shard_group: None, precision: Precision::Fp32, reduce_in_f32: false }
+}
+
+/// `--strategy fsdp --precision P` alone: whole replicas, FULL_SHARD.
+fn plain_fsdp(precision: Precision) -> Strategy {
+    let data = DataAxis::ShardBlocks {
+        sharding: ShardingStrategy::FullShard,
+        shard_group: None,
+        precision,
+        reduce_in_f32: false,
+    };
+    Strategy::whole_replicas(data)
 }
 
 /// The mesh of `--pp stages --tp tp`, with `--sequence-parallel` when asked.
@@ -196,13 +202,7 @@ fn resuming_in_a_new_process_reproduces_an_uninterrupted_run() {
 fn fsdp_trains_on_two_ranks_in_bf16_and_its_checkpoint_resumes_under_ddp() {
     let dir = scratch("fsdp");
     let mut fsdp = options(dir.clone(), 20, 2);
-    fsdp.layout.strategy = Strategy::Fsdp(FsdpConfig {
-        sharding: ShardingStrategy::FullShard,
-        precision: Precision::Bf16,
-        hybrid_group_size: None,
-        reduce_in_f32: false,
-    });
-    fsdp.layout.activation_checkpointing = true;
+    fsdp.layout.strategy = plain_fsdp(Precision::Bf16);
     let run = train(&fsdp).unwrap();
     let (start, end) = (run.first.unwrap().loss, run.last.unwrap().loss);
     assert!(end < start - 1.0, "20 FSDP steps should cut the loss by more than 1 nat: {start:.3} -> {end:.3}");
@@ -231,13 +231,7 @@ fn fsdp_on_a_mesh_trains_in_16_bits_as_plain_fsdp_does() {
     let (f32_dir, _) = run("16-bit-fsdp-f32", 3, 1, Strategy::Ddp, None);
     let truth = checkpoint_params(&f32_dir, 3);
     for precision in [Precision::Bf16, Precision::Fp16] {
-        let plain = FsdpConfig {
-            sharding: ShardingStrategy::FullShard,
-            precision,
-            hybrid_group_size: None,
-            reduce_in_f32: false,
-        };
-        let (plain_dir, plain_run) = run(&format!("{precision}-fsdp-plain"), 3, 2, Strategy::Fsdp(plain), None);
+        let (plain_dir, plain_run) = run(&format!("{precision}-fsdp-plain"), 3, 2, plain_fsdp(precision), None);
         let plain_error = l2_distance(&checkpoint_params(&plain_dir, 3), &truth);
         for (what, stages, tp) in [("pp2", 2, 1), ("tp2", 1, 2)] {
             let data = DataAxis::ShardBlocks {
@@ -767,15 +761,6 @@ fn activation_checkpointing_in_mesh_stages_trains_as_one_process() {
 /// without it, and the file leaves no name behind.
 #[test]
 fn fsdp_offload_changes_no_bit_and_leaves_no_file() {
-    let fsdp = |precision| {
-        let config = FsdpConfig {
-            sharding: ShardingStrategy::FullShard,
-            precision,
-            hybrid_group_size: None,
-            reduce_in_f32: false,
-        };
-        Strategy::Fsdp(config)
-    };
     let pipeline = Strategy::Mesh {
         stages: 2,
         tp: 1,
@@ -784,7 +769,7 @@ fn fsdp_offload_changes_no_bit_and_leaves_no_file() {
         data: fsdp_units(ShardingStrategy::FullShard),
     };
     for (what, strategy, nproc) in
-        [("fp32", fsdp(Precision::Fp32), 2), ("bf16", fsdp(Precision::Bf16), 2), ("pp2", pipeline, 4)]
+        [("fp32", plain_fsdp(Precision::Fp32), 2), ("bf16", plain_fsdp(Precision::Bf16), 2), ("pp2", pipeline, 4)]
     {
         offload_changes_no_bit_and_leaves_no_file(what, strategy, nproc);
     }

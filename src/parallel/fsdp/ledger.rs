@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::distributed::{Collective, CommStats};
+use crate::distributed::CommStats;
 
 /// Bytes one rank held during a step, by what they were for.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -58,25 +58,6 @@ pub struct StepLedger {
     pub comm: CommStats,
 }
 
-impl StepLedger {
-    /// Bytes each rank sends and receives in a ring implementation, with the
-    /// (N-1)/N factor left out as in the ZeRO paper: an all-reduce moves its
-    /// buffer twice (reduce-scatter then all-gather), the others once.
-    pub fn ring_volume(&self) -> u64 {
-        Collective::ALL
-            .into_iter()
-            .map(|kind| match kind {
-                Collective::AllReduce => 2 * self.comm.bytes(kind),
-                Collective::AllGather | Collective::ReduceScatter | Collective::Broadcast | Collective::Send => {
-                    self.comm.bytes(kind)
-                }
-                // A received tensor is its sender's traffic, already counted there.
-                Collective::Barrier | Collective::Recv => 0,
-            })
-            .sum()
-    }
-}
-
 fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
 }
@@ -102,15 +83,24 @@ impl fmt::Display for StepLedger {
         let m = &self.memory;
         writeln!(f, "memory per rank (MiB):")?;
         writeln!(f, "{m}")?;
-        writeln!(f, "  gathered units, peak   {:>10.2}", mib(m.gathered_peak))?;
-        match m.activations_peak {
-            Some(bytes) => writeln!(f, "  activations, peak      {:>10.2}", mib(bytes))?,
-            None => writeln!(f, "  activations, peak      not measured (the host's CountingAllocator counts it: not installed, or the model is on a GPU)")?,
-        }
+        writeln!(f, "{}", Peaks(m))?;
         writeln!(f, "communication per step:")?;
         for line in self.comm.to_string().lines() {
             writeln!(f, "  {line}")?;
         }
-        write!(f, "  ring volume {:.2} MiB", mib(self.ring_volume()))
+        write!(f, "  ring volume {:.2} MiB", mib(self.comm.ring_volume()))
+    }
+}
+
+/// A ledger's peaks, gathered units and activations, one line each in MiB.
+pub struct Peaks<'a>(pub &'a MemoryLedger);
+
+impl fmt::Display for Peaks<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "  gathered units, peak   {:>10.2}", mib(self.0.gathered_peak))?;
+        match self.0.activations_peak {
+            Some(bytes) => write!(f, "  activations, peak      {:>10.2}", mib(bytes)),
+            None => write!(f, "  activations, peak      not measured (the host's CountingAllocator counts it: not installed, or the model is on a GPU)"),
+        }
     }
 }

@@ -17,7 +17,9 @@
 //! [`ShardedUnit`] (a rank's part of a unit; exercise 15 gathers it whole for
 //! a checkpoint and shards it again), the units' optimizer step (`step.rs`,
 //! which FSDP's trainer and a mesh's stages share), [`FsdpTrainer`] (runs
-//! the units and their collectives) and
+//! the units and their collectives on one data-parallel axis: what Phase 3's
+//! tests build; `train --strategy fsdp` runs the same units on a mesh's
+//! stage, `crate::parallel::mesh`) and
 //! [`StepLedger`] (what a rank held and sent in a step). Every collective is
 //! in `comm.rs` and goes through the
 //! [`ProcessGroup`](crate::distributed::ProcessGroup).
@@ -39,13 +41,13 @@ mod units;
 
 pub use flat::{DecayRuns, FlatLayout, UnitParams};
 pub use groups::FsdpGroups;
-pub use ledger::{MemoryLedger, StepLedger};
+pub use ledger::{MemoryLedger, Peaks, StepLedger};
 pub(crate) use offload::OffloadFile;
 pub use precision::{LossScaler, MixedPrecisionPolicy, Precision};
 pub(crate) use prefetch::in_pass;
 pub use prefetch::Prefetch;
 pub(crate) use root::{embedding_grad, head_backward, head_forward, HeadPass};
-pub(crate) use shard::{BlockCompute, Pass, UnitPlacement};
+pub(crate) use shard::{bytes, BlockCompute, Pass, UnitPlacement};
 pub use shard::{GatheredBytes, LocalState, ShardedUnit, WholeParam};
 pub(crate) use step::{step, sum_of_squares_over, take_grads, UnitGroups};
 pub use strategy::{ShardingPlan, ShardingStrategy};

@@ -1,5 +1,8 @@
 //! The FSDP trainer: the learner's unit step (exercise 22) on the blocks,
-//! and around it what the unit step does not cover.
+//! and around it what the unit step does not cover. Phase 3's tests build
+//! it; `train --strategy fsdp` runs the same units, root and step on the
+//! mesh trainer's one stage (`crate::parallel::mesh`), with `--pp` and
+//! `--tp` or without.
 //!
 //! ```text
 //! forward:   gather root → embed → fsdp_forward (each block: gather, forward, free) → norm, head, loss

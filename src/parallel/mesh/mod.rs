@@ -1,7 +1,7 @@
 //! The mesh trainer (`train --pp S`, `--tp T`, both, or either with
 //! `--sequence-parallel`; `--strategy zero1` with any of them or none;
 //! `--strategy zero2` with `--tp` or alone;
-//! `--strategy fsdp --pp S`; `--own-ddp`): the model transformed over a
+//! `--strategy fsdp` with any of them or none; `--own-ddp`): the model transformed over a
 //! [`DeviceMesh`] of shape (dp, pp, tp). Pipeline parallelism cuts it into S stages, one per
 //! rank of a `pp` group, stepped on the learner's GPipe (exercise 21) or
 //! 1F1B (exercise 24) schedule over the step's micro-batches; tensor
@@ -359,6 +359,7 @@ fn shard_groups(mesh: &DeviceMesh, shard_group: Option<usize>) -> Result<(Shared
 impl Train for MeshTrainer {
     fn train_step(&mut self, micro_batches: &[Tensor]) -> Result<StepStats> {
         let sent_before = report::sent_by_axis(&self.mesh, self.split_dp_stats());
+        self.stage.reset_peaks();
         let last = self.mesh.pp().world_size() - 1;
         if let Some(scaler) = &self.scaler {
             self.stage.set_loss_scale(scaler.scale);
@@ -455,7 +456,8 @@ impl Train for MeshTrainer {
                 }
             }
             let StepCounters { step, optimizer_steps, .. } = self.counters;
-            let state = TrainerState::new(step, optimizer_steps, self.model_config.clone(), self.config, data);
+            let mut state = TrainerState::new(step, optimizer_steps, self.model_config.clone(), self.config, data);
+            state.layout = Some(self.layout());
             writer.finish(&state)?;
         }
         self.mesh.world().barrier()
@@ -562,10 +564,7 @@ impl Train for MeshTrainer {
         let report = report::MeshReport {
             shape: self.mesh.shape().to_string(),
             memory: self.memory(),
-            gathered_peak: self
-                .stage
-                .sharded_units()
-                .and_then(|held| held.units.iter().next().map(|unit| unit.peak_gathered_bytes())),
+            peaks: self.stage.peaks(),
             last_step: self.last_step_sent.clone(),
         };
         Some(report.to_string())

@@ -4,15 +4,16 @@
 use std::fmt;
 
 use crate::distributed::{Axis, CommStats, DeviceMesh};
-use crate::parallel::fsdp::MemoryLedger;
+use crate::parallel::fsdp::{MemoryLedger, Peaks};
 
 /// A rank's memory and its last step's communication, by axis.
 pub(super) struct MeshReport {
     pub shape: String,
     /// Parameters, gradients and AdamW state this rank holds; `None` for a whole replica.
     pub memory: Option<MemoryLedger>,
-    /// The most bytes of gathered FSDP units held at once, when the blocks are units.
-    pub gathered_peak: Option<u64>,
+    /// The most bytes of gathered FSDP units and of activations held at
+    /// once in the last step, when the blocks are units.
+    pub peaks: Option<MemoryLedger>,
     /// What the last step sent along each axis with more than one rank.
     pub last_step: Vec<(Axis, CommStats)>,
 }
@@ -40,8 +41,8 @@ impl fmt::Display for MeshReport {
             Some(memory) => writeln!(f, "{memory}")?,
             None => writeln!(f, "  model states           a whole replica's")?,
         }
-        if let Some(bytes) = self.gathered_peak {
-            writeln!(f, "  gathered units, peak   {:>10.2}", mib(bytes))?;
+        if let Some(peaks) = &self.peaks {
+            writeln!(f, "{}", Peaks(peaks))?;
         }
         write!(f, "communication per step:")?;
         if self.last_step.is_empty() {
@@ -57,6 +58,7 @@ impl fmt::Display for MeshReport {
             for line in sent.to_string().lines() {
                 write!(f, "\n    {line}")?;
             }
+            write!(f, "\n    ring volume {:.2} MiB", mib(sent.ring_volume()))?;
         }
         Ok(())
     }

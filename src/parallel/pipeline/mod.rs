@@ -24,10 +24,11 @@ use candle_nn::Embedding;
 
 use crate::autograd::{accumulate, vjp, Checkpointed, Gradients, Recompute};
 use crate::distributed::{ProcessGroup, SharedGroup};
+use crate::memory::{held_after, thread_live_bytes};
 use crate::model::{layer_of, lm_head, Block, GptConfig, Linear, ParamStore, RmsNorm, RotaryCache, Weights};
 use crate::parallel::fsdp::{
-    embedding_grad, head_backward, head_forward, FlatLayout, FsdpUnit, MixedPrecisionPolicy, ShardedUnit, ShardingPlan,
-    UnitPlacement, ROOT_UNIT,
+    bytes, embedding_grad, head_backward, head_forward, FlatLayout, FsdpUnit, MemoryLedger, MixedPrecisionPolicy,
+    ShardedUnit, ShardingPlan, UnitPlacement, ROOT_UNIT,
 };
 use crate::parallel::fsdp_unit::BlockUnit;
 use crate::parallel::tensor::{join_tokens, split_tokens, BlockStep, SplitBlock, TensorParallelBlock};
@@ -471,6 +472,22 @@ impl PipelineStage {
         }
     }
 
+    /// Under FSDP, the most bytes of gathered units and of activations kept
+    /// for backward this stage held at once since the last
+    /// [`reset_peaks`](Self::reset_peaks) (the ledger's peaks, the rest zero).
+    pub fn peaks(&self) -> Option<MemoryLedger> {
+        let StageBlocks::Replayed(replayed) = &self.blocks else { return None };
+        let gathered_peak = replayed.units().units.iter().next().map_or(0, ShardedUnit::peak_gathered_bytes);
+        Some(MemoryLedger { gathered_peak, activations_peak: replayed.activations_peak(), ..MemoryLedger::default() })
+    }
+
+    /// Starts new [`peaks`](Self::peaks) from what the stage holds now.
+    pub fn reset_peaks(&self) {
+        if let StageBlocks::Replayed(replayed) = &self.blocks {
+            replayed.reset_peaks();
+        }
+    }
+
     /// Runs one micro-batch through this stage. `input` is the micro-batch's
     /// token ids (B, T) on the first stage and the previous stage's output
     /// (B, T, C) on the others; `tokens` are the ids, which the last stage
@@ -524,14 +541,21 @@ impl PipelineStage {
         };
         // The embedding keeps no graph: its weight's gradient needs only the token ids.
         let (block_inputs, h) = replayed.forward(&x.detach())?;
-        let (output, head) = match &self.head {
+        // The head's saved tensors are counted where they are made: the unit
+        // step's collectives would spoil a count of this thread's
+        // allocations, since another rank's thread may free what they hand over.
+        let ((output, head), head_held) = match &self.head {
             Some((norm, lm_head)) => {
-                let head = head_forward(norm, lm_head, &h, tokens)?;
-                (head.loss.clone(), Some(head))
+                let (head, held) = held_after(|| head_forward(norm, lm_head, &h, tokens));
+                let head = head?;
+                ((head.loss.clone(), Some(head)), held)
             }
-            None => (h, None),
+            None => ((h, None), thread_live_bytes().map(|_| 0)),
         };
-        replayed.keep(&output, Kept { input: input.clone(), block_inputs, head });
+        // The counting allocator sees host memory only: on a GPU there is nothing to count.
+        let inputs_held: u64 = block_inputs.iter().map(bytes).sum();
+        let held = head_held.filter(|_| tokens.device().is_cpu()).map(|head| head + inputs_held);
+        replayed.keep(&output, Kept { input: input.clone(), block_inputs, head, held });
         Ok(output)
     }
 

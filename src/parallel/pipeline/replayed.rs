@@ -52,6 +52,17 @@ pub(super) struct ReplayedBlocks {
     /// and the shard group whose all-gathers it answers.
     prefetch: Option<(Prefetch, SharedGroup)>,
     in_flight: Mutex<HashMap<TensorId, Kept>>,
+    /// What the forwards in flight keep for their backwards.
+    activations: Mutex<HeldActivations>,
+}
+
+/// Bytes the forwards in flight keep for their backwards, now and at most
+/// since the last reset; `None` once a forward could not be counted.
+#[derive(Default)]
+struct HeldActivations {
+    now: u64,
+    peak: Option<u64>,
+    uncounted: bool,
 }
 
 /// What one forward keeps for its backward.
@@ -64,6 +75,10 @@ pub(super) struct Kept {
     pub block_inputs: Vec<Tensor>,
     /// On the last stage, what the head's backward needs.
     pub head: Option<HeadPass>,
+    /// Bytes all that holds (see
+    /// [`MemoryLedger::activations_peak`](crate::parallel::fsdp::MemoryLedger::activations_peak)); `None`
+    /// where the host's counting allocator cannot tell.
+    pub held: Option<u64>,
 }
 
 impl ReplayedBlocks {
@@ -82,6 +97,7 @@ impl ReplayedBlocks {
             sequence,
             prefetch: None,
             in_flight: Mutex::new(HashMap::new()),
+            activations: Mutex::default(),
         }
     }
 
@@ -192,12 +208,38 @@ impl ReplayedBlocks {
 
     /// Keeps what the forward that returned `output` needs for its backward.
     pub(super) fn keep(&self, output: &Tensor, kept: Kept) {
+        let mut activations = lock(&self.activations);
+        match kept.held {
+            Some(bytes) => activations.now += bytes,
+            None => activations.uncounted = true,
+        }
+        activations.peak = Some(activations.peak.unwrap_or(0).max(activations.now));
         lock(&self.in_flight).insert(output.id(), kept);
     }
 
     /// What the forward that returned `output` kept, handed over.
     pub(super) fn take(&self, output: &Tensor) -> Option<Kept> {
-        lock(&self.in_flight).remove(&output.id())
+        let kept = lock(&self.in_flight).remove(&output.id())?;
+        let mut activations = lock(&self.activations);
+        activations.now -= kept.held.unwrap_or(0).min(activations.now);
+        Some(kept)
+    }
+
+    /// The most bytes the forwards in flight kept at once since the last
+    /// [`reset_peaks`](Self::reset_peaks), and under a pipeline's schedule
+    /// several are; `None` where they could not be counted.
+    pub(super) fn activations_peak(&self) -> Option<u64> {
+        let activations = lock(&self.activations);
+        activations.peak.filter(|_| !activations.uncounted)
+    }
+
+    /// Starts new peaks of activations and gathered units from what is held now.
+    pub(super) fn reset_peaks(&self) {
+        let mut activations = lock(&self.activations);
+        *activations = HeldActivations { now: activations.now, peak: None, uncounted: false };
+        if let Some(unit) = lock(&self.units).iter().next() {
+            unit.gathered_bytes().reset_peak();
+        }
     }
 
     /// The units and their groups.

@@ -257,12 +257,10 @@ fn parallelism(strategy: Strategy, nproc: usize) -> String {
         1 => String::new(),
         n => format!(" × {n} replicas"),
     };
-    let Strategy::Mesh { stages, tp, schedule, data, .. } = strategy else {
-        return match strategy {
-            Strategy::Fsdp(fsdp) => format!("FSDP ({}, {})", fsdp.sharding, fsdp.precision),
-            _ => "DDP".to_string(),
-        };
-    };
+    let Strategy::Mesh { stages, tp, schedule, data, .. } = strategy else { return "DDP".to_string() };
+    if let (1, 1, DataAxis::ShardBlocks { sharding, precision, .. }) = (stages, tp, data) {
+        return format!("FSDP ({sharding}, {precision})");
+    }
     let sharing = match data {
         DataAxis::Replicate => "",
         DataAxis::ShardOptimizer => ", ZeRO-1",

@@ -97,7 +97,7 @@ fn run(args: Args) -> Result<()> {
             "model_state_bytes": m.model_states(),
             "gathered_peak_bytes": m.gathered_peak,
             "activation_bytes": m.activations_peak,
-            "ring_volume_bytes": ledger.ring_volume(),
+            "ring_volume_bytes": ledger.comm.ring_volume(),
             "all_gathers": ledger.comm.calls(Collective::AllGather),
             "reduce_scatters": ledger.comm.calls(Collective::ReduceScatter),
             "all_reduces": ledger.comm.calls(Collective::AllReduce),
