@@ -2,9 +2,9 @@
 //! whichever way the ranks share the work.
 //!
 //! [`Trainer`](super::Trainer) (whole replicas, exercise 10's step) and
-//! [`FsdpTrainer`](crate::parallel::fsdp::FsdpTrainer) (sharded units)
-//! implement [`Train`]; the trainer binary's loop, its checkpoints and its
-//! reports see nothing else.
+//! [`MeshTrainer`](crate::parallel::MeshTrainer) (the model over a
+//! mesh: sharded, pipelined, split, or all three) implement [`Train`]; the
+//! trainer binary's loop, its checkpoints and its reports see nothing else.
 
 use std::path::Path;
 

@@ -8,7 +8,7 @@ use workbook::parallel::fsdp::{check_units, Precision, ShardingStrategy, ROOT_UN
 use workbook::phase3_fsdp::{sharding_plan, wrap_policy};
 use workbook::GptConfig;
 
-use crate::fsdp_runs::{fsdp_run, model_config, train_config};
+use crate::fsdp_runs::{fsdp_run, last_ledger, model_config, train_config};
 use crate::support::{cause, mistake};
 
 /// Twelve layers: enough for `model.layers.1` to be a prefix of `model.layers.10`.
@@ -79,7 +79,7 @@ fn collectives_per_step_follow_from_the_units(
         _ => (0, 0, units),
     };
     let (_, trainers) = fsdp_run(2, strategy, Precision::Fp32, config, 1);
-    let comm = &trainers[0].ledger().comm;
+    let comm = &last_ledger(&trainers[0]).comm;
     let got =
         (comm.calls(Collective::AllGather), comm.calls(Collective::ReduceScatter), comm.calls(Collective::AllReduce));
     let want = (all_gather, reduce_scatter, all_reduce);

@@ -9,23 +9,27 @@ use std::time::Duration;
 
 use candle_core::{Device, Result};
 use rstest::rstest;
-use workbook::distributed::{spawn, spawn_with_timeout, Collective, CpuProcessGroup, ProcessGroup};
+use workbook::distributed::{spawn, spawn_with_timeout, Collective, CpuProcessGroup, DeviceMesh, ProcessGroup};
 use workbook::memory::process_peak_during;
 use workbook::parallel::ddp::Ddp;
-use workbook::parallel::fsdp::{FsdpConfig, FsdpTrainer, Precision, ShardingStrategy, WholeParam};
+use workbook::parallel::fsdp::{Precision, ShardingStrategy, WholeParam};
+use workbook::parallel::{DataAxis, MeshPlan, MeshTrainer};
 use workbook::phase3_fsdp::gather_full_state;
 use workbook::train::{AdamW, Checkpoint, Train, Trainer};
 use workbook::{init_params, GptConfig};
 
-use crate::fsdp_runs::{fsdp_step, fsdp_trainer, gather_params, model_config, single_process_trainer, train_config};
+use crate::fsdp_runs::{
+    fsdp as fsdp_units, fsdp_step, fsdp_trainer, gather_params, model_config, single_process_trainer, train_config,
+    units,
+};
 use crate::process_ranks::on_processes;
 use crate::support::{bit_equal, cause, explain_error, mistake, number, ok, scratch_dir, values};
 
-fn fsdp(sharding: ShardingStrategy) -> FsdpConfig {
-    FsdpConfig { sharding, precision: Precision::Fp32, hybrid_group_size: None, reduce_in_f32: false }
+fn fsdp(sharding: ShardingStrategy) -> DataAxis {
+    fsdp_units(sharding, Precision::Fp32)
 }
 
-fn trained(pg: CpuProcessGroup, fsdp: FsdpConfig, steps: usize) -> FsdpTrainer {
+fn trained(pg: CpuProcessGroup, fsdp: DataAxis, steps: usize) -> MeshTrainer {
     let mut trainer = fsdp_trainer(Box::new(pg), fsdp, train_config(1.0));
     for s in 0..steps {
         fsdp_step(&mut trainer, s);
@@ -34,9 +38,10 @@ fn trained(pg: CpuProcessGroup, fsdp: FsdpConfig, steps: usize) -> FsdpTrainer {
 }
 
 /// Everything `gather_full_state` hands on for `trainer`'s units.
-fn handed_on(trainer: &FsdpTrainer, with_moments: bool) -> Result<Vec<WholeParam>> {
+fn handed_on(trainer: &MeshTrainer, with_moments: bool) -> Result<Vec<WholeParam>> {
     let mut kept = vec![];
-    gather_full_state(&trainer.units, trainer.process_group(), with_moments, &mut |whole| {
+    let held = units(trainer);
+    gather_full_state(held.units.iter(), held.shard, with_moments, &mut |whole| {
         kept.push(whole);
         Ok(())
     })?;
@@ -56,7 +61,7 @@ fn by_name(kept: Vec<WholeParam>) -> HashMap<String, WholeParam> {
     named
 }
 
-fn save(trainer: &FsdpTrainer, dir: &Path) {
+fn save(trainer: &MeshTrainer, dir: &Path) {
     ok(Train::save_checkpoint(trainer, dir, None), "the FSDP trainer's save (through gather_full_state)");
 }
 
@@ -66,11 +71,11 @@ fn read(dir: &Path) -> Checkpoint {
 
 /// A deeper model than the other checks' (its blocks are most of it), so
 /// that one unit is a small part of the whole.
-fn deep_trainer(pg: Box<dyn ProcessGroup>) -> FsdpTrainer {
+fn deep_trainer(pg: Box<dyn ProcessGroup>) -> MeshTrainer {
     let config = GptConfig { num_layers: 8, ..model_config() };
     let params = init_params(&config, 7, &Device::Cpu).unwrap();
-    let fsdp = fsdp(ShardingStrategy::FullShard);
-    let mut trainer = ok(FsdpTrainer::new(&config, params, train_config(1.0), fsdp, pg), "FsdpTrainer::new");
+    let (mesh, plan) = (DeviceMesh::data_parallel(pg), MeshPlan::replicas(fsdp(ShardingStrategy::FullShard)));
+    let mut trainer = ok(MeshTrainer::new(&config, &params, train_config(1.0), mesh, plan), "MeshTrainer::new");
     fsdp_step(&mut trainer, 0);
     trainer
 }
@@ -83,15 +88,16 @@ fn deep_trainer(pg: Box<dyn ProcessGroup>) -> FsdpTrainer {
 fn a_save_holds_a_unit_at_a_time_not_the_whole_model() {
     let runs = on_processes(2, |pg| {
         let trainer = deep_trainer(Box::new(pg));
-        let group = trainer.process_group();
-        let whole: usize = trainer.units.iter().map(|unit| unit.layout.padded_len()).sum();
-        let largest = trainer.units.iter().map(|unit| unit.layout.padded_len()).max().unwrap_or(0);
+        let held = units(&trainer);
+        let group = held.shard;
+        let whole: usize = held.units.iter().map(|unit| unit.layout.padded_len()).sum();
+        let largest = held.units.iter().map(|unit| unit.layout.padded_len()).max().unwrap_or(0);
         let gathers = || group.stats().calls(Collective::AllGather);
         let before = gathers();
         // The all-gathers issued before `keep` was first called.
         let mut before_first_keep = None;
         let (saved, peak) = process_peak_during(|| {
-            gather_full_state(&trainer.units, group, true, &mut |_| {
+            gather_full_state(held.units.iter(), group, true, &mut |_| {
                 before_first_keep.get_or_insert(gathers() - before);
                 Ok(())
             })
@@ -263,8 +269,8 @@ fn a_whole_checkpoint_loads_on_one_two_and_three_ranks() {
             spawn(world_size, |pg| {
                 let mut trainer = fsdp_trainer(Box::new(pg), fsdp(sharding), train_config(1.0));
                 Train::load_checkpoint(&mut trainer, &dir)?;
-                let local = trainer.units.iter().map(|u| u.local_state()).collect::<Result<Vec<_>>>()?;
-                Ok((gather_params(&trainer), trainer.counters, local))
+                let local = units(&trainer).units.iter().map(|u| u.local_state()).collect::<Result<Vec<_>>>()?;
+                Ok((gather_params(&trainer), trainer.counters(), local))
             }),
             "loading ranks",
         )
@@ -322,7 +328,7 @@ fn a_whole_checkpoint_loads_on_one_two_and_three_ranks() {
             let mut trainer = fsdp_trainer(Box::new(pg), fsdp(ShardingStrategy::FullShard), train_config(1.0));
             Train::load_checkpoint(&mut trainer, &dir)?;
             let mut named = vec![];
-            for unit in &trainer.units {
+            for unit in units(&trainer).units.iter() {
                 let local = unit.local_state()?;
                 for (kind, flat) in [&local.exp_avg, &local.exp_avg_sq].into_iter().enumerate() {
                     let whole = unit.layout.unflatten(flat)?;

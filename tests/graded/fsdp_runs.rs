@@ -7,10 +7,14 @@
 use std::collections::{BTreeMap, HashMap};
 
 use candle_core::{DType, Device, Tensor};
-use workbook::distributed::{spawn, ProcessGroup};
+use workbook::distributed::{spawn, DeviceMesh, ProcessGroup};
 use workbook::parallel::ddp::Ddp;
-use workbook::parallel::fsdp::{FsdpConfig, FsdpTrainer, Precision, ShardingStrategy};
-use workbook::train::{AdamWConfig, CosineSchedule, LrSchedule, OptimizerConfig, StepStats, TrainConfig, Trainer};
+use workbook::parallel::fsdp::{Precision, ShardingStrategy, StepLedger};
+use workbook::parallel::pipeline::HeldUnits;
+use workbook::parallel::{DataAxis, MeshPlan, MeshTrainer};
+use workbook::train::{
+    AdamWConfig, CosineSchedule, LrSchedule, OptimizerConfig, StepStats, Train, TrainConfig, Trainer,
+};
 use workbook::{init_params, GptConfig, InitRng};
 
 use crate::support::{l2_norm, ok};
@@ -93,39 +97,53 @@ pub fn single_process(steps: usize, max_grad_norm: f64) -> HashMap<String, Tenso
     trainer.params.iter().map(|(n, v)| (n.to_string(), v.as_tensor().clone())).collect()
 }
 
-/// A fresh FSDP trainer on `pg`, from the same initial parameters as [`single_process`].
-pub fn fsdp_trainer(pg: Box<dyn ProcessGroup>, fsdp: FsdpConfig, config: TrainConfig) -> FsdpTrainer {
+/// FSDP's units on every rank, sharded as `sharding` says, in `precision`:
+/// `--strategy fsdp --sharding … --precision …`.
+pub fn fsdp(sharding: ShardingStrategy, precision: Precision) -> DataAxis {
+    DataAxis::ShardBlocks { sharding, shard_group: None, precision, reduce_in_f32: false }
+}
+
+/// A fresh FSDP trainer on `pg` (the replicas of one data-parallel axis,
+/// sharing each step as `fsdp` says), from the same initial parameters as
+/// [`single_process`].
+pub fn fsdp_trainer(pg: Box<dyn ProcessGroup>, fsdp: DataAxis, config: TrainConfig) -> MeshTrainer {
     fsdp_trainer_on(pg, fsdp, config, &Device::Cpu)
 }
 
 /// [`fsdp_trainer`] with its parameters on `device`, the one `pg`'s tensors live on.
-pub fn fsdp_trainer_on(
-    pg: Box<dyn ProcessGroup>,
-    fsdp: FsdpConfig,
-    config: TrainConfig,
-    device: &Device,
-) -> FsdpTrainer {
+pub fn fsdp_trainer_on(pg: Box<dyn ProcessGroup>, fsdp: DataAxis, config: TrainConfig, device: &Device) -> MeshTrainer {
     let params = init_params(&model_config(), 7, device).unwrap();
-    ok(FsdpTrainer::new(&model_config(), params, config, fsdp, pg), "FsdpTrainer::new")
+    let mesh = DeviceMesh::data_parallel(pg);
+    ok(MeshTrainer::new(&model_config(), &params, config, mesh, MeshPlan::replicas(fsdp)), "MeshTrainer::new")
+}
+
+/// The trainer's FSDP units, root first, with the group they are sharded over.
+pub fn units(trainer: &MeshTrainer) -> HeldUnits<'_> {
+    trainer.units().expect("an FSDP trainer holds units")
+}
+
+/// The trainer's ledger of its last step.
+pub fn last_ledger(trainer: &MeshTrainer) -> StepLedger {
+    trainer.ledger().expect("an FSDP trainer keeps a ledger")
 }
 
 /// One step of `trainer` on its rows of step `step`'s global batches.
-pub fn fsdp_step(trainer: &mut FsdpTrainer, step: usize) -> StepStats {
+pub fn fsdp_step(trainer: &mut MeshTrainer, step: usize) -> StepStats {
     let (rank, world) = (trainer.process_group().rank(), trainer.process_group().world_size());
-    let device = trainer.units[0].device().clone();
+    let device = units(trainer).units.iter().next().expect("a unit").device().clone();
     let mine: Vec<Tensor> =
         global_batches(step).iter().map(|b| rows_of(b, rank, world).to_device(&device).unwrap()).collect();
-    ok(trainer.train_step(&mine), "FsdpTrainer::train_step")
+    ok(trainer.train_step(&mine), "MeshTrainer::train_step")
 }
 
 /// The whole parameters a trainer holds, put together from every rank's shard
 /// (read directly from the units, so this does not depend on exercise 15).
-pub fn gather_params(trainer: &FsdpTrainer) -> HashMap<String, Tensor> {
-    let pg = trainer.process_group();
+pub fn gather_params(trainer: &MeshTrainer) -> HashMap<String, Tensor> {
+    let held = units(trainer);
     let mut out = HashMap::new();
-    for unit in &trainer.units {
+    for unit in held.units.iter() {
         let local = unit.local_state().unwrap().params;
-        let whole = if unit.is_sharded() { pg.all_gather(&local).unwrap() } else { local };
+        let whole = if unit.is_sharded() { held.shard.all_gather(&local).unwrap() } else { local };
         out.extend(unit.layout.unflatten(&whole).unwrap());
     }
     out
@@ -139,8 +157,8 @@ pub fn fsdp_run(
     precision: Precision,
     config: TrainConfig,
     steps: usize,
-) -> (HashMap<String, Tensor>, Vec<FsdpTrainer>) {
-    let fsdp = FsdpConfig { sharding: strategy, precision, hybrid_group_size: None, reduce_in_f32: false };
+) -> (HashMap<String, Tensor>, Vec<MeshTrainer>) {
+    let fsdp = fsdp(strategy, precision);
     let mut results =
         ok(spawn(world_size, |pg| Ok(fsdp_rank(Box::new(pg), fsdp, config, steps, &Device::Cpu))), "the FSDP ranks");
     let params = results[0].0.clone();
@@ -151,11 +169,11 @@ pub fn fsdp_run(
 /// after `steps` steps, and its trainer.
 pub fn fsdp_rank(
     pg: Box<dyn ProcessGroup>,
-    fsdp: FsdpConfig,
+    fsdp: DataAxis,
     config: TrainConfig,
     steps: usize,
     device: &Device,
-) -> (HashMap<String, Tensor>, FsdpTrainer) {
+) -> (HashMap<String, Tensor>, MeshTrainer) {
     let mut trainer = fsdp_trainer_on(pg, fsdp, config, device);
     for s in 0..steps {
         fsdp_step(&mut trainer, s);

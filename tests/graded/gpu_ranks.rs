@@ -12,10 +12,11 @@ use std::collections::{BTreeMap, HashMap};
 
 use candle_core::{DType, Device, Tensor};
 use workbook::distributed::{allow_unverified_nccl, ProcessGroup, ReduceOp};
-use workbook::parallel::fsdp::{FsdpConfig, Precision, ShardingStrategy};
+use workbook::parallel::fsdp::{Precision, ShardingStrategy};
+use workbook::parallel::DataAxis;
 
 use crate::fsdp_runs::{
-    as_values, ddp_rank_with_norms, fsdp_rank, max_relative_difference, single_process, single_process_norms,
+    as_values, ddp_rank_with_norms, fsdp, fsdp_rank, max_relative_difference, single_process, single_process_norms,
     train_config, GLOBAL_BATCH,
 };
 use crate::process_ranks::on_gpu_processes;
@@ -141,12 +142,7 @@ fn expect_definitions(got: &Values, want: &[(&str, Vec<f32>)], rank: usize, worl
 #[test]
 fn phase_3_full_shard_over_nccl_reaches_what_one_process_reaches() {
     let Some(world) = world_size() else { return };
-    let fsdp = FsdpConfig {
-        sharding: ShardingStrategy::FullShard,
-        precision: Precision::Fp32,
-        hybrid_group_size: None,
-        reduce_in_f32: false,
-    };
+    let fsdp = fsdp(ShardingStrategy::FullShard, Precision::Fp32);
     let per_rank = on_gpu_processes(world, |pg| {
         let device = pg.device();
         Ok(as_values(&fsdp_rank(Box::new(pg), fsdp, train_config(CLIP), STEPS, &device).0))
@@ -189,10 +185,10 @@ fn never_run_nccl_paths_split_subgroups_and_send_recv_match_their_definitions() 
 #[test]
 fn phase_3_hybrid_shard_over_nccl_reaches_what_one_process_reaches() {
     let Some(world) = world_size() else { return };
-    let fsdp = FsdpConfig {
+    let fsdp = DataAxis::ShardBlocks {
         sharding: ShardingStrategy::HybridShard,
+        shard_group: Some(2),
         precision: Precision::Fp32,
-        hybrid_group_size: Some(2),
         reduce_in_f32: false,
     };
     let per_rank = on_gpu_processes(world, |pg| {

@@ -24,14 +24,15 @@
 use candle_core::Device;
 use rstest::rstest;
 use workbook::distributed::{spawn, Collective};
-use workbook::parallel::fsdp::{FsdpConfig, LossScaler, Precision, ShardingStrategy, StepLedger};
+use workbook::parallel::fsdp::{LossScaler, Precision, ShardingStrategy, StepLedger};
+use workbook::parallel::DataAxis;
 use workbook::phase3_fsdp::{mixed_precision_policy, sharding_plan};
-use workbook::train::TrainConfig;
+use workbook::train::Train;
 
 use crate::exercise_12::expected;
 use crate::fsdp_runs::{
-    as_values, ddp_run, fsdp_rank, fsdp_run, fsdp_step, fsdp_trainer, gather_params, max_relative_difference,
-    single_process, train_config,
+    as_values, ddp_run, fsdp, fsdp_rank, fsdp_run, fsdp_step, fsdp_trainer, gather_params, last_ledger,
+    max_relative_difference, single_process, train_config, units,
 };
 use crate::process_ranks::on_processes;
 use crate::support::{cause, number, ok};
@@ -50,12 +51,10 @@ fn check(worst: (f64, String), bound: f64, what: &str) {
 fn one_rank_is_bit_exact_with_one_process(
     #[values(ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard)]
     strategy: ShardingStrategy,
-    #[values(false, true)] activation_checkpointing: bool,
 ) {
     for (clip, bound) in [(NO_CLIP, 0.0), (CLIP, 1e-6)] {
         let want = single_process(STEPS, clip);
-        let config = TrainConfig { activation_checkpointing, ..train_config(clip) };
-        let (got, _) = fsdp_run(1, strategy, Precision::Fp32, config, STEPS);
+        let (got, _) = fsdp_run(1, strategy, Precision::Fp32, train_config(clip), STEPS);
         let clipped = if clip == CLIP { ", clipped" } else { "" };
         check(max_relative_difference(&got, &want), bound, &format!("{strategy} on one rank vs one process{clipped}"));
     }
@@ -93,22 +92,26 @@ fn expected_model_states(strategy: ShardingStrategy, psi: u64, n: u64) -> u64 {
 #[test]
 fn hybrid_shard_in_groups_of_two_trains_as_full_shard_with_a_group_of_twos_memory() {
     let (full, _) = fsdp_run(4, ShardingStrategy::FullShard, Precision::Fp32, train_config(CLIP), STEPS);
-    let hybrid = FsdpConfig {
+    let hybrid = DataAxis::ShardBlocks {
         sharding: ShardingStrategy::HybridShard,
+        shard_group: Some(2),
         precision: Precision::Fp32,
-        hybrid_group_size: Some(2),
         reduce_in_f32: false,
     };
     let ranks = spawn(4, |pg| Ok(fsdp_rank(Box::new(pg), hybrid, train_config(CLIP), STEPS, &Device::Cpu)));
     let ranks = ok(ranks, "HYBRID_SHARD on 4 ranks");
     for (rank, (params, trainer)) in ranks.iter().enumerate() {
         check(max_relative_difference(params, &full), 1e-5, &format!("HYBRID_SHARD rank {rank} vs FULL_SHARD"));
-        let psi: u64 = trainer.units.iter().map(|u| u.layout.padded_len() as u64).sum();
+        let psi: u64 = units(trainer).units.iter().map(|u| u.layout.padded_len() as u64).sum();
         let want = expected_model_states(ShardingStrategy::FullShard, psi, 2);
-        let ledger = trainer.ledger();
+        let ledger = last_ledger(trainer);
         assert_eq!(ledger.memory.model_states(), want, "HYBRID_SHARD rank {rank}: the model states of a group of 2");
         let all_reduces = ledger.comm.calls(Collective::AllReduce);
-        assert_eq!(all_reduces, trainer.units.len() as u64 + 1, "rank {rank}: one per unit and the norm's\n{ledger}");
+        assert_eq!(
+            all_reduces,
+            units(trainer).units.len() as u64 + 1,
+            "rank {rank}: one per unit and the norm's\n{ledger}"
+        );
     }
 }
 
@@ -119,17 +122,17 @@ fn measured_memory_per_rank_follows_the_plan(
 ) {
     let world_size = 2;
     let (_, trainers) = fsdp_run(world_size, strategy, Precision::Fp32, train_config(1.0), 1);
-    let psi: u64 = trainers[0].units.iter().map(|u| u.layout.padded_len() as u64).sum();
+    let psi: u64 = units(&trainers[0]).units.iter().map(|u| u.layout.padded_len() as u64).sum();
     let want = expected_model_states(strategy, psi, world_size as u64);
     for (rank, trainer) in trainers.iter().enumerate() {
-        let memory = trainer.ledger().memory;
+        let memory = last_ledger(trainer).memory;
         let plan_wrong = sharding_plan(strategy) != expected(strategy);
         assert!(
             memory.model_states() == want,
             "{strategy}, rank {rank} of {world_size}: the ledger measured {} bytes of model states, the ZeRO formula gives {want} \
              (Ψ = {psi} elements).\nLedger:\n{}{}",
             memory.model_states(),
-            trainer.ledger(),
+            last_ledger(trainer),
             cause(plan_wrong.then_some("sharding_plan (exercise 12) shards the wrong things"))
         );
     }
@@ -143,12 +146,13 @@ fn losses(precision: Precision, steps: usize) -> Vec<f64> {
 /// Rank 0's per-step losses and last step's ledger in a short FULL_SHARD run
 /// on two ranks, its gradients reduced in f32 where `reduce_in_f32`.
 fn full_shard_run(precision: Precision, reduce_in_f32: bool, steps: usize) -> (Vec<f64>, StepLedger) {
-    let fsdp = FsdpConfig { sharding: ShardingStrategy::FullShard, precision, hybrid_group_size: None, reduce_in_f32 };
+    let fsdp =
+        DataAxis::ShardBlocks { sharding: ShardingStrategy::FullShard, shard_group: None, precision, reduce_in_f32 };
     let mut per_rank = ok(
         spawn(2, |pg| {
             let mut trainer = fsdp_trainer(Box::new(pg), fsdp, train_config(1.0));
             let losses = (0..steps).map(|s| fsdp_step(&mut trainer, s).loss).collect::<Vec<_>>();
-            Ok((losses, trainer.ledger().clone()))
+            Ok((losses, last_ledger(&trainer)))
         }),
         "two FSDP ranks",
     );
@@ -211,23 +215,18 @@ fn a_bf16_run_can_reduce_its_gradients_in_f32() {
 /// parameters must never see an inf or NaN.
 #[test]
 fn fp16_skips_overflowing_steps_instead_of_producing_nan() {
-    let fsdp = FsdpConfig {
-        sharding: ShardingStrategy::FullShard,
-        precision: Precision::Fp16,
-        hybrid_group_size: None,
-        reduce_in_f32: false,
-    };
+    let fsdp = fsdp(ShardingStrategy::FullShard, Precision::Fp16);
     let results = ok(
         spawn(2, |pg| {
             let mut trainer = fsdp_trainer(Box::new(pg), fsdp, train_config(1.0));
-            let Some(scaler) = trainer.scaler.as_mut() else {
+            let Some(scaler) = trainer.loss_scaler() else {
                 return Ok(None);
             };
             *scaler = LossScaler::new(2f64.powi(40), 2000);
             let start = gather_params(&trainer);
             fsdp_step(&mut trainer, 0);
             let after_overflow = gather_params(&trainer);
-            let skipped_first = trainer.counters.skipped_steps;
+            let skipped_first = trainer.counters().skipped_steps;
             for s in 1..40 {
                 fsdp_step(&mut trainer, s);
             }
@@ -236,9 +235,9 @@ fn fp16_skips_overflowing_steps_instead_of_producing_nan() {
                 start,
                 after_overflow,
                 skipped_first,
-                trainer.counters.skipped_steps,
-                trainer.counters.optimizer_steps,
-                trainer.scaler.unwrap().scale,
+                trainer.counters().skipped_steps,
+                trainer.counters().optimizer_steps,
+                trainer.loss_scaler().map_or(1.0, |scaler| scaler.scale),
                 end,
             )))
         }),
@@ -283,12 +282,7 @@ fn fp16_skips_overflowing_steps_instead_of_producing_nan() {
 /// (two ranks add a + b = b + a, whichever order the ring uses).
 #[test]
 fn full_shard_on_two_processes_trains_as_on_two_thread_ranks() {
-    let fsdp = FsdpConfig {
-        sharding: ShardingStrategy::FullShard,
-        precision: Precision::Fp32,
-        hybrid_group_size: None,
-        reduce_in_f32: false,
-    };
+    let fsdp = fsdp(ShardingStrategy::FullShard, Precision::Fp32);
     let per_rank =
         on_processes(2, |pg| Ok(as_values(&fsdp_rank(Box::new(pg), fsdp, train_config(CLIP), STEPS, &Device::Cpu).0)));
     let (threads, _) = fsdp_run(2, ShardingStrategy::FullShard, Precision::Fp32, train_config(CLIP), STEPS);

@@ -14,7 +14,7 @@ use trainer::config::RunConfig;
 use trainer::run::{train, RunOptions, Summary};
 use trainer::strategy::{Layout, Strategy};
 use workbook::data::{DataConfig, DatasetKind, SAMPLE_PATH};
-use workbook::parallel::fsdp::{FsdpConfig, Precision, ShardingStrategy};
+use workbook::parallel::fsdp::{Precision, ShardingStrategy};
 use workbook::parallel::pipeline::PipelineSchedule;
 use workbook::parallel::DataAxis;
 
@@ -834,25 +834,23 @@ fn prefetching_on_a_mesh_changes_no_bit() {
 #[test]
 fn fsdp_master_weights_keep_no_autograd_history() {
     use candle_core::{DType, Device, Tensor};
-    use workbook::distributed::SingleProcess;
-    use workbook::parallel::fsdp::FsdpTrainer;
+    use workbook::distributed::{DeviceMesh, SingleProcess};
+    use workbook::parallel::{MeshPlan, MeshTrainer};
+    use workbook::train::Train;
 
     let config = RunConfig::load("tiny").unwrap();
     let params = workbook::init_params(&config.model, 0, &Device::Cpu).unwrap();
-    let fsdp = FsdpConfig {
-        sharding: ShardingStrategy::FullShard,
-        precision: Precision::Fp32,
-        hybrid_group_size: None,
-        reduce_in_f32: false,
-    };
     let train_config = config.train_config(false);
-    let mut trainer =
-        FsdpTrainer::new(&config.model, params, train_config, fsdp, Box::new(SingleProcess::new())).unwrap();
+    let mesh = DeviceMesh::data_parallel(Box::new(SingleProcess::new()));
+    let plan = MeshPlan::replicas(fsdp_units(ShardingStrategy::FullShard));
+    let mut trainer = MeshTrainer::new(&config.model, &params, train_config, mesh, plan).unwrap();
+    drop(params);
     let tokens = Tensor::zeros((2, 16), DType::U32, &Device::Cpu).unwrap();
     for _ in 0..2 {
         trainer.train_step(std::slice::from_ref(&tokens)).unwrap();
     }
-    for unit in &trainer.units {
+    let held = trainer.units().expect("FSDP units");
+    for unit in held.units.iter() {
         let state = unit.local_state().unwrap();
         assert!(
             !state.params.track_op() && !unit.shard().unwrap().track_op(),

@@ -9,25 +9,22 @@
 //! | FULL_SHARD    | 3    | sharded    | sharded   | sharded         |
 //!
 //! HYBRID_SHARD is FULL_SHARD within groups of consecutive ranks, the
-//! groups replicas of each other ([`FsdpGroups`]).
+//! groups replicas of each other.
 //!
 //! The pieces: [`ShardingPlan`] (exercise 12 maps a strategy to one),
 //! [`MixedPrecisionPolicy`] (exercise 13), [`FsdpUnit`]s (exercise 14 picks
 //! them), [`FlatLayout`] (a unit's parameters as one padded buffer),
 //! [`ShardedUnit`] (a rank's part of a unit; exercise 15 gathers it whole for
-//! a checkpoint and shards it again), the units' optimizer step (`step.rs`,
-//! which FSDP's trainer and a mesh's stages share), [`FsdpTrainer`] (runs
-//! the units and their collectives on one data-parallel axis: what Phase 3's
-//! tests build; `train --strategy fsdp` runs the same units on a mesh's
-//! stage, `crate::parallel::mesh`) and
-//! [`StepLedger`] (what a rank held and sent in a step). Every collective is
+//! a checkpoint and shards it again), the units' optimizer step (`step.rs`),
+//! the root's embedding and head (`root.rs`) and [`StepLedger`] (what a rank
+//! held and sent in a step). The mesh trainer's stage runs them
+//! ([`crate::parallel::mesh`]), with or without pipeline and tensor
+//! parallelism. Every collective is
 //! in `comm.rs` and goes through the
 //! [`ProcessGroup`](crate::distributed::ProcessGroup).
 
-mod checkpoint;
 mod comm;
 mod flat;
-mod groups;
 mod ledger;
 mod offload;
 mod precision;
@@ -36,11 +33,9 @@ mod root;
 mod shard;
 mod step;
 mod strategy;
-mod trainer;
 mod units;
 
 pub use flat::{DecayRuns, FlatLayout, UnitParams};
-pub use groups::FsdpGroups;
 pub use ledger::{MemoryLedger, Peaks, StepLedger};
 pub(crate) use offload::OffloadFile;
 pub use precision::{LossScaler, MixedPrecisionPolicy, Precision};
@@ -51,5 +46,4 @@ pub(crate) use shard::{bytes, BlockCompute, Pass, UnitPlacement};
 pub use shard::{GatheredBytes, LocalState, ShardedUnit, WholeParam};
 pub(crate) use step::{step, sum_of_squares_over, take_grads, UnitGroups};
 pub use strategy::{ShardingPlan, ShardingStrategy};
-pub use trainer::{FsdpConfig, FsdpTrainer};
 pub use units::{block_unit_name, check_units, FsdpUnit, ROOT_UNIT};

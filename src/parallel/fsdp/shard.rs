@@ -71,6 +71,10 @@ pub struct ShardedUnit {
     /// This step's gradient so far, in the reduce dtype: over `local` once
     /// reduce-scattered, the whole buffer while it is not.
     grad: Option<Tensor>,
+    /// The elements of that gradient at its largest: `local`'s when the plan
+    /// shards gradients, the whole buffer's when the step reduces them
+    /// (ZeRO-1, NO_SHARD).
+    step_grad_len: usize,
     /// AdamW's moments over `local`, f32.
     exp_avg: StepOnly,
     exp_avg_sq: StepOnly,
@@ -193,7 +197,7 @@ impl ShardedUnit {
             false => Some(full.narrow(0, local.start, local.len())?.force_contiguous()?),
         };
         let decays = layout.decay_runs(local.clone(), weight_decay_of);
-        let (len, device) = (local.len(), full.device());
+        let (len, layout_len, device) = (local.len(), layout.padded_len(), full.device());
         let zeros = || Tensor::zeros(len, DType::F32, device);
         Ok(Self {
             name,
@@ -213,6 +217,7 @@ impl ShardedUnit {
             pass: Pass::default(),
             whole_span: None,
             grad: None,
+            step_grad_len: if at.plan.grads { len } else { layout_len },
             exp_avg: StepOnly::InMemory(zeros()?),
             exp_avg_sq: StepOnly::InMemory(zeros()?),
             decays,
@@ -276,17 +281,6 @@ impl ShardedUnit {
     pub fn flat_grad(&self, grads: &GradStore) -> Result<Option<Tensor>> {
         let Some(params) = &self.whole else { return Ok(None) };
         self.lay_out(params.iter().map(|p| grads.get(p.as_tensor()).cloned()).collect())
-    }
-
-    /// [`reshard`](Self::reshard), returning the gradient `grads` holds for
-    /// each whole parameter, in layout order, and taking them out of it: the
-    /// whole parameters are freed before [`lay_out`](Self::lay_out) builds
-    /// the flat gradient, so the rank never holds both (the root unit's are
-    /// the vocabulary's embedding and head).
-    pub(crate) fn reshard_taking_grads(&mut self, grads: &mut GradStore) -> Vec<Option<Tensor>> {
-        let parts = self.whole.iter().flatten().map(|p| grads.remove(p.as_tensor())).collect();
-        self.reshard();
-        parts
     }
 
     /// One flat gradient of the parameters' gradients, in layout order; a
@@ -509,11 +503,6 @@ impl ShardedUnit {
         comm::reduce_step(pg, replicas, grad, plan)?.to_dtype(DType::F32)
     }
 
-    /// Bytes of the gradient buffer right now.
-    pub(crate) fn grad_bytes(&self) -> u64 {
-        self.grad.as_ref().map_or(0, bytes)
-    }
-
     /// One AdamW step of the local range with `grad` (f32 over `local`), in
     /// pieces of [`STEP_CHUNK`] elements, each by exercise 17's shard update,
     /// then the replica refreshed (an all-gather when the optimizer is sharded).
@@ -590,7 +579,7 @@ impl ShardedUnit {
 
     /// What the unit holds between steps, in memory (params in the compute
     /// dtype, f32 master, moments) and offloaded to a file, and the gradient
-    /// buffer a step fills: its local range in the reduce dtype. Nothing
+    /// buffer a step fills at its largest, in the reduce dtype. Nothing
     /// gathered (see [`peak_gathered_bytes`](Self::peak_gathered_bytes)).
     pub(crate) fn held_memory(&self) -> MemoryLedger {
         let master = self.master.as_ref().map_or((0, 0), StepOnly::bytes);
@@ -598,7 +587,7 @@ impl ShardedUnit {
         MemoryLedger {
             params: self.replica.as_ref().map_or(0, |v| bytes(v.as_tensor())),
             master_params: master.0,
-            grads: (self.local.len() * self.reduce_dtype.size_in_bytes()) as u64,
+            grads: (self.step_grad_len * self.reduce_dtype.size_in_bytes()) as u64,
             optimizer_state: exp_avg.0 + exp_avg_sq.0,
             offloaded: master.1 + exp_avg.1 + exp_avg_sq.1,
             ..MemoryLedger::default()

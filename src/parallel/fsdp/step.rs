@@ -1,8 +1,8 @@
 //! The optimizer step of a rank's FSDP units once a step's micro-batches
 //! have run: each unit's gradient over its local range, averaged over the
 //! ranks as the plan says; the whole model's squared norm from those parts;
-//! and AdamW on each unit's local range, clipped. FSDP's own trainer and
-//! the stages of a mesh both step their units with it.
+//! and AdamW on each unit's local range, clipped. A mesh's stages step
+//! their units with it, whatever the mesh.
 
 use candle_core::{Device, Result, Tensor};
 

@@ -205,7 +205,7 @@ impl Update {
             }
             Self::Units { adamw } => (None, *adamw),
         };
-        // FSDP units hold their own gradients, stepped as FSDP's own trainer steps them.
+        // FSDP units hold their own gradients, stepped by `fsdp::step`.
         let mut units = stage.sharded_units();
         let unit_grads = match units.as_mut() {
             Some(held) => {

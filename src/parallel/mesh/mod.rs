@@ -51,10 +51,10 @@ use crate::autograd::Gradients;
 use crate::distributed::{Axis, CommStats, DeviceMesh, ProcessGroup, SharedGroup};
 use crate::model::{param_specs, GptConfig, ParamStore};
 use crate::parallel::fsdp::{
-    check_units, LossScaler, MemoryLedger, MixedPrecisionPolicy, OffloadFile, Precision, ShardedUnit, ShardingPlan,
-    ShardingStrategy,
+    check_units, LocalState, LossScaler, MemoryLedger, MixedPrecisionPolicy, OffloadFile, Precision, ShardedUnit,
+    ShardingPlan, ShardingStrategy, StepLedger,
 };
-use crate::parallel::pipeline::{stage_holding, FsdpPlan, PipelineSchedule, PipelineStage, PipelineStep};
+use crate::parallel::pipeline::{stage_holding, FsdpPlan, HeldUnits, PipelineSchedule, PipelineStage, PipelineStep};
 use crate::parallel::tensor::{moments_part, part_of, BlockStep, ShardCuts};
 use crate::phase2_training::param_groups;
 use crate::phase3_fsdp::{mixed_precision_policy, sharding_plan, wrap_policy};
@@ -74,6 +74,20 @@ pub struct MeshPlan {
     pub data_axis: DataAxis,
     /// Under DDP, the most gradient bytes one all-reduce carries.
     pub bucket_bytes: usize,
+}
+
+impl MeshPlan {
+    /// One axis of whole-model replicas sharing each step as `data_axis`
+    /// says (`--strategy fsdp`, `zero1` or `zero2` alone): no schedule or
+    /// block split applies, and DDP's buckets are its default.
+    pub fn replicas(data_axis: DataAxis) -> Self {
+        Self {
+            schedule: PipelineSchedule::GPipe,
+            block_step: BlockStep::TensorParallel,
+            data_axis,
+            bucket_bytes: crate::parallel::ddp::DEFAULT_BUCKET_BYTES,
+        }
+    }
 }
 
 pub struct MeshTrainer {
@@ -98,6 +112,9 @@ pub struct MeshTrainer {
     scaler: Option<LossScaler>,
     /// What the last step sent along each axis with more than one rank.
     last_step_sent: Vec<(Axis, CommStats)>,
+    /// What the last step's collectives along dp (and the groups split out
+    /// of it) carried, whatever its size: a group of one still counts them.
+    last_step_dp: CommStats,
 }
 
 impl MeshTrainer {
@@ -113,6 +130,38 @@ impl MeshTrainer {
         mesh: DeviceMesh,
         plan: MeshPlan,
     ) -> Result<Self> {
+        Self::build(model_config, params, config, mesh, plan, None)
+    }
+
+    /// [`new`](Self::new) with FSDP units sharded by `zero`, any ZeRO
+    /// stage's plan (stage 1's included, which has no FSDP strategy of its
+    /// own), in place of the one exercise 12 gives `plan.data_axis`'s
+    /// sharding: how the ledger's table measures every stage on one runtime.
+    pub fn with_units_plan(
+        model_config: &GptConfig,
+        params: &ParamStore,
+        config: TrainConfig,
+        mesh: DeviceMesh,
+        plan: MeshPlan,
+        zero: ShardingPlan,
+    ) -> Result<Self> {
+        if !matches!(plan.data_axis, DataAxis::ShardBlocks { .. }) {
+            bail!("a units' plan goes with FSDP units (DataAxis::ShardBlocks), not {:?}", plan.data_axis);
+        }
+        Self::build(model_config, params, config, mesh, plan, Some(zero))
+    }
+
+    fn build(
+        model_config: &GptConfig,
+        params: &ParamStore,
+        config: TrainConfig,
+        mesh: DeviceMesh,
+        plan: MeshPlan,
+        units_plan: Option<ShardingPlan>,
+    ) -> Result<Self> {
+        if config.grad_accum_steps == 0 {
+            bail!("grad_accum_steps must be at least 1");
+        }
         let MeshPlan { schedule, block_step, data_axis, bucket_bytes } = plan;
         let pg = mesh.pp();
         if block_step == BlockStep::SequenceParallel && mesh.shape().tp == 1 {
@@ -126,8 +175,11 @@ impl MeshTrainer {
                 let groups = param_groups(params, config.optimizer.weight_decay);
                 let decay = ParamGroup::decay_by_name(&groups, params)?;
                 let weight_decay_of = |name: &str| decay.get(name).copied().unwrap_or(0.0);
-                // The learner's plan (exercise 12) and units (exercise 14), as FSDP's own trainer takes them.
-                let plan = fsdp_plan(sharding, shard_group)?;
+                // The learner's plan (exercise 12) and units (exercise 14).
+                let plan = match units_plan {
+                    Some(plan) => plan.validate().map(|()| plan)?,
+                    None => fsdp_plan(sharding, shard_group)?,
+                };
                 let policy = fsdp_policy(precision, reduce_in_f32);
                 scaler = policy.loss_scaling.then(LossScaler::default);
                 let units = wrap_policy(model_config);
@@ -159,22 +211,25 @@ impl MeshTrainer {
             counters: StepCounters::default(),
             scaler,
             last_step_sent: vec![],
+            last_step_dp: CommStats::default(),
         })
     }
 
     /// Gathers each FSDP unit one unit early while one computes, in forward
-    /// and in backward, as
-    /// [`FsdpTrainer::with_prefetch`](crate::parallel::fsdp::FsdpTrainer::with_prefetch)
-    /// does; refused where the data axis holds no units (`--strategy fsdp`).
+    /// and in backward (PyTorch: `forward_prefetch` and
+    /// `backward_prefetch=BACKWARD_PRE`); the numbers do not change, and two
+    /// units are whole at once. Refused where the data axis holds no units
+    /// (`--strategy fsdp`).
     pub fn with_prefetch(mut self) -> Result<Self> {
         self.stage = self.stage.with_prefetch()?;
         Ok(self)
     }
 
     /// Keeps AdamW's moments and the f32 master shards of this rank's FSDP
-    /// units in a new file in `dir` between uses, as
-    /// [`FsdpTrainer::with_offload`](crate::parallel::fsdp::FsdpTrainer::with_offload)
-    /// does; refused where the data axis holds no units (`--strategy fsdp`).
+    /// units in a new file in `dir` between uses: the moments are read back
+    /// by the step alone, a shard by its all-gather and the step (PyTorch:
+    /// `CPUOffload`, here one level further down). The numbers do not
+    /// change. Refused where the data axis holds no units (`--strategy fsdp`).
     pub fn with_offload(self, dir: &Path) -> Result<Self> {
         let Some(mut held) = self.stage.sharded_units() else {
             bail!(
@@ -201,6 +256,39 @@ impl MeshTrainer {
     /// The stage this rank runs.
     pub fn stage(&self) -> &PipelineStage {
         &self.stage
+    }
+
+    /// The stage's FSDP units, root first, and their groups, when the data
+    /// axis holds units (`--strategy fsdp`).
+    pub fn units(&self) -> Option<HeldUnits<'_>> {
+        self.stage.sharded_units()
+    }
+
+    /// Replaces this rank's f32 state of unit `index`, in
+    /// [`units`](Self::units)' order (see [`ShardedUnit::set_local_state`]).
+    pub fn set_local_state(&mut self, index: usize, state: LocalState) -> Result<()> {
+        let Some(mut held) = self.stage.sharded_units() else { bail!("this mesh's data axis holds no FSDP units") };
+        let count = held.units.len();
+        let Some(unit) = held.units.iter_mut().nth(index) else {
+            bail!("there is no unit {index}: the stage has {count} units");
+        };
+        unit.set_local_state(state, held.shard)
+    }
+
+    /// Dynamic loss scaling, when the units' precision policy asks for it (fp16).
+    pub fn loss_scaler(&mut self) -> Option<&mut LossScaler> {
+        self.scaler.as_mut()
+    }
+
+    /// What this rank held and sent during the last step, as FSDP's ledger
+    /// counts it: what it holds between steps and the units' peaks, and the
+    /// collectives along dp; `None` for a whole replica, which shards nothing.
+    pub fn ledger(&self) -> Option<StepLedger> {
+        let memory = self.memory()?;
+        let peaks = self.stage.peaks().unwrap_or_default();
+        let memory =
+            MemoryLedger { gathered_peak: peaks.gathered_peak, activations_peak: peaks.activations_peak, ..memory };
+        Some(StepLedger { memory, comm: self.last_step_dp.clone() })
     }
 
     /// One step of this rank's stage over `micro_batches`: the schedule's,
@@ -257,6 +345,11 @@ impl MeshTrainer {
             }
         };
         Ok(pg.broadcast(&loss, last)?.to_vec1::<f32>()?[0] as f64)
+    }
+
+    /// What the dp group and the groups split out of it have sent.
+    fn dp_stats(&self) -> CommStats {
+        [self.mesh.dp().stats(), self.split_dp_stats()].into_iter().sum()
     }
 
     /// What the groups split out of the dp group have sent: under
@@ -359,6 +452,7 @@ fn shard_groups(mesh: &DeviceMesh, shard_group: Option<usize>) -> Result<(Shared
 impl Train for MeshTrainer {
     fn train_step(&mut self, micro_batches: &[Tensor]) -> Result<StepStats> {
         let sent_before = report::sent_by_axis(&self.mesh, self.split_dp_stats());
+        let dp_before = self.dp_stats();
         self.stage.reset_peaks();
         let last = self.mesh.pp().world_size() - 1;
         if let Some(scaler) = &self.scaler {
@@ -378,8 +472,9 @@ impl Train for MeshTrainer {
         let sent_after = report::sent_by_axis(&self.mesh, self.split_dp_stats());
         self.last_step_sent =
             sent_after.into_iter().zip(&sent_before).map(|((axis, now), (_, then))| (axis, now.since(then))).collect();
+        self.last_step_dp = self.dp_stats().since(&dp_before);
         if self.stage.sharded_units().is_some() {
-            // Gathered units come and go each step: their pages go back, as under FSDP's own trainer.
+            // Gathered units come and go each step: their pages go back.
             crate::memory::release_freed_memory();
         }
         Ok(StepStats { loss, grad_norm, lr, tokens: micro_batches.iter().map(Tensor::elem_count).sum() })

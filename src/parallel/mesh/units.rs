@@ -1,13 +1,13 @@
-//! FSDP units in a mesh stage (`--strategy fsdp` with `--pp S`, `--tp T` or
-//! both): each of the stage's blocks (under FSDP × TP, this rank's shards of
+//! FSDP units in a mesh stage (`--strategy fsdp`, with `--pp S`, `--tp T`,
+//! both or neither): each of the stage's blocks (under FSDP × TP, this rank's shards of
 //! it) is a unit sharded across the data-parallel group (under
 //! HYBRID_SHARD across a shard group of it, the groups replicas of each
 //! other), its gradient shard kept by the unit step (exercise 22); so is the
 //! stage's root (embedding, final norm, head), whose gradient the stage
 //! reduce-scatters. Exercise 12's plan may keep parameters, or gradients
 //! and moments too, whole (SHARD_GRAD_OP, NO_SHARD): the units then reduce
-//! each micro-batch's gradient as FSDP's own trainer does, and step as it
-//! steps them (`fsdp/step.rs`). What the mesh trainer does with them here:
+//! each micro-batch's gradient after its backward, and step by
+//! `fsdp/step.rs`. What the mesh trainer does with them here:
 //! their checkpoints, whole tensors a unit at a time and each rank's part
 //! again, by exercise 15.
 

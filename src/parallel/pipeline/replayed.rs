@@ -12,13 +12,13 @@
 //! evaluation, for a pipeline's step (whose schedule interleaves the
 //! micro-batches), or with one stage for each micro-batch; its gradient is
 //! then reduce-scattered, and only this rank's shard kept between uses. It
-//! runs as FSDP's own trainer runs it (`fsdp/root.rs`): the embedding keeps
-//! no graph and the head's weight gradient is one matmul.
+//! runs by `fsdp/root.rs`: the embedding keeps no graph and the head's
+//! weight gradient is one matmul.
 //!
 //! What is sharded is exercise 12's plan: where it keeps parameters whole
 //! (SHARD_GRAD_OP, NO_SHARD) the unit step runs over this rank alone, so
 //! its collectives move nothing, and each micro-batch's gradient is reduced
-//! over the shard group after its backward, as FSDP's own trainer does.
+//! over the shard group after its backward.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -83,11 +83,17 @@ pub(super) struct Kept {
 
 impl ReplayedBlocks {
     pub(super) fn new(
-        units: Units,
+        mut units: Units,
         (shard, replicas): (SharedGroup, Option<SharedGroup>),
         plan: ShardingPlan,
         sequence: Option<SharedGroup>,
     ) -> Self {
+        // A micro-batch's reduce-scattered shard joins the step's gradient as
+        // it comes, never held beside it; the schedule weighed each
+        // micro-batch's loss already, so it is divided by 1.
+        for unit in units.iter_mut() {
+            unit.fold_into_step(1);
+        }
         Self {
             units: Mutex::new(units),
             shard,
@@ -102,8 +108,8 @@ impl ReplayedBlocks {
     }
 
     /// Gathers the next unit's parameters while one computes, in forward
-    /// and in backward, as FSDP's own trainer does with `--prefetch`; the
-    /// numbers do not change, and two units are whole at once.
+    /// and in backward (`--prefetch`); the numbers do not change, and two
+    /// units are whole at once.
     pub(super) fn prefetching(&mut self) -> Result<()> {
         let Some(gathered) = lock(&self.units).blocks.first().map(ShardedUnit::gathered_bytes) else {
             bail!("a stage of no blocks has nothing to prefetch")
@@ -264,6 +270,16 @@ impl Units {
 
     pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut ShardedUnit> {
         self.root.iter_mut().chain(&mut self.blocks)
+    }
+
+    /// How many units: the blocks', and the root if the stage has one.
+    pub fn len(&self) -> usize {
+        usize::from(self.root.is_some()) + self.blocks.len()
+    }
+
+    /// Never: a stage holds at least one block.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 

@@ -13,8 +13,10 @@ use anyhow::Result;
 use candle_core::{DType, Device};
 use clap::Parser;
 use trainer::config::RunConfig;
-use workbook::distributed::{spawn, Collective};
-use workbook::parallel::fsdp::{FsdpGroups, FsdpTrainer, Precision, ShardingPlan};
+use workbook::distributed::{spawn, Collective, DeviceMesh, ProcessGroup};
+use workbook::parallel::fsdp::{Precision, ShardingPlan, ShardingStrategy};
+use workbook::parallel::{DataAxis, MeshPlan, MeshTrainer};
+use workbook::train::Train;
 use workbook::{init_params, InitRng};
 
 #[derive(Parser)]
@@ -54,16 +56,16 @@ fn run(args: Args) -> Result<()> {
     let mut ranks = spawn(args.nproc, |pg| {
         let params = init_params(&model, 0, &Device::Cpu)?;
         let num_params = params.num_params();
-        let mut trainer = FsdpTrainer::with_plan(
-            &model,
-            params,
-            config.train_config(false),
-            plan,
-            precision,
-            false,
-            FsdpGroups::new(Box::new(pg), None)?,
-        )?;
-        let mut rng = InitRng::from_seed(trainer.process_group().rank() as u64);
+        let rank = pg.rank();
+        // Every stage on FSDP's units: the plan decides what they shard.
+        let sharding = ShardingStrategy::FullShard;
+        let data_axis = DataAxis::ShardBlocks { sharding, shard_group: None, precision, reduce_in_f32: false };
+        let mesh_plan = MeshPlan::replicas(data_axis);
+        let mesh = DeviceMesh::data_parallel(Box::new(pg));
+        let train_config = config.train_config(false);
+        let mut trainer = MeshTrainer::with_units_plan(&model, &params, train_config, mesh, mesh_plan, plan)?;
+        drop(params);
+        let mut rng = InitRng::from_seed(rank as u64);
         let mut seconds = 0.0;
         for step in 0..args.steps {
             let noise = rng.normal(&(1, seq_len).into(), 1.0, &Device::Cpu)?;
@@ -75,8 +77,10 @@ fn run(args: Args) -> Result<()> {
                 seconds += start.elapsed().as_secs_f64();
             }
         }
-        let padded: usize = trainer.units.iter().map(|u| u.layout.padded_len()).sum();
-        Ok((trainer.ledger().clone(), num_params, padded, seconds))
+        let padded: usize =
+            trainer.units().iter().flat_map(|held| held.units.iter()).map(|u| u.layout.padded_len()).sum();
+        let Some(ledger) = trainer.ledger() else { unreachable!("FSDP units keep a ledger") };
+        Ok((ledger, num_params, padded, seconds))
     })?;
     let (ledger, params, padded, seconds) = ranks.swap_remove(0);
     let m = ledger.memory;
