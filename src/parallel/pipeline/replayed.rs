@@ -57,7 +57,8 @@ pub(super) struct ReplayedBlocks {
 }
 
 /// Bytes the forwards in flight keep for their backwards, now and at most
-/// since the last reset; `None` once a forward could not be counted.
+/// since the last reset (none yet, or one forward since that could not be
+/// counted: then the peak is not known).
 #[derive(Default)]
 struct HeldActivations {
     now: u64,
@@ -75,9 +76,9 @@ pub(super) struct Kept {
     pub block_inputs: Vec<Tensor>,
     /// On the last stage, what the head's backward needs.
     pub head: Option<HeadPass>,
-    /// Bytes all that holds (see
-    /// [`MemoryLedger::activations_peak`](crate::parallel::fsdp::MemoryLedger::activations_peak)); `None`
-    /// where the host's counting allocator cannot tell.
+    /// Bytes all that holds, as the ledger counts activations; `None` where
+    /// the host's counting allocator cannot tell (see
+    /// [`MemoryLedger::activations_peak`](crate::parallel::fsdp::MemoryLedger::activations_peak)).
     pub held: Option<u64>,
 }
 
