@@ -440,8 +440,8 @@ fn shard_groups(mesh: &DeviceMesh, shard_group: Option<usize>) -> Result<(Shared
 
 impl Train for MeshTrainer {
     fn train_step(&mut self, micro_batches: &[Tensor]) -> Result<StepStats> {
-        let sent_before = report::sent_by_axis(&self.mesh, self.split_dp_stats());
         let dp_before = self.dp_stats();
+        let sent_before = report::sent_by_axis(&self.mesh, &dp_before);
         self.stage.reset_peaks();
         let last = self.mesh.pp().world_size() - 1;
         if let Some(scaler) = &self.scaler {
@@ -458,10 +458,11 @@ impl Train for MeshTrainer {
         let grad_norm = self.update.step(parts, &self.stage, step.grads, (lr, loss_scale, settle), &self.device)?;
         let loss = Tensor::new(&[step.loss.unwrap_or(0.0)], &self.device)?;
         let loss = self.mesh.pp().broadcast(&loss, last)?.to_vec1::<f32>()?[0] as f64;
-        let sent_after = report::sent_by_axis(&self.mesh, self.split_dp_stats());
+        let dp_after = self.dp_stats();
+        let sent_after = report::sent_by_axis(&self.mesh, &dp_after);
         self.last_step_sent =
             sent_after.into_iter().zip(&sent_before).map(|((axis, now), (_, then))| (axis, now.since(then))).collect();
-        self.last_step_dp = self.dp_stats().since(&dp_before);
+        self.last_step_dp = dp_after.since(&dp_before);
         if self.stage.sharded_units().is_some() {
             // Gathered units come and go each step: their pages go back.
             crate::memory::release_freed_memory();

@@ -19,14 +19,14 @@ pub(super) struct MeshReport {
 }
 
 /// What each group of `mesh` has sent so far, by axis, for the axes with
-/// more than one rank; `within_dp` is what groups split out of the dp
-/// group sent (HYBRID_SHARD's shard and replica groups), counted under dp.
-pub(super) fn sent_by_axis(mesh: &DeviceMesh, within_dp: CommStats) -> Vec<(Axis, CommStats)> {
+/// more than one rank; `dp` is what the dp axis sent, the groups split out
+/// of it (HYBRID_SHARD's shard and replica groups) included.
+pub(super) fn sent_by_axis(mesh: &DeviceMesh, dp: &CommStats) -> Vec<(Axis, CommStats)> {
     [Axis::Dp, Axis::Pp, Axis::Tp]
         .into_iter()
         .filter(|&axis| mesh.group(axis).world_size() > 1)
         .map(|axis| match axis {
-            Axis::Dp => (axis, [mesh.group(axis).stats(), within_dp.clone()].into_iter().sum()),
+            Axis::Dp => (axis, dp.clone()),
             _ => (axis, mesh.group(axis).stats()),
         })
         .collect()
