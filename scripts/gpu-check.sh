@@ -18,7 +18,12 @@
 #                                steps of training on the GPU (f32 and bf16
 #                                autocast) against the CPU's loss, with
 #                                --ddp-overlap, on two TCP ranks sharing the
-#                                GPU, a traced FSDP run with --prefetch, the
+#                                GPU, FSDP x TP x PP, ZeRO-2 x TP and HSDP x PP
+#                                on TCP ranks sharing the GPU, every
+#                                data-parallel axis x TP x PP against one
+#                                process on the GPU ($OUT/matrix-gpu.md), a
+#                                traced FSDP
+#                                run with --prefetch, the
 #                                trainer's tokens/s (and candle's composed
 #                                ops') beside PyTorch's on the same GPU in
 #                                f32, TF32 and bf16 autocast, and
@@ -31,7 +36,7 @@
 # The GPU machine needs the NVIDIA driver, python3 with PyTorch, CUDA's
 # libraries (cuBLAS, cuRAND, NVRTC, NCCL), as PyTorch's pip wheels bring, and
 # Nsight Compute's `ncu` for the profile.
-# `run` takes about four minutes on an H200; the first `build` about twenty
+# `run` takes about seven minutes on an H200; the first `build` about twenty
 # on two cores (candle's CUDA kernels), later ones a few.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -65,16 +70,16 @@ build() {
     export PATH="$cuda/bin:$PATH" CUDA_HOME="$cuda" CUDA_COMPUTE_CAP=90 LIBRARY_PATH="$link"
     # Both packages name their GPU and reference features alike.
     local target=(--target-dir target/gpu --features nccl,solutions)
-    cargo build --release --quiet -p trainer "${target[@]}" --bin train --bin bench
+    cargo build --release --quiet -p trainer "${target[@]}" --bin train --bin bench --bin matrix
     local graded
     # The checks in release too: they share every crate with the trainer, where a
     # test-profile build would compile candle's CUDA kernels a second time.
     graded=$(cargo test --release --quiet "${target[@]}" --test graded --no-run --message-format=json |
         python3 -c 'import json,sys; print([m["executable"] for m in map(json.loads, sys.stdin) if m.get("executable") and "graded" in m["executable"]][-1])')
     rm -rf "$CHECK" && mkdir -p "$CHECK"
-    cp target/gpu/release/train target/gpu/release/bench "$graded" "$CHECK/"
+    cp target/gpu/release/{train,bench,matrix} "$graded" "$CHECK/"
     mv "$CHECK/$(basename "$graded")" "$CHECK/graded"
-    strip "$CHECK"/{train,bench,graded}
+    strip "$CHECK"/{train,bench,matrix,graded}
     # NVRTC compiles the bf16 kernels only with CUDA's cuda_bf16.h on an include
     # path, and a machine with CUDA's libraries may lack their headers: the
     # toolkit's travel too, for `run` to point CUDA_HOME at.
@@ -149,6 +154,22 @@ run() {
         --checkpoint-dir /tmp/gpu-check-tcp --overwrite
     section "The same 60 steps on two TCP ranks sharing the GPU, --ddp-overlap" "$CHECK/train" "${steps[@]}" \
         "${shared[@]}" "${overlap[@]}" --checkpoint-dir /tmp/gpu-check-tcp-overlap --overwrite
+    # The one model and step on a mesh: the data-parallel axis after tensor and
+    # pipeline parallelism, the ranks sharing the GPU over TCP. A minute and a
+    # half each at most, so that a hang leaves the benchmarks their time.
+    local sp=(--tp 2 --sequence-parallel) on4=(--device cuda --backend tcp --nproc 4)
+    local on8=(--device cuda --backend tcp --nproc 8)
+    section "The same 60 steps as FSDP x TP 2 (SP) x PP 2 on eight TCP ranks sharing the GPU" timeout 90 "$CHECK/train" \
+        "${steps[@]}" "${on8[@]}" --strategy fsdp "${sp[@]}" --pp 2 --checkpoint-dir /tmp/gpu-check-mesh --overwrite
+    section "The same 60 steps as ZeRO-2 x TP 2 (SP) on four TCP ranks sharing the GPU" timeout 90 "$CHECK/train" \
+        "${steps[@]}" "${on4[@]}" --strategy zero2 "${sp[@]}" --checkpoint-dir /tmp/gpu-check-zero2 --overwrite
+    section "The same 60 steps as HSDP (2 x 2) x PP 2 on eight TCP ranks sharing the GPU" timeout 90 "$CHECK/train" \
+        "${steps[@]}" "${on8[@]}" --strategy fsdp --sharding hybrid_shard --hybrid-group-size 2 --pp 2 \
+        --checkpoint-dir /tmp/gpu-check-hsdp --overwrite
+    # Every data-parallel axis on every mesh of tp {1, 2} x pp {1, 2}, against one
+    # process on the GPU: the whole table comes back as matrix-gpu.md.
+    limit=300 section "Every data-parallel axis x TP x PP on the GPU against one process on it (matrix --device cuda)" \
+        bash -c '"$1" --device cuda >"$2"' matrix "$CHECK/matrix" "$out/matrix-gpu.md"
     # Each unit's all-gather started on NCCL's stream while the unit before computes.
     section "FULL_SHARD on one NCCL rank with --prefetch, 2 steps, traced" "$CHECK/train" --model-size tiny \
         --dataset dummy --max-steps 2 --device cuda --strategy fsdp --prefetch --trace \
@@ -185,7 +206,8 @@ run() {
 # Runs a command, appending its heading, its output's end and its exit
 # status to the report; a failing step does not stop the others, and one that
 # hangs (a GPU fault, a rank waiting forever) is stopped after three minutes
-# (exit 124) so that the steps after it still run within the machine's time.
+# (exit 124; `limit=SECONDS section ...` gives a step longer) so that the
+# steps after it still run within the machine's time.
 section() {
     local heading=$1 status=0
     shift
@@ -195,7 +217,7 @@ section() {
     echo "== $heading"
     local log
     log=$(mktemp)
-    timeout 180 "$@" >"$log" 2>&1 || status=$?
+    timeout "${limit:-180}" "$@" >"$log" 2>&1 || status=$?
     tail -n 60 "$log"
     {
         echo

@@ -9,6 +9,9 @@
 //! with the trainer's reason; a loss further than [`TOLERANCE`] from one
 //! process's fails the program.
 //!
+//! With `--device cuda` every run trains on the GPU, the ranks of a layout
+//! sharing it over TCP, and is compared with one process on the same GPU.
+//!
 //! The parameters are compared, but not held to the loss's tolerance: the
 //! first row is one process on two threads, the same arithmetic summed in
 //! another order, and it shows what rounding alone does to them. AdamW's
@@ -23,6 +26,7 @@ use anyhow::{bail, Context, Result};
 use candle_core::{Device, Tensor};
 use clap::Parser;
 use trainer::checkpoints::step_dir;
+use trainer::compute::DeviceKind;
 use trainer::metrics::{read_log, METRICS_FILE};
 
 #[derive(Parser)]
@@ -38,6 +42,9 @@ struct Args {
     /// TP 2 (SP)"), and the resume row if its two layouts are among them.
     #[arg(long = "only", value_name = "LAYOUT")]
     only: Vec<String>,
+    /// Where every run trains: on the GPU, a layout's ranks share it over TCP.
+    #[arg(long, value_enum, default_value = "cpu")]
+    device: DeviceKind,
 }
 
 /// A run's loss matches one process's when it is at most this far, relatively.
@@ -175,16 +182,20 @@ fn run(args: Args) -> Result<()> {
     let chosen = |layout: Layout| args.only.is_empty() || args.only.contains(&layout.describe());
     let layouts: Vec<Layout> = every.into_iter().filter(|&layout| chosen(layout)).collect();
     std::fs::create_dir_all(&scratch).with_context(|| format!("cannot create {}", scratch.display()))?;
-    let train = train_program()?;
+    let train = Train { program: train_program()?, steps, device: args.device };
     let one = scratch.join("one-process");
-    let _ = train_run(&train, &one, steps, &["--nproc", "1", "--threads", "1"].map(String::from), None)?;
-    let two_threads = scratch.join("two-threads");
-    let two_threads_flags = ["--nproc", "1", "--threads", "2"].map(String::from);
-    let outcome = compared(&train, &two_threads, steps, &two_threads_flags, None, &one)?;
-    let mut rows = vec![("one process, each micro-batch split across 2 threads".to_string(), 1, outcome)];
+    let _ = train.run(&one, &["--nproc", "1", "--threads", "1"].map(String::from), None)?;
+    let mut rows = Vec::new();
+    // The GPU's arithmetic does not depend on the host's threads: no such row there.
+    if args.device == DeviceKind::Cpu {
+        let two_threads = scratch.join("two-threads");
+        let two_threads_flags = ["--nproc", "1", "--threads", "2"].map(String::from);
+        let outcome = train.compared(&two_threads, &two_threads_flags, None, &one)?;
+        rows.push(("one process, each micro-batch split across 2 threads".to_string(), 1, outcome));
+    }
     for layout in layouts {
         let dir = scratch.join(layout.describe().replace([' ', '(', ')'], ""));
-        let outcome = compared(&train, &dir, steps, &layout.flags(), None, &one)?;
+        let outcome = train.compared(&dir, &layout.flags(), None, &one)?;
         eprintln!("{}: {}", layout.describe(), cell(&outcome));
         rows.push((layout.describe(), layout.nproc(), outcome));
     }
@@ -193,12 +204,12 @@ fn run(args: Args) -> Result<()> {
     if chosen(from) && chosen(to) {
         let first = scratch.join(from.describe().replace([' ', '(', ')'], ""));
         let resumed = scratch.join("resumed");
-        let outcome = compared(&train, &resumed, steps, &to.flags(), Some(&step_dir(&first, steps / 2)), &one)?;
+        let outcome = train.compared(&resumed, &to.flags(), Some(&step_dir(&first, steps / 2)), &one)?;
         let what = format!("{} resuming {} at step {}", to.describe(), from.describe(), steps / 2);
         eprintln!("{what}: {}", cell(&outcome));
         rows.push((what, to.nproc(), outcome));
     }
-    println!("{}", table(&rows, steps));
+    println!("{}", table(&rows, steps, args.device));
     std::fs::remove_dir_all(&scratch).ok();
     let differing = rows.iter().filter(|(_, _, outcome)| verdict(outcome) == "DIFFERS").count();
     if differing > 0 {
@@ -221,60 +232,60 @@ fn train_program() -> Result<PathBuf> {
     Ok(train)
 }
 
-/// `train` with `flags` for `steps` steps in `dir` (from `resume` when
-/// given), compared with the one-process run in `one`.
-fn compared(
-    train: &Path,
-    dir: &Path,
+/// The `train` program, and what every run of the matrix shares.
+struct Train {
+    program: PathBuf,
     steps: usize,
-    flags: &[String],
-    resume: Option<&Path>,
-    one: &Path,
-) -> Result<Outcome> {
-    let seconds = match train_run(train, dir, steps, flags, resume)? {
-        Ok(seconds) => seconds,
-        Err(reason) => return Ok(Outcome::Refused(reason)),
-    };
-    let (ours, theirs) = (read_log(&dir.join(METRICS_FILE))?, read_log(&one.join(METRICS_FILE))?);
-    let theirs: HashMap<usize, f64> = theirs.iter().map(|r| (r.step, r.loss)).collect();
-    let mut loss = 0f64;
-    for record in &ours {
-        let Some(&want) = theirs.get(&record.step) else { bail!("one process logged no step {}", record.step) };
-        loss = loss.max((record.loss - want).abs() / want.abs());
-    }
-    let params = params_difference(&step_dir(dir, steps), &step_dir(one, steps))?;
-    Ok(Outcome::Trained { loss, params, seconds })
+    device: DeviceKind,
 }
 
-/// Runs `train` with the matrix's common flags and `flags` into `dir`: the
-/// seconds it took, or the trainer's reason when it refuses the layout.
-fn train_run(
-    train: &Path,
-    dir: &Path,
-    steps: usize,
-    flags: &[String],
-    resume: Option<&Path>,
-) -> Result<std::result::Result<f64, String>> {
-    let mut command = Command::new(train);
-    // The bundled TinyStories sample: text, as a user trains on.
-    command.args(["--model-size", "tiny", "--dataset", "tinystories", "--seq-len", "64", "--batch-size", "8"]);
-    command.args(["--grad-accum", "2", "--log-every", "1000"]);
-    command.args(["--max-steps", &steps.to_string(), "--checkpoint-every", &(steps / 2).to_string()]);
-    command.arg("--checkpoint-dir").arg(dir).args(flags);
-    if let Some(from) = resume {
-        command.arg("--resume").arg(from);
+impl Train {
+    /// A run with `flags` in `dir` (from `resume` when given), compared with
+    /// the one-process run in `one`.
+    fn compared(&self, dir: &Path, flags: &[String], resume: Option<&Path>, one: &Path) -> Result<Outcome> {
+        let seconds = match self.run(dir, flags, resume)? {
+            Ok(seconds) => seconds,
+            Err(reason) => return Ok(Outcome::Refused(reason)),
+        };
+        let (ours, theirs) = (read_log(&dir.join(METRICS_FILE))?, read_log(&one.join(METRICS_FILE))?);
+        let theirs: HashMap<usize, f64> = theirs.iter().map(|r| (r.step, r.loss)).collect();
+        let mut loss = 0f64;
+        for record in &ours {
+            let Some(&want) = theirs.get(&record.step) else { bail!("one process logged no step {}", record.step) };
+            loss = loss.max((record.loss - want).abs() / want.abs());
+        }
+        let params = params_difference(&step_dir(dir, self.steps), &step_dir(one, self.steps))?;
+        Ok(Outcome::Trained { loss, params, seconds })
     }
-    let start = std::time::Instant::now();
-    let output = command.output().with_context(|| format!("cannot start {}", train.display()))?;
-    let seconds = start.elapsed().as_secs_f64();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    if output.status.success() {
-        return Ok(Ok(seconds));
-    }
-    match stderr.lines().find_map(|line| line.strip_prefix("error: ")) {
-        // A layout refused before training is a row of the table; a failure while training is not.
-        Some(reason) if !dir.join(METRICS_FILE).exists() => Ok(Err(reason.to_string())),
-        _ => bail!("train {} failed:\n{}\n{stderr}", flags.join(" "), String::from_utf8_lossy(&output.stdout)),
+
+    /// Runs `train` with the matrix's common flags and `flags` into `dir`:
+    /// the seconds it took, or the trainer's reason when it refuses the layout.
+    fn run(&self, dir: &Path, flags: &[String], resume: Option<&Path>) -> Result<std::result::Result<f64, String>> {
+        let mut command = Command::new(&self.program);
+        // The bundled TinyStories sample: text, as a user trains on.
+        command.args(["--model-size", "tiny", "--dataset", "tinystories", "--seq-len", "64", "--batch-size", "8"]);
+        command.args(["--grad-accum", "2", "--log-every", "1000"]);
+        command.args(["--max-steps", &self.steps.to_string(), "--checkpoint-every", &(self.steps / 2).to_string()]);
+        if self.device == DeviceKind::Cuda {
+            // NCCL holds one rank per GPU: the TCP rings let a layout's ranks share one.
+            command.args(["--device", "cuda", "--backend", "tcp"]);
+        }
+        command.arg("--checkpoint-dir").arg(dir).args(flags);
+        if let Some(from) = resume {
+            command.arg("--resume").arg(from);
+        }
+        let start = std::time::Instant::now();
+        let output = command.output().with_context(|| format!("cannot start {}", self.program.display()))?;
+        let seconds = start.elapsed().as_secs_f64();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        if output.status.success() {
+            return Ok(Ok(seconds));
+        }
+        match stderr.lines().find_map(|line| line.strip_prefix("error: ")) {
+            // A layout refused before training is a row of the table; a failure while training is not.
+            Some(reason) if !dir.join(METRICS_FILE).exists() => Ok(Err(reason.to_string())),
+            _ => bail!("train {} failed:\n{}\n{stderr}", flags.join(" "), String::from_utf8_lossy(&output.stdout)),
+        }
     }
 }
 
@@ -321,17 +332,28 @@ fn cell(outcome: &Outcome) -> String {
 }
 
 /// The rows as a Markdown table, with what was run above it.
-fn table(rows: &[(String, usize, Outcome)], steps: usize) -> String {
+fn table(rows: &[(String, usize, Outcome)], steps: usize, device: DeviceKind) -> String {
+    let (written_by, ranks, rounding) = match device {
+        DeviceKind::Cpu => (
+            "`cargo xtask matrix`",
+            "ranks as processes, each run compared with one single-threaded process",
+            " The first row is one process summing in another order: what rounding alone does to the parameters, \
+             through AdamW's lr · g / (|g| + ε) where an element's gradient is within a few ε of zero.",
+        ),
+        DeviceKind::Cuda => (
+            "`scripts/gpu-check.sh run` (`matrix --device cuda`)",
+            "on one GPU, the ranks processes sharing it over TCP, each run compared with one process on the GPU",
+            "",
+        ),
+    };
     let mut out = format!(
         "# The data-parallel axis × tensor × pipeline parallelism\n\n\
-         Written by `cargo xtask matrix`: the `train` program with the reference solutions, tiny config, the \
+         Written by {written_by}: the `train` program with the reference solutions, tiny config, the \
          bundled TinyStories sample (T 64, 8 sequences per micro-batch), fp32, {steps} steps of 2 micro-batches, \
-         ranks as processes, each run compared with one single-threaded process trained on the same batches. \
+         {ranks} trained on the same batches. \
          *loss*: the largest relative difference of a step's loss, over every step; the loss matches within \
          {TOLERANCE:.0e}. *parameters*: of the final parameters, the largest max |a − b| / max |b| of a tensor, \
-         and how many elements are further than {TOLERANCE:.0e} · max |b| of their tensor. The first row is one \
-         process summing in another order: what rounding alone does to the parameters, through AdamW's \
-         lr · g / (|g| + ε) where an element's gradient is within a few ε of zero.\n\n\
+         and how many elements are further than {TOLERANCE:.0e} · max |b| of their tensor.{rounding}\n\n\
          | layout | ranks | loss | parameters | elements off | seconds | loss verdict |\n\
          |---|---|---|---|---|---|---|\n"
     );
