@@ -44,7 +44,7 @@ pub fn on_processes<T: Serialize + DeserializeOwned>(
 }
 
 /// Every rank's result, where none may be missing.
-fn every_rank<T>(results: Vec<Option<T>>) -> Vec<T> {
+pub fn every_rank<T>(results: Vec<Option<T>>) -> Vec<T> {
     let with_rank = results.into_iter().enumerate();
     with_rank.map(|(rank, r)| r.unwrap_or_else(|| panic!("rank {rank} exited without a result"))).collect()
 }
