@@ -22,8 +22,7 @@
 #                                on TCP ranks sharing the GPU, every
 #                                data-parallel axis x TP x PP against one
 #                                process on the GPU ($OUT/matrix-gpu.md), a
-#                                traced FSDP
-#                                run with --prefetch, the
+#                                traced FSDP run with --prefetch, the
 #                                trainer's tokens/s (and candle's composed
 #                                ops') beside PyTorch's on the same GPU in
 #                                f32, TF32 and bf16 autocast, and
