@@ -324,11 +324,14 @@ def check_nvrtc():
 def checked_with(contraction):
     """Every check on the kernels built with `contraction`, in a process of
     its own: what it printed, and its failures."""
+    # A worker may run both builds, and starts with the parent's failures:
+    # only those this build adds are its own.
+    before = len(failures)
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed), tempfile.TemporaryDirectory() as name:
         folder = pathlib.Path(name)
         check_all(build(folder, CONTRACTIONS[contraction]), folder)
-    return printed.getvalue(), failures
+    return printed.getvalue(), failures[before:]
 
 
 def main():
@@ -339,7 +342,9 @@ def main():
             print(f"skipped the build with {contraction}: this processor has no FMA")
             continue
         chosen.append(contraction)
-    # Each build's checks keep one core busy: the two run side by side.
+    # Each build's checks keep one core busy: the two run side by side. What
+    # is printed so far goes out first, not once more from each worker.
+    sys.stdout.flush()
     with multiprocessing.Pool(len(chosen)) as pool:
         for contraction, (printed, failed) in zip(chosen, pool.map(checked_with, chosen)):
             print(f"-- built with {contraction}")
