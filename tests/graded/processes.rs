@@ -285,9 +285,8 @@ fn a_stopped_rank_falls_silent_and_the_others_fail_naming_it() {
         if pg.rank() == 1 {
             // Stops every thread of this process, heartbeats included, as a hung machine would.
             // It never joins the barrier: a stop that takes hold late must not let rank 0's
-            // barrier pass. Woken by rank 0, it sleeps out the rest and leaves.
-            signal("STOP", pids[1]);
-            std::thread::sleep(std::time::Duration::from_secs(3 * SHORT_TIMEOUT_S));
+            // barrier pass. Woken by rank 0, it leaves.
+            stop_until_woken(3 * SHORT_TIMEOUT_S);
             return Ok(String::new());
         }
         let error = pg.barrier().err().map(|e| e.to_string()).unwrap_or_default();
@@ -335,8 +334,7 @@ fn on_a_mesh_the_stopped_rank_is_named_not_the_rank_waiting_on_it() {
         let one = Tensor::new(&[1f32], &Device::Cpu)?;
         let error = match pg.rank() {
             2 => {
-                signal("STOP", pids[2]);
-                std::thread::sleep(std::time::Duration::from_secs(4 * SHORT_TIMEOUT_S));
+                stop_until_woken(4 * SHORT_TIMEOUT_S);
                 return Ok(String::new());
             }
             0 => {
@@ -375,8 +373,7 @@ fn all_reduce_beside_a_stopped_rank(world: usize) -> Vec<Option<(String, f64)>> 
         let pids = pg.all_gather(&Tensor::new(&[std::process::id()], &Device::Cpu)?)?.to_vec1::<u32>()?;
         let stopped = world - 1;
         if pg.rank() == stopped {
-            signal("STOP", pids[stopped]);
-            std::thread::sleep(std::time::Duration::from_secs(2 * SHORT_TIMEOUT_S));
+            stop_until_woken(2 * SHORT_TIMEOUT_S);
             return Ok((String::new(), 0.0));
         }
         let start = std::time::Instant::now();
@@ -389,6 +386,24 @@ fn all_reduce_beside_a_stopped_rank(world: usize) -> Vec<Option<(String, f64)>> 
         }
         Ok((error, waited))
     })
+}
+
+/// Stops this process (SIGSTOP) and, once it runs again, returns when it
+/// has been woken (SIGCONT) or `seconds` after the stop, whichever is first.
+/// The stop takes hold while `kill` runs, so a sleep after it would begin
+/// only once woken and hold the test up for all of its length. The
+/// monotonic clock runs on while a process is stopped, and the others wake
+/// it only after their timeout: a step (sending the stop, or a short nap)
+/// that took over half of that spanned the stop.
+fn stop_until_woken(seconds: u64) {
+    let start = std::time::Instant::now();
+    let spanned_the_stop = |step: std::time::Instant| step.elapsed().as_millis() > 500 * SHORT_TIMEOUT_S as u128;
+    signal("STOP", std::process::id());
+    let mut step = start;
+    while !spanned_the_stop(step) && start.elapsed().as_secs() < seconds {
+        step = std::time::Instant::now();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
 
 /// Sends `signal` to process `pid` with the system's `kill`.
