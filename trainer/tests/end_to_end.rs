@@ -360,6 +360,16 @@ fn run(name: &str, steps: usize, nproc: usize, strategy: Strategy, resume: Optio
     (dir, summary)
 }
 
+/// One process's 5-step run (DDP on one rank, f32), which the layouts'
+/// checkpoints at steps 3 and 5 are compared with: trained once per test
+/// binary, by the first test that asks. Its directory is only read and
+/// resumed from, which writes into the resuming run's own.
+fn one_process() -> (&'static PathBuf, &'static Summary) {
+    static RUN: std::sync::OnceLock<(PathBuf, Summary)> = std::sync::OnceLock::new();
+    let (dir, summary) = RUN.get_or_init(|| run("one-process-5-steps", 5, 1, Strategy::Ddp, None));
+    (dir, summary)
+}
+
 /// The parameters of the checkpoint at `step` in `dir`.
 fn checkpoint_params(dir: &std::path::Path, step: usize) -> std::collections::HashMap<String, candle_core::Tensor> {
     let file = checkpoints::step_dir(dir, step).join("model.safetensors");
@@ -388,27 +398,27 @@ fn expect_same_params(
 #[test]
 fn tensor_parallel_runs_train_as_one_process_and_their_checkpoints_move_between_layouts() {
     let tp2 = mesh(1, 2, PipelineSchedule::GPipe, false);
-    let (one_dir, one) = run("tp-one-process", 5, 1, Strategy::Ddp, None);
+    let (one_dir, one) = one_process();
     for nproc in [2, 4] {
         let (dir, summary) = run(&format!("tp-on-{nproc}"), 3, nproc, tp2, None);
         let (a, b) = (one.first.as_ref().unwrap().loss, summary.first.unwrap().loss);
         assert!((a - b).abs() <= 1e-5 * a.abs(), "tp 2 on {nproc} ranks: loss at step 1 is {b}, one process's {a}");
         expect_same_params(
             &checkpoint_params(&dir, 3),
-            &checkpoint_params(&one_dir, 3),
+            &checkpoint_params(one_dir, 3),
             &format!("tp 2 on {nproc} ranks, step 3"),
         );
         if nproc == 4 {
             let (resumed, _) = run("tp-resumed-by-one", 5, 1, Strategy::Ddp, Some(dir));
             expect_same_params(
                 &checkpoint_params(&resumed, 5),
-                &checkpoint_params(&one_dir, 5),
+                &checkpoint_params(one_dir, 5),
                 "one process resuming tp 2",
             );
         }
     }
     let (resumed, _) = run("one-resumed-by-tp", 5, 2, tp2, Some(one_dir.clone()));
-    expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(&one_dir, 5), "tp 2 resuming one process");
+    expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(one_dir, 5), "tp 2 resuming one process");
 }
 
 /// A pipeline of tensor-parallel stages, pp 2 × tp 2 on 4 ranks (GPipe) and
@@ -419,25 +429,25 @@ fn tensor_parallel_runs_train_as_one_process_and_their_checkpoints_move_between_
 #[test]
 fn a_pipeline_of_tensor_parallel_stages_trains_as_one_process_and_its_checkpoints_move_between_meshes() {
     let two_stages = |schedule, tp| mesh(2, tp, schedule, false);
-    let (one_dir, one) = run("3d-one-process", 5, 1, Strategy::Ddp, None);
+    let (one_dir, one) = one_process();
     let runs = [(PipelineSchedule::GPipe, 4, "pp 2 × tp 2"), (PipelineSchedule::OneFOneB, 8, "dp 2 × pp 2 × tp 2")];
     let dirs = runs.map(|(schedule, nproc, what)| {
         let (dir, summary) = run(&format!("3d-on-{nproc}"), 3, nproc, two_stages(schedule, 2), None);
         let (a, b) = (one.first.as_ref().unwrap().loss, summary.first.unwrap().loss);
         assert!((a - b).abs() <= 1e-5 * a.abs(), "{what}: loss at step 1 is {b}, one process's {a}");
-        expect_same_params(&checkpoint_params(&dir, 3), &checkpoint_params(&one_dir, 3), &format!("{what}, step 3"));
+        expect_same_params(&checkpoint_params(&dir, 3), &checkpoint_params(one_dir, 3), &format!("{what}, step 3"));
         dir
     });
     let (resumed, _) = run("3d-resumed-by-one", 5, 1, Strategy::Ddp, Some(dirs[1].clone()));
     expect_same_params(
         &checkpoint_params(&resumed, 5),
-        &checkpoint_params(&one_dir, 5),
+        &checkpoint_params(one_dir, 5),
         "one process resuming dp 2 × pp 2 × tp 2",
     );
     let (resumed, _) = run("one-resumed-by-3d", 5, 4, two_stages(PipelineSchedule::GPipe, 2), Some(one_dir.clone()));
     expect_same_params(
         &checkpoint_params(&resumed, 5),
-        &checkpoint_params(&one_dir, 5),
+        &checkpoint_params(one_dir, 5),
         "pp 2 × tp 2 resuming one process",
     );
 }
@@ -448,18 +458,18 @@ fn a_pipeline_of_tensor_parallel_stages_trains_as_one_process_and_its_checkpoint
 #[test]
 fn sequence_parallel_runs_train_as_one_process() {
     let sp2 = mesh(1, 2, PipelineSchedule::GPipe, true);
-    let (one_dir, _) = run("sp-one-process", 5, 1, Strategy::Ddp, None);
+    let (one_dir, _) = one_process();
     let (dir, _) = run("sp-in-stages", 3, 4, mesh(2, 2, PipelineSchedule::OneFOneB, true), None);
     let what = "pp 2 × tp 2 with sequence parallelism in each stage, step 3";
-    expect_same_params(&checkpoint_params(&dir, 3), &checkpoint_params(&one_dir, 3), what);
+    expect_same_params(&checkpoint_params(&dir, 3), &checkpoint_params(one_dir, 3), what);
     for nproc in [2, 4] {
         let (dir, _) = run(&format!("sp-on-{nproc}"), 3, nproc, sp2, None);
         let what = format!("tp 2 with sequence parallelism on {nproc} ranks, step 3");
-        expect_same_params(&checkpoint_params(&dir, 3), &checkpoint_params(&one_dir, 3), &what);
+        expect_same_params(&checkpoint_params(&dir, 3), &checkpoint_params(one_dir, 3), &what);
         if nproc == 4 {
             let (resumed, _) = run("sp-resumed-by-one", 5, 1, Strategy::Ddp, Some(dir));
             let what = "one process resuming tp 2 with sequence parallelism";
-            expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(&one_dir, 5), what);
+            expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(one_dir, 5), what);
         }
     }
 }
@@ -497,7 +507,7 @@ fn zero1_on_a_mesh_trains_as_one_process_and_its_checkpoint_resumes_on_one() {
         sequence_parallel,
         data: DataAxis::ShardOptimizer,
     };
-    let (one_dir, one) = run("zero1-mesh-one-process", 5, 1, Strategy::Ddp, None);
+    let (one_dir, one) = one_process();
     let rows = [
         ("dp 2 × tp 2", 4, zero1(1, 2, PipelineSchedule::GPipe, false)),
         ("dp 2 × pp 2", 4, zero1(2, 1, PipelineSchedule::OneFOneB, false)),
@@ -507,11 +517,11 @@ fn zero1_on_a_mesh_trains_as_one_process_and_its_checkpoint_resumes_on_one() {
         let (dir, summary) = run(&format!("zero1-mesh-{nproc}-{what}").replace(' ', ""), 3, nproc, strategy, None);
         let (a, b) = (one.first.as_ref().unwrap().grad_norm, summary.first.unwrap().grad_norm);
         assert!((a - b).abs() <= 1e-5 * a, "ZeRO-1 on {what}: the gradient norm at step 1 is {b}, one process's {a}");
-        expect_same_params(&checkpoint_params(&dir, 3), &checkpoint_params(&one_dir, 3), &format!("ZeRO-1 on {what}"));
+        expect_same_params(&checkpoint_params(&dir, 3), &checkpoint_params(one_dir, 3), &format!("ZeRO-1 on {what}"));
         if nproc == 8 {
             let (resumed, _) = run("zero1-mesh-resumed-by-one", 5, 1, Strategy::Ddp, Some(dir));
             let resumed_what = format!("one process resuming ZeRO-1 on {what}");
-            expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(&one_dir, 5), &resumed_what);
+            expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(one_dir, 5), &resumed_what);
         }
     }
 }
@@ -530,16 +540,16 @@ fn zero2_trains_as_one_process_and_zero1_resumes_it() {
         sequence_parallel: false,
         data: DataAxis::ShardGradients,
     };
-    let (one_dir, one) = run("zero2-one-process", 5, 1, Strategy::Ddp, None);
+    let (one_dir, one) = one_process();
     for (what, nproc, strategy) in [("2 ranks", 2, Strategy::ZERO2), ("dp 2 × tp 2", 4, zero2_tp2)] {
         let (dir, summary) = run(&format!("zero2-on-{nproc}"), 3, nproc, strategy, None);
         let (a, b) = (one.first.as_ref().unwrap().grad_norm, summary.first.unwrap().grad_norm);
         assert!((a - b).abs() <= 1e-5 * a, "ZeRO-2 on {what}: the gradient norm at step 1 is {b}, one process's {a}");
-        expect_same_params(&checkpoint_params(&dir, 3), &checkpoint_params(&one_dir, 3), &format!("ZeRO-2 on {what}"));
+        expect_same_params(&checkpoint_params(&dir, 3), &checkpoint_params(one_dir, 3), &format!("ZeRO-2 on {what}"));
         if nproc == 2 {
             let (resumed, _) = run("zero2-resumed-by-zero1", 5, 2, Strategy::ZERO1, Some(dir));
             let resumed_what = "ZeRO-1 resuming ZeRO-2 on 2 ranks";
-            expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(&one_dir, 5), resumed_what);
+            expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(one_dir, 5), resumed_what);
         }
     }
 }
@@ -561,7 +571,7 @@ fn fsdp_on_a_pipeline_trains_as_one_process_and_its_checkpoints_move_both_ways()
         sequence_parallel: false,
         data: fsdp_units(sharding),
     };
-    let (one_dir, one) = run("fsdp-pp-one-process", 5, 1, Strategy::Ddp, None);
+    let (one_dir, one) = one_process();
     let mut sent = std::collections::HashMap::new();
     let layouts = [
         (PipelineSchedule::GPipe, ShardingStrategy::FullShard),
@@ -574,11 +584,11 @@ fn fsdp_on_a_pipeline_trains_as_one_process_and_its_checkpoints_move_both_ways()
         let what = format!("FSDP ({sharding}) on dp 2 × pp 2 ({schedule})");
         let (a, b) = (one.first.as_ref().unwrap().grad_norm, summary.first.unwrap().grad_norm);
         assert!((a - b).abs() <= 1e-5 * a, "{what}: the gradient norm at step 1 is {b}, one process's {a}");
-        expect_same_params(&checkpoint_params(&dir, 3), &checkpoint_params(&one_dir, 3), &what);
+        expect_same_params(&checkpoint_params(&dir, 3), &checkpoint_params(one_dir, 3), &what);
         if (schedule, sharding) == (PipelineSchedule::OneFOneB, ShardingStrategy::ShardGradOp) {
             let (resumed, _) = run("fsdp-pp-resumed-by-one", 5, 1, Strategy::Ddp, Some(dir));
             let resumed_what = format!("one process resuming {what}");
-            expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(&one_dir, 5), &resumed_what);
+            expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(one_dir, 5), &resumed_what);
         }
         if schedule == PipelineSchedule::OneFOneB {
             sent.insert(sharding, summary.sent_bytes_per_step);
@@ -601,7 +611,7 @@ fn fsdp_on_a_pipeline_trains_as_one_process_and_its_checkpoints_move_both_ways()
     );
     expect_same_params(
         &checkpoint_params(&resumed, 5),
-        &checkpoint_params(&one_dir, 5),
+        &checkpoint_params(one_dir, 5),
         "FSDP × PP resuming one process",
     );
 }
@@ -624,15 +634,15 @@ fn hybrid_sharding_on_a_pipeline_trains_as_one_process() {
             reduce_in_f32: false,
         },
     };
-    let (one_dir, one) = run("hsdp-pp-one-process", 5, 1, Strategy::Ddp, None);
+    let (one_dir, one) = one_process();
     let (dir, summary) = run("hsdp-pp", 3, 8, hsdp, None);
     let what = "HSDP (2 groups of 2) on dp 4 × pp 2";
     let (a, b) = (one.first.as_ref().unwrap().grad_norm, summary.first.unwrap().grad_norm);
     assert!((a - b).abs() <= 1e-5 * a, "{what}: the gradient norm at step 1 is {b}, one process's {a}");
-    expect_same_params(&checkpoint_params(&dir, 3), &checkpoint_params(&one_dir, 3), what);
+    expect_same_params(&checkpoint_params(&dir, 3), &checkpoint_params(one_dir, 3), what);
     let (resumed, _) = run("hsdp-pp-resumed-by-one", 5, 1, Strategy::Ddp, Some(dir));
     let resumed_what = format!("one process resuming {what}");
-    expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(&one_dir, 5), &resumed_what);
+    expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(one_dir, 5), &resumed_what);
 }
 
 /// `--strategy fsdp --tp 2`: each block's tensor-parallel shards an FSDP
@@ -651,7 +661,7 @@ fn fsdp_with_tensor_parallelism_trains_as_one_process_and_its_checkpoints_move_b
         sequence_parallel,
         data: fsdp_units(sharding),
     };
-    let (one_dir, one) = run("fsdp-tp-one-process", 5, 1, Strategy::Ddp, None);
+    let (one_dir, one) = one_process();
     let layouts = [
         ("dp 2 × tp 2", 4, fsdp(1, false, ShardingStrategy::FullShard)),
         ("dp 2 × tp 2, NO_SHARD", 4, fsdp(1, false, ShardingStrategy::NoShard)),
@@ -663,17 +673,17 @@ fn fsdp_with_tensor_parallelism_trains_as_one_process_and_its_checkpoints_move_b
         let what = format!("FSDP on {layout}");
         let (a, b) = (one.first.as_ref().unwrap().grad_norm, summary.first.unwrap().grad_norm);
         assert!((a - b).abs() <= 1e-5 * a, "{what}: the gradient norm at step 1 is {b}, one process's {a}");
-        expect_same_params(&checkpoint_params(&dir, 3), &checkpoint_params(&one_dir, 3), &what);
+        expect_same_params(&checkpoint_params(&dir, 3), &checkpoint_params(one_dir, 3), &what);
         if nproc == 8 {
             let (resumed, _) = run("fsdp-tp-pp-resumed-by-one", 5, 1, Strategy::Ddp, Some(dir));
             let resumed_what = format!("one process resuming {what}");
-            expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(&one_dir, 5), &resumed_what);
+            expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(one_dir, 5), &resumed_what);
         }
     }
     let (resumed, _) =
         run("one-resumed-by-fsdp-tp", 5, 4, fsdp(1, false, ShardingStrategy::FullShard), Some(one_dir.clone()));
     let what = "FSDP × TP resuming one process";
-    expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(&one_dir, 5), what);
+    expect_same_params(&checkpoint_params(&resumed, 5), &checkpoint_params(one_dir, 5), what);
 }
 
 /// `--powersgd-rank 2` on a mesh: DDP × PP 2 compresses each stage's
@@ -737,7 +747,7 @@ fn your_own_ddp_trains_as_ddp_and_its_checkpoint_resumes_under_ddp() {
 /// reach one process's parameters.
 #[test]
 fn activation_checkpointing_in_mesh_stages_trains_as_one_process() {
-    let (one_dir, _) = run("checkpointed-one-process", 3, 1, Strategy::Ddp, None);
+    let (one_dir, _) = one_process();
     let strategies = [
         ("pp 2", mesh(2, 1, PipelineSchedule::OneFOneB, false)),
         ("tp 2", mesh(1, 2, PipelineSchedule::GPipe, false)),
@@ -750,7 +760,7 @@ fn activation_checkpointing_in_mesh_stages_trains_as_one_process() {
             (2, strategy, true);
         train(&options).unwrap();
         let what = format!("{what} with activation checkpointing, step 3");
-        expect_same_params(&checkpoint_params(&dir, 3), &checkpoint_params(&one_dir, 3), &what);
+        expect_same_params(&checkpoint_params(&dir, 3), &checkpoint_params(one_dir, 3), &what);
     }
 }
 
